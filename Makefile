@@ -1,0 +1,27 @@
+# The two entry points of README.md: `make demo` (main job) and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: install demo test lint bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/eqsat-mirage demo
+
+test: $(STAMP)
+	$(PY) -m ruff check eqsat_mirage tests bench
+	TRITON_INTERPRET=1 $(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) bench/verify_bench.py --write bench/RESULTS.md
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

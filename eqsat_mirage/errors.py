@@ -1,0 +1,36 @@
+"""The project's error types: every user-facing failure is a ``MirageError``.
+
+All of them subclass ``ValueError`` so callers that already catch bad-input
+errors keep working; the message always names the culprit (node, operands and
+their shapes, or file and line).
+"""
+
+from __future__ import annotations
+
+
+class MirageError(ValueError):
+    """Base class of every error eqsat-mirage raises on bad input."""
+
+
+class ShapeError(MirageError):
+    """Operands whose shapes do not fit the op (names node, operands, shapes)."""
+
+
+class DTypeError(MirageError):
+    """An unknown or unsupported dtype."""
+
+
+class GraphError(MirageError):
+    """A malformed graph: duplicate names, foreign tensors, missing outputs."""
+
+
+class InputError(MirageError):
+    """Inputs handed to an interpreter that do not match the program."""
+
+
+class LaxError(MirageError):
+    """A program outside the Lax fragment was given to the verifier."""
+
+
+class RuleError(MirageError):
+    """A malformed or unsound rewrite rule (names file and line)."""

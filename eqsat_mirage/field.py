@@ -1,0 +1,267 @@
+"""Finite-field semantics over Z_p x Z_q (q | p-1), section 5 of the Mirage paper.
+
+A value is a pair of int64 arrays ``(p_part, q_part)``. Add, sub, mul, div and
+matmul act on both parts (div by modular inverse). ``exp`` maps a value to
+``omega ** q_part mod p`` for an ``omega`` of multiplicative order q, and drops
+the q part (``None``), which is why a Lax program takes exp at most once on a
+path. Opaque functions (sqrt, silu, relu) are random functions of their
+argument, drawn per trial; ``rsqrt`` is ``1 / sqrt`` so that identity holds.
+
+Matmuls use BLAS: operands are split into 16-bit limbs and multiplied as
+float64 (Karatsuba, three products), exact for contraction lengths <= 2**19
+(longer ones are chunked), then reduced mod p.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+from functools import lru_cache
+from typing import Any, Mapping
+
+import galois
+import numpy as np
+
+from .ir import Op
+
+_EXACT_K = 1 << 19  # contraction length that keeps Karatsuba limb sums below 2**53
+
+
+class FieldZeroDivision(ArithmeticError):
+    """A denominator vanished in this trial; the verifier redraws the trial."""
+
+
+@lru_cache(maxsize=None)
+def field_primes(bits: int = 30) -> tuple[int, int]:
+    """The pair (p, q): q the largest prime below 2**bits with p = k*q + 1 prime, k small.
+
+    ``bits`` must be in [8, 30] so every product of two residues fits in int64.
+    """
+    if not 8 <= bits <= 30:
+        raise ValueError(f"prime_bits must be in [8, 30], got {bits}")
+    q = galois.prev_prime(1 << bits)
+    while True:
+        for k in (2, 4, 6):
+            p = k * q + 1
+            if p < (1 << 31) and galois.is_prime(p):
+                return p, q
+        q = galois.prev_prime(q)
+
+
+def mulmod(a: np.ndarray, b: Any, m: int) -> np.ndarray:
+    """Elementwise a*b mod m for residues below 2**31."""
+    return (a * b) % m
+
+
+def powmod(x: np.ndarray, e: int, m: int) -> np.ndarray:
+    """Elementwise x**e mod m by square-and-multiply (vectorised)."""
+    result = np.ones_like(x)
+    base = x % m
+    while e:
+        if e & 1:
+            result = (result * base) % m
+        base = (base * base) % m
+        e >>= 1
+    return result
+
+
+def invmod(x: np.ndarray, m: int) -> np.ndarray:
+    """Elementwise modular inverse (m prime); raises FieldZeroDivision on zero."""
+    if np.any(x % m == 0):
+        raise FieldZeroDivision("division by zero in the field")
+    return powmod(x, m - 2, m)
+
+
+def matmul_mod(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
+    """Exact ``(a @ b) mod m`` (NumPy matmul semantics) through float64 BLAS."""
+    k = a.shape[-1]
+    if k > _EXACT_K:
+        out = None
+        for s in range(0, k, _EXACT_K):
+            bs = b[s:s + _EXACT_K] if b.ndim == 1 else b[..., s:s + _EXACT_K, :]
+            part = matmul_mod(a[..., s:s + _EXACT_K], bs, m)
+            out = part if out is None else (out + part) % m
+        return out
+    a0 = (a & 0xFFFF).astype(np.float64)
+    a1 = (a >> 16).astype(np.float64)
+    b0 = (b & 0xFFFF).astype(np.float64)
+    b1 = (b >> 16).astype(np.float64)
+    m0 = np.matmul(a0, b0)
+    m2 = np.matmul(a1, b1)
+    m1 = np.matmul(a0 + a1, b0 + b1) - m0 - m2
+    i0 = m0.astype(np.int64) % m
+    i1 = m1.astype(np.int64) % m
+    i2 = m2.astype(np.int64) % m
+    return ((i2 * ((1 << 32) % m)) % m + (i1 * ((1 << 16) % m)) % m + i0) % m
+
+
+def const_mod(value: float, m: int) -> int:
+    """The exact image of a float (a dyadic rational) in Z_m."""
+    frac = Fraction(value)
+    return (frac.numerator % m) * pow(frac.denominator % m, m - 2, m) % m
+
+
+_M1 = np.uint64(0xFF51AFD7ED558CCD)
+_M2 = np.uint64(0xC4CEB9FE1A85EC53)
+
+
+def _fmix(z: np.ndarray) -> np.ndarray:
+    z = z ^ (z >> np.uint64(33))
+    z = z * _M1
+    z = z ^ (z >> np.uint64(33))
+    z = z * _M2
+    return z ^ (z >> np.uint64(33))
+
+
+@dataclass
+class FieldCtx:
+    """One trial: primes, omega, random-function keys and the inputs."""
+
+    p: int
+    q: int
+    rng: np.random.Generator
+    inputs: Mapping[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    needs_q: set[int] = field(default_factory=set)  # ids of nodes whose q part is used
+    omega: int = 0
+    keys: dict[Op, tuple[int, int, int]] = field(default_factory=dict)
+    _tables: tuple[np.ndarray, np.ndarray] | None = None
+
+    def __post_init__(self) -> None:
+        while self.omega in (0, 1):
+            g = int(self.rng.integers(2, self.p - 1))
+            self.omega = pow(g, (self.p - 1) // self.q, self.p)
+        for op in sorted(Op, key=lambda o: o.value):
+            self.keys[op] = tuple(int(k) for k in self.rng.integers(1, 2**62, size=3))
+
+    def random_inputs(self, program) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Fresh uniform (p, q) pairs for every input of ``program``."""
+        return {name: (self.rng.integers(0, self.p, node.shape, dtype=np.int64),
+                       self.rng.integers(0, self.q, node.shape, dtype=np.int64))
+                for name, node in program.inputs.items()}
+
+    def exp(self, x: np.ndarray) -> np.ndarray:
+        """omega ** x mod p for x in [0, q), by two table look-ups."""
+        if self._tables is None:
+            self._tables = (_powers(self.omega, 1 << 15, self.p),
+                            _powers(pow(self.omega, 1 << 15, self.p), (self.q >> 15) + 1, self.p))
+        lo, hi = self._tables
+        return (hi[x >> 15] * lo[x & 0x7FFF]) % self.p
+
+    def random_fn(self, op: Op, x: tuple) -> tuple[np.ndarray, np.ndarray]:
+        """The trial's random function for ``op`` applied to the pair ``x``."""
+        k1, k2, k3 = (np.uint64(k) for k in self.keys[op])
+        xp, xq = x
+        z = xp.astype(np.uint64) * k1 + np.uint64(k3)
+        if xq is not None:
+            z = z ^ _fmix(xq.astype(np.uint64) * k2 + np.uint64(1))
+        z = _fmix(z)
+        out_p = (z % np.uint64(self.p)).astype(np.int64)
+        out_q = (_fmix(z ^ k2) % np.uint64(self.q)).astype(np.int64)
+        return out_p, out_q
+
+
+def _powers(base: int, n: int, m: int) -> np.ndarray:
+    table = np.ones(1, dtype=np.int64)
+    while len(table) < n:
+        step = pow(base, len(table), m)
+        table = np.concatenate([table, (table * step) % m])
+    return table[:n]
+
+
+def _q(ctx: FieldCtx, node, fn):
+    return fn() if id(node) in ctx.needs_q else None
+
+
+def _binary(op_p, op_q):
+    def apply(ctx, n, a, b):
+        return op_p(a[0], b[0], ctx.p), _q(ctx, n, lambda: op_q(a[1], b[1], ctx.q))
+    return apply
+
+
+def _unary(fn):
+    def apply(ctx, n, x):
+        return fn(x[0], ctx.p), _q(ctx, n, lambda: fn(x[1], ctx.q))
+    return apply
+
+
+def _reduce(mean: bool):
+    def apply(ctx, n, x):
+        axes, keep = n.arg
+        count = 1
+        for ax in axes:
+            count *= x[0].shape[ax]
+
+        def red(v, m):
+            s = np.sum(v, axis=axes, keepdims=keep) % m
+            return (s * pow(count, m - 2, m)) % m if mean else s
+        return red(x[0], ctx.p), _q(ctx, n, lambda: red(x[1], ctx.q))
+    return apply
+
+
+def _movement(fn):
+    def apply(ctx, n, *xs):
+        return fn([x[0] for x in xs], n.arg), _q(ctx, n, lambda: fn([x[1] for x in xs], n.arg))
+    return apply
+
+
+def _opaque(op):
+    def apply(ctx, n, x):
+        out = ctx.random_fn(op, x)
+        return out[0], _q(ctx, n, lambda: out[1])
+    return apply
+
+
+def _rsqrt(ctx, n, x):
+    sp, sq = ctx.random_fn(Op.SQRT, x)
+    return invmod(sp, ctx.p), _q(ctx, n, lambda: invmod(sq, ctx.q))
+
+
+def _input(ctx, n):
+    vp, vq = ctx.inputs[n.arg]
+    return vp, _q(ctx, n, lambda: vq)
+
+
+def _const(ctx, n):
+    return (np.int64(const_mod(n.arg, ctx.p)),
+            _q(ctx, n, lambda: np.int64(const_mod(n.arg, ctx.q))))
+
+
+FIELD_SEMANTICS = {
+    Op.INPUT: _input,
+    Op.CONST: _const,
+    Op.NEG: _unary(lambda x, m: (-x) % m),
+    Op.EXP: lambda ctx, n, x: (ctx.exp(x[1]), None),
+    Op.SQRT: _opaque(Op.SQRT),
+    Op.RSQRT: _rsqrt,
+    Op.SILU: _opaque(Op.SILU),
+    Op.RELU: _opaque(Op.RELU),
+    Op.ADD: _binary(lambda a, b, m: (a + b) % m, lambda a, b, m: (a + b) % m),
+    Op.SUB: _binary(lambda a, b, m: (a - b) % m, lambda a, b, m: (a - b) % m),
+    Op.MUL: _binary(mulmod, mulmod),
+    Op.DIV: _binary(lambda a, b, m: mulmod(a, invmod(b, m), m),
+                    lambda a, b, m: mulmod(a, invmod(b, m), m)),
+    Op.MATMUL: _binary(matmul_mod, matmul_mod),
+    Op.SUM: _reduce(mean=False),
+    Op.MEAN: _reduce(mean=True),
+    Op.TRANSPOSE: _movement(lambda xs, perm: np.transpose(xs[0], perm)),
+    Op.RESHAPE: _movement(lambda xs, shape: np.reshape(xs[0], shape)),
+    Op.CONCAT: _movement(lambda xs, axis: np.concatenate(xs, axis=axis)),
+}
+
+
+def q_needed(program) -> set[int]:
+    """Ids of nodes whose Z_q part some exp reads (ancestors of exp nodes)."""
+    needed: set[int] = set()
+    for node in reversed(program.nodes()):
+        if node.op is Op.EXP or id(node) in needed:
+            for s in node.srcs:
+                needed.add(id(s))
+    return needed
+
+
+def evaluate_field(program, ctx: FieldCtx) -> dict[str, tuple]:
+    """Run ``program`` over Z_p x Z_q with the trial ``ctx`` (inputs already set)."""
+    from .interp import run
+
+    ctx.needs_q = q_needed(program)
+    return run(program, FIELD_SEMANTICS, ctx)

@@ -1,0 +1,1 @@
+"""GPU hardware profiles and calibration (package data)."""

@@ -1,0 +1,1 @@
+"""Rewrite rules as egglog files (package data)."""
