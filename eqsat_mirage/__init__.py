@@ -6,10 +6,8 @@ NumPy-like functions, run it with ``evaluate``, compare two programs with
 """
 
 from .check import check, check_lax
-from .errors import (DTypeError, GraphError, InputError, LaxError, MirageError, RuleError,
-                     ShapeError)
-from .graph import (Graph, Tensor, concat, exp, matmul, relu, rms_norm, rsqrt, silu, sqrt,
-                    transpose)
+from .errors import DTypeError, GraphError, InputError, LaxError, MirageError, RuleError, ShapeError
+from .graph import Graph, Tensor, concat, exp, matmul, relu, rms_norm, rsqrt, silu, sqrt, transpose
 from .ir import Node, Op
 from .semantics_float import evaluate
 from .verify import Counterexample, VerifyResult, verify

@@ -14,10 +14,11 @@ float64 (Karatsuba, three products), exact for contraction lengths <= 2**19
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from functools import lru_cache
-from typing import Any, Mapping
+from functools import cache
+from typing import Any
 
 import galois
 import numpy as np
@@ -27,11 +28,11 @@ from .ir import Op
 _EXACT_K = 1 << 19  # contraction length that keeps Karatsuba limb sums below 2**53
 
 
-class FieldZeroDivision(ArithmeticError):
+class FieldZeroDivisionError(ArithmeticError):
     """A denominator vanished in this trial; the verifier redraws the trial."""
 
 
-@lru_cache(maxsize=None)
+@cache
 def field_primes(bits: int = 30) -> tuple[int, int]:
     """The pair (p, q): q the largest prime below 2**bits with p = k*q + 1 prime, k small.
 
@@ -66,9 +67,9 @@ def powmod(x: np.ndarray, e: int, m: int) -> np.ndarray:
 
 
 def invmod(x: np.ndarray, m: int) -> np.ndarray:
-    """Elementwise modular inverse (m prime); raises FieldZeroDivision on zero."""
+    """Elementwise modular inverse (m prime); raises FieldZeroDivisionError on zero."""
     if np.any(x % m == 0):
-        raise FieldZeroDivision("division by zero in the field")
+        raise FieldZeroDivisionError("division by zero in the field")
     return powmod(x, m - 2, m)
 
 

@@ -8,12 +8,22 @@ user's file and line. Shapes are checked as the program is built (by
 from __future__ import annotations
 
 import keyword
+from collections.abc import Sequence
 from numbers import Real
-from typing import Any, Sequence
+from typing import Any
 
 from .errors import GraphError, ShapeError
-from .ir import (Node, Op, canonical_dtype, fmt_shape, make, normalize_axes, numel,
-                 toposort, user_location)
+from .ir import (
+    Node,
+    Op,
+    canonical_dtype,
+    fmt_shape,
+    make,
+    normalize_axes,
+    numel,
+    toposort,
+    user_location,
+)
 
 
 class Graph:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
-from .ir import Node, Op
 from .interp import check_inputs, run
+from .ir import Node, Op
 
 
 def round_to(x: np.ndarray, dtype: str | None) -> np.ndarray:

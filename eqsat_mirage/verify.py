@@ -19,7 +19,7 @@ import numpy as np
 from .bound import per_trial_bound
 from .check import check, check_lax
 from .errors import GraphError, MirageError
-from .field import FieldCtx, FieldZeroDivision, evaluate_field, field_primes
+from .field import FieldCtx, FieldZeroDivisionError, evaluate_field, field_primes
 from .ir import fmt_shape
 from .semantics_float import evaluate
 
@@ -104,7 +104,7 @@ def _field_trial(a, b, ctx: FieldCtx, trial: int) -> Counterexample | None:
     out_b = evaluate_field(b, ctx)
     for name in a.outputs:
         (pa, qa), (pb, qb) = out_a[name], out_b[name]
-        for part, x, y, mod in (("p", pa, pb, ctx.p), ("q", qa, qb, ctx.q)):
+        for part, x, y in (("p", pa, pb), ("q", qa, qb)):
             if x is None or y is None:
                 continue
             idx = _first_mismatch(x, y)
@@ -160,7 +160,7 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
             try:
                 cex = _field_trial(a, b, FieldCtx(p, q, rng), t)
                 break
-            except FieldZeroDivision:
+            except FieldZeroDivisionError:
                 continue
         else:
             result.reason = (f"inconclusive: a denominator vanished in {max_redraws + 1} draws of "
