@@ -1,0 +1,92 @@
+"""The FLOP/byte cost model used by extraction (one kernel per kernel-level op).
+
+Per op: launch overhead + max(DRAM bytes / bandwidth, FLOPs / peak), with
+tensor-core peak for matmuls and CUDA-core peak for elementwise work and
+reductions. Reshapes and constants are free. Figures come from a hardware
+profile in extract/ (``target=`` names one or gives a path).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from .errors import MirageError
+from .ir import ELEMENTWISE, OPAQUE, Node, Op, numel
+
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
+# CUDA-core FLOPs per element: exp and the opaque functions go through the SFU
+_FLOPS_PER_ELEM = {Op.EXP: 4, Op.SILU: 6, Op.SQRT: 4, Op.RSQRT: 4, Op.DIV: 2}
+
+
+def profiles_dir() -> Path:
+    """The folder holding the built-in hardware profiles."""
+    try:
+        path = Path(str(resources.files("eqsat_mirage.extract")))
+        if (path / "h100.toml").exists():
+            return path
+    except (ModuleNotFoundError, TypeError):
+        pass
+    return Path(__file__).resolve().parent.parent / "extract"
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The figures of one GPU the cost model needs."""
+
+    name: str
+    dram_bandwidth_GBps: float  # noqa: N815 - unit in the name
+    fp16_tensor_TFLOPs: float  # noqa: N815
+    fp32_cuda_TFLOPs: float  # noqa: N815
+    sms: int
+    smem_per_sm_KiB: float  # noqa: N815
+    launch_overhead_us: float
+
+    @classmethod
+    def load(cls, target: str | Path = "h100") -> Hardware:
+        """Load a profile by name (extract/NAME.toml) or from a .toml path."""
+        path = Path(target)
+        if path.suffix != ".toml":
+            path = profiles_dir() / f"{target}.toml"
+        if not path.exists():
+            known = ", ".join(sorted(p.stem for p in profiles_dir().glob("*.toml")))
+            raise MirageError(f"unknown target {str(target)!r}: no profile {path} "
+                              f"(built-in targets: {known})")
+        try:
+            data = tomllib.loads(path.read_text())
+            figs = data["figures"]
+            return cls(data.get("name", path.stem), **{k: figs[k] for k in (
+                "dram_bandwidth_GBps", "fp16_tensor_TFLOPs", "fp32_cuda_TFLOPs", "sms",
+                "smem_per_sm_KiB", "launch_overhead_us")})
+        except (KeyError, TypeError, tomllib.TOMLDecodeError) as exc:
+            raise MirageError(f"{path}: malformed hardware profile ({exc})") from None
+
+
+def _bytes(node: Node) -> int:
+    return numel(node.shape) * _ITEMSIZE[node.dtype] if node.op is not Op.CONST else 0
+
+
+def node_cost_us(node: Node, hw: Hardware) -> float:
+    """Predicted time of one op run as its own kernel, in microseconds."""
+    op = node.op
+    if op in (Op.INPUT, Op.CONST, Op.RESHAPE):
+        return 0.0
+    moved = _bytes(node) + sum(_bytes(s) for s in node.srcs)
+    mem_us = moved / (hw.dram_bandwidth_GBps * 1e3)
+    if op is Op.MATMUL:
+        k = node.srcs[0].shape[-1]
+        flops = 2.0 * numel(node.shape) * k
+        comp_us = flops / (hw.fp16_tensor_TFLOPs * 1e6)
+    elif op in ELEMENTWISE or op in OPAQUE or op in (Op.SUM, Op.MEAN):
+        elems = max(numel(node.shape), max((numel(s.shape) for s in node.srcs), default=0))
+        comp_us = elems * _FLOPS_PER_ELEM.get(op, 1) / (hw.fp32_cuda_TFLOPs * 1e6)
+    else:  # transpose, concat: pure data movement
+        comp_us = 0.0
+    return hw.launch_overhead_us + max(mem_us, comp_us)
+
+
+def graph_cost_us(program, hw: Hardware) -> float:
+    """Cost of a program run one kernel per op (shared subterms paid once)."""
+    return sum(node_cost_us(n, hw) for n in program.nodes())
