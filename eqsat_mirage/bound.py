@@ -35,7 +35,7 @@ def node_degree(node, ds: list[Degree]) -> Degree:
     """Degree facts of ``node`` from those of its operands."""
     op = node.op
     if op is Op.INPUT:
-        return Degree(1, 0, 0, 0)
+        return Degree(1, 0, 0)
     if op is Op.CONST:
         return Degree()
     if op in (Op.NEG, Op.TRANSPOSE, Op.RESHAPE):

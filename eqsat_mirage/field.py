@@ -46,7 +46,7 @@ def field_primes(bits: int = 30) -> tuple[int, int]:
             p = k * q + 1
             if p < (1 << 31) and galois.is_prime(p):
                 return p, q
-        q = galois.prev_prime(q)
+        q = galois.prev_prime(q - 1)
 
 
 def mulmod(a: np.ndarray, b: Any, m: int) -> np.ndarray:
@@ -73,8 +73,25 @@ def invmod(x: np.ndarray, m: int) -> np.ndarray:
     return powmod(x, m - 2, m)
 
 
-def matmul_mod(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
-    """Exact ``(a @ b) mod m`` (NumPy matmul semantics) through float64 BLAS."""
+def _limbs(x: np.ndarray, cache: dict | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """16-bit limbs of ``x`` as float64, and their sum (cached per array in a trial)."""
+    hit = cache.get(id(x)) if cache is not None else None
+    if hit is not None and hit[0] is x:
+        return hit[1]
+    lo = (x & 0xFFFF).astype(np.float64)
+    hi = (x >> 16).astype(np.float64)
+    out = (lo, hi, lo + hi)
+    if cache is not None:
+        cache[id(x)] = (x, out)  # holding x keeps its id from being reused
+    return out
+
+
+def matmul_mod(a: np.ndarray, b: np.ndarray, m: int, cache: dict | None = None) -> np.ndarray:
+    """Exact ``(a @ b) mod m`` (NumPy matmul semantics) through float64 BLAS.
+
+    ``cache`` (a dict kept for one trial) reuses the limb split of operands
+    that several matmuls share, such as a weight read by both programs.
+    """
     k = a.shape[-1]
     if k > _EXACT_K:
         out = None
@@ -83,13 +100,11 @@ def matmul_mod(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
             part = matmul_mod(a[..., s:s + _EXACT_K], bs, m)
             out = part if out is None else (out + part) % m
         return out
-    a0 = (a & 0xFFFF).astype(np.float64)
-    a1 = (a >> 16).astype(np.float64)
-    b0 = (b & 0xFFFF).astype(np.float64)
-    b1 = (b >> 16).astype(np.float64)
+    a0, a1, a01 = _limbs(a, cache)
+    b0, b1, b01 = _limbs(b, cache)
     m0 = np.matmul(a0, b0)
     m2 = np.matmul(a1, b1)
-    m1 = np.matmul(a0 + a1, b0 + b1) - m0 - m2
+    m1 = np.matmul(a01, b01) - m0 - m2
     i0 = m0.astype(np.int64) % m
     i1 = m1.astype(np.int64) % m
     i2 = m2.astype(np.int64) % m
@@ -126,6 +141,7 @@ class FieldCtx:
     omega: int = 0
     keys: dict[Op, tuple[int, int, int]] = field(default_factory=dict)
     _tables: tuple[np.ndarray, np.ndarray] | None = None
+    limb_cache: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         while self.omega in (0, 1):
@@ -134,10 +150,13 @@ class FieldCtx:
         for op in sorted(Op, key=lambda o: o.value):
             self.keys[op] = tuple(int(k) for k in self.rng.integers(1, 2**62, size=3))
 
-    def random_inputs(self, program) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """Fresh uniform (p, q) pairs for every input of ``program``."""
-        return {name: (self.rng.integers(0, self.p, node.shape, dtype=np.int64),
-                       self.rng.integers(0, self.q, node.shape, dtype=np.int64))
+    def random_inputs(self, program) -> dict[str, LazyPair]:
+        """Fresh uniform (p, q) pairs for every input of ``program``.
+
+        The q part is drawn on first use: only inputs that reach an exp need it.
+        """
+        return {name: LazyPair(self.rng.integers(0, self.p, node.shape, dtype=np.int64),
+                               node.shape, self)
                 for name, node in program.inputs.items()}
 
     def exp(self, x: np.ndarray) -> np.ndarray:
@@ -151,14 +170,33 @@ class FieldCtx:
     def random_fn(self, op: Op, x: tuple) -> tuple[np.ndarray, np.ndarray]:
         """The trial's random function for ``op`` applied to the pair ``x``."""
         k1, k2, k3 = (np.uint64(k) for k in self.keys[op])
-        xp, xq = x
-        z = xp.astype(np.uint64) * k1 + np.uint64(k3)
-        if xq is not None:
-            z = z ^ _fmix(xq.astype(np.uint64) * k2 + np.uint64(1))
-        z = _fmix(z)
+        # Keyed on the p part only: whether the q part was computed depends on the program
+        # (needs_q), and equal arguments must give equal results in both programs.
+        with np.errstate(over="ignore"):  # uint64 wrap-around is intended; 0-d values warn
+            z = _fmix(x[0].astype(np.uint64) * k1 + np.uint64(k3))
+            out_q = (_fmix(z ^ k2) % np.uint64(self.q)).astype(np.int64)
         out_p = (z % np.uint64(self.p)).astype(np.int64)
-        out_q = (_fmix(z ^ k2) % np.uint64(self.q)).astype(np.int64)
         return out_p, out_q
+
+
+class LazyPair:
+    """An input's (p part, q part); the q part is drawn uniformly on first access."""
+
+    def __init__(self, p_part: np.ndarray, shape, ctx: FieldCtx) -> None:
+        self._p, self._q, self._shape, self._ctx = p_part, None, shape, ctx
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if i == 0:
+            return self._p
+        if self._q is None:
+            self._q = self._ctx.rng.integers(0, self._ctx.q, self._shape, dtype=np.int64)
+        return self._q
+
+    def __iter__(self):
+        return iter((self[0], self[1]))
+
+    def __len__(self) -> int:
+        return 2
 
 
 def _powers(base: int, n: int, m: int) -> np.ndarray:
@@ -218,8 +256,13 @@ def _rsqrt(ctx, n, x):
 
 
 def _input(ctx, n):
-    vp, vq = ctx.inputs[n.arg]
-    return vp, _q(ctx, n, lambda: vq)
+    pair = ctx.inputs[n.arg]
+    return pair[0], _q(ctx, n, lambda: pair[1])
+
+
+def _matmul(ctx, n, a, b):
+    return (matmul_mod(a[0], b[0], ctx.p, ctx.limb_cache),
+            _q(ctx, n, lambda: matmul_mod(a[1], b[1], ctx.q, ctx.limb_cache)))
 
 
 def _const(ctx, n):
@@ -241,7 +284,7 @@ FIELD_SEMANTICS = {
     Op.MUL: _binary(mulmod, mulmod),
     Op.DIV: _binary(lambda a, b, m: mulmod(a, invmod(b, m), m),
                     lambda a, b, m: mulmod(a, invmod(b, m), m)),
-    Op.MATMUL: _binary(matmul_mod, matmul_mod),
+    Op.MATMUL: _matmul,
     Op.SUM: _reduce(mean=False),
     Op.MEAN: _reduce(mean=True),
     Op.TRANSPOSE: _movement(lambda xs, perm: np.transpose(xs[0], perm)),

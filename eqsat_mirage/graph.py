@@ -180,19 +180,23 @@ class Tensor:
 
     def sum(self, axis: Any = None, keepdims: bool = False) -> Tensor:
         """Sum over ``axis`` (None: all axes)."""
-        return apply(Op.SUM, self, arg=(normalize_axes(axis, self.ndim, "sum"), bool(keepdims)))
+        return apply(Op.SUM, self, arg=(normalize_axes(axis, self.ndim, self._what("sum")),
+                                        bool(keepdims)))
 
     def mean(self, axis: Any = None, keepdims: bool = False) -> Tensor:
         """Mean over ``axis`` (None: all axes)."""
         return apply(Op.MEAN, self,
-                     arg=(normalize_axes(axis, self.ndim, "mean"), bool(keepdims)))
+                     arg=(normalize_axes(axis, self.ndim, self._what("mean")), bool(keepdims)))
+
+    def _what(self, op: str) -> str:
+        return f"{op} (at {user_location()}) of {self.node.describe()} {fmt_shape(self.shape)}"
 
     def transpose(self, *axes: Any) -> Tensor:
         """Permute axes; with no argument, reverse them (NumPy semantics)."""
         if len(axes) == 1 and not isinstance(axes[0], int):
             axes = tuple(axes[0])
-        perm = tuple(range(self.ndim))[::-1] if not axes else tuple(a % self.ndim
-                                                                     for a in axes)
+        perm = tuple(range(self.ndim))[::-1] if not axes else tuple(
+            a % self.ndim if -self.ndim <= a < self.ndim else a for a in axes)
         return apply(Op.TRANSPOSE, self, arg=perm)
 
     @property

@@ -1,0 +1,338 @@
+"""A catalogue of true identities and near-miss mutants, checked by ``em.verify``.
+
+Every case is data: a name, the inputs both programs declare, and two functions
+that build the left and right program from those inputs. An identity must be
+reported equivalent with a tiny false-positive bound; a mutant (one small,
+plausible mistake) must be reported NOT equivalent, with a counterexample that
+names the output where the programs differ.
+"""
+
+# Tensors are named like the inputs they stand for (X, W, Q, K, V), as in the math.
+# ruff: noqa: N803, N806
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+import eqsat_mirage as em
+
+F32, F16 = "float32", "float16"
+
+
+@dataclass(frozen=True)
+class Case:
+    """Two programs over the same inputs: ``lhs`` and ``rhs`` map input tensors to outputs.
+
+    ``inputs`` is ``((name, shape, dtype), ...)``; each side returns a Tensor
+    (the output ``O``) or a dict ``{output name: Tensor}``. ``output`` is the
+    output a mutant's counterexample must name (``None``: any output).
+    """
+
+    name: str
+    inputs: tuple[tuple[str, tuple[int, ...], str], ...]
+    lhs: Callable[..., object]
+    rhs: Callable[..., object]
+    output: str | None = None
+
+    def build(self, side: str) -> em.Graph:
+        g = em.Graph(f"{self.name}.{side}")
+        tensors = [g.input(name, shape, dtype=dtype) for name, shape, dtype in self.inputs]
+        out = (self.lhs if side == "lhs" else self.rhs)(*tensors)
+        for name, t in (out if isinstance(out, dict) else {"O": out}).items():
+            g.output(t, name)
+        return g
+
+    def programs(self) -> tuple[em.Graph, em.Graph]:
+        return self.build("lhs"), self.build("rhs")
+
+
+def ins(*specs: str, dtype: str = F32) -> tuple[tuple[str, tuple[int, ...], str], ...]:
+    """``ins("A:4x8", "B:8x3")`` -> input declarations (``A:4`` is 1-d)."""
+    out = []
+    for spec in specs:
+        name, dims = spec.split(":")
+        out.append((name, tuple(int(d) for d in dims.split("x")), dtype))
+    return tuple(out)
+
+
+def lora_lhs(W, X, A, B):
+    return W @ X + B @ (A @ X)
+
+
+def lora_rhs(W, X, A, B):
+    return em.concat([W, B], 1) @ em.concat([X, A @ X], 0)
+
+
+def softmax_av(Q, K, V):
+    a = em.exp(Q @ K)
+    return (a / a.sum(axis=-1, keepdims=True)) @ V
+
+
+def softmax_av_late(Q, K, V):
+    a = em.exp(Q @ K)
+    return (a @ V) / a.sum(axis=-1, keepdims=True)
+
+
+def rms_expanded(X, w):
+    ms = (X * X).sum(axis=-1, keepdims=True) / 8.0
+    return w * (X / em.sqrt(ms + 1e-6))
+
+
+def rms_linear_late(X, w, W):
+    # RMSNorm + Linear with the division by the row scalar moved after the matmul.
+    return ((X * w) @ W) * em.rsqrt((X * X).mean(axis=-1, keepdims=True) + 1e-6)
+
+
+def split_k(A, B):
+    # A(4,16) @ B(16,3) as four partial products over K-chunks of 4, then a sum.
+    return (A.reshape(4, 4, 4).transpose(1, 0, 2) @ B.reshape(4, 4, 3)).sum(axis=0)
+
+
+def flash_split(Q, K1, K2, V1, V2):
+    return em.exp(Q @ K1) @ V1 + em.exp(Q @ K2) @ V2
+
+
+def flash_whole(Q, K1, K2, V1, V2):
+    return em.exp(Q @ em.concat([K1, K2], 1)) @ em.concat([V1, V2], 0)
+
+
+IDENTITIES = [
+    Case("matmul-assoc", ins("A:4x8", "B:8x3", "C:3x5"),
+         lambda A, B, C: (A @ B) @ C, lambda A, B, C: A @ (B @ C)),
+    Case("matmul-assoc-fp16", ins("A:4x8", "B:8x3", "C:3x5", dtype=F16),
+         lambda A, B, C: (A @ B) @ C, lambda A, B, C: A @ (B @ C)),
+    Case("matmul-distrib-left", ins("A:4x8", "B:8x3", "C:8x3"),
+         lambda A, B, C: A @ (B + C), lambda A, B, C: A @ B + A @ C),
+    Case("matmul-distrib-right", ins("A:4x8", "B:4x8", "C:8x3"),
+         lambda A, B, C: (A - B) @ C, lambda A, B, C: A @ C - B @ C),
+    Case("mul-distrib-broadcast-row", ins("X:4x8", "Y:4x8", "Z:1x8"),
+         lambda X, Y, Z: X * (Y + Z), lambda X, Y, Z: X * Y + X * Z),
+    Case("div-distrib", ins("A:3x5", "B:3x5", "C:3x1"),
+         lambda A, B, C: (A + B) / C, lambda A, B, C: A / C + B / C),
+    Case("lora-concat-matmul", ins("W:6x8", "X:8x5", "A:2x8", "B:6x2"), lora_lhs, lora_rhs),
+    Case("lora-design-form", ins("X:4x8", "W:8x6", "A:8x2", "B:2x6"),
+         lambda X, W, A, B: X @ W + (X @ A) @ B,
+         lambda X, W, A, B: em.concat([X, X @ A], 1) @ em.concat([W, B], 0)),
+    Case("concat-rows-matmul", ins("A:2x8", "B:3x8", "W:8x4"),
+         lambda A, B, W: em.concat([A, B], 0) @ W,
+         lambda A, B, W: em.concat([A @ W, B @ W], 0)),
+    Case("div-row-scalar-matmul", ins("X:4x8", "W:8x5"),
+         lambda X, W: (X / ((X * X).sum(axis=-1, keepdims=True) + 1.0)) @ W,
+         lambda X, W: (X @ W) / ((X * X).sum(axis=-1, keepdims=True) + 1.0)),
+    Case("div-row-scalar-sum", ins("X:4x8", "S:4x1"),
+         lambda X, S: (X / S).sum(axis=-1, keepdims=True),
+         lambda X, S: X.sum(axis=-1, keepdims=True) / S),
+    Case("exp-add", ins("A:3x4", "B:3x4"),
+         lambda A, B: em.exp(A + B), lambda A, B: em.exp(A) * em.exp(B)),
+    Case("exp-sub-fp16", ins("A:3x4", "B:1x4", dtype=F16),
+         lambda A, B: em.exp(A - B), lambda A, B: em.exp(A) / em.exp(B)),
+    Case("exp-double", ins("X:3x4"),
+         lambda X: em.exp(X * 2.0), lambda X: em.exp(X) * em.exp(X)),
+    Case("sum-of-sum", ins("X:3x4x5"),
+         lambda X: X.sum(axis=2).sum(axis=1), lambda X: X.sum(axis=(1, 2))),
+    Case("sum-all", ins("X:3x4"),
+         lambda X: X.sum(), lambda X: X.sum(axis=0).sum(axis=0)),
+    Case("split-reduction-reshape", ins("X:4x12"),
+         lambda X: X.sum(axis=-1), lambda X: X.reshape(4, 3, 4).sum(axis=-1).sum(axis=-1)),
+    Case("split-k-matmul", ins("A:4x16", "B:16x3"), lambda A, B: A @ B, split_k),
+    Case("sum-through-add", ins("A:3x6", "B:3x6"),
+         lambda A, B: (A + B).sum(axis=-1), lambda A, B: A.sum(axis=-1) + B.sum(axis=-1)),
+    Case("sum-through-const-mul", ins("X:5x3"),
+         lambda X: (X * 2.5).sum(axis=0), lambda X: X.sum(axis=0) * 2.5),
+    Case("sum-of-concat", ins("A:3x4", "B:3x2"),
+         lambda A, B: em.concat([A, B], 1).sum(axis=1),
+         lambda A, B: A.sum(axis=1) + B.sum(axis=1)),
+    Case("mean-is-sum-times-inv-n", ins("X:4x8"),
+         lambda X: X.mean(axis=-1), lambda X: X.sum(axis=-1) * (1 / 8)),
+    Case("mean-is-sum-div-n", ins("X:3x6"),
+         lambda X: X.mean(axis=-1, keepdims=True), lambda X: X.sum(axis=-1, keepdims=True) / 6),
+    Case("transpose-of-matmul", ins("A:4x8", "B:8x3"),
+         lambda A, B: (A @ B).T, lambda A, B: B.T @ A.T),
+    Case("transpose-twice", ins("X:4x7"), lambda X: X.T.T, lambda X: X),
+    Case("transpose-3d-compose", ins("X:2x3x4"),
+         lambda X: X.transpose(1, 2, 0).transpose(2, 0, 1), lambda X: X),
+    Case("transpose-sum", ins("X:4x6"),
+         lambda X: X.T.sum(axis=0), lambda X: X.sum(axis=1)),
+    Case("reshape-roundtrip", ins("X:4x8"), lambda X: X.reshape(8, 4).reshape(4, 8), lambda X: X),
+    Case("sub-is-add-neg", ins("A:3x4", "B:3x4"),
+         lambda A, B: A - B, lambda A, B: A + (-B)),
+    Case("neg-neg", ins("X:3x4"), lambda X: -(-X), lambda X: X),  # noqa: B002
+    Case("neg-is-mul-minus-one", ins("X:3x4"), lambda X: -X, lambda X: X * -1.0),
+    Case("rsqrt-is-inv-sqrt", ins("X:3x4"), lambda X: em.rsqrt(X), lambda X: 1.0 / em.sqrt(X)),
+    Case("silu-congruence", ins("A:3x4", "B:3x4"),
+         lambda A, B: em.silu(A + B), lambda A, B: em.silu(B + A)),
+    Case("relu-congruence-fp16", ins("A:3x4", "B:3x4", dtype=F16),
+         lambda A, B: em.relu(A * B), lambda A, B: em.relu(B * A)),
+    Case("sqrt-congruence", ins("X:3x4"),
+         lambda X: em.sqrt(X.T.T + 1.0), lambda X: em.sqrt(1.0 + X)),
+    Case("opaque-shared-vs-duplicated", ins("X:4x8"),
+         lambda X: {"O1": em.silu(X), "O2": em.exp(em.silu(X))},
+         lambda X: {"O1": em.silu(X * 1.0), "O2": em.exp(em.silu(X))}),
+    Case("concat-of-elementwise", ins("A:2x4", "B:2x4", "C:3x4", "D:3x4"),
+         lambda A, B, C, D: em.concat([A * B, C * D], 0),
+         lambda A, B, C, D: em.concat([A, C], 0) * em.concat([B, D], 0)),
+    Case("concat-of-exp", ins("A:3x2", "B:3x5"),
+         lambda A, B: em.concat([em.exp(A), em.exp(B)], 1),
+         lambda A, B: em.exp(em.concat([A, B], 1))),
+    Case("concat-of-silu", ins("A:3x2", "B:3x5"),
+         lambda A, B: em.concat([em.silu(A), em.silu(B)], 1),
+         lambda A, B: em.silu(em.concat([A, B], 1))),
+    Case("batched-matmul-as-2d", ins("X:2x4x8", "W:8x3"),
+         lambda X, W: X @ W, lambda X, W: (X.reshape(8, 8) @ W).reshape(2, 4, 3)),
+    Case("broadcast-batch-dims", ins("A:2x1x4x8", "B:1x3x8x5"),
+         lambda A, B: (A @ B).sum(axis=1),
+         lambda A, B: A.reshape(2, 4, 8) @ B.sum(axis=1)),
+    Case("rms-norm-vs-expansion", ins("X:4x8", "w:8"),
+         lambda X, w: em.rms_norm(X, w), rms_expanded),
+    Case("rms-norm-linear-late-div", ins("X:4x8", "w:8", "W:8x5"),
+         lambda X, w, W: em.rms_norm(X, w) @ W, rms_linear_late),
+    Case("attention-late-softmax-div", ins("Q:2x4x8", "K:2x8x6", "V:2x6x8"),
+         softmax_av, softmax_av_late),
+    Case("attention-late-div-fp16", ins("Q:2x4x8", "K:2x8x6", "V:2x6x8", dtype=F16),
+         softmax_av, softmax_av_late),
+    Case("flash-decoding-split-kv", ins("Q:4x8", "K1:8x6", "K2:8x6", "V1:6x8", "V2:6x8"),
+         flash_split, flash_whole),
+    Case("gated-mlp-commute", ins("X:4x8", "W1:8x6", "W2:8x6"),
+         lambda X, W1, W2: em.silu(X @ W1) * (X @ W2),
+         lambda X, W1, W2: (X @ W2) * em.silu(X @ W1)),
+    Case("ntrans-lerp", ins("H:4x8", "N:4x8", "a:1x8"),
+         lambda H, N, a: H + a * (N - H), lambda H, N, a: (1.0 - a) * H + a * N),
+    Case("two-outputs", ins("A:4x8", "B:8x3"),
+         lambda A, B: {"P": A @ B, "S": (A @ B).sum(axis=0)},
+         lambda A, B: {"S": A.sum(axis=0) @ B, "P": A @ B}),
+]
+
+
+MUTANTS = [
+    Case("wrong-reduction-axis", ins("X:4x4"),
+         lambda X: X.sum(axis=0), lambda X: X.sum(axis=1)),
+    Case("sum-over-wrong-axes", ins("X:3x4x4"),
+         lambda X: X.sum(axis=(0, 1)), lambda X: X.sum(axis=(0, 2))),
+    Case("transposed-operand", ins("A:4x4", "B:4x3"),
+         lambda A, B: A @ B, lambda A, B: A.T @ B),
+    Case("matmul-order-square", ins("A:4x4", "B:4x4"),
+         lambda A, B: A @ B, lambda A, B: B @ A),
+    Case("matmul-assoc-misordered", ins("A:4x4", "B:4x4", "C:4x4"),
+         lambda A, B, C: (A @ B) @ C, lambda A, B, C: (A @ C) @ B),
+    Case("transpose-of-matmul-unswapped", ins("A:4x4", "B:4x4"),
+         lambda A, B: (A @ B).T, lambda A, B: A.T @ B.T),
+    Case("exp-of-sum-vs-sum-of-exp", ins("X:3x4"),
+         lambda X: em.exp(X.sum(axis=-1)), lambda X: em.exp(X).sum(axis=-1)),
+    Case("exp-add-as-sum", ins("A:3x4", "B:3x4"),
+         lambda A, B: em.exp(A + B), lambda A, B: em.exp(A) + em.exp(B)),
+    Case("exp-mul-as-product", ins("A:3x4", "B:3x4"),
+         lambda A, B: em.exp(A * B), lambda A, B: em.exp(A) * em.exp(B)),
+    Case("exp-sub-as-product", ins("A:3x4", "B:3x4", dtype=F16),
+         lambda A, B: em.exp(A - B), lambda A, B: em.exp(A) * em.exp(B)),
+    Case("swapped-division", ins("A:3x4", "B:3x4"),
+         lambda A, B: A / B, lambda A, B: B / A),
+    Case("missing-1-over-n", ins("X:4x8"),
+         lambda X: X.mean(axis=-1), lambda X: X.sum(axis=-1)),
+    Case("mean-wrong-n", ins("X:4x8"),
+         lambda X: X.mean(axis=-1), lambda X: X.sum(axis=-1) / 7.0),
+    # 1/6 is not a float: the field sees the exact dyadic constant, so this is a real difference.
+    Case("mean-inexact-reciprocal", ins("X:4x6"),
+         lambda X: X.mean(axis=-1), lambda X: X.sum(axis=-1) * (1 / 6)),
+    Case("mean-vs-sum-keepdims-fp16", ins("X:4x8", dtype=F16),
+         lambda X: X.mean(axis=0, keepdims=True), lambda X: X.sum(axis=0, keepdims=True)),
+    Case("swapped-concat-order", ins("A:2x4", "B:2x4"),
+         lambda A, B: em.concat([A, B], 0), lambda A, B: em.concat([B, A], 0)),
+    Case("concat-wrong-axis", ins("A:2x4", "B:2x4"),
+         lambda A, B: em.concat([A, B], 0), lambda A, B: em.concat([A, B], 1).reshape(4, 4)),
+    Case("lora-swapped-blocks", ins("W:6x4", "X:4x5", "A:4x4", "B:6x4"),
+         lora_lhs, lambda W, X, A, B: em.concat([W, B], 1) @ em.concat([A @ X, X], 0)),
+    Case("broadcast-row-vs-column", ins("X:4x4", "S:4"),
+         lambda X, S: X / S.reshape(4, 1), lambda X, S: X / S.reshape(1, 4)),
+    Case("keepdims-row-vs-column", ins("X:4x4"),
+         lambda X: X / X.sum(axis=-1, keepdims=True), lambda X: X / X.sum(axis=0, keepdims=True)),
+    Case("dropped-term", ins("A:4x8", "B:8x3", "C:4x3"),
+         lambda A, B, C: A @ B + C, lambda A, B, C: A @ B),
+    Case("dropped-division", ins("X:4x8", "S:4x1", "W:8x5"),
+         lambda X, S, W: (X / S) @ W, lambda X, S, W: X @ W),
+    Case("off-by-constant", ins("X:4x8"), lambda X: X * 1.0000001, lambda X: X),
+    Case("off-by-constant-matmul", ins("A:4x8", "B:8x3"),
+         lambda A, B: (A @ B) * 1.0000001, lambda A, B: A @ B),
+    Case("relu-vs-identity", ins("X:3x4"), lambda X: em.relu(X), lambda X: X),
+    Case("silu-vs-relu", ins("X:3x4"), lambda X: em.silu(X), lambda X: em.relu(X)),
+    Case("sqrt-vs-rsqrt", ins("X:3x4"), lambda X: em.sqrt(X), lambda X: em.rsqrt(X)),
+    Case("sqrt-vs-rsqrt-fp16", ins("X:3x4", dtype=F16),
+         lambda X: em.sqrt(X) + 1.0, lambda X: em.rsqrt(X) + 1.0),
+    Case("rsqrt-vs-reciprocal", ins("X:3x4"), lambda X: em.rsqrt(X), lambda X: 1.0 / X),
+    Case("silu-not-additive", ins("A:3x4", "B:3x4"),
+         lambda A, B: em.silu(A + B), lambda A, B: em.silu(A) + em.silu(B)),
+    Case("relu-argument-negated", ins("A:3x4", "B:3x4"),
+         lambda A, B: em.relu(A - B), lambda A, B: em.relu(B - A)),
+    Case("sub-reversed", ins("A:3x4", "B:3x4"), lambda A, B: A - B, lambda A, B: B - A),
+    Case("neg-missing", ins("X:3x4"), lambda X: -X, lambda X: X),
+    Case("reshape-is-not-transpose", ins("X:2x8"), lambda X: X.T, lambda X: X.reshape(8, 2)),
+    Case("split-reduction-mixes-rows", ins("X:4x12"),
+         lambda X: X.sum(axis=-1),
+         lambda X: X.reshape(12, 4).sum(axis=-1).reshape(3, 4).sum(axis=0)),
+    Case("rms-norm-missing-weight", ins("X:4x8", "w:8"),
+         lambda X, w: em.rms_norm(X, w), lambda X, w: em.rms_norm(X) + w * 0.0),
+    Case("rms-norm-other-eps", ins("X:4x8"),
+         lambda X: em.rms_norm(X, eps=1e-6), lambda X: em.rms_norm(X, eps=1e-5)),
+    Case("attention-unnormalized", ins("Q:2x4x8", "K:2x8x6", "V:2x6x8"),
+         softmax_av, lambda Q, K, V: em.exp(Q @ K) @ V),
+    Case("attention-normalized-over-queries", ins("Q:4x8", "K:8x4", "V:4x8"),
+         softmax_av, lambda Q, K, V: (em.exp(Q @ K) / em.exp(Q @ K).sum(axis=0, keepdims=True))
+         @ V),
+    Case("batch-broadcast-wrong-sum", ins("A:2x1x4x8", "B:1x2x8x5"),
+         lambda A, B: (A @ B).sum(axis=1), lambda A, B: (A @ B).sum(axis=0)),
+    Case("one-output-wrong", ins("A:4x8", "B:8x3"),
+         lambda A, B: {"P": A @ B, "S": (A @ B).sum(axis=0)},
+         lambda A, B: {"P": A @ B, "S": (A @ B).sum(axis=0) * 2.0}, output="S"),
+]
+
+
+def _ids(cases: list[Case]) -> list[str]:
+    return [c.name for c in cases]
+
+
+def test_catalogue_sizes_and_unique_names():
+    assert len(IDENTITIES) >= 30 and len(MUTANTS) >= 30
+    names = _ids(IDENTITIES) + _ids(MUTANTS)
+    assert len(names) == len(set(names))
+
+
+def test_identities_cover_every_op():
+    used = set()
+    for case in IDENTITIES:
+        for g in case.programs():
+            used |= {node.op for node in g.nodes()}
+    assert set(em.Op) - used == set()
+
+
+@pytest.mark.parametrize("case", IDENTITIES, ids=_ids(IDENTITIES))
+def test_identity_is_equivalent(case: Case):
+    a, b = case.programs()
+    res = em.verify(a, b, trials=3, seed=IDENTITIES.index(case))
+    assert res.equivalent, str(res)
+    assert res.counterexample is None
+    assert res.trials == 3 and res.float_checked
+    assert 0.0 < res.false_positive_bound < 1e-6
+
+
+@pytest.mark.parametrize("case", MUTANTS, ids=_ids(MUTANTS))
+def test_mutant_is_caught(case: Case):
+    a, b = case.programs()
+    res = em.verify(a, b, trials=3, seed=MUTANTS.index(case))
+    assert not res.equivalent
+    assert not res
+    cex = res.counterexample
+    assert cex is not None, res.reason
+    assert cex.output in a.outputs
+    if case.output is not None:
+        assert cex.output == case.output
+    assert cex.output in str(res)
+    assert len(cex.index) == len(a.outputs[cex.output].shape)
+    assert cex.value_a != cex.value_b
+
+
+@pytest.mark.parametrize("case", IDENTITIES[:6], ids=_ids(IDENTITIES[:6]))
+def test_identity_verdict_is_symmetric(case: Case):
+    a, b = case.programs()
+    assert em.verify(b, a, trials=2, seed=1).equivalent
