@@ -2,21 +2,25 @@
 
 The public API (see DESIGN.md): build a program with ``Graph`` and the
 NumPy-like functions, run it with ``evaluate``, compare two programs with
-``verify``.
+``verify``, superoptimize it with ``optimize``, check rule files with
+``check_rules``.
 """
 
 from .check import check, check_lax
+from .check_rules import RuleCheck, RuleCheckReport, assert_sound, check_rules
 from .errors import DTypeError, GraphError, InputError, LaxError, MirageError, RuleError, ShapeError
 from .graph import Graph, Tensor, concat, exp, matmul, relu, rms_norm, rsqrt, silu, sqrt, transpose
 from .ir import Node, Op
+from .optimize import OptimizeResult, optimize
 from .semantics_float import evaluate
 from .verify import Counterexample, VerifyResult, verify
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Counterexample", "DTypeError", "Graph", "GraphError", "InputError", "LaxError",
-    "MirageError", "Node", "Op", "RuleError", "ShapeError", "Tensor", "VerifyResult",
-    "check", "check_lax", "concat", "evaluate", "exp", "matmul", "relu", "rms_norm", "rsqrt",
-    "silu", "sqrt", "transpose", "verify",
+    "assert_sound", "check", "check_lax", "check_rules", "concat", "Counterexample",
+    "DTypeError", "evaluate", "exp", "Graph", "GraphError", "InputError", "LaxError", "matmul",
+    "MirageError", "Node", "Op", "optimize", "OptimizeResult", "relu", "rms_norm", "rsqrt",
+    "RuleCheck", "RuleCheckReport", "RuleError", "ShapeError", "silu", "sqrt", "Tensor",
+    "transpose", "verify", "VerifyResult",
 ]

@@ -25,8 +25,10 @@ _ABS = {"Const": "(AConst)", "Exp": "(AExp {0})", "Sqrt": '(AFn "sqrt" {0})',
         "Rsqrt": '(AFn "rsqrt" {0})', "Silu": '(AFn "silu" {0})', "Relu": '(AFn "relu" {0})',
         "Add": "(AAdd {0} {1})", "Sub": "(AAdd {0} {1})", "Mul": "(AMul {0} {1})",
         "Div": "(ADiv {0} {1})", "MatMul": "(ASum (AMul {0} {1}))", "Sum": "(ASum {0})",
-        "Mean": "(AMul (ASum {0}) (AConst))", "Concat": "(ACat {0} {1})", "Neg": "{0}",
+        "Mean": "(ADiv (ASum {0}) (AConst))", "Concat": "(ACat {0} {1})", "Neg": "{0}",
         "Swap": "{0}", "Reshape": "{0}"}
+
+_ABS_CTORS = {"AVar", "AConst", "AAdd", "AMul", "ADiv", "AExp", "ASum", "AFn", "ACat"}
 
 DEFAULT_PHASES = (("algebraic", ("assoc", "distrib", "lora", "scalar", "expo", "reduce", "comm")),)
 
@@ -117,7 +119,7 @@ class Saturator:
         self._run("(run-schedule (saturate (run shapes)))", "computing shape facts")
         if guards:
             self._saturate_target(guard_limits or Limits(node_limit=20_000, iter_limit=6,
-                                                         time_limit_s=10.0))
+                                                         time_limit_s=10.0, match_limit=500))
 
     def _run(self, text: str, what: str):
         try:
@@ -133,9 +135,11 @@ class Saturator:
             self._run(f"(in-target (absval {root}))", "marking the target")
         st = PhaseStats("guards")
         while st.iterations < limits.iter_limit:
-            out = self._run("(run axioms 1)", "saturating the target's abstract expression")
+            out = self._run(f"(run-schedule (let-scheduler bo (back-off :match-limit "
+                            f"{limits.match_limit})) (run-with bo axioms))",
+                            "saturating the target's abstract expression")
             st.iterations += 1
-            st.enodes = self.size()
+            st.enodes = self.size("abstract")
             if not out[-1].report.updated:
                 st.stop = "saturated"
                 break
@@ -152,11 +156,13 @@ class Saturator:
         self.stats.append(st)
 
     def size(self, kind: str = "T") -> int:
-        """Number of e-nodes of sort T (tensor terms); kind="all" counts every table."""
+        """Number of e-nodes: of sort T (tensor terms), "abstract" (sort A) or "all"."""
         out = self._run("(print-size)", "measuring the e-graph")
         sizes = dict(out[-1].sizes)
         if kind == "all":
             return sum(sizes.values())
+        if kind == "abstract":
+            return sum(n for name, n in sizes.items() if name in _ABS_CTORS)
         return sum(n for name, n in sizes.items() if name in self.ctors)
 
     def run_phase(self, name: str, rulesets: tuple[str, ...], limits: Limits,
