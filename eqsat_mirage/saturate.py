@@ -209,5 +209,7 @@ class Saturator:
 
     def root_classes(self, data: dict) -> dict[str, str]:
         """Output name -> e-class id in ``data``."""
-        by_let = {v.get("let"): k for k, v in data["class_data"].items() if v.get("let")}
+        # a class holding several lets lists them all: "let": "$t4, $t9"
+        by_let = {name.strip(): k for k, v in data["class_data"].items() if v.get("let")
+                  for name in v["let"].split(",")}
         return {out: by_let[g] for out, g in self.roots.items()}
