@@ -7,9 +7,10 @@ the q part (``None``), which is why a Lax program takes exp at most once on a
 path. Opaque functions (sqrt, silu, relu) are random functions of their
 argument, drawn per trial; ``rsqrt`` is ``1 / sqrt`` so that identity holds.
 
-Matmuls use BLAS: operands are split into 16-bit limbs and multiplied as
-float64 (Karatsuba, three products), exact for contraction lengths <= 2**19
-(longer ones are chunked), then reduced mod p.
+Matmuls use BLAS: the smaller operand is cut into signed digits small enough
+that float64 products and sums stay exact (two or three digits for the
+benchmarks' contraction lengths; longer than 2**15 is chunked), the other
+operand is used whole, and the digit products are recombined mod p.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 
 from .ir import Op
 
-_EXACT_K = 1 << 19  # contraction length that keeps Karatsuba limb sums below 2**53
+_EXACT_K = 1 << 15  # longest contraction done in one BLAS call (keeps digits >= 8 bits)
 
 
 class FieldZeroDivisionError(ArithmeticError):
@@ -49,20 +50,53 @@ def field_primes(bits: int = 30) -> tuple[int, int]:
         q = galois.prev_prime(q - 1)
 
 
+def _is_array(x: Any) -> bool:
+    """True for an ndarray with at least one axis (which in-place ops can update)."""
+    return isinstance(x, np.ndarray) and x.ndim > 0
+
+
+def _mod(r: Any, m: int) -> Any:
+    """``r % m``, in place when ``r`` is a fresh array (saves a big temporary)."""
+    if _is_array(r):
+        r %= m
+        return r
+    return r % m
+
+
 def mulmod(a: np.ndarray, b: Any, m: int) -> np.ndarray:
     """Elementwise a*b mod m for residues below 2**31."""
-    return (a * b) % m
+    return _mod(a * b, m)
+
+
+def addmod(a: np.ndarray, b: Any, m: int) -> np.ndarray:
+    """Elementwise a+b mod m."""
+    return _mod(a + b, m)
+
+
+def submod(a: np.ndarray, b: Any, m: int) -> np.ndarray:
+    """Elementwise a-b mod m."""
+    return _mod(a - b, m)
 
 
 def powmod(x: np.ndarray, e: int, m: int) -> np.ndarray:
-    """Elementwise x**e mod m by square-and-multiply (vectorised)."""
-    result = np.ones_like(x)
+    """Elementwise x**e mod m by square-and-multiply (vectorised, in place)."""
     base = x % m
+    result = np.ones_like(base)
+    if not _is_array(base):
+        while e:
+            if e & 1:
+                result = (result * base) % m
+            base = (base * base) % m
+            e >>= 1
+        return result
     while e:
         if e & 1:
-            result = (result * base) % m
-        base = (base * base) % m
+            result *= base
+            result %= m
         e >>= 1
+        if e:
+            base *= base
+            base %= m
     return result
 
 
@@ -73,24 +107,50 @@ def invmod(x: np.ndarray, m: int) -> np.ndarray:
     return powmod(x, m - 2, m)
 
 
-def _limbs(x: np.ndarray, cache: dict | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """16-bit limbs of ``x`` as float64, and their sum (cached per array in a trial)."""
-    hit = cache.get(id(x)) if cache is not None else None
+def _signed_digits(x: np.ndarray, m: int, w: int) -> list[np.ndarray]:
+    """``x`` (residues mod m) as balanced residues, cut into base-2**w signed digits.
+
+    Returns float64 arrays d_0, d_1, ... with every |d_j| <= 2**(w-1) and
+    ``x == sum(d_j * 2**(w*j)) (mod m)``; only as many digits as the values need.
+    """
+    r = np.array(x, dtype=np.int64)  # a copy, updated in place below
+    r[r > m // 2] -= m  # |r| <= m/2
+    half, mask = 1 << (w - 1), (1 << w) - 1
+    digits = []
+    while True:
+        d = r + half
+        d &= mask
+        d -= half
+        digits.append(d.astype(np.float64))
+        r -= d
+        r >>= w  # exact: r - d is a multiple of 2**w
+        if not r.any():
+            return digits
+
+
+def _cached(cache: dict | None, x: np.ndarray, key: tuple, make):
+    """``make()``, remembered per (array, key) in a trial's ``cache``."""
+    if cache is None:
+        return make()
+    hit = cache.get((id(x), *key))
     if hit is not None and hit[0] is x:
         return hit[1]
-    lo = (x & 0xFFFF).astype(np.float64)
-    hi = (x >> 16).astype(np.float64)
-    out = (lo, hi, lo + hi)
-    if cache is not None:
-        cache[id(x)] = (x, out)  # holding x keeps its id from being reused
+    out = make()
+    cache[(id(x), *key)] = (x, out)  # holding x keeps its id from being reused
     return out
 
 
 def matmul_mod(a: np.ndarray, b: np.ndarray, m: int, cache: dict | None = None) -> np.ndarray:
-    """Exact ``(a @ b) mod m`` (NumPy matmul semantics) through float64 BLAS.
+    """Exact ``(a @ b) mod m`` (NumPy matmul semantics, residues below 2**31) by float64 BLAS.
 
-    ``cache`` (a dict kept for one trial) reuses the limb split of operands
-    that several matmuls share, such as a weight read by both programs.
+    The operand with fewer elements is cut into signed digits of w bits
+    (``_signed_digits``), the other one is used whole (in [0, m)). Each product
+    |digit * y| < 2**(w+30), and a sum of k of them stays at or below 2**53
+    when w = 23 - ceil(log2 k), so every float64 digit-matmul is exact; the
+    digit products are then combined mod m by Horner's rule in int64. Longer
+    contractions (k > 2**15) are chunked. ``cache`` (a dict kept for one trial)
+    reuses the conversions of operands that several matmuls share, such as a
+    weight read by both programs.
     """
     k = a.shape[-1]
     if k > _EXACT_K:
@@ -100,15 +160,52 @@ def matmul_mod(a: np.ndarray, b: np.ndarray, m: int, cache: dict | None = None) 
             part = matmul_mod(a[..., s:s + _EXACT_K], bs, m)
             out = part if out is None else (out + part) % m
         return out
-    a0, a1, a01 = _limbs(a, cache)
-    b0, b1, b01 = _limbs(b, cache)
-    m0 = np.matmul(a0, b0)
-    m2 = np.matmul(a1, b1)
-    m1 = np.matmul(a01, b01) - m0 - m2
-    i0 = m0.astype(np.int64) % m
-    i1 = m1.astype(np.int64) % m
-    i2 = m2.astype(np.int64) % m
-    return ((i2 * ((1 << 32) % m)) % m + (i1 * ((1 << 16) % m)) % m + i0) % m
+    w = 23 - (k - 1).bit_length()
+    split_a = a.size <= b.size
+    cut, whole = (a, b) if split_a else (b, a)
+    digits = _cached(cache, cut, ("digits", m, w), lambda: _signed_digits(cut, m, w))
+    whole_f = _cached(cache, whole, ("float64",), lambda: whole.astype(np.float64))
+    shift = pow(2, w, m)
+
+    def product(j: int, out=None):
+        return (np.matmul(digits[j], whole_f, out=out) if split_a
+                else np.matmul(whole_f, digits[j], out=out))
+
+    top = product(len(digits) - 1)
+    if not _is_array(top):  # a 0-d result (vector @ vector)
+        r = int(top) % m
+        for j in range(len(digits) - 2, -1, -1):
+            r = (r * shift + int(product(j))) % m
+        return np.int64(r)
+    # Horner's rule, r = r * 2**w + next product (|r| < 2**31 * 2**23 + 2**53 < 2**63),
+    # converting each exact float64 product to int64 in place to spare big temporaries.
+    r = _to_int64_in_place(top)
+    r %= m
+    buf = None
+    for j in range(len(digits) - 2, -1, -1):
+        buf = _to_int64_in_place(product(j, None if buf is None else buf.view(np.float64)))
+        r *= shift
+        r += buf
+        r %= m
+    return r
+
+
+_CHUNK = 1 << 17  # elements per slice when a big array is updated slice by slice
+
+
+def _to_int64_in_place(x: np.ndarray) -> np.ndarray:
+    """The exact-integer float64 array ``x`` converted to int64 in its own memory.
+
+    Slice by slice, so each overlapping copy goes through a small temporary
+    instead of a second array of x's size.
+    """
+    if not (x.flags.c_contiguous and x.flags.writeable and x.dtype == np.float64):
+        return x.astype(np.int64)
+    flat_f = x.reshape(-1)
+    flat_i = flat_f.view(np.int64)
+    for s in range(0, flat_f.size, _CHUNK):
+        np.copyto(flat_i[s:s + _CHUNK], flat_f[s:s + _CHUNK], casting="unsafe")
+    return x.view(np.int64)
 
 
 def const_mod(value: float, m: int) -> int:
@@ -165,7 +262,16 @@ class FieldCtx:
             self._tables = (_powers(self.omega, 1 << 15, self.p),
                             _powers(pow(self.omega, 1 << 15, self.p), (self.q >> 15) + 1, self.p))
         lo, hi = self._tables
-        return (hi[x >> 15] * lo[x & 0x7FFF]) % self.p
+        if not _is_array(x):
+            return (hi[x >> 15] * lo[x & 0x7FFF]) % self.p
+        idx = np.ascontiguousarray(x >> 15)
+        r = hi.take(idx)  # C-contiguous, like idx
+        np.bitwise_and(x, 0x7FFF, out=idx)
+        flat_r, flat_idx = r.reshape(-1), idx.reshape(-1)
+        for s in range(0, flat_r.size, _CHUNK):  # no third array of x's size
+            flat_r[s:s + _CHUNK] *= lo.take(flat_idx[s:s + _CHUNK])
+        r %= self.p
+        return r
 
     def random_fn(self, op: Op, x: tuple) -> tuple[np.ndarray, np.ndarray]:
         """The trial's random function for ``op`` applied to the pair ``x``."""
@@ -273,14 +379,14 @@ def _const(ctx, n):
 FIELD_SEMANTICS = {
     Op.INPUT: _input,
     Op.CONST: _const,
-    Op.NEG: _unary(lambda x, m: (-x) % m),
+    Op.NEG: _unary(lambda x, m: _mod(-x, m)),
     Op.EXP: lambda ctx, n, x: (ctx.exp(x[1]), None),
     Op.SQRT: _opaque(Op.SQRT),
     Op.RSQRT: _rsqrt,
     Op.SILU: _opaque(Op.SILU),
     Op.RELU: _opaque(Op.RELU),
-    Op.ADD: _binary(lambda a, b, m: (a + b) % m, lambda a, b, m: (a + b) % m),
-    Op.SUB: _binary(lambda a, b, m: (a - b) % m, lambda a, b, m: (a - b) % m),
+    Op.ADD: _binary(addmod, addmod),
+    Op.SUB: _binary(submod, submod),
     Op.MUL: _binary(mulmod, mulmod),
     Op.DIV: _binary(lambda a, b, m: mulmod(a, invmod(b, m), m),
                     lambda a, b, m: mulmod(a, invmod(b, m), m)),
@@ -303,9 +409,64 @@ def q_needed(program) -> set[int]:
     return needed
 
 
-def evaluate_field(program, ctx: FieldCtx) -> dict[str, tuple]:
-    """Run ``program`` over Z_p x Z_q with the trial ``ctx`` (inputs already set)."""
+def _structural_keys(program, ids: dict) -> dict[int, int]:
+    """id(node) -> hash-consed key of (op, arg, shape, operands' keys), linear time."""
+    keys: dict[int, int] = {}
+    for node in program.nodes():
+        k = (node.op, node.arg, node.shape, tuple(keys[id(s)] for s in node.srcs))
+        keys[id(node)] = ids.setdefault(k, len(ids))
+    return keys
+
+
+class SharedValues:
+    """Values of the subterms common to several programs evaluated in one trial.
+
+    In a trial a node's value depends only on its op, argument, shape and its
+    operands' values (inputs are looked up by name; omega and the random
+    functions belong to the trial), so structurally equal nodes of the two
+    programs the verifier compares have equal values: ``evaluate_field`` with
+    a ``SharedValues`` computes each common subterm once and reuses it in the
+    other program. Results are identical to separate evaluation.
+    """
+
+    def __init__(self, *programs) -> None:
+        self._ids: dict[tuple, int] = {}
+        self._keys = {id(p): _structural_keys(p, self._ids) for p in programs}
+        counts: dict[int, int] = {}
+        for program in programs:  # a program given twice shares with itself
+            for k in set(self._keys[id(program)].values()):
+                counts[k] = counts.get(k, 0) + 1
+        self._common = {k for k, c in counts.items() if c > 1}
+        self._values: dict[int, tuple] = {}
+
+    def evaluate(self, program, ctx: FieldCtx) -> dict[str, tuple]:
+        """Like ``run(program, FIELD_SEMANTICS, ctx)``, reusing common subterms."""
+        keys = self._keys.get(id(program)) or _structural_keys(program, self._ids)
+        env: dict[int, Any] = {}
+        for node in program.nodes():
+            k, need_q = keys[id(node)], id(node) in ctx.needs_q
+            hit = self._values.get(k)
+            if hit is not None and (hit[1] is not None or not need_q):
+                env[id(node)] = hit if need_q else (hit[0], None)
+                continue
+            fn = FIELD_SEMANTICS.get(node.op)
+            if fn is None:
+                raise NotImplementedError(f"no semantics for {node.op} in this backend")
+            env[id(node)] = value = fn(ctx, node, *(env[id(s)] for s in node.srcs))
+            if k in self._common:
+                self._values[k] = value
+        return {name: env[id(node)] for name, node in program.outputs.items()}
+
+
+def evaluate_field(program, ctx: FieldCtx, shared: SharedValues | None = None) -> dict[str, tuple]:
+    """Run ``program`` over Z_p x Z_q with the trial ``ctx`` (inputs already set).
+
+    ``shared`` (made for one trial from the programs compared in it) computes
+    their common subterms once; the results are the same without it.
+    """
     from .interp import run
 
     ctx.needs_q = q_needed(program)
+    if shared is not None:
+        return shared.evaluate(program, ctx)
     return run(program, FIELD_SEMANTICS, ctx)
