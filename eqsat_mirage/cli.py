@@ -1,15 +1,20 @@
 """The ``eqsat-mirage`` command line.
 
-    eqsat-mirage demo [--bench NAME] [--batch B] [--trials T] [--seed S]
+    eqsat-mirage demo [--bench NAME] [--batch B] [--rewritten]
+    eqsat-mirage optimize PROGRAM.py | --bench NAME [--batch B] [--target T] [--rules F ...]
     eqsat-mirage verify A.py B.py [--trials T] [--seed S]
+    eqsat-mirage check-rules FILE_OR_FOLDER ...
+    eqsat-mirage targets
     eqsat-mirage bench-verify [--trials T] [--bench NAME] [--batch B] [--write FILE]
 
-``demo`` prints a benchmark program, a hand-rewritten equivalent form and the
-verifier's verdict on the pair. ``verify`` compares two programs, each a Python
-file that defines a module-level ``program`` (an ``em.Graph``) or a function
-``build()`` returning one. ``bench-verify`` prints the verification table of all
-benchmarks (``bench/verify_bench.py``). Exit status: 0 equivalent, 1 not
-equivalent, 2 error (a library error prints ``error: ...``, no traceback).
+``demo`` optimizes a benchmark (default GQA, batch 1) and prints the search,
+the chosen program and its verification (``--rewritten``: verify the
+hand-rewritten form instead). ``optimize`` does the same for a program file,
+with progress on stderr and a summary table. ``verify`` compares two programs,
+each a Python file that defines a module-level ``program`` (an ``em.Graph``)
+or a function ``build()`` returning one. ``check-rules`` tests rule files for
+soundness. Exit status: 0 success / equivalent / sound, 1 not equivalent /
+unsound, 2 error (a library error prints ``error: ...``, no traceback).
 """
 
 from __future__ import annotations
@@ -84,9 +89,122 @@ def _print_result(result, indent: str = "") -> None:
               f"(p = {result.p}, q = {result.q})")
 
 
+class Progress:
+    """Progress lines on stderr: rewritten in place on a terminal, one per line otherwise."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.quiet = quiet
+        self.tty = sys.stderr.isatty()
+        self._width = 0
+
+    def __call__(self, message: str) -> None:
+        if self.quiet:
+            return
+        if self.tty:
+            pad = max(0, self._width - len(message))
+            sys.stderr.write("\r" + message + " " * pad)
+            self._width = len(message)
+        else:
+            sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        """End the in-place line."""
+        if self.tty and self._width and not self.quiet:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+        self._width = 0
+
+
+def summary(res) -> str:
+    """A table of what the search did: phases, rules fired, extraction, verification, cost."""
+    st = res.stats
+    rows = [f"{'phase':<12}{'iterations':>11}{'e-nodes':>10}{'seconds':>9}  stop"]
+    for ph in st.get("phases", []):
+        rows.append(f"{ph['name']:<12}{ph['iterations']:>11}{ph['enodes']:>10}"
+                    f"{ph['seconds']:>9.2f}  {ph['stop']}")
+    fired: dict[str, int] = {}
+    for ph in st.get("phases", []):
+        for rule, n in ph.get("rules_fired", {}).items():
+            fired[rule] = fired.get(rule, 0) + n
+    if fired:
+        rows.append("")
+        rows.append("rules fired (matches):")
+        for rule, n in sorted(fired.items(), key=lambda kv: -kv[1])[:12]:
+            rows.append(f"  {n:>7}  {rule}")
+    rows.append("")
+    rows.append(f"extraction   {st.get('candidates', 0)} candidates, "
+                f"{st.get('candidates_tried', 0)} tried, {st.get('extract_seconds', 0):.2f} s")
+    rows.append(f"verified     {res.verified}")
+    roof = getattr(res, "roofline_us", None)
+    rows.append(f"cost         {res.baseline_cost_us:.2f} us (one kernel per op) -> "
+                f"{res.cost_us:.2f} us ({res.speedup:.2f}x, target {st.get('target', '?')})"
+                + (f"; roofline {roof:.2f} us" if roof else ""))
+    rows.append(f"total        {st.get('seconds', 0):.2f} s")
+    return "\n".join(rows)
+
+
+def _optimize_and_report(graph, args: argparse.Namespace) -> int:
+    from .optimize import optimize
+
+    progress = Progress(getattr(args, "quiet", False))
+    kw = dict(target=args.target, rules=args.rules or ["rules"], guards=not args.no_guards,
+              time_limit_s=args.time_limit, node_limit=args.node_limit,
+              iter_limit=args.iter_limit, progress=progress)
+    try:
+        res = optimize(graph, **kw)
+    finally:
+        progress.done()
+    print("input program:")
+    print(graph)
+    print("\nchosen program:")
+    print(res.program)
+    print()
+    print(summary(res))
+    if getattr(args, "emit_json", None):
+        Path(args.emit_json).write_text(res.program.to_json() if hasattr(res.program, "to_json")
+                                        else str(res.program))
+    return EXIT_EQUIVALENT
+
+
+def cmd_optimize(args: argparse.Namespace) -> int:
+    """Optimize a program file (or a benchmark) and print the search and its result."""
+    if (args.program is None) == (args.bench is None):
+        raise MirageError("optimize: give either PROGRAM.py or --bench NAME")
+    graph = (load_program(args.program) if args.program
+             else _bench_module("programs").program(args.bench, args.batch))
+    return _optimize_and_report(graph, args)
+
+
+def cmd_check_rules(args: argparse.Namespace) -> int:
+    """Check rule files for soundness and print the table."""
+    from .check_rules import check_rules
+
+    report = check_rules(args.paths, instances=args.instances, seed=args.seed)
+    print(report)
+    return EXIT_EQUIVALENT if report.ok else EXIT_NOT_EQUIVALENT
+
+
+def cmd_targets(args: argparse.Namespace) -> int:
+    """List the built-in hardware profiles."""
+    from .cost import profiles_dir
+    from .gpuprofile import GPUProfile
+
+    for path in sorted(profiles_dir().glob("*.toml")):
+        prof = GPUProfile.load(path)
+        print(f"{path.stem:<8} {getattr(prof, 'description', '') or prof.name}  ({path})")
+    return EXIT_EQUIVALENT
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Print a benchmark, its rewritten form and the verdict on the pair."""
+    """Optimize a benchmark (or verify its hand-rewritten form) and print the result."""
     from .verify import verify
+
+    if not args.rewritten:
+        graph = _bench_module("programs").program(args.bench, args.batch)
+        print(f"# eqsat-mirage demo: optimizing benchmark {args.bench}, batch size "
+              f"{args.batch}, for {args.target}\n")
+        return _optimize_and_report(graph, args)
 
     programs = _bench_module("programs")
     original = programs.program(args.bench, args.batch)
@@ -139,7 +257,39 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--batch", type=int, default=1, help="batch size (default: 1)")
     demo.add_argument("--trials", type=int, default=4, help="finite-field trials (default: 4)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    demo.add_argument("--rewritten", action="store_true",
+                      help="verify the hand-rewritten form instead of optimizing")
+    _search_options(demo)
     demo.set_defaults(func=cmd_demo)
+
+    opt = sub.add_parser(
+        "optimize", help="superoptimize a program file or a benchmark",
+        description="Superoptimize PROGRAM.py (a Python file defining `program` or `build()`) "
+                    "or a benchmark (--bench). Progress goes to stderr; the chosen program "
+                    "and a summary table to stdout. Exit 0 on success, 2 on error.")
+    opt.add_argument("program", nargs="?", metavar="PROGRAM.py", help="the program's file")
+    opt.add_argument("--bench", default=None,
+                     choices=("gqa", "qknorm", "rmsnorm", "lora", "gatedmlp", "ntrans"),
+                     help="optimize a benchmark instead of a file")
+    opt.add_argument("--batch", type=int, default=1, help="benchmark batch size (default: 1)")
+    opt.add_argument("--emit-json", default=None, metavar="FILE",
+                     help="write the chosen program (MuGraph JSON) to FILE")
+    _search_options(opt)
+    opt.set_defaults(func=cmd_optimize)
+
+    chk = sub.add_parser(
+        "check-rules", help="test rewrite-rule files for soundness",
+        description="Instantiate every rule of the given .egg files or folders with random "
+                    "shaped tensors and compare both sides with the verifier. Exit 0 if all "
+                    "are sound, 1 if any is not, 2 on a malformed file.")
+    chk.add_argument("paths", nargs="+", metavar="FILE", help="rule files or folders")
+    chk.add_argument("--instances", type=int, default=3, help="instances per rule (default: 3)")
+    chk.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    chk.set_defaults(func=cmd_check_rules)
+
+    tg = sub.add_parser("targets", help="list the built-in hardware profiles",
+                        description="List the GPU profiles in extract/ that --target accepts.")
+    tg.set_defaults(func=cmd_targets)
 
     ver = sub.add_parser(
         "verify", help="decide whether the programs of two files are equivalent",
@@ -163,6 +313,22 @@ def build_parser() -> argparse.ArgumentParser:
         pass  # reported when the command runs
     bench.set_defaults(func=cmd_bench_verify)
     return parser
+
+
+def _search_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default="h100", help="hardware profile name or .toml path "
+                   "(default: h100; see `eqsat-mirage targets`)")
+    p.add_argument("--rules", action="append", default=None, metavar="FILE",
+                   help="rule file or folder (repeatable; default: the built-in rules)")
+    p.add_argument("--no-guards", action="store_true",
+                   help="switch off the abstract-expression guards")
+    p.add_argument("--time-limit", type=float, default=30.0,
+                   help="seconds per saturation phase (default: 30)")
+    p.add_argument("--node-limit", type=int, default=200_000,
+                   help="tensor e-nodes per phase (default: 200000)")
+    p.add_argument("--iter-limit", type=int, default=12,
+                   help="iterations per phase (default: 12)")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
 
 
 def main(argv: list[str] | None = None) -> int:

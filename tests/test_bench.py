@@ -142,12 +142,19 @@ def _write(tmp_path, fname, text):
     return str(path)
 
 
-def test_cli_demo_lora(capsys):
-    assert main(["demo", "--bench", "lora"]) == 0
+def test_cli_demo_lora_rewritten(capsys):
+    assert main(["demo", "--bench", "lora", "--rewritten"]) == 0
     out = capsys.readouterr().out
     assert "equivalent" in out and "NOT" not in out
     assert "graph lora_b1(" in out and "graph lora_b1_rewritten(" in out
     assert "false-positive bound" in out
+
+
+def test_cli_demo_lora_optimizes(capsys):
+    assert main(["demo", "--bench", "lora", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "graph lora_b1(" in out and "chosen program:" in out
+    assert "verified     equivalent" in out and "one kernel per op" in out
 
 
 def test_cli_verify_equivalent_mutant_and_missing_program(tmp_path, capsys):
