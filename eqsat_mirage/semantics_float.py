@@ -49,7 +49,7 @@ def _mean(ctx, n, x):
 
 def _matmul(ctx, n, a, b):
     acc = np.float64 if ctx.mode is None else np.float32  # fp32 accumulation, as on GPUs
-    return ctx.fix(n, np.matmul(a.astype(acc), b.astype(acc)))
+    return ctx.fix(n, np.matmul(a.astype(acc, copy=False), b.astype(acc, copy=False)))
 
 
 FLOAT_SEMANTICS = {

@@ -268,3 +268,21 @@ def test_guards_on_and_off_gqa():
     print(f"gqa b=1 guards off: {off.stats['enodes']} e-nodes, "
           f"saturate {off.stats['saturate_seconds']:.2f} s, cost {off.cost_us:.2f} us, "
           f"phases {[(p['name'], p['iterations'], p['stop']) for p in off.stats['phases']]}")
+
+
+def test_sum_of_low_rank_products_becomes_one_concat_matmul():
+    """W@X + B@Y's kin: two thin products summed into a big output are cheaper as one
+    matmul of concatenations (the output is written once instead of three times)."""
+    g = em.Graph("lowrank_sum")
+    X = g.input("X", (1024, 32), dtype="float16")  # noqa: N806
+    W = g.input("W", (32, 1024), dtype="float16")  # noqa: N806
+    Y = g.input("Y", (1024, 16), dtype="float16")  # noqa: N806
+    B = g.input("B", (16, 1024), dtype="float16")  # noqa: N806
+    g.output(X @ W + Y @ B, "O")
+    res = em.optimize(g, level="kernel") if "level" in em.optimize.__code__.co_varnames \
+        else em.optimize(g)
+    ops = [n.op for n in res.program.nodes()]
+    assert ops.count(em.Op.CONCAT) == 2 and ops.count(em.Op.MATMUL) == 1
+    assert em.Op.ADD not in ops
+    assert res.cost_us < res.baseline_cost_us
+    assert res.verified.equivalent
