@@ -33,13 +33,17 @@ padded: K < 16 is INFEASIBLE, since tensor-core tiles need K >= 16)::
               R = tile bytes x B x (F if fmap else 1) / tensor bytes (the replication),
               r_f = replicated_read_dram_fraction if the tensor fits in L2, else 1
           + each output tensor written once
+    L2    = sum over inputs that fit in L2: tensor bytes x (R - 1) x (1 - r_f)  (L2 hits)
     work  = loop-stage ops x B x F + accumulator adds x B x F + post-stage ops x B
 
-Replicated reads are paid per block (r_f = 1.0 by default, as if L2 kept nothing); a
-calibrated r_f < 1 credits the L2 for tensors that fit in it. Waves: slots = SMs x bps,
-waves = ceil(B / slots). A wave of n blocks costs max(memory, compute)::
+The first read of every input tile comes from DRAM; re-reads of a tensor that fits in L2
+(the same tile loaded by several blocks) hit L2 except a fraction r_f, and are paid at the
+L2 bandwidth (l2_bandwidth_GBps): every load, hit or miss, passes through L2. A tensor
+larger than L2 pays every re-read at DRAM. Waves: slots = SMs x bps, waves = ceil(B /
+slots). A wave of n blocks costs max(memory, compute)::
 
-    memory(n)  = n x DRAM/B / min(BW x f_bw, min(n, SMs) x sm_dram_bandwidth_GBps)
+    memory(n)  = max(n x DRAM/B / min(BW x f_bw, cap(n)), n x (DRAM + L2)/B / min(L2BW, cap(n)))
+                 cap(n) = min(n, SMs) x sm_dram_bandwidth_GBps   (what n SMs can keep in flight)
     compute(n) = ceil(n / SMs) x c_b,  c_b = compute x SMs / B  (one block alone on an SM)
     time = launch + (B // slots) x max(memory(slots), compute(slots))
                   + [B % slots > 0] x max(memory(r), compute(r)),  r = B % slots
@@ -139,6 +143,7 @@ class KernelCost:
     waves: int = 0
     smem_bytes: int = 0
     reason: str = ""
+    l2_bytes: float = 0.0  # replicated re-reads served by L2 (custom kernels)
 
     @property
     def feasible(self) -> bool:
@@ -158,7 +163,8 @@ class KernelCost:
                 f"smem {self.smem_bytes / 1024:.1f} KiB") if self.kind == "custom" else ""
         return (f"{self.name} ({self.kind}): {self.time_us:.2f} us = launch {self.launch_us:.1f}"
                 f" + {self.bound}-bound (memory {self.memory_us:.2f}, compute "
-                f"{self.compute_us:.2f}); DRAM {self.dram_bytes / 1e6:.3f} MB{grid}")
+                f"{self.compute_us:.2f}); DRAM {self.dram_bytes / 1e6:.3f} MB"
+                + (f", L2 hits {self.l2_bytes / 1e6:.3f} MB" if self.l2_bytes else "") + grid)
 
 
 @dataclass
@@ -275,7 +281,11 @@ def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile) -> KernelCost:
         return KernelCost(k.name, k.kind, math.inf, launch, blocks=blocks, smem_bytes=smem,
                           reason="; ".join(reasons))
     l2, fr = prof.l2_MiB * 2**20, prof.replicated_read_dram_fraction
-    dram = sum(w * (1 + (rep - 1) * (fr if w <= l2 else 1.0)) for w, rep in _custom_reads(k, mg))
+    dram = hits = 0.0
+    for w, rep in _custom_reads(k, mg):
+        again = w * max(rep - 1.0, 0.0)
+        hit = again * (1.0 - fr) if w <= l2 else 0.0
+        dram, hits = dram + w + again - hit, hits + hit
     dram += sum(_bytes(s.shape, s.dtype) for s in k.output_specs().values())
     work = Work()
     pad_loop, pad_post = padded_shapes(k.loop), padded_shapes(k.post)
@@ -294,8 +304,10 @@ def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile) -> KernelCost:
     bw_all = prof.dram_bandwidth_GBps * 1e3 * prof.dram_achievable_fraction
 
     def wave(n: int) -> tuple[float, float]:
-        bw = min(bw_all, min(n, prof.sms) * prof.sm_dram_bandwidth_GBps * 1e3)
-        return n * dram / blocks / bw, math.ceil(n / prof.sms) * c_b
+        cap = min(n, prof.sms) * prof.sm_dram_bandwidth_GBps * 1e3
+        l2_bw = min(prof.l2_bandwidth_GBps * 1e3, cap)
+        memory = max(n * dram / blocks / min(bw_all, cap), n * (dram + hits) / blocks / l2_bw)
+        return memory, math.ceil(n / prof.sms) * c_b
 
     mem = comp = body = 0.0
     for n, count in ((slots, full), (rest, int(rest > 0))):
@@ -303,7 +315,7 @@ def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile) -> KernelCost:
             m, c = wave(n)
             mem, comp, body = mem + count * m, comp + count * c, body + count * max(m, c)
     return KernelCost(k.name, k.kind, launch + body, launch, mem, comp, dram, work, blocks, bps,
-                      full + int(rest > 0), smem)
+                      full + int(rest > 0), smem, l2_bytes=hits)
 
 
 def kernel_cost(kernel: Kernel, mugraph: MuGraph,

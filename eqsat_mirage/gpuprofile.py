@@ -45,6 +45,7 @@ class GPUProfile:
     tensor_achievable_fraction: float
     sm_dram_bandwidth_GBps: float  # noqa: N815
     replicated_read_dram_fraction: float
+    l2_bandwidth_GBps: float  # noqa: N815
     name: str = "gpu"
     description: str = ""
     path: str = ""

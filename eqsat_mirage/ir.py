@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from enum import Enum, auto
+from functools import lru_cache
 from typing import Any
 
 from .errors import DTypeError, ShapeError
@@ -79,6 +80,11 @@ def promote(a: str, b: str) -> str:
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
+@lru_cache(maxsize=1024)
+def _in_package(fname: str) -> bool:
+    return os.path.abspath(fname).startswith(_PKG_DIR)
+
+
 def user_location() -> str:
     """``file:line`` of the innermost caller outside this package (for errors)."""
     import sys
@@ -86,7 +92,7 @@ def user_location() -> str:
     frame = sys._getframe(1)
     while frame is not None:
         fname = frame.f_code.co_filename
-        if not os.path.abspath(fname).startswith(_PKG_DIR):
+        if not _in_package(fname):
             return f"{os.path.basename(fname)}:{frame.f_lineno}"
         frame = frame.f_back
     return "<unknown>"
@@ -165,7 +171,22 @@ def normalize_axes(axis: Any, ndim: int, what: str) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def _matmul_shape(a: Shape, b: Shape, where: str) -> Shape:
+class _Where:
+    """``op of operands`` for error messages, formatted only when an error is raised."""
+
+    __slots__ = ("op", "srcs")
+
+    def __init__(self, op: Op, srcs: tuple[Node, ...]) -> None:
+        self.op, self.srcs = op, srcs
+
+    def __str__(self) -> str:
+        return f"{self.op.name.lower()} of {_operands(self.srcs)}"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
+def _matmul_shape(a: Shape, b: Shape, where: _Where | str) -> Shape:
     if len(a) == 0 or len(b) == 0:
         raise ShapeError(f"{where}: matmul needs operands of at least 1 dimension")
     a2 = (1,) + a if len(a) == 1 else a
@@ -186,7 +207,7 @@ def _matmul_shape(a: Shape, b: Shape, where: str) -> Shape:
 
 def infer(op: Op, srcs: tuple[Node, ...], arg: Any) -> tuple[Shape, str]:
     """Shape and dtype of ``op`` applied to ``srcs``; raises ``ShapeError``."""
-    where = f"{op.name.lower()} of {_operands(srcs)}"
+    where = _Where(op, srcs)
     if op is Op.INPUT:
         raise ShapeError("input nodes are created by Graph.input")
     if op is Op.CONST:

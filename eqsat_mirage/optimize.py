@@ -1,8 +1,16 @@
 """``em.optimize``: the pipeline as a list of named passes.
 
 build/check -> load rules (user rules checked for soundness) -> encode +
-saturate (phases, guarded) -> extract (k best, DAG-aware) -> verify (the first
-candidate that passes wins; the input program itself is always a candidate).
+saturate (phases, guarded) -> extract (k best kernel-level Graphs, DAG-aware) ->
+fusion (``level="mugraph"``, the default: each candidate and the input program
+planned into a MuGraph of custom and predefined kernels, ``fusion.plan``, and
+costed with ``gpucost``) -> verify (cheapest first; the first that passes
+``em.verify`` against the input, tiled interpreter included, wins).
+
+``level="kernel"`` stops after extraction: the program is a kernel-level Graph
+costed one kernel per op (``cost.py``). Every returned program passed
+``em.verify``; when none does (or the input is not Lax, so nothing can be
+verified) the input itself is returned, one kernel per op.
 """
 
 from __future__ import annotations
@@ -15,11 +23,13 @@ from pathlib import Path
 from .check import check, check_lax
 from .cost import Hardware, graph_cost_us
 from .encode import graph_from_outputs
-from .errors import LaxError
+from .errors import LaxError, MirageError
 from .extract import extract
 from .rulefiles import Schema, builtin_rules_dir, load_rules, rule_paths
 from .saturate import DEFAULT_PHASES, Limits, Saturator
 from .verify import VerifyResult, verify
+
+LEVELS = ("mugraph", "kernel")
 
 DEFAULT_SPLITS = (4, 16, 64)  # Mirage's loop ranges: candidate inner factors of split-K
 
@@ -35,6 +45,8 @@ class OptimizeResult:
     stats: dict = field(default_factory=dict)
     candidates: list = field(default_factory=list)
     source: object = None
+    roofline_us: float | None = None  # DESIGN.md's lower bound (mugraph level)
+    plan: object = None  # the chosen program's fusion.FusionPlan (mugraph level)
 
     @property
     def speedup(self) -> float:
@@ -43,14 +55,21 @@ class OptimizeResult:
 
     def __str__(self) -> str:
         st = self.stats
+        roof = (f"; roofline {self.roofline_us:.2f} us ({self.cost_us / self.roofline_us:.2f}x)"
+                if self.roofline_us else "")
         lines = [f"optimized {getattr(self.source, 'name', 'program')!r} for "
                  f"{st.get('target', '?')}: {self.baseline_cost_us:.2f} us -> "
-                 f"{self.cost_us:.2f} us ({self.speedup:.2f}x, cost model)"]
+                 f"{self.cost_us:.2f} us ({self.speedup:.2f}x, cost model){roof}"]
         for ph in st.get("phases", []):
             lines.append(f"  phase {ph['name']:<10} {ph['iterations']:>3} iterations "
                          f"{ph['enodes']:>8} e-nodes {ph['seconds']:7.2f} s  ({ph['stop']})")
         lines.append(f"  extraction: {st.get('candidates', 0)} candidates in "
                      f"{st.get('extract_seconds', 0):.2f} s; verified: {self.verified}")
+        if "fusion_seconds" in st:
+            lines.append(f"  fusion: {len(st.get('plans', []))} MuGraphs planned in "
+                         f"{st['fusion_seconds']:.2f} s; chosen: {st.get('kernels', '?')} kernels "
+                         f"({st.get('custom_kernels', 0)} custom)")
+            lines += [f"  region {r.splitlines()[0]}" for r in st.get("regions", [])]
         lines.append(str(self.program))
         return "\n".join(lines)
 
@@ -64,15 +83,22 @@ def _splits(graph, factors) -> list[tuple[int, int, int]]:
 def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool = True,
              time_limit_s: float = 30.0, node_limit: int = 200_000, iter_limit: int = 12,
              k: int = 4, trials: int = 3, seed: int = 0, split_factors=DEFAULT_SPLITS,
-             progress: Callable[[str], None] | None = None) -> OptimizeResult:
+             progress: Callable[[str], None] | None = None, level: str = "mugraph",
+             strategy=None) -> OptimizeResult:
     """Superoptimize ``graph`` for ``target``; returns the best verified program.
 
     ``rules`` lists rule files and folders ("rules" is the built-in set); user
     files are checked for soundness first and an unsound rule is refused with
     a ``RuleError``. Saturation stops at ``node_limit`` tensor e-nodes,
-    ``iter_limit`` iterations or ``time_limit_s`` seconds per phase. Every
+    ``iter_limit`` iterations or ``time_limit_s`` seconds per phase. ``level``
+    is "mugraph" (the default: ``res.program`` is a ``MuGraph`` of fused custom
+    kernels, costed by ``gpucost``; ``strategy`` is the ``strategy.Strategy``
+    for the candidate schedules, ``fusion.DEFAULT_STRATEGY`` if None) or
+    "kernel" (a kernel-level ``Graph``, costed one kernel per op). Every
     returned program passed ``em.verify`` against ``graph``.
     """
+    if level not in LEVELS:
+        raise MirageError(f"optimize: level must be one of {', '.join(LEVELS)}, got {level!r}")
     t0 = time.perf_counter()
     check(graph)
     hw = Hardware.load(target)
@@ -82,8 +108,7 @@ def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool 
 
         assert_sound([str(p) for p in user])
     rulesets, rule_list = load_rules(rules)
-    stats: dict = {"target": hw.name, "guards": guards, "rules": len(rule_list)}
-    baseline = graph_cost_us(graph, hw)
+    stats: dict = {"target": hw.name, "guards": guards, "rules": len(rule_list), "level": level}
     try:
         check_lax(graph)
         lax = True
@@ -108,8 +133,26 @@ def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool 
                             hw, k=k)
     stats.update(xstats)
     stats["candidates"] = len(cands)
+    if level == "kernel":
+        res = _kernel_level(graph, cands, hw, lax, trials, seed, progress, stats)
+    else:
+        res = _mugraph_level(graph, cands, target, strategy, lax, trials, seed, progress, stats)
+    stats["phase_seconds"] = {"saturate": stats["saturate_seconds"],
+                              "extract": stats.get("extract_seconds", 0.0),
+                              "fusion": stats.get("fusion_seconds", 0.0),
+                              "verify": stats.get("verify_seconds", 0.0)}
+    stats["seconds"] = time.perf_counter() - t0
+    if not lax:
+        stats["note"] = "not a Lax program: the verifier cannot check rewrites, input returned"
+    return res
+
+
+def _kernel_level(graph, cands, hw, lax, trials, seed, progress, stats) -> OptimizeResult:
+    """The cheapest extracted Graph (one kernel per op) that verifies."""
+    baseline = graph_cost_us(graph, hw)
     chosen, result = None, None
     tried = 0
+    t = time.perf_counter()
     for cand in cands:
         if cand.cost_us > baseline:
             continue
@@ -129,8 +172,84 @@ def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool 
         result = verify(graph, program, trials=1, seed=seed) if lax else None
     else:
         program, cost = chosen.program, chosen.cost_us
-    stats["seconds"] = time.perf_counter() - t0
-    if not lax:
-        stats["note"] = "not a Lax program: the verifier cannot check rewrites, input returned"
+    stats["verify_seconds"] = time.perf_counter() - t
     return OptimizeResult(program, cost, baseline, result, stats, cands, graph)
 
+
+def _canonical(graph) -> int:
+    """A hash of ``graph`` up to the order of add/mul operands (duplicates are planned once)."""
+    from .ir import Op
+
+    memo: dict[int, int] = {}
+    for n in graph.nodes():
+        kids = [memo[id(s)] for s in n.srcs]
+        if n.op in (Op.ADD, Op.MUL):
+            kids.sort()
+        memo[id(n)] = hash((n.op, n.arg, n.shape, n.dtype, tuple(kids)))
+    return hash(tuple(sorted((name, memo[id(n)]) for name, n in graph.outputs.items())))
+
+
+def _plan_key(mg) -> str:
+    """The MuGraph's listing without its name and fragment names (duplicates verify once)."""
+    lines = str(mg).splitlines()[1:]
+    return "\n".join(line for line in lines if not line.lstrip().startswith("source:"))
+
+
+def _mugraph_level(graph, cands, target, strategy, lax, trials, seed, progress,
+                   stats) -> OptimizeResult:
+    """Plan every candidate and the input into MuGraphs; the cheapest that verifies wins."""
+    from .fusion import plan
+    from .gpucost import GPUProfile, mugraph_cost, roofline_us
+    from .mugraph_facts import from_graph
+
+    prof = GPUProfile.load(target)
+    base_mg = from_graph(graph)
+    baseline = mugraph_cost(base_mg, prof).total_us
+    t = time.perf_counter()
+    plans, seen, errors, distinct = [], set(), [], set()
+    for i, (how, g) in enumerate([(c.how, c.program) for c in cands] + [("input", graph)]):
+        if _canonical(g) in distinct:
+            continue
+        distinct.add(_canonical(g))
+        try:
+            p = plan(g, prof, strategy)
+        except (MirageError, ValueError, KeyError) as exc:  # recorded in stats, skipped
+            errors.append(f"{how}: {exc}")
+            continue
+        key = _plan_key(p.mugraph)
+        if key not in seen:
+            seen.add(key)
+            plans.append((p.cost_us, i, how, p))
+    plans.sort(key=lambda x: (x[0], x[1]))
+    stats["fusion_seconds"] = time.perf_counter() - t
+    if errors:
+        stats["fusion_errors"] = errors
+    t = time.perf_counter()
+    chosen, result, tried, summary = None, None, 0, []
+    for cost, _, how, p in plans:
+        entry = {"how": how, "cost_us": cost, "kernels": len(p.mugraph.kernels), "verified": None}
+        summary.append(entry)
+        if chosen is not None or not lax:
+            continue
+        tried += 1
+        res = verify(graph, p.mugraph, trials=trials, seed=seed)
+        entry["verified"] = res.equivalent
+        if res.equivalent:
+            chosen, result = p, res
+        elif progress:
+            progress(f"MuGraph from {how} rejected by the verifier: {res.reason}")
+    stats["candidates_tried"] = tried
+    stats["plans"] = summary
+    if chosen is None:  # nothing verified (or not Lax): the input, one kernel per op
+        program, cost = base_mg, baseline
+        result = verify(graph, program, trials=1, seed=seed) if lax else None
+        stats["regions"] = []
+    else:
+        program, cost = chosen.mugraph, chosen.cost_us
+        program.name = f"{graph.name}_opt"
+        stats["regions"] = [str(r) for r in chosen.regions]
+    stats["verify_seconds"] = time.perf_counter() - t
+    stats["kernels"] = len(program.kernels)
+    stats["custom_kernels"] = sum(kk.kind == "custom" for kk in program.kernels)
+    return OptimizeResult(program, cost, baseline, result, stats, cands, graph,
+                          roofline_us(graph, prof), chosen)

@@ -51,7 +51,7 @@ def test_reassociates_to_the_right():
     g = em.Graph("left_written")
     a, b, c = g.input("A", (N, N)), g.input("B", (N, N)), g.input("C", (N, 16))
     g.output((a @ b) @ c, "O")
-    res = em.optimize(g)
+    res = em.optimize(g, level="kernel")
     assert_win(g, res)
     out = res.program.outputs["O"]
     assert out.op is Op.MATMUL and ops(res.program).count(Op.MATMUL) == 2
@@ -66,7 +66,7 @@ def test_reassociates_to_the_left():
     g = em.Graph("right_written")
     a, b, c = g.input("A", (16, N)), g.input("B", (N, N)), g.input("C", (N, N))
     g.output(a @ (b @ c), "O")
-    res = em.optimize(g)
+    res = em.optimize(g, level="kernel")
     assert_win(g, res)
     out = res.program.outputs["O"]
     assert out.op is Op.MATMUL and ops(res.program).count(Op.MATMUL) == 2
@@ -80,7 +80,7 @@ def test_cheap_association_is_kept():
     g = em.Graph("already_best")
     a, b, c = g.input("A", (N, N)), g.input("B", (N, N)), g.input("C", (N, 16))
     g.output(a @ (b @ c), "O")
-    res = em.optimize(g)
+    res = em.optimize(g, level="kernel")
     assert res.cost_us == pytest.approx(res.baseline_cost_us)
     assert res.verified.equivalent
     assert res.program.outputs["O"].srcs[1].op is Op.MATMUL
@@ -90,7 +90,7 @@ def test_cheap_association_is_kept():
 
 def test_gqa_division_moves_after_the_second_matmul():
     g = program("gqa", 1)
-    res = em.optimize(g)
+    res = em.optimize(g, level="kernel")
     assert_win(g, res)
     out = res.program.outputs["O"]
     # O = (A @ V) / sum(A): the division by the row sums happens on the small result
@@ -129,7 +129,7 @@ def test_lora_concat_form_is_in_the_egraph():
     assert em.verify(g, prog, trials=3, seed=0).equivalent
     fired = sat.stats[-1].rules_fired
     assert any(name.startswith("LoRA:") for name in fired), fired
-    res = em.optimize(g)
+    res = em.optimize(g, level="kernel")
     assert res.verified.equivalent and res.cost_us <= res.baseline_cost_us
     concat_cost = graph_cost_us(prog, HW)
     print(f"\nlora: baseline {res.baseline_cost_us:.2f} us, chosen {res.cost_us:.2f} us "
@@ -145,7 +145,7 @@ def test_repeated_subexpression_is_paid_once():
     x, w = g.input("X", (64, 2048)), g.input("W", (2048, 2048))
     p = x @ w
     g.output(em.silu(p) * em.relu(p), "O")
-    res = em.optimize(g)
+    res = em.optimize(g, level="kernel")
     assert res.verified.equivalent
     assert ops(res.program).count(Op.MATMUL) == 1
     assert res.cost_us == pytest.approx(sum(node_cost_us(n, HW) for n in res.program.nodes()))
@@ -156,7 +156,7 @@ def test_non_lax_program_is_returned_unchanged():
     g = em.Graph("twice_exp")
     x = g.input("X", (4, 4))
     g.output(em.exp(em.exp(x)) @ x, "O")
-    res = em.optimize(g)
+    res = em.optimize(g, level="kernel")
     assert res.verified is None and "not a Lax program" in res.stats["note"]
     assert res.cost_us == res.baseline_cost_us
     assert str(res.program).split("\n", 1)[1] == str(g).split("\n", 1)[1]
@@ -171,7 +171,7 @@ def test_unknown_target():
 
 def test_stats_and_str():
     g = program("gqa", 1)
-    res = em.optimize(g, k=2)
+    res = em.optimize(g, level="kernel", k=2)
     st = res.stats
     for key in ("target", "guards", "rules", "saturate_seconds", "phases", "enodes",
                 "candidates", "candidates_tried", "seconds", "tensor_enodes", "eclasses"):
@@ -210,7 +210,7 @@ def test_sound_user_rule_is_accepted_and_fires(tmp_path):
     g = em.Graph("g")
     x, y = g.input("X", (8, 16)), g.input("Y", (16, 4))
     g.output(x @ y - (x @ y) * 2.0, "O")
-    res = em.optimize(g, rules=["rules", path])
+    res = em.optimize(g, level="kernel", rules=["rules", path])
     assert res.verified.equivalent
     phases = {p["name"]: p for p in res.stats["phases"]}
     assert "user" in phases, list(phases)
@@ -226,7 +226,7 @@ def test_user_rules_alone(tmp_path):
     x = g.input("X", (64, 64))
     neg = -x
     g.output(-neg + x, "O")
-    res = em.optimize(g, rules=[path])
+    res = em.optimize(g, level="kernel", rules=[path])
     assert [p["name"] for p in res.stats["phases"]] == ["guards", "user"]
     assert res.verified.equivalent
     assert Op.NEG not in ops(res.program)
@@ -242,8 +242,8 @@ PROPS = settings(max_examples=25, deadline=None, derandomize=True,
 @PROPS
 @given(programs(max_ops=6))
 def test_optimize_random_programs(g):
-    on = em.optimize(g, time_limit_s=5, iter_limit=6)
-    off = em.optimize(g, guards=False, time_limit_s=5, iter_limit=6)
+    on = em.optimize(g, level="kernel", time_limit_s=5, iter_limit=6)
+    off = em.optimize(g, level="kernel", guards=False, time_limit_s=5, iter_limit=6)
     for res in (on, off):
         assert res.verified is not None and res.verified.equivalent, (str(g), str(res.program))
         assert em.verify(g, res.program, trials=2, seed=3).equivalent
@@ -257,8 +257,8 @@ def test_optimize_random_programs(g):
 
 def test_guards_on_and_off_gqa():
     g = program("gqa", 1)
-    on = em.optimize(g, guards=True)
-    off = em.optimize(g, guards=False)
+    on = em.optimize(g, level="kernel", guards=True)
+    off = em.optimize(g, level="kernel", guards=False)
     for res in (on, off):
         assert res.verified.equivalent
         assert res.cost_us < res.baseline_cost_us
