@@ -135,6 +135,10 @@ def summary(res) -> str:
     rows.append("")
     rows.append(f"extraction   {st.get('candidates', 0)} candidates, "
                 f"{st.get('candidates_tried', 0)} tried, {st.get('extract_seconds', 0):.2f} s")
+    if "kernels" in st:
+        rows.append(f"kernels      {st['kernels']} ({st.get('custom_kernels', 0)} custom)")
+    for line in (res.plan.report().splitlines() if getattr(res, "plan", None) else [])[:12]:
+        rows.append(f"  {line}")
     rows.append(f"verified     {res.verified}")
     roof = getattr(res, "roofline_us", None)
     rows.append(f"cost         {res.baseline_cost_us:.2f} us (one kernel per op) -> "
@@ -150,7 +154,7 @@ def _optimize_and_report(graph, args: argparse.Namespace) -> int:
     progress = Progress(getattr(args, "quiet", False))
     kw = dict(target=args.target, rules=args.rules or ["rules"], guards=not args.no_guards,
               time_limit_s=args.time_limit, node_limit=args.node_limit,
-              iter_limit=args.iter_limit, progress=progress)
+              iter_limit=args.iter_limit, progress=progress, level=args.level)
     try:
         res = optimize(graph, **kw)
     finally:
@@ -328,6 +332,8 @@ def _search_options(p: argparse.ArgumentParser) -> None:
                    help="tensor e-nodes per phase (default: 200000)")
     p.add_argument("--iter-limit", type=int, default=12,
                    help="iterations per phase (default: 12)")
+    p.add_argument("--level", choices=("mugraph", "kernel"), default="mugraph",
+                   help="mugraph: fused custom kernels (default); kernel: algebra only")
     p.add_argument("--quiet", action="store_true", help="no progress display")
 
 
