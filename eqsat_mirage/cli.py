@@ -165,6 +165,9 @@ def _optimize_and_report(graph, args: argparse.Namespace) -> int:
     print(res.program)
     print()
     print(summary(res))
+    if getattr(args, "emit", None):
+        Path(args.emit).write_text(res.triton_source())
+        print(f"\nwrote the Triton module to {args.emit}")
     if getattr(args, "emit_json", None):
         Path(args.emit_json).write_text(res.program.to_json() if hasattr(res.program, "to_json")
                                         else str(res.program))
@@ -276,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
                      choices=("gqa", "qknorm", "rmsnorm", "lora", "gatedmlp", "ntrans"),
                      help="optimize a benchmark instead of a file")
     opt.add_argument("--batch", type=int, default=1, help="benchmark batch size (default: 1)")
+    opt.add_argument("--emit", default=None, metavar="OUT.py",
+                     help="write the chosen program as a Triton module (kernels + run launcher)")
     opt.add_argument("--emit-json", default=None, metavar="FILE",
                      help="write the chosen program (MuGraph JSON) to FILE")
     _search_options(opt)

@@ -53,6 +53,33 @@ class OptimizeResult:
         """Baseline cost over chosen cost (cost-model figures)."""
         return self.baseline_cost_us / self.cost_us if self.cost_us else float("inf")
 
+    def _mugraph(self):
+        from .mugraph import MuGraph
+        from .mugraph_facts import from_graph
+
+        return self.program if isinstance(self.program, MuGraph) else from_graph(self.program)
+
+    def _header(self) -> str:
+        name = getattr(self.source, "name", "program")
+        return (f"eqsat-mirage: optimized {name!r} for {self.stats.get('target', '?')}; "
+                f"predicted {self.cost_us:.2f} us (one kernel per op: "
+                f"{self.baseline_cost_us:.2f} us); verified: {self.verified}")
+
+    def triton_source(self) -> str:
+        """A Python module with one @triton.jit kernel per custom kernel and a ``run`` launcher."""
+        from .codegen_triton import triton_source
+
+        return triton_source(self._mugraph(), header=self._header())
+
+    def compile(self):
+        """The chosen program as a callable on torch tensors (by position or by input name).
+
+        On a CPU, set ``TRITON_INTERPRET=1`` before triton is imported.
+        """
+        from .codegen_triton import compile_mugraph
+
+        return compile_mugraph(self._mugraph(), header=self._header())
+
     def __str__(self) -> str:
         st = self.stats
         roof = (f"; roofline {self.roofline_us:.2f} us ({self.cost_us / self.roofline_us:.2f}x)"

@@ -49,6 +49,7 @@ class _UnionFind:
         self.parent.setdefault(key, key)
 
     def find(self, key):
+        self.parent.setdefault(key, key)  # a dim never tied to anything (an unused input)
         while self.parent[key] != key:
             self.parent[key] = self.parent[self.parent[key]]
             key = self.parent[key]

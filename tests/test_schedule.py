@@ -279,3 +279,12 @@ def test_candidates_when_shapes_allow_few_blocks():
     assert cands and all(s.blocks == 16 for s in cands)
     assert {s.loop for s in cands} == {"c", "d"}  # head dim of Q@K, or the key length
     assert candidate_schedules(g, Strategy(loop_ranges=(8,)))[0].forloop == 8
+
+
+def test_unused_input_gets_its_own_indices():
+    g = em.Graph("unused")
+    x = g.input("X", (4, 8), "float32")
+    g.input("Y", (3,), "float32")
+    g.output(x * 2.0, "Z")
+    ix = index_fragment(g)
+    assert ix.input_index("Y", 0) not in (ix.input_index("X", 0), ix.input_index("X", 1))
