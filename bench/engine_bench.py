@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 import eqsat_mirage as em  # noqa: E402
 from bench.programs import BENCHMARKS, program  # noqa: E402
+from bench.results_md import replace_section  # noqa: E402
 
 SECTION = "## Kernel-level search (issue 3): guards on vs off"
 
@@ -62,7 +63,6 @@ def _fmt(r: dict) -> str:
 
 def write(rows: list[dict], path: Path, argv: list[str]) -> None:
     """Replace (or append) this script's section of RESULTS.md."""
-    text = path.read_text() if path.exists() else "# Results\n"
     body = "\n".join([
         SECTION, "",
         f"Command: `python bench/engine_bench.py {' '.join(argv)}`  ",
@@ -72,13 +72,7 @@ def write(rows: list[dict], path: Path, argv: list[str]) -> None:
         "e-nodes count tensor terms after the last phase; guard setup is the one-off "
         "saturation of the target's abstract expression.", "",
         HEADER, *(_fmt(r) for r in rows), ""])
-    if SECTION in text:
-        start = text.index(SECTION)
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + body + (text[nxt + 1:] if nxt != -1 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + body
-    path.write_text(text)
+    replace_section(path, SECTION, body)
 
 
 def main(argv: list[str] | None = None) -> int:

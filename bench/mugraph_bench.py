@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 import eqsat_mirage as em  # noqa: E402
 from bench.programs import BENCHMARKS, program  # noqa: E402
+from bench.results_md import replace_section  # noqa: E402
 from eqsat_mirage.optimize import DEFAULT_SPLITS, _splits  # noqa: E402
 from eqsat_mirage.rulefiles import load_rules  # noqa: E402
 from eqsat_mirage.saturate import DEFAULT_PHASES, Limits, Saturator  # noqa: E402
@@ -81,7 +82,6 @@ def fmt(r: dict) -> str:
 
 def write(rows: list[dict], path: Path, argv: list[str], seconds: float) -> None:
     """Replace (or append) this script's section of RESULTS.md."""
-    text = path.read_text() if path.exists() else "# Results\n"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     body = "\n".join([
         SECTION, "",
@@ -112,13 +112,7 @@ def write(rows: list[dict], path: Path, argv: list[str], seconds: float) -> None
         "a split reduction pays a second launch, and the roofline reads K and V once with one "
         "launch. The memory-bound kernels (rmsnorm, gatedmlp, lora, ntrans) are within "
         "1.1x of it.", ""])
-    if SECTION in text:
-        start = text.index(SECTION)
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + body + (text[nxt + 1:] if nxt != -1 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + body
-    path.write_text(text)
+    replace_section(path, SECTION, body)
 
 
 def main(argv: list[str] | None = None) -> int:

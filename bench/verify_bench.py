@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -27,6 +26,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 import eqsat_mirage as em  # noqa: E402
 from bench.programs import cases, program, rewritten  # noqa: E402
+from bench.results_md import replace_section  # noqa: E402
 
 SECTION = "## Verification"
 COLUMNS = ("benchmark", "batch", "verdict", "bound", "per-trial bound", "seconds", "p", "q")
@@ -136,13 +136,7 @@ def section(rows: Sequence[Row], command: str, trials: int, seed: int,
 
 def write_section(path: Path, text: str) -> None:
     """Replace the verification section of ``path`` (or add it), keeping the rest."""
-    old = path.read_text(encoding="utf-8") if path.exists() else "# Benchmark results\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(old):
-        new = pattern.sub(lambda _: text + "\n", old, count=1)
-    else:
-        new = old.rstrip("\n") + "\n\n" + text
-    path.write_text(new.rstrip("\n") + "\n", encoding="utf-8")
+    replace_section(path, SECTION, text)
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:

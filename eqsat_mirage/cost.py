@@ -8,12 +8,10 @@ profile in extract/ (``target=`` names one or gives a path).
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from .errors import MirageError
 from .ir import ELEMENTWISE, OPAQUE, Node, Op, numel
 
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
@@ -46,23 +44,17 @@ class Hardware:
 
     @classmethod
     def load(cls, target: str | Path = "h100") -> Hardware:
-        """Load a profile by name (extract/NAME.toml) or from a .toml path."""
-        path = Path(target)
-        if path.suffix != ".toml":
-            path = profiles_dir() / f"{target}.toml"
-        if not path.exists():
-            known = ", ".join(sorted(p.stem for p in profiles_dir().glob("*.toml")))
-            raise MirageError(f"unknown target {str(target)!r}: no profile {path} "
-                              f"(built-in targets: {known})")
-        try:
-            data = tomllib.loads(path.read_text())
-            figs = data["figures"]
-            return cls(data.get("name", path.stem), **{k: figs[k] for k in (
-                "dram_bandwidth_GBps", "fp16_tensor_TFLOPs", "fp32_cuda_TFLOPs", "sms",
-                "smem_per_sm_KiB", "launch_overhead_us")})
-        except (KeyError, TypeError, tomllib.TOMLDecodeError) as exc:
-            raise MirageError(f"{path}: malformed hardware profile ({exc})") from None
+        """Load a profile by name (extract/NAME.toml) or from a .toml path.
 
+        Parsing, validation and calibration are ``GPUProfile.load``'s; this model
+        reads the few figures it needs from it.
+        """
+        from .gpuprofile import GPUProfile
+
+        prof = GPUProfile.load(target)
+        return cls(prof.name, **{k: getattr(prof, k) for k in (
+            "dram_bandwidth_GBps", "fp16_tensor_TFLOPs", "fp32_cuda_TFLOPs", "sms",
+            "smem_per_sm_KiB", "launch_overhead_us")})
 
 def _bytes(node: Node) -> int:
     return numel(node.shape) * _ITEMSIZE[node.dtype] if node.op is not Op.CONST else 0
