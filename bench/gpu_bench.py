@@ -15,20 +15,18 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import eqsat_mirage as em
-from eqsat_mirage.ir import Op
-
-try:
-    from bench.programs import cases, program
-except ModuleNotFoundError:  # run as a script: python bench/gpu_bench.py
+if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from bench.programs import cases, program
+
+import eqsat_mirage as em  # noqa: E402
+from bench.programs import cases, program  # noqa: E402
+from bench.results_md import replace_section  # noqa: E402
+from eqsat_mirage.ir import Op  # noqa: E402
 
 SECTION = "## GPU timings"
 NO_GPU = "bench --gpu needs a CUDA GPU (none found)"
@@ -69,7 +67,8 @@ def torch_reference(graph) -> Callable:
             elif n.op in (Op.SUM, Op.MEAN):
                 axes, keep = n.arg
                 red = torch.sum if n.op is Op.SUM else torch.mean
-                v = red(xs[0], dim=tuple(axes), keepdim=bool(keep))
+                dim = axes if isinstance(axes, int) else tuple(axes)
+                v = red(xs[0], dim=dim, keepdim=bool(keep))
             elif n.op is Op.TRANSPOSE:
                 v = xs[0].permute(*n.arg)
             elif n.op is Op.RESHAPE:
@@ -203,13 +202,7 @@ def section(rows: list[dict], device: str, command: str, reps: int) -> str:
 
 def write_section(path: Path, text: str) -> None:
     """Replace the GPU timings section of ``path`` (or append it), keeping the rest."""
-    old = path.read_text(encoding="utf-8") if path.exists() else "# Benchmark results\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(old):
-        new = pattern.sub(lambda _: text + "\n", old, count=1)
-    else:
-        new = old.rstrip("\n") + "\n\n" + text
-    path.write_text(new.rstrip("\n") + "\n", encoding="utf-8")
+    replace_section(path, SECTION, text)
 
 
 def write_calibration(path: Path, rows: list[dict], device: str) -> None:

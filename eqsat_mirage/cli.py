@@ -6,6 +6,7 @@
     eqsat-mirage check-rules FILE_OR_FOLDER ...
     eqsat-mirage targets
     eqsat-mirage bench-verify [--trials T] [--bench NAME] [--batch B] [--write FILE]
+    eqsat-mirage bench --gpu [--bench NAME] [--batch B] [--reps N] [--write FILE]
 
 ``demo`` optimizes a benchmark (default GQA, batch 1) and prints the search,
 the chosen program and its verification (``--rewritten``: verify the
@@ -245,6 +246,12 @@ def cmd_bench_verify(args: argparse.Namespace) -> int:
     return _bench_module("verify_bench").run(args, command)
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """The GPU timings table of bench/gpu_bench.py."""
+    command = " ".join(["eqsat-mirage", *args.argv])
+    return _bench_module("gpu_bench").run(args, command)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``eqsat-mirage`` and its subcommands."""
     parser = argparse.ArgumentParser(
@@ -321,6 +328,17 @@ def build_parser() -> argparse.ArgumentParser:
     except MirageError:
         pass  # reported when the command runs
     bench.set_defaults(func=cmd_bench_verify)
+
+    gpu = sub.add_parser(
+        "bench", help="time every benchmark on a CUDA GPU (--gpu)",
+        description="Time each benchmark's chosen program against torch eager, torch.compile "
+                    "and (attention) scaled_dot_product_attention on a CUDA GPU "
+                    "(bench/gpu_bench.py). Exit 2 without a GPU.")
+    try:
+        _bench_module("gpu_bench").build_parser(gpu)
+    except MirageError:
+        pass  # reported when the command runs
+    gpu.set_defaults(func=cmd_bench)
     return parser
 
 
