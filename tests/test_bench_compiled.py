@@ -1,4 +1,4 @@
-"""Every benchmark's chosen program (batch 1, full DESIGN.md shapes), compiled to Triton and
+"""Every benchmark's chosen program (batch sizes 1 and 8, full DESIGN.md shapes), compiled to Triton and
 run on CPU under TRITON_INTERPRET=1, matches the float64 reference of the input program.
 
 Inputs are fp16 with standard deviation 0.1: the benchmarks are fp16 programs, and larger
@@ -37,11 +37,12 @@ def test_qknorm_overflows_fp16_in_the_input_program():
     assert np.isnan(em.evaluate(g, _inputs(g, np.float16), dtype="native")["O"]).all()
 
 
+@pytest.mark.parametrize("batch", [1, 8])
 @pytest.mark.parametrize("name", list(BENCHMARKS))
-def test_chosen_program_compiles_and_matches_reference(name, monkeypatch):
+def test_chosen_program_compiles_and_matches_reference(name, batch, monkeypatch):
     dtype = np.float32 if name in FP32 else np.float16
     monkeypatch.setattr(programs, "DTYPE", "float32" if name in FP32 else "float16")
-    g = program(name, 1)
+    g = program(name, batch)
     res = em.optimize(g, trials=2)
     assert res.verified.equivalent
     fn = res.compile()
