@@ -1,5 +1,6 @@
-"""Every benchmark's chosen program (batch sizes 1 and 8, full DESIGN.md shapes), compiled to Triton and
-run on CPU under TRITON_INTERPRET=1, matches the float64 reference of the input program.
+"""Every benchmark's chosen program (batch sizes 1 and 8, full DESIGN.md shapes), compiled
+to Triton and run on CPU under TRITON_INTERPRET=1, matches the float64 reference of the
+input program.
 
 Inputs are fp16 with standard deviation 0.1: the benchmarks are fp16 programs, and larger
 attention scores overflow fp16 in the input program itself (exp(Q@K) summed over 4096 keys).
