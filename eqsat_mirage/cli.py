@@ -34,6 +34,7 @@ from .graph import Graph
 
 EXIT_EQUIVALENT, EXIT_NOT_EQUIVALENT, EXIT_ERROR = 0, 1, 2
 _REPO_ROOT = Path(__file__).resolve().parent.parent
+BENCH_NAMES = ("gqa", "qknorm", "rmsnorm", "lora", "gatedmlp", "ntrans")  # bench/programs.py
 
 
 def _bench_module(name: str) -> ModuleType:
@@ -77,7 +78,7 @@ def load_program(path: str) -> Graph:
     else:
         raise MirageError(f"{path} defines neither a module-level `program` (an em.Graph) "
                           "nor a function `build()` returning one")
-    if not isinstance(program, Graph) and not hasattr(program, "to_graph"):
+    if not isinstance(program, Graph):
         raise MirageError(f"{path}: {what} is a {type(program).__name__}, not an em.Graph")
     return program
 
@@ -266,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "equivalent form of it and the verifier's verdict with its false-positive "
                     "bound and time. Exit 0 if equivalent, 1 if not.")
     demo.add_argument("--bench", default="gqa",
-                      choices=("gqa", "qknorm", "rmsnorm", "lora", "gatedmlp", "ntrans"),
+                      choices=BENCH_NAMES,
                       help="benchmark (default: gqa)")
     demo.add_argument("--batch", type=int, default=1, help="batch size (default: 1)")
     demo.add_argument("--trials", type=int, default=4, help="finite-field trials (default: 4)")
@@ -283,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "and a summary table to stdout. Exit 0 on success, 2 on error.")
     opt.add_argument("program", nargs="?", metavar="PROGRAM.py", help="the program's file")
     opt.add_argument("--bench", default=None,
-                     choices=("gqa", "qknorm", "rmsnorm", "lora", "gatedmlp", "ntrans"),
+                     choices=BENCH_NAMES,
                      help="optimize a benchmark instead of a file")
     opt.add_argument("--batch", type=int, default=1, help="benchmark batch size (default: 1)")
     opt.add_argument("--emit", default=None, metavar="OUT.py",

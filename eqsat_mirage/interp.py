@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .errors import InputError
-from .ir import Node, Op, fmt_shape
+from .ir import Op, fmt_shape
 
 Table = Mapping[Op, Callable[..., Any]]
 
@@ -70,7 +70,3 @@ def run(program, table: Table, ctx: Any, outputs: bool = True) -> dict:
         return env
     return {name: env[id(node)] for name, node in program.outputs.items()}
 
-
-def node_index(program) -> dict[int, tuple[int, Node]]:
-    """Map id(node) -> (position, node) for error messages."""
-    return {id(n): (i, n) for i, n in enumerate(program.nodes())}

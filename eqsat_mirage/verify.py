@@ -88,11 +88,6 @@ def _match_interfaces(a, b) -> None:
                                  f"{fmt_shape(xb[name].shape)}")
 
 
-def _as_graph(program):
-    """Programs that are not Graphs (MuGraphs) expose an equivalent Graph view."""
-    return program.to_graph() if hasattr(program, "to_graph") else program
-
-
 def _first_mismatch(x: np.ndarray, y: np.ndarray) -> tuple[int, ...] | None:
     diff = np.argwhere(np.broadcast_to(x != y, np.broadcast_shapes(np.shape(x), np.shape(y))))
     return tuple(int(i) for i in diff[0]) if len(diff) else None
@@ -151,7 +146,6 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
     when the two programs' inputs or outputs do not match.
     """
     start = time.perf_counter()
-    a, b = _as_graph(a), _as_graph(b)
     if trials < 1:
         raise MirageError(f"verify: trials must be >= 1, got {trials}")
     for prog, what in ((a, "first program"), (b, "second program")):

@@ -236,3 +236,9 @@ def test_cli_bench_verify_and_help(capsys):
             main(cmd)
         assert exc.value.code == 0
     assert "usage: eqsat-mirage" in capsys.readouterr().out
+
+
+def test_cli_benchmark_choices_match_the_registry():
+    from eqsat_mirage.cli import BENCH_NAMES
+
+    assert set(BENCH_NAMES) == set(bp.BENCHMARKS)
