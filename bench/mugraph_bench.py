@@ -1,6 +1,7 @@
 """Multi-level search (algebra -> fused MuGraph) on the six benchmarks, batch 1 and 8.
 
 Usage: python bench/mugraph_bench.py [--batches 1 8] [--names gqa ...] [--write bench/RESULTS.md]
+                                     [--chart bench/mugraph_costs.svg]
 
 For each benchmark and batch size: ``em.optimize`` at the default MuGraph level
 with guards on (seconds per phase: saturate, extract, fusion, verify), the
@@ -9,7 +10,11 @@ extraction) with guards off, kernels in the chosen MuGraph, the cost-model time
 of the chosen program, of the one-kernel-per-op baseline and of DESIGN.md's
 roofline lower bound, the ratio to the roofline, whether the chosen program
 verified, and the total seconds of the optimize call. With --write the table
-replaces the "Multi-level search (issue 4)" section of bench/RESULTS.md.
+replaces the "Multi-level search (issue 4)" section of bench/RESULTS.md. With
+--chart PATH (.svg, .png or .pdf) a grouped bar chart of the chosen, baseline
+and roofline cost-model times per benchmark is drawn there
+(``eqsat_mirage.render.render_bench_chart``; it reads the rows' ``name``,
+``batch``, ``cost``, ``base`` and ``roof`` keys).
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ def run_case(name: str, batch: int, time_limit_s: float) -> dict:
     """One row: optimize (guards on, MuGraph level) plus a guards-off saturation."""
     g = program(name, batch)
     t = time.perf_counter()
-    res = em.optimize(g, time_limit_s=time_limit_s)
+    res = em.optimize(g, time_limit_s=time_limit_s, cache=False)  # timed: never a cache hit
     total = time.perf_counter() - t
     off, off_s = enodes_without_guards(program(name, batch), time_limit_s)
     ph = res.stats["phase_seconds"]
@@ -94,9 +99,11 @@ def write(rows: list[dict], path: Path, argv: list[str], seconds: float) -> None
         "processes on the machine).", "",
         "`em.optimize(program(name, b))` at its defaults: level \"mugraph\", guards on, k = 4 "
         "algebraic candidates plus the input program, each planned into a MuGraph by "
-        "`fusion.plan` (greedy region merging, schedules from `fusion.DEFAULT_STRATEGY`), "
+        "`fusion.plan` (greedy region merging from the regions the kernel-boundary rules of "
+        "rules/tiling.egg force, schedules from `fusion.DEFAULT_STRATEGY`), "
         "costed by `gpucost`, verified cheapest first (3 finite-field trials and the float "
-        "check, through the tiled interpreter). e-nodes are tensor terms after saturation; "
+        "check, through the tiled interpreter). e-nodes are tensor terms after both phases "
+        "(algebraic, then tiling: the boundary alternatives); "
         "guards off is a second saturation of the same program. `baseline` is one predefined "
         "kernel per op (`from_graph`), `roofline` DESIGN.md's lower bound (inputs read and "
         "outputs written once at peak bandwidth, or the matmul FLOPs at peak, plus one "
@@ -124,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=30.0)
     ap.add_argument("--write", type=Path, default=None)
     ap.add_argument("--show", action="store_true", help="print each chosen MuGraph and regions")
+    ap.add_argument("--chart", type=Path, default=None,
+                    help="draw a bar chart of chosen/baseline/roofline us (.svg, .png or .pdf)")
     args = ap.parse_args(argv)
     print(HEADER)
     rows, start = [], time.perf_counter()
@@ -135,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
                 print("\n".join(rows[-1]["regions"]) + "\n" + rows[-1]["program"] + "\n")
     if args.write:
         write(rows, args.write, argv, time.perf_counter() - start)
+    if args.chart:
+        from eqsat_mirage.render import render_bench_chart
+
+        print(f"chart: {render_bench_chart(rows, args.chart)}")
     return 0
 
 

@@ -64,7 +64,7 @@ def view(data: dict, ctors: dict[str, tuple[str, ...]], inputs: dict[str, Node],
     classes: dict[str, list[str]] = {}
     for key, n in data["nodes"].items():
         sorts = ctors.get(n["op"])
-        if sorts is None or n.get("subsumed"):
+        if sorts is None or n.get("subsumed") or n["op"] == "Dev":  # boundaries: fusion.py
             continue
         kids = [data["nodes"][c]["eclass"] if s == "T" else _literal(data, c)
                 for c, s in zip(n["children"], sorts)]
@@ -209,6 +209,7 @@ class Candidate:
     program: object
     cost_us: float
     how: str
+    keys: dict = field(default_factory=dict)  # id(node) -> the e-node key it was decoded from
 
 
 def decode(ev: EGraphView, sel: dict[str, str], roots: dict[str, str], template, name: str):
@@ -226,9 +227,32 @@ def decode(ev: EGraphView, sel: dict[str, str], roots: dict[str, str], template,
     return graph_from_outputs(template, {o: node(c) for o, c in roots.items()}, name)
 
 
+def decode_with_keys(ev: EGraphView, sel: dict[str, str], roots: dict[str, str],
+                     template, name: str) -> tuple[object, dict[int, str]]:
+    """``extract.decode`` plus id(node) -> the e-node key it came from."""
+    graph = decode(ev, sel, roots, template, name)
+    keys: dict[int, str] = {}
+
+    def walk(node, cls: str) -> None:  # the graph's nodes follow the selected e-nodes
+        if id(node) in keys:
+            return
+        keys[id(node)] = sel[cls]
+        en = ev.nodes[sel[cls]]
+        t_kids = [c for c in en.children if isinstance(c, str) and c in ev.classes]
+        for src, c in zip(node.srcs, t_kids):
+            walk(src, c)
+    for out, cls in roots.items():
+        walk(graph.outputs[out], cls)
+    return graph, keys
+
+
 def extract(data: dict, roots: dict[str, str], template, ctors, hw: Hardware, k: int = 4,
-            ilp_time_s: float = 5.0) -> tuple[list[Candidate], dict]:
-    """The k best distinct candidates (cheapest first) and extraction stats."""
+            ilp_time_s: float = 5.0, encoder=None) -> tuple[list[Candidate], dict]:
+    """The k best distinct candidates (cheapest first) and extraction stats.
+
+    With the ``encoder`` that loaded ``template``, the input program decoded
+    from its own terms is appended as a last candidate (how "input").
+    """
     start = time.perf_counter()
     ev = view(data, ctors, template.inputs, hw)
     root_list = list(roots.values())
@@ -258,14 +282,21 @@ def extract(data: dict, roots: dict[str, str], template, ctors, hw: Hardware, k:
     out: list[Candidate] = []
     seen: set[str] = set()
     for _cost, how, sel in sorted(found, key=lambda t: t[0]):
-        prog = decode(ev, sel, roots, template, f"{template.name}_opt")
+        prog, keys = decode_with_keys(ev, sel, roots, template, f"{template.name}_opt")
         text = str(prog)
         if text in seen:
             continue
         seen.add(text)
-        out.append(Candidate(prog, graph_cost_us(prog, hw), how))
+        out.append(Candidate(prog, graph_cost_us(prog, hw), how, keys))
         if len(out) >= k:
             break
     out.sort(key=lambda c: c.cost_us)
+    if encoder is not None:
+        from .boundaries import input_selection
+
+        sel = input_selection(ev, data, encoder)
+        if sel is not None:
+            prog, keys = decode_with_keys(ev, sel, roots, template, f"{template.name}_opt")
+            out.append(Candidate(prog, graph_cost_us(prog, hw), "input", keys))
     stats["extract_seconds"] = time.perf_counter() - start
     return out, stats

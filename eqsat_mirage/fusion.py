@@ -11,7 +11,9 @@ elementwise tile ops are recorded as thread graphs (``CustomKernel.fuse``).
 
 Search (deterministic, bounded):
 
-1. Start with one region per op (the one-kernel-per-op program).
+1. Start with one region per op (the one-kernel-per-op program), joined
+   across every edge where no rule of rules/tiling.egg allows a kernel
+   boundary (``cuts``, read from the e-graph by ``boundaries.py``).
 2. Candidate merges: a producer region with a consumer region, and two regions
    reading a common device tensor (siblings: GatedMLP's two matmuls reading X,
    RMSNorm's mean and matmul reading X). A merge must keep the region graph
@@ -125,8 +127,9 @@ class FusionPlan:
 
 class _Planner:
     def __init__(self, graph: Graph, prof: GPUProfile, strategy: Strategy,
-                 search_candidates: int) -> None:
+                 search_candidates: int, cuts: frozenset | None = None) -> None:
         self.graph, self.prof, self.strategy = graph, prof, strategy
+        self.cuts = cuts
         # candidate_schedules lists small grids first: ``filled`` starts at one block per SM
         filled = replace(strategy, min_blocks=max(strategy.min_blocks, prof.sms))
         quick = min(search_candidates, strategy.max_candidates)
@@ -300,9 +303,29 @@ class _Planner:
             regions = sorted([r for k, r in enumerate(regions) if k not in (a, b)]
                              + [regions[a] | regions[b]], key=min)
 
+    def forced(self) -> list[frozenset]:
+        """The starting regions: ops joined by every edge that may not be a kernel boundary."""
+        parent = list(range(len(self.ops)))
+
+        def find(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+        if self.cuts is not None:
+            for i, n in enumerate(self.ops):
+                for s in n.srcs:
+                    j = self.index.get(id(s))
+                    if j is not None and (id(s), id(n)) not in self.cuts:
+                        parent[find(j)] = find(i)
+        groups: dict[int, set[int]] = {}
+        for i in range(len(self.ops)):
+            groups.setdefault(find(i), set()).add(i)
+        return sorted((frozenset(g) for g in groups.values()), key=min)
+
     def search(self, budget: int) -> tuple[list[frozenset], dict[frozenset, list[str]]]:
-        """Quick greedy from one op per region, full-pricing greedy, then the whole graph."""
-        regions, _ = self.greedy([frozenset({i}) for i in range(len(self.ops))], False, budget)
+        """Quick greedy from the forced regions, full-pricing greedy, then the whole graph."""
+        regions, _ = self.greedy(self.forced(), False, budget)
         regions, notes = self.greedy(regions, True, budget)
         whole = frozenset(range(len(self.ops)))
         if len(regions) > 1 and self.evaluations < budget:
@@ -333,8 +356,11 @@ class _Planner:
         report = []
         for reg in self.order(regions):
             p = self.price(reg, final=True)
-            if p.schedule is None and len(reg) > 1:  # cannot happen: merges need a schedule
-                raise MirageError(f"fusion: region {sorted(reg)} has no schedule: {p.reason}")
+            if p.schedule is None and len(reg) > 1:  # only a region the tiling rules forced
+                raise MirageError(f"fusion: ops {sorted(reg)} of {self.graph.name!r} may not be "
+                                  f"split into kernels (no tiling rule allows a boundary "
+                                  f"between them) and have no schedule as one kernel: "
+                                  f"{p.reason}")
             before = len(mg.kernels)
             if p.schedule is None:
                 for i in sorted(reg):
@@ -413,16 +439,19 @@ def _fuse_threads(k: CustomKernel) -> None:
 
 def plan(graph: Graph, profile: GPUProfile | str | Path = "h100",
          strategy: Strategy | None = None, max_evaluations: int = 400,
-         search_candidates: int = 24) -> FusionPlan:
+         search_candidates: int = 24, cuts: frozenset | None = None) -> FusionPlan:
     """Partition ``graph`` into fused custom kernels and predefined kernels (module docstring).
 
+    ``cuts`` holds the (id(producer), id(consumer)) op edges that may be kernel
+    boundaries (``boundaries.Boundaries.edges``: what rules/tiling.egg allows);
+    every other edge stays inside one kernel. None allows a boundary anywhere.
     Returns a ``FusionPlan`` whose ``mugraph`` computes the same outputs as
     ``graph`` (same input and output names) and whose ``regions`` say why each
     group of ops was or was not fused. The plan is not verified here.
     """
     start = time.perf_counter()
     prof = GPUProfile.load(profile)
-    planner = _Planner(graph, prof, strategy or DEFAULT_STRATEGY, search_candidates)
+    planner = _Planner(graph, prof, strategy or DEFAULT_STRATEGY, search_candidates, cuts)
     regions, why_not = planner.search(max_evaluations)
     mg, report = planner.build(regions, why_not)
     cost = mugraph_cost(mg, prof).total_us

@@ -17,9 +17,10 @@ from pathlib import Path
 
 from .errors import RuleError
 
-# Primitive functions a rule may use in conditions and computed arguments.
+# Primitive functions and relations a rule may use in conditions and computed arguments
+# (``is-op``: the term is computed by an operation; rules/schema.egg).
 PRIMITIVES = {"+", "-", "*", "/", "max", "min", "to-f64", "vec-of", "=", "!=", ">=", "<=",
-              ">", "<", "ndim", "dim", "split"}
+              ">", "<", "ndim", "dim", "split", "is-op"}
 
 
 class Sym(str):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import egglog.bindings as eb
 
-from .encode import encode_graph
+from .encode import Encoder
 from .errors import MirageError
 from .rulefiles import Rule, SList, Sym, builtin_rules_dir, schema_text, to_text
 
@@ -26,11 +26,13 @@ _ABS = {"Const": "(AConst)", "Exp": "(AExp {0})", "Sqrt": '(AFn "sqrt" {0})',
         "Add": "(AAdd {0} {1})", "Sub": "(AAdd {0} {1})", "Mul": "(AMul {0} {1})",
         "Div": "(ADiv {0} {1})", "MatMul": "(ASum (AMul {0} {1}))", "Sum": "(ASum {0})",
         "Mean": "(ADiv (ASum {0}) (AConst))", "Concat": "(ACat {0} {1})", "Neg": "{0}",
-        "Swap": "{0}", "Reshape": "{0}"}
+        "Swap": "{0}", "Reshape": "{0}", "Dev": "{0}"}
 
 _ABS_CTORS = {"AVar", "AConst", "AAdd", "AMul", "ADiv", "AExp", "ASum", "AFn", "ACat"}
 
-DEFAULT_PHASES = (("algebraic", ("assoc", "distrib", "lora", "scalar", "expo", "reduce", "comm")),)
+# The phases in order: algebra first, then where kernel boundaries may go (rules/tiling.egg).
+DEFAULT_PHASES = (("algebraic", ("assoc", "distrib", "lora", "scalar", "expo", "reduce", "comm")),
+                  ("tiling", ("tiling",)))
 
 
 @dataclass
@@ -113,8 +115,9 @@ class Saturator:
             facts = _guard_facts(rule, self.ctors) if guards else []
             text = rule.egglog(facts)
             parts.append(text[:-1] + f' :name "{key}")')
-        program, self.roots = encode_graph(graph)
-        parts.append(program)
+        self.encoder = Encoder()
+        self.roots = {name: self.encoder.encode(node) for name, node in graph.outputs.items()}
+        parts.append("\n".join(self.encoder.lines))
         self._run("\n".join(parts), "loading the schema, rules and program")
         self._run("(run-schedule (saturate (run shapes)))", "computing shape facts")
         if guards:
