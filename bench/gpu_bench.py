@@ -27,60 +27,13 @@ import eqsat_mirage as em  # noqa: E402
 from bench.programs import cases, program  # noqa: E402
 from bench.results_md import replace_section  # noqa: E402
 from eqsat_mirage.ir import Op  # noqa: E402
+from eqsat_mirage.torch_reference import torch_reference  # noqa: E402
 
 SECTION = "## GPU timings"
 NO_GPU = "bench --gpu needs a CUDA GPU (none found)"
 COLUMNS = ("case", "eager us", "compile us", "sdpa us", "ours us", "predicted us",
            "vs eager", "vs compile", "DRAM frac")
 _BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
-
-
-def torch_reference(graph) -> Callable:
-    """A plain torch function ``fn(**tensors) -> {output: tensor}`` computing ``graph``.
-
-    Walks ``graph.nodes()`` in order with one torch op per kernel-level op;
-    constants stay Python floats so tensors keep their dtype.
-    """
-    import torch
-    import torch.nn.functional as F  # noqa: N812
-
-    unary = {Op.NEG: torch.neg, Op.EXP: torch.exp, Op.SQRT: torch.sqrt, Op.RSQRT: torch.rsqrt,
-             Op.SILU: F.silu, Op.RELU: torch.relu}
-    binary = {Op.ADD: torch.add, Op.SUB: torch.sub, Op.MUL: torch.mul, Op.DIV: torch.div}
-    nodes = graph.nodes()
-    outputs = dict(graph.outputs)
-
-    def fn(**tensors):
-        env: dict[int, object] = {}
-        for n in nodes:
-            xs = [env[id(s)] for s in n.srcs]
-            if n.op is Op.INPUT:
-                v = tensors[n.arg]
-            elif n.op is Op.CONST:
-                v = float(n.arg)
-            elif n.op in unary:
-                v = unary[n.op](xs[0])
-            elif n.op in binary:
-                v = binary[n.op](*xs)
-            elif n.op is Op.MATMUL:
-                v = torch.matmul(*xs)
-            elif n.op in (Op.SUM, Op.MEAN):
-                axes, keep = n.arg
-                red = torch.sum if n.op is Op.SUM else torch.mean
-                dim = axes if isinstance(axes, int) else tuple(axes)
-                v = red(xs[0], dim=dim, keepdim=bool(keep))
-            elif n.op is Op.TRANSPOSE:
-                v = xs[0].permute(*n.arg)
-            elif n.op is Op.RESHAPE:
-                v = xs[0].reshape(*n.arg)
-            elif n.op is Op.CONCAT:
-                v = torch.cat(xs, dim=n.arg)
-            else:
-                raise em.MirageError(f"torch_reference: no torch op for {n.op}")
-            env[id(n)] = v
-        return {name: env[id(n)] for name, n in outputs.items()}
-
-    return fn
 
 
 def make_inputs(graph, device: str = "cuda", seed: int = 0) -> dict:

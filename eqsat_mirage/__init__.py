@@ -11,6 +11,7 @@ from .check_rules import RuleCheck, RuleCheckReport, assert_sound, check_rules
 from .errors import DTypeError, GraphError, InputError, LaxError, MirageError, RuleError, ShapeError
 from .graph import Graph, Tensor, concat, exp, matmul, relu, rms_norm, rsqrt, silu, sqrt, transpose
 from .ir import Node, Op
+from .many import optimize_many
 from .mugraph import (
     BlockInput,
     BlockOutput,
@@ -34,7 +35,23 @@ __all__ = [
     "Counterexample", "CustomKernel", "from_graph", "MuGraph", "MuGraphError", "PredefinedKernel",
     "TensorSpec", "TilingError", "UnknownTensorError",
     "DTypeError", "evaluate", "exp", "Graph", "GraphError", "InputError", "LaxError", "matmul",
-    "MirageError", "Node", "Op", "optimize", "OptimizeResult", "relu", "rms_norm", "rsqrt",
-    "RuleCheck", "RuleCheckReport", "RuleError", "ShapeError", "silu", "sqrt", "Tensor",
-    "transpose", "verify", "VerifyResult",
+    "MirageError", "Node", "Op", "optimize", "optimize_many", "OptimizeResult", "relu",
+    "rms_norm", "rsqrt", "RuleCheck", "RuleCheckReport", "RuleError", "ShapeError", "silu",
+    "sqrt", "Tensor", "transpose", "verify", "VerifyResult",
 ]
+
+# The torch front end and torch.compile backend load on first use: torch stays optional.
+from .errors import UnsupportedOpError  # noqa: E402
+
+__all__ += ["backend", "from_torch", "UnsupportedOpError"]
+
+
+def __getattr__(name: str):
+    """``from_torch`` and ``backend``, imported (with torch) on first access."""
+    if name == "from_torch":
+        from .torch_frontend import from_torch
+        return from_torch
+    if name == "backend":
+        from .torch_backend import backend
+        return backend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,21 +1,35 @@
 """The ``eqsat-mirage`` command line.
 
-    eqsat-mirage demo [--bench NAME] [--batch B] [--rewritten]
-    eqsat-mirage optimize PROGRAM.py | --bench NAME [--batch B] [--target T] [--rules F ...]
+    eqsat-mirage demo [--bench NAME] [--batch B] [--rewritten] [--no-cache | --cache-dir DIR]
+    eqsat-mirage optimize PROGRAM.py [PROGRAM.py ...] [--jobs N] | --bench NAME [--batch B]
+                          [--target T] [--rules F ...] [--no-cache | --cache-dir DIR]
     eqsat-mirage verify A.py B.py [--trials T] [--seed S]
     eqsat-mirage check-rules FILE_OR_FOLDER ...
     eqsat-mirage targets
+    eqsat-mirage cache list | clear | path [--cache-dir DIR]
     eqsat-mirage bench-verify [--trials T] [--bench NAME] [--batch B] [--write FILE]
-    eqsat-mirage bench --gpu [--bench NAME] [--batch B] [--reps N] [--write FILE]
+    eqsat-mirage bench --gpu [--bench NAME] [--batch B] [--reps N] [--write FILE] [--no-cache]
 
 ``demo`` optimizes a benchmark (default GQA, batch 1) and prints the search,
 the chosen program and its verification (``--rewritten``: verify the
-hand-rewritten form instead). ``optimize`` does the same for a program file,
-with progress on stderr and a summary table. ``verify`` compares two programs,
-each a Python file that defines a module-level ``program`` (an ``em.Graph``)
-or a function ``build()`` returning one. ``check-rules`` tests rule files for
-soundness. Exit status: 0 success / equivalent / sound, 1 not equivalent /
-unsound, 2 error (a library error prints ``error: ...``, no traceback).
+hand-rewritten form instead). ``optimize`` does the same for one or more
+program files, with progress on stderr and a summary table (several files run
+through ``em.optimize_many``, ``--jobs N`` worker processes at once).
+``verify`` compares two programs, each a Python file that defines a
+module-level ``program`` (an ``em.Graph``) or a function ``build()`` returning
+one. ``check-rules`` tests rule files for soundness. Results of ``optimize``,
+``demo`` and ``bench`` are kept in the results cache (``cache.py``), so a
+repeated run returns at once: ``--no-cache`` skips it, ``--cache-dir DIR``
+uses another folder, ``cache list|clear|path`` shows, empties or locates it.
+
+Exit status (every command):
+
+    0  success: equivalent, sound, or a verified program faster than one kernel per op
+    1  a negative answer: not equivalent, unsound, or optimize found nothing (no
+       verified program faster than one kernel per op; a non-Lax program cannot
+       be verified)
+    2  usage or input error (``error: ...`` on stderr naming the file and line,
+       no traceback)
 """
 
 from __future__ import annotations
@@ -29,12 +43,12 @@ import traceback
 from pathlib import Path
 from types import ModuleType
 
+from .cli_parser import BENCH_NAMES, EXIT_STATUS, build_parser  # noqa: F401 - re-exported
 from .errors import MirageError
 from .graph import Graph
 
 EXIT_EQUIVALENT, EXIT_NOT_EQUIVALENT, EXIT_ERROR = 0, 1, 2
 _REPO_ROOT = Path(__file__).resolve().parent.parent
-BENCH_NAMES = ("gqa", "qknorm", "rmsnorm", "lora", "gatedmlp", "ntrans")  # bench/programs.py
 
 
 def _bench_module(name: str) -> ModuleType:
@@ -147,18 +161,43 @@ def summary(res) -> str:
                 f"{res.cost_us:.2f} us ({res.speedup:.2f}x, target {st.get('target', '?')})"
                 + (f"; roofline {roof:.2f} us" if roof else ""))
     rows.append(f"total        {st.get('seconds', 0):.2f} s")
+    if st.get("cache") == "hit":
+        rows.append(f"cache        hit (key {st.get('cache_key', '?')}, "
+                    f"{st.get('cache_seconds', 0):.3f} s; the search above is the stored one)")
+    elif st.get("cache"):
+        rows.append(f"cache        {st['cache']}"
+                    + (f" (stored as {st['cache_key']})" if st.get("cache_key") else ""))
     return "\n".join(rows)
+
+
+def _status(res) -> int:
+    """0 when ``res`` is a verified program faster than one kernel per op, else 1."""
+    ok = res.verified is not None and res.verified.equivalent
+    return EXIT_EQUIVALENT if ok and res.cost_us < res.baseline_cost_us else EXIT_NOT_EQUIVALENT
+
+
+def _cache_arg(args: argparse.Namespace):
+    """``optimize``'s ``cache=`` from --no-cache / --cache-dir."""
+    from .cache import FILENAME, ResultCache
+
+    if getattr(args, "no_cache", False):
+        return False
+    cache_dir = getattr(args, "cache_dir", None)
+    return ResultCache(Path(cache_dir) / FILENAME) if cache_dir else True
+
+
+def _optimize_kwargs(args: argparse.Namespace) -> dict:
+    return dict(target=args.target, rules=args.rules or ["rules"], guards=not args.no_guards,
+                time_limit_s=args.time_limit, node_limit=args.node_limit,
+                iter_limit=args.iter_limit, level=args.level, cache=_cache_arg(args))
 
 
 def _optimize_and_report(graph, args: argparse.Namespace) -> int:
     from .optimize import optimize
 
     progress = Progress(getattr(args, "quiet", False))
-    kw = dict(target=args.target, rules=args.rules or ["rules"], guards=not args.no_guards,
-              time_limit_s=args.time_limit, node_limit=args.node_limit,
-              iter_limit=args.iter_limit, progress=progress, level=args.level)
     try:
-        res = optimize(graph, **kw)
+        res = optimize(graph, progress=progress, **_optimize_kwargs(args))
     finally:
         progress.done()
     print("input program:")
@@ -173,16 +212,85 @@ def _optimize_and_report(graph, args: argparse.Namespace) -> int:
     if getattr(args, "emit_json", None):
         Path(args.emit_json).write_text(res.program.to_json() if hasattr(res.program, "to_json")
                                         else str(res.program))
-    return EXIT_EQUIVALENT
+    if getattr(args, "render", None):
+        print(f"\nwrote the picture (input and chosen program) to {res.render(args.render)}")
+    return _status(res)
+
+
+def _optimize_several(paths: list[str], graphs: list[Graph], args: argparse.Namespace) -> int:
+    """Optimize several program files through ``optimize_many``: reports and a table."""
+    from .many import optimize_many
+
+    def line(message: str) -> None:
+        if not args.quiet:
+            print(message, file=sys.stderr, flush=True)
+
+    results = optimize_many(graphs, jobs=args.jobs, errors="return", progress=line,
+                            **_optimize_kwargs(args))
+    status, rows = EXIT_EQUIVALENT, []
+    for path, graph, res in zip(paths, graphs, results):
+        print(f"== {path} ==")
+        if isinstance(res, BaseException):
+            print(f"error: {path}: {type(res).__name__}: {res}", file=sys.stderr)
+            print(f"error: {type(res).__name__}: {res}\n")
+            status = EXIT_ERROR
+            rows.append(f"{path:<24} {graph.name:<16} {'error':>10}")
+            continue
+        print(res.program)
+        print()
+        print(summary(res))
+        print()
+        code = _status(res)
+        status = max(status, code)
+        rows.append(f"{path:<24} {graph.name:<16} {res.baseline_cost_us:>10.2f} "
+                    f"{res.cost_us:>10.2f} {res.speedup:>7.2f}x {res.stats.get('cache', '?'):>6}"
+                    f"  {'found' if code == EXIT_EQUIVALENT else 'nothing'}")
+    print(f"{'file':<24} {'program':<16} {'1/op us':>10} {'chosen us':>10} {'speedup':>8} "
+          f"{'cache':>6}  result")
+    print("\n".join(rows))
+    return status
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:
-    """Optimize a program file (or a benchmark) and print the search and its result."""
-    if (args.program is None) == (args.bench is None):
-        raise MirageError("optimize: give either PROGRAM.py or --bench NAME")
-    graph = (load_program(args.program) if args.program
-             else _bench_module("programs").program(args.bench, args.batch))
-    return _optimize_and_report(graph, args)
+    """Optimize program files (or a benchmark) and print the search and its result."""
+    if bool(args.programs) == (args.bench is not None):
+        raise MirageError("optimize: give either PROGRAM.py or --bench NAME (one or more files)")
+    if args.jobs < 1:
+        raise MirageError(f"optimize: --jobs must be at least 1, got {args.jobs}")
+    if args.bench is not None:
+        return _optimize_and_report(_bench_module("programs").program(args.bench, args.batch),
+                                    args)
+    graphs = [load_program(p) for p in args.programs]
+    if len(graphs) == 1:
+        return _optimize_and_report(graphs[0], args)
+    if args.emit or args.emit_json or args.render:
+        raise MirageError("optimize: --emit, --emit-json and --render take a single program")
+    return _optimize_several(args.programs, graphs, args)
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    """``cache list`` / ``clear`` / ``path``: the results cache."""
+    import sqlite3
+
+    from .cache import FILENAME, ResultCache, format_entries
+
+    store = ResultCache(Path(args.cache_dir) / FILENAME if args.cache_dir else None)
+    if args.action == "path":
+        print(store.path)
+        return EXIT_EQUIVALENT
+    try:
+        if args.action == "clear":
+            print(f"removed {store.clear()} cached results from {store.path}")
+            return EXIT_EQUIVALENT
+        entries = store.entries()
+    except (sqlite3.Error, OSError) as exc:
+        raise MirageError(f"results cache {store.path}: {exc}") from None
+    if not entries:
+        print(f"no cached results in {store.path}")
+        return EXIT_EQUIVALENT
+    print(f"{len(entries)} cached results in {store.path}")
+    print(format_entries(entries))
+    return EXIT_EQUIVALENT
 
 
 def cmd_check_rules(args: argparse.Namespace) -> int:
@@ -248,123 +356,31 @@ def cmd_bench_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """The GPU timings table of bench/gpu_bench.py."""
+    """The GPU timings table of bench/gpu_bench.py (its optimizations through the cache)."""
     command = " ".join(["eqsat-mirage", *args.argv])
-    return _bench_module("gpu_bench").run(args, command)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``eqsat-mirage`` and its subcommands."""
-    parser = argparse.ArgumentParser(
-        prog="eqsat-mirage",
-        description="A superoptimizer for GPU tensor programs on equality saturation. "
-                    "Exit status: 0 equivalent, 1 not equivalent, 2 error.")
-    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-
-    demo = sub.add_parser(
-        "demo", help="print a benchmark, a rewritten equivalent form and the verdict",
-        description="Print a benchmark program (default: gqa at batch size 1), a hand-rewritten "
-                    "equivalent form of it and the verifier's verdict with its false-positive "
-                    "bound and time. Exit 0 if equivalent, 1 if not.")
-    demo.add_argument("--bench", default="gqa",
-                      choices=BENCH_NAMES,
-                      help="benchmark (default: gqa)")
-    demo.add_argument("--batch", type=int, default=1, help="batch size (default: 1)")
-    demo.add_argument("--trials", type=int, default=4, help="finite-field trials (default: 4)")
-    demo.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    demo.add_argument("--rewritten", action="store_true",
-                      help="verify the hand-rewritten form instead of optimizing")
-    _search_options(demo)
-    demo.set_defaults(func=cmd_demo)
-
-    opt = sub.add_parser(
-        "optimize", help="superoptimize a program file or a benchmark",
-        description="Superoptimize PROGRAM.py (a Python file defining `program` or `build()`) "
-                    "or a benchmark (--bench). Progress goes to stderr; the chosen program "
-                    "and a summary table to stdout. Exit 0 on success, 2 on error.")
-    opt.add_argument("program", nargs="?", metavar="PROGRAM.py", help="the program's file")
-    opt.add_argument("--bench", default=None,
-                     choices=BENCH_NAMES,
-                     help="optimize a benchmark instead of a file")
-    opt.add_argument("--batch", type=int, default=1, help="benchmark batch size (default: 1)")
-    opt.add_argument("--emit", default=None, metavar="OUT.py",
-                     help="write the chosen program as a Triton module (kernels + run launcher)")
-    opt.add_argument("--emit-json", default=None, metavar="FILE",
-                     help="write the chosen program (MuGraph JSON) to FILE")
-    _search_options(opt)
-    opt.set_defaults(func=cmd_optimize)
-
-    chk = sub.add_parser(
-        "check-rules", help="test rewrite-rule files for soundness",
-        description="Instantiate every rule of the given .egg files or folders with random "
-                    "shaped tensors and compare both sides with the verifier. Exit 0 if all "
-                    "are sound, 1 if any is not, 2 on a malformed file.")
-    chk.add_argument("paths", nargs="+", metavar="FILE", help="rule files or folders")
-    chk.add_argument("--instances", type=int, default=3, help="instances per rule (default: 3)")
-    chk.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    chk.set_defaults(func=cmd_check_rules)
-
-    tg = sub.add_parser("targets", help="list the built-in hardware profiles",
-                        description="List the GPU profiles in extract/ that --target accepts.")
-    tg.set_defaults(func=cmd_targets)
-
-    ver = sub.add_parser(
-        "verify", help="decide whether the programs of two files are equivalent",
-        description="Each FILE is a Python file defining a module-level `program` (an "
-                    "em.Graph) or a function `build()` returning one. Exit 0 if equivalent, "
-                    "1 if not, 2 on error.")
-    ver.add_argument("a", metavar="A.py", help="the first program's file")
-    ver.add_argument("b", metavar="B.py", help="the second program's file")
-    ver.add_argument("--trials", type=int, default=4, help="finite-field trials (default: 4)")
-    ver.add_argument("--seed", type=int, default=None,
-                     help="random seed (default: fresh randomness)")
-    ver.set_defaults(func=cmd_verify)
-
-    bench = sub.add_parser(
-        "bench-verify", help="verify every benchmark against its rewritten form (a table)",
-        description="Verify each benchmark program against its hand-rewritten form and print "
-                    "the table of verdicts, bounds and times (bench/verify_bench.py).")
+    old = dict(os.environ)
+    if getattr(args, "no_cache", False):
+        os.environ["EQSAT_MIRAGE_CACHE"] = "off"
+    elif getattr(args, "cache_dir", None):
+        os.environ["EQSAT_MIRAGE_CACHE_DIR"] = str(args.cache_dir)
     try:
-        _bench_module("verify_bench").build_parser(bench)
-    except MirageError:
-        pass  # reported when the command runs
-    bench.set_defaults(func=cmd_bench_verify)
-
-    gpu = sub.add_parser(
-        "bench", help="time every benchmark on a CUDA GPU (--gpu)",
-        description="Time each benchmark's chosen program against torch eager, torch.compile "
-                    "and (attention) scaled_dot_product_attention on a CUDA GPU "
-                    "(bench/gpu_bench.py). Exit 2 without a GPU.")
-    try:
-        _bench_module("gpu_bench").build_parser(gpu)
-    except MirageError:
-        pass  # reported when the command runs
-    gpu.set_defaults(func=cmd_bench)
-    return parser
+        return _bench_module("gpu_bench").run(args, command)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
 
 
-def _search_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default="h100", help="hardware profile name or .toml path "
-                   "(default: h100; see `eqsat-mirage targets`)")
-    p.add_argument("--rules", action="append", default=None, metavar="FILE",
-                   help="rule file or folder (repeatable; default: the built-in rules)")
-    p.add_argument("--no-guards", action="store_true",
-                   help="switch off the abstract-expression guards")
-    p.add_argument("--time-limit", type=float, default=30.0,
-                   help="seconds per saturation phase (default: 30)")
-    p.add_argument("--node-limit", type=int, default=200_000,
-                   help="tensor e-nodes per phase (default: 200000)")
-    p.add_argument("--iter-limit", type=int, default=12,
-                   help="iterations per phase (default: 12)")
-    p.add_argument("--level", choices=("mugraph", "kernel"), default="mugraph",
-                   help="mugraph: fused custom kernels (default); kernel: algebra only")
-    p.add_argument("--quiet", action="store_true", help="no progress display")
+def parser():
+    """The ``eqsat-mirage`` argument parser, bound to this module's commands."""
+    commands = {name[4:].replace("_", "-"): fn for name, fn in globals().items()
+                if name.startswith("cmd_")}
+    return build_parser(commands, _bench_module)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``eqsat-mirage`` console script; returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
+    args = parser().parse_args(argv)
     args.argv = argv
     try:
         return args.func(args)

@@ -34,3 +34,7 @@ class LaxError(MirageError):
 
 class RuleError(MirageError):
     """A malformed or unsound rewrite rule (names file and line)."""
+
+
+class UnsupportedOpError(MirageError):
+    """A torch op (or module) with no eqsat-mirage form (names the op and the source line)."""

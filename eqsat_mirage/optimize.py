@@ -80,6 +80,19 @@ class OptimizeResult:
 
         return compile_mugraph(self._mugraph(), header=self._header())
 
+    def render(self, path, **kwargs):
+        """Draw the input program and the chosen program side by side (.svg, .png or .pdf).
+
+        Kernels, their block graphs, grids and loops, with device-memory tensors,
+        shared-memory tiles and register values told apart, and the cost model's
+        time per kernel for this result's target. Keywords go to ``render.render``
+        (``backend="auto"|"graphviz"|"matplotlib"``, ``title``). Returns the path.
+        """
+        from .render import render
+
+        kwargs.setdefault("cost", self.stats.get("target_spec", "h100"))
+        return render(self.program, path, source=self.source, **kwargs)
+
     def __str__(self) -> str:
         st = self.stats
         roof = (f"; roofline {self.roofline_us:.2f} us ({self.cost_us / self.roofline_us:.2f}x)"
@@ -111,7 +124,7 @@ def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool 
              time_limit_s: float = 30.0, node_limit: int = 200_000, iter_limit: int = 12,
              k: int = 4, trials: int = 3, seed: int = 0, split_factors=DEFAULT_SPLITS,
              progress: Callable[[str], None] | None = None, level: str = "mugraph",
-             strategy=None) -> OptimizeResult:
+             strategy=None, cache=True) -> OptimizeResult:
     """Superoptimize ``graph`` for ``target``; returns the best verified program.
 
     ``rules`` lists rule files and folders ("rules" is the built-in set); user
@@ -123,9 +136,19 @@ def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool 
     for the candidate schedules, ``fusion.DEFAULT_STRATEGY`` if None) or
     "kernel" (a kernel-level ``Graph``, costed one kernel per op). Every
     returned program passed ``em.verify`` against ``graph``.
+
+    ``cache`` is True (the default results cache, see ``cache.py``), a path,
+    a ``cache.ResultCache``, or False/None (no cache); ``res.stats["cache"]``
+    says "hit", "miss" or "off". A hit returns the stored result at once.
     """
+    options = dict(locals())  # every keyword that can change the result: the cache key
+    del options["graph"], options["progress"], options["cache"]
     if level not in LEVELS:
         raise MirageError(f"optimize: level must be one of {', '.join(LEVELS)}, got {level!r}")
+    if cache is not None and cache is not False:
+        from .cache import cached_optimize
+
+        return cached_optimize(graph, cache, progress, options)
     t0 = time.perf_counter()
     check(graph)
     hw = Hardware.load(target)
@@ -135,7 +158,8 @@ def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool 
 
         assert_sound([str(p) for p in user])
     rulesets, rule_list = load_rules(rules)
-    stats: dict = {"target": hw.name, "guards": guards, "rules": len(rule_list), "level": level}
+    stats: dict = {"target": hw.name, "target_spec": str(target), "guards": guards,
+                   "rules": len(rule_list), "level": level, "cache": "off"}
     try:
         check_lax(graph)
         lax = True
@@ -145,7 +169,8 @@ def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool 
     sat = Saturator(graph, rulesets, rule_list, guards=guards,
                     splits=_splits(graph, split_factors))
     limits = Limits(node_limit=node_limit, iter_limit=iter_limit, time_limit_s=time_limit_s)
-    phases = [(name, tuple(r for r in rs if r in rulesets)) for name, rs in DEFAULT_PHASES]
+    phases = [(name, tuple(r for r in rs if r in rulesets)) for name, rs in DEFAULT_PHASES
+              if level == "mugraph" or name != "tiling"]  # kernel level: no boundaries
     extra = tuple(r for r in rulesets if all(r not in rs for _, rs in DEFAULT_PHASES))
     if extra:
         phases.append(("user", extra))
@@ -156,14 +181,18 @@ def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool 
     stats["phases"] = [vars(p) for p in sat.stats]
     stats["enodes"] = sat.size()
     data = sat.serialize()
-    cands, xstats = extract(data, sat.root_classes(data), graph, Schema.load().constructors,
-                            hw, k=k)
+    ctors = Schema.load().constructors
+    cands, xstats = extract(data, sat.root_classes(data), graph, ctors, hw, k=k,
+                            encoder=sat.encoder if level == "mugraph" else None)
     stats.update(xstats)
     stats["candidates"] = len(cands)
     if level == "kernel":
         res = _kernel_level(graph, cands, hw, lax, trials, seed, progress, stats)
     else:
-        res = _mugraph_level(graph, cands, target, strategy, lax, trials, seed, progress, stats)
+        from .boundaries import Boundaries
+
+        res = _mugraph_level(graph, cands, Boundaries(data, ctors), target, strategy, lax,
+                             trials, seed, progress, stats)
     stats["phase_seconds"] = {"saturate": stats["saturate_seconds"],
                               "extract": stats.get("extract_seconds", 0.0),
                               "fusion": stats.get("fusion_seconds", 0.0),
@@ -222,7 +251,7 @@ def _plan_key(mg) -> str:
     return "\n".join(line for line in lines if not line.lstrip().startswith("source:"))
 
 
-def _mugraph_level(graph, cands, target, strategy, lax, trials, seed, progress,
+def _mugraph_level(graph, cands, bounds, target, strategy, lax, trials, seed, progress,
                    stats) -> OptimizeResult:
     """Plan every candidate and the input into MuGraphs; the cheapest that verifies wins."""
     from .fusion import plan
@@ -234,12 +263,18 @@ def _mugraph_level(graph, cands, target, strategy, lax, trials, seed, progress,
     baseline = mugraph_cost(base_mg, prof).total_us
     t = time.perf_counter()
     plans, seen, errors, distinct = [], set(), [], set()
-    for i, (how, g) in enumerate([(c.how, c.program) for c in cands] + [("input", graph)]):
+    todo = [(c.how, c.program, bounds.edges(c.program, c.keys)) for c in cands]
+    if not any(c.how == "input" for c in cands):  # its terms were not found: any boundary
+        todo.append(("input (any boundary)", graph, None))
+    allowed = {}
+    for i, (how, g, cuts) in enumerate(todo):
         if _canonical(g) in distinct:
             continue
         distinct.add(_canonical(g))
+        edges = {(id(s), id(n)) for n in g.nodes() for s in n.srcs if n.srcs and s.srcs}
+        allowed[how] = f"{len(edges) if cuts is None else len(cuts & edges)}/{len(edges)}"
         try:
-            p = plan(g, prof, strategy)
+            p = plan(g, prof, strategy, cuts=cuts)
         except (MirageError, ValueError, KeyError) as exc:  # recorded in stats, skipped
             errors.append(f"{how}: {exc}")
             continue
@@ -254,7 +289,8 @@ def _mugraph_level(graph, cands, target, strategy, lax, trials, seed, progress,
     t = time.perf_counter()
     chosen, result, tried, summary = None, None, 0, []
     for cost, _, how, p in plans:
-        entry = {"how": how, "cost_us": cost, "kernels": len(p.mugraph.kernels), "verified": None}
+        entry = {"how": how, "cost_us": cost, "kernels": len(p.mugraph.kernels), "verified": None,
+                 "boundaries": allowed[how]}  # op edges where rules/tiling.egg allows a cut
         summary.append(entry)
         if chosen is not None or not lax:
             continue

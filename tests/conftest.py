@@ -1,8 +1,29 @@
-"""Make the repository root importable, so tests can ``import bench`` under any runner."""
+"""Make the repository root importable (tests `import bench`); keep results caches in tmp."""
 
+import os
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = str(Path(__file__).resolve().parent.parent)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_results_cache(tmp_path_factory):
+    """Keep every test, session- and module-scoped fixtures included, off the user's cache."""
+    old = os.environ.get("EQSAT_MIRAGE_CACHE_DIR")
+    os.environ["EQSAT_MIRAGE_CACHE_DIR"] = str(tmp_path_factory.mktemp("results-cache"))
+    yield
+    if old is None:
+        os.environ.pop("EQSAT_MIRAGE_CACHE_DIR", None)
+    else:
+        os.environ["EQSAT_MIRAGE_CACHE_DIR"] = old
+
+
+@pytest.fixture(autouse=True)
+def _results_cache(tmp_path_factory, monkeypatch):
+    """Each test gets its own empty results cache (``em.optimize`` caches by default)."""
+    monkeypatch.setenv("EQSAT_MIRAGE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
