@@ -3,7 +3,8 @@
 The generated kernel computes exactly what ``tiled.py`` computes for one
 thread block: ``pid_x = tl.program_id(0)`` (one per grid axis used), block input
 tiles cut by ``imap`` (``offs = pid * tile + tl.arange(0, BLOCK)``, strides from
-the host) and ``fmap`` (a pointer advanced by one tile per loop iteration), the
+the host) and ``fmap`` (a pointer advanced by one tile per loop iteration; a dim
+in both maps starts at ``pid * F * tile``), the
 loop stage in ``for f in range(F)`` (no loop when F is 1) with fp32 accumulators
 (``tl.zeros`` before, ``+=`` inside), loop-invariant tiles and ops hoisted before
 the loop, the post stage after it, and ``tl.store`` by ``omap``/``fmap`` (a
@@ -82,7 +83,9 @@ class KernelWriter(TileOps):
         terms, r = [], 0
         for d, size in enumerate(shape):
             stride = self.stride[tensor][d]
-            base = ([f"{self.pid[imap[d]]} * {full[d]}" if full[d] > 1 else self.pid[imap[d]]]
+            # a dim in both imap and fmap: each block's part is F tiles long
+            step = full[d] * (self.k.forloop if d == fmap else 1)
+            base = ([f"{self.pid[imap[d]]} * {step}" if step > 1 else self.pid[imap[d]]]
                     if d in imap else []) + ([str(shift[d])] if shift.get(d) else [])
             if size > 1:
                 offs = self.names(f"offs_{tile}_{d}")

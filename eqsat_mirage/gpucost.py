@@ -11,6 +11,12 @@ Compute time of some work (both kernel kinds)::
 
 Tensor cores take fp16/bf16 matmuls (fp32 matmuls go to the CUDA cores); the SFU takes one
 op per element of exp, sqrt, rsqrt and division (silu: two), beside their CUDA-core FLOPs.
+Tensor-core time and CUDA-core/SFU time add up, they do not overlap: the generated Triton
+code runs a tile's exp in the same warps after the tile's MMA (no warp specialization).
+Overlapping them takes explicit warp-specialized ping-pong scheduling (FlashAttention-3,
+Shah et al. 2024, arXiv 2407.08608, which also notes H100 SXM5's 989 TFLOPS of FP16 matmul
+against 3.9 TFLOPS of special functions); FlashAttention-2, without it, reaches ~35% of the
+H100's matmul peak (PyTorch blog "FlashAttention-3", 2024). Calibration on a GPU decides.
 
 Predefined kernel (a library kernel, assumed to fill the GPU: no wave model)::
 
@@ -35,6 +41,8 @@ padded: K < 16 is INFEASIBLE, since tensor-core tiles need K >= 16)::
           + each output tensor written once
     L2    = sum over inputs that fit in L2: tensor bytes x (R - 1) x (1 - r_f)  (L2 hits)
     work  = loop-stage ops x B x F + accumulator adds x B x F + post-stage ops x B
+            (a loop-stage op that reads no fmap tile, directly or not, counts x B: the
+             Triton code hoists it before the loop, as ``codegen_kernel`` does)
 
 The first read of every input tile comes from DRAM; re-reads of a tensor that fits in L2
 (the same tile loaded by several blocks) hit L2 except a fraction r_f, and are paid at the
@@ -216,6 +224,15 @@ def _chain_interiors(k: CustomKernel) -> set[int]:
     return {id(n) for _, chain in k.threads for n in chain[:-1]}
 
 
+def _per_iteration(k: CustomKernel) -> set[int]:
+    """Loop-stage nodes that depend on an fmap tile: the rest run once, before the loop."""
+    variant = {id(n) for n in k.loop.inputs.values() if k.inputs[n.arg].fmap is not None}
+    for n in k.loop.nodes():
+        if any(id(s) in variant for s in n.srcs):
+            variant.add(id(n))
+    return variant
+
+
 def _predefined_cost(k: PredefinedKernel, prof: GPUProfile) -> KernelCost:
     n = k.node
     if n.op is Op.RESHAPE:
@@ -289,8 +306,10 @@ def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile) -> KernelCost:
     dram += sum(_bytes(s.shape, s.dtype) for s in k.output_specs().values())
     work = Work()
     pad_loop, pad_post = padded_shapes(k.loop), padded_shapes(k.post)
+    variant = _per_iteration(k)
     for n in k.loop.nodes():
-        work.add_node(n, blocks * f_range, lambda m: pad_loop[id(m)])
+        work.add_node(n, blocks * (f_range if id(n) in variant else 1),
+                      lambda m: pad_loop[id(m)])
     for a in k.accumulators:
         work.cuda += numel(pad_loop[id(k.loop.outputs[a])]) * blocks * f_range
     for n in k.post.nodes():
@@ -402,10 +421,11 @@ def _kernel_transfers(k: Kernel, mg: MuGraph) -> KernelTransfers:
     shared = issued + sum(numel(k.loop.outputs[a].shape) * 4 * blocks * f_range
                          for a in k.accumulators)
     inner = _chain_interiors(k)
-    registers = 0.0
+    registers, variant = 0.0, _per_iteration(k)
     for n in k.loop.nodes():
         if n.op not in (Op.INPUT, Op.CONST, Op.RESHAPE):
-            registers += _bytes(n.shape, n.dtype) * blocks * f_range
+            registers += _bytes(n.shape, n.dtype) * blocks * (f_range if id(n) in variant
+                                                              else 1)
     for n in k.post.nodes():
         if n.op not in (Op.INPUT, Op.CONST, Op.RESHAPE):
             b = _bytes(n.shape, n.dtype) * blocks

@@ -11,7 +11,9 @@ graph:
   pieces along that dim, iteration f reading piece f.
 - block inputs: ``BlockInput(name, tensor, imap, fmap)``; ``imap`` maps tensor
   dims to grid axes (the dim is cut into one tile per block along that axis);
-  dims in neither map are read whole by every block.
+  dims in neither map are read whole by every block. A dim in both maps is cut
+  by the grid first and each block's part by the loop (as in Mirage: the tile
+  is the dim over grid size x F), a split reduction with a loop inside each split.
 - block ops on tiles, written in the kernel-level IR over tile shapes, in two
   stages: ``loop`` (run once per iteration) and ``post`` (after the loop).
 - forloop accumulators: named loop values summed over the F iterations; in the
@@ -261,14 +263,16 @@ def tile_shape(kernel: CustomKernel, bi: BlockInput, spec: TensorSpec) -> Shape:
     if bi.fmap is not None:
         if not isinstance(bi.fmap, int) or not 0 <= bi.fmap < ndim:
             raise TilingError(f"{who}: fmap {bi.fmap!r} is not a dim of a {ndim}-d tensor")
-        if bi.fmap in bi.imap:
-            raise TilingError(f"{who}: dim {bi.fmap} is in both imap and fmap")
     tile = []
     for d, size in enumerate(spec.shape):
-        parts = grid[bi.imap[d]] if d in bi.imap else kernel.forloop if d == bi.fmap else 1
+        # a dim in both maps is cut by the grid first, then each block's part by the loop
+        parts = (grid[bi.imap[d]] if d in bi.imap else 1) * (kernel.forloop if d == bi.fmap
+                                                             else 1)
         if size % parts:
-            what = (f"grid axis {axis_name(bi.imap[d])} of size {parts}" if d in bi.imap
-                    else f"forloop range {parts}")
+            what = " times the ".join(
+                ([f"grid axis {axis_name(bi.imap[d])} of size {grid[bi.imap[d]]}"]
+                 if d in bi.imap else []) + ([f"forloop range {kernel.forloop}"]
+                                             if d == bi.fmap else []))
             raise TilingError(f"{who}: dim {d} of size {size} is not divisible by the {what}")
         tile.append(size // parts)
     return tuple(tile)

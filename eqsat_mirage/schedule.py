@@ -8,7 +8,10 @@ marks its index *reduced* at that node. Dims split or merged by a reshape, and
 concat axes, get indices that cannot be scheduled.
 
 A ``Schedule`` maps index names to grid axes (with a block count) and at most
-one index to the forloop (range F); every other index is read whole.
+one index to the forloop (range F); every other index is read whole. A split
+schedule puts a reduced index on the grid (FlashDecoding: two kernels), with
+optionally a loop over the same index inside each split and its own grid for
+the second (reduce) kernel.
 ``check_schedule`` decides whether a schedule is legal and classifies every
 node for the chosen loop index L:
 
@@ -251,18 +254,31 @@ class Schedule:
     ``Schedule(grid={"a": 4, "c": 8}, loop="b", forloop=4)``: index ``a`` on grid
     axis x in 4 blocks, ``c`` on y in 8, ``b`` cut into 4 loop iterations.
     ``split`` names a grid index that is reduced in the fragment (FlashDecoding:
-    each block reduces one part, a second kernel sums the parts); it needs
-    ``loop=None``.
+    each block reduces one part, a second kernel sums the parts). The loop is
+    then either none or the split index itself: ``Schedule({"a": 2, "d": 8},
+    "d", 4, "d")`` cuts ``d`` into 8 parts, one per block, and loops over each
+    part in 4 iterations with accumulators, so a block's tiles stay small.
+    ``reduce_grid`` (split only) is the grid of the second kernel, which sums
+    the parts and runs what follows the reduction; by default the first
+    kernel's grid without the split index. It may cut the outputs' indices
+    more finely (a memory-bound kernel wants blocks on many SMs), but keeps
+    every grid index that some reduction does not carry with the same count
+    (the parts carry one copy per such block).
     """
 
     grid: tuple[tuple[str, int], ...] = ()
     loop: str | None = None
     forloop: int = 1
     split: str | None = None
+    reduce_grid: tuple[tuple[str, int], ...] | None = None
 
     def __post_init__(self) -> None:
         grid = self.grid.items() if isinstance(self.grid, Mapping) else self.grid
         object.__setattr__(self, "grid", tuple((str(i), int(b)) for i, b in grid))
+        if self.reduce_grid is not None:
+            red = self.reduce_grid
+            red = red.items() if isinstance(red, Mapping) else red
+            object.__setattr__(self, "reduce_grid", tuple((str(i), int(b)) for i, b in red))
 
     @property
     def axes(self) -> dict[str, int]:
@@ -278,14 +294,24 @@ class Schedule:
         """Into how many tiles index ``idx`` is cut (grid blocks, loop range, or 1)."""
         if idx is None:
             return 1
-        if idx == self.loop:
-            return self.forloop
-        return dict(self.grid).get(idx, 1)
+        blocks = dict(self.grid).get(idx, 1)
+        return blocks * self.forloop if idx == self.loop else blocks
+
+    @property
+    def second_grid(self) -> tuple[tuple[str, int], ...]:
+        """The grid of a split schedule's reduce kernel (``reduce_grid`` or the default)."""
+        if self.reduce_grid is not None:
+            return self.reduce_grid
+        return tuple((i, b) for i, b in self.grid if i != self.split)
 
     def __str__(self) -> str:
         grid = ", ".join(f"{i}={b}" for i, b in self.grid) or "1"
         loop = f" loop {self.loop}/{self.forloop}" if self.loop else ""
-        return f"grid({grid}){loop}" + (f" split {self.split}" if self.split else "")
+        red = ""
+        if self.reduce_grid is not None:
+            red = " reduce grid(" + (", ".join(f"{i}={b}" for i, b in self.reduce_grid)
+                                     or "1") + ")"
+        return f"grid({grid}){loop}" + (f" split {self.split}" if self.split else "") + red
 
 
 @dataclass
@@ -354,7 +380,7 @@ def classify(ix: Indexing, idx: str | None) -> dict[int, str]:
 def _check_grid(ix: Indexing, s: Schedule) -> None:
     if not 0 <= len(s.grid) <= 3:
         raise ScheduleError(f"schedule {s}: at most 3 grid axes, got {len(s.grid)}")
-    used = [i for i, _ in s.grid] + ([s.loop] if s.loop is not None else [])
+    used = [i for i, _ in s.grid] + ([s.loop] if s.loop not in (None, s.split) else [])
     if len(set(used)) != len(used):
         raise ScheduleError(f"schedule {s}: an index is scheduled twice")
     for idx, blocks in s.grid:
@@ -380,8 +406,9 @@ def check_schedule(ix: Indexing | Graph, schedule: Schedule) -> Plan:
     s = schedule
     _check_grid(ix, s)
     if s.loop is not None:
-        if s.split is not None:
-            raise ScheduleError(f"schedule {s}: a split reduction runs without a loop")
+        if s.split is not None and s.loop != s.split:
+            raise ScheduleError(f"schedule {s}: a split reduction loops over its split index "
+                                "or not at all")
         if s.loop not in ix.sizes:
             raise ScheduleError(f"schedule {s}: unknown loop index {s.loop!r}")
         if s.loop in ix.fixed:
@@ -390,9 +417,10 @@ def check_schedule(ix: Indexing | Graph, schedule: Schedule) -> Plan:
         if s.loop not in ix.reduced:
             raise ScheduleError(f"schedule {s}: loop index {ix.describe(s.loop)} is not reduced "
                                 "(by a sum or a matmul contraction) in the fragment")
-        if s.forloop < 1 or ix.sizes[s.loop] % s.forloop:
+        if s.forloop < 1 or ix.sizes[s.loop] % s.parts(s.loop):
             raise ScheduleError(f"schedule {s}: forloop range {s.forloop} does not divide loop "
-                                f"index {ix.describe(s.loop)}")
+                                f"index {ix.describe(s.loop)}"
+                                + (" split across the grid" if s.loop == s.split else ""))
     elif s.forloop != 1:
         raise ScheduleError(f"schedule {s}: a forloop range without a loop index")
     if s.split is not None and (s.split not in dict(s.grid) or s.split not in ix.reduced):
@@ -403,14 +431,51 @@ def check_schedule(ix: Indexing | Graph, schedule: Schedule) -> Plan:
             raise ScheduleError(f"output {name!r} is a constant")
         carried = set(ix.of(out))
         late = s.split is not None and kind[id(out)] != "loop"
+        if s.split is not None and s.loop is not None and not late:
+            raise ScheduleError(f"schedule {s}: output {name!r} carries the split index "
+                                f"{ix.describe(s.split)}; with a loop inside each split it "
+                                "would need the grid and the loop on one output dim")
         for idx, blocks in s.grid:
             if blocks > 1 and idx not in carried and not (late and idx == s.split):
                 raise ScheduleError(
                     f"schedule {s}: output {name!r} {fmt_shape(out.shape)} does not carry grid "
                     f"index {ix.describe(idx)}, so {blocks} blocks would write the same elements")
+    if s.reduce_grid is not None:
+        _check_reduce_grid(ix, s, kind)
     tiles = {id(n): tuple(size // s.parts(i) for size, i in zip(n.shape, ix.of(n)))
              for n in ix.nodes}
     return Plan(ix, s, kind, tiles)
+
+
+def _check_reduce_grid(ix: Indexing, s: Schedule, kind: dict[int, str]) -> None:
+    """A split schedule's reduce-kernel grid: outputs' indices, lost indices kept as they are."""
+    if s.split is None:
+        raise ScheduleError(f"schedule {s}: a reduce grid needs a split reduction")
+    red = s.reduce_grid or ()
+    if len(red) > 3 or len({i for i, _ in red}) != len(red):
+        raise ScheduleError(f"schedule {s}: the reduce grid needs at most 3 distinct indices")
+    late = [(name, out) for name, out in ix.graph.outputs.items() if kind[id(out)] != "loop"]
+    for idx, blocks in red:
+        if idx not in ix.sizes or idx == s.split or idx in ix.reduced or idx in ix.fixed:
+            raise ScheduleError(f"schedule {s}: reduce grid index {idx!r} must be a known, "
+                                "unreduced, unfixed index")
+        if blocks < 1 or ix.sizes[idx] % blocks:
+            raise ScheduleError(f"schedule {s}: {blocks} blocks do not divide reduce grid index "
+                                f"{ix.describe(idx)}")
+        for name, out in late:
+            if blocks > 1 and idx not in ix.of(out):
+                raise ScheduleError(f"schedule {s}: output {name!r} does not carry reduce grid "
+                                    f"index {ix.describe(idx)}")
+    grid, red_d = dict(s.grid), dict(red)
+    for n in ix.nodes:
+        if kind[id(n)] != "red":
+            continue
+        for idx, blocks in grid.items():
+            if idx != s.split and idx not in ix.of(n) and red_d.get(idx) != blocks:
+                raise ScheduleError(
+                    f"schedule {s}: {n.describe()} does not carry grid index "
+                    f"{ix.describe(idx)}, so its parts hold one copy per block along it; the "
+                    f"reduce grid must keep {idx}={blocks}")
 
 
 # -- lowering (implemented in schedule_lower.py) ---------------------------------------------

@@ -17,7 +17,12 @@ A split schedule (FlashDecoding) gives two kernels: the first computes each
 grid part of the reductions over the split index and writes the partial
 results with a leading dim per split (and one per grid axis the reduction
 does not carry), the second loops over the splits, accumulates them and runs
-the post stage.
+the post stage. With a loop over the split index (``Schedule(..., loop=split)``)
+the first kernel is lowered like an unsplit one (inputs with an imap and an
+fmap on the split dim, accumulators) and writes its accumulators as the parts.
+The second kernel runs on ``Schedule.second_grid``: by default the first
+kernel's grid without the split axis, or ``reduce_grid``, which may cut the
+outputs more finely.
 """
 
 from __future__ import annotations
@@ -137,47 +142,72 @@ def add_kernel(mg: MuGraph, fragment: Graph, schedule: Schedule, name: str | Non
     return [k]
 
 
+def _part_values(k1: CustomKernel, plan: Plan, used: set[str]) -> Callable[[Node], Node]:
+    """The first kernel's value of each reduction over the split index (a post-stage node)."""
+    ix, s = plan.indexing, plan.schedule
+    for iname, node in ix.graph.inputs.items():
+        imap, fmap = _maps(ix, node, s.axes, s.loop)
+        k1.input(iname, imap=imap, fmap=fmap)
+    if s.loop is None:  # one pass: everything after the loads is post-stage work
+        return _Stage(plan, lambda n: k1.tile(n.arg).node if n.op is Op.INPUT else None)
+
+    def loop_leaf(n: Node) -> Node | None:
+        return k1.loop.inputs[n.arg] if n.op is Op.INPUT else None
+
+    loop, accs = _Stage(plan, loop_leaf), {}
+
+    def value(n: Node) -> Node:  # the accumulated partial sum (a mean's division waits)
+        if id(n) not in accs:
+            accs[id(n)] = k1.accumulate(Tensor(loop(n), k1.loop), _fresh("acc", used)).node
+        return accs[id(n)]
+
+    return value
+
+
 def _add_split(mg: MuGraph, fragment: Graph, plan: Plan, name: str | None) -> list[CustomKernel]:
     ix, s, kind = plan.indexing, plan.schedule, plan.kind
     axes, split = s.axes, s.split
     base = name or f"k{len(mg.kernels)}"
-    k1 = mg.custom_kernel(grid=tuple(b for _, b in s.grid), forloop=1, name=f"{base}_part")
-    for iname, node in fragment.inputs.items():
-        k1.input(iname, imap=_maps(ix, node, axes, None)[0])
-    stage1 = _Stage(plan, lambda n: k1.tile(n.arg).node if n.op is Op.INPUT else None)
+    k1 = mg.custom_kernel(grid=tuple(b for _, b in s.grid), forloop=s.forloop,
+                          name=f"{base}_part")
     used = set(mg.tensors) | set(fragment.outputs)
+    stage1 = _part_values(k1, plan, used)
     reds = [n for n in ix.nodes if kind[id(n)] == "red"]
     rest = [(i, b) for i, b in s.grid if i != split]
-    axes2 = {i: a for a, (i, _) in enumerate(rest)}
     parts = {}
     for n in reds:
         tile, dims = plan.tile(n), ix.of(n)
-        lost = [axes[i] for i, _ in rest if i not in dims]  # grid axes n does not carry
+        lost = [i for i, _ in rest if i not in dims]  # grid indices n does not carry
         value = make(Op.RESHAPE, (stage1(n),), (1,) * (1 + len(lost)) + tile)
-        omap = {0: axes[split], **{1 + j: a for j, a in enumerate(lost)}}
+        omap = {0: axes[split], **{1 + j: axes[i] for j, i in enumerate(lost)}}
         omap.update({1 + len(lost) + d: axes[i] for d, i in enumerate(dims) if i in axes})
         parts[id(n)] = (k1.output(Tensor(value, k1.post), _fresh(f"{base}_part", used),
-                                  omap=omap), len(lost))
+                                  omap=omap), lost)
     for oname, out in fragment.outputs.items():
-        if kind[id(out)] == "loop":
+        if kind[id(out)] == "loop":  # split without a loop only (check_schedule)
             k1.output(Tensor(stage1(out), k1.post), oname, omap=_maps(ix, out, axes, None)[0])
     late = {o: n for o, n in fragment.outputs.items() if kind[id(n)] != "loop"}
     if not late:
         return [k1]
-    k2 = mg.custom_kernel(grid=tuple(b for _, b in rest) or (1,), forloop=dict(s.grid)[split],
+    second = s.second_grid
+    axes2 = {i: a for a, (i, _) in enumerate(second)}
+    counts2 = dict(second)
+    tiles2 = {id(n): tuple(size // counts2.get(i, 1) for size, i in zip(n.shape, ix.of(n)))
+              for n in ix.nodes}
+    plan2 = Plan(ix, s, kind, tiles2)
+    k2 = mg.custom_kernel(grid=tuple(b for _, b in second) or (1,), forloop=dict(s.grid)[split],
                           name=f"{base}_reduce")
     accs: dict[int, Node] = {}
 
     def leaf2(n: Node) -> Node | None:
         if kind[id(n)] == "red":
             if id(n) not in accs:
-                tensor, nlost = parts[id(n)]
-                lost = [axes2[i] for i, _ in rest if i not in ix.of(n)]
-                imap = {1 + j: a for j, a in enumerate(lost)}
-                imap.update({1 + nlost + d: axes2[i] for d, i in enumerate(ix.of(n))
+                tensor, lost = parts[id(n)]
+                imap = {1 + j: axes2[i] for j, i in enumerate(lost)}
+                imap.update({1 + len(lost) + d: axes2[i] for d, i in enumerate(ix.of(n))
                              if i in axes2})
                 t = k2.input(tensor, imap=imap, fmap=0)
-                value = Tensor(make(Op.RESHAPE, (t.node,), plan.tile(n)), k2.loop)
+                value = Tensor(make(Op.RESHAPE, (t.node,), plan2.tile(n)), k2.loop)
                 accs[id(n)] = _finish(plan, n, k2.accumulate(value, _fresh("acc", used)).node)
             return accs[id(n)]
         if n.op is Op.INPUT:
@@ -186,7 +216,7 @@ def _add_split(mg: MuGraph, fragment: Graph, plan: Plan, name: str | None) -> li
             return k2.tile(n.arg).node
         return None
 
-    stage2 = _Stage(plan, leaf2)
+    stage2 = _Stage(plan2, leaf2)
     for oname, out in late.items():
         k2.output(Tensor(stage2(out), k2.post), oname, omap=_maps(ix, out, axes2, None)[0])
     return [k1, k2]

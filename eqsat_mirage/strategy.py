@@ -16,7 +16,17 @@ schedules of a fragment (``schedule.py``) in a deterministic order, bounded by
   contraction tile >= ``min_tile`` (the smallest dividing range otherwise);
   no loop only when no index can be looped;
 - split (``allow_split_reduction``): a reduced index on a grid axis instead,
-  FlashDecoding style (two kernels, see ``schedule_lower.py``).
+  FlashDecoding style (two kernels, see ``schedule_lower.py``). Split grids
+  are taken round robin over their block counts (so a bound keeps some of
+  every count), each in variants: without a loop, or with a loop over each
+  split (``split_loops``: ranges of ``loop_ranges`` keeping a matmul's
+  contraction tile >= ``min_tile``), which keeps a block's tiles small enough
+  for shared memory when the split parts are long; and with the reduce kernel
+  on the first grid's other axes or on one of ``reduce_grids`` finer grids
+  (the first grids over the outputs' indices with at least ``min_blocks``
+  blocks): the reduce kernel is memory-bound and reads the parts, so it wants
+  blocks on many SMs. Two variants of every split grid (the shortest loop with
+  a finer reduce grid, and the plain split) come before the other variants.
 
 Grid choices and loop choices are interleaved diagonally (the i-th grid with
 the j-th loop in order of i + j), so a bound keeps variety in both.
@@ -43,6 +53,8 @@ class Strategy:
     min_tile: int = 16  # smallest tile of a matmul operand dim, where the shapes allow
     max_candidates: int = 32
     max_grid_choices: int = 4096  # enumeration bound before ordering
+    split_loops: bool = True  # split schedules also with a loop over each split
+    reduce_grids: int = 1  # finer reduce-kernel grids tried per split schedule
 
 
 def _divisors(n: int) -> list[int]:
@@ -165,6 +177,10 @@ def candidate_schedules(fragment: Graph | Indexing, strategy: Strategy | None = 
             splits += [Schedule(g, None, 1, idx) for gs in choices for g in gs]
         splits = sorted(splits, key=lambda s: (abs(s.blocks - strategy.min_blocks),
                                                -ix.sizes[s.split], len(s.grid), str(s)))
+        memo: dict = {}
+        variants = [_split_variants(ix, s, strategy, memo) for s in _by_total(splits)]
+        splits = [v for vs in variants for v in vs[:_PRIMARY]] + \
+            [v for vs in variants for v in vs[_PRIMARY:]]
         pairs = [s for pair in _interleave(pairs, splits) for s in pair]
     out: list[Schedule] = []
     for s in dict.fromkeys(pairs):
@@ -176,6 +192,60 @@ def candidate_schedules(fragment: Graph | Indexing, strategy: Strategy | None = 
             continue
         out.append(s)
     return out
+
+
+def _by_total(splits: list[Schedule]) -> list[Schedule]:
+    """Round robin over the block counts (in order of first appearance), so that a bound on
+    the candidates keeps the best few splits of every count: the power-of-two shapes give no
+    count near one block per SM on 132 SMs (128 is below, 256 above), and which of the two
+    is cheaper is the cost model's call, not the ordering's."""
+    groups: dict[int, list[Schedule]] = {}
+    for s in splits:
+        groups.setdefault(s.blocks, []).append(s)
+    lists = list(groups.values())
+    return [g[i] for i in range(max(map(len, lists), default=0)) for g in lists if i < len(g)]
+
+
+_PRIMARY = 2  # variants of each split grid listed before any grid's other variants
+
+
+def _split_variants(ix: Indexing, s: Schedule, strategy: Strategy,
+                    memo: dict | None = None) -> list[Schedule]:
+    """Variants of split schedule ``s`` (loop over each split, reduce-kernel grid), in order:
+    the shortest loop (fewest iterations, largest tiles) with the first finer reduce grid,
+    ``s`` as it is, then the other combinations (longer loops later, reduce grids in
+    ``_grids`` order). Equal costs keep the first: the shortest loop that fits. ``memo``
+    caches the reduce grids by split index and kept axes across the calls of one listing."""
+    idx, parts = s.split, dict(s.grid)[s.split]
+    size = ix.sizes[idx] // parts
+    floor = strategy.min_tile if idx in ix.matmul else 1
+    ranges = sorted(f for f in set(strategy.loop_ranges)
+                    if f > 1 and size % f == 0 and size // f >= floor)
+    loops = [(idx, f) for f in ranges] if strategy.split_loops else []
+    reduce: list[tuple[tuple[str, int], ...] | None] = [None]
+    if strategy.reduce_grids > 0:
+        memo = {} if memo is None else memo
+        if idx not in memo:
+            kind = classify(ix, idx)
+            late = [n for n in ix.graph.outputs.values() if kind[id(n)] != "loop"]
+            memo[idx] = (late, [n for n in ix.nodes if kind[id(n)] == "red"])
+        late, reds = memo[idx]
+        # grid indices some reduction does not carry keep their counts (its parts hold copies)
+        kept = tuple((i, b) for i, b in s.grid
+                     if i != idx and any(i not in ix.of(n) for n in reds))
+        if (idx, kept) not in memo:
+            free = [i for i in ix.sizes if i not in ix.reduced and i not in ix.fixed
+                    and i not in dict(kept) and late and all(i in ix.of(n) for n in late)]
+            memo[idx, kept] = _grids(ix, free, strategy, kept)
+        default = tuple((i, b) for i, b in s.grid if i != idx)
+        finer = [g for g in memo[idx, kept]
+                 if sorted(g) != sorted(default) and _total(g) > _total(default)]
+        reduce += finer[:strategy.reduce_grids]
+    first = [(loops[0], reduce[1] if len(reduce) > 1 else None)] if loops else []
+    combos = first + [((None, 1), None)] + [
+        (lf, r) for lf in [(None, 1)] + loops for r in reduce]
+    return list(dict.fromkeys(Schedule(s.grid, loop, f, idx, red)
+                              for (loop, f), red in combos))
 
 
 def _interleave(a: list, b: list) -> list[tuple]:

@@ -9,7 +9,8 @@ values over the finite field exactly as over floats.
   tiles: every grid-mapped dim becomes (grid size, tile) and the grid axes
   move to the front, giving an array (G0, [G1, [G2,]] tile...) (replicated
   dims stay whole and are broadcast over the grid axes they do not use); an
-  fmap dim becomes (F, tile) and iteration f takes slice f. The block graph is
+  fmap dim becomes (F, tile) and iteration f takes slice f (a dim in both maps
+  becomes (grid size, F, tile): the loop cuts each block's part). The block graph is
   *vectorised*: every tile op is rebuilt with the grid dims prepended to its
   shape, and its reduction / transpose / concat axes and reshape targets
   shifted past them, so matmuls batch over the grid and the table's ops apply
@@ -113,10 +114,11 @@ def cut(x: np.ndarray, imap: Mapping[int, int], fmap: int | None, grid: tuple[in
     x = np.asarray(x)
     split, grid_pos, loop_pos, tile_pos = [], {}, None, []
     for d, size in enumerate(x.shape):
-        if d in imap:
+        if d in imap:  # grid first; with an fmap too, each block's part is cut by the loop
             grid_pos[imap[d]] = len(split)
-            split += [grid[imap[d]], size // grid[imap[d]]]
-        elif d == fmap:
+            split.append(grid[imap[d]])
+            size //= grid[imap[d]]
+        if d == fmap:
             loop_pos = len(split)
             split += [forloop, size // forloop]
         else:

@@ -258,6 +258,21 @@ def test_candidate_schedules_compile(make):
         check_compiled(lower(g, s), g)
 
 
+def test_split_with_a_loop_and_a_reduce_grid_compile():
+    """FlashDecoding with a loop inside each split (K and V: imap and fmap on the key dim,
+    each block's part starting at pid * F * tile) and a finer reduce-kernel grid."""
+    g = attention()
+    a, b, d = idx(g, "Q", 0), idx(g, "Q", 1), idx(g, "K", 2)
+    for s in (Schedule({a: 2, d: 2}, d, 2, d), Schedule({a: 2, d: 2}, d, 2, d, {a: 2, b: 4}),
+              Schedule({a: 2, b: 2, d: 4}, None, 1, d, {b: 8})):
+        mg = lower(g, s)
+        part, reduce = mg.kernels
+        assert part.forloop == s.forloop and reduce.grid == tuple(n for _, n in s.second_grid)
+        fn = check_compiled(mg, g)
+        if s.loop:
+            assert f"pid_y * {s.forloop * 16}" in fn.source  # K's 64 keys: 2 parts of 2 x 16
+
+
 # -- fused plans of the benchmarks at small shapes (fusion.plan picks the kernels) -----------
 
 

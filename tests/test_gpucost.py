@@ -125,18 +125,21 @@ def test_memory_bound_kernel_is_fastest_on_h200_slowest_on_a100():
 # -- custom kernels: shared memory, padding, waves --------------------------------------------
 
 
-def tile_matmul(blocks, tm=128, tk=128, tn=128, forloop=64, split_k=False, name="tiles"):
+def tile_matmul(blocks, tm=128, tk=128, tn=128, forloop=64, split_k=False, name="tiles",
+                vary_b=False):
     """C = A @ B with a (blocks,) grid over A's rows; B read whole by every block.
 
-    Without ``split_k`` the tiles are loop-invariant and every iteration adds A@B again (a
-    compute-heavy kernel for the wave tests); with it, K is cut across the loop (tk = K / F).
+    Without ``split_k`` the tiles are loop-invariant (A@B is computed once, before the loop,
+    and added F times); with it, K is cut across the loop (tk = K / F). With ``vary_b``
+    iteration f adds A @ B_f, B_f the f-th block of B's columns: a fresh matmul on a small
+    tile every iteration, a compute-heavy kernel for the wave tests.
     """
     mg = em.MuGraph(name)
     mg.input("A", (blocks * tm, tk * (forloop if split_k else 1)))
-    mg.input("B", (tk * (forloop if split_k else 1), tn))
+    mg.input("B", (tk * (forloop if split_k else 1), tn * (forloop if vary_b else 1)))
     k = mg.custom_kernel(grid=(blocks,), forloop=forloop, name="mm")
     a = k.input("A", imap={0: 0}, fmap=1 if split_k else None)
-    b = k.input("B", fmap=0 if split_k else None)
+    b = k.input("B", fmap=0 if split_k else 1 if vary_b else None)
     k.output(k.accumulate(a @ b, "acc"), "C", omap={0: 0})
     mg.output("C")
     return mg
@@ -172,9 +175,11 @@ def test_matmul_contraction_tile_under_16_is_infeasible_but_small_m_is_padded():
 
 def test_wave_quantization_133_blocks_cost_two_waves_of_132():
     prof = GPUProfile.load("h100")
-    one, two = (kernel_cost(m.kernels[0], m, prof) for m in (tile_matmul(132),
-                                                               tile_matmul(133)))
-    assert one.blocks_per_sm == two.blocks_per_sm == 1  # 128 KiB of shared memory a block
+    one, two = (kernel_cost(m.kernels[0], m, prof) for m in (
+        tile_matmul(132, tm=256, tn=64, vary_b=True), tile_matmul(133, tm=256, tn=64,
+                                                                  vary_b=True)))
+    # 64 KiB A + 2 x 16 KiB B (double-buffered) + 64 KiB fp32 accumulator a block
+    assert one.blocks_per_sm == two.blocks_per_sm == 1
     assert (one.waves, two.waves) == (1, 2)
     assert one.bound == two.bound == "compute"
     body = [c.time_us - prof.launch_overhead_us for c in (one, two)]
@@ -293,3 +298,59 @@ def test_fused_attention_keeps_scores_off_device_memory(batch):
     uncached = dataclasses.replace(GPUProfile.load("h100"), replicated_read_dram_fraction=1.0)
     _, wide = flash(batch, q_blocks=16)
     assert roofline_us(g) <= mugraph_cost(wide).total_us < mugraph_cost(wide, uncached).total_us
+
+
+def test_loop_invariant_ops_count_once_as_the_generated_code_hoists_them():
+    prof = GPUProfile.load("h100")
+    hoisted = tile_matmul(8)  # A @ B reads no fmap tile: computed once, added 64 times
+    streamed = tile_matmul(8, vary_b=True)  # a fresh A @ B_f every iteration
+    once, every = (kernel_cost(m.kernels[0], m, prof).work for m in (hoisted, streamed))
+    assert once.tensor_flops == 2 * 128 * 128 * 128 * 8
+    assert every.tensor_flops == 64 * once.tensor_flops
+    assert once.cuda == every.cuda == 128 * 128 * 8 * 64  # the accumulator adds, every time
+    assert transfers(hoisted).registers < transfers(streamed).registers
+
+
+# -- attention at the benchmark shapes: split reductions against their structural floor --
+
+
+def gqa_post_division(batch):
+    """GQA with the softmax division after the second matmul (the optimizer's rewrite)."""
+    g = em.Graph("gqa_post")
+    q = g.input("Q", (2 * batch, 256, 64), "float16")
+    k = g.input("K", (2 * batch, 64, 4096), "float16")
+    v = g.input("V", (2 * batch, 4096, 64), "float16")
+    a = em.exp(q @ k)
+    g.output((a @ v) / a.sum(axis=-1, keepdims=True), "O")
+    return g
+
+
+@pytest.mark.parametrize("batch, want", [(1, 8.28), (8, 16.61)])
+def test_gqa_plan_splits_the_keys_with_a_finer_reduce_kernel(batch, want):
+    """The fusion plan of GQA (h100) is the cheapest schedule of the lowering's space (found by
+    exhaustive search over grids, splits, loop ranges and reduce grids: 8.28 us at b=1,
+    16.61 us at b=8): 128 blocks, each reducing a part of the 4096 keys (with a loop
+    inside each part at b=8, whose tiles would not fit shared memory in one pass), then
+    the parts summed by a reduce kernel on at least 32 blocks."""
+    from eqsat_mirage.fusion import plan
+    from eqsat_mirage.gpucost import Work
+
+    g = gqa_post_division(batch)
+    mg = plan(g).mugraph
+    cost = mugraph_cost(mg)
+    assert cost.total_us == pytest.approx(want, abs=0.01)
+    part, red = mg.kernels
+    assert math.prod(part.grid) == 128 and math.prod(red.grid) >= 32
+    assert red.forloop == part.grid[part.inputs["K"].imap[2]]  # one iteration per part
+    if batch == 8:
+        assert part.forloop > 1 and part.inputs["K"].fmap == 2 and 2 in part.inputs["K"].imap
+    # structural floor of any split design in this model: two launches, plus the matmuls
+    # and exps at the whole GPU's rate (tensor cores and SFU do not overlap in the model)
+    prof = GPUProfile.load("h100")
+    work = Work()
+    for n in g.nodes():
+        if n.op in (em.Op.MATMUL, em.Op.EXP):
+            work.add_node(n, 1)
+    floor = 2 * prof.launch_overhead_us + work.us(prof)
+    assert floor == pytest.approx({1: 7.18, 8: 15.44}[batch], abs=0.01)
+    assert roofline_us(g) < floor <= cost.total_us

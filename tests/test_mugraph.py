@@ -306,8 +306,25 @@ def test_grid_axis_used_twice():
     k = two_inputs().custom_kernel(grid=(4, 4), forloop=1, name="kk")
     with pytest.raises(em.TilingError, match=r"kernel 'kk'.*'A'.*grid axis x used twice"):
         k.input("A", imap={0: 0, 1: 0})
-    with pytest.raises(em.TilingError, match="both imap and fmap"):
-        k.input("B", imap={0: 0}, fmap=0)
+
+
+def test_dim_in_both_imap_and_fmap_is_cut_by_the_grid_then_the_loop():
+    mg = two_inputs()
+    k = mg.custom_kernel(grid=(2,), forloop=4, name="kk")  # B's 48 rows: 2 parts of 4 x 6
+    assert k.input("B", imap={0: 0}, fmap=0).shape == (6, 24)
+    with pytest.raises(em.TilingError, match=r"size 48 .*grid axis x of size 4 times the "
+                                             r"forloop range 5"):
+        mg.custom_kernel(grid=(4,), forloop=5).input("B", imap={0: 0}, fmap=0)
+    # block x sums its rows x*24 .. x*24+23 over the 4 iterations: a split sum with a loop
+    mg = em.MuGraph("nested")
+    mg.input("X", (48, 3), "float32")
+    k = mg.custom_kernel(grid=(2,), forloop=4, name="part")
+    x = k.input("X", imap={0: 0}, fmap=0)
+    k.output(k.accumulate(x.sum(axis=0, keepdims=True), "acc"), "P", omap={0: 0})
+    mg.output("P")
+    xs = np.arange(48 * 3, dtype=float).reshape(48, 3)
+    want = xs.reshape(2, 24, 3).sum(axis=1)
+    np.testing.assert_allclose(em.evaluate(mg, {"X": xs})["P"], want)
 
 
 def test_unknown_tensor_and_order():

@@ -159,6 +159,76 @@ def test_flash_decoding_split_has_partial_and_reduce_kernels():
     assert all(bi.fmap == 0 for name, bi in red.inputs.items() if name not in g.inputs)
 
 
+def test_split_with_a_loop_inside_and_a_finer_reduce_grid():
+    g = attention()
+    ix = index_fragment(g)
+    h, q, n = ix.input_index("Q", 0), ix.input_index("Q", 1), ix.input_index("K", 2)
+    s = Schedule(grid={h: 2, n: 4}, loop=n, forloop=4, split=n, reduce_grid={h: 2, q: 8})
+    assert s.parts(n) == 16 and s.second_grid == ((h, 2), (q, 8))
+    assert str(s) == f"grid({h}=2, {n}=4) loop {n}/4 split {n} reduce grid({h}=2, {q}=8)"
+    part, red = assert_lowers(g, s).kernels
+    assert part.grid == (2, 4) and part.forloop == 4 and len(part.accumulators) == 2
+    # K's 256 keys: 4 blocks of 64, each read in 4 iterations of 16
+    assert (part.inputs["K"].imap, part.inputs["K"].fmap) == ({0: 0, 2: 1}, 2)
+    assert part.loop.inputs["K"].shape == (1, 32, 16)
+    assert red.grid == (2, 8) and red.forloop == 4
+    assert red.loop.inputs[next(iter(red.inputs))].shape == (1, 1, 8, 32)
+    # the default reduce grid is the first kernel's without the split axis
+    assert assert_lowers(g, Schedule(grid={h: 2, n: 4}, loop=n, forloop=2,
+                                     split=n)).kernels[1].grid == (2,)
+
+
+def test_split_loop_and_reduce_grid_refusals():
+    g = attention()
+    ix = index_fragment(g)
+    h, q, c, n = (ix.input_index("Q", 0), ix.input_index("Q", 1), ix.input_index("Q", 2),
+                  ix.input_index("K", 2))
+    e = ix.input_index("V", 2)
+    cases = [
+        (Schedule(grid={h: 2, n: 4}, loop=c, forloop=2, split=n), "loops over its split"),
+        (Schedule(grid={h: 2, n: 4}, loop=n, forloop=128, split=n), "does not divide loop "
+                                                                     "index .* split across"),
+        (Schedule(grid={h: 2}, loop=n, forloop=4, reduce_grid={h: 2}), "needs a split"),
+        (Schedule(grid={h: 2, n: 4}, split=n, reduce_grid={c: 2}), "must be a known, unred"),
+        (Schedule(grid={h: 2, n: 4}, split=n, reduce_grid={q: 3}), "3 blocks do not divide"),
+        # sum(A) does not carry V's column index: its parts hold one copy per column block
+        (Schedule(grid={h: 2, e: 2, n: 4}, split=n, reduce_grid={h: 2}), f"keep {e}=2"),
+    ]
+    for schedule, match in cases:
+        with pytest.raises(ScheduleError, match=match):
+            check_schedule(ix, schedule)
+    assert_lowers(g, Schedule(grid={h: 2, e: 2, n: 4}, split=n, reduce_grid={e: 2, q: 4}))
+    # an output carrying the split index cannot be written from inside the loop
+    g = em.Graph("stream")
+    x = g.input("X", (32, 64), "float32")
+    g.output(em.exp(x), "Y")
+    g.output(x.sum(axis=1), "S")
+    with pytest.raises(ScheduleError, match="output 'Y' carries the split index"):
+        check_schedule(index_fragment(g), Schedule(grid={"b": 4}, loop="b", forloop=2,
+                                                   split="b"))
+    assert_lowers(g, Schedule(grid={"b": 4}, split="b"))
+
+
+def test_split_candidates_with_loops_and_reduce_grids_verify():
+    g = attention()
+    ix = index_fragment(g)
+    n = ix.input_index("K", 2)
+    cands = candidate_schedules(g, Strategy(allow_split_reduction=True, max_candidates=400))
+    splits = [s for s in cands if s.split]
+    assert any(s.loop == n for s in splits) and any(s.reduce_grid for s in splits)
+    assert any(s.loop is None and s.reduce_grid is None for s in splits)
+    # a split grid whose parts allow a loop comes first with the shortest loop and a finer
+    # reduce grid, then bare
+    i = next(i for i, s in enumerate(splits) if s.loop)
+    assert splits[i].forloop == 4 and splits[i].reduce_grid
+    assert splits[i + 1] == Schedule(splits[i].grid, split=n)
+    for s in splits[:6] + [s for s in splits if s.loop and s.reduce_grid][:3]:
+        assert_lowers(g, s)
+    plain = candidate_schedules(g, Strategy(allow_split_reduction=True, split_loops=False,
+                                            reduce_grids=0, max_candidates=400))
+    assert all(s.loop is None and s.reduce_grid is None for s in plain if s.split)
+
+
 def test_add_kernel_into_existing_mugraph():
     g = matmul()
     mg = em.MuGraph("two")
