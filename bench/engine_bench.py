@@ -35,7 +35,8 @@ def run(batches, time_limit_s: float) -> list[dict]:
             for guards in (True, False):
                 g = program(name, batch)
                 t = time.perf_counter()
-                res = em.optimize(g, guards=guards, time_limit_s=time_limit_s, cache=False)
+                res = em.optimize(g, guards=guards, time_limit_s=time_limit_s, cache=False,
+                                  level="kernel")
                 total = time.perf_counter() - t
                 sat = [p for p in res.stats["phases"] if p["name"] != "guards"]
                 guard_s = sum(p["seconds"] for p in res.stats["phases"] if p["name"] == "guards")
