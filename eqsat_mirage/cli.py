@@ -65,10 +65,21 @@ def _bench_module(name: str) -> ModuleType:
     return importlib.import_module(f"bench.{name}")
 
 
-def load_program(path: str) -> Graph:
-    """Run the Python file ``path`` and return its ``program`` or ``build()``'s result."""
+def load_program(path: str, mugraph_ok: bool = False) -> Graph:
+    """Run the Python file ``path`` and return its ``program`` or ``build()``'s result.
+
+    With ``mugraph_ok`` an ``em.MuGraph`` is accepted too, from a Python file or
+    from a MuGraph JSON file (``optimize --emit-json``).
+    """
     if not os.path.isfile(path):
         raise MirageError(f"{path}: no such file")
+    if mugraph_ok and path.endswith(".json"):
+        from .mugraph import MuGraph
+
+        try:
+            return MuGraph.from_json(Path(path).read_text())
+        except (MirageError, ValueError, KeyError, TypeError) as exc:
+            raise MirageError(f"{path}: not a MuGraph JSON file: {exc}") from None
     try:
         namespace = runpy.run_path(path, run_name="__eqsat_mirage_program__")
     except MirageError as exc:
@@ -92,8 +103,11 @@ def load_program(path: str) -> Graph:
     else:
         raise MirageError(f"{path} defines neither a module-level `program` (an em.Graph) "
                           "nor a function `build()` returning one")
-    if not isinstance(program, Graph):
-        raise MirageError(f"{path}: {what} is a {type(program).__name__}, not an em.Graph")
+    from .mugraph import MuGraph
+
+    if not isinstance(program, Graph) and not (mugraph_ok and isinstance(program, MuGraph)):
+        want = "an em.Graph or em.MuGraph" if mugraph_ok else "an em.Graph"
+        raise MirageError(f"{path}: {what} is a {type(program).__name__}, not {want}")
     return program
 
 
@@ -342,7 +356,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """Verify the programs of two files against each other."""
     from .verify import verify
 
-    a, b = load_program(args.a), load_program(args.b)
+    a, b = load_program(args.a, mugraph_ok=True), load_program(args.b, mugraph_ok=True)
     result = verify(a, b, trials=args.trials, seed=args.seed)
     print(f"{args.a} vs {args.b}:")
     _print_result(result, "  ")

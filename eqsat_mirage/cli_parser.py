@@ -95,10 +95,11 @@ def build_parser(commands: dict[str, Callable], bench_module: Callable) -> argpa
     ver = sub.add_parser(
         "verify", help="decide whether the programs of two files are equivalent",
         description="Each FILE is a Python file defining a module-level `program` (an "
-                    "em.Graph) or a function `build()` returning one. Exit 0 if equivalent, "
+                    "em.Graph or em.MuGraph) or a function `build()` returning one, or a "
+                    "MuGraph JSON file (optimize --emit-json). Exit 0 if equivalent, "
                     "1 if not, 2 on error.")
-    ver.add_argument("a", metavar="A.py", help="the first program's file")
-    ver.add_argument("b", metavar="B.py", help="the second program's file")
+    ver.add_argument("a", metavar="A.py", help="the first program's file (.py or .json)")
+    ver.add_argument("b", metavar="B.py", help="the second program's file (.py or .json)")
     ver.add_argument("--trials", type=int, default=4, help="finite-field trials (default: 4)")
     ver.add_argument("--seed", type=int, default=None,
                      help="random seed (default: fresh randomness)")

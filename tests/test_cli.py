@@ -195,3 +195,16 @@ def test_render_takes_one_program(tmp_path, capsys):
     path.write_text(PROGRAM)
     assert main(["optimize", str(path), str(path), "--render", str(tmp_path / "x.svg")]) == 2
     assert "--render take a single program" in capsys.readouterr().err
+
+
+def test_verify_accepts_an_emitted_mugraph(tmp_path, capsys):
+    path = tmp_path / "chain.py"
+    path.write_text(PROGRAM)
+    mg = tmp_path / "chosen.json"
+    assert main(["optimize", str(path), "--quiet", "--emit-json", str(mg)]) == 0
+    assert main(["verify", str(path), str(mg), "--trials", "2"]) == 0
+    assert "equivalent" in capsys.readouterr().out
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"kernels": 3}')
+    assert main(["verify", str(path), str(bad)]) == 2
+    assert "not a MuGraph JSON file" in capsys.readouterr().err
