@@ -19,6 +19,7 @@ from .extract import EGraphView
 from .graph import Graph
 from .ir import Op
 from .rulefiles import parse_sexprs
+from .saturate import let_classes
 
 
 class Boundaries:
@@ -73,8 +74,7 @@ class Boundaries:
 
 def input_selection(ev: EGraphView, data: dict, encoder: Encoder) -> dict[str, str] | None:
     """The e-node of each class that the input program's own terms chose (None if lost)."""
-    by_let = {name.strip(): k for k, v in data["class_data"].items() if v.get("let")
-              for name in v["let"].split(",")}
+    by_let = let_classes(data)
     sel: dict[str, str] = {}
     for line in encoder.lines:
         if not line.startswith("(let "):

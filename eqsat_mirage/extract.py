@@ -214,6 +214,12 @@ class Candidate:
 
 def decode(ev: EGraphView, sel: dict[str, str], roots: dict[str, str], template, name: str):
     """Build the Graph a selection stands for (shared classes become shared nodes)."""
+    return decode_with_keys(ev, sel, roots, template, name)[0]
+
+
+def decode_with_keys(ev: EGraphView, sel: dict[str, str], roots: dict[str, str],
+                     template, name: str) -> tuple[object, dict[int, str]]:
+    """``decode`` plus id(node) -> the key of the e-node each graph node was built from."""
     built: dict[str, Node] = {}
     inputs = template.inputs
 
@@ -224,26 +230,8 @@ def decode(ev: EGraphView, sel: dict[str, str], roots: dict[str, str], template,
                     for x in en.children]
             built[c] = build_node(en.ctor, args, inputs)
         return built[c]
-    return graph_from_outputs(template, {o: node(c) for o, c in roots.items()}, name)
-
-
-def decode_with_keys(ev: EGraphView, sel: dict[str, str], roots: dict[str, str],
-                     template, name: str) -> tuple[object, dict[int, str]]:
-    """``extract.decode`` plus id(node) -> the e-node key it came from."""
-    graph = decode(ev, sel, roots, template, name)
-    keys: dict[int, str] = {}
-
-    def walk(node, cls: str) -> None:  # the graph's nodes follow the selected e-nodes
-        if id(node) in keys:
-            return
-        keys[id(node)] = sel[cls]
-        en = ev.nodes[sel[cls]]
-        t_kids = [c for c in en.children if isinstance(c, str) and c in ev.classes]
-        for src, c in zip(node.srcs, t_kids):
-            walk(src, c)
-    for out, cls in roots.items():
-        walk(graph.outputs[out], cls)
-    return graph, keys
+    graph = graph_from_outputs(template, {o: node(c) for o, c in roots.items()}, name)
+    return graph, {id(n): sel[c] for c, n in built.items()}
 
 
 def extract(data: dict, roots: dict[str, str], template, ctors, hw: Hardware, k: int = 4,

@@ -54,7 +54,7 @@ from .graph import Graph, Tensor
 from .ir import ELEMENTWISE, Node, Op, fmt_shape, numel
 from .mugraph import CustomKernel, MuGraph, PredefinedKernel
 from .mugraph_facts import from_graph
-from .schedule import Indexing, Schedule, ScheduleError, classify, index_fragment
+from .schedule import Indexing, Schedule, ScheduleError, UnionFind, classify, index_fragment
 from .schedule_lower import add_kernel
 from .strategy import Strategy, candidate_schedules
 
@@ -305,22 +305,16 @@ class _Planner:
 
     def forced(self) -> list[frozenset]:
         """The starting regions: ops joined by every edge that may not be a kernel boundary."""
-        parent = list(range(len(self.ops)))
-
-        def find(i: int) -> int:
-            while parent[i] != i:
-                parent[i] = parent[parent[i]]
-                i = parent[i]
-            return i
+        uf = UnionFind()
         if self.cuts is not None:
             for i, n in enumerate(self.ops):
                 for s in n.srcs:
                     j = self.index.get(id(s))
                     if j is not None and (id(s), id(n)) not in self.cuts:
-                        parent[find(j)] = find(i)
+                        uf.union(j, i)
         groups: dict[int, set[int]] = {}
         for i in range(len(self.ops)):
-            groups.setdefault(find(i), set()).add(i)
+            groups.setdefault(uf.find(i), set()).add(i)
         return sorted((frozenset(g) for g in groups.values()), key=min)
 
     def search(self, budget: int) -> tuple[list[frozenset], dict[frozenset, list[str]]]:

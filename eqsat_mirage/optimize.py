@@ -272,7 +272,7 @@ def _mugraph_level(graph, cands, bounds, target, strategy, lax, trials, seed, pr
             continue
         distinct.add(_canonical(g))
         edges = {(id(s), id(n)) for n in g.nodes() for s in n.srcs if n.srcs and s.srcs}
-        allowed[how] = f"{len(edges) if cuts is None else len(cuts & edges)}/{len(edges)}"
+        allowed[i] = f"{len(edges) if cuts is None else len(cuts & edges)}/{len(edges)}"
         try:
             p = plan(g, prof, strategy, cuts=cuts)
         except (MirageError, ValueError, KeyError) as exc:  # recorded in stats, skipped
@@ -288,9 +288,9 @@ def _mugraph_level(graph, cands, bounds, target, strategy, lax, trials, seed, pr
         stats["fusion_errors"] = errors
     t = time.perf_counter()
     chosen, result, tried, summary = None, None, 0, []
-    for cost, _, how, p in plans:
+    for cost, i, how, p in plans:
         entry = {"how": how, "cost_us": cost, "kernels": len(p.mugraph.kernels), "verified": None,
-                 "boundaries": allowed[how]}  # op edges where rules/tiling.egg allows a cut
+                 "boundaries": allowed[i]}  # op edges where rules/tiling.egg allows a cut
         summary.append(entry)
         if chosen is not None or not lax:
             continue

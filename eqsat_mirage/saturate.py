@@ -212,7 +212,12 @@ class Saturator:
 
     def root_classes(self, data: dict) -> dict[str, str]:
         """Output name -> e-class id in ``data``."""
-        # a class holding several lets lists them all: "let": "$t4, $t9"
-        by_let = {name.strip(): k for k, v in data["class_data"].items() if v.get("let")
-                  for name in v["let"].split(",")}
+        by_let = let_classes(data)
         return {out: by_let[g] for out, g in self.roots.items()}
+
+
+def let_classes(data: dict) -> dict[str, str]:
+    """The e-class id in serialized ``data`` of every ``let``-bound global ($tK) of the encoding."""
+    # a class holding several lets lists them all: "let": "$t4, $t9"
+    return {name.strip(): k for k, v in data["class_data"].items() if v.get("let")
+            for name in v["let"].split(",")}

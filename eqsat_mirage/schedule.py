@@ -44,7 +44,9 @@ class ScheduleError(MirageError):
 # -- index naming ---------------------------------------------------------------------------
 
 
-class _UnionFind:
+class UnionFind:
+    """Disjoint sets of hashable keys (path halving)."""
+
     def __init__(self) -> None:
         self.parent: dict = {}
 
@@ -133,7 +135,7 @@ def index_fragment(graph: Graph) -> Indexing:
     """
     check(graph)
     nodes = graph.nodes()
-    uf = _UnionFind()
+    uf = UnionFind()
     reduced: list[tuple[tuple[int, int], Node]] = []
     fixed: dict[tuple[int, int], str] = {}
     matmul: list[tuple[int, int]] = []
