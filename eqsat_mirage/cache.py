@@ -158,17 +158,11 @@ def rules_digest(rules) -> list[tuple[str, str]]:
 
 def target_digest(target) -> tuple[str, str]:
     """(profile name, sha256 of its TOML bytes) for a target name or .toml path."""
-    from .cost import profiles_dir
-    from .gpuprofile import GPUProfile
+    from .gpuprofile import GPUProfile, profile_path
 
     if isinstance(target, GPUProfile):
         return target.name, _sha(repr(target).encode())
-    path = Path(target)
-    if path.suffix != ".toml":
-        path = profiles_dir() / f"{target}.toml"
-    if not path.is_file():
-        GPUProfile.load(target)  # raises the error naming the built-in targets
-        raise MirageError(f"unknown target {str(target)!r}")
+    path = profile_path(target)
     return path.stem, _sha(path.read_bytes())
 
 
@@ -300,17 +294,21 @@ class ResultCache:
         result's own (source program name, ``stats["target"]``, ``cost_us``,
         ``stats["seconds"]``).
         """
-        res = storable(result)
-        if res is None:
-            warnings.warn(f"results cache: the result of {name or '?'} does not pickle; "
-                          "not cached", RuntimeWarning, stacklevel=2)
-            return False
+        try:
+            res, blob = result, dumps(result)
+        except Exception:  # noqa: BLE001 - store what pickles (storable says what it dropped)
+            res = storable(result)
+            if res is None:
+                warnings.warn(f"results cache: the result of {name or '?'} does not pickle; "
+                              "not cached", RuntimeWarning, stacklevel=2)
+                return False
+            blob = dumps(res)
         stats = getattr(res, "stats", {}) or {}
         row = (key, name if name is not None else getattr(res.source, "name", None),
                target if target is not None else stats.get("target"), stats.get("level"),
                cost_us if cost_us is not None else getattr(res, "cost_us", None),
                search_seconds if search_seconds is not None else stats.get("seconds"),
-               time.time(), dumps(res))
+               time.time(), blob)
         conn = self._connect()
         try:
             conn.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
@@ -380,8 +378,19 @@ def lookup(store: ResultCache, graph, key: str, t0: float | None = None):
     return res
 
 
-def cached_optimize(graph, cache, progress, options: dict, key: str | None = None):
-    """``optimize(graph, **options)`` through the cache ``cache`` (see ``open_cache``).
+def store_result(store: ResultCache, key: str, res, name: str | None = None) -> None:
+    """Mark ``res`` as a cache miss and store it under ``key``; warn if the file cannot be
+    written."""
+    res.stats.update(cache="miss", cache_key=key[:12])
+    try:
+        store.put(key, res, name=name)
+    except (sqlite3.Error, OSError) as exc:
+        warnings.warn(f"results cache {store.path} cannot be written ({exc}); result not "
+                      "cached", RuntimeWarning, stacklevel=3)
+
+
+def cached_optimize(graph, store: ResultCache, progress, options: dict, key: str | None = None):
+    """``optimize(graph, **options)`` through the open cache ``store`` (see ``open_cache``).
 
     ``key`` is the entry's key when the caller computed it (``optimize_many``'s
     workers use their parent's, so that both sides agree), else ``make_key``'s.
@@ -389,9 +398,6 @@ def cached_optimize(graph, cache, progress, options: dict, key: str | None = Non
     from .check import check
     from .optimize import optimize
 
-    store = open_cache(cache)
-    if store is None:  # $EQSAT_MIRAGE_CACHE=off
-        return optimize(graph, cache=False, progress=progress, **options)
     check(graph)
     t0 = time.perf_counter()
     key = make_key(graph, options) if key is None else key
@@ -409,14 +415,8 @@ def cached_optimize(graph, cache, progress, options: dict, key: str | None = Non
     if progress and store is not None:
         progress(f"cache miss: {name} ({key[:12]}); searching")
     res = optimize(graph, cache=False, progress=progress, **options)
-    if store is None:
-        return res
-    res.stats.update(cache="miss", cache_key=key[:12])
-    try:
-        store.put(key, res, name=name)
-    except (sqlite3.Error, OSError) as exc:
-        warnings.warn(f"results cache {store.path} cannot be written ({exc}); result not "
-                      "cached", RuntimeWarning, stacklevel=3)
+    if store is not None:
+        store_result(store, key, res, name)
     return res
 
 

@@ -124,8 +124,7 @@ def build_parser(commands: dict[str, Callable], bench_module: Callable) -> argpa
         bench_module("gpu_bench").build_parser(gpu)
     except MirageError:
         pass  # reported when the command runs
-    if "--no-cache" not in gpu._option_string_actions:
-        _cache_options(gpu)
+    _cache_options(gpu)
     gpu.set_defaults(func=commands["bench"])
     return parser
 

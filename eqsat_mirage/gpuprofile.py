@@ -23,6 +23,18 @@ _FRACTIONS = ("dram_achievable_fraction", "tensor_achievable_fraction",
               "replicated_read_dram_fraction")
 
 
+def profile_path(target: str | Path) -> Path:
+    """The TOML file of a target: a .toml path, or a built-in profile's name."""
+    path = Path(target)
+    if path.suffix != ".toml":
+        path = profiles_dir() / f"{target}.toml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in profiles_dir().glob("*.toml")))
+        raise MirageError(f"unknown target {str(target)!r}: no profile {path} "
+                          f"(built-in targets: {known})")
+    return path
+
+
 @dataclass(frozen=True)
 class GPUProfile:
     """One GPU's figures (units in the names); ``sources`` holds each figure's comment."""
@@ -62,13 +74,7 @@ class GPUProfile:
         """Load a profile by name (extract/NAME.toml) or from a .toml path; calibration applied."""
         if isinstance(target, GPUProfile):
             return target
-        path = Path(target)
-        if path.suffix != ".toml":
-            path = profiles_dir() / f"{target}.toml"
-        if not path.is_file():
-            known = ", ".join(sorted(p.stem for p in profiles_dir().glob("*.toml")))
-            raise MirageError(f"unknown target {str(target)!r}: no profile {path} "
-                              f"(built-in targets: {known})")
+        path = profile_path(target)
         text = path.read_text()
         try:
             data = tomllib.loads(text)

@@ -34,12 +34,19 @@ from __future__ import annotations
 import inspect
 import multiprocessing
 import os
-import sqlite3
-import warnings
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-from .cache import cached_optimize, dumps, loads, lookup, make_key, open_cache
+from .cache import (
+    ResultCache,
+    cached_optimize,
+    dumps,
+    loads,
+    lookup,
+    make_key,
+    open_cache,
+    store_result,
+)
 from .errors import MirageError
 
 EXECUTORS = ("process", "ray")
@@ -65,7 +72,7 @@ def _run(payload: bytes) -> bytes:
     graph, options, cache, key = loads(payload)
     if cache is False:
         return dumps(optimize(graph, cache=False, **options))
-    return dumps(cached_optimize(graph, cache, None, options, key=key))
+    return dumps(cached_optimize(graph, ResultCache(cache), None, options, key=key))
 
 
 def _options(kwargs: dict) -> dict:
@@ -160,23 +167,19 @@ def optimize_many(programs: Iterable, jobs: int | None = None, executor: str = "
         return dumps((programs[i], options, worker_cache, keys[i]))
 
     def land(i: int, res) -> None:
-        if not isinstance(res, BaseException):
-            res.source = programs[i]  # the caller's own object, not a worker's copy
-        if not isinstance(res, BaseException) and executor == "ray" and store is not None:
-            res.stats["cache"] = "miss"
-            try:
-                store.put(keys[i], res)
-            except (sqlite3.Error, OSError) as exc:
-                warnings.warn(f"results cache {store.path} cannot be written ({exc})",
-                              RuntimeWarning, stacklevel=2)
-        finish(i, res)
-        for j in dups[i]:
-            if isinstance(res, BaseException):
+        if isinstance(res, BaseException):
+            for j in (i, *dups[i]):
                 finish(j, res)
-            else:
-                copy = loads(dumps(res))
-                copy.source = programs[j]
-                finish(j, copy, dup_of=i)
+            return
+        res.source = programs[i]  # the caller's own object, not a worker's copy
+        if executor == "ray" and store is not None:  # Ray workers run uncached
+            store_result(store, keys[i], res)
+        finish(i, res)
+        blob = dumps(res) if dups[i] else b""
+        for j in dups[i]:
+            copy = loads(blob)
+            copy.source = programs[j]
+            finish(j, copy, dup_of=i)
 
     # 2. search the rest: inline, in local processes or as Ray tasks
     if executor == "ray":

@@ -25,7 +25,8 @@ from .cost import Hardware, graph_cost_us
 from .encode import graph_from_outputs
 from .errors import LaxError, MirageError
 from .extract import extract
-from .rulefiles import Schema, builtin_rules_dir, load_rules, rule_paths
+from .gpuprofile import GPUProfile
+from .rulefiles import builtin_rules_dir, load_rules, rule_paths
 from .saturate import DEFAULT_PHASES, Limits, Saturator
 from .verify import VerifyResult, verify
 
@@ -146,12 +147,15 @@ def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool 
     if level not in LEVELS:
         raise MirageError(f"optimize: level must be one of {', '.join(LEVELS)}, got {level!r}")
     if cache is not None and cache is not False:
-        from .cache import cached_optimize
+        from .cache import cached_optimize, open_cache
 
-        return cached_optimize(graph, cache, progress, options)
+        store = open_cache(cache)  # None when $EQSAT_MIRAGE_CACHE is "off"
+        if store is not None:
+            return cached_optimize(graph, store, progress, options)
     t0 = time.perf_counter()
     check(graph)
-    hw = Hardware.load(target)
+    prof = GPUProfile.load(target)  # read and validated once; both cost models use it
+    hw = Hardware.load(prof)
     user = [p for p in rule_paths(rules) if p.parent != builtin_rules_dir()]
     if user:
         from .check_rules import assert_sound
@@ -181,7 +185,7 @@ def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool 
     stats["phases"] = [vars(p) for p in sat.stats]
     stats["enodes"] = sat.size()
     data = sat.serialize()
-    ctors = Schema.load().constructors
+    ctors = sat.ctors
     cands, xstats = extract(data, sat.root_classes(data), graph, ctors, hw, k=k,
                             encoder=sat.encoder if level == "mugraph" else None)
     stats.update(xstats)
@@ -191,7 +195,7 @@ def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool 
     else:
         from .boundaries import Boundaries
 
-        res = _mugraph_level(graph, cands, Boundaries(data, ctors), target, strategy, lax,
+        res = _mugraph_level(graph, cands, Boundaries(data, ctors), prof, strategy, lax,
                              trials, seed, progress, stats)
     stats["phase_seconds"] = {"saturate": stats["saturate_seconds"],
                               "extract": stats.get("extract_seconds", 0.0),
@@ -251,14 +255,13 @@ def _plan_key(mg) -> str:
     return "\n".join(line for line in lines if not line.lstrip().startswith("source:"))
 
 
-def _mugraph_level(graph, cands, bounds, target, strategy, lax, trials, seed, progress,
+def _mugraph_level(graph, cands, bounds, prof, strategy, lax, trials, seed, progress,
                    stats) -> OptimizeResult:
     """Plan every candidate and the input into MuGraphs; the cheapest that verifies wins."""
     from .fusion import plan
-    from .gpucost import GPUProfile, mugraph_cost, roofline_us
+    from .gpucost import mugraph_cost, roofline_us
     from .mugraph_facts import from_graph
 
-    prof = GPUProfile.load(target)
     base_mg = from_graph(graph)
     baseline = mugraph_cost(base_mg, prof).total_us
     t = time.perf_counter()
@@ -268,9 +271,10 @@ def _mugraph_level(graph, cands, bounds, target, strategy, lax, trials, seed, pr
         todo.append(("input (any boundary)", graph, None))
     allowed = {}
     for i, (how, g, cuts) in enumerate(todo):
-        if _canonical(g) in distinct:
+        canon = _canonical(g)
+        if canon in distinct:
             continue
-        distinct.add(_canonical(g))
+        distinct.add(canon)
         edges = {(id(s), id(n)) for n in g.nodes() for s in n.srcs if n.srcs and s.srcs}
         allowed[i] = f"{len(edges) if cuts is None else len(cuts & edges)}/{len(edges)}"
         try:
