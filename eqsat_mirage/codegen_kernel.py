@@ -167,16 +167,12 @@ class KernelWriter(TileOps):
         k = self.k
         lsec = self.loop if self.looped else self.pre
         env: dict[int, Val] = {}
-        variant: set[int] = set()  # depends on the loop iteration (an fmap tile)
+        variant = k.per_iteration()  # depends on the loop iteration (an fmap tile)
         for node in k.loop.nodes():
             if node.op is Op.INPUT:
                 env[id(node)] = self.tile(node.arg, True)
                 self.listed[id(node)] = node.arg
-                if k.inputs[node.arg].fmap is not None:
-                    variant.add(id(node))
                 continue
-            if any(id(s) in variant for s in node.srcs):
-                variant.add(id(node))
             env[id(node)] = self.node(node, env, lsec if id(node) in variant else self.pre)
         accs = {a: self.accumulate(a, k.loop.outputs[a].shape, env[id(k.loop.outputs[a])])
                 for a in k.accumulators}

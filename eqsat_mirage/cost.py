@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from .ir import ELEMENTWISE, OPAQUE, Node, Op, numel
+from .ir import ELEMENTWISE, ITEMSIZE, OPAQUE, Node, Op, numel
 
-_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
 # CUDA-core FLOPs per element: exp and the opaque functions go through the SFU
 _FLOPS_PER_ELEM = {Op.EXP: 4, Op.SILU: 6, Op.SQRT: 4, Op.RSQRT: 4, Op.DIV: 2}
 
@@ -57,7 +56,7 @@ class Hardware:
             "smem_per_sm_KiB", "launch_overhead_us")})
 
 def _bytes(node: Node) -> int:
-    return numel(node.shape) * _ITEMSIZE[node.dtype] if node.op is not Op.CONST else 0
+    return numel(node.shape) * ITEMSIZE[node.dtype] if node.op is not Op.CONST else 0
 
 
 def node_cost_us(node: Node, hw: Hardware) -> float:

@@ -21,7 +21,6 @@ from fractions import Fraction
 from functools import cache
 from typing import Any
 
-import galois
 import numpy as np
 
 from .ir import Op
@@ -39,6 +38,8 @@ def field_primes(bits: int = 30) -> tuple[int, int]:
 
     ``bits`` must be in [8, 30] so every product of two residues fits in int64.
     """
+    import galois  # here, not at import time: it loads numba (most of a second)
+
     if not 8 <= bits <= 30:
         raise ValueError(f"prime_bits must be in [8, 30], got {bits}")
     q = galois.prev_prime(1 << bits)

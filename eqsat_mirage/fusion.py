@@ -51,7 +51,7 @@ from pathlib import Path
 from .errors import MirageError
 from .gpucost import GPUProfile, kernel_cost, mugraph_cost
 from .graph import Graph, Tensor
-from .ir import ELEMENTWISE, Node, Op, fmt_shape, numel
+from .ir import ELEMENTWISE, ITEMSIZE, Node, Op, fmt_shape, numel
 from .mugraph import CustomKernel, MuGraph, PredefinedKernel
 from .mugraph_facts import from_graph
 from .schedule import Indexing, Schedule, ScheduleError, UnionFind, classify, index_fragment
@@ -62,7 +62,6 @@ from .strategy import Strategy, candidate_schedules
 # priced per final region (candidate_schedules lists small grids first; grids that fill the
 # SMs and split reductions come later).
 DEFAULT_STRATEGY = Strategy(max_candidates=512, allow_split_reduction=True)
-_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 
 @dataclass
@@ -386,7 +385,7 @@ class _Planner:
         kept = [self.ops[i] for i in sorted(reg)
                 if not (id(self.ops[i]) in self.out_ids or self.users[i] - reg)
                 and self.ops[i].op is not Op.RESHAPE]
-        saved = sum(2 * numel(n.shape) * _ITEMSIZE.get(n.dtype, 4) for n in kept)
+        saved = sum(2 * numel(n.shape) * ITEMSIZE[n.dtype] for n in kept)
         on_chip = ", ".join(f"{self.tensor[id(n)]}{list(n.shape)}" for n in kept) or "nothing"
         return (f"{len(reg)} ops in one kernel ({p.tried} schedules priced): {p.cost_us:.2f} us "
                 f"vs {alone:.2f} us one kernel per op; keeps {on_chip} on chip "

@@ -79,13 +79,12 @@ from pathlib import Path
 from .errors import MirageError
 from .gpuprofile import GPUProfile
 from .graph import Graph
-from .ir import ELEMENTWISE, REDUCE, Node, Op, numel
+from .ir import ELEMENTWISE, ITEMSIZE, REDUCE, Node, Op, numel
 from .mugraph import CustomKernel, Kernel, MuGraph, PredefinedKernel
 
 __all__ = ["GPUProfile", "KernelCost", "KernelTransfers", "MuGraphCost", "Transfers", "Work",
            "kernel_cost", "mugraph_cost", "roofline_us", "smem_bytes", "transfers"]
 
-ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
 MIN_MMA = 16  # tensor-core tile dims (tl.dot) are at least 16
 # per element: (CUDA-core FLOPs, SFU ops)
 _ELEM = {Op.EXP: (1, 1), Op.SQRT: (1, 1), Op.RSQRT: (1, 1), Op.DIV: (1, 1), Op.SILU: (3, 2)}
@@ -224,15 +223,6 @@ def _chain_interiors(k: CustomKernel) -> set[int]:
     return {id(n) for _, chain in k.threads for n in chain[:-1]}
 
 
-def _per_iteration(k: CustomKernel) -> set[int]:
-    """Loop-stage nodes that depend on an fmap tile: the rest run once, before the loop."""
-    variant = {id(n) for n in k.loop.inputs.values() if k.inputs[n.arg].fmap is not None}
-    for n in k.loop.nodes():
-        if any(id(s) in variant for s in n.srcs):
-            variant.add(id(n))
-    return variant
-
-
 def _predefined_cost(k: PredefinedKernel, prof: GPUProfile) -> KernelCost:
     n = k.node
     if n.op is Op.RESHAPE:
@@ -306,7 +296,7 @@ def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile) -> KernelCost:
     dram += sum(_bytes(s.shape, s.dtype) for s in k.output_specs().values())
     work = Work()
     pad_loop, pad_post = padded_shapes(k.loop), padded_shapes(k.post)
-    variant = _per_iteration(k)
+    variant = k.per_iteration()
     for n in k.loop.nodes():
         work.add_node(n, blocks * (f_range if id(n) in variant else 1),
                       lambda m: pad_loop[id(m)])
@@ -421,7 +411,7 @@ def _kernel_transfers(k: Kernel, mg: MuGraph) -> KernelTransfers:
     shared = issued + sum(numel(k.loop.outputs[a].shape) * 4 * blocks * f_range
                          for a in k.accumulators)
     inner = _chain_interiors(k)
-    registers, variant = 0.0, _per_iteration(k)
+    registers, variant = 0.0, k.per_iteration()
     for n in k.loop.nodes():
         if n.op not in (Op.INPUT, Op.CONST, Op.RESHAPE):
             registers += _bytes(n.shape, n.dtype) * blocks * (f_range if id(n) in variant

@@ -51,6 +51,7 @@ MOVEMENT = frozenset({Op.TRANSPOSE, Op.RESHAPE, Op.CONCAT})
 OPAQUE = frozenset({Op.SQRT, Op.RSQRT, Op.SILU, Op.RELU})
 
 DTYPES = ("float16", "bfloat16", "float32")
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}  # bytes per element
 _DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16",
                   "fp32": "float32", "float": "float32"}
 _DTYPE_RANK = {"float16": 0, "bfloat16": 0, "float32": 1}

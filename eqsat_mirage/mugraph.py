@@ -232,6 +232,16 @@ class CustomKernel:
         """The tile node written to ``tensor``."""
         return self.stage(self.outputs[tensor].stage).outputs[tensor]
 
+    def per_iteration(self) -> set[int]:
+        """ids of the loop-stage nodes that depend on an fmap tile (they run every iteration;
+        the rest run once, before the loop: the cost model and the code generator agree)."""
+        variant = {id(n) for n in self.loop.inputs.values()
+                   if self.inputs[n.arg].fmap is not None}
+        for n in self.loop.nodes():
+            if any(id(s) in variant for s in n.srcs):
+                variant.add(id(n))
+        return variant
+
     def reads(self) -> list[str]:
         """Device tensors the kernel reads."""
         return list(dict.fromkeys(bi.tensor for bi in self.inputs.values()))

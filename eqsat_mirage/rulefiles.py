@@ -9,6 +9,7 @@ file gets a ``RuleError`` naming the file and line.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass, field
@@ -88,8 +89,9 @@ class Schema:
     constructors: dict[str, tuple[str, ...]]
 
     @classmethod
+    @functools.cache
     def load(cls) -> Schema:
-        """Read rules/schema.egg."""
+        """Read rules/schema.egg (once per process: it is package data)."""
         text = schema_text()
         ctors: dict[str, tuple[str, ...]] = {}
         for form, _ in parse_sexprs(text, "schema.egg"):
@@ -228,8 +230,9 @@ def builtin_rules_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "rules"
 
 
+@functools.cache
 def schema_text() -> str:
-    """The text of rules/schema.egg."""
+    """The text of rules/schema.egg (read once per process)."""
     return (builtin_rules_dir() / "schema.egg").read_text()
 
 
