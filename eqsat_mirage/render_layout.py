@@ -135,7 +135,6 @@ def _order_and_place(rows: list[list[int]], pred: list[dict[int, list[float]]],
                      widths: list[float], rank: dict[int, int]) -> dict[int, float]:
     """Order each row by the barycenter of where its items' incoming edges leave their
     predecessors (``pred``: item -> predecessor -> x offsets in it), place it; left x."""
-    centre: dict[int, float] = {}
     left: dict[int, float] = {}
     for row in rows:
         bary: dict[int, float | None] = {}
@@ -150,7 +149,7 @@ def _order_and_place(rows: list[list[int]], pred: list[dict[int, list[float]]],
             want[i] = bary[i] if bary[i] is not None else run + widths[i] / 2
             run += widths[i] + H_GAP
         for i, x in _place_level(row, want, widths).items():
-            left[i], centre[i] = x, x + widths[i] / 2
+            left[i] = x
     return left
 
 

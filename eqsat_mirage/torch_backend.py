@@ -167,19 +167,24 @@ def _fetch(root: torch.nn.Module, path: str) -> Any:
     return obj
 
 
+def _uses_triton(device: torch.device) -> bool:
+    """Whether a partition on ``device`` runs as Triton (CUDA, or the CPU interpreter)."""
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
 class _Optimized(torch.nn.Module):
     """Runs one partition's optimized program in place of its eager submodule."""
 
-    def __init__(self, eager: fx.GraphModule, entry: PartitionReport, in_names: list[str],
-                 sources: dict, outs: list[tuple[str, str | None]], single: bool) -> None:
+    def __init__(self, eager: fx.GraphModule, entry: PartitionReport, sources: dict,
+                 outs: list[tuple[str, str | None]], single: bool) -> None:
         super().__init__()
-        self.eager, self.entry, self.in_names, self.sources = eager, entry, in_names, sources
+        self.eager, self.entry, self.sources = eager, entry, sources
         self.outs, self.single = outs, single
         self.failed = False
         self._fns: dict[str, Any] = {}
 
     def _fn(self, device: torch.device) -> Any:
-        triton = device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+        triton = _uses_triton(device)
         key = "triton" if triton else "torch"
         if key not in self._fns:
             res = self.entry.result
@@ -312,9 +317,8 @@ class Backend:
                 entry.status, entry.reason = "eager", "no computation (identity ops only)"
                 return None
             entry.result = eqsat_mirage.optimize(graph, **self.options)
-            mod = _Optimized(sub, entry, list(graph.inputs), dict(cv.sources), outs, single)
-            if device is not None and (device.type == "cuda"
-                                       or os.environ.get("TRITON_INTERPRET") == "1"):
+            mod = _Optimized(sub, entry, dict(cv.sources), outs, single)
+            if device is not None and _uses_triton(device):
                 mod._fn(device)  # compile now: codegen errors fall back here
         except Exception as exc:  # noqa: BLE001 - MirageError, Triton errors, ...: run eagerly
             entry.status, entry.reason = "fallback", f"{type(exc).__name__}: {exc}"

@@ -21,7 +21,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from .errors import DTypeError, UnsupportedOpError
-from .graph import Tensor, concat, exp, relu, rsqrt, silu, sqrt
+from .graph import Tensor, concat, exp, relu, rms_norm, rsqrt, silu, sqrt
 from .ir import canonical_dtype
 
 SUPPORTED = ("matmul/bmm/mm/@, linear and nn.Linear, +, -, *, / (tensors or Python numbers), "
@@ -159,9 +159,7 @@ def _rms_norm(x: Any, normalized_shape: Any, weight: Any = None, eps: Any = None
     k = 1 if isinstance(normalized_shape, int) else len(tuple(normalized_shape))
     if eps is None:
         eps = torch.finfo(getattr(torch, x.dtype)).eps
-    axes = tuple(range(x.ndim - k, x.ndim))
-    y = x * rsqrt((x * x).mean(axis=axes, keepdims=True) + float(eps))
-    return y if weight is None else y * weight
+    return rms_norm(x, weight, float(eps), axis=tuple(range(x.ndim - k, x.ndim)))
 
 
 # -- reductions -----------------------------------------------------------------------------
