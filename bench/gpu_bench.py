@@ -26,8 +26,8 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 import eqsat_mirage as em  # noqa: E402
 from bench.programs import cases, program  # noqa: E402
 from bench.results_md import replace_section  # noqa: E402
-from eqsat_mirage.ir import Op  # noqa: E402
-from eqsat_mirage.torch_reference import torch_reference  # noqa: E402
+from eqsat_mirage.ir.node import Op
+from eqsat_mirage.semantics.torch_reference import torch_reference
 
 SECTION = "## GPU timings"
 NO_GPU = "bench --gpu needs a CUDA GPU (none found)"
@@ -197,7 +197,7 @@ def run(args: argparse.Namespace, command: str) -> int:
 
     if not torch.cuda.is_available():
         raise em.MirageError(NO_GPU)
-    from eqsat_mirage.gpuprofile import GPUProfile
+    from eqsat_mirage.cost.profile import GPUProfile
 
     selected = [(n, b) for n, b in cases() if (args.bench is None or n in args.bench)
                 and (args.batch is None or b in args.batch)]

@@ -13,7 +13,7 @@ verified, and the total seconds of the optimize call. With --write the table
 replaces the "Multi-level search (issue 4)" section of bench/RESULTS.md. With
 --chart PATH (.svg, .png or .pdf) a grouped bar chart of the chosen, baseline
 and roofline cost-model times per benchmark is drawn there
-(``eqsat_mirage.render.render_bench_chart``; it reads the rows' ``name``,
+(``eqsat_mirage.render.draw.render_bench_chart``; it reads the rows' ``name``,
 ``batch``, ``cost``, ``base`` and ``roof`` keys).
 """
 
@@ -33,9 +33,9 @@ sys.path.insert(0, str(ROOT))
 import eqsat_mirage as em  # noqa: E402
 from bench.programs import BENCHMARKS, program  # noqa: E402
 from bench.results_md import replace_section  # noqa: E402
-from eqsat_mirage.optimize import DEFAULT_SPLITS, _splits  # noqa: E402
-from eqsat_mirage.rulefiles import load_rules  # noqa: E402
-from eqsat_mirage.saturate import DEFAULT_PHASES, Limits, Saturator  # noqa: E402
+from eqsat_mirage.egraph.rulefiles import load_rules  # noqa: E402
+from eqsat_mirage.egraph.saturate import DEFAULT_PHASES, Limits, Saturator  # noqa: E402
+from eqsat_mirage.pipeline.optimize import DEFAULT_SPLITS, _splits  # noqa: E402
 
 SECTION = "## Multi-level search (issue 4)"
 
@@ -115,7 +115,7 @@ def write(rows: list[dict], path: Path, argv: list[str], seconds: float) -> None
         *(f"- {r['name']} b={r['batch']}: " + "; ".join(
             line.split("\n")[0] for line in r["regions"]) for r in rows), "",
         "Attention (gqa, qknorm) misses DESIGN.md's 1.3x target, and no design this cost "
-        "model can express meets it (tests/test_gpucost.py pins the floors): a split "
+        "model can express meets it (tests/cost/test_gpucost.py pins the floors): a split "
         "(FlashDecoding) design pays two launches of 3 us plus the whole-GPU matmul and exp "
         "time (tensor cores and the special-function unit, added: the generated code does not "
         "overlap them), at least 7.18 us = 1.96x at b = 1 and 15.44 us = 1.86x at b = 8; one "
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         write(rows, args.write, argv, time.perf_counter() - start)
     if args.chart:
-        from eqsat_mirage.render import render_bench_chart
+        from eqsat_mirage.render.draw import render_bench_chart
 
         print(f"chart: {render_bench_chart(rows, args.chart)}")
     return 0

@@ -6,29 +6,47 @@ NumPy-like functions, run it with ``evaluate``, compare two programs with
 ``check_rules``.
 """
 
-from .check import check, check_lax
-from .check_rules import RuleCheck, RuleCheckReport, assert_sound, check_rules
-from .errors import DTypeError, GraphError, InputError, LaxError, MirageError, RuleError, ShapeError
-from .graph import Graph, Tensor, concat, exp, matmul, relu, rms_norm, rsqrt, silu, sqrt, transpose
-from .ir import Node, Op
-from .many import optimize_many
-from .mugraph import (
+from .egraph.check_rules import RuleCheck, RuleCheckReport, assert_sound, check_rules
+from .frontend.graph import (
+    Graph,
+    Tensor,
+    concat,
+    exp,
+    matmul,
+    relu,
+    rms_norm,
+    rsqrt,
+    silu,
+    sqrt,
+    transpose,
+)
+from .ir.check import check, check_lax
+from .ir.errors import (
+    DTypeError,
+    GraphError,
+    InputError,
+    LaxError,
+    MirageError,
+    RuleError,
+    ShapeError,
+)
+from .ir.node import Node, Op
+from .mugraph.kernels import (
     BlockInput,
     BlockOutput,
     CustomKernel,
-    MuGraph,
     MuGraphError,
     PredefinedKernel,
     TensorSpec,
     TilingError,
     UnknownTensorError,
 )
-from .mugraph_facts import from_graph
-from .optimize import OptimizeResult, optimize
-from .semantics_float import evaluate
-from .verify import Counterexample, VerifyResult, verify
-
-__version__ = "0.1.0"
+from .mugraph.program import MuGraph, from_graph
+from .pipeline.many import optimize_many
+from .pipeline.optimize import OptimizeResult, optimize
+from .semantics.floating import evaluate
+from .verifier.verify import Counterexample, VerifyResult, verify
+from .version import __version__  # noqa: E402, F401 - em.__version__
 
 __all__ = [
     "assert_sound", "BlockInput", "BlockOutput", "check", "check_lax", "check_rules", "concat",
@@ -41,7 +59,7 @@ __all__ = [
 ]
 
 # The torch front end and torch.compile backend load on first use: torch stays optional.
-from .errors import UnsupportedOpError  # noqa: E402
+from .ir.errors import UnsupportedOpError
 
 __all__ += ["backend", "from_torch", "UnsupportedOpError"]
 
@@ -49,9 +67,9 @@ __all__ += ["backend", "from_torch", "UnsupportedOpError"]
 def __getattr__(name: str):
     """``from_torch`` and ``backend``, imported (with torch) on first access."""
     if name == "from_torch":
-        from .torch_frontend import from_torch
+        from .frontend.from_torch import from_torch
         return from_torch
     if name == "backend":
-        from .torch_backend import backend
+        from .dynamo.backend import backend
         return backend
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,12 +22,12 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from hypothesis.extra import numpy as hnp
 
-from .check import check, check_lax, exp_depth
-from .errors import MirageError, ShapeError
-from .field import FieldCtx, FieldZeroDivisionError, evaluate_field, field_primes
-from .graph import Graph
-from .ir import DTYPES, REDUCE, UNARY, Node, Op, broadcast_shapes, make, numel
-from .semantics_float import evaluate
+from .frontend.graph import Graph
+from .ir.check import check, check_lax, exp_depth
+from .ir.errors import MirageError, ShapeError
+from .ir.node import DTYPES, REDUCE, UNARY, Node, Op, broadcast_shapes, make, numel
+from .semantics.field import FieldCtx, FieldZeroDivisionError, evaluate_field, field_primes
+from .semantics.floating import evaluate
 
 __all__ = ["REWRITES", "equivalent_pairs", "inputs_for", "mutants", "mutate", "programs",
            "rebuild"]

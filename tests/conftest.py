@@ -1,4 +1,5 @@
-"""Make the repository root importable (tests `import bench`); keep results caches in tmp."""
+"""Make the repository root (tests `import bench`) and tests/ (shared helpers such as
+`torch_models` and `mugraph_examples`) importable; keep results caches in tmp."""
 
 import os
 import sys
@@ -6,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = str(Path(__file__).resolve().parent.parent)
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+TESTS = Path(__file__).resolve().parent
+for path in (str(TESTS.parent), str(TESTS)):
+    if path not in sys.path:
+        sys.path.insert(0, path)
 
 
 @pytest.fixture(scope="session", autouse=True)

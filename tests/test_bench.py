@@ -10,7 +10,7 @@ import pytest
 import eqsat_mirage as em
 from bench import programs as bp
 from bench import verify_bench
-from eqsat_mirage.cli import main
+from eqsat_mirage.cli.main import main
 
 # DESIGN.md's table, written out independently of bench/programs.py (b = batch size).
 EXPECTED_INPUTS = {
@@ -239,6 +239,6 @@ def test_cli_bench_verify_and_help(capsys):
 
 
 def test_cli_benchmark_choices_match_the_registry():
-    from eqsat_mirage.cli import BENCH_NAMES
+    from eqsat_mirage.cli.parser import BENCH_NAMES
 
     assert set(BENCH_NAMES) == set(bp.BENCHMARKS)

@@ -6,7 +6,7 @@ import pytest
 import eqsat_mirage as em
 from bench.gpu_bench import NO_GPU, format_table, make_inputs, section, torch_reference
 from bench.programs import BENCHMARKS, program, rewritten
-from eqsat_mirage.cli import main
+from eqsat_mirage.cli.main import main
 
 torch = pytest.importorskip("torch")
 

@@ -46,7 +46,7 @@ def test_readme_opens_with_the_two_commands():
 
 
 def test_readme_worked_example_is_real(capsys):
-    from eqsat_mirage.cli import main
+    from eqsat_mirage.cli.main import main
 
     text = README.read_text()
     block = text.split("## Worked example: GQA", 1)[1].split("```\n", 2)[1]

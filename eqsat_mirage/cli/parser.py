@@ -1,0 +1,157 @@
+"""The argument parser of the ``eqsat-mirage`` command line (the commands are in main.py)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from ..ir.errors import MirageError
+
+EXIT_STATUS = """exit status:
+  0  success: equivalent, sound, or a verified program faster than one kernel per op
+  1  not equivalent, unsound, or optimize found nothing (no verified program faster
+     than one kernel per op)
+  2  usage or input error (error: ... on stderr, naming the file and line)"""
+BENCH_NAMES = ("gqa", "qknorm", "rmsnorm", "lora", "gatedmlp", "ntrans")  # bench/programs.py
+
+
+def build_parser(commands: dict[str, Callable], bench_module: Callable) -> argparse.ArgumentParser:
+    """The argument parser of ``eqsat-mirage``; ``commands`` maps subcommand -> function.
+
+    ``bench_module(name)`` imports a module of bench/ (its options join the bench commands).
+    """
+    parser = argparse.ArgumentParser(
+        prog="eqsat-mirage",
+        description="A superoptimizer for GPU tensor programs on equality saturation.",
+        epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    demo = sub.add_parser(
+        "demo", help="print a benchmark, a rewritten equivalent form and the verdict",
+        description="Print a benchmark program (default: gqa at batch size 1), a hand-rewritten "
+                    "equivalent form of it and the verifier's verdict with its false-positive "
+                    "bound and time; without --rewritten, optimize it (results are cached).",
+        epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
+    demo.add_argument("--bench", default="gqa",
+                      choices=BENCH_NAMES,
+                      help="benchmark (default: gqa)")
+    demo.add_argument("--batch", type=int, default=1, help="batch size (default: 1)")
+    demo.add_argument("--trials", type=int, default=4, help="finite-field trials (default: 4)")
+    demo.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    demo.add_argument("--rewritten", action="store_true",
+                      help="verify the hand-rewritten form instead of optimizing")
+    _search_options(demo)
+    demo.set_defaults(func=commands["demo"])
+
+    opt = sub.add_parser(
+        "optimize", help="superoptimize program files or a benchmark",
+        description="Superoptimize PROGRAM.py (a Python file defining `program` or `build()`; "
+                    "several files run in --jobs parallel processes) or a benchmark (--bench). "
+                    "Progress goes to stderr; the chosen program and a summary table to stdout. "
+                    "Results are cached: a repeated run returns at once.",
+        epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
+    opt.add_argument("programs", nargs="*", metavar="PROGRAM.py", help="the programs' files")
+    opt.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
+                     help="optimize several files in N worker processes (default: 1)")
+    opt.add_argument("--bench", default=None,
+                     choices=BENCH_NAMES,
+                     help="optimize a benchmark instead of a file")
+    opt.add_argument("--batch", type=int, default=1, help="benchmark batch size (default: 1)")
+    opt.add_argument("--emit", default=None, metavar="OUT.py",
+                     help="write the chosen program as a Triton module (kernels + run launcher)")
+    opt.add_argument("--emit-json", default=None, metavar="FILE",
+                     help="write the chosen program (MuGraph JSON) to FILE")
+    opt.add_argument("--render", default=None, metavar="PIC.svg",
+                     help="draw the input and the chosen program side by side (.svg, .png, "
+                          ".pdf; graphviz if `dot` is installed, else matplotlib)")
+    _search_options(opt)
+    opt.set_defaults(func=commands["optimize"])
+
+    chk = sub.add_parser(
+        "check-rules", help="test rewrite-rule files for soundness",
+        description="Instantiate every rule of the given .egg files or folders with random "
+                    "shaped tensors and compare both sides with the verifier. Exit 0 if all "
+                    "are sound, 1 if any is not, 2 on a malformed file.")
+    chk.add_argument("paths", nargs="+", metavar="FILE", help="rule files or folders")
+    chk.add_argument("--instances", type=int, default=3, help="instances per rule (default: 3)")
+    chk.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    chk.set_defaults(func=commands["check-rules"])
+
+    cache = sub.add_parser(
+        "cache", help="list, clear or locate the results cache",
+        description="The results cache of optimize/demo/bench: `list` prints its entries, "
+                    "`clear` removes them, `path` prints the file ($EQSAT_MIRAGE_CACHE_DIR, "
+                    "else $XDG_CACHE_HOME/eqsat-mirage, else ~/.cache/eqsat-mirage).",
+        epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cache.add_argument("action", choices=("list", "clear", "path"), help="what to do")
+    cache.add_argument("--cache-dir", default=None, metavar="DIR",
+                       help="the cache folder (default: see above)")
+    cache.set_defaults(func=commands["cache"])
+
+    tg = sub.add_parser("targets", help="list the built-in hardware profiles",
+                        description="List the GPU profiles in extract/ that --target accepts.")
+    tg.set_defaults(func=commands["targets"])
+
+    ver = sub.add_parser(
+        "verify", help="decide whether the programs of two files are equivalent",
+        description="Each FILE is a Python file defining a module-level `program` (an "
+                    "em.Graph or em.MuGraph) or a function `build()` returning one, or a "
+                    "MuGraph JSON file (optimize --emit-json). Exit 0 if equivalent, "
+                    "1 if not, 2 on error.")
+    ver.add_argument("a", metavar="A.py", help="the first program's file (.py or .json)")
+    ver.add_argument("b", metavar="B.py", help="the second program's file (.py or .json)")
+    ver.add_argument("--trials", type=int, default=4, help="finite-field trials (default: 4)")
+    ver.add_argument("--seed", type=int, default=None,
+                     help="random seed (default: fresh randomness)")
+    ver.set_defaults(func=commands["verify"])
+
+    bench = sub.add_parser(
+        "bench-verify", help="verify every benchmark against its rewritten form (a table)",
+        description="Verify each benchmark program against its hand-rewritten form and print "
+                    "the table of verdicts, bounds and times (bench/verify_bench.py).")
+    try:
+        bench_module("verify_bench").build_parser(bench)
+    except MirageError:
+        pass  # reported when the command runs
+    bench.set_defaults(func=commands["bench-verify"])
+
+    gpu = sub.add_parser(
+        "bench", help="time every benchmark on a CUDA GPU (--gpu)",
+        description="Time each benchmark's chosen program against torch eager, torch.compile "
+                    "and (attention) scaled_dot_product_attention on a CUDA GPU "
+                    "(bench/gpu_bench.py). Exit 2 without a GPU.")
+    try:
+        bench_module("gpu_bench").build_parser(gpu)
+    except MirageError:
+        pass  # reported when the command runs
+    _cache_options(gpu)
+    gpu.set_defaults(func=commands["bench"])
+    return parser
+
+
+def _search_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default="h100", help="hardware profile name or .toml path "
+                   "(default: h100; see `eqsat-mirage targets`)")
+    p.add_argument("--rules", action="append", default=None, metavar="FILE",
+                   help="rule file or folder (repeatable; default: the built-in rules)")
+    p.add_argument("--no-guards", action="store_true",
+                   help="switch off the abstract-expression guards")
+    p.add_argument("--time-limit", type=float, default=30.0,
+                   help="seconds per saturation phase (default: 30)")
+    p.add_argument("--node-limit", type=int, default=200_000,
+                   help="tensor e-nodes per phase (default: 200000)")
+    p.add_argument("--iter-limit", type=int, default=12,
+                   help="iterations per phase (default: 12)")
+    p.add_argument("--level", choices=("mugraph", "kernel"), default="mugraph",
+                   help="mugraph: fused custom kernels (default); kernel: algebra only")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+    _cache_options(p)
+
+
+def _cache_options(p: argparse.ArgumentParser) -> None:
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--no-cache", action="store_true",
+                       help="search afresh and store nothing in the results cache")
+    group.add_argument("--cache-dir", default=None, metavar="DIR",
+                       help="results cache folder (default: $EQSAT_MIRAGE_CACHE_DIR, else "
+                            "~/.cache/eqsat-mirage; see `eqsat-mirage cache path`)")

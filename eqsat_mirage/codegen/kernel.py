@@ -1,0 +1,265 @@
+"""One custom kernel (a block graph) as the source of one ``@triton.jit`` kernel.
+
+The generated kernel computes exactly what ``mugraph/tiled.py`` computes for one
+thread block: ``pid_x = tl.program_id(0)`` (one per grid axis used), block input
+tiles cut by ``imap`` (``offs = pid * tile + tl.arange(0, BLOCK)``, strides from
+the host) and ``fmap`` (a pointer advanced by one tile per loop iteration; a dim
+in both maps starts at ``pid * F * tile``), the
+loop stage in ``for f in range(F)`` (no loop when F is 1) with fp32 accumulators
+(``tl.zeros`` before, ``+=`` inside), loop-invariant tiles and ops hoisted before
+the loop, the post stage after it, and ``tl.store`` by ``omap``/``fmap`` (a
+loop-stage output without fmap is stored every iteration: the last write stays).
+A concat of tiles is accumulated and stored part by part, each part at its offset.
+Tile ops, padding and masks: ``tiles.py``; concat: ``concat.py``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from ..ir.node import Node, Op, Shape, fmt_shape
+from ..ir.printing import _short
+from ..mugraph.kernels import CustomKernel, TensorSpec, axis_name, fmt_map
+from .concat import CodegenError, Val, squeezed
+from .tiles import TL_DTYPE, Names, TileOps, index
+
+__all__ = ["CodegenError", "KernelWriter", "fit", "wrap"]
+
+
+class KernelWriter(TileOps):
+    """Writes the ``@triton.jit`` source of custom kernel ``k`` and its launch.
+
+    ``KernelWriter.write(k, specs, fn_name)`` emits the kernel (twice when a ``tl.dot``
+    needs a block padded to 16: block sizes are only known once every op is emitted).
+    """
+
+    def __init__(self, k: CustomKernel, specs: Mapping[str, TensorSpec], fn_name: str,
+                 block: dict[int, int] | None = None) -> None:
+        self.k, self.specs, self.fn_name = k, specs, fn_name
+        names = Names()
+        self.looped = k.forloop > 1
+        self.reads, self.writes = k.reads(), list(k.outputs)
+        self.ptr = {t: names(f"{t}_ptr") for t in self.reads + self.writes}
+        self.stride = {t: [names(f"stride_{t}_{d}") for d in range(len(specs[t].shape))]
+                       for t in self.reads + self.writes}
+        super().__init__(f"kernel {k.name!r}", names, block)
+        self.pid = {a: names(f"pid_{axis_name(a)}") for a in range(len(k.grid))}
+        self.pre: list[str] = []  # before the loop (or the whole body when F is 1)
+        self.loop: list[str] = []
+        self.post: list[str] = []
+        self.advance: list[str] = []  # pointer increments at the end of an iteration
+        self.tiles: dict[str, Val] = {}
+        self.text = ""
+
+    @classmethod
+    def write(cls, k: CustomKernel, specs: Mapping[str, TensorSpec],
+              fn_name: str) -> KernelWriter:
+        """A writer whose ``text`` is the kernel's source (``launch`` gives its launch)."""
+        writer = cls(k, specs, fn_name)
+        writer.text = writer.source()
+        block = writer.bumped()
+        if block is not None:
+            writer = cls(k, specs, fn_name, block)
+            writer.text = writer.source()
+        return writer
+
+    # -- block inputs and outputs -----------------------------------------------------------
+    def _pointers(self, section: list[str], tile: str, tensor: str, shape: Shape,
+                  imap: Mapping[int, int], fmap: int | None, comment: str,
+                  kind: str = "imap", full: Shape | None = None,
+                  shift: Mapping[int, int] | None = None) -> str:
+        """Emit the offsets and pointer block of a tile of ``tensor``; returns the pointers.
+
+        ``shape`` is the tile's (or, for a part of a concat, the part's) shape, ``full``
+        the whole tile's (a block's stride along a grid axis), ``shift`` a part's offset.
+        """
+        full, shift = full or shape, shift or {}
+        maps = f"{kind}={fmt_map(imap)}" if imap or fmap is None else ""
+        maps += (" " if maps and fmap is not None else "") + (f"fmap={fmap}" if fmap is not None
+                                                             else "")
+        section.append(f"# {comment} {maps}".rstrip())
+        dims = squeezed(shape)
+        terms, r = [], 0
+        for d, size in enumerate(shape):
+            stride = self.stride[tensor][d]
+            # a dim in both imap and fmap: each block's part is F tiles long
+            step = full[d] * (self.k.forloop if d == fmap else 1)
+            base = ([f"{self.pid[imap[d]]} * {step}" if step > 1 else self.pid[imap[d]]]
+                    if d in imap else []) + ([str(shift[d])] if shift.get(d) else [])
+            if size > 1:
+                offs = self.names(f"offs_{tile}_{d}")
+                start = "".join(f"{b} + " for b in base)
+                self.emit(section, offs, f"{start}tl.arange(0, {self.bname(size)})")
+                terms.append(f"{offs}{index(r, len(dims))} * {stride}")
+                r += 1
+            elif base:
+                start = " + ".join(base)
+                terms.append(f"({start}) * {stride}" if len(base) > 1 else f"{start} * {stride}")
+        ptrs = self.names(f"{tile}_ptrs")
+        line = f"{ptrs} = " + " + ".join([self.ptr[tensor]] + terms)
+        if len(line) > 96:  # one term per line, tutorial style
+            pad = " " * (len(ptrs) + 4)
+            line = f"{ptrs} = ({self.ptr[tensor]}\n" + "\n".join(
+                f"{pad}+ {t}" for t in terms[:-1]) + f"\n{pad}+ {terms[-1]})"
+        section.extend(line.split("\n"))
+        if fmap is not None and self.looped:
+            self.advance.append(f"{ptrs} += {full[fmap]} * {self.stride[tensor][fmap]}")
+        return ptrs
+
+    def tile(self, name: str, in_loop: bool) -> Val:
+        """The tile of block input ``name``, loaded where it is first needed."""
+        if name in self.tiles:
+            return self.tiles[name]
+        bi, node = self.k.inputs[name], self.k.loop.inputs[name]
+        spec = self.specs[bi.tensor]
+        self._check_numel(squeezed(node.shape), f"tile {name!r} {fmt_shape(node.shape)}")
+        setup = self.pre if in_loop else self.post
+        load = (self.loop if self.looped else self.pre) if bi.fmap is not None else setup
+        ptrs = self._pointers(setup, name, bi.tensor, node.shape, bi.imap, bi.fmap,
+                              f"in {name}: {_short(node.dtype)}{list(node.shape)} <- "
+                              f"{bi.tensor}{list(spec.shape)}")
+        var = self.names(name)
+        mask = self.full_mask(squeezed(node.shape))
+        expr = f"tl.load({ptrs}, mask={mask}, other=0.0)" if mask else f"tl.load({ptrs})"
+        self.emit(load, var, expr)
+        self.tiles[name] = Val(var, node.shape, node.dtype)
+        return self.tiles[name]
+
+    def store(self, tensor: str, node: Node, v: Val, setup: list[str], where: list[str]) -> None:
+        """Write tile ``v`` (of block output ``tensor``) by its omap and fmap."""
+        bo, spec = self.k.outputs[tensor], self.specs[tensor]
+        src = self.listed.get(id(node), node.arg)
+        comment = f"out {tensor}{list(spec.shape)} <- {bo.stage} {src} " \
+                  f"{_short(node.dtype)}{list(node.shape)}"
+        offset, parts = 0, v.parts or (v,)
+        for i, part in enumerate(parts):
+            shape = part.shape if v.parts else node.shape
+            ptrs = self._pointers(setup, f"{tensor}_p{i}" if v.parts else tensor, tensor, shape,
+                                  bo.omap, bo.fmap, comment + (f" [part {i}]" if v.parts else ""),
+                                  "omap", node.shape, {v.axis: offset} if v.parts else None)
+            offset += shape[v.axis] if v.parts else 0
+            value = self.materialize(part, shape)
+            value_dtype = "float32" if part.const is not None else part.dtype
+            if value_dtype != spec.dtype:
+                value = f"{value}.to({TL_DTYPE[spec.dtype]})"
+            mask = self.full_mask(squeezed(shape))
+            where.append(f"tl.store({ptrs}, {value}" + (f", mask={mask})" if mask else ")"))
+
+    def accumulate(self, name: str, shape: Shape, v: Val) -> Val:
+        """The fp32 accumulator ``name`` of loop value ``v`` (one per part of a concat)."""
+        if v.parts:
+            accs = [self.accumulate(f"{name}_{i}", p.shape, p) for i, p in enumerate(v.parts)]
+            return Val(f"<acc {name}>", shape, "float32", all(a.clean for a in accs),
+                       parts=tuple(accs), axis=v.axis)
+        var = self.names(f"acc_{name}")
+        if self.looped:
+            self.emit(self.pre, var, f"tl.zeros({self.blocks(squeezed(shape))}, dtype=tl.float32)")
+            self.loop.append(f"{var} += {self.f32(v)}")
+        else:
+            dtype = "float32" if v.const is not None else v.dtype
+            self.emit(self.pre, var, self.f32(Val(self.materialize(v, shape), shape, dtype)))
+        return Val(var, shape, "float32", v.clean)
+
+    # -- the stages -------------------------------------------------------------------------
+    def body(self) -> None:
+        """Emit the loop stage, the accumulators, the post stage and the stores."""
+        k = self.k
+        lsec = self.loop if self.looped else self.pre
+        env: dict[int, Val] = {}
+        variant = k.per_iteration()  # depends on the loop iteration (an fmap tile)
+        for node in k.loop.nodes():
+            if node.op is Op.INPUT:
+                env[id(node)] = self.tile(node.arg, True)
+                self.listed[id(node)] = node.arg
+                continue
+            env[id(node)] = self.node(node, env, lsec if id(node) in variant else self.pre)
+        accs = {a: self.accumulate(a, k.loop.outputs[a].shape, env[id(k.loop.outputs[a])])
+                for a in k.accumulators}
+        for t, bo in k.outputs.items():
+            if bo.stage == "loop":
+                node = k.loop.outputs[t]
+                fixed = bo.fmap is None and id(node) not in variant
+                self.store(t, node, env[id(node)], self.pre, self.pre if fixed else lsec)
+        penv: dict[int, Val] = {}
+        for node in k.post.nodes():
+            if node.op is Op.INPUT:
+                penv[id(node)] = accs[node.arg] if node.arg in accs else self.tile(node.arg, False)
+                self.listed[id(node)] = node.arg
+            else:
+                penv[id(node)] = self.node(node, penv, self.post)
+        for t, bo in k.outputs.items():
+            if bo.stage == "post":
+                node = k.post.outputs[t]
+                self.store(t, node, penv[id(node)], self.post, self.post)
+
+    def source(self) -> str:
+        """The ``@triton.jit`` function."""
+        k = self.k
+        for a, g in enumerate(k.grid):
+            if a and g > 65535:
+                raise CodegenError(f"{self.who}: grid axis {axis_name(a)} has {g} blocks; "
+                                   "Triton allows at most 65535 on axes y and z")
+        self.body()
+        tensors = self.reads + self.writes
+        args = [[self.ptr[t] for t in tensors],
+                [s for t in tensors for s in self.stride[t]],
+                [f"{self.block_name[n]}: tl.constexpr" for n in sorted(self.block_name)]]
+        out = ["@triton.jit", f"def {self.fn_name}("]
+        for group in args:
+            out += wrap(group, "    ", ",")
+        out.append("):")
+        grid = ", ".join(str(g) for g in k.grid)
+        out.append(f'    """Custom kernel {k.name}: grid ({grid}), forloop {k.forloop}; writes '
+                   f'{", ".join(self.writes)}."""')
+        text = "\n".join(self.pre + self.loop + self.post + self.advance)
+        head = [f"{self.pid[a]} = tl.program_id({a})" for a in range(len(k.grid))
+                if re.search(rf"\b{self.pid[a]}\b", text)]
+        head += [f"{m} = tl.arange(0, {self.bname(n)}) < {n}"
+                 for n, m in sorted(self.masks.items())]
+        out += fit(head + self.pre, "    ")
+        if self.looped:
+            out.append(f"    for f in range({k.forloop}):")
+            out += fit(self.loop + self.advance, "        ")
+        out += fit(self.post, "    ")
+        return "\n".join(out) + "\n"
+
+    def launch(self, var: Mapping[str, str]) -> list[str]:
+        """Host lines launching the kernel; ``var`` maps device tensors to Python variables."""
+        tensors = self.reads + self.writes
+        grid = ", ".join(str(g) for g in self.k.grid) + ("," if len(self.k.grid) == 1 else "")
+        args = [[var[t] for t in tensors],
+                [f"{var[t]}.stride({d})" for t in tensors for d in range(len(self.stride[t]))],
+                [f"{self.block_name[n]}={self.block[n]}" for n in sorted(self.block_name)]]
+        lines = [f"{self.fn_name}[({grid})]("]
+        for group in args:
+            lines += wrap(group, "    ", ",")
+        return lines + [")"]
+
+
+def fit(lines: list[str], indent: str, width: int = 100) -> list[str]:
+    """Indent ``lines``; a trailing comment that makes a line too long goes on its own line."""
+    out = []
+    for line in lines:
+        code, sep, comment = line.partition("  # ")
+        if sep and len(indent) + len(line) > width:
+            out += [f"{indent}# {comment}", indent + code]
+        else:
+            out.append(indent + line)
+    return out
+
+
+def wrap(items: list[str], indent: str, sep: str, width: int = 96) -> list[str]:
+    """``items`` joined by ``sep`` into lines of at most ``width`` characters."""
+    lines: list[str] = []
+    line = ""
+    for item in items:
+        piece = item + sep
+        if line and len(indent) + len(line) + 1 + len(piece) > width:
+            lines.append(indent + line)
+            line = piece
+        else:
+            line = f"{line} {piece}" if line else piece
+    if line:
+        lines.append(indent + line)
+    return lines

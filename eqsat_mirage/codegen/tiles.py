@@ -1,0 +1,342 @@
+"""Tile ops of a custom kernel as Triton expressions: the blocks, padding and masks.
+
+A tile is a Triton block: a tile dim of size 1 is dropped (``squeezed``), every
+other dim of n elements becomes a block dim ``BLOCK_n``, n padded to a power of
+two, and to >= 16 where it is an operand dim of a ``tl.dot``; ``mask_n =
+tl.arange(0, BLOCK_n) < n`` marks the real elements. Loads fill padding with 0;
+each value records whether its padding is still 0 (``Val.clean``: not after
+``exp``, ``rsqrt``, a division or an added constant), and a value that is not is
+masked with ``tl.where`` before a reduction or a ``tl.dot`` reads its padded
+dim, so padding never reaches a real element. Broadcasting follows NumPy on the
+logical shapes (``[:, None]`` where an operand lacks a dim); keepdims is free
+(size-1 dims are not stored). Elementwise ops and reductions run in fp32;
+``tl.dot`` reads its operands in the matmul's dtype (fp16/bf16 on tensor cores,
+fp32 with ``input_precision="ieee"``) and accumulates in fp32; a tile matmul
+with M, K or N of 1, or with broadcast batch dims, is a broadcast product
+summed over K. Constant subexpressions are folded to literals.
+
+A concat of tiles is kept as its parts (``concat.py``). Refused
+(``CodegenError``): a reshape that splits or merges padded dims (one that only
+adds or drops dims of size 1 is free, one over unpadded power-of-two dims is
+``tl.reshape``), non-finite constants, blocks over 2**20 padded elements.
+"""
+
+from __future__ import annotations
+
+import keyword
+import math
+import re
+
+from ..ir.node import BINARY, REDUCE, Node, Op, Shape, fmt_shape, numel
+from .concat import CodegenError, ConcatOps, Val, squeezed
+
+MAX_NUMEL = 2 ** 20  # Triton's largest block (TRITON_MAX_TENSOR_NUMEL)
+MIN_DOT = 16  # smallest tl.dot operand dim
+TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
+_RESERVED = frozenset({"tl", "triton", "torch", "range", "float", "int", "min", "max", "len", "f"})
+
+
+def identifier(text: str, prefix: str = "k") -> str:
+    """``text`` made a Python identifier (non-word characters become ``_``)."""
+    name = re.sub(r"\W", "_", text) or prefix
+    if name[0].isdigit() or keyword.iskeyword(name):
+        name = f"{prefix}_{name}"
+    return name
+
+
+class Names:
+    """Unique identifiers: the wanted name, or the wanted name with a numeric suffix."""
+
+    def __init__(self, reserved: frozenset[str] | set[str] = _RESERVED) -> None:
+        self.used = set(reserved)
+
+    def __call__(self, want: str) -> str:
+        base = identifier(want, "v")
+        name, i = base, 1
+        while name in self.used:
+            name, i = f"{base}_{i}", i + 1
+        self.used.add(name)
+        return name
+
+
+def index(pos: int, rank: int) -> str:
+    """The subscript putting a 1-d block at position ``pos`` of a rank-``rank`` block."""
+    if rank <= 1:
+        return ""
+    return "[" + ", ".join(":" if i == pos else "None" for i in range(rank)) + "]"
+
+
+def literal(value: float, who: str) -> str:
+    """A Python literal for a constant, refusing inf and nan."""
+    if not math.isfinite(value):
+        raise CodegenError(f"{who}: constant {value!r} is not finite")
+    return repr(float(value))
+
+
+def matmul_dims(node: Node) -> tuple[Shape, int, int, int]:
+    """(batch shape of the result, M, K, N) of a tile matmul."""
+    a, b = node.srcs
+    return node.shape[:-2], a.shape[-2], a.shape[-1], b.shape[-1]
+
+
+def uses_dot(node: Node) -> bool:
+    """Whether a tile matmul becomes ``tl.dot``: M, K, N > 1 and at most one batch dim > 1,
+    carried by both operands; otherwise it is a broadcast product summed over K."""
+    batch, m, k, n = matmul_dims(node)
+    if min(m, k, n) < 2:
+        return False
+    nb = len(squeezed(batch))
+    return nb == 0 or (nb == 1 and all(len(squeezed(s.shape)) == 3 for s in node.srcs))
+
+
+def pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+class TileOps(ConcatOps):
+    """Emits tile ops into lists of lines.
+
+    ``block`` maps a tile dim size to its block size (the next power of two unless
+    given); ``dot_sizes`` collects the sizes that a ``tl.dot`` reads, so a writer can
+    pad those to 16 and emit again (``bumped``).
+    """
+
+    def __init__(self, who: str, names: Names, block: dict[int, int] | None = None) -> None:
+        self.who, self.names, self.block = who, names, dict(block or {})
+        self.block_name: dict[int, str] = {}
+        self.dot_sizes: set[int] = set()
+        self.masks: dict[int, str] = {}
+        self.counter = 0
+        self.listed: dict[int, str] = {}  # id(node) -> its name in the MuGraph listing
+
+    def bname(self, n: int) -> str:
+        """The constexpr holding the block size of tile dims of ``n`` elements."""
+        self.block.setdefault(n, pow2(n))
+        if n not in self.block_name:
+            self.block_name[n] = self.names(f"BLOCK_{n}")
+        return self.block_name[n]
+
+    def bumped(self) -> dict[int, int] | None:
+        """Block sizes with every ``tl.dot`` dim padded to 16, or None if none needs it."""
+        if all(self.block.get(n, pow2(n)) >= MIN_DOT for n in self.dot_sizes):
+            return None
+        return {**self.block, **{n: max(MIN_DOT, self.block.get(n, pow2(n)))
+                                 for n in self.dot_sizes}}
+
+    def padded(self, n: int) -> bool:
+        self.bname(n)
+        return self.block[n] > n
+
+    def mask(self, n: int) -> str:
+        if n not in self.masks:
+            self.masks[n] = self.names(f"mask_{n}")
+        return self.masks[n]
+
+    def full_mask(self, dims: tuple[int, ...]) -> str | None:
+        """The mask of a block with dims ``dims`` (None when no dim is padded)."""
+        parts = [self.mask(n) + index(i, len(dims)) for i, n in enumerate(dims) if self.padded(n)]
+        return " & ".join(parts) or None
+
+    def blocks(self, dims: tuple[int, ...]) -> str:
+        names = [self.bname(n) for n in dims]
+        return "(" + ", ".join(names) + ("," if len(names) == 1 else "") + ")"
+
+    def _check_numel(self, dims: tuple[int, ...], what: str) -> None:
+        total = numel(tuple(self.block[n] for n in dims if self.bname(n)))
+        if total > MAX_NUMEL:
+            raise CodegenError(f"{self.who}: {what} is a block of {total} padded elements; "
+                               f"Triton allows at most {MAX_NUMEL} (use smaller tiles)")
+
+    # -- emitting ---------------------------------------------------------------------------
+    def emit(self, section: list[str], var: str, expr: str, comment: str = "") -> None:
+        section.append(f"{var} = {expr}" + (f"  # {comment}" if comment else ""))
+
+    def label(self, node: Node) -> str:
+        """``%3 = exp %2 : f32[8, 8]`` as in the MuGraph listing (same numbering)."""
+        from ..ir.printing import _arg, _short
+
+        ops = ", ".join(self.listed.get(id(s), repr(s.arg)) for s in node.srcs)
+        self.listed[id(node)] = f"%{self.counter}"
+        self.counter += 1
+        return f"{self.listed[id(node)]} = {node.op.name.lower()}{_arg(node)} {ops} : " \
+               f"{_short(node.dtype)}{list(node.shape)}"
+
+    def f32(self, v: Val) -> str:
+        if v.const is not None:
+            return v.expr
+        return v.expr if v.dtype == "float32" else f"{v.expr}.to(tl.float32)"
+
+    def broadcast(self, expr: str, v: Val, out: Shape) -> str:
+        """``expr`` (the block of ``v``) indexed to line up with a block of logical ``out``."""
+        if v.const is not None or not v.dims:
+            return expr
+        r, ro = len(out), len(v.shape)
+        idx = []
+        for i, size in enumerate(out):
+            if size > 1:
+                j = i - (r - ro)
+                idx.append(":" if j >= 0 and v.shape[j] > 1 else "None")
+        if idx.count(":") != len(v.dims):
+            raise CodegenError(f"{self.who}: internal: cannot broadcast {fmt_shape(v.shape)} to "
+                               f"{fmt_shape(out)}")
+        return expr if "None" not in idx else f"{expr}[{', '.join(idx)}]"
+
+    def materialize(self, v: Val, shape: Shape) -> str:
+        """An expression for ``v`` as a block of logical ``shape`` (a constant: ``tl.full``)."""
+        if v.const is None:
+            return v.expr
+        return f"tl.full({self.blocks(squeezed(shape))}, {v.expr}, tl.float32)"
+
+    def node(self, node: Node, env: dict[int, Val], section: list[str]) -> Val:
+        """Emit tile op ``node`` (operands in ``env``) into ``section``; returns its value."""
+        srcs = [env[id(s)] for s in node.srcs]
+        if node.op is Op.CONST:
+            return Val(literal(node.arg, self.who), (), "float32", False, float(node.arg))
+        label = self.label(node)
+        if all(s.const is not None for s in srcs):
+            return self._fold(node, srcs)
+        if node.op is Op.CONCAT:
+            return self.concat(node, srcs, section, label)
+        if any(s.parts for s in srcs):
+            return self.split_op(node, srcs, section, label)
+        return self.op(node, srcs, section, label, f"v{self.counter - 1}")
+
+    def op(self, node: Node, srcs: list[Val], section: list[str], label: str, var: str) -> Val:
+        """Emit ``node`` on operand values ``srcs`` (no concat parts) as variable ``var``."""
+        self._check_numel(squeezed(node.shape), f"{node.describe()} {fmt_shape(node.shape)}")
+        var = self.names(var)
+        if node.op in BINARY:
+            expr, clean = self._binary(node, srcs)
+        elif node.op is Op.MATMUL:
+            expr, clean = self._matmul(node, srcs[0], srcs[1])
+        elif node.op in REDUCE:
+            expr, clean = self._reduce(node, srcs[0])
+        elif node.op in (Op.TRANSPOSE, Op.RESHAPE):
+            expr, clean = self._movement(node, srcs[0]), srcs[0].clean
+            self.emit(section, var, expr, label)
+            return Val(var, node.shape, srcs[0].dtype, clean)
+        else:
+            expr, clean = self._unary(node, srcs[0])
+        self.emit(section, var, expr, label)
+        return Val(var, node.shape, "float32", clean)
+
+    def _fold(self, node: Node, srcs: list[Val]) -> Val:
+        import numpy as np
+
+        from ..semantics.floating import FLOAT_SEMANTICS, FloatCtx
+
+        value = FLOAT_SEMANTICS[node.op](FloatCtx({}, None), node,
+                                         *(np.float64(s.const) for s in srcs))
+        value = float(np.asarray(value).reshape(()))
+        return Val(literal(value, self.who), (), "float32", False, value)
+
+    def _unary(self, node: Node, x: Val) -> tuple[str, bool]:
+        a = self.f32(x)
+        op = node.op
+        if op is Op.NEG:
+            return f"-{a}", x.clean
+        if op is Op.EXP:
+            return f"tl.exp({a})", False
+        if op is Op.SQRT:
+            return f"tl.sqrt({a})", x.clean
+        if op is Op.RSQRT:
+            return f"tl.rsqrt({a})", False
+        if op is Op.SILU:
+            return f"{a} / (1.0 + tl.exp(-{a}))", x.clean
+        if op is Op.RELU:
+            return f"tl.maximum({a}, 0.0)", x.clean
+        raise CodegenError(f"{self.who}: {node.describe()} has no Triton form")
+
+    def _binary(self, node: Node, srcs: list[Val]) -> tuple[str, bool]:
+        sym = {Op.ADD: "+", Op.SUB: "-", Op.MUL: "*", Op.DIV: "/"}[node.op]
+        a, b = (self.broadcast(self.f32(s), s, node.shape) for s in srcs)
+        pad = {n for n in squeezed(node.shape) if self.padded(n)}
+        tiles = [s for s in srcs if s.const is None]
+        covered = set().union(*(set(s.dims) for s in tiles)) >= pad
+        if node.op in (Op.ADD, Op.SUB):
+            clean = all((s.const == 0.0) if s.const is not None else
+                        (s.clean and set(s.dims) >= pad) for s in srcs)
+        elif node.op is Op.MUL:
+            clean = all(s.clean for s in tiles) and covered
+        else:  # padding divided by padding gives nan; only a nonzero constant keeps it 0
+            clean = srcs[1].const not in (None, 0.0) and srcs[0].clean and covered
+        return f"{a} {sym} {b}", clean
+
+    def _where(self, expr: str, mask: str | None) -> str:
+        return expr if mask is None else f"tl.where({mask}, {expr}, 0.0)"
+
+    def _matmul(self, node: Node, a: Val, b: Val) -> tuple[str, bool]:
+        batch, m, kk, n = matmul_dims(node)
+        if a.const is not None or b.const is not None:
+            raise CodegenError(f"{self.who}: {node.describe()} of a constant")
+        clean = a.clean and b.clean
+
+        k_pos = (len(squeezed(a.shape[:-1])), len(squeezed(b.shape[:-2])))
+
+        def k_mask(v: Val, pos: int) -> str | None:  # zero v's padded K unless already zero
+            if v.clean or kk < 2 or not self.padded(kk):
+                return None
+            return self.mask(kk) + index(pos, len(v.dims))
+
+        if uses_dot(node):
+            self.dot_sizes.update((m, kk, n))
+            want = TL_DTYPE[node.dtype]
+            ops = []
+            for v, pos in zip((a, b), k_pos):
+                expr = self._where(v.expr, k_mask(v, pos))
+                ops.append(expr if v.dtype == node.dtype else f"{expr}.to({want})")
+            prec = ', input_precision="ieee"' if node.dtype == "float32" else ""
+            return f"tl.dot({ops[0]}, {ops[1]}{prec})", clean
+        # a broadcast product over (batch..., M, K, N), summed over K
+        nb = len(batch)
+        ws = tuple(batch) + (m, kk, n)
+        self._check_numel(squeezed(ws), f"{node.describe()} (broadcast product)")
+
+        def place(v: Val, slots: list[int], pos: int) -> str:
+            expr = self._where(self.f32(v), k_mask(v, pos))
+            have = {s for s, size in zip(slots, v.shape) if size > 1}
+            idx = [":" if p in have else "None" for p in range(len(ws)) if ws[p] > 1]
+            return expr if "None" not in idx else f"{expr}[{', '.join(idx)}]"
+
+        def slots(v: Val, last: tuple[int, int]) -> list[int]:
+            return [nb - (len(v.shape) - 2) + j for j in range(len(v.shape) - 2)] + list(last)
+
+        prod = (f"{place(a, slots(a, (nb, nb + 1)), k_pos[0])} * "
+                f"{place(b, slots(b, (nb + 1, nb + 2)), k_pos[1])}")
+        if kk < 2:
+            return prod, clean
+        return f"tl.sum({prod}, axis={len(squeezed(ws[:nb + 1]))})", clean
+
+    def _reduce(self, node: Node, x: Val) -> tuple[str, bool]:
+        axes, _ = node.arg
+        src = node.srcs[0].shape
+        pos = [len(squeezed(src[:a])) for a in axes if src[a] > 1]
+        expr, clean = self.f32(x), x.clean
+        if pos and not x.clean and any(self.padded(src[a]) for a in axes if src[a] > 1):
+            expr, clean = self._where(expr, self.full_mask(x.dims)), True
+        for p in sorted(pos, reverse=True):
+            expr = f"tl.sum({expr}, axis={p})"
+        if node.op is Op.MEAN:
+            count = numel(tuple(src[a] for a in axes))
+            expr = f"{expr} / {float(count)!r}" if count > 1 else expr
+        return expr, clean
+
+    def _movement(self, node: Node, x: Val) -> str:
+        src = node.srcs[0].shape
+        if node.op is Op.RESHAPE:
+            if squeezed(src) == squeezed(node.shape):  # only dims of size 1 come or go
+                return x.expr
+            if any(self.padded(n) for n in squeezed(src) + squeezed(node.shape)):
+                raise CodegenError(
+                    f"{self.who}: {node.describe()} {fmt_shape(src)} -> "
+                    f"{fmt_shape(node.shape)} splits or merges tile dims that are padded (to a "
+                    "power of two, or to 16 for tl.dot); the Triton backend reshapes only "
+                    "unpadded tiles")
+            return f"tl.reshape({x.expr}, {self.blocks(squeezed(node.shape))})"
+        where = {a: len(squeezed(src[:a])) for a in range(len(src)) if src[a] > 1}
+        perm = [where[a] for i, a in enumerate(node.arg) if node.shape[i] > 1]
+        if perm == sorted(perm):
+            return x.expr
+        if len(perm) == 2:
+            return f"tl.trans({x.expr})"
+        return f"tl.permute({x.expr}, {tuple(perm)})"

@@ -1,0 +1,465 @@
+"""The GPU cost model of a MuGraph: per-kernel cost, transfers per level, roofline.
+
+Figures come from a profile (``profile.GPUProfile.load("h100")`` or a path; re-exported
+here); its ``[calibration]`` table overrides ``[figures]`` key by key. Times in microseconds.
+BW = dram_bandwidth_GBps, f_bw = dram_achievable_fraction, f_tc = tensor_achievable_fraction.
+
+Compute time of some work (both kernel kinds)::
+
+    compute = tensor_flops / (tensor peak of the dtype x f_tc)
+              + max(cuda_flops / fp32 peak, sfu_ops / sfu peak)
+
+Tensor cores take fp16/bf16 matmuls (fp32 matmuls go to the CUDA cores); the SFU takes one
+op per element of exp, sqrt, rsqrt and division (silu: two), beside their CUDA-core FLOPs.
+Tensor-core time and CUDA-core/SFU time add up, they do not overlap: the generated Triton
+code runs a tile's exp in the same warps after the tile's MMA (no warp specialization).
+Overlapping them takes explicit warp-specialized ping-pong scheduling (FlashAttention-3,
+Shah et al. 2024, arXiv 2407.08608, which also notes H100 SXM5's 989 TFLOPS of FP16 matmul
+against 3.9 TFLOPS of special functions); FlashAttention-2, without it, reaches ~35% of the
+H100's matmul peak (PyTorch blog "FlashAttention-3", 2024). Calibration on a GPU decides.
+
+Predefined kernel (a library kernel, assumed to fill the GPU: no wave model)::
+
+    time = launch + max((reads + write) / (BW x f_bw), compute)
+
+each distinct operand read once, the output written once; a reshape is a free view.
+
+Custom kernel (B = prod(grid) blocks, F = forloop range, tiles as Triton holds them: every
+dim padded to a power of two; a matmul's M and N padded to >= 16 with masks, its K not
+padded: K < 16 is INFEASIBLE, since tensor-core tiles need K >= 16)::
+
+    smem/block = sum(2 x tile bytes of inputs with an fmap, double-buffered when F > 1)
+               + sum(tile bytes of loop-invariant inputs, loaded once before the loop)
+               + sum(accumulators at 4 bytes) + sum(post-stage tiles, except thread-chain
+                 interiors, which stay in registers); loop-stage values live in registers
+    INFEASIBLE when smem/block > smem_per_block_KiB
+    bps   = min(smem_per_sm // smem/block, max_blocks_per_sm, max_threads_per_sm // 128,
+                registers_per_sm // (128 x 128))   # 4 warps, 128 registers per thread
+    DRAM  = sum over inputs: tensor bytes x (1 + (R - 1) x r_f)
+              R = tile bytes x B x (F if fmap else 1) / tensor bytes (the replication),
+              r_f = replicated_read_dram_fraction if the tensor fits in L2, else 1
+          + each output tensor written once
+    L2    = sum over inputs that fit in L2: tensor bytes x (R - 1) x (1 - r_f)  (L2 hits)
+    work  = loop-stage ops x B x F + accumulator adds x B x F + post-stage ops x B
+            (a loop-stage op that reads no fmap tile, directly or not, counts x B: the
+             Triton code hoists it before the loop, as ``codegen/kernel.py`` does)
+
+The first read of every input tile comes from DRAM; re-reads of a tensor that fits in L2
+(the same tile loaded by several blocks) hit L2 except a fraction r_f, and are paid at the
+L2 bandwidth (l2_bandwidth_GBps): every load, hit or miss, passes through L2. A tensor
+larger than L2 pays every re-read at DRAM. Waves: slots = SMs x bps, waves = ceil(B /
+slots). A wave of n blocks costs max(memory, compute)::
+
+    memory(n)  = max(n x DRAM/B / min(BW x f_bw, cap(n)), n x (DRAM + L2)/B / min(L2BW, cap(n)))
+                 cap(n) = min(n, SMs) x sm_dram_bandwidth_GBps   (what n SMs can keep in flight)
+    compute(n) = ceil(n / SMs) x c_b,  c_b = compute x SMs / B  (one block alone on an SM)
+    time = launch + (B // slots) x max(memory(slots), compute(slots))
+                  + [B % slots > 0] x max(memory(r), compute(r)),  r = B % slots
+
+so co-resident blocks share their SM, and a partial last wave costs a whole block time:
+133 equal compute-bound blocks at 1 block/SM on 132 SMs take 2 block times, not 133/132.
+
+``transfers(mg)`` counts bytes per level, hardware-free ("FlashAttention on a Napkin"
+style): ``device`` (compulsory: each tensor a kernel reads, once, and each it writes),
+``l2_reread`` (replicated tile loads beyond the first: L2 hits, or DRAM at r_f),
+``shared`` (written into shared memory: loaded tiles, accumulator updates, post-stage
+tiles), ``registers`` (values made and consumed in registers), and ``round_trips``: the
+intermediate tensors that go through device memory. ``roofline_us`` is DESIGN.md's lower
+bound: one launch + max(inputs read once and outputs written once at peak BW, the input
+program's matmul FLOPs at tensor peak). Elementwise FLOPs are left out of it because
+rewrites move them (the softmax division after the matmul), so it stays below any cost.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..frontend.graph import Graph
+from ..ir.errors import MirageError
+from ..ir.node import ELEMENTWISE, ITEMSIZE, REDUCE, Node, Op, numel
+from ..mugraph.kernels import CustomKernel, Kernel, PredefinedKernel
+from ..mugraph.program import MuGraph
+from .profile import GPUProfile
+
+__all__ = ["GPUProfile", "KernelCost", "KernelTransfers", "MuGraphCost", "Transfers", "Work",
+           "kernel_cost", "mugraph_cost", "roofline_us", "smem_bytes", "transfers"]
+
+MIN_MMA = 16  # tensor-core tile dims (tl.dot) are at least 16
+# per element: (CUDA-core FLOPs, SFU ops)
+_ELEM = {Op.EXP: (1, 1), Op.SQRT: (1, 1), Op.RSQRT: (1, 1), Op.DIV: (1, 1), Op.SILU: (3, 2)}
+
+
+# -- work: FLOPs by unit ----------------------------------------------------------------------
+
+
+@dataclass
+class Work:
+    """FLOPs by execution unit: tensor cores (by dtype), CUDA cores, SFU."""
+
+    tensor: dict[str, float] = field(default_factory=dict)
+    cuda: float = 0.0
+    sfu: float = 0.0
+
+    @property
+    def tensor_flops(self) -> float:
+        return sum(self.tensor.values())
+
+    def add_node(self, node: Node, times: float, shape=lambda n: n.shape) -> None:
+        """Add ``times`` executions of ``node`` (shapes through ``shape``, e.g. padded)."""
+        op = node.op
+        if op is Op.MATMUL:
+            a, b = (shape(s) for s in node.srcs)
+            flops = 2.0 * numel(shape(node)) * a[-1] * times
+            if node.dtype in ("float16", "bfloat16"):
+                self.tensor[node.dtype] = self.tensor.get(node.dtype, 0.0) + flops
+            else:
+                self.cuda += flops
+        elif op in ELEMENTWISE:
+            c, s = _ELEM.get(op, (1, 0))
+            self.cuda += c * numel(shape(node)) * times
+            self.sfu += s * numel(shape(node)) * times
+        elif op in REDUCE:
+            self.cuda += (numel(shape(node.srcs[0])) + numel(shape(node)) * (op is Op.MEAN)) \
+                * times
+
+    def us(self, prof: GPUProfile, achievable: bool = True) -> float:
+        """Time at the whole GPU's rate (``achievable``: tensor peak x its fraction)."""
+        frac = prof.tensor_achievable_fraction if achievable else 1.0
+        tc = sum(f / (prof.tensor_peak(dt) * frac) for dt, f in self.tensor.items())
+        return tc + max(self.cuda / (prof.fp32_cuda_TFLOPs * 1e6), self.sfu / (prof.sfu_TOPs * 1e6))
+
+
+# -- costs ------------------------------------------------------------------------------------
+
+
+@dataclass
+class KernelCost:
+    """One kernel's predicted time and the figures behind it (``reason`` when infeasible)."""
+
+    name: str
+    kind: str
+    time_us: float
+    launch_us: float = 0.0
+    memory_us: float = 0.0
+    compute_us: float = 0.0
+    dram_bytes: float = 0.0
+    work: Work = field(default_factory=Work)
+    blocks: int = 0
+    blocks_per_sm: int = 0
+    waves: int = 0
+    smem_bytes: int = 0
+    reason: str = ""
+    l2_bytes: float = 0.0  # replicated re-reads served by L2 (custom kernels)
+
+    @property
+    def feasible(self) -> bool:
+        return not self.reason
+
+    @property
+    def bound(self) -> str:
+        """'infeasible', 'memory' or 'compute': what limits the kernel."""
+        if self.reason:
+            return "infeasible"
+        return "memory" if self.memory_us >= self.compute_us else "compute"
+
+    def __str__(self) -> str:
+        if self.reason:
+            return f"{self.name} ({self.kind}): INFEASIBLE: {self.reason}"
+        grid = (f", {self.blocks} blocks, {self.blocks_per_sm}/SM, {self.waves} waves, "
+                f"smem {self.smem_bytes / 1024:.1f} KiB") if self.kind == "custom" else ""
+        return (f"{self.name} ({self.kind}): {self.time_us:.2f} us = launch {self.launch_us:.1f}"
+                f" + {self.bound}-bound (memory {self.memory_us:.2f}, compute "
+                f"{self.compute_us:.2f}); DRAM {self.dram_bytes / 1e6:.3f} MB"
+                + (f", L2 hits {self.l2_bytes / 1e6:.3f} MB" if self.l2_bytes else "") + grid)
+
+
+@dataclass
+class MuGraphCost:
+    """A MuGraph's predicted time: the sum of its kernels' (infinite if one is infeasible)."""
+
+    name: str
+    target: str
+    kernels: list[KernelCost]
+
+    @property
+    def total_us(self) -> float:
+        return sum(k.time_us for k in self.kernels)
+
+    @property
+    def feasible(self) -> bool:
+        return all(k.feasible for k in self.kernels)
+
+    @property
+    def reasons(self) -> list[str]:
+        return [f"{k.name}: {k.reason}" for k in self.kernels if k.reason]
+
+    def __str__(self) -> str:
+        head = f"{self.name} on {self.target}: {self.total_us:.2f} us, {len(self.kernels)} kernels"
+        return "\n".join([head] + [f"  {k}" for k in self.kernels])
+
+
+def _bytes(shape, dtype: str) -> int:
+    return numel(shape) * ITEMSIZE[dtype]
+
+
+def _p2(d: int) -> int:
+    return 1 << max(0, int(d) - 1).bit_length()
+
+
+def padded_shapes(graph: Graph) -> dict[int, tuple[int, ...]]:
+    """Tile shapes as Triton holds them: dims to powers of two, matmul M and N to >= 16."""
+    pad = {id(n): tuple(_p2(d) for d in n.shape) for n in graph.nodes()}
+    for n in graph.nodes():
+        if n.op is Op.MATMUL:
+            for node, dim in ((n.srcs[0], -2), (n.srcs[1], -1), (n, -2), (n, -1)):
+                s = list(pad[id(node)])
+                s[dim] = max(MIN_MMA, s[dim])
+                pad[id(node)] = tuple(s)
+    return pad
+
+
+def _chain_interiors(k: CustomKernel) -> set[int]:
+    return {id(n) for _, chain in k.threads for n in chain[:-1]}
+
+
+def _predefined_cost(k: PredefinedKernel, prof: GPUProfile) -> KernelCost:
+    n = k.node
+    if n.op is Op.RESHAPE:
+        return KernelCost(k.name, k.kind, 0.0)
+    moved = sum(_bytes(s.shape, s.dtype) for s in {s.arg: s for s in n.srcs
+                                                     if s.op is Op.INPUT}.values())
+    moved += _bytes(n.shape, n.dtype)
+    work = Work()
+    work.add_node(n, 1)
+    mem = moved / (prof.dram_bandwidth_GBps * 1e3 * prof.dram_achievable_fraction)
+    comp = work.us(prof)
+    launch = prof.launch_overhead_us
+    return KernelCost(k.name, k.kind, launch + max(mem, comp), launch, mem, comp, moved, work)
+
+
+def _tile_node(k: CustomKernel, name: str) -> Node:
+    return k.loop.inputs[name] if name in k.loop.inputs else k.post.inputs[name]
+
+
+def smem_bytes(k: CustomKernel) -> int:
+    """Shared memory one block of ``k`` holds (see the module docstring)."""
+    pad_loop, pad_post = padded_shapes(k.loop), padded_shapes(k.post)
+    total = 0
+    for bi in k.inputs.values():
+        node, post = _tile_node(k, bi.name), k.post.inputs.get(bi.name)
+        pad = pad_loop.get(id(node)) or (post is not None and pad_post.get(id(post))) or \
+            tuple(_p2(d) for d in node.shape)
+        total += _bytes(pad, node.dtype) * (2 if bi.fmap is not None and k.forloop > 1 else 1)
+    total += sum(numel(pad_loop[id(k.loop.outputs[a])]) * 4 for a in k.accumulators)
+    inner = _chain_interiors(k)
+    for n in k.post.nodes():
+        if n.op not in (Op.INPUT, Op.CONST, Op.RESHAPE) and id(n) not in inner:
+            total += _bytes(pad_post[id(n)], n.dtype)
+    return total
+
+
+def _custom_reads(k: CustomKernel, mg: MuGraph) -> list[tuple[int, float]]:
+    """(tensor bytes, replication) of each block input."""
+    specs, blocks, out = mg.tensors, math.prod(k.grid), []
+    for bi in k.inputs.values():
+        spec = specs[bi.tensor]
+        tile = _tile_node(k, bi.name).shape
+        whole = _bytes(spec.shape, spec.dtype)
+        issued = _bytes(tile, spec.dtype) * blocks * (k.forloop if bi.fmap is not None else 1)
+        out.append((whole, issued / whole))
+    return out
+
+
+def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile) -> KernelCost:
+    blocks, f_range = math.prod(k.grid), k.forloop
+    launch = prof.launch_overhead_us
+    smem = smem_bytes(k)
+    reasons = [f"{stage}-stage matmul {n.describe()} contracts K={n.srcs[0].shape[-1]} < "
+               f"{MIN_MMA}: tensor-core tiles need K >= {MIN_MMA} (M and N are padded with "
+               "masks, K is not); split K fewer ways"
+               for stage in ("loop", "post") for n in k.stage(stage).nodes()
+               if n.op is Op.MATMUL and n.srcs[0].shape[-1] < MIN_MMA]
+    if smem > prof.smem_per_block_KiB * 1024:
+        reasons.append(f"needs {smem / 1024:.1f} KiB of shared memory per block, more than "
+                       f"the {prof.smem_per_block_KiB:g} KiB {prof.name} allows (inputs with "
+                       "an fmap count twice, double-buffered; accumulators at 4 bytes)")
+    if reasons:
+        return KernelCost(k.name, k.kind, math.inf, launch, blocks=blocks, smem_bytes=smem,
+                          reason="; ".join(reasons))
+    l2, fr = prof.l2_MiB * 2**20, prof.replicated_read_dram_fraction
+    dram = hits = 0.0
+    for w, rep in _custom_reads(k, mg):
+        again = w * max(rep - 1.0, 0.0)
+        hit = again * (1.0 - fr) if w <= l2 else 0.0
+        dram, hits = dram + w + again - hit, hits + hit
+    dram += sum(_bytes(s.shape, s.dtype) for s in k.output_specs().values())
+    work = Work()
+    pad_loop, pad_post = padded_shapes(k.loop), padded_shapes(k.post)
+    variant = k.per_iteration()
+    for n in k.loop.nodes():
+        work.add_node(n, blocks * (f_range if id(n) in variant else 1),
+                      lambda m: pad_loop[id(m)])
+    for a in k.accumulators:
+        work.cuda += numel(pad_loop[id(k.loop.outputs[a])]) * blocks * f_range
+    for n in k.post.nodes():
+        work.add_node(n, blocks, lambda m: pad_post[id(m)])
+    bps = prof.blocks_per_sm_cap()
+    if smem:
+        bps = min(bps, int(prof.smem_per_sm_KiB * 1024 // smem))
+    slots = prof.sms * bps
+    full, rest = divmod(blocks, slots)
+    c_b = work.us(prof) * prof.sms / blocks
+    bw_all = prof.dram_bandwidth_GBps * 1e3 * prof.dram_achievable_fraction
+
+    def wave(n: int) -> tuple[float, float]:
+        cap = min(n, prof.sms) * prof.sm_dram_bandwidth_GBps * 1e3
+        l2_bw = min(prof.l2_bandwidth_GBps * 1e3, cap)
+        memory = max(n * dram / blocks / min(bw_all, cap), n * (dram + hits) / blocks / l2_bw)
+        return memory, math.ceil(n / prof.sms) * c_b
+
+    mem = comp = body = 0.0
+    for n, count in ((slots, full), (rest, int(rest > 0))):
+        if count:
+            m, c = wave(n)
+            mem, comp, body = mem + count * m, comp + count * c, body + count * max(m, c)
+    return KernelCost(k.name, k.kind, launch + body, launch, mem, comp, dram, work, blocks, bps,
+                      full + int(rest > 0), smem, l2_bytes=hits)
+
+
+def kernel_cost(kernel: Kernel, mugraph: MuGraph,
+                profile: GPUProfile | str | Path = "h100") -> KernelCost:
+    """Predicted cost of one kernel of ``mugraph`` (``math.inf`` with a reason if infeasible)."""
+    prof = GPUProfile.load(profile)
+    if isinstance(kernel, PredefinedKernel):
+        return _predefined_cost(kernel, prof)
+    return _custom_cost(kernel, mugraph, prof)
+
+
+def mugraph_cost(mugraph: MuGraph, profile: GPUProfile | str | Path = "h100") -> MuGraphCost:
+    """Predicted cost of ``mugraph`` with a per-kernel breakdown (kernels run in order)."""
+    prof = GPUProfile.load(profile)
+    mugraph.validate()
+    return MuGraphCost(mugraph.name, prof.name,
+                       [kernel_cost(k, mugraph, prof) for k in mugraph.kernels])
+
+
+# -- transfers and the roofline ---------------------------------------------------------------
+
+
+@dataclass
+class KernelTransfers:
+    """Bytes one kernel moves at each level of the memory hierarchy."""
+
+    name: str
+    device_read: float  # compulsory: each tensor element read once
+    device_write: float
+    l2_reread: float  # replicated tile reads beyond the first (L2 hits, or DRAM if evicted)
+    shared: float
+    registers: float
+
+    @property
+    def device(self) -> float:
+        return self.device_read + self.device_write
+
+
+@dataclass
+class Transfers:
+    """Bytes moved per level by each kernel, and device-memory round trips of intermediates."""
+
+    kernels: list[KernelTransfers]
+    round_trips: dict[str, float]  # intermediate tensor -> bytes written + bytes read back
+
+    @property
+    def device(self) -> float:
+        return sum(k.device for k in self.kernels)
+
+    @property
+    def l2_reread(self) -> float:
+        return sum(k.l2_reread for k in self.kernels)
+
+    @property
+    def shared(self) -> float:
+        return sum(k.shared for k in self.kernels)
+
+    @property
+    def registers(self) -> float:
+        return sum(k.registers for k in self.kernels)
+
+    def __str__(self) -> str:
+        rows = [f"{'MB':<12} {'device':>9} {'L2 reread':>9} {'shared':>9} {'registers':>9}"]
+        for k in [*self.kernels, self]:
+            rows.append(f"{getattr(k, 'name', 'total'):<12} {k.device / 1e6:>9.3f} "
+                        f"{k.l2_reread / 1e6:>9.3f} {k.shared / 1e6:>9.3f} "
+                        f"{k.registers / 1e6:>9.3f}")
+        rows += [f"round trip {t}: {b / 1e6:.3f} MB" for t, b in self.round_trips.items()]
+        return "\n".join(rows)
+
+
+def _kernel_transfers(k: Kernel, mg: MuGraph) -> KernelTransfers:
+    if isinstance(k, PredefinedKernel):
+        if k.node.op is Op.RESHAPE:
+            return KernelTransfers(k.name, 0, 0, 0, 0, 0)
+        reads = sum(_bytes(s.shape, s.dtype) for s in {s.arg: s for s in k.node.srcs
+                                                         if s.op is Op.INPUT}.values())
+        shared = reads if k.node.op is Op.MATMUL else 0  # GEMMs stage operand tiles
+        return KernelTransfers(k.name, reads, _bytes(k.node.shape, k.node.dtype), 0, shared, 0)
+    blocks, f_range = math.prod(k.grid), k.forloop
+    loads = _custom_reads(k, mg)
+    reads, issued = sum(w for w, _ in loads), sum(w * rep for w, rep in loads)
+    writes = sum(_bytes(s.shape, s.dtype) for s in k.output_specs().values())
+    shared = issued + sum(numel(k.loop.outputs[a].shape) * 4 * blocks * f_range
+                         for a in k.accumulators)
+    inner = _chain_interiors(k)
+    registers, variant = 0.0, k.per_iteration()
+    for n in k.loop.nodes():
+        if n.op not in (Op.INPUT, Op.CONST, Op.RESHAPE):
+            registers += _bytes(n.shape, n.dtype) * blocks * (f_range if id(n) in variant
+                                                              else 1)
+    for n in k.post.nodes():
+        if n.op not in (Op.INPUT, Op.CONST, Op.RESHAPE):
+            b = _bytes(n.shape, n.dtype) * blocks
+            registers, shared = (registers + b, shared) if id(n) in inner else (registers,
+                                                                                shared + b)
+    return KernelTransfers(k.name, reads, writes, issued - reads, shared, registers)
+
+
+def transfers(mugraph: MuGraph) -> Transfers:
+    """Bytes each kernel moves through device memory, shared memory and registers."""
+    mugraph.validate()
+    specs, outs = mugraph.tensors, set(mugraph.output_tensors.values())
+    trips: dict[str, float] = {}
+    for k in mugraph.kernels:
+        for t in k.reads():
+            if specs[t].producer != "input" and t not in outs:
+                size = _bytes(specs[t].shape, specs[t].dtype)
+                trips[t] = trips.get(t, size) + size
+    return Transfers([_kernel_transfers(k, mugraph) for k in mugraph.kernels], trips)
+
+
+def roofline_us(graph: Graph | MuGraph, profile: GPUProfile | str | Path = "h100",
+                launch: bool = True) -> float:
+    """DESIGN.md's lower bound: inputs read once, outputs written once at peak bandwidth, or
+    the program's matmul FLOPs at peak if larger; plus one launch (``launch=False``: none)."""
+    prof = GPUProfile.load(profile)
+    ref: Graph | None = graph
+    if isinstance(graph, MuGraph):
+        graph.validate()
+        moved = sum(_bytes(n.shape, n.dtype) for n in graph.inputs.values())
+        moved += sum(_bytes(s.shape, s.dtype) for s in
+                     {s.name: s for s in graph.outputs.values()}.values())
+        try:
+            ref = graph.reference()
+        except MirageError:  # no source and no untiled form: bound by bytes only
+            ref = None
+    else:
+        moved = sum(_bytes(n.shape, n.dtype) for n in graph.inputs.values())
+        moved += sum(_bytes(n.shape, n.dtype) for n in
+                     {id(n): n for n in graph.outputs.values()}.values())
+    work = Work()
+    for n in ref.nodes() if ref is not None else ():
+        if n.op is Op.MATMUL:  # elementwise work is left out: rewrites move it (see docstring)
+            work.add_node(n, 1)
+    mem = moved / (prof.dram_bandwidth_GBps * 1e3)
+    return (prof.launch_overhead_us if launch else 0.0) + max(mem, work.us(prof, False))

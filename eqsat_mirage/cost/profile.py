@@ -1,0 +1,144 @@
+"""GPU hardware profiles: the figures of one GPU, each with its source, and calibration.
+
+A profile is a TOML file in extract/ (``h100.toml``, ``a100.toml``, ``h200.toml``) or
+anywhere (``target="path/to/gpu.toml"``). ``[figures]`` gives every key of
+``GPUProfile.keys()``, each with a comment above it naming its source (datasheet, measured,
+or an assumption until calibrated); ``GPUProfile.sources`` keeps those comments.
+``[calibration]`` (empty by default) overrides figures key by key with measured values and
+the same units. ``cost.Hardware`` reads the same files (a subset of the keys).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+
+from ..ir.errors import MirageError
+
+THREADS_PER_BLOCK = 128  # Triton's default num_warps=4
+REGS_PER_THREAD = 128  # assumption: a tensor-core Triton kernel uses ~128 registers per thread
+_FRACTIONS = ("dram_achievable_fraction", "tensor_achievable_fraction",
+              "replicated_read_dram_fraction")
+
+
+def profiles_dir() -> Path:
+    """The folder holding the built-in hardware profiles."""
+    try:
+        path = Path(str(resources.files("eqsat_mirage.extract")))
+        if (path / "h100.toml").exists():
+            return path
+    except (ModuleNotFoundError, TypeError):
+        pass
+    return Path(__file__).resolve().parents[2] / "extract"
+
+
+def profile_path(target: str | Path) -> Path:
+    """The TOML file of a target: a .toml path, or a built-in profile's name."""
+    path = Path(target)
+    if path.suffix != ".toml":
+        path = profiles_dir() / f"{target}.toml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in profiles_dir().glob("*.toml")))
+        raise MirageError(f"unknown target {str(target)!r}: no profile {path} "
+                          f"(built-in targets: {known})")
+    return path
+
+
+@dataclass(frozen=True)
+class GPUProfile:
+    """One GPU's figures (units in the names); ``sources`` holds each figure's comment."""
+
+    dram_bandwidth_GBps: float  # noqa: N815 - units in the names
+    fp16_tensor_TFLOPs: float  # noqa: N815
+    bf16_tensor_TFLOPs: float  # noqa: N815
+    fp32_cuda_TFLOPs: float  # noqa: N815
+    boost_clock_MHz: float  # noqa: N815
+    sfu_TOPs: float  # noqa: N815
+    sms: int
+    smem_per_sm_KiB: float  # noqa: N815
+    smem_per_block_KiB: float  # noqa: N815
+    registers_per_sm: int
+    l2_MiB: float  # noqa: N815
+    max_threads_per_sm: int
+    max_blocks_per_sm: int
+    launch_overhead_us: float
+    dram_achievable_fraction: float
+    tensor_achievable_fraction: float
+    sm_dram_bandwidth_GBps: float  # noqa: N815
+    replicated_read_dram_fraction: float
+    l2_bandwidth_GBps: float  # noqa: N815
+    name: str = "gpu"
+    description: str = ""
+    path: str = ""
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+    calibrated: tuple[str, ...] = ()
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """The figure keys every profile's [figures] table must give."""
+        return tuple(f.name for f in fields(cls) if f.type in ("float", "int"))
+
+    @classmethod
+    def load(cls, target: str | Path | GPUProfile = "h100") -> GPUProfile:
+        """Load a profile by name (extract/NAME.toml) or from a .toml path; calibration applied."""
+        if isinstance(target, GPUProfile):
+            return target
+        path = profile_path(target)
+        text = path.read_text()
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise MirageError(f"{path}: malformed hardware profile: {exc}") from None
+        figs, calib = data.get("figures"), data.get("calibration", {})
+        if not isinstance(figs, dict) or not isinstance(calib, dict):
+            raise MirageError(f"{path}: a hardware profile needs a [figures] table (and "
+                              "optionally a [calibration] table)")
+        keys = cls.keys()
+        for key in calib:
+            if key not in keys:
+                raise MirageError(f"{path}: [calibration] key {key!r} is not a figure "
+                                  f"(figures: {', '.join(keys)})")
+        values = {}
+        for f in fields(cls):
+            if f.name not in keys:
+                continue
+            if f.name not in figs:
+                raise MirageError(f"{path}: [figures] lacks key {f.name!r}")
+            table = "calibration" if f.name in calib else "figures"
+            v = calib.get(f.name, figs[f.name])
+            ok = isinstance(v, int | float) and not isinstance(v, bool) and v > 0 and (
+                f.type == "float" or float(v).is_integer())
+            if not ok or (f.name in _FRACTIONS and v > 1):
+                want = "a fraction in (0, 1]" if f.name in _FRACTIONS else f"a positive {f.type}"
+                raise MirageError(f"{path}: [{table}] key {f.name!r} = {v!r} is not {want}")
+            values[f.name] = int(v) if f.type == "int" else float(v)
+        return cls(**values, name=str(data.get("name", path.stem)),
+                   description=str(data.get("description", "")), path=str(path),
+                   sources=_sources(text), calibrated=tuple(calib))
+
+    def tensor_peak(self, dtype: str) -> float:
+        """Dense tensor-core peak for ``dtype`` in FLOPs per microsecond."""
+        return (self.bf16_tensor_TFLOPs if dtype == "bfloat16" else self.fp16_tensor_TFLOPs) * 1e6
+
+    def blocks_per_sm_cap(self) -> int:
+        """Resident blocks per SM before shared memory: block, thread and register limits."""
+        return min(self.max_blocks_per_sm, self.max_threads_per_sm // THREADS_PER_BLOCK,
+                   self.registers_per_sm // (THREADS_PER_BLOCK * REGS_PER_THREAD))
+
+
+def _sources(text: str) -> dict[str, str]:
+    """The comment lines right above each ``key = value`` of [figures]."""
+    out, notes, table = {}, [], ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("["):
+            table, notes = line.strip("[] "), []
+        elif line.startswith("#"):
+            notes.append(line.lstrip("# "))
+        elif "=" in line and table == "figures":
+            out[line.split("=")[0].strip()], notes = " ".join(notes), []
+        elif not line:
+            notes = []
+    return out

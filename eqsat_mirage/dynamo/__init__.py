@@ -1,0 +1,9 @@
+"""``torch.compile(model, backend=em.backend)``: the pipeline as a TorchDynamo backend.
+
+``backend.py``: partitions the FX graph into supported subgraphs, optimizes each through
+``em.optimize`` and runs the rest eagerly, with a report of what ran where and why.
+
+Takes: an FX graph module and example inputs from Dynamo.
+Gives: a callable that runs the optimized partitions.
+May import: every stage before it (ir ... pipeline).
+"""

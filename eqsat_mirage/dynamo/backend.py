@@ -1,0 +1,361 @@
+"""``torch.compile(model, backend=em.backend)``: eqsat-mirage as a Dynamo backend.
+
+``backend`` is a ``Backend`` object. Called by Dynamo as ``backend(gm, example_inputs)``
+it partitions the fx graph into the largest supported subgraphs (torch.fx's
+``CapabilityBasedPartitioner``, with an operator support built from the same table
+as ``from_torch``: a node is supported when the ``Converter`` converts it to the
+shape and dtype Dynamo recorded), converts each partition into an ``em.Graph``,
+runs ``em.optimize`` on it and puts a callable in its place:
+
+- on CUDA tensors, and on CPU tensors with ``TRITON_INTERPRET=1``, the compiled
+  Triton program (``res.compile()``);
+- otherwise (CPU) a torch implementation of the chosen program (``torch_reference``).
+
+Everything else runs as eager torch, and so does a whole graph that mutates a
+tensor in place (``x.add_(1)``, ``x += y``, ``inplace=True``): moving ops into a
+partition could move a read across the write. Shapes must be static: a node
+with a symbolic (dynamic) shape stays eager (``torch.compile(..., dynamic=False)``).
+A partition whose conversion, optimization or compilation fails (any exception,
+e.g. a ``MirageError`` or one from Triton) gets a ``warnings.warn`` naming it and
+the reason, and runs eagerly. With autograd needed (grad enabled and an input that
+requires grad) the whole graph runs eagerly, with a warning: the generated kernels
+have no backward. Called with keywords only, ``backend(target=
+"h100", time_limit_s=2, ...)`` returns a new ``Backend`` with those options.
+``Backend.report`` lists a ``PartitionReport`` per partition; ``Backend.unsupported``
+names the ops that stayed eager and why.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from ..frontend.from_torch import Converter, op_name, source_line, unique_identifier
+from ..frontend.graph import Graph, Tensor
+from ..ir.errors import MirageError
+from ..ir.node import DTYPES
+from ..pipeline.optimize import optimize
+from ..semantics.torch_reference import torch_reference
+
+__all__ = ["Backend", "PartitionReport", "backend", "mutation", "node_spec"]
+
+_PREFIX = "eqsat_mirage_part_"
+
+
+@dataclass
+class PartitionReport:
+    """What the backend did with one partition of a Dynamo graph."""
+
+    name: str
+    ops: list[str]
+    status: str = "pending"  # "optimized", "fallback" (runs eagerly, see reason) or "eager"
+    reason: str = ""
+    graph: Graph | None = None
+    result: Any = None  # the OptimizeResult
+    seconds: float = 0.0  # conversion + optimization (+ compilation)
+    mode: str = ""  # "triton" or "torch" once it ran optimized
+    calls: int = 0
+
+
+def node_spec(node: fx.Node) -> tuple[tuple[int, ...], str, Any] | None:
+    """(shape, dtype name, device) of the float tensor an fx node produces, else None."""
+    for key in ("example_value", "val"):
+        v = node.meta.get(key)
+        if isinstance(v, torch.Tensor):
+            shape, dtype, device = tuple(v.shape), v.dtype, v.device
+            break
+    else:
+        tm = node.meta.get("tensor_meta")
+        if tm is None or not hasattr(tm, "shape"):
+            return None
+        shape, dtype, device = tuple(tm.shape), tm.dtype, None
+    name = str(dtype).replace("torch.", "")
+    if name not in DTYPES or not all(type(d) is int for d in shape):
+        return None  # other dtypes, or symbolic (dynamic) shapes
+    return shape, name, device
+
+
+def _spec_tensor(value: Tensor) -> tuple[tuple[int, ...], str]:
+    return tuple(value.shape), value.dtype
+
+
+class _Support(OperatorSupportBase):
+    """A node is supported when the Converter turns it into the shape and dtype Dynamo saw."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        self.gm = gm
+        self.reasons: dict[fx.Node, str | None] = {}
+
+    def reason(self, node: fx.Node) -> str | None:
+        """Why ``node`` is not supported, or None if it is."""
+        if node not in self.reasons:
+            self.reasons[node] = self._probe(node)
+        return self.reasons[node]
+
+    def is_node_supported(self, submodules: Any, node: fx.Node) -> bool:
+        """The partitioner's question: may ``node`` join a partition?"""
+        return node.op in ("call_function", "call_method", "call_module") and \
+            self.reason(node) is None
+
+    def _probe(self, node: fx.Node) -> str | None:
+        if node.op not in ("call_function", "call_method", "call_module"):
+            return f"{node.op} node"
+        cv = Converter(Graph("probe"), self.gm)
+        try:
+            cv.lookup(node)
+        except (MirageError, AttributeError):
+            return "no eqsat-mirage form (unsupported op)"
+        want = node_spec(node)
+        if want is None:
+            return "its result is not a float16/bfloat16/float32 tensor of static shape"
+        for i, src in enumerate(node.all_input_nodes):
+            spec = node_spec(src)
+            if spec is None:
+                return f"operand {src.name!r} is not a float tensor of static shape"
+            cv.env[src] = cv.input(f"x{i}", spec[0], spec[1], ("arg", i))
+        try:
+            value = cv.run(node)
+        except MirageError as exc:
+            return str(exc)
+        except Exception as exc:  # noqa: BLE001 - any failure: the node stays eager
+            return f"{type(exc).__name__}: {exc}"
+        if not isinstance(value, Tensor) or _spec_tensor(value) != want[:2]:
+            got = _spec_tensor(value) if isinstance(value, Tensor) else type(value).__name__
+            return f"converted to {got}, torch gives {want[:2]}"
+        return None
+
+
+_INPLACE = frozenset({operator.iadd, operator.isub, operator.imul, operator.itruediv,
+                      operator.ipow, operator.imatmul, operator.setitem})
+
+
+def mutation(gm: fx.GraphModule) -> fx.Node | None:
+    """The first node that mutates a tensor in place (``x.add_``, ``+=``, ``inplace=True``)."""
+    for n in gm.graph.nodes:
+        if n.op == "call_method":
+            name = str(n.target)
+        elif n.op == "call_function":
+            if n.target in _INPLACE or n.kwargs.get("inplace") is True or "out" in n.kwargs:
+                return n
+            if isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable:
+                return n
+            name = getattr(n.target, "__name__", "")
+        elif n.op == "call_module":
+            mod = gm.get_submodule(n.target)
+            if getattr(mod, "inplace", False) is True:
+                return n
+            continue
+        else:
+            continue
+        if name.endswith("_") and not name.startswith("__"):
+            return n
+    return None
+
+
+def _fetch(root: torch.nn.Module, path: str) -> Any:
+    obj = root
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _uses_triton(device: torch.device) -> bool:
+    """Whether a partition on ``device`` runs as Triton (CUDA, or the CPU interpreter)."""
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+class _Optimized(torch.nn.Module):
+    """Runs one partition's optimized program in place of its eager submodule."""
+
+    def __init__(self, eager: fx.GraphModule, entry: PartitionReport, sources: dict,
+                 outs: list[tuple[str, str | None]], single: bool) -> None:
+        super().__init__()
+        self.eager, self.entry, self.sources = eager, entry, sources
+        self.outs, self.single = outs, single
+        self.failed = False
+        self._fns: dict[str, Any] = {}
+
+    def _fn(self, device: torch.device) -> Any:
+        triton = _uses_triton(device)
+        key = "triton" if triton else "torch"
+        if key not in self._fns:
+            res = self.entry.result
+            self._fns[key] = res.compile() if triton else torch_reference(res.program)
+        return key, self._fns[key]
+
+    def forward(self, *args: Any) -> Any:
+        feed = {}
+        for name, (kind, ref) in self.sources.items():
+            feed[name] = args[ref] if kind == "arg" else _fetch(self.eager, ref)
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in feed.values())
+        if self.failed or grad:
+            return self.eager(*args)
+        try:
+            device = next(iter(feed.values())).device
+            mode, fn = self._fn(device)
+            got = fn(**{n: t.contiguous() for n, t in feed.items()})
+        except Exception as exc:  # noqa: BLE001 - e.g. a Triton compilation error
+            self.failed = True
+            self.entry.status, self.entry.reason = "fallback", f"{type(exc).__name__}: {exc}"
+            warnings.warn(f"eqsat-mirage backend: partition {self.entry.name} runs eagerly: "
+                          f"running the optimized program failed: {self.entry.reason}",
+                          stacklevel=2)
+            return self.eager(*args)
+        self.entry.mode, self.entry.calls = mode, self.entry.calls + 1
+        vals = [got[name] if src is None else feed[src] for name, src in self.outs]
+        return vals[0] if self.single else tuple(vals)
+
+
+class Backend:
+    """The ``torch.compile`` backend (see the module docstring); ``backend`` is one.
+
+    Options: ``target`` (hardware profile), ``time_limit_s`` (per saturation
+    phase), ``min_ops`` (smallest partition to optimize, in ops), ``warn`` (warn on
+    fallbacks), and any other ``em.optimize`` keyword (``level``, ``node_limit``,
+    ``iter_limit``, ``rules``, ...).
+    """
+
+    def __init__(self, target: str = "h100", time_limit_s: float = 5.0, min_ops: int = 2,
+                 warn: bool = True, **optimize_options: Any) -> None:
+        self.options = dict(target=target, time_limit_s=time_limit_s, **optimize_options)
+        self.min_ops, self.warn = min_ops, warn
+        self.report: list[PartitionReport] = []
+        self.unsupported: list[str] = []
+        self._graphs = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """``(gm, example_inputs)``: compile (Dynamo's call); keywords only: a new Backend."""
+        if len(args) == 2 and isinstance(args[0], fx.GraphModule) and not kwargs:
+            return self.compile(args[0], list(args[1]))
+        if args:
+            raise MirageError("em.backend takes (graph_module, example_inputs) from torch."
+                              "compile, or keyword options only, e.g. em.backend(target="
+                              f"'h100', time_limit_s=2); got {len(args)} positional argument(s)")
+        opts = {**self.options, "min_ops": self.min_ops, "warn": self.warn, **kwargs}
+        return Backend(**opts)
+
+    def __repr__(self) -> str:
+        return f"Backend({', '.join(f'{k}={v!r}' for k, v in self.options.items())})"
+
+    def _warn(self, text: str) -> None:
+        if self.warn:
+            warnings.warn(f"eqsat-mirage backend: {text}", stacklevel=3)
+
+    def compile(self, gm: fx.GraphModule, example_inputs: list) -> Any:
+        """Partition ``gm``, optimize each partition, return the callable graph module."""
+        self._graphs += 1
+        if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False)
+                                           for x in example_inputs):
+            self._warn("inputs require grad and the optimized kernels have no backward: the "
+                       "graph runs eagerly (use torch.no_grad() or torch.inference_mode())")
+            return gm.forward
+        mutating = mutation(gm)
+        if mutating is not None:  # partitions could move reads across the write: stay eager
+            loc = source_line(mutating)
+            self._warn(f"the graph mutates a tensor in place ({op_name(mutating, gm)}"
+                       + (f" at {loc}" if loc else "") + "): it runs eagerly")
+            return gm.forward
+        self._ensure_specs(gm, example_inputs)
+        support = _Support(gm)
+        part = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
+        try:
+            parts = [p for p in part.propose_partitions() if len(p.nodes) >= self.min_ops]
+        except Exception as exc:  # noqa: BLE001 - the partitioner failed: the graph runs eagerly
+            self._warn(f"partitioning failed ({type(exc).__name__}: {exc}): the graph runs "
+                       "eagerly")
+            return gm.forward
+        for node in gm.graph.nodes:
+            if node.op.startswith("call") and support.reason(node) is not None:
+                loc = source_line(node)
+                self.unsupported.append(f"{op_name(node, gm)}" + (f" at {loc}" if loc else "")
+                                        + f": {support.reason(node)}")
+        if not parts:
+            return gm.forward
+        prefix = f"{_PREFIX}{self._graphs}_"
+        fused = part.fuse_partitions(parts, prefix=prefix)
+        for node in list(fused.graph.nodes):
+            if node.op == "call_module" and str(node.target).startswith(prefix):
+                sub = fused.get_submodule(node.target)
+                replacement = self._partition(str(node.target), sub)
+                if replacement is not None:
+                    setattr(fused, node.target, replacement)
+        fused.recompile()
+        return fused.forward
+
+    def _ensure_specs(self, gm: fx.GraphModule, example_inputs: list) -> None:
+        """Run ShapeProp when some node lacks Dynamo's example value (a plain fx graph)."""
+        keys = ("example_value", "val", "tensor_meta")
+        if all(n.op == "output" or any(k in n.meta for k in keys) for n in gm.graph.nodes):
+            return
+        try:
+            from torch.fx.passes.shape_prop import ShapeProp
+
+            ShapeProp(gm).propagate(*example_inputs)
+        except Exception:  # noqa: BLE001 - unknown shapes just make nodes unsupported
+            pass
+
+    def _partition(self, name: str, sub: fx.GraphModule) -> _Optimized | None:
+        """Convert, optimize and (where it will run on Triton) compile one partition."""
+        ops = [op_name(n, sub) for n in sub.graph.nodes if n.op.startswith("call")]
+        entry = PartitionReport(name, ops)
+        self.report.append(entry)
+        t0 = time.perf_counter()
+        try:
+            graph, cv, outs, single, device = self._convert(name, sub)
+            entry.graph = graph
+            if not graph.outputs:
+                entry.status, entry.reason = "eager", "no computation (identity ops only)"
+                return None
+            entry.result = optimize(graph, **self.options)
+            mod = _Optimized(sub, entry, dict(cv.sources), outs, single)
+            if device is not None and _uses_triton(device):
+                mod._fn(device)  # compile now: codegen errors fall back here
+        except Exception as exc:  # noqa: BLE001 - MirageError, Triton errors, ...: run eagerly
+            entry.status, entry.reason = "fallback", f"{type(exc).__name__}: {exc}"
+            entry.seconds = time.perf_counter() - t0
+            self._warn(f"partition {name} ({len(ops)} ops: {', '.join(ops)}) runs eagerly: "
+                       f"{entry.reason}")
+            return None
+        entry.status, entry.seconds = "optimized", time.perf_counter() - t0
+        return mod
+
+    def _convert(self, name: str, sub: fx.GraphModule) -> tuple:
+        """The em.Graph of a fused partition, its Converter, outputs and device."""
+        cv = Converter(Graph(name), sub)
+        placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+        device = None
+        outs: list[tuple[str, str | None]] = []
+        single = True
+        for node in sub.graph.nodes:
+            if node.op == "placeholder":
+                spec = node_spec(node)
+                if spec is None:
+                    raise MirageError(f"input {node.name!r} has no static float tensor shape")
+                device = device or spec[2]
+                cv.env[node] = cv.input(node.name, spec[0], spec[1],
+                                        ("arg", placeholders.index(node)))
+            elif node.op == "output":
+                value = fx.node.map_arg(node.args[0], cv.env.__getitem__)
+                single = not isinstance(value, (tuple, list))
+                for out_name, t in cv.outputs(value):
+                    if t.node.op.name == "INPUT":  # an identity: hand the input back
+                        outs.append((out_name, t.node.arg))
+                    else:
+                        ident = unique_identifier(out_name, cv.used)
+                        cv.graph.output(t, ident)
+                        outs.append((ident, None))
+            else:
+                cv.run(node)
+        return cv.graph, cv, outs, single, device
+
+
+backend = Backend()

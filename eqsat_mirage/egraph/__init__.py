@@ -1,0 +1,12 @@
+"""Stages 3-5, encode, saturate, extract: the e-graph search over rules kept in files.
+
+``rulefiles.py``: the schema and rule files (rules/*.egg). ``encode.py``: ``Graph`` to egglog
+terms and back. ``saturate.py``: rulesets in phases under limits, with the
+abstract-expression guards. ``view.py``: the serialized e-graph read in Python.
+``extract.py``: DAG-aware extraction (greedy, then ILP). ``boundaries.py``: which edges
+the tiling rules let a kernel boundary cut. ``check_rules.py``: ``em.check_rules``.
+
+Takes: a ``Graph``, rule files and a per-op cost model.
+Gives: the k best kernel-level candidates and the edges each may cut.
+May import: ir, frontend, semantics, verifier, mugraph, cost.
+"""

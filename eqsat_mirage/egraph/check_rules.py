@@ -1,0 +1,402 @@
+"""``em.check_rules``: test every rewrite rule for soundness on random instances.
+
+Tensor pattern variables become float32 inputs of random small shapes, axis
+variables small valid ints, f64 variables dyadic floats; an instance counts when
+the left side type-checks and the ``:when`` facts hold. Its right side must then
+type-check to the same shape, and a few instances are compared by ``em.verify``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..frontend.graph import Graph
+from ..ir.errors import MirageError, RuleError, ShapeError
+from ..ir.node import Node, Op, fmt_shape, numel
+from ..verifier.verify import Counterexample, verify
+from .encode import build_node
+from .rulefiles import Rule, Schema, SList, Sym, load_rules, to_text
+
+STATUSES = ("sound", "unsound", "not instantiated", "cannot check")
+_POOLS = ((2, 3), (1, 2, 3), (2, 3, 4), (1, 2, 3, 4, 6), (2, 4, 6), (3,), (1, 2))
+_FLOATS = (0.5, 1.5, -2.0, 3.0, 0.25, -0.75)
+
+
+class _Fail(Exception):  # noqa: N818 - no instance here: a fact is false or a term undefined
+    pass
+
+
+@dataclass
+class RuleCheck:
+    """The verdict on one directed rule."""
+
+    rule: str  # the rule's name (its comment)
+    where: str  # "file:line"
+    status: str  # one of STATUSES
+    message: str = ""
+    counterexample: Counterexample | None = None
+    instances: int = 0  # instances verified numerically
+    shape_instances: int = 0  # instances whose right side was type-checked
+    path: str = ""
+    line: int = 0
+
+
+@dataclass
+class RuleCheckReport:
+    """All verdicts of ``check_rules``; ``ok`` when every rule is sound."""
+
+    results: list[RuleCheck] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """True when every rule was checked and found sound."""
+        return all(r.status == "sound" for r in self.results)
+
+    @property
+    def unsound(self) -> list[RuleCheck]:
+        """The rules found unsound."""
+        return [r for r in self.results if r.status == "unsound"]
+
+    def __str__(self) -> str:
+        rows = [("status", "where", "inst", "rule")] + [
+            (r.status, r.where, f"{r.instances}/{r.shape_instances}", r.rule) for r in self.results]
+        w = [max(len(row[i]) for row in rows) for i in range(3)]
+        lines = ["  ".join(c.ljust(w[i]) if i < 3 else c for i, c in enumerate(row))
+                 for row in rows]
+        lines.insert(1, "-" * max(len(s) for s in lines))
+        lines += [f"{r.where} {r.status}: {r.message}" for r in self.results if r.status != "sound"]
+        counts = {s: sum(r.status == s for r in self.results) for s in STATUSES}
+        lines.append(", ".join(f"{n} {s}" for s, n in counts.items() if n)
+                     + f" ({len(self.results)} rules, {self.seconds:.1f} s)")
+        return "\n".join(lines)
+
+
+def _is_var(x) -> bool:
+    return isinstance(x, Sym) and (x[0].islower() or x[0] == "_")
+
+
+def _num(x: str) -> int | float | None:
+    if _is_var(x) or x[0].isalpha():  # a variable or a name, not a number
+        return None
+    try:
+        return int(x) if x.lstrip("-").isdigit() else float(x)
+    except ValueError:
+        return None
+
+
+def _tensor_vars(term, schema: Schema, out: list) -> list:
+    """Tensor pattern variables (sort T) of ``term``, in order of appearance."""
+    if isinstance(term, SList) and term.head() in schema.constructors:
+        for sort, arg in zip(schema.constructors[term.head()], term.items[1:]):
+            name = str(arg).strip('"')
+            if (sort == "String" or sort == "T" and _is_var(arg)) and name not in out:
+                out.append(name)
+            _tensor_vars(arg, schema, out)
+    return out
+
+
+def _factorize(n: int, k: int, rng: random.Random) -> tuple[int, ...]:
+    """A random ordered factorization of ``n`` into ``k`` positive factors."""
+    out = []
+    for _ in range(k - 1):
+        out.append(rng.choice([d for d in range(1, n + 1) if n % d == 0]))
+        n //= out[-1]
+    return tuple(out) + (n,) if k else ()
+
+
+class _Instance:
+    """One attempt at instantiating a rule: variable bindings and a term builder."""
+
+    def __init__(self, schema: Schema, rng: random.Random, shapes: dict[str, tuple],
+                 drawn: dict | None = None) -> None:
+        self.schema, self.rng, self.shapes = schema, rng, shapes
+        self.inputs = {v: Node(Op.INPUT, (), v, s, "float32") for v, s in shapes.items()}
+        self.env: dict[str, object] = {**self.inputs, **(drawn or {})}
+        self.drawn = dict(drawn or {})  # scalars drawn while building the LHS
+        self.repair: tuple | None = None  # (tensor var, axis or None for rank, wanted value)
+
+    def _want(self, term, axis, value) -> None:  # a shape change that could pass a check
+        if _is_var(term) and str(term) in self.inputs and self.repair is None:
+            self.repair = (str(term), axis, value)
+
+    def repaired(self) -> _Instance:
+        """A fresh instance with the noted shape change (same drawn scalars)."""
+        var, axis, value = self.repair
+        shape = list(self.shapes[var])
+        ok = isinstance(value, int) and (0 <= value <= 6 if axis is None else value >= 1)
+        if ok and axis is None:
+            shape = ([self.rng.choice((2, 3))] * value + shape)[len(shape):]
+        elif ok and -len(shape) <= axis < len(shape):
+            shape[axis] = value
+        return _Instance(self.schema, self.rng, {**self.shapes, var: tuple(shape)}, self.drawn)
+
+    def build(self, term, lhs: bool) -> Node:
+        """The IR node of a T-sorted term; in the LHS, unbound scalars get random values."""
+        if _is_var(term):
+            return self.env[str(term)]
+        if not isinstance(term, SList):
+            raise ShapeError(f"{term!r} is not a tensor term")
+        ctor = term.head()
+        if ctor == "Input":
+            return self.inputs[str(term.items[1]).strip('"')]
+        sorts, items = self.schema.constructors[ctor], term.items[1:]
+        args = [self.build(a, lhs) if s == "T" else None for s, a in zip(sorts, items)]
+        for k, (sort, a) in enumerate(zip(sorts, items)):
+            if sort != "T":
+                args[k] = self.scalar(ctor, sort, k, a, args, lhs)
+        if ctor == "MatMul":
+            a, b = args[0].shape, args[1].shape
+            for k in range(2 * lhs):  # note shape repairs that would make it type-check
+                if len(args[k].shape) < 2:
+                    self._want(items[k], None, 2)
+            if min(len(a), len(b)) < 2:
+                raise ShapeError(f"MatMul operands must have rank >= 2, got {fmt_shape(a)} "
+                                 f"and {fmt_shape(b)}")
+            if a[-1] != b[-2] and lhs:
+                self._want(items[1], -2, a[-1])
+                self._want(items[0], -1, b[-2])
+        if ctor == "Swap" and not all(0 <= ax < len(args[2].shape) for ax in args[:2]):
+            raise ShapeError(f"Swap {args[0]} {args[1]} of a {len(args[2].shape)}-d tensor")
+        return build_node(ctor, args, self.inputs)
+
+    def scalar(self, ctor: str, sort: str, k: int, term, args: list, lhs: bool):
+        """A non-tensor argument: literal, bound or (LHS only) freshly drawn variable."""
+        if isinstance(term, SList) and term.head() == "vec-of" and lhs:
+            return self._vec_pattern(term, args)
+        if _is_var(term) and str(term) not in self.env:
+            if not lhs:
+                raise KeyError(str(term))
+            shape = next((a.shape for a in args if isinstance(a, Node)), ())  # operand's
+            if sort == "i64":
+                value = self.rng.randrange(len(shape)) if shape else 0
+            elif sort == "f64":
+                value = self.rng.choice(_FLOATS)
+            else:  # IVec: a reshape target of the operand's size
+                value = _factorize(numel(shape), self.rng.randint(1, 4), self.rng)
+            self.env[str(term)] = self.drawn[str(term)] = value
+        value = self.eval(term)
+        if {"i64": int, "f64": float}.get(sort, type(value)) is not type(value):
+            raise ShapeError(f"{ctor} argument {k + 1} is {value!r}, not an {sort}")
+        return value
+
+    def _vec_pattern(self, term: SList, args: list) -> tuple:
+        free = [str(x) for x in term.items[1:] if _is_var(x) and str(x) not in self.env]
+        known = math.prod(self.eval(x) for x in term.items[1:] if str(x) not in free)
+        n = numel(args[1].shape)
+        if known <= 0 or n % known or (not free and n != known):
+            raise ShapeError(f"cannot reshape {fmt_shape(args[1].shape)} to {to_text(term)}")
+        for v, d in zip(free, _factorize(n // known, len(free), self.rng)):
+            self.env[v] = self.drawn[v] = d
+        return self.eval(term)
+
+    def eval(self, x):
+        """Value of a scalar expression (number, variable, primitive or shape fact)."""
+        if isinstance(x, Sym):
+            return _num(x) if _num(x) is not None else self.env[str(x)]  # KeyError: unbound
+        op, args = x.head(), x.items[1:]
+        if op in self.schema.constructors:
+            return self.build(x, lhs=False)
+        if op in ("ndim", "dim"):
+            try:
+                t = self.build(args[0], lhs=False)
+            except ShapeError:
+                raise _Fail(f"{to_text(args[0])} is ill-shaped") from None
+            ax = self.eval(args[1]) if op == "dim" else None
+            if ax is not None and not 0 <= ax < len(t.shape):
+                raise _Fail(f"(dim {to_text(args[0])} {ax}) is undefined")
+            return len(t.shape) if ax is None else t.shape[ax]
+        v = [self.eval(a) for a in args]
+        if op == "/" and v[1] == 0:
+            raise _Fail("division by zero in a fact")
+        ints = all(isinstance(y, int) for y in v)  # i64 division truncates towards zero
+        fns = {"+": lambda: v[0] + v[1], "-": lambda: v[0] - v[1], "*": lambda: v[0] * v[1],
+               "max": lambda: max(v), "min": lambda: min(v), "to-f64": lambda: float(v[0]),
+               "vec-of": lambda: tuple(v), "/": lambda: (abs(v[0]) // abs(v[1]) * (
+                   1 if (v[0] < 0) == (v[1] < 0) else -1)) if ints else v[0] / v[1]}
+        if op not in fns:
+            raise RuleError(f"unsupported primitive {op!r} in {to_text(x)}")
+        return fns[op]()
+
+    def fact(self, f: SList) -> None:
+        """Check a :when fact (``=``, ``split`` may bind); _Fail if false, KeyError if unbound."""
+        op, args = f.head(), f.items[1:]
+        unbound = [a for a in args if _is_var(a) and str(a) not in self.env]
+        if op == "=" and len(unbound) == 1 and len(args) == 2:
+            self.env[str(unbound[0])] = self.eval(args[1] if args[0] is unbound[0] else args[0])
+            return
+        if op == "split":  # n = i * j with i, j >= 2; unbound i, j get a random factorization
+            n, free = self.eval(args[0]), {str(u) for u in unbound}
+            pairs = [(i, n // i) for i in range(2, n) if n % i == 0 and n // i >= 2 and all(
+                str(a) in free or self.eval(a) == v for a, v in zip(args[1:], (i, n // i)))]
+            if not pairs:
+                raise _Fail(f"(split {n} {to_text(args[1])} {to_text(args[2])}) is false")
+            for a, v in zip(args[1:], self.rng.choice(pairs)):
+                self.env.setdefault(str(a), v)
+            return
+        if op == "is-op":  # where a boundary may go, not whether it is sound: any term will do
+            return
+        a, b = (self.eval(x) for x in args)
+        try:
+            ok = {"=": a == b, "!=": a != b, ">=": a >= b, "<=": a <= b, ">": a > b, "<": a < b}
+        except TypeError:
+            raise RuleError(f"ill-typed fact {to_text(f)}: {a!r} vs {b!r}") from None
+        if op not in ok:
+            raise RuleError(f"unsupported fact {to_text(f)}")
+        if not ok[op]:
+            for x, want in ((args[0], b), (args[1], a)):
+                if op == "=" and isinstance(x, SList) and x.head() in ("ndim", "dim"):
+                    self._want(x.items[1], self.eval(x.items[2]) if x.head() == "dim" else None,
+                               want)
+            raise _Fail(f"{to_text(f)} is false")
+
+    def describe(self) -> str:
+        """The bindings, e.g. ``a: (2, 3), ax=1``."""
+        return ", ".join(f"{k}: {fmt_shape(v.shape)}" if isinstance(v, Node) else f"{k}={v}"
+                         for k, v in self.env.items())
+
+
+def _draw_shapes(names: list[str], rng: random.Random) -> dict[str, tuple]:
+    """Random small shapes, from one of several tactics that make type-checking likely."""
+    pool, mode, ones = rng.choice(_POOLS), rng.random(), rng.choice((0.0, 0.0, 0.2))
+    r = rng.choice((2, 2, 3))  # free ranks 1..4, or one common rank r, or r and some r - 1
+    ranks = {n: rng.randint(1, 4) if mode < 0.3 else r - (mode > 0.8 and rng.random() < 0.3)
+             for n in names}
+    return {n: tuple(1 if rng.random() < ones else rng.choice(pool) for _ in range(ranks[n]))
+            for n in names}
+
+
+def _features(inst: _Instance) -> set[tuple[int, bool]]:  # dims of 1, ranks, non-powers of 2
+    shapes = [v.shape for v in inst.inputs.values()]
+    dims = {d for s in shapes for d in s}
+    ints = [v for k, v in inst.env.items() if type(v) is int and v > 0 and k not in inst.drawn]
+    return set(enumerate((1 in dims, len({len(s) for s in shapes}) > 1,
+                          any(d & (d - 1) for d in dims), any(v & (v - 1) for v in ints))))
+
+
+def _instantiate(rule: Rule, inst: _Instance, repairs: int = 4) -> tuple[_Instance, Node]:
+    """Build the LHS and check the facts, repairing shapes a few times; raise on failure."""
+    while True:
+        try:
+            lhs, pending = inst.build(rule.lhs, lhs=True), list(rule.when)
+            while pending:  # facts in any order: one may bind a variable another reads
+                left = []
+                for f in pending:
+                    try:
+                        inst.fact(f)
+                    except KeyError:
+                        left.append(f)
+                if len(left) == len(pending):
+                    raise _Fail(f"cannot evaluate {to_text(left[0])}: unbound variables")
+                pending = left
+            return inst, lhs
+        except (ShapeError, _Fail):
+            if inst.repair is None or repairs == 0:
+                raise
+            inst, repairs = inst.repaired(), repairs - 1
+
+
+def check_rule(rule: Rule, schema: Schema | None = None, instances: int = 3, seed: int = 0,
+               trials: int = 3, max_attempts: int = 400, shape_instances: int = 40) -> RuleCheck:
+    """Check one directed rule; see ``check_rules``."""
+    schema = schema or Schema.load()
+    rng = random.Random(f"{seed}:{rule.where}:{rule.name}")  # not the folder
+    res = RuleCheck(rule.name, rule.where, "not instantiated", path=rule.path, line=rule.line)
+    names = _tensor_vars(rule.lhs, schema, [])
+    found, seen, why = [], set(), "no instance type-checked"  # found: (instance, lhs, rhs)
+    for _ in range(max_attempts):
+        if len(found) >= shape_instances:  # enough right sides type-checked
+            break
+        try:
+            inst, lhs = _instantiate(rule, _Instance(schema, rng, _draw_shapes(names, rng)))
+        except (ShapeError, _Fail) as exc:
+            why = f"last attempt: {exc}"
+            continue
+        except RuleError as exc:
+            raise RuleError(f"{rule.path}:{rule.line}: {exc}") from None
+        if inst.describe() in seen:
+            continue
+        seen.add(inst.describe())
+        try:
+            rhs = inst.build(rule.rhs, lhs=False)
+            bad = "" if rhs.shape == lhs.shape else (
+                f"the sides have different shapes, {fmt_shape(lhs.shape)} and "
+                f"{fmt_shape(rhs.shape)}, for {inst.describe()}")
+        except (ShapeError, TypeError) as exc:
+            bad = (f"the right side is ill-shaped for {inst.describe()} (left side "
+                   f"{fmt_shape(lhs.shape)}): {exc}")
+        if bad:
+            res.status, res.message = "unsound", bad
+            return res
+        found.append((inst, lhs, rhs))
+    res.shape_instances = len(found)
+    if not found:
+        res.message = f"no instance in {max_attempts} attempts ({why})"
+        return res
+    chosen, covered, problems = [], set(), []
+    while found and len(chosen) < instances:  # cover both values of every feature if we can
+        gain = [len(_features(inst) - covered) for inst, _, _ in found]
+        chosen.append(found.pop(gain.index(max(gain))))
+        covered |= _features(chosen[-1][0])
+    for k, (inst, lhs, rhs) in enumerate(chosen):
+        graphs = [Graph(f"{side} of {rule.where}") for side in ("lhs", "rhs")]
+        for g, node in zip(graphs, (lhs, rhs)):  # both declare every pattern tensor variable
+            g.inputs, g.outputs = dict(inst.inputs), {"out": node}
+        try:
+            v = verify(graphs[0], graphs[1], trials=trials, seed=seed * 1000 + k)
+        except MirageError as exc:  # LaxError: e.g. an exp of an exp
+            problems.append(f"{type(exc).__name__}: {exc}")
+            continue
+        if v.equivalent:
+            res.instances += 1
+        elif v.counterexample is not None:
+            res.status, res.counterexample = "unsound", v.counterexample
+            res.message = f"for {inst.describe()}: {v.reason}"
+            return res
+        else:
+            problems.append(f"for {inst.describe()}: {v.reason}")
+    res.status = "sound" if res.instances else "cannot check"
+    res.message = "" if res.instances else "; ".join(problems[:2])
+    return res
+
+
+def check_rules(paths="rules", instances: int = 3, seed: int = 0,
+                trials: int = 3) -> RuleCheckReport:
+    """Test every rule of the given rule files (or folders; "rules": the built-ins).
+
+    Each directed rule (both directions of a birewrite) is instantiated with
+    random shapes and values until its left side type-checks and its :when
+    facts hold; every instance's right side must type-check to the same shape,
+    and ``instances`` of them are compared with ``em.verify`` (``trials``
+    finite-field trials plus a float check). Returns a ``RuleCheckReport``
+    whose results have status "sound", "unsound" (with a counterexample or the
+    ill-shaped instance), "not instantiated" or "cannot check" (never sound).
+    Malformed files raise ``RuleError`` naming the file and line.
+    """
+    start = time.perf_counter()
+    _, rules = load_rules([paths] if isinstance(paths, str | Path) else list(paths))
+    schema = Schema.load()
+    report = RuleCheckReport([check_rule(r, schema, instances, seed, trials) for r in rules])
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def assert_sound(paths="rules", instances: int = 3, seed: int = 0, trials: int = 3,
+                 strict: bool = False) -> RuleCheckReport:
+    """Run ``check_rules`` and raise ``RuleError`` listing every unsound rule.
+
+    Each entry names the rule's file and line and gives its counterexample.
+    With ``strict``, rules that could not be instantiated or checked are
+    errors too. Returns the report when nothing is wrong.
+    """
+    report = check_rules(paths, instances, seed, trials)
+    bad = [r for r in report.results
+           if r.status == "unsound" or (strict and r.status != "sound")]
+    if bad:
+        lines = [f"{r.path}:{r.line}: {r.status} rule {r.rule!r}: {r.message}" for r in bad]
+        raise RuleError(f"{len(bad)} rule(s) failed the soundness check:\n" + "\n".join(lines))
+    return report

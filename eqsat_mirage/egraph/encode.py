@@ -1,0 +1,141 @@
+"""Encode a ``Graph`` as egglog terms and decode extracted terms back.
+
+Multi-axis reductions become nested single-axis ones (keepdims, followed by a
+Reshape when keepdims is off), transposes become chains of axis swaps, n-ary
+concats become nested binary ones and 1-d matmul operands are reshaped to
+2-d, so every egglog term has the simple shape rules of rules/schema.egg.
+"""
+
+from __future__ import annotations
+
+from ..frontend.graph import Graph
+from ..ir.node import Node, Op, make
+
+_UNARY = {Op.NEG: "Neg", Op.EXP: "Exp", Op.SQRT: "Sqrt", Op.RSQRT: "Rsqrt", Op.SILU: "Silu",
+          Op.RELU: "Relu"}
+_BINARY = {Op.ADD: "Add", Op.SUB: "Sub", Op.MUL: "Mul", Op.DIV: "Div", Op.MATMUL: "MatMul"}
+CTOR_OP = {v: k for k, v in {**_UNARY, **_BINARY}.items()}
+
+
+def _f64(x: float) -> str:
+    text = repr(float(x))
+    return text if any(c in text for c in ".eEn") else text + ".0"
+
+
+def _vec(shape) -> str:
+    return "(vec-of " + " ".join(str(d) for d in shape) + ")" if shape else "(vec-empty)"
+
+
+def _swaps(perm: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Axis swaps that, applied in order, realise ``np.transpose(x, perm)``."""
+    cur = list(range(len(perm)))
+    swaps = []
+    for i, want in enumerate(perm):
+        j = cur.index(want)
+        if j != i:
+            swaps.append((i, j))
+            cur[i], cur[j] = cur[j], cur[i]
+    return swaps
+
+
+class Encoder:
+    """Turns nodes into egglog ``let`` commands, one per node, sharing subterms."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.names: dict[int, str] = {}
+        self._k = 0
+
+    def _let(self, term: str) -> str:
+        name = f"$t{self._k}"
+        self._k += 1
+        self.lines.append(f"(let {name} {term})")
+        return name
+
+    def encode(self, node: Node) -> str:
+        """The global name holding ``node``'s term (encoding operands first)."""
+        if id(node) in self.names:
+            return self.names[id(node)]
+        src = [self.encode(s) for s in node.srcs]
+        op = node.op
+        if op is Op.INPUT:
+            name = self._let(f'(Input "{node.arg}")')
+            self.lines.append(f"(set (ndim {name}) {len(node.shape)})")
+            self.lines += [f"(set (dim {name} {i}) {d})" for i, d in enumerate(node.shape)]
+        elif op is Op.CONST:
+            name = self._let(f"(Const {_f64(node.arg)})")
+        elif op in _UNARY:
+            name = self._let(f"({_UNARY[op]} {src[0]})")
+        elif op is Op.MATMUL:
+            a, b = (src[i] if len(s.shape) > 1 else self._let(
+                f"(Reshape {_vec((1, s.shape[0]) if i == 0 else (s.shape[0], 1))} {src[i]})")
+                for i, s in enumerate(node.srcs))
+            name = self._let(f"(MatMul {a} {b})")
+            if any(len(s.shape) == 1 for s in node.srcs):
+                name = self._let(f"(Reshape {_vec(node.shape)} {name})")
+        elif op in _BINARY:
+            name = self._let(f"({_BINARY[op]} {src[0]} {src[1]})")
+        elif op in (Op.SUM, Op.MEAN):
+            axes, keep = node.arg
+            name = src[0]
+            for ax in axes:
+                name = self._let(f"({'Sum' if op is Op.SUM else 'Mean'} {ax} {name})")
+            if not keep:
+                name = self._let(f"(Reshape {_vec(node.shape)} {name})")
+        elif op is Op.TRANSPOSE:
+            name = src[0]
+            for i, j in _swaps(node.arg):
+                name = self._let(f"(Swap {i} {j} {name})")
+        elif op is Op.RESHAPE:
+            name = self._let(f"(Reshape {_vec(node.shape)} {src[0]})")
+        elif op is Op.CONCAT:
+            name = src[0]
+            for other in src[1:]:
+                name = self._let(f"(Concat {node.arg} {name} {other})")
+        else:
+            raise NotImplementedError(f"cannot encode {op}")
+        self.names[id(node)] = name
+        return name
+
+
+def encode_graph(graph: Graph) -> tuple[str, dict[str, str]]:
+    """egglog commands defining every output of ``graph``; and output -> global name."""
+    enc = Encoder()
+    roots = {name: enc.encode(node) for name, node in graph.outputs.items()}
+    return "\n".join(enc.lines), roots
+
+
+def build_node(ctor: str, args: list, inputs: dict[str, Node]) -> Node:
+    """Rebuild an IR node from a constructor name and decoded arguments.
+
+    ``args`` holds Nodes for tensor arguments and Python ints/floats/tuples
+    for the others.
+    """
+    if ctor == "Input":
+        return inputs[args[0]]
+    if ctor == "Const":
+        return Node(Op.CONST, (), float(args[0]), (), "float32")
+    if ctor in CTOR_OP:
+        return make(CTOR_OP[ctor], tuple(args))
+    if ctor in ("Sum", "Mean"):
+        return make(Op.SUM if ctor == "Sum" else Op.MEAN, (args[1],), ((int(args[0]),), True))
+    if ctor == "Swap":
+        i, j, x = args
+        perm = list(range(len(x.shape)))
+        perm[i], perm[j] = perm[j], perm[i]
+        return make(Op.TRANSPOSE, (x,), tuple(perm))
+    if ctor == "Reshape":
+        return make(Op.RESHAPE, (args[1],), tuple(args[0]))
+    if ctor == "Concat":
+        return make(Op.CONCAT, (args[1], args[2]), int(args[0]))
+    if ctor == "Dev":  # a kernel boundary is the identity on values
+        return args[0]
+    raise NotImplementedError(f"cannot decode constructor {ctor}")
+
+
+def graph_from_outputs(template: Graph, outputs: dict[str, Node], name: str) -> Graph:
+    """A Graph with ``template``'s inputs and the given output nodes."""
+    g = Graph(name)
+    g.inputs = dict(template.inputs)
+    g.outputs = dict(outputs)
+    return g

@@ -1,0 +1,267 @@
+"""Rule files: parse egglog-syntax rewrite rules, check them against the schema.
+
+A rule file holds ``(ruleset NAME)`` declarations and ``(rewrite LHS RHS
+[:when (FACTS)] [:ruleset NAME])`` / ``(birewrite ...)`` forms, each preceded
+by a one-line ``;`` comment that becomes its description. Every constructor a
+rule names must exist in rules/schema.egg with the right arity; a malformed
+file gets a ``RuleError`` naming the file and line.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from ..ir.errors import RuleError
+
+# Primitive functions and relations a rule may use in conditions and computed arguments
+# (``is-op``: the term is computed by an operation; rules/schema.egg).
+PRIMITIVES = {"+", "-", "*", "/", "max", "min", "to-f64", "vec-of", "=", "!=", ">=", "<=",
+              ">", "<", "ndim", "dim", "split", "is-op"}
+
+
+class Sym(str):
+    """An atom of an s-expression (a symbol or a number)."""
+
+
+@dataclass
+class SList:
+    """A parenthesised s-expression with the line it starts on."""
+
+    items: list
+    line: int
+
+    def head(self) -> str | None:
+        """The first item when it is a symbol."""
+        return self.items[0] if self.items and isinstance(self.items[0], Sym) else None
+
+
+def parse_sexprs(text: str, path: str) -> list[tuple[SList, str]]:
+    """Parse ``text`` into top-level lists, each with the ``;`` comment just above it."""
+    tokens = re.finditer(r'\(|\)|"(?:[^"\\]|\\.)*"|;[^\n]*|[^\s()";]+|\n', text)
+    line, stack, out, comment, pending = 1, [], [], "", ""
+    for m in tokens:
+        tok = m.group(0)
+        if tok == "\n":
+            line += 1
+            if not stack:
+                comment, pending = pending, ""
+            continue
+        if tok.startswith(";"):
+            if not stack:
+                pending = tok.lstrip("; ").strip()
+            continue
+        if tok == "(":
+            stack.append(SList([], line))
+        elif tok == ")":
+            if not stack:
+                raise RuleError(f"{path}:{line}: unbalanced ')'")
+            done = stack.pop()
+            if stack:
+                stack[-1].items.append(done)
+            else:
+                out.append((done, comment or pending))
+                comment, pending = "", ""
+        else:
+            if not stack:
+                raise RuleError(f"{path}:{line}: stray atom {tok!r} outside a form")
+            stack[-1].items.append(tok if tok.startswith('"') else Sym(tok))
+    if stack:
+        raise RuleError(f"{path}:{stack[-1].line}: unclosed '(' (file ends inside this form)")
+    return out
+
+
+def to_text(x) -> str:
+    """Print an s-expression back in egglog syntax."""
+    if isinstance(x, SList):
+        return "(" + " ".join(to_text(i) for i in x.items) + ")"
+    return str(x)
+
+
+@dataclass(frozen=True)
+class Schema:
+    """Constructors of sort T: name -> argument sorts."""
+
+    constructors: dict[str, tuple[str, ...]]
+
+    @classmethod
+    @functools.cache
+    def load(cls) -> Schema:
+        """Read rules/schema.egg (once per process: it is package data)."""
+        text = schema_text()
+        ctors: dict[str, tuple[str, ...]] = {}
+        for form, _ in parse_sexprs(text, "schema.egg"):
+            if form.head() == "datatype" and form.items[1] == "T":
+                for c in form.items[2:]:
+                    ctors[str(c.items[0])] = tuple(str(s) for s in c.items[1:])
+        return cls(ctors)
+
+
+@dataclass
+class Rule:
+    """One directed rewrite rule, as read from a file."""
+
+    name: str
+    lhs: SList
+    rhs: SList | Sym
+    when: list = field(default_factory=list)
+    ruleset: str = "user"
+    path: str = ""
+    line: int = 0
+
+    @property
+    def where(self) -> str:
+        """``file:line`` of the rule."""
+        return f"{os.path.basename(self.path)}:{self.line}"
+
+    def variables(self) -> set[str]:
+        """Pattern variables bound by the left-hand side."""
+        return _vars(self.lhs)
+
+    def egglog(self, guard_facts: list[str] = ()) -> str:
+        """The rule as one egglog ``rewrite`` command."""
+        facts = [to_text(w) for w in self.when] + list(guard_facts)
+        when = f" :when ({' '.join(facts)})" if facts else ""
+        return f"(rewrite {to_text(self.lhs)} {to_text(self.rhs)}{when} :ruleset {self.ruleset})"
+
+
+def _vars(x) -> set[str]:
+    if isinstance(x, SList):
+        out: set[str] = set()
+        for item in x.items[1:]:
+            out |= _vars(item)
+        return out
+    if isinstance(x, Sym) and re.fullmatch(r"[a-z_][a-z0-9_]*", x):
+        return {str(x)}
+    return set()
+
+
+def _check_term(x, schema: Schema, path: str, line: int) -> None:
+    if not isinstance(x, SList):
+        return
+    head = x.head()
+    line = x.line or line
+    if head is None:
+        raise RuleError(f"{path}:{line}: expected an operator at the start of {to_text(x)}")
+    if head in schema.constructors:
+        want = len(schema.constructors[head])
+        if len(x.items) - 1 != want:
+            raise RuleError(f"{path}:{line}: {head} takes {want} arguments, got "
+                            f"{len(x.items) - 1} in {to_text(x)}")
+    elif head not in PRIMITIVES:
+        known = ", ".join(sorted(schema.constructors))
+        raise RuleError(f"{path}:{line}: unknown constructor {head!r} in {to_text(x)} "
+                        f"(the schema has: {known})")
+    for item in x.items[1:]:
+        _check_term(item, schema, path, line)
+
+
+def parse_rules(text: str, path: str, schema: Schema | None = None) -> tuple[list[str], list[Rule]]:
+    """Parse a rule file's text: (rulesets declared, rules). Raises ``RuleError``."""
+    schema = schema or Schema.load()
+    rulesets: list[str] = []
+    rules: list[Rule] = []
+    for form, comment in parse_sexprs(text, path):
+        head = form.head()
+        if head == "ruleset":
+            if len(form.items) != 2:
+                raise RuleError(f"{path}:{form.line}: (ruleset NAME) takes one name")
+            rulesets.append(str(form.items[1]))
+            continue
+        if head not in ("rewrite", "birewrite"):
+            raise RuleError(f"{path}:{form.line}: expected (rewrite ...), (birewrite ...) or "
+                            f"(ruleset ...), got ({head} ...)")
+        if len(form.items) < 3:
+            raise RuleError(f"{path}:{form.line}: {head} needs a left and a right side")
+        lhs, rhs, opts = form.items[1], form.items[2], form.items[3:]
+        when, ruleset = [], "user"
+        for i in range(0, len(opts), 2):
+            key = opts[i]
+            if i + 1 >= len(opts):
+                raise RuleError(f"{path}:{form.line}: option {key} has no value")
+            if key == ":when":
+                if not isinstance(opts[i + 1], SList):
+                    raise RuleError(f"{path}:{form.line}: :when takes a list of facts")
+                when = opts[i + 1].items
+            elif key == ":ruleset":
+                ruleset = str(opts[i + 1])
+            else:
+                raise RuleError(f"{path}:{form.line}: unknown option {key}")
+        if not isinstance(lhs, SList) or lhs.head() not in schema.constructors:
+            raise RuleError(f"{path}:{form.line}: the left side must be a constructor pattern, "
+                            f"got {to_text(lhs)}")
+        for part in (lhs, rhs, *when):
+            _check_term(part, schema, path, form.line)
+        name = comment or f"{os.path.basename(path)}:{form.line}"
+        rule = Rule(name, lhs, rhs, when, ruleset, path, form.line)
+        bound = rule.variables() | _vars(SList([Sym("when"), *when], 0))
+        free = _vars(rhs) - bound
+        if free:
+            raise RuleError(f"{path}:{form.line}: right side uses unbound variables "
+                            f"{sorted(free)}")
+        rules.append(rule)
+        if head == "birewrite":
+            if not isinstance(rhs, SList) or rhs.head() not in schema.constructors:
+                raise RuleError(f"{path}:{form.line}: birewrite needs a constructor on both sides")
+            back = Rule(name + " (reversed)", rhs, lhs, when, ruleset, path, form.line)
+            if _vars(lhs) - back.variables() - _vars(SList([Sym("when"), *when], 0)):
+                raise RuleError(f"{path}:{form.line}: birewrite's right side must bind every "
+                                "variable of its left side")
+            rules.append(back)
+    for rule in rules:
+        if rule.ruleset not in rulesets:
+            raise RuleError(f"{rule.path}:{rule.line}: ruleset {rule.ruleset!r} is not declared "
+                            f"in this file (add (ruleset {rule.ruleset}))")
+    return rulesets, rules
+
+
+def builtin_rules_dir() -> Path:
+    """The folder of the built-in rule files (package data, or the source tree)."""
+    try:
+        path = Path(str(resources.files("eqsat_mirage.rules")))
+        if (path / "schema.egg").exists():
+            return path
+    except (ModuleNotFoundError, TypeError):
+        pass
+    return Path(__file__).resolve().parents[2] / "rules"
+
+
+@functools.cache
+def schema_text() -> str:
+    """The text of rules/schema.egg (read once per process)."""
+    return (builtin_rules_dir() / "schema.egg").read_text()
+
+
+def rule_paths(specs) -> list[Path]:
+    """Expand rule specs (files, folders, or "rules" for the built-ins) into files."""
+    out: list[Path] = []
+    for spec in specs:
+        path = builtin_rules_dir() if str(spec) == "rules" else Path(spec)
+        if path.is_dir():
+            out.extend(p for p in sorted(path.glob("*.egg")) if p.name not in
+                       ("schema.egg", "guards.egg"))
+        elif path.is_file():
+            out.append(path)
+        else:
+            raise RuleError(f"{spec}: no such rule file or folder")
+    return out
+
+
+def load_rules(specs=("rules",)) -> tuple[list[str], list[Rule]]:
+    """Load and check every rule file named by ``specs``; rulesets and rules in order."""
+    schema = Schema.load()
+    rulesets: list[str] = []
+    rules: list[Rule] = []
+    for path in rule_paths(specs):
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise RuleError(f"{path}: cannot read ({exc.strerror})") from None
+        rs, rl = parse_rules(text, str(path), schema)
+        rulesets += [r for r in rs if r not in rulesets]
+        rules += rl
+    return rulesets, rules

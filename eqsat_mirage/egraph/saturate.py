@@ -1,0 +1,223 @@
+"""The ``saturate`` pass: load a program and rule files into egglog and run them.
+
+egglog 13 has no node limit, so each phase runs one iteration at a time:
+shape facts to a fixpoint, abstract-expression values (when guards are on),
+then one application of every ruleset of the phase; after each iteration the
+e-graph's size is read back and the phase stops at the node, iteration or
+time limit, or when nothing changed (saturated).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import egglog.bindings as eb
+
+from ..ir.errors import MirageError
+from .encode import Encoder
+from .rulefiles import Rule, SList, Sym, builtin_rules_dir, schema_text, to_text
+
+# Abstract constructor of each T constructor: (name, how its arguments map).
+_ABS = {"Const": "(AConst)", "Exp": "(AExp {0})", "Sqrt": '(AFn "sqrt" {0})',
+        "Rsqrt": '(AFn "rsqrt" {0})', "Silu": '(AFn "silu" {0})', "Relu": '(AFn "relu" {0})',
+        "Add": "(AAdd {0} {1})", "Sub": "(AAdd {0} {1})", "Mul": "(AMul {0} {1})",
+        "Div": "(ADiv {0} {1})", "MatMul": "(ASum (AMul {0} {1}))", "Sum": "(ASum {0})",
+        "Mean": "(ADiv (ASum {0}) (AConst))", "Concat": "(ACat {0} {1})", "Neg": "{0}",
+        "Swap": "{0}", "Reshape": "{0}", "Dev": "{0}"}
+
+_ABS_CTORS = {"AVar", "AConst", "AAdd", "AMul", "ADiv", "AExp", "ASum", "AFn", "ACat"}
+
+# The phases in order: algebra first, then where kernel boundaries may go (rules/tiling.egg).
+DEFAULT_PHASES = (("algebraic", ("assoc", "distrib", "lora", "scalar", "expo", "reduce", "comm")),
+                  ("tiling", ("tiling",)))
+
+
+@dataclass
+class PhaseStats:
+    """What one saturation phase did."""
+
+    name: str
+    iterations: int = 0
+    seconds: float = 0.0
+    enodes: int = 0
+    stop: str = ""
+    rules_fired: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Limits:
+    """Per-phase limits of saturation."""
+
+    node_limit: int = 200_000
+    iter_limit: int = 12
+    time_limit_s: float = 30.0
+    match_limit: int = 2000  # per rule and iteration (egglog's back-off scheduler)
+
+
+def _guard_facts(rule: Rule, schema_ctors: dict[str, tuple[str, ...]]) -> list[str]:
+    """Query facts that hold only if every new term of the rule's right side is in-target."""
+    facts: list[str] = []
+    lhs_terms = set()
+
+    def collect(x):
+        if isinstance(x, SList):
+            lhs_terms.add(to_text(x))
+            for i in x.items[1:]:
+                collect(i)
+    collect(rule.lhs)
+    abs_vars: dict[str, str] = {}
+
+    def abs_of(x) -> str | None:
+        if isinstance(x, Sym):
+            if x not in abs_vars:
+                abs_vars[x] = f"__abs_{x}"
+                facts.append(f"(= __abs_{x} (absval {x}))")
+            return abs_vars[x]
+        head = x.head()
+        sorts = schema_ctors[head]
+        t_args = [abs_of(a) for a, s in zip(x.items[1:], sorts) if s == "T"]
+        if head not in _ABS or any(a is None for a in t_args):
+            return None
+        term = _ABS[head].format(*t_args)
+        if to_text(x) not in lhs_terms and head != "Const":
+            facts.append(f"(in-target {term})")
+        return term
+    if isinstance(rule.rhs, SList):
+        abs_of(rule.rhs)
+    return facts
+
+
+class Saturator:
+    """One egglog e-graph holding a program, its shape facts and the rules."""
+
+    def __init__(self, graph, rulesets: list[str], rules: list[Rule], guards: bool = True,
+                 splits: list[tuple[int, int, int]] = (), guard_limits: Limits | None = None):
+        from .rulefiles import Schema
+
+        self.graph = graph
+        self.guards = guards
+        self.rules = rules
+        self.egraph = eb.EGraph()
+        self.ctors = Schema.load().constructors
+        self.stats: list[PhaseStats] = []
+        parts = [schema_text(), "(relation split (i64 i64 i64))"]
+        parts += [f"(split {n} {i} {j})" for n, i, j in splits]
+        if guards:
+            parts.append((builtin_rules_dir() / "guards.egg").read_text())
+        parts += [f"(ruleset {r})" for r in rulesets]
+        self.rule_names: dict[str, str] = {}
+        for k, rule in enumerate(rules):
+            key = f"r{k}"
+            self.rule_names[key] = f"{rule.name} [{rule.where}]"
+            facts = _guard_facts(rule, self.ctors) if guards else []
+            text = rule.egglog(facts)
+            parts.append(text[:-1] + f' :name "{key}")')
+        self.encoder = Encoder()
+        self.roots = {name: self.encoder.encode(node) for name, node in graph.outputs.items()}
+        parts.append("\n".join(self.encoder.lines))
+        self._run("\n".join(parts), "loading the schema, rules and program")
+        self._run("(run-schedule (saturate (run shapes)))", "computing shape facts")
+        if guards:
+            self._saturate_target(guard_limits or Limits(node_limit=20_000, iter_limit=6,
+                                                         time_limit_s=10.0, match_limit=500))
+
+    def _run(self, text: str, what: str):
+        try:
+            return self.egraph.run_program(*self.egraph.parse_program(text))
+        except eb.EggSmolError as exc:
+            raise MirageError(f"egglog failed while {what}: {exc}") from None
+
+    def _saturate_target(self, limits: Limits) -> None:
+        """Saturate the target's abstract expression under the axioms, mark in-target."""
+        start = time.perf_counter()
+        self._run("(run-schedule (saturate (run absrules)))", "computing abstract expressions")
+        for root in self.roots.values():
+            self._run(f"(in-target (absval {root}))", "marking the target")
+        st = PhaseStats("guards")
+        while st.iterations < limits.iter_limit:
+            out = self._run(f"(run-schedule (let-scheduler bo (back-off :match-limit "
+                            f"{limits.match_limit})) (run-with bo axioms))",
+                            "saturating the target's abstract expression")
+            st.iterations += 1
+            st.enodes = self.size("abstract")
+            if not out[-1].report.updated:
+                st.stop = "saturated"
+                break
+            if st.enodes > limits.node_limit:
+                st.stop = "node limit"
+                break
+            if time.perf_counter() - start > limits.time_limit_s:
+                st.stop = "time limit"
+                break
+        else:
+            st.stop = "iteration limit"
+        self._run("(run-schedule (saturate (run reach)))", "marking target subexpressions")
+        st.seconds = time.perf_counter() - start
+        self.stats.append(st)
+
+    def size(self, kind: str = "T") -> int:
+        """Number of e-nodes: of sort T (tensor terms), "abstract" (sort A) or "all"."""
+        out = self._run("(print-size)", "measuring the e-graph")
+        sizes = dict(out[-1].sizes)
+        if kind == "all":
+            return sum(sizes.values())
+        if kind == "abstract":
+            return sum(n for name, n in sizes.items() if name in _ABS_CTORS)
+        return sum(n for name, n in sizes.items() if name in self.ctors)
+
+    def run_phase(self, name: str, rulesets: tuple[str, ...], limits: Limits,
+                  progress: Callable[[str], None] | None = None) -> PhaseStats:
+        """Run ``rulesets`` iteration by iteration under ``limits``."""
+        st = PhaseStats(name)
+        start = time.perf_counter()
+        while True:
+            if st.iterations >= limits.iter_limit:
+                st.stop = "iteration limit"
+                break
+            sched = (f"(let-scheduler bo (back-off :match-limit {limits.match_limit})) "
+                     + " ".join(f"(run-with bo {r})" for r in rulesets))
+            extra = "(saturate (run absrules)) (saturate (run reach))" if self.guards else ""
+            out = self._run(f"(run-schedule {sched} (saturate (run shapes)) {extra})",
+                            f"running phase {name}")
+            st.iterations += 1
+            report = out[-1].report
+            for key, n in report.num_matches_per_rule.items():
+                rule = self.rule_names.get(key)
+                if rule and n:
+                    st.rules_fired[rule] = st.rules_fired.get(rule, 0) + n
+            st.enodes = self.size()
+            elapsed = time.perf_counter() - start
+            if progress:
+                progress(f"{name}: iteration {st.iterations}, {st.enodes} e-nodes, "
+                         f"{elapsed:.1f} s")
+            if not report.updated:
+                st.stop = "saturated"
+                break
+            if st.enodes > limits.node_limit:
+                st.stop = "node limit"
+                break
+            if elapsed > limits.time_limit_s:
+                st.stop = "time limit"
+                break
+        st.seconds = time.perf_counter() - start
+        self.stats.append(st)
+        return st
+
+    def serialize(self) -> dict:
+        """The e-graph as JSON (nodes, classes), for external extraction."""
+        return json.loads(self.egraph.serialize([]).to_json())
+
+    def root_classes(self, data: dict) -> dict[str, str]:
+        """Output name -> e-class id in ``data``."""
+        by_let = let_classes(data)
+        return {out: by_let[g] for out, g in self.roots.items()}
+
+
+def let_classes(data: dict) -> dict[str, str]:
+    """The e-class id in serialized ``data`` of every ``let``-bound global ($tK) of the encoding."""
+    # a class holding several lets lists them all: "let": "$t4, $t9"
+    return {name.strip(): k for k, v in data["class_data"].items() if v.get("let")
+            for name in v["let"].split(",")}

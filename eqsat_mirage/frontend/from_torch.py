@@ -1,0 +1,341 @@
+"""The PyTorch front end: ``from_torch(fn_or_module, *example_inputs) -> em.Graph``.
+
+The function or ``nn.Module`` is traced with ``torch.fx`` (symbolic tracing,
+recording the user's source line of every node), then the fx graph is
+interpreted once with ``em.Tensor``s in place of torch tensors: placeholders
+become ``Graph.input``s with the example inputs' shapes and dtypes, module
+parameters and buffers become inputs named after their path ("proj.weight"
+becomes the input ``proj_weight``), and every call goes through the support
+table of ``torch_ops``. Shape arithmetic (``x.shape[-1] ** -0.5``) is folded in
+Python. An op outside the table raises ``UnsupportedOpError`` naming the op and
+the source line; a dtype other than float16, bfloat16 and float32 raises
+``DTypeError``.
+
+``softmax`` is decomposed as ``exp(x) / sum(exp(x))``: the IR has no max, so it
+is not max-subtracted. It is equal in exact arithmetic but overflows for large
+logits (|x| > ~11 in float16, > ~88 in float32), where torch's softmax does not.
+
+The ``Converter`` is shared with the ``torch.compile`` backend (``dynamo/backend.py``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import keyword
+import linecache
+import os
+import re
+import sys
+from typing import Any
+
+import torch
+from torch import fx
+
+from ..ir.errors import DTypeError, GraphError, MirageError, UnsupportedOpError
+from ..ir.node import DTYPES, canonical_dtype
+from .graph import Graph, Tensor
+from .torch_ops import METHODS, MODULES, SUPPORTED, function_handler
+
+__all__ = ["Converter", "from_torch", "graph_inputs", "op_name", "source_line", "trace",
+           "unique_identifier"]
+
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # eqsat_mirage/
+_FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def _user_frame() -> str:
+    """``File "...", line N, in fn`` and the code of the innermost frame outside torch and us."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        fname = os.path.abspath(frame.f_code.co_filename)
+        if not (fname.startswith((_TORCH_DIR, _PKG_DIR)) or frame.f_code.co_filename[:1] == "<"):
+            code = linecache.getline(fname, frame.f_lineno).strip()
+            return f'  File "{fname}", line {frame.f_lineno}, in {frame.f_code.co_name}\n    {code}'
+        frame = frame.f_back
+    return ""
+
+
+class _Tracer(fx.Tracer):
+    """``fx.Tracer`` that records the user's source line of every node (functions included)."""
+
+    def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
+        node = super().create_node(*args, **kwargs)
+        if node.op not in ("placeholder", "output") and not node.meta.get("stack_trace"):
+            where = _user_frame()
+            if where:
+                node.meta["stack_trace"] = where
+        return node
+
+
+def trace(fn_or_module: Any) -> fx.GraphModule:
+    """The ``fx.GraphModule`` of a function or module (symbolic tracing, source lines kept).
+
+    Raises ``UnsupportedOpError`` when torch.fx cannot trace it (e.g. Python control
+    flow that depends on tensor values).
+    """
+    if isinstance(fn_or_module, fx.GraphModule):
+        return fn_or_module
+    root = fn_or_module if isinstance(fn_or_module, torch.nn.Module) else torch.nn.Module()
+    what = getattr(fn_or_module, "__name__", type(fn_or_module).__name__)
+    if not callable(fn_or_module):
+        raise UnsupportedOpError(f"from_torch: expected a function or an nn.Module, got "
+                                 f"{type(fn_or_module).__name__}")
+    try:
+        graph = _Tracer().trace(fn_or_module)
+    except Exception as exc:  # torch.fx raises TraceError, TypeError, RuntimeError, ...
+        raise UnsupportedOpError(f"from_torch: torch.fx cannot trace {what!r}: "
+                                 f"{type(exc).__name__}: {exc} (control flow that depends on "
+                                 "tensor values cannot be traced)") from exc
+    return fx.GraphModule(root, graph, what)
+
+
+def op_name(node: fx.Node, root: torch.nn.Module | None = None) -> str:
+    """A readable name of the op of an fx node: ``torch.sort``, ``Tensor.exp``, ``nn.GELU``."""
+    if node.op == "call_function":
+        if isinstance(node.target, torch._ops.OpOverload):
+            return str(node.target)  # aten.view.default
+        try:
+            name = fx.node._get_qualified_name(node.target)
+        except Exception:  # noqa: BLE001 - any odd callable: fall back to its name
+            name = getattr(node.target, "__name__", repr(node.target))
+        return name.replace("_operator.", "operator.").replace("torch._C._nn.", "torch.")
+    if node.op == "call_method":
+        return f"Tensor.{node.target}"
+    if node.op == "call_module" and root is not None:
+        try:
+            mod = root.get_submodule(node.target)
+        except AttributeError:
+            return f"module {node.target!r}"
+        cls = type(mod)
+        prefix = "nn." if cls.__module__.startswith("torch.nn") else f"{cls.__module__}."
+        return f"{prefix}{cls.__name__} (module {node.target!r})"
+    return f"{node.op} {node.target}"
+
+
+def source_line(node: fx.Node, fallback: Any = None) -> str:
+    """``file.py:LINE (`code`)`` of the user's source of ``node``, or ``""`` if unknown.
+
+    Reads the node's recorded stack trace (``node.meta["stack_trace"]``, set by our
+    tracer and by Dynamo); without one, searches the source of ``fallback`` (the
+    traced function or module) for the op's name.
+    """
+    trace_text = node.meta.get("stack_trace") or ""
+    hits = list(_FILE_LINE.finditer(trace_text))
+    if hits:
+        fname, line = hits[-1].group(1), int(hits[-1].group(2))
+        code = linecache.getline(fname, line).strip()
+        return f"{os.path.basename(fname)}:{line}" + (f" (`{code}`)" if code else "")
+    fn = getattr(fallback, "forward", fallback)
+    try:
+        lines, start = inspect.getsourcelines(fn)
+        fname = os.path.basename(inspect.getsourcefile(fn) or "?")
+    except (TypeError, OSError):
+        return ""
+    needle = str(node.target).split(".")[-1] if node.op != "call_function" else \
+        op_name(node).split(".")[-1]
+    for i, text in enumerate(lines):
+        if needle and needle in text and i > 0:
+            return f"{fname}:{start + i} (`{text.strip()}`)"
+    return f"{fname}:{start} (in {getattr(fn, '__name__', '?')})"
+
+
+def unique_identifier(name: str, used: set[str]) -> str:
+    """``name`` made a Python identifier not in ``used`` (which it is added to)."""
+    base = re.sub(r"\W", "_", str(name)) or "x"
+    if not base.isidentifier() or keyword.iskeyword(base):
+        base = f"t_{base}"
+    out, i = base, 1
+    while out in used:
+        out, i = f"{base}_{i}", i + 1
+    used.add(out)
+    return out
+
+
+def dtype_of(value: Any, what: str) -> str:
+    """The canonical dtype of a torch tensor, or a ``DTypeError`` naming ``what``."""
+    try:
+        return canonical_dtype(value.dtype)
+    except DTypeError:
+        raise DTypeError(f"{what}: dtype {value.dtype} is not supported (eqsat-mirage "
+                         f"supports {', '.join(DTYPES)})") from None
+
+
+class Converter:
+    """Interprets an fx graph node by node, building an ``em.Graph`` with ``em.Tensor``s.
+
+    ``env`` maps fx nodes to their values; ``sources`` maps each graph input name to
+    ``("arg", i)`` (the i-th positional input) or ``("param", path)`` (a parameter
+    or buffer of ``root``); ``fallback`` (the traced function or module) serves
+    ``source_line`` when a node has no recorded stack trace.
+    """
+
+    def __init__(self, graph: Graph, root: torch.nn.Module, fallback: Any = None) -> None:
+        self.graph, self.root, self.fallback = graph, root, fallback
+        self.env: dict[fx.Node, Any] = {}
+        self.sources: dict[str, tuple[str, Any]] = {}
+        self.used: set[str] = set()
+        self._params: dict[str, Tensor] = {}
+
+    def input(self, name: str, shape: tuple[int, ...], dtype: str, source: tuple) -> Tensor:
+        """A new graph input (the name made a unique identifier) fed from ``source``."""
+        ident = unique_identifier(name, self.used)
+        t = self.graph.input(ident, shape, dtype)
+        self.sources[ident] = source
+        return t
+
+    def tensor_input(self, name: str, value: Any, source: tuple) -> Tensor:
+        """A graph input with the shape and dtype of the torch tensor (or fake) ``value``."""
+        return self.input(name, tuple(int(d) for d in value.shape),
+                          dtype_of(value, f"input {name!r}"), source)
+
+    def param(self, path: str) -> Tensor:
+        """The graph input holding parameter or buffer ``path`` of the root module."""
+        if path not in self._params:
+            try:
+                value = self.root.get_parameter(path)
+            except AttributeError:
+                try:
+                    value = self.root.get_buffer(path)
+                except AttributeError:
+                    obj = self.root
+                    for part in path.split("."):
+                        obj = getattr(obj, part)
+                    value = obj
+            if not isinstance(value, torch.Tensor):
+                raise UnsupportedOpError(f"attribute {path!r} is a {type(value).__name__}, "
+                                         "not a tensor")
+            self._params[path] = self.tensor_input(path, value, ("param", path))
+        return self._params[path]
+
+    def where(self, node: fx.Node) -> str:
+        """``op at file:line (`code`)`` for error messages."""
+        loc = source_line(node, self.fallback)
+        return op_name(node, self.root) + (f" at {loc}" if loc else "")
+
+    def lookup(self, node: fx.Node) -> tuple[Any, tuple]:
+        """The support-table handler of a call node and its leading arguments.
+
+        Raises ``UnsupportedOpError`` naming the op and its source line when the
+        table has none.
+        """
+        if node.op == "call_function":
+            handler, extra = function_handler(node.target), ()
+        elif node.op == "call_method":
+            handler, extra = METHODS.get(node.target), ()
+        elif node.op == "call_module":
+            mod = self.root.get_submodule(node.target)
+            handler, extra = MODULES.get(type(mod)), (self, mod, node.target)
+        else:
+            raise UnsupportedOpError(f"fx node {node.name!r} of kind {node.op!r}")
+        if handler is None:
+            raise UnsupportedOpError(f"unsupported op {self.where(node)}; eqsat-mirage "
+                                     f"supports {SUPPORTED}")
+        return handler, extra
+
+    def run(self, node: fx.Node) -> Any:
+        """Convert one call/get_attr node (its operands already in ``env``); returns its value."""
+        if node.op == "get_attr":
+            value = self.param(node.target)
+            self.env[node] = value
+            return value
+        handler, extra = self.lookup(node)
+        args = fx.node.map_arg(node.args, self.env.__getitem__)
+        kwargs = fx.node.map_arg(node.kwargs, self.env.__getitem__)
+        try:
+            value = handler(*extra, *args, **kwargs)
+        except UnsupportedOpError as exc:
+            raise UnsupportedOpError(f"unsupported use of {self.where(node)}: {exc}") from None
+        except MirageError as exc:
+            raise type(exc)(f"{exc} (converting {self.where(node)})") from None
+        except (TypeError, KeyError) as exc:
+            raise UnsupportedOpError(f"unsupported arguments to {self.where(node)}: "
+                                     f"{exc}") from None
+        self.env[node] = value
+        return value
+
+    def outputs(self, value: Any, prefix: str = "out", top: bool = True) -> list[tuple[str, Any]]:
+        """The leaves of an fx ``output`` value (a tensor, or nested tuples/lists/dicts), named.
+
+        A single value is ``out``; a tuple ``out0``, ``out1``; a dict keeps its keys;
+        deeper levels append ``_i`` or ``_key``.
+        """
+        if isinstance(value, (tuple, list)):
+            sep = "" if top else "_"
+            return [o for i, v in enumerate(value)
+                    for o in self.outputs(v, f"{prefix}{sep}{i}", False)]
+        if isinstance(value, dict):
+            return [o for k, v in value.items()
+                    for o in self.outputs(v, str(k) if top else f"{prefix}_{k}", False)]
+        return [(prefix, value)]
+
+
+def from_torch(fn_or_module: Any, *example_inputs: Any, name: str | None = None) -> Graph:
+    """The ``em.Graph`` of a torch function or ``nn.Module`` called on ``example_inputs``.
+
+    Placeholders become inputs named after the function's arguments, with the
+    example inputs' shapes and dtypes (float16, bfloat16 or float32; Python numbers
+    are baked in as constants); parameters and buffers become inputs named after
+    their path, made identifiers ("proj.weight" -> ``proj_weight``). Outputs: a
+    single tensor is ``out``, a tuple/list ``out0``, ``out1``, ..., a dict keeps its
+    keys. ``graph.torch_sources`` maps each input name to ``("arg", i)`` or
+    ``("param", path)``; ``graph_inputs`` builds the input dict from it.
+
+    Supported: see ``torch_ops.SUPPORTED``. ``softmax`` becomes
+    ``exp(x) / sum(exp(x))``, not max-subtracted (the IR has no max): equal in exact
+    arithmetic, but it overflows for large logits where torch's does not. Raises
+    ``UnsupportedOpError`` (naming the op and the source line) for anything else,
+    ``DTypeError`` for other dtypes.
+    """
+    gm = trace(fn_or_module)
+    default = getattr(fn_or_module, "__name__", None) or type(fn_or_module).__name__
+    graph = Graph(name or default)
+    cv = Converter(graph, gm, fallback=fn_or_module)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(example_inputs) > len(placeholders) or any(
+            i >= len(example_inputs) and not n.args for i, n in enumerate(placeholders)):
+        names = ", ".join(str(n.target) for n in placeholders)
+        raise GraphError(f"from_torch({default}): {len(example_inputs)} example input(s) for "
+                         f"{len(placeholders)} argument(s) ({names})")
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            i = placeholders.index(node)
+            value = example_inputs[i] if i < len(example_inputs) else node.args[0]
+            if isinstance(value, torch.Tensor):
+                cv.env[node] = cv.tensor_input(str(node.target).lstrip("*"), value, ("arg", i))
+            else:
+                cv.env[node] = value  # a Python value: folded as a constant
+        elif node.op == "output":
+            for out_name, value in cv.outputs(fx.node.map_arg(node.args[0], cv.env.__getitem__)):
+                if not isinstance(value, Tensor):
+                    raise GraphError(f"from_torch({default}): output {out_name!r} is of "
+                                     f"type {type(value).__name__}, not a tensor")
+                ident = unique_identifier(out_name, cv.used)
+                graph.output(value, ident)
+        else:
+            cv.run(node)
+    graph.torch_sources = dict(cv.sources)
+    return graph
+
+
+def graph_inputs(graph: Graph, fn_or_module: Any, *example_inputs: Any) -> dict[str, Any]:
+    """The ``{input name: torch tensor}`` dict that feeds ``graph`` (from ``from_torch``).
+
+    Takes the same module (for its parameters) and positional inputs as
+    ``from_torch``; the result goes to ``em.evaluate`` (as NumPy arrays) or to the
+    compiled program.
+    """
+    sources = getattr(graph, "torch_sources", None)
+    if sources is None:
+        raise GraphError(f"graph {graph.name!r} was not built by from_torch")
+    out = {}
+    for name, (kind, ref) in sources.items():
+        if kind == "arg":
+            out[name] = example_inputs[ref]
+        else:
+            obj = fn_or_module
+            for part in ref.split("."):
+                obj = getattr(obj, part)
+            out[name] = obj
+    return out
+

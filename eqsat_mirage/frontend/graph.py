@@ -1,0 +1,273 @@
+"""The builder API: ``Graph``, ``Tensor`` and the NumPy-like functions.
+
+Construction records where each op was written so errors can point at the
+user's file and line. Shapes are checked as the program is built (by
+``ir.infer``); ``check`` re-validates any graph, however it was made.
+"""
+
+from __future__ import annotations
+
+import keyword
+from collections.abc import Sequence
+from numbers import Real
+from typing import Any
+
+from ..ir.errors import GraphError, ShapeError
+from ..ir.node import (
+    Node,
+    Op,
+    canonical_dtype,
+    fmt_shape,
+    make,
+    normalize_axes,
+    numel,
+    toposort,
+    user_location,
+)
+
+
+class Graph:
+    """A kernel-level program: named inputs, a DAG of ops, named outputs."""
+
+    def __init__(self, name: str = "program") -> None:
+        self.name = name
+        self.inputs: dict[str, Node] = {}
+        self.outputs: dict[str, Node] = {}
+
+    def input(self, name: str, shape: Sequence[int], dtype: Any = "float16") -> Tensor:
+        """Declare a named input tensor of ``shape`` and ``dtype``."""
+        loc = user_location()
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+            raise GraphError(f"input name {name!r} (at {loc}) must be a Python identifier")
+        if name in self.inputs:
+            raise GraphError(f"duplicate input name {name!r} (at {loc}) in graph {self.name!r}")
+        try:
+            shape = tuple(int(d) for d in shape)
+        except TypeError as exc:
+            raise ShapeError(f"input {name!r} (at {loc}): shape {shape!r} is not a "
+                             "sequence of ints") from exc
+        if any(d <= 0 for d in shape):
+            raise ShapeError(f"input {name!r} (at {loc}): shape {fmt_shape(shape)} has a "
+                             "non-positive dim")
+        node = Node(Op.INPUT, (), name, shape, canonical_dtype(dtype), loc)
+        self.inputs[name] = node
+        return Tensor(node, self)
+
+    def output(self, tensor: Tensor, name: str | None = None) -> None:
+        """Mark ``tensor`` as an output called ``name`` (default ``out{i}``)."""
+        loc = user_location()
+        name = name if name is not None else f"out{len(self.outputs)}"
+        if not isinstance(tensor, Tensor):
+            raise GraphError(f"output {name!r} (at {loc}): expected a Tensor of this graph, "
+                             f"got {type(tensor).__name__}")
+        if tensor.graph is not self:
+            raise GraphError(f"output {name!r} (at {loc}): tensor {tensor.node.describe()} "
+                             f"belongs to graph {tensor.graph.name!r}, not {self.name!r}")
+        if name in self.outputs:
+            raise GraphError(f"duplicate output name {name!r} (at {loc})")
+        if name in self.inputs:
+            raise GraphError(f"output name {name!r} (at {loc}) is already an input name")
+        self.outputs[name] = tensor.node
+
+    def nodes(self) -> list[Node]:
+        """Every node reachable from the outputs, operands first."""
+        return toposort(list(self.outputs.values()))
+
+    def check(self) -> Graph:
+        """Run the ``check`` pass on this graph and return it."""
+        from ..ir.check import check
+
+        check(self)
+        return self
+
+    def __str__(self) -> str:
+        from ..ir.printing import format_graph
+
+        return format_graph(self)
+
+    def __repr__(self) -> str:
+        return (f"Graph({self.name!r}, inputs={list(self.inputs)}, "
+                f"outputs={list(self.outputs)}, nodes={len(self.nodes())})")
+
+
+def _node(x: Any, graph: Graph | None, what: str) -> Node:
+    if isinstance(x, Tensor):
+        if graph is not None and x.graph is not graph:
+            raise GraphError(f"{what}: operands come from different graphs "
+                             f"({x.graph.name!r} and {graph.name!r})")
+        return x.node
+    if isinstance(x, Real) and not isinstance(x, bool):
+        return Node(Op.CONST, (), float(x), (), "float32")
+    raise GraphError(f"{what}: unsupported operand of type {type(x).__name__}; use a Tensor "
+                     "or a Python number")
+
+
+def apply(op: Op, *args: Any, arg: Any = None) -> Tensor:
+    """Apply ``op`` to tensors (or numbers) and return the resulting Tensor."""
+    graphs = [a.graph for a in args if isinstance(a, Tensor)]
+    if not graphs:
+        raise GraphError(f"{op.name.lower()}: needs at least one Tensor operand")
+    graph = graphs[0]
+    loc = user_location()
+    srcs = tuple(_node(a, graph, f"{op.name.lower()} (at {loc})") for a in args)
+    try:
+        node = make(op, srcs, arg, loc)
+    except ShapeError as exc:
+        raise ShapeError(f"{exc} (at {loc})") from None
+    return Tensor(node, graph)
+
+
+class Tensor:
+    """A value in a Graph under construction, with NumPy-style operators."""
+
+    __array_priority__ = 1000  # make numpy scalars defer to our operators
+
+    def __init__(self, node: Node, graph: Graph) -> None:
+        self.node = node
+        self.graph = graph
+
+    shape = property(lambda self: self.node.shape, doc="The tensor's shape.")
+    dtype = property(lambda self: self.node.dtype, doc="The tensor's dtype name.")
+    ndim = property(lambda self: len(self.node.shape), doc="Number of dimensions.")
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.node.describe()}: {self.dtype}{list(self.shape)})"
+
+    def __matmul__(self, o: Any) -> Tensor:
+        return apply(Op.MATMUL, self, o)
+
+    def __rmatmul__(self, o: Any) -> Tensor:
+        return apply(Op.MATMUL, o, self)
+
+    def __add__(self, o: Any) -> Tensor:
+        return apply(Op.ADD, self, o)
+
+    def __radd__(self, o: Any) -> Tensor:
+        return apply(Op.ADD, o, self)
+
+    def __sub__(self, o: Any) -> Tensor:
+        return apply(Op.SUB, self, o)
+
+    def __rsub__(self, o: Any) -> Tensor:
+        return apply(Op.SUB, o, self)
+
+    def __mul__(self, o: Any) -> Tensor:
+        return apply(Op.MUL, self, o)
+
+    def __rmul__(self, o: Any) -> Tensor:
+        return apply(Op.MUL, o, self)
+
+    def __truediv__(self, o: Any) -> Tensor:
+        return apply(Op.DIV, self, o)
+
+    def __rtruediv__(self, o: Any) -> Tensor:
+        return apply(Op.DIV, o, self)
+
+    def __neg__(self) -> Tensor:
+        return apply(Op.NEG, self)
+
+    def __pow__(self, k: Any) -> Tensor:
+        if k == 2:
+            return apply(Op.MUL, self, self)
+        if k == 0.5:
+            return apply(Op.SQRT, self)
+        if k == -0.5:
+            return apply(Op.RSQRT, self)
+        if k == 1:
+            return self
+        raise GraphError(f"power {k!r} (at {user_location()}): only 2, 1, 0.5 and -0.5 "
+                         "are supported")
+
+    def sum(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        """Sum over ``axis`` (None: all axes)."""
+        return apply(Op.SUM, self, arg=(normalize_axes(axis, self.ndim, self._what("sum")),
+                                        bool(keepdims)))
+
+    def mean(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        """Mean over ``axis`` (None: all axes)."""
+        return apply(Op.MEAN, self,
+                     arg=(normalize_axes(axis, self.ndim, self._what("mean")), bool(keepdims)))
+
+    def _what(self, op: str) -> str:
+        return f"{op} (at {user_location()}) of {self.node.describe()} {fmt_shape(self.shape)}"
+
+    def transpose(self, *axes: Any) -> Tensor:
+        """Permute axes; with no argument, reverse them (NumPy semantics)."""
+        if len(axes) == 1 and not isinstance(axes[0], int):
+            axes = tuple(axes[0])
+        perm = tuple(range(self.ndim))[::-1] if not axes else tuple(
+            a % self.ndim if -self.ndim <= a < self.ndim else a for a in axes)
+        return apply(Op.TRANSPOSE, self, arg=perm)
+
+    @property
+    def T(self) -> Tensor:  # noqa: N802 - NumPy's name
+        """The tensor with its last two axes swapped (matrix transpose)."""
+        if self.ndim < 2:
+            return self
+        perm = tuple(range(self.ndim - 2)) + (self.ndim - 1, self.ndim - 2)
+        return apply(Op.TRANSPOSE, self, arg=perm)
+
+    def reshape(self, *shape: Any) -> Tensor:
+        """Reshape (one dim may be -1)."""
+        if len(shape) == 1 and not isinstance(shape[0], int):
+            shape = tuple(shape[0])
+        shape = tuple(int(d) for d in shape)
+        if shape.count(-1) == 1:
+            rest = numel(tuple(d for d in shape if d != -1))
+            shape = tuple(numel(self.shape) // rest if d == -1 else d for d in shape)
+        return apply(Op.RESHAPE, self, arg=shape)
+
+
+def exp(x: Tensor) -> Tensor:
+    """Elementwise e**x."""
+    return apply(Op.EXP, x)
+
+
+def sqrt(x: Tensor) -> Tensor:
+    """Elementwise square root."""
+    return apply(Op.SQRT, x)
+
+
+def rsqrt(x: Tensor) -> Tensor:
+    """Elementwise 1/sqrt(x)."""
+    return apply(Op.RSQRT, x)
+
+
+def silu(x: Tensor) -> Tensor:
+    """Elementwise x * sigmoid(x)."""
+    return apply(Op.SILU, x)
+
+
+def relu(x: Tensor) -> Tensor:
+    """Elementwise max(x, 0)."""
+    return apply(Op.RELU, x)
+
+
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` with NumPy batching rules."""
+    return apply(Op.MATMUL, a, b)
+
+
+def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
+    """Concatenate tensors along ``axis``."""
+    tensors = list(tensors)
+    if not tensors or not all(isinstance(t, Tensor) for t in tensors):
+        raise GraphError(f"concat (at {user_location()}): expected a non-empty list of Tensors")
+    ndim = tensors[0].ndim
+    if not -ndim <= axis < ndim:
+        raise ShapeError(f"concat (at {user_location()}): axis {axis} out of range for "
+                         f"{ndim}-d tensors")
+    return apply(Op.CONCAT, *tensors, arg=axis % ndim)
+
+
+def transpose(x: Tensor, *axes: Any) -> Tensor:
+    """Function form of ``Tensor.transpose``."""
+    return x.transpose(*axes)
+
+
+def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6,
+             axis: int = -1) -> Tensor:
+    """RMS normalization over ``axis``: ``x * rsqrt(mean(x*x) + eps) [* weight]``."""
+    y = x * rsqrt((x * x).mean(axis=axis, keepdims=True) + eps)
+    return y * weight if weight is not None else y
+

@@ -1,0 +1,11 @@
+"""The block and thread levels: schedules, their strategy, lowering and the fusion planner.
+
+``schedule.py``: einsum-style schedules (index names mapped to grid axes or the loop) and
+their legality. ``strategy.py``: candidate grids and loop ranges. ``lower.py``: a fragment
+under a schedule to custom kernels. ``planner.py``: ``plan`` groups a candidate's ops into
+kernels and picks each kernel's schedule by the GPU cost model.
+
+Takes: a kernel-level ``Graph`` and the edges that may be cut.
+Gives: a ``FusionPlan`` holding a ``MuGraph`` of custom and predefined kernels.
+May import: ir, frontend, semantics, verifier, mugraph, cost.
+"""

@@ -1,0 +1,454 @@
+"""The block/thread level of the search: partition a kernel-level Graph into fused kernels.
+
+``plan(graph, profile, strategy)`` turns one algebraic candidate (a kernel-level
+``Graph``) into a ``MuGraph``. The graph's ops are partitioned into *regions*;
+a region of one op runs as a predefined (library) kernel, as ``from_graph``
+does, and a region of several ops runs as ONE custom kernel: its fragment (the
+ops, reading device tensors, writing the values used outside it) gets the
+legal schedule (``strategy.candidate_schedules``) of least ``gpucost`` and is
+lowered with ``schedule.add_kernel``. Inside a custom kernel, chains of
+elementwise tile ops are recorded as thread graphs (``CustomKernel.fuse``).
+
+Search (deterministic, bounded):
+
+1. Start with one region per op (the one-kernel-per-op program), joined
+   across every edge where no rule of rules/tiling.egg allows a kernel
+   boundary (``cuts``, read from the e-graph by ``boundaries.py``).
+2. Candidate merges: a producer region with a consumer region, and two regions
+   reading a common device tensor (siblings: GatedMLP's two matmuls reading X,
+   RMSNorm's mean and matmul reading X). A merge must keep the region graph
+   acyclic.
+3. Each candidate is priced: the merged fragment's best legal, feasible
+   schedule (memoized by op set). Greedy best-improvement: apply the merge that
+   lowers the total cost most (ties: lowest op indices), repeat until no merge
+   lowers the cost or ``max_evaluations`` fragments were priced. Elementwise
+   chains need no special case: fusing them saves launches and round trips, so
+   they join their producer's or consumer's region.
+4. Two pricing depths keep it fast: during the search a fragment is priced with
+   ``search_candidates`` schedules (two thirds from grids of at least one block
+   per SM, a third in Mirage's order, no splits); then the greedy merging is
+   repeated over the resulting regions with full pricing (``strategy``, up to
+   ``max_candidates`` schedules, splits included, plus up to 96 SM-filling
+   grids), and finally the whole graph as one kernel is priced and taken if
+   cheaper. The search schedules are a subset of the final ones, so the plan
+   never costs more than one kernel per op.
+5. The last round's refused merges are the report's "why not": no legal
+   schedule (a value carrying the loop index after a reduction over it, as in
+   softmax before its division is moved), every legal schedule infeasible
+   (tiles exceed shared memory, K < 16), or simply dearer than separate kernels.
+
+At most n - 1 merges for n ops, each round pricing O(edges + siblings) pairs;
+the benchmarks (5-15 ops) plan in 0.1-2 s on one core.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ..cost.gpucost import kernel_cost, mugraph_cost
+from ..cost.profile import GPUProfile
+from ..frontend.graph import Graph, Tensor
+from ..ir.errors import MirageError
+from ..ir.node import ELEMENTWISE, ITEMSIZE, Node, Op, fmt_shape, numel
+from ..mugraph.kernels import CustomKernel, PredefinedKernel
+from ..mugraph.program import MuGraph, from_graph
+from .lower import add_kernel
+from .schedule import Indexing, Schedule, ScheduleError, UnionFind, classify, index_fragment
+from .strategy import Strategy, candidate_schedules
+
+# Mirage's ranges and block counts, FlashDecoding splits allowed, and up to 512 schedules
+# priced per final region (candidate_schedules lists small grids first; grids that fill the
+# SMs and split reductions come later).
+DEFAULT_STRATEGY = Strategy(max_candidates=512, allow_split_reduction=True)
+
+
+@dataclass
+class Pricing:
+    """The best way to run one region (op set): its fragment, schedule, cost and why."""
+
+    fragment: Graph
+    indexing: Indexing | None
+    schedule: Schedule | None  # None: predefined kernel(s)
+    cost_us: float
+    reason: str = ""  # why no custom kernel (when cost_us is inf)
+    tried: int = 0
+
+
+@dataclass
+class Region:
+    """One region of the final plan and the report on it."""
+
+    ops: tuple[int, ...]
+    kind: str  # "custom" or "predefined"
+    kernels: list[str]
+    outputs: list[str]
+    cost_us: float
+    schedule: Schedule | None = None
+    why: str = ""
+    why_not: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        head = (f"ops {list(self.ops)} -> {self.kind} {', '.join(self.kernels)}"
+                f"{f' {self.schedule}' if self.schedule else ''}: {self.cost_us:.2f} us, "
+                f"writes {', '.join(self.outputs)}")
+        lines = [head] + ([f"  fused: {self.why}"] if self.why else [])
+        return "\n".join(lines + [f"  not fused: {w}" for w in self.why_not])
+
+
+@dataclass
+class FusionPlan:
+    """``plan``'s result: the MuGraph, its cost, and a per-region report."""
+
+    graph: Graph
+    mugraph: MuGraph
+    regions: list[Region]
+    cost_us: float
+    baseline_us: float
+    evaluations: int
+    seconds: float
+    ops: list[Node] = field(repr=False, default_factory=list)
+
+    def report(self) -> str:
+        """Readable: each op, then each region with why it was (not) fused."""
+        lines = [f"fusion plan for {self.graph.name!r}: {len(self.mugraph.kernels)} kernels, "
+                 f"{self.cost_us:.2f} us (one kernel per op: {self.baseline_us:.2f} us); "
+                 f"{self.evaluations} fragments priced in {self.seconds:.2f} s"]
+        lines += [f"  op {i}: {n.describe()} {fmt_shape(n.shape)}" for i, n in enumerate(self.ops)]
+        for r in self.regions:
+            lines += ["  " + line for line in str(r).splitlines()]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.report()
+
+
+class _Planner:
+    def __init__(self, graph: Graph, prof: GPUProfile, strategy: Strategy,
+                 search_candidates: int, cuts: frozenset | None = None) -> None:
+        self.graph, self.prof, self.strategy = graph, prof, strategy
+        self.cuts = cuts
+        # candidate_schedules lists small grids first: ``filled`` starts at one block per SM
+        filled = replace(strategy, min_blocks=max(strategy.min_blocks, prof.sms))
+        quick = min(search_candidates, strategy.max_candidates)
+        self.quick = (replace(filled, max_candidates=quick - quick // 3,
+                              allow_split_reduction=False),
+                      replace(strategy, max_candidates=quick // 3, allow_split_reduction=False))
+        self.full = (strategy, replace(filled, max_candidates=min(96, strategy.max_candidates)))
+        self.ops = [n for n in graph.nodes() if n.op not in (Op.INPUT, Op.CONST)]
+        self.index = {id(n): i for i, n in enumerate(self.ops)}
+        self.users: list[set[int]] = [set() for _ in self.ops]
+        for i, n in enumerate(self.ops):
+            for s in n.srcs:
+                if id(s) in self.index:
+                    self.users[self.index[id(s)]].add(i)
+        self.out_ids = {id(n) for n in graph.outputs.values()}
+        self.tensor = self._names()
+        self.memo: dict[frozenset, Pricing] = {}  # search pricing (quick strategy)
+        self.final: dict[frozenset, Pricing] = {}  # the chosen regions, full strategy
+        self.evaluations = 0  # fragments priced as custom kernels
+
+    def _names(self) -> dict[int, str]:
+        names = {id(n): name for name, n in self.graph.inputs.items()}
+        for name, n in self.graph.outputs.items():
+            names.setdefault(id(n), name)
+        used = set(self.graph.inputs) | set(self.graph.outputs)
+        for i, n in enumerate(self.ops):
+            if id(n) not in names:
+                name = f"t{i}"
+                while name in used:
+                    name += "_"
+                used.add(name)
+                names[id(n)] = name
+        return names
+
+    # -- regions ------------------------------------------------------------------------------
+    def reads(self, region: frozenset) -> set[str]:
+        return {self.tensor[id(s)] for i in region for s in self.ops[i].srcs
+                if s.op is not Op.CONST and self.index.get(id(s)) not in region}
+
+    def fragment(self, region: frozenset) -> Graph:
+        frag = Graph(f"{self.graph.name}.r{min(region)}")
+        new: dict[int, Node] = {}
+        for i in sorted(region):
+            n = self.ops[i]
+            srcs = []
+            for s in n.srcs:
+                if s.op is Op.CONST or self.index.get(id(s)) in region:
+                    srcs.append(s if s.op is Op.CONST else new[id(s)])
+                    continue
+                name = self.tensor[id(s)]
+                if name not in frag.inputs:
+                    frag.inputs[name] = Node(Op.INPUT, (), name, s.shape, s.dtype)
+                srcs.append(frag.inputs[name])
+            new[id(n)] = Node(n.op, tuple(srcs), n.arg, n.shape, n.dtype, n.loc)
+        for i in sorted(region):
+            n = self.ops[i]
+            if id(n) in self.out_ids or self.users[i] - region:
+                frag.outputs[self.tensor[id(n)]] = new[id(n)]
+        return frag
+
+    def price(self, region: frozenset, final: bool = False) -> Pricing:
+        memo = self.final if final else self.memo
+        if region in memo:
+            return memo[region]
+        frag = self.fragment(region)
+        if len(region) == 1:
+            node = frag.outputs[next(iter(frag.outputs))]
+            k = PredefinedKernel(node, next(iter(frag.outputs)), "k")
+            p = Pricing(frag, None, None, kernel_cost(k, MuGraph(), self.prof).time_us)
+            self.memo[region] = self.final[region] = p  # exact at both depths
+            return p
+        p = self._price_custom(frag, self.full if final else self.quick)
+        memo[region] = p
+        return p
+
+    def _price_custom(self, frag: Graph, strategies: tuple[Strategy, ...]) -> Pricing:
+        self.evaluations += 1
+        try:
+            ix = index_fragment(frag)
+            scheds = list(dict.fromkeys(s for st in strategies
+                                        for s in candidate_schedules(ix, st)))
+        except (ScheduleError, MirageError) as exc:
+            return Pricing(frag, None, None, math.inf, f"cannot be indexed: {exc}")
+        best, best_s, infeasible = math.inf, None, ""
+        for s in scheds:
+            mg = MuGraph("scratch")
+            for name, node in frag.inputs.items():
+                mg.input(name, node.shape, node.dtype)
+            try:
+                ks = add_kernel(mg, frag, s, indexing=ix)
+            except (ScheduleError, MirageError):
+                continue
+            costs = [kernel_cost(k, mg, self.prof) for k in ks]
+            total = sum(c.time_us for c in costs)
+            if total < best - 1e-12:
+                best, best_s = total, s
+            elif not math.isfinite(total) and not infeasible:
+                infeasible = f"schedule {s}: " + "; ".join(c.reason for c in costs if c.reason)
+        if best_s is not None:
+            return Pricing(frag, ix, best_s, best, tried=len(scheds))
+        return Pricing(frag, ix, None, math.inf, _why_none(ix, scheds, infeasible), len(scheds))
+
+    # -- search -------------------------------------------------------------------------------
+    def pairs(self, regions: list[frozenset]) -> list[tuple[int, int, str]]:
+        owner = {i: r for r, reg in enumerate(regions) for i in reg}
+        found: dict[tuple[int, int], str] = {}
+        for r, reg in enumerate(regions):
+            for i in reg:
+                for u in self.users[i]:
+                    if owner[u] != r:
+                        found.setdefault(tuple(sorted((r, owner[u]))), "producer-consumer")
+        reads = [self.reads(reg) for reg in regions]
+        for a in range(len(regions)):
+            for b in range(a + 1, len(regions)):
+                if reads[a] & reads[b]:
+                    found.setdefault((a, b), f"siblings reading {sorted(reads[a] & reads[b])}")
+        return sorted((a, b, why) for (a, b), why in found.items())
+
+    def acyclic(self, regions: list[frozenset]) -> bool:
+        owner = {i: r for r, reg in enumerate(regions) for i in reg}
+        succ = [{owner[u] for i in reg for u in self.users[i]} - {r}
+                for r, reg in enumerate(regions)]
+        state = [0] * len(regions)
+        for start in range(len(regions)):
+            if state[start]:
+                continue
+            stack = [(start, iter(succ[start]))]
+            state[start] = 1
+            while stack:
+                node, it = stack[-1]
+                nxt = next(it, None)
+                if nxt is None:
+                    state[node] = 2
+                    stack.pop()
+                elif state[nxt] == 1:
+                    return False
+                elif state[nxt] == 0:
+                    state[nxt] = 1
+                    stack.append((nxt, iter(succ[nxt])))
+        return True
+
+    def greedy(self, regions: list[frozenset], final: bool, budget: int
+               ) -> tuple[list[frozenset], list[tuple[frozenset, frozenset, str]]]:
+        """Best-improvement merging from ``regions``; returns them and the refused merges."""
+        memo = self.final if final else self.memo
+        while True:
+            best, notes = None, []
+            for a, b, why in self.pairs(regions):
+                ra, rb = regions[a], regions[b]
+                merged = ra | rb
+                rest = [r for k, r in enumerate(regions) if k not in (a, b)]
+                if not self.acyclic(rest + [merged]):
+                    notes.append((ra, rb, "the region graph would have a cycle"))
+                    continue
+                if merged not in memo and self.evaluations >= budget:
+                    notes.append((ra, rb, "search budget (max_evaluations) spent"))
+                    continue
+                pm = self.price(merged, final)
+                now = self.price(ra, final).cost_us + self.price(rb, final).cost_us
+                gain = now - pm.cost_us
+                if gain > 1e-9 and (best is None or gain > best[0] + 1e-9):
+                    best = (gain, a, b)
+                elif not math.isfinite(pm.cost_us):
+                    notes.append((ra, rb, f"{why}: {pm.reason}"))
+                else:
+                    notes.append((ra, rb, f"{why}: one kernel {pm.schedule} would cost "
+                                          f"{pm.cost_us:.2f} us, separately {now:.2f} us"))
+            if best is None:
+                return regions, notes
+            _, a, b = best
+            regions = sorted([r for k, r in enumerate(regions) if k not in (a, b)]
+                             + [regions[a] | regions[b]], key=min)
+
+    def forced(self) -> list[frozenset]:
+        """The starting regions: ops joined by every edge that may not be a kernel boundary."""
+        uf = UnionFind()
+        if self.cuts is not None:
+            for i, n in enumerate(self.ops):
+                for s in n.srcs:
+                    j = self.index.get(id(s))
+                    if j is not None and (id(s), id(n)) not in self.cuts:
+                        uf.union(j, i)
+        groups: dict[int, set[int]] = {}
+        for i in range(len(self.ops)):
+            groups.setdefault(uf.find(i), set()).add(i)
+        return sorted((frozenset(g) for g in groups.values()), key=min)
+
+    def search(self, budget: int) -> tuple[list[frozenset], dict[frozenset, list[str]]]:
+        """Quick greedy from the forced regions, full-pricing greedy, then the whole graph."""
+        regions, _ = self.greedy(self.forced(), False, budget)
+        regions, notes = self.greedy(regions, True, budget)
+        whole = frozenset(range(len(self.ops)))
+        if len(regions) > 1 and self.evaluations < budget:
+            pw = self.price(whole, True)
+            if pw.cost_us < sum(self.price(r, True).cost_us for r in regions) - 1e-9:
+                regions, notes = [whole], []
+        why_not: dict[frozenset, list[str]] = {r: [] for r in regions}
+        for ra, rb, text in notes:
+            why_not[ra].append(f"with ops {sorted(rb)} ({text})")
+            why_not[rb].append(f"with ops {sorted(ra)} ({text})")
+        return regions, why_not
+
+    # -- assembly -----------------------------------------------------------------------------
+    def order(self, regions: list[frozenset]) -> list[frozenset]:
+        owner = {i: r for r, reg in enumerate(regions) for i in reg}
+        preds = [{owner[self.index[id(s)]] for i in reg for s in self.ops[i].srcs
+                  if id(s) in self.index} - {r} for r, reg in enumerate(regions)]
+        done: list[int] = []
+        while len(done) < len(regions):
+            ready = [r for r in range(len(regions)) if r not in done and preds[r] <= set(done)]
+            done.append(min(ready, key=lambda r: min(regions[r])))
+        return [regions[r] for r in done]
+
+    def build(self, regions: list[frozenset], why_not: dict) -> tuple[MuGraph, list[Region]]:
+        mg = MuGraph(f"{self.graph.name}_fused")
+        for name, node in self.graph.inputs.items():
+            mg.input(name, node.shape, node.dtype)
+        report = []
+        for reg in self.order(regions):
+            p = self.price(reg, final=True)
+            if p.schedule is None and len(reg) > 1:  # only a region the tiling rules forced
+                raise MirageError(f"fusion: ops {sorted(reg)} of {self.graph.name!r} may not be "
+                                  f"split into kernels (no tiling rule allows a boundary "
+                                  f"between them) and have no schedule as one kernel: "
+                                  f"{p.reason}")
+            before = len(mg.kernels)
+            if p.schedule is None:
+                for i in sorted(reg):
+                    self._predefined(mg, self.ops[i])
+            else:
+                for k in add_kernel(mg, p.fragment, p.schedule, indexing=p.indexing):
+                    _fuse_threads(k)
+            names = [k.name for k in mg.kernels[before:]]
+            outs = list(p.fragment.outputs)
+            kind = "custom" if p.schedule is not None else "predefined"
+            report.append(Region(tuple(sorted(reg)), kind, names, outs, p.cost_us, p.schedule,
+                                 self._why(reg, p), why_not.get(reg, [])))
+        for name, node in self.graph.outputs.items():
+            mg.output(self.tensor[id(node)], name)
+        return mg.validate(), report
+
+    def _predefined(self, mg: MuGraph, n: Node) -> None:
+        leaves: dict[str, Node] = {}
+        srcs = tuple(s if s.op is Op.CONST else leaves.setdefault(
+            self.tensor[id(s)], Node(Op.INPUT, (), self.tensor[id(s)], s.shape, s.dtype))
+            for s in n.srcs)
+        mg.kernels.append(PredefinedKernel(Node(n.op, srcs, n.arg, n.shape, n.dtype),
+                                           self.tensor[id(n)], mg._kernel_name(None)))
+
+    def _why(self, reg: frozenset, p: Pricing) -> str:
+        if p.schedule is None:
+            return ""
+        alone = sum(self.price(frozenset({i})).cost_us for i in reg)
+        kept = [self.ops[i] for i in sorted(reg)
+                if not (id(self.ops[i]) in self.out_ids or self.users[i] - reg)
+                and self.ops[i].op is not Op.RESHAPE]
+        saved = sum(2 * numel(n.shape) * ITEMSIZE[n.dtype] for n in kept)
+        on_chip = ", ".join(f"{self.tensor[id(n)]}{list(n.shape)}" for n in kept) or "nothing"
+        return (f"{len(reg)} ops in one kernel ({p.tried} schedules priced): {p.cost_us:.2f} us "
+                f"vs {alone:.2f} us one kernel per op; keeps {on_chip} on chip "
+                f"(saves {saved / 1e6:.3f} MB of device-memory round trips)")
+
+
+def _why_none(ix: Indexing, scheds: list[Schedule], infeasible: str) -> str:
+    loops = []
+    for idx in ix.reduced:
+        try:
+            classify(ix, idx)
+        except ScheduleError as exc:
+            loops.append(f"no single-pass loop over {idx!r}: {exc}")
+    if not scheds:
+        return "no legal schedule; " + ("; ".join(loops) or "no grid fits the strategy")
+    head = f"all {len(scheds)} legal schedules are infeasible ({infeasible})"
+    return head + (f"; {loops[0]}" if loops else "")
+
+
+def _fuse_threads(k: CustomKernel) -> None:
+    """Record maximal elementwise chains of each stage as thread graphs."""
+    for stage in ("loop", "post"):
+        g = k.stage(stage)
+        nodes = g.nodes()
+        users: dict[int, list[Node]] = {}
+        for n in nodes:
+            for s in n.srcs:
+                users.setdefault(id(s), []).append(n)
+        outs = {id(n) for n in g.outputs.values()}
+        taken: set[int] = set()
+        for n in nodes:
+            if n.op not in ELEMENTWISE or id(n) in taken:
+                continue
+            chain = [n]
+            while id(chain[-1]) not in outs and len(users.get(id(chain[-1]), [])) == 1:
+                nxt = users[id(chain[-1])][0]
+                if nxt.op not in ELEMENTWISE or id(nxt) in taken:
+                    break
+                chain.append(nxt)
+            if len(chain) > 1:
+                taken.update(id(c) for c in chain)
+                k.fuse(*(Tensor(c, g) for c in chain))
+
+
+def plan(graph: Graph, profile: GPUProfile | str | Path = "h100",
+         strategy: Strategy | None = None, max_evaluations: int = 400,
+         search_candidates: int = 24, cuts: frozenset | None = None) -> FusionPlan:
+    """Partition ``graph`` into fused custom kernels and predefined kernels (module docstring).
+
+    ``cuts`` holds the (id(producer), id(consumer)) op edges that may be kernel
+    boundaries (``boundaries.Boundaries.edges``: what rules/tiling.egg allows);
+    every other edge stays inside one kernel. None allows a boundary anywhere.
+    Returns a ``FusionPlan`` whose ``mugraph`` computes the same outputs as
+    ``graph`` (same input and output names) and whose ``regions`` say why each
+    group of ops was or was not fused. The plan is not verified here.
+    """
+    start = time.perf_counter()
+    prof = GPUProfile.load(profile)
+    planner = _Planner(graph, prof, strategy or DEFAULT_STRATEGY, search_candidates, cuts)
+    regions, why_not = planner.search(max_evaluations)
+    mg, report = planner.build(regions, why_not)
+    cost = mugraph_cost(mg, prof).total_us
+    base = mugraph_cost(from_graph(graph), prof).total_us
+    return FusionPlan(graph, mg, report, cost, base, planner.evaluations,
+                      time.perf_counter() - start, planner.ops)

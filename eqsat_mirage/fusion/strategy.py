@@ -1,0 +1,254 @@
+"""Candidate schedules for the block-tiling level: a configurable strategy.
+
+Mirage's defaults: between 32 and 4096 thread blocks, forloop ranges
+{4, 16, 64}, up to 3 grid axes. ``candidate_schedules`` enumerates legal
+schedules of a fragment (``schedule.py``) in a deterministic order, bounded by
+``Strategy.max_candidates``:
+
+- grid: subsets of the indices that are not reduced, not fixed by a reshape or
+  concat, and carried by every output; block counts are divisors of the index
+  size that keep a matmul operand's tile at least ``min_tile`` (indices that
+  cannot be split that way stay whole); the total block count must lie in
+  [min_blocks, max_blocks], or, when the shapes allow no such grid, be the
+  largest count <= max_blocks that they do allow;
+- loop: each reduced index whose single-pass lowering is legal (longest first), with each range
+  of ``loop_ranges`` that divides it, preferring ranges that keep a matmul's
+  contraction tile >= ``min_tile`` (the smallest dividing range otherwise);
+  no loop only when no index can be looped;
+- split (``allow_split_reduction``): a reduced index on a grid axis instead,
+  FlashDecoding style (two kernels, see ``lower.py``). Split grids
+  are taken round robin over their block counts (so a bound keeps some of
+  every count), each in variants: without a loop, or with a loop over each
+  split (``split_loops``: ranges of ``loop_ranges`` keeping a matmul's
+  contraction tile >= ``min_tile``), which keeps a block's tiles small enough
+  for shared memory when the split parts are long; and with the reduce kernel
+  on the first grid's other axes or on one of ``reduce_grids`` finer grids
+  (the first grids over the outputs' indices with at least ``min_blocks``
+  blocks): the reduce kernel is memory-bound and reads the parts, so it wants
+  blocks on many SMs. Two variants of every split grid (the shortest loop with
+  a finer reduce grid, and the plain split) come before the other variants.
+
+Grid choices and loop choices are interleaved diagonally (the i-th grid with
+the j-th loop in order of i + j), so a bound keeps variety in both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations, product
+
+from ..frontend.graph import Graph
+from .schedule import Indexing, Schedule, ScheduleError, check_schedule, classify, index_fragment
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """Where candidate grids and loops come from (Mirage's defaults)."""
+
+    min_blocks: int = 32
+    max_blocks: int = 4096
+    loop_ranges: tuple[int, ...] = (4, 16, 64)
+    max_grid_axes: int = 3
+    allow_split_reduction: bool = False
+    min_tile: int = 16  # smallest tile of a matmul operand dim, where the shapes allow
+    max_candidates: int = 32
+    max_grid_choices: int = 4096  # enumeration bound before ordering
+    split_loops: bool = True  # split schedules also with a loop over each split
+    reduce_grids: int = 1  # finer reduce-kernel grids tried per split schedule
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def block_counts(ix: Indexing, idx: str, strategy: Strategy) -> list[int]:
+    """Block counts (>= 2) for grid index ``idx``: divisors keeping matmul tiles >= min_tile."""
+    size = ix.sizes[idx]
+    floor = strategy.min_tile if idx in ix.matmul else 1
+    return [b for b in _divisors(size) if 2 <= b <= strategy.max_blocks and size // b >= floor]
+
+
+def grid_indices(ix: Indexing, late_ok: str | None = None) -> list[str]:
+    """Indices that may go on the grid: unreduced, unfixed and carried by every output.
+
+    With ``late_ok`` (a split index) outputs computed after the split reduction
+    need not carry that index.
+    """
+    kind = classify(ix, late_ok) if late_ok is not None else {}
+    out = []
+    for idx in ix.sizes:
+        if idx in ix.reduced or idx in ix.fixed:
+            continue
+        if all(idx in ix.of(n) for n in ix.graph.outputs.values()):
+            out.append(idx)
+    if late_ok is not None:
+        early = [n for n in ix.graph.outputs.values() if kind[id(n)] == "loop"]
+        if all(late_ok in ix.of(n) for n in early):
+            out.append(late_ok)
+    return out
+
+
+def loop_choices(ix: Indexing, strategy: Strategy) -> list[tuple[str | None, int]]:
+    """Legal (loop index, range) pairs, longest index first; ``[(None, 1)]`` if none.
+
+    The longest reduction first: looping over it is what keeps the largest
+    intermediate (attention's S x N scores) on chip.
+    """
+    out: list[tuple[str | None, int]] = []
+    order = list(ix.sizes)
+    for idx in sorted(order, key=lambda i: (-ix.sizes[i], order.index(i))):
+        if idx not in ix.reduced or idx in ix.fixed:
+            continue
+        try:
+            classify(ix, idx)
+        except ScheduleError:
+            continue
+        size = ix.sizes[idx]
+        ranges = [f for f in strategy.loop_ranges if f >= 1 and size % f == 0]
+        floor = strategy.min_tile if idx in ix.matmul else 1
+        good = [f for f in ranges if size // f >= floor]
+        out += [(idx, f) for f in (good or ranges[:1])]
+    return out or [(None, 1)]
+
+
+def _grids(ix: Indexing, indices: list[str], strategy: Strategy,
+           fixed: tuple[tuple[str, int], ...] = ()) -> list[tuple[tuple[str, int], ...]]:
+    """Grid choices over ``indices`` (plus the ``fixed`` axes), filtered by the block range."""
+    counts = {i: block_counts(ix, i, strategy) for i in indices}
+    free = [i for i in indices if counts[i]]
+    room = strategy.max_grid_axes - len(fixed)
+    found: list[tuple[tuple[str, int], ...]] = []
+    for n in range(0, min(room, len(free)) + 1):
+        for subset in combinations(free, n):
+            for blocks in product(*(counts[i] for i in subset)):
+                grid = tuple(zip(subset, blocks)) + fixed
+                if _total(grid) <= strategy.max_blocks:
+                    found.append(grid)
+                if len(found) >= strategy.max_grid_choices:
+                    return _keep(ix, found, strategy)
+    return _keep(ix, found, strategy)
+
+
+def _keep(ix: Indexing, found: list, strategy: Strategy) -> list[tuple[tuple[str, int], ...]]:
+    if not found:
+        return []
+    within = [g for g in found if _total(g) >= strategy.min_blocks]
+    if not within:  # the shapes allow no grid that large: keep the largest they allow
+        best = max(_total(g) for g in found)
+        within = [g for g in found if _total(g) == best]
+    order = {i: n for n, i in enumerate(ix.sizes)}
+    return sorted(within, key=lambda g: (len(g), _total(g), [(order[i], b) for i, b in g]))
+
+
+def _total(grid: tuple[tuple[str, int], ...]) -> int:
+    total = 1
+    for _, b in grid:
+        total *= b
+    return total
+
+
+def _diagonal(grids: list, loops: list) -> list[tuple]:
+    pairs = [(i + j, i, j) for i in range(len(grids)) for j in range(len(loops))]
+    return [(grids[i], loops[j]) for _, i, j in sorted(pairs)]
+
+
+def candidate_schedules(fragment: Graph | Indexing, strategy: Strategy | None = None
+                        ) -> list[Schedule]:
+    """Legal schedules of ``fragment`` under ``strategy``, deterministic and bounded.
+
+    Raises ``ScheduleError`` only when the fragment cannot be indexed.
+    """
+    strategy = strategy or Strategy()
+    ix = fragment if isinstance(fragment, Indexing) else index_fragment(fragment)
+    grids = _grids(ix, grid_indices(ix), strategy)
+    loops = loop_choices(ix, strategy)
+    pairs = [Schedule(g, loop, f) for g, (loop, f) in _diagonal(grids, loops)]
+    if strategy.allow_split_reduction:
+        splits: list[Schedule] = []
+        for idx, _ in loop_choices(ix, Strategy(loop_ranges=(1,))):
+            if idx is None:
+                continue
+            eligible = grid_indices(ix, idx)
+            if idx not in eligible:
+                continue
+            others = [i for i in eligible if i != idx]
+            choices = [_grids(ix, others, strategy, ((idx, b),))
+                       for b in block_counts(ix, idx, strategy)]
+            splits += [Schedule(g, None, 1, idx) for gs in choices for g in gs]
+        splits = sorted(splits, key=lambda s: (abs(s.blocks - strategy.min_blocks),
+                                               -ix.sizes[s.split], len(s.grid), str(s)))
+        memo: dict = {}
+        variants = [_split_variants(ix, s, strategy, memo) for s in _by_total(splits)]
+        splits = [v for vs in variants for v in vs[:_PRIMARY]] + \
+            [v for vs in variants for v in vs[_PRIMARY:]]
+        pairs = [s for pair in _interleave(pairs, splits) for s in pair]
+    out: list[Schedule] = []
+    for s in dict.fromkeys(pairs):
+        if len(out) >= strategy.max_candidates:
+            break
+        try:
+            check_schedule(ix, s)
+        except ScheduleError:
+            continue
+        out.append(s)
+    return out
+
+
+def _by_total(splits: list[Schedule]) -> list[Schedule]:
+    """Round robin over the block counts (in order of first appearance), so that a bound on
+    the candidates keeps the best few splits of every count: the power-of-two shapes give no
+    count near one block per SM on 132 SMs (128 is below, 256 above), and which of the two
+    is cheaper is the cost model's call, not the ordering's."""
+    groups: dict[int, list[Schedule]] = {}
+    for s in splits:
+        groups.setdefault(s.blocks, []).append(s)
+    lists = list(groups.values())
+    return [g[i] for i in range(max(map(len, lists), default=0)) for g in lists if i < len(g)]
+
+
+_PRIMARY = 2  # variants of each split grid listed before any grid's other variants
+
+
+def _split_variants(ix: Indexing, s: Schedule, strategy: Strategy,
+                    memo: dict | None = None) -> list[Schedule]:
+    """Variants of split schedule ``s`` (loop over each split, reduce-kernel grid), in order:
+    the shortest loop (fewest iterations, largest tiles) with the first finer reduce grid,
+    ``s`` as it is, then the other combinations (longer loops later, reduce grids in
+    ``_grids`` order). Equal costs keep the first: the shortest loop that fits. ``memo``
+    caches the reduce grids by split index and kept axes across the calls of one listing."""
+    idx, parts = s.split, dict(s.grid)[s.split]
+    size = ix.sizes[idx] // parts
+    floor = strategy.min_tile if idx in ix.matmul else 1
+    ranges = sorted(f for f in set(strategy.loop_ranges)
+                    if f > 1 and size % f == 0 and size // f >= floor)
+    loops = [(idx, f) for f in ranges] if strategy.split_loops else []
+    reduce: list[tuple[tuple[str, int], ...] | None] = [None]
+    if strategy.reduce_grids > 0:
+        memo = {} if memo is None else memo
+        if idx not in memo:
+            kind = classify(ix, idx)
+            late = [n for n in ix.graph.outputs.values() if kind[id(n)] != "loop"]
+            memo[idx] = (late, [n for n in ix.nodes if kind[id(n)] == "red"])
+        late, reds = memo[idx]
+        # grid indices some reduction does not carry keep their counts (its parts hold copies)
+        kept = tuple((i, b) for i, b in s.grid
+                     if i != idx and any(i not in ix.of(n) for n in reds))
+        if (idx, kept) not in memo:
+            free = [i for i in ix.sizes if i not in ix.reduced and i not in ix.fixed
+                    and i not in dict(kept) and late and all(i in ix.of(n) for n in late)]
+            memo[idx, kept] = _grids(ix, free, strategy, kept)
+        default = tuple((i, b) for i, b in s.grid if i != idx)
+        finer = [g for g in memo[idx, kept]
+                 if sorted(g) != sorted(default) and _total(g) > _total(default)]
+        reduce += finer[:strategy.reduce_grids]
+    first = [(loops[0], reduce[1] if len(reduce) > 1 else None)] if loops else []
+    combos = first + [((None, 1), None)] + [
+        (lf, r) for lf in [(None, 1)] + loops for r in reduce]
+    return list(dict.fromkeys(Schedule(s.grid, loop, f, idx, red)
+                              for (loop, f), red in combos))
+
+
+def _interleave(a: list, b: list) -> list[tuple]:
+    """[(a0, b0), (a1, b1), ...] then the rest of the longer list, one at a time."""
+    n = min(len(a), len(b))
+    return [(a[i], b[i]) for i in range(n)] + [(x,) for x in a[n:] + b[n:]]

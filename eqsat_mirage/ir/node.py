@@ -1,0 +1,303 @@
+"""The kernel-level IR: one immutable node type, an op enum and op groups.
+
+A program is a DAG of ``Node``s. Every node carries its op, its operand nodes,
+an op-specific argument, its shape and its dtype. Shapes are computed by
+``infer`` (the single source of shape rules), which both the builder and the
+separate ``check`` pass call, so a graph built any other way (decoded from
+egglog, deserialized) is validated by the same rules.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from enum import Enum, auto
+from functools import lru_cache
+from typing import Any
+
+from .errors import DTypeError, ShapeError
+
+
+class Op(Enum):
+    """Every kernel-level op. Semantics live in one table per backend."""
+
+    INPUT = auto()  # arg: name
+    CONST = auto()  # arg: float value, shape ()
+    NEG = auto()
+    EXP = auto()
+    SQRT = auto()
+    RSQRT = auto()
+    SILU = auto()
+    RELU = auto()
+    ADD = auto()
+    SUB = auto()
+    MUL = auto()
+    DIV = auto()
+    MATMUL = auto()  # numpy matmul, batch dims broadcast
+    SUM = auto()  # arg: (axes, keepdims)
+    MEAN = auto()  # arg: (axes, keepdims)
+    TRANSPOSE = auto()  # arg: permutation
+    RESHAPE = auto()  # arg: new shape
+    CONCAT = auto()  # arg: axis
+
+
+LEAF = frozenset({Op.INPUT, Op.CONST})
+UNARY = frozenset({Op.NEG, Op.EXP, Op.SQRT, Op.RSQRT, Op.SILU, Op.RELU})
+BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV})
+ELEMENTWISE = UNARY | BINARY
+REDUCE = frozenset({Op.SUM, Op.MEAN})
+MOVEMENT = frozenset({Op.TRANSPOSE, Op.RESHAPE, Op.CONCAT})
+# Functions outside the Lax algebra: the verifier models them as random functions.
+OPAQUE = frozenset({Op.SQRT, Op.RSQRT, Op.SILU, Op.RELU})
+
+DTYPES = ("float16", "bfloat16", "float32")
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}  # bytes per element
+_DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16",
+                  "fp32": "float32", "float": "float32"}
+_DTYPE_RANK = {"float16": 0, "bfloat16": 0, "float32": 1}
+
+Shape = tuple[int, ...]
+
+
+def canonical_dtype(dtype: Any) -> str:
+    """Return the canonical dtype name for ``dtype`` or raise ``DTypeError``."""
+    name = getattr(dtype, "name", None) or str(dtype)
+    name = name.replace("torch.", "")
+    name = _DTYPE_ALIASES.get(name, name)
+    if name not in DTYPES:
+        raise DTypeError(f"unknown dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    return name
+
+
+def promote(a: str, b: str) -> str:
+    """Result dtype of a binary op: equal dtypes stay, mixed halves go to float32."""
+    if a == b:
+        return a
+    if _DTYPE_RANK[a] == _DTYPE_RANK[b]:
+        return "float32"  # float16 with bfloat16: neither holds the other
+    return a if _DTYPE_RANK[a] > _DTYPE_RANK[b] else b
+
+
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # eqsat_mirage/
+
+
+@lru_cache(maxsize=1024)
+def _in_package(fname: str) -> bool:
+    return os.path.abspath(fname).startswith(_PKG_DIR)
+
+
+def user_location() -> str:
+    """``file:line`` of the innermost caller outside this package (for errors)."""
+    import sys
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        fname = frame.f_code.co_filename
+        if not _in_package(fname):
+            return f"{os.path.basename(fname)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "<unknown>"
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    """One immutable IR node. Identity is structural via ``key``."""
+
+    op: Op
+    srcs: tuple[Node, ...]
+    arg: Any
+    shape: Shape
+    dtype: str
+    loc: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.op, tuple(s._hash for s in self.srcs),
+                                                 self.arg, self.shape, self.dtype)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, Node) or self._hash != other._hash:
+            return False
+        return (self.op, self.arg, self.shape, self.dtype) == (
+            other.op, other.arg, other.shape, other.dtype) and self.srcs == other.srcs
+
+    def describe(self) -> str:
+        """A short human description: op, argument and where it was written."""
+        arg = f"[{self.arg}]" if self.arg is not None and self.op is not Op.INPUT else ""
+        name = f" {self.arg!r}" if self.op is Op.INPUT else ""
+        where = f" (at {self.loc})" if self.loc else ""
+        return f"{self.op.name.lower()}{arg}{name}{where}"
+
+    def __repr__(self) -> str:
+        return f"Node({self.describe()}: {self.dtype}{list(self.shape)})"
+
+
+def fmt_shape(shape: Shape) -> str:
+    """Format a shape as ``(2, 3)``."""
+    return "(" + ", ".join(str(d) for d in shape) + ")"
+
+
+def _operands(srcs: tuple[Node, ...]) -> str:
+    return ", ".join(f"{s.describe()} {fmt_shape(s.shape)}" for s in srcs)
+
+
+def broadcast_shapes(a: Shape, b: Shape) -> Shape | None:
+    """NumPy broadcasting of two shapes, or ``None`` if they do not broadcast."""
+    out = []
+    for i in range(max(len(a), len(b))):
+        da = a[-1 - i] if i < len(a) else 1
+        db = b[-1 - i] if i < len(b) else 1
+        if da != db and 1 not in (da, db):
+            return None
+        out.append(max(da, db) if 1 not in (da, db) else da * db)
+    return tuple(reversed(out))
+
+
+def normalize_axes(axis: Any, ndim: int, what: str) -> tuple[int, ...]:
+    """Turn ``axis`` (None, int or sequence) into sorted non-negative axes."""
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    out = []
+    for ax in axes:
+        if not isinstance(ax, int) or not -ndim <= ax < ndim:
+            raise ShapeError(f"{what}: axis {ax!r} out of range for a {ndim}-d tensor")
+        out.append(ax % ndim)
+    if len(set(out)) != len(out):
+        raise ShapeError(f"{what}: repeated axis in {axis!r}")
+    return tuple(sorted(out))
+
+
+class _Where:
+    """``op of operands`` for error messages, formatted only when an error is raised."""
+
+    __slots__ = ("op", "srcs")
+
+    def __init__(self, op: Op, srcs: tuple[Node, ...]) -> None:
+        self.op, self.srcs = op, srcs
+
+    def __str__(self) -> str:
+        return f"{self.op.name.lower()} of {_operands(self.srcs)}"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
+def _matmul_shape(a: Shape, b: Shape, where: _Where | str) -> Shape:
+    if len(a) == 0 or len(b) == 0:
+        raise ShapeError(f"{where}: matmul needs operands of at least 1 dimension")
+    a2 = (1,) + a if len(a) == 1 else a
+    b2 = b + (1,) if len(b) == 1 else b
+    if a2[-1] != b2[-2]:
+        raise ShapeError(f"{where}: contraction dims differ ({a2[-1]} vs {b2[-2]})")
+    batch = broadcast_shapes(a2[:-2], b2[:-2])
+    if batch is None:
+        raise ShapeError(f"{where}: batch dims {fmt_shape(a2[:-2])} and {fmt_shape(b2[:-2])} "
+                         "do not broadcast")
+    out = batch + (a2[-2], b2[-1])
+    if len(a) == 1:
+        out = out[:-2] + out[-1:]
+    if len(b) == 1:
+        out = out[:-1]
+    return out
+
+
+def infer(op: Op, srcs: tuple[Node, ...], arg: Any) -> tuple[Shape, str]:
+    """Shape and dtype of ``op`` applied to ``srcs``; raises ``ShapeError``."""
+    where = _Where(op, srcs)
+    if op is Op.INPUT:
+        raise ShapeError("input nodes are created by Graph.input")
+    if op is Op.CONST:
+        return (), "float32"
+    dtype = srcs[0].dtype if srcs else "float32"
+    non_const = [s.dtype for s in srcs if s.op is not Op.CONST]
+    if non_const:
+        dtype = non_const[0]
+        for d in non_const[1:]:
+            dtype = promote(dtype, d)
+    if op in UNARY:
+        return srcs[0].shape, dtype
+    if op in BINARY:
+        shape = broadcast_shapes(srcs[0].shape, srcs[1].shape)
+        if shape is None:
+            raise ShapeError(f"{where}: shapes do not broadcast")
+        return shape, dtype
+    if op is Op.MATMUL:
+        return _matmul_shape(srcs[0].shape, srcs[1].shape, where), dtype
+    if op in REDUCE:
+        axes, keepdims = arg
+        shp = srcs[0].shape
+        if any(not 0 <= ax < len(shp) for ax in axes):
+            raise ShapeError(f"{where}: axes {axes} out of range")
+        if keepdims:
+            return tuple(1 if i in axes else d for i, d in enumerate(shp)), dtype
+        return tuple(d for i, d in enumerate(shp) if i not in axes), dtype
+    if op is Op.TRANSPOSE:
+        if sorted(arg) != list(range(len(srcs[0].shape))):
+            raise ShapeError(f"{where}: {arg} is not a permutation of {len(srcs[0].shape)} axes")
+        return tuple(srcs[0].shape[i] for i in arg), dtype
+    if op is Op.RESHAPE:
+        size = 1
+        for d in srcs[0].shape:
+            size *= d
+        new = 1
+        for d in arg:
+            new *= d
+        if new != size or any(d <= 0 for d in arg):
+            raise ShapeError(f"{where}: cannot reshape {fmt_shape(srcs[0].shape)} "
+                             f"to {fmt_shape(arg)}")
+        return tuple(arg), dtype
+    if op is Op.CONCAT:
+        ref = srcs[0].shape
+        if not 0 <= arg < len(ref):
+            raise ShapeError(f"{where}: axis {arg} out of range")
+        for s in srcs[1:]:
+            if len(s.shape) != len(ref) or any(
+                    i != arg and x != y for i, (x, y) in enumerate(zip(s.shape, ref))):
+                raise ShapeError(f"{where}: shapes differ outside axis {arg}")
+        total = sum(s.shape[arg] for s in srcs)
+        return ref[:arg] + (total,) + ref[arg + 1:], dtype
+    raise ShapeError(f"unknown op {op!r}")
+
+
+ARITY = {**{op: 1 for op in UNARY | REDUCE | {Op.TRANSPOSE, Op.RESHAPE}},
+         **{op: 2 for op in BINARY | {Op.MATMUL}}, Op.INPUT: 0, Op.CONST: 0, Op.CONCAT: None}
+
+
+def make(op: Op, srcs: tuple[Node, ...], arg: Any = None, loc: str = "") -> Node:
+    """Build a node after inferring (and so checking) its shape and dtype."""
+    shape, dtype = infer(op, srcs, arg)
+    return Node(op, srcs, arg, shape, dtype, loc)
+
+
+def toposort(roots: list[Node]) -> list[Node]:
+    """All nodes reachable from ``roots``, operands before users (iterative DFS)."""
+    order: list[Node] = []
+    seen: set[int] = set()
+    for root in roots:
+        stack: list[tuple[Node, int]] = [(root, 0)]
+        while stack:
+            node, i = stack.pop()
+            if i == 0 and id(node) in seen:
+                continue
+            if i < len(node.srcs):
+                stack.append((node, i + 1))
+                child = node.srcs[i]
+                if id(child) not in seen:
+                    stack.append((child, 0))
+            else:
+                seen.add(id(node))
+                order.append(node)
+    return order
+
+
+def numel(shape: Shape) -> int:
+    """Number of elements of a shape."""
+    n = 1
+    for d in shape:
+        n *= d
+    return n

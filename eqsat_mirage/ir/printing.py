@@ -1,0 +1,43 @@
+"""Readable SSA-style listings of programs."""
+
+from __future__ import annotations
+
+from .node import Node, Op
+
+
+def _short(dtype: str) -> str:
+    return {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}[dtype]
+
+
+def _arg(node: Node) -> str:
+    if node.op in (Op.SUM, Op.MEAN):
+        axes, keep = node.arg
+        return f" axis={list(axes)}" + (" keepdims" if keep else "")
+    if node.op in (Op.TRANSPOSE, Op.RESHAPE):
+        return f" {list(node.arg)}"
+    if node.op is Op.CONCAT:
+        return f" axis={node.arg}"
+    return ""
+
+
+def format_graph(program) -> str:
+    """Return the program as one line per op, inputs and outputs named."""
+    ins = ", ".join(f"{n}: {_short(v.dtype)}{list(v.shape)}" for n, v in program.inputs.items())
+    lines = [f"graph {program.name}({ins})"]
+    names: dict[int, str] = {id(v): n for n, v in program.inputs.items()}
+    k = 0
+    for node in program.nodes():
+        if node.op is Op.INPUT:
+            names[id(node)] = node.arg
+            continue
+        if node.op is Op.CONST:
+            names[id(node)] = repr(node.arg)
+            continue
+        names[id(node)] = f"%{k}"
+        args = ", ".join(names[id(s)] for s in node.srcs)
+        rhs = f"{node.op.name.lower()}{_arg(node)} {args}"
+        lines.append(f"  %{k} = {rhs:<40} : {_short(node.dtype)}{list(node.shape)}")
+        k += 1
+    for name, node in program.outputs.items():
+        lines.append(f"  {name} <- {names[id(node)]}")
+    return "\n".join(lines)

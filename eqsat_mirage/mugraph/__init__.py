@@ -1,0 +1,11 @@
+"""The multi-level program: kernel graph, block graphs, thread graphs (Mirage's muGraphs).
+
+``kernels.py``: device tensor specs and the predefined/custom kernels; ``validate.py``:
+their checks; ``tiled.py``: the interpreter that executes the tiling for real (floats and
+field); ``facts.py``: the reference graph, the Lax check and degrees; ``io.py``: the
+listing and JSON; ``program.py``: the ``MuGraph`` class, ``from_graph`` and ``from_dict``.
+
+Takes: kernels built by hand or by the fusion planner, or a ``Graph`` (``from_graph``).
+Gives: a validated ``MuGraph`` that the verifier, cost model and code generator read.
+May import: ir, frontend, semantics, verifier.
+"""

@@ -1,0 +1,136 @@
+"""MuGraph facts: validation, static analyses, the reference graph and ``from_graph``.
+
+The static facts (exp depth for the Lax check, degrees for the verifier's
+false-positive bound) are folded through the tiled computation itself: tile
+ops at tile shapes, accumulators as sums of F terms. The reference graph is
+the kernel-level algebra: predefined ops, and for a custom kernel its
+``source`` fragment (or, without one, its block graph with the tiling removed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..frontend.graph import Graph
+from ..ir.check import check
+from ..ir.errors import LaxError, ShapeError
+from ..ir.node import Node, Op, fmt_shape, make
+from ..verifier.bound import Degree, node_degree
+from .kernels import (
+    CustomKernel,
+    KernelGraph,
+    MuGraphError,
+    PredefinedKernel,
+)
+
+# -- static facts folded through the tiled computation --------------------------------------
+
+
+def _fold_graph(graph: Graph, leaves: Mapping[str, Any], on_node: Callable) -> dict[int, Any]:
+    facts: dict[int, Any] = {}
+    for n in graph.nodes():
+        facts[id(n)] = leaves[n.arg] if n.op is Op.INPUT else on_node(
+            n, [facts[id(s)] for s in n.srcs])
+    return facts
+
+
+def fold(mg: KernelGraph, leaf: Any, on_node: Callable, on_acc: Callable) -> dict[str, Any]:
+    """Fold a per-node fact through every kernel; returns the facts of all device tensors.
+
+    ``on_node(kernel, stage, node, operand_facts)``; ``on_acc(kernel, fact)`` turns a loop
+    value's fact into its accumulator's (a sum over ``kernel.forloop`` iterations).
+    """
+    env = {name: leaf for name in mg.inputs}
+    for k in mg.kernels:
+        if isinstance(k, PredefinedKernel):
+            frag = Graph(k.name)
+            frag.outputs = {k.output: k.node}
+            facts = _fold_graph(frag, env, lambda n, fs, k=k: on_node(k, "kernel", n, fs))
+            env[k.output] = facts[id(k.node)]
+            continue
+        tiles = {bi.name: env[bi.tensor] for bi in k.inputs.values()}
+        loop = _fold_graph(k.loop, tiles, lambda n, fs, k=k: on_node(k, "loop", n, fs))
+        accs = {a: on_acc(k, loop[id(k.loop.outputs[a])]) for a in k.accumulators}
+        post = _fold_graph(k.post, {**tiles, **accs},
+                           lambda n, fs, k=k: on_node(k, "post", n, fs))
+        for t, bo in k.outputs.items():
+            env[t] = (loop if bo.stage == "loop" else post)[id(k.output_node(t))]
+    return env
+
+
+def check_lax(mg: KernelGraph, what: str = "program") -> None:
+    """Raise ``LaxError`` if a path through the tiles takes exp of an exp result."""
+    def depth(k, stage, node, ds):
+        d = max(ds, default=0) + (node.op is Op.EXP)
+        if d > 1:
+            where = f"kernel {k.name!r}" + (f", {stage} stage" if stage != "kernel" else "")
+            raise LaxError(f"{what} {mg.name!r} is not a Lax program: {where}: "
+                           f"{node.describe()} takes exp of a value that already went through "
+                           "exp; the finite-field verifier cannot decide equivalence for it")
+        return d
+    fold(mg, 0, depth, lambda k, d: d)
+
+
+def degrees(mg: KernelGraph) -> dict[str, Degree]:
+    """Degree facts (see ``verifier/bound.py``) of each output, from the tiled computation."""
+    def acc(k, d):  # a sum of F terms of degree d, distinct denominators (bound._reduced)
+        f = k.forloop
+        return Degree(d.num + (f - 1) * d.den, f * d.den, d.arg)
+    env = fold(mg, Degree(1, 0, 0), lambda k, stage, n, ds: node_degree(n, ds), acc)
+    return {name: env[t] for name, t in mg.output_tensors.items()}
+
+
+# -- the reference graph --------------------------------------------------------------------
+
+
+def _rebuild(graph: Graph, leaves: Mapping[str, Node]) -> dict[str, Node]:
+    new: dict[int, Node] = {}
+    for n in graph.nodes():
+        if n.op is Op.INPUT:
+            new[id(n)] = leaves[n.arg]
+        elif n.op is Op.CONST:
+            new[id(n)] = n
+        else:
+            new[id(n)] = make(n.op, tuple(new[id(s)] for s in n.srcs), n.arg, n.loc)
+    return {name: new[id(n)] for name, n in graph.outputs.items()}
+
+
+def _untile(k: CustomKernel, env: Mapping[str, Node]) -> dict[str, Node]:
+    """The block graph with every tile replaced by its whole tensor (for kernels without source)."""
+    tiles = {bi.name: env[bi.tensor] for bi in k.inputs.values()}
+    try:
+        loop = _rebuild(k.loop, tiles)
+        post = _rebuild(k.post, {**tiles, **{a: loop[a] for a in k.accumulators}})
+    except ShapeError as exc:
+        raise MuGraphError(f"kernel {k.name!r} has no source and its block graph does not "
+                           f"untile ({exc}); give the kernel a source Graph") from None
+    out = {}
+    for t, spec in k.output_specs().items():
+        node = (loop if k.outputs[t].stage == "loop" else post)[t]
+        if node.shape != spec.shape:
+            raise MuGraphError(f"kernel {k.name!r} has no source and its untiled output {t!r} "
+                               f"is {fmt_shape(node.shape)}, not {fmt_shape(spec.shape)}; give "
+                               "the kernel a source Graph")
+        out[t] = node
+    return out
+
+
+def reference(mg: KernelGraph) -> Graph:
+    """The kernel-level Graph computed by ``mg`` (validated by the caller)."""
+    g = Graph(f"{mg.name}.reference")
+    for name, node in mg.inputs.items():
+        g.input(name, node.shape, node.dtype)
+    env: dict[str, Node] = dict(g.inputs)
+    for k in mg.kernels:
+        if isinstance(k, PredefinedKernel):
+            frag = Graph(k.name)
+            frag.outputs = {k.output: k.node}
+            env.update(_rebuild(frag, env))
+        elif k.source is not None:
+            env.update(_rebuild(k.source, env))
+        else:
+            env.update(_untile(k, env))
+    g.outputs = {name: env[t] for name, t in mg.output_tensors.items()}
+    check(g)
+    return g

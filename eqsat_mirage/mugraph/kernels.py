@@ -1,0 +1,289 @@
+"""The parts of a MuGraph: device tensor specs, block inputs and outputs, and the two kernels.
+
+A ``PredefinedKernel`` is one IR op over device tensors (a library kernel); a
+``CustomKernel`` is a block graph (grid, forloop, tiles cut by imap/fmap, loop
+and post stages, accumulators, outputs by omap, thread chains). ``program.py``
+assembles them into a ``MuGraph``; ``validate.py`` checks them.
+"""
+
+from __future__ import annotations
+
+import keyword
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..frontend.graph import Graph, Tensor
+from ..ir.errors import GraphError, ShapeError
+from ..ir.node import ELEMENTWISE, Node, Op, Shape, fmt_shape
+
+GRID_AXES = "xyz"
+
+
+class MuGraphError(GraphError):
+    """A malformed MuGraph: unknown tensors, bad kernels, bad maps (names kernel and tensor)."""
+
+
+class UnknownTensorError(MuGraphError):
+    """A kernel reads a device tensor that no input or earlier kernel defines."""
+
+
+class TilingError(MuGraphError, ShapeError):
+    """A tiling that does not fit its tensors: tile not dividing a dim, axis used twice, ..."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A device tensor: name, shape, dtype and what defines it ("input" or a kernel name)."""
+
+    name: str
+    shape: Shape
+    dtype: str
+    producer: str = "input"
+
+
+@dataclass
+class BlockInput:
+    """A block input: ``tensor`` read as tile ``name``, cut by ``imap`` and ``fmap``."""
+
+    name: str
+    tensor: str
+    imap: dict[int, int] = field(default_factory=dict)
+    fmap: int | None = None
+
+
+@dataclass
+class BlockOutput:
+    """A block output: stage (loop or post) node written to ``tensor`` by ``omap``/``fmap``."""
+
+    tensor: str
+    stage: str  # "loop" or "post"
+    omap: dict[int, int] = field(default_factory=dict)
+    fmap: int | None = None
+
+
+def axis_name(axis: int) -> str:
+    """The printed name of grid axis ``axis`` (x, y, z)."""
+    return GRID_AXES[axis] if 0 <= axis < len(GRID_AXES) else f"axis{axis}"
+
+
+def fmt_map(m: Mapping[int, int]) -> str:
+    """Format a dim -> grid axis map as ``{0: x, 1: y}``."""
+    return "{" + ", ".join(f"{d}: {axis_name(a)}" for d, a in sorted(m.items())) + "}"
+
+
+def _check_name(name: Any, what: str) -> str:
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+        raise MuGraphError(f"{what} name {name!r} must be a Python identifier")
+    return name
+
+
+class PredefinedKernel:
+    """A library kernel: one IR op ``node`` whose INPUT leaves are named device tensors."""
+
+    kind = "predefined"
+
+    def __init__(self, node: Node, output: str, name: str = "") -> None:
+        self.node = node
+        self.output = output
+        self.name = name
+
+    def reads(self) -> list[str]:
+        """Device tensors the kernel reads, in operand order."""
+        return list(dict.fromkeys(s.arg for s in self.node.srcs if s.op is Op.INPUT))
+
+    def output_specs(self) -> dict[str, TensorSpec]:
+        """The device tensor this kernel writes."""
+        return {self.output: TensorSpec(self.output, self.node.shape, self.node.dtype, self.name)}
+
+
+def _check_read(kernel: str, tensor: str, known: Mapping[str, TensorSpec]) -> None:
+    if tensor not in known:
+        raise UnknownTensorError(
+            f"kernel {kernel!r} reads tensor {tensor!r}, which is neither an input nor written "
+            f"by an earlier kernel (known: {', '.join(known) or 'none'})")
+
+
+class CustomKernel:
+    """A kernel defined by a block graph (see the module docstring).
+
+    Built with ``MuGraph.custom_kernel`` and then ``input``, ``accumulate``,
+    ``tile``, ``output`` and ``fuse``; ``source`` optionally holds the
+    kernel-level Graph fragment it implements (inputs and outputs named after
+    device tensors), used by ``MuGraph.reference``.
+    """
+
+    kind = "custom"
+
+    def __init__(self, grid: Sequence[int], forloop: int = 1, name: str = "",
+                 source: Graph | None = None) -> None:
+        self.name = name
+        self.grid = tuple(grid) if isinstance(grid, Sequence) else (grid,)
+        self.forloop = forloop
+        self.inputs: dict[str, BlockInput] = {}
+        self.loop = Graph(f"{name}.loop")  # outputs: accumulators and loop-stage outputs
+        self.post = Graph(f"{name}.post")  # outputs: post-stage outputs (by tensor name)
+        self.accumulators: list[str] = []
+        self.outputs: dict[str, BlockOutput] = {}
+        self.threads: list[tuple[str, tuple[Node, ...]]] = []
+        self.source = source
+        self._owner = None  # the MuGraph building it (MuGraph.custom_kernel sets it)
+
+    # -- building ---------------------------------------------------------------------------
+    def _spec(self, tensor: str) -> TensorSpec:
+        specs = self._owner.tensors if self._owner is not None else {}
+        _check_read(self.name, tensor, specs)
+        return specs[tensor]
+
+    def input(self, tensor: str, imap: Mapping[int, int] | None = None, fmap: int | None = None,
+              name: str | None = None) -> Tensor:
+        """Read device ``tensor`` as a tile; returns the tile in the loop stage."""
+        name = _check_name(name or tensor, f"kernel {self.name!r}: block input")
+        if name in self.inputs:
+            raise MuGraphError(f"kernel {self.name!r}: block input {name!r} declared twice")
+        bi = BlockInput(name, tensor, dict(imap or {}), fmap)
+        spec = self._spec(tensor)
+        tile = tile_shape(self, bi, spec)
+        self.inputs[name] = bi
+        return self.loop.input(name, tile, spec.dtype)
+
+    def tile(self, name: str) -> Tensor:
+        """The post-stage tile of a block input without fmap (read whole in every iteration)."""
+        if name in self.post.inputs:
+            return Tensor(self.post.inputs[name], self.post)
+        bi = self.inputs.get(name)
+        if bi is None or bi.fmap is not None:
+            raise MuGraphError(f"kernel {self.name!r}: {name!r} is not a block input without "
+                               "fmap; after the loop only those and accumulators can be read")
+        node = self.loop.inputs[name]
+        return self.post.input(name, node.shape, node.dtype)
+
+    def accumulate(self, value: Tensor, name: str) -> Tensor:
+        """Sum the loop value ``value`` over the F iterations; returns it in the post stage."""
+        name = _check_name(name, f"kernel {self.name!r}: accumulator")
+        if not isinstance(value, Tensor) or value.graph is not self.loop:
+            raise MuGraphError(f"kernel {self.name!r}: accumulator {name!r} must be a value "
+                               "computed in the loop stage of this kernel")
+        self.loop.output(value, name)
+        self.accumulators.append(name)
+        return self.post.input(name, value.shape, value.dtype)
+
+    def output(self, value: Tensor, tensor: str, omap: Mapping[int, int] | None = None,
+               fmap: int | None = None) -> str:
+        """Write tile ``value`` to new device tensor ``tensor`` by ``omap`` (and ``fmap``)."""
+        tensor = _check_name(tensor, f"kernel {self.name!r}: output tensor")
+        if not isinstance(value, Tensor) or value.graph not in (self.loop, self.post):
+            raise MuGraphError(f"kernel {self.name!r}: output {tensor!r} must be a tile of this "
+                               "kernel's loop or post stage")
+        stage = "loop" if value.graph is self.loop else "post"
+        if self._owner is not None and tensor in self._owner.tensors:
+            raise MuGraphError(f"kernel {self.name!r}: tensor {tensor!r} is already defined")
+        value.graph.output(value, tensor)
+        self.outputs[tensor] = BlockOutput(tensor, stage, dict(omap or {}), fmap)
+        return tensor
+
+    def fuse(self, *values: Tensor) -> None:
+        """Record a thread graph: a chain of elementwise tiles of one stage fused in registers."""
+        stages = {v.graph for v in values if isinstance(v, Tensor)}
+        if len(stages) != 1 or len(values) < 1 or not stages <= {self.loop, self.post}:
+            raise MuGraphError(f"kernel {self.name!r}: a thread chain is a list of tiles of one "
+                               "stage (loop or post) of this kernel")
+        stage = "loop" if stages == {self.loop} else "post"
+        self.threads.append((stage, tuple(v.node for v in values)))
+
+    # -- facts ------------------------------------------------------------------------------
+    def stage(self, stage: str) -> Graph:
+        """The loop or post stage graph."""
+        return self.loop if stage == "loop" else self.post
+
+    def output_node(self, tensor: str) -> Node:
+        """The tile node written to ``tensor``."""
+        return self.stage(self.outputs[tensor].stage).outputs[tensor]
+
+    def per_iteration(self) -> set[int]:
+        """ids of the loop-stage nodes that depend on an fmap tile (they run every iteration;
+        the rest run once, before the loop: the cost model and the code generator agree)."""
+        variant = {id(n) for n in self.loop.inputs.values()
+                   if self.inputs[n.arg].fmap is not None}
+        for n in self.loop.nodes():
+            if any(id(s) in variant for s in n.srcs):
+                variant.add(id(n))
+        return variant
+
+    def reads(self) -> list[str]:
+        """Device tensors the kernel reads."""
+        return list(dict.fromkeys(bi.tensor for bi in self.inputs.values()))
+
+    def output_specs(self) -> dict[str, TensorSpec]:
+        """The device tensors this kernel writes, shapes derived from tiles and maps."""
+        out = {}
+        for t, bo in self.outputs.items():
+            node = self.output_node(t)
+            shape = tuple(d * self.grid[bo.omap[i]] if i in bo.omap and 0 <= bo.omap[i] <
+                          len(self.grid) else d * self.forloop if i == bo.fmap else d
+                          for i, d in enumerate(node.shape))
+            out[t] = TensorSpec(t, shape, node.dtype, self.name)
+        return out
+
+
+def tile_shape(kernel: CustomKernel, bi: BlockInput, spec: TensorSpec) -> Shape:
+    """The tile shape of block input ``bi`` over ``spec``; raises ``TilingError``."""
+    who = (f"kernel {kernel.name!r}: block input {bi.name!r} reading {spec.name!r} "
+           f"{fmt_shape(spec.shape)}")
+    ndim, grid = len(spec.shape), kernel.grid
+    _check_map(bi.imap, ndim, len(grid), f"{who}: imap {fmt_map(bi.imap)}")
+    if bi.fmap is not None:
+        if not isinstance(bi.fmap, int) or not 0 <= bi.fmap < ndim:
+            raise TilingError(f"{who}: fmap {bi.fmap!r} is not a dim of a {ndim}-d tensor")
+    tile = []
+    for d, size in enumerate(spec.shape):
+        # a dim in both maps is cut by the grid first, then each block's part by the loop
+        parts = (grid[bi.imap[d]] if d in bi.imap else 1) * (kernel.forloop if d == bi.fmap
+                                                             else 1)
+        if size % parts:
+            what = " times the ".join(
+                ([f"grid axis {axis_name(bi.imap[d])} of size {grid[bi.imap[d]]}"]
+                 if d in bi.imap else []) + ([f"forloop range {kernel.forloop}"]
+                                             if d == bi.fmap else []))
+            raise TilingError(f"{who}: dim {d} of size {size} is not divisible by the {what}")
+        tile.append(size // parts)
+    return tuple(tile)
+
+
+def _check_map(m: Any, ndim: int, naxes: int, who: str) -> None:
+    if not isinstance(m, Mapping):
+        raise TilingError(f"{who}: a map must be a dict tensor dim -> grid axis")
+    for d, a in m.items():
+        if not isinstance(d, int) or not 0 <= d < ndim:
+            raise TilingError(f"{who}: {d!r} is not a dim of a {ndim}-d tensor")
+        if not isinstance(a, int) or not 0 <= a < naxes:
+            raise TilingError(f"{who}: grid axis {a!r} does not exist (grid has {naxes} axes)")
+    axes = list(m.values())
+    for a in set(axes):
+        if axes.count(a) > 1:
+            dims = [d for d, x in m.items() if x == a]
+            raise TilingError(f"{who}: grid axis {axis_name(a)} used twice (dims {dims})")
+
+
+Kernel = PredefinedKernel | CustomKernel
+
+
+def is_elementwise(node: Node) -> bool:
+    """Whether a block op may sit in a thread chain."""
+    return node.op in ELEMENTWISE
+
+
+class KernelGraph(Protocol):
+    """What the interpreter, the facts and the printer read of a ``MuGraph`` (``program.py``
+    defines the class; these modules sit below it and take any object of this shape)."""
+
+    name: str
+    inputs: dict[str, Node]
+    kernels: list[Kernel]
+    output_tensors: dict[str, str]
+
+    @property
+    def tensors(self) -> dict[str, TensorSpec]: ...
+
+    def validate(self) -> KernelGraph: ...
+

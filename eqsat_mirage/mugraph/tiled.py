@@ -1,0 +1,301 @@
+"""The tiled interpreter: a MuGraph's meaning, executed for real and vectorised across blocks.
+
+One interpreter for every backend: it takes a semantics table (``FLOAT_SEMANTICS``
+or ``FIELD_SEMANTICS``, unchanged) and a context, so a wrong tiling gives wrong
+values over the finite field exactly as over floats.
+
+- Predefined kernels run their op with the table.
+- A custom kernel runs all its blocks at once. Each block input is cut into
+  tiles: every grid-mapped dim becomes (grid size, tile) and the grid axes
+  move to the front, giving an array (G0, [G1, [G2,]] tile...) (replicated
+  dims stay whole and are broadcast over the grid axes they do not use); an
+  fmap dim becomes (F, tile) and iteration f takes slice f (a dim in both maps
+  becomes (grid size, F, tile): the loop cuts each block's part). The block graph is
+  *vectorised*: every tile op is rebuilt with the grid dims prepended to its
+  shape, and its reduction / transpose / concat axes and reshape targets
+  shifted past them, so matmuls batch over the grid and the table's ops apply
+  unchanged (``interp.run``). Accumulators are summed over the F iterations
+  with the table's ADD. Outputs are written back by omap (the inverse
+  reshape/transpose); validation guarantees that every element of an output
+  tensor is written by exactly one block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..ir.node import BINARY, REDUCE, UNARY, Node, Op, make, toposort
+from ..semantics.interp import Table, check_inputs, run
+from .kernels import CustomKernel, KernelGraph, MuGraphError, PredefinedKernel, TensorSpec
+
+
+class _Program:
+    """A list of nodes and named outputs: what ``interp.run`` walks."""
+
+    def __init__(self, outputs: Mapping[str, Node]) -> None:
+        self.outputs = dict(outputs)
+        self._nodes = toposort(list(self.outputs.values()))
+
+    def nodes(self) -> list[Node]:
+        return self._nodes
+
+
+def _lift(v: Node, prefix: tuple[int, ...], rank: int, gridded: bool) -> Node:
+    """Give ``v`` ``rank`` tile dims (ones in front of its own) after the grid dims."""
+    g = len(prefix)
+    tile = v.shape[g:] if gridded else v.shape
+    if len(tile) >= rank or (not gridded and not v.shape):
+        return v
+    return make(Op.RESHAPE, (v,), prefix + (1,) * (rank - len(tile)) + tile)
+
+
+def vectorise(outputs: Mapping[str, Node], prefix: tuple[int, ...]) -> tuple[_Program, dict]:
+    """The block-graph stage with outputs ``outputs``, rebuilt over all blocks at once.
+
+    Every node that depends on a tile gets shape ``prefix + tile shape``
+    (``prefix`` is the grid); constant-only nodes are kept. Returns the
+    vectorised program (same output names) and the map id(old node) -> new node.
+    """
+    g = len(prefix)
+    new: dict[int, Node] = {}
+    gridded: set[int] = set()
+    for node in toposort(list(outputs.values())):
+        srcs = [new[id(s)] for s in node.srcs]
+        on = [id(s) in gridded for s in srcs]
+        if node.op is Op.INPUT:
+            v = Node(Op.INPUT, (), node.arg, prefix + node.shape, node.dtype)
+        elif not any(on):
+            v = node
+        else:
+            op, arg = node.op, node.arg
+            if op in BINARY:
+                srcs = [_lift(s, prefix, len(node.shape), o) for s, o in zip(srcs, on)]
+            elif op is Op.MATMUL:
+                rank = max(len(s.shape) for s in node.srcs)
+                srcs = [_lift(s, prefix, rank, o) for s, o in zip(srcs, on)]
+            elif op in REDUCE:
+                arg = (tuple(a + g for a in arg[0]), arg[1])
+            elif op is Op.TRANSPOSE:
+                arg = tuple(range(g)) + tuple(a + g for a in arg)
+            elif op is Op.RESHAPE:
+                arg = prefix + tuple(arg)
+            elif op is Op.CONCAT:
+                srcs = [_lift(s, prefix, len(node.shape), o) for s, o in zip(srcs, on)]
+                arg = arg + g
+            elif op not in UNARY:
+                raise MuGraphError(f"block op {node.describe()} cannot be vectorised")
+            v = make(op, tuple(srcs), arg, node.loc)
+            if v.shape != prefix + node.shape:
+                raise MuGraphError(f"block op {node.describe()}: vectorised shape {v.shape} is "
+                                   f"not grid {prefix} + tile {node.shape}")
+        if node.op is Op.INPUT or any(on):
+            gridded.add(id(v))
+        new[id(node)] = v
+    return _Program({name: new[id(n)] for name, n in outputs.items()}), new
+
+
+# -- cutting tiles and writing them back ----------------------------------------------------
+
+
+def _each(value: Any, fn: Callable, pairs: bool) -> Any:
+    """Apply an array function to a float value, or to both parts of a field pair."""
+    if pairs:
+        return fn(value[0]), (fn(value[1]) if value[1] is not None else None)
+    return fn(value)
+
+
+def cut(x: np.ndarray, imap: Mapping[int, int], fmap: int | None, grid: tuple[int, ...],
+        forloop: int) -> np.ndarray:
+    """Tiles of ``x`` for every block: shape ([F,] *grid, *tile), iteration axis first."""
+    x = np.asarray(x)
+    split, grid_pos, loop_pos, tile_pos = [], {}, None, []
+    for d, size in enumerate(x.shape):
+        if d in imap:  # grid first; with an fmap too, each block's part is cut by the loop
+            grid_pos[imap[d]] = len(split)
+            split.append(grid[imap[d]])
+            size //= grid[imap[d]]
+        if d == fmap:
+            loop_pos = len(split)
+            split += [forloop, size // forloop]
+        else:
+            split.append(size)
+        tile_pos.append(len(split) - 1)
+    lead = [loop_pos] if loop_pos is not None else []
+    y = x.reshape(split).transpose(lead + [grid_pos[a] for a in sorted(grid_pos)] + tile_pos)
+    loop = (forloop,) if loop_pos is not None else ()
+    tile = tuple(split[p] for p in tile_pos)
+    ones = tuple(grid[a] if a in grid_pos else 1 for a in range(len(grid)))
+    return np.broadcast_to(y.reshape(loop + ones + tile), loop + grid + tile)
+
+
+def place(v: np.ndarray, omap: Mapping[int, int], fmap: int | None, grid: tuple[int, ...],
+          forloop: int, shape: tuple[int, ...]) -> np.ndarray:
+    """The device tensor of ``shape`` whose blocks' tiles are ``v``: ([F,] *grid, *tile)."""
+    off, g = (1 if fmap is not None else 0), len(grid)
+    perm = [off + a for a in range(g) if a not in omap.values()]  # size-1 axes (validated)
+    for d in range(np.ndim(v) - off - g):
+        if d in omap:
+            perm.append(off + omap[d])
+        if d == fmap:
+            perm.append(0)
+        perm.append(off + g + d)
+    return np.ascontiguousarray(np.transpose(v, perm)).reshape(shape)
+
+
+# -- execution ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Plan:
+    kernel: CustomKernel
+    loop: _Program
+    post: _Program
+    loop_map: dict
+    post_map: dict
+    adds: dict[str, Node]  # accumulator -> the ADD node used to sum it (dtype float32)
+
+
+def _plans(mg: KernelGraph) -> list:
+    plans: list = []
+    for k in mg.kernels:
+        if isinstance(k, PredefinedKernel):
+            plans.append(_Program({k.output: k.node}))
+            continue
+        loop, loop_map = vectorise(k.loop.outputs, k.grid)
+        post, post_map = vectorise(k.post.outputs, k.grid)
+        adds = {a: Node(Op.ADD, (loop.outputs[a],) * 2, None, loop.outputs[a].shape, "float32")
+                for a in k.accumulators}
+        plans.append(_Plan(k, loop, post, loop_map, post_map, adds))
+    return plans
+
+
+def _back(nodes: list[Node], needed: set[int]) -> None:
+    for node in reversed(nodes):
+        if node.op is Op.EXP or id(node) in needed:
+            needed.update(id(s) for s in node.srcs)
+
+
+def needs_q(mg: KernelGraph, plans: list) -> set[int]:
+    """Ids of the (vectorised) nodes whose Z_q part some exp reads, across all kernels."""
+    needed: set[int] = set()
+    q_tensors: set[str] = set()
+    for k, plan in reversed(list(zip(mg.kernels, plans))):
+        if isinstance(k, PredefinedKernel):
+            if k.output in q_tensors:
+                needed.add(id(k.node))
+            _back(plan.nodes(), needed)
+            q_tensors.update(n.arg for n in plan.nodes() if n.op is Op.INPUT and id(n) in needed)
+            continue
+        for t, bo in k.outputs.items():
+            if t in q_tensors:
+                stage = plan.loop if bo.stage == "loop" else plan.post
+                needed.add(id(stage.outputs[t]))
+        _back(plan.post.nodes(), needed)
+        tiles = set()
+        for n in plan.post.nodes():
+            if n.op is Op.INPUT and id(n) in needed:
+                if n.arg in plan.adds:
+                    needed.update((id(plan.loop.outputs[n.arg]), id(plan.adds[n.arg])))
+                else:
+                    tiles.add(n.arg)
+        _back(plan.loop.nodes(), needed)
+        tiles.update(n.arg for n in plan.loop.nodes() if n.op is Op.INPUT and id(n) in needed)
+        q_tensors.update(k.inputs[name].tensor for name in tiles)
+    needed.update(id(node) for name, node in mg.inputs.items() if name in q_tensors)
+    return needed
+
+
+def _with_leaves(table: Table, leaves: Mapping[str, Any]) -> dict:
+    """``table`` with INPUT nodes looked up by name in ``leaves``."""
+    return {**table, Op.INPUT: lambda ctx, n: leaves[n.arg]}
+
+
+def _run_custom(plan: _Plan, table: Table, ctx: Any, env: Mapping[str, Any],
+                specs: Mapping[str, TensorSpec], pairs: bool) -> dict[str, Any]:
+    k = plan.kernel
+    grid, f_range = k.grid, k.forloop
+    fixed, looped = {}, {}
+    for bi in k.inputs.values():
+        value = _each(env[bi.tensor], lambda x, bi=bi: cut(x, bi.imap, bi.fmap, grid, f_range),
+                      pairs)
+        (looped if bi.fmap is not None else fixed)[bi.name] = value
+    accs: dict[str, Any] = {}
+    loop_outs = {t: bo for t, bo in k.outputs.items() if bo.stage == "loop"}
+    written: dict[str, list] = {t: [] for t in loop_outs}
+    saved = getattr(ctx, "limb_cache", None)
+    try:
+        for f in range(f_range):
+            tiles = {**fixed, **{n: _each(v, lambda x, f=f: x[f], pairs)
+                                 for n, v in looped.items()}}
+            if saved is not None:
+                ctx.limb_cache = {}  # tiles are fresh each iteration: keep the cache small
+            vals = run(plan.loop, _with_leaves(table, tiles), ctx)
+            for t in loop_outs:
+                vals[t] = _each(vals[t], lambda x, t=t: np.broadcast_to(
+                    x, grid + k.output_node(t).shape), pairs)
+            for a in k.accumulators:
+                accs[a] = vals[a] if f == 0 else table[Op.ADD](ctx, plan.adds[a], accs[a], vals[a])
+            for t, bo in loop_outs.items():
+                if bo.fmap is None:
+                    written[t] = [vals[t]]  # every iteration writes the same tile: last one stays
+                else:
+                    written[t].append(vals[t])
+    finally:
+        if saved is not None:
+            ctx.limb_cache = saved
+    post_vals = run(plan.post, _with_leaves(table, {**fixed, **accs}), ctx) if k.post.outputs \
+        else {}
+    out = {}
+    for t, bo in k.outputs.items():
+        if bo.stage == "post":
+            value = _each(post_vals[t], lambda x, t=t: np.broadcast_to(
+                x, grid + k.output_node(t).shape), pairs)
+        elif bo.fmap is None:
+            value = written[t][0]
+        else:
+            parts = written[t]
+            value = (np.stack([p[0] for p in parts]), None if parts[0][1] is None else
+                     np.stack([p[1] for p in parts])) if pairs else np.stack(parts)
+        out[t] = _each(value, lambda x, bo=bo, t=t: place(
+            x, bo.omap, bo.fmap, grid, f_range, specs[t].shape), pairs)
+    return out
+
+
+def execute(mg: KernelGraph, plans: list, table: Table, ctx: Any, pairs: bool) -> dict[str, Any]:
+    """Run every kernel in order; returns the values of all device tensors by name."""
+    env = {name: table[Op.INPUT](ctx, node) for name, node in mg.inputs.items()}
+    specs = mg.tensors
+    for k, plan in zip(mg.kernels, plans):
+        if isinstance(k, PredefinedKernel):
+            env.update(run(plan, _with_leaves(table, env), ctx))
+        else:
+            env.update(_run_custom(plan, table, ctx, env, specs, pairs))
+    return env
+
+
+def evaluate_float(mg: KernelGraph, inputs: Mapping[str, Any], dtype: str | None = None) -> dict:
+    """``em.evaluate`` for a MuGraph: float64 (``dtype=None``), "native" or a dtype name."""
+    from ..ir.node import canonical_dtype
+    from ..semantics.floating import FLOAT_SEMANTICS, FloatCtx
+
+    mg.validate()
+    mode = None if dtype is None else ("native" if dtype == "native" else canonical_dtype(dtype))
+    ctx = FloatCtx(check_inputs(mg, inputs), mode)
+    with np.errstate(all="ignore"):
+        env = execute(mg, _plans(mg), FLOAT_SEMANTICS, ctx, pairs=False)
+    return {name: np.asarray(env[t], dtype=np.float64) for name, t in mg.output_tensors.items()}
+
+
+def evaluate_field(mg: KernelGraph, ctx) -> dict[str, tuple]:
+    """Run ``mg`` over Z_p x Z_q with the trial ``ctx`` (inputs already set); pairs by output."""
+    from ..semantics.field import FIELD_SEMANTICS
+
+    mg.check_lax()
+    plans = _plans(mg)
+    ctx.needs_q = needs_q(mg, plans)
+    env = execute(mg, plans, FIELD_SEMANTICS, ctx, pairs=True)
+    return {name: env[t] for name, t in mg.output_tensors.items()}

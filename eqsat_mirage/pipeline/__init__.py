@@ -1,0 +1,10 @@
+"""The pipeline as one call: ``em.optimize``, its results cache, and ``em.optimize_many``.
+
+``optimize.py``: check, saturate, extract, plan, verify and return an ``OptimizeResult``.
+``cache.py``: the SQLite results cache (keys, entries, the lookup around a search).
+``many.py``: many programs in parallel (processes or Ray) through one cache.
+
+Takes: a ``Graph`` and options (target, rules, limits, level).
+Gives: an ``OptimizeResult`` (program, costs, stats, verification, Triton source).
+May import: every stage before it (ir ... render).
+"""

@@ -1,0 +1,321 @@
+"""``em.optimize``: the pipeline as a list of named passes.
+
+build/check -> load rules (user rules checked for soundness) -> encode +
+saturate (phases, guarded) -> extract (k best kernel-level Graphs, DAG-aware) ->
+fusion (``level="mugraph"``, the default: each candidate and the input program
+planned into a MuGraph of custom and predefined kernels, ``fusion.plan``, and
+costed with ``gpucost``) -> verify (cheapest first; the first that passes
+``em.verify`` against the input, tiled interpreter included, wins).
+
+``level="kernel"`` stops after extraction: the program is a kernel-level Graph
+costed one kernel per op (``cost/per_op.py``). Every returned program passed
+``em.verify``; when none does (or the input is not Lax, so nothing can be
+verified) the input itself is returned, one kernel per op.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..cost.per_op import Hardware, graph_cost_us
+from ..cost.profile import GPUProfile
+from ..egraph.encode import graph_from_outputs
+from ..egraph.extract import extract
+from ..egraph.rulefiles import builtin_rules_dir, load_rules, rule_paths
+from ..egraph.saturate import DEFAULT_PHASES, Limits, Saturator
+from ..ir.check import check, check_lax
+from ..ir.errors import LaxError, MirageError
+from ..verifier.verify import VerifyResult, verify
+
+LEVELS = ("mugraph", "kernel")
+
+DEFAULT_SPLITS = (4, 16, 64)  # Mirage's loop ranges: candidate inner factors of split-K
+
+
+@dataclass
+class OptimizeResult:
+    """What ``em.optimize`` found: the chosen program, its cost and how it was found."""
+
+    program: object
+    cost_us: float
+    baseline_cost_us: float
+    verified: VerifyResult | None
+    stats: dict = field(default_factory=dict)
+    candidates: list = field(default_factory=list)
+    source: object = None
+    roofline_us: float | None = None  # DESIGN.md's lower bound (mugraph level)
+    plan: object = None  # the chosen program's fusion.FusionPlan (mugraph level)
+
+    @property
+    def speedup(self) -> float:
+        """Baseline cost over chosen cost (cost-model figures)."""
+        return self.baseline_cost_us / self.cost_us if self.cost_us else float("inf")
+
+    def _mugraph(self):
+        from ..mugraph.program import MuGraph, from_graph
+
+        return self.program if isinstance(self.program, MuGraph) else from_graph(self.program)
+
+    def _header(self) -> str:
+        name = getattr(self.source, "name", "program")
+        return (f"eqsat-mirage: optimized {name!r} for {self.stats.get('target', '?')}; "
+                f"predicted {self.cost_us:.2f} us (one kernel per op: "
+                f"{self.baseline_cost_us:.2f} us); verified: {self.verified}")
+
+    def triton_source(self) -> str:
+        """A Python module with one @triton.jit kernel per custom kernel and a ``run`` launcher."""
+        from ..codegen.source import triton_source
+
+        return triton_source(self._mugraph(), header=self._header())
+
+    def compile(self):
+        """The chosen program as a callable on torch tensors (by position or by input name).
+
+        On a CPU, set ``TRITON_INTERPRET=1`` before triton is imported.
+        """
+        from ..codegen.source import compile_mugraph
+
+        return compile_mugraph(self._mugraph(), header=self._header())
+
+    def render(self, path, **kwargs):
+        """Draw the input program and the chosen program side by side (.svg, .png or .pdf).
+
+        Kernels, their block graphs, grids and loops, with device-memory tensors,
+        shared-memory tiles and register values told apart, and the cost model's
+        time per kernel for this result's target. Keywords go to ``render.render``
+        (``backend="auto"|"graphviz"|"matplotlib"``, ``title``). Returns the path.
+        """
+        from ..render.draw import render
+
+        kwargs.setdefault("cost", self.stats.get("target_spec", "h100"))
+        return render(self.program, path, source=self.source, **kwargs)
+
+    def __str__(self) -> str:
+        st = self.stats
+        roof = (f"; roofline {self.roofline_us:.2f} us ({self.cost_us / self.roofline_us:.2f}x)"
+                if self.roofline_us else "")
+        lines = [f"optimized {getattr(self.source, 'name', 'program')!r} for "
+                 f"{st.get('target', '?')}: {self.baseline_cost_us:.2f} us -> "
+                 f"{self.cost_us:.2f} us ({self.speedup:.2f}x, cost model){roof}"]
+        for ph in st.get("phases", []):
+            lines.append(f"  phase {ph['name']:<10} {ph['iterations']:>3} iterations "
+                         f"{ph['enodes']:>8} e-nodes {ph['seconds']:7.2f} s  ({ph['stop']})")
+        lines.append(f"  extraction: {st.get('candidates', 0)} candidates in "
+                     f"{st.get('extract_seconds', 0):.2f} s; verified: {self.verified}")
+        if "fusion_seconds" in st:
+            lines.append(f"  fusion: {len(st.get('plans', []))} MuGraphs planned in "
+                         f"{st['fusion_seconds']:.2f} s; chosen: {st.get('kernels', '?')} kernels "
+                         f"({st.get('custom_kernels', 0)} custom)")
+            lines += [f"  region {r.splitlines()[0]}" for r in st.get("regions", [])]
+        lines.append(str(self.program))
+        return "\n".join(lines)
+
+
+def _splits(graph, factors) -> list[tuple[int, int, int]]:
+    dims = {d for n in graph.nodes() for d in n.shape}
+    return sorted({(n, n // f, f) for n in dims for f in factors if n % f == 0 and n // f > 1
+                   and f > 1})
+
+
+def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool = True,
+             time_limit_s: float = 30.0, node_limit: int = 200_000, iter_limit: int = 12,
+             k: int = 4, trials: int = 3, seed: int = 0, split_factors=DEFAULT_SPLITS,
+             progress: Callable[[str], None] | None = None, level: str = "mugraph",
+             strategy=None, cache=True) -> OptimizeResult:
+    """Superoptimize ``graph`` for ``target``; returns the best verified program.
+
+    ``rules`` lists rule files and folders ("rules" is the built-in set); user
+    files are checked for soundness first and an unsound rule is refused with
+    a ``RuleError``. Saturation stops at ``node_limit`` tensor e-nodes,
+    ``iter_limit`` iterations or ``time_limit_s`` seconds per phase. ``level``
+    is "mugraph" (the default: ``res.program`` is a ``MuGraph`` of fused custom
+    kernels, costed by ``gpucost``; ``strategy`` is the ``strategy.Strategy``
+    for the candidate schedules, ``fusion.DEFAULT_STRATEGY`` if None) or
+    "kernel" (a kernel-level ``Graph``, costed one kernel per op). Every
+    returned program passed ``em.verify`` against ``graph``.
+
+    ``cache`` is True (the default results cache, see ``cache.py``), a path,
+    a ``cache.ResultCache``, or False/None (no cache); ``res.stats["cache"]``
+    says "hit", "miss" or "off". A hit returns the stored result at once.
+    """
+    options = dict(locals())  # every keyword that can change the result: the cache key
+    del options["graph"], options["progress"], options["cache"]
+    if level not in LEVELS:
+        raise MirageError(f"optimize: level must be one of {', '.join(LEVELS)}, got {level!r}")
+    if cache is not None and cache is not False:
+        from .cache import cached_optimize, open_cache
+
+        store = open_cache(cache)  # None when $EQSAT_MIRAGE_CACHE is "off"
+        if store is not None:
+            return cached_optimize(graph, store, progress, options, optimize)
+    t0 = time.perf_counter()
+    check(graph)
+    prof = GPUProfile.load(target)  # read and validated once; both cost models use it
+    hw = Hardware.load(prof)
+    user = [p for p in rule_paths(rules) if p.parent != builtin_rules_dir()]
+    if user:
+        from ..egraph.check_rules import assert_sound
+
+        assert_sound([str(p) for p in user])
+    rulesets, rule_list = load_rules(rules)
+    stats: dict = {"target": hw.name, "target_spec": str(target), "guards": guards,
+                   "rules": len(rule_list), "level": level, "cache": "off"}
+    try:
+        check_lax(graph)
+        lax = True
+    except LaxError:
+        lax = False
+    t1 = time.perf_counter()
+    sat = Saturator(graph, rulesets, rule_list, guards=guards,
+                    splits=_splits(graph, split_factors))
+    limits = Limits(node_limit=node_limit, iter_limit=iter_limit, time_limit_s=time_limit_s)
+    phases = [(name, tuple(r for r in rs if r in rulesets)) for name, rs in DEFAULT_PHASES
+              if level == "mugraph" or name != "tiling"]  # kernel level: no boundaries
+    extra = tuple(r for r in rulesets if all(r not in rs for _, rs in DEFAULT_PHASES))
+    if extra:
+        phases.append(("user", extra))
+    for name, rs in phases:
+        if rs:
+            sat.run_phase(name, rs, limits, progress)
+    stats["saturate_seconds"] = time.perf_counter() - t1
+    stats["phases"] = [vars(p) for p in sat.stats]
+    stats["enodes"] = sat.size()
+    data = sat.serialize()
+    ctors = sat.ctors
+    cands, xstats = extract(data, sat.root_classes(data), graph, ctors, hw, k=k,
+                            encoder=sat.encoder if level == "mugraph" else None)
+    stats.update(xstats)
+    stats["candidates"] = len(cands)
+    if level == "kernel":
+        res = _kernel_level(graph, cands, hw, lax, trials, seed, progress, stats)
+    else:
+        from ..egraph.boundaries import Boundaries
+
+        res = _mugraph_level(graph, cands, Boundaries(data, ctors), prof, strategy, lax,
+                             trials, seed, progress, stats)
+    stats["phase_seconds"] = {"saturate": stats["saturate_seconds"],
+                              "extract": stats.get("extract_seconds", 0.0),
+                              "fusion": stats.get("fusion_seconds", 0.0),
+                              "verify": stats.get("verify_seconds", 0.0)}
+    stats["seconds"] = time.perf_counter() - t0
+    if not lax:
+        stats["note"] = "not a Lax program: the verifier cannot check rewrites, input returned"
+    return res
+
+
+def _kernel_level(graph, cands, hw, lax, trials, seed, progress, stats) -> OptimizeResult:
+    """The cheapest extracted Graph (one kernel per op) that verifies."""
+    baseline = graph_cost_us(graph, hw)
+    chosen, result = None, None
+    tried = 0
+    t = time.perf_counter()
+    for cand in cands:
+        if cand.cost_us > baseline:
+            continue
+        tried += 1
+        if not lax:
+            break
+        res = verify(graph, cand.program, trials=trials, seed=seed)
+        if res.equivalent:
+            chosen, result = cand, res
+            break
+        if progress:
+            progress(f"candidate rejected by the verifier: {res.reason}")
+    stats["candidates_tried"] = tried
+    if chosen is None:  # nothing cheaper verified: the input program is the answer
+        program = graph_from_outputs(graph, graph.outputs, f"{graph.name}_opt")
+        cost = baseline
+        result = verify(graph, program, trials=1, seed=seed) if lax else None
+    else:
+        program, cost = chosen.program, chosen.cost_us
+    stats["verify_seconds"] = time.perf_counter() - t
+    return OptimizeResult(program, cost, baseline, result, stats, cands, graph)
+
+
+def _canonical(graph) -> int:
+    """A hash of ``graph`` up to the order of add/mul operands (duplicates are planned once)."""
+    from ..ir.node import Op
+
+    memo: dict[int, int] = {}
+    for n in graph.nodes():
+        kids = [memo[id(s)] for s in n.srcs]
+        if n.op in (Op.ADD, Op.MUL):
+            kids.sort()
+        memo[id(n)] = hash((n.op, n.arg, n.shape, n.dtype, tuple(kids)))
+    return hash(tuple(sorted((name, memo[id(n)]) for name, n in graph.outputs.items())))
+
+
+def _plan_key(mg) -> str:
+    """The MuGraph's listing without its name and fragment names (duplicates verify once)."""
+    lines = str(mg).splitlines()[1:]
+    return "\n".join(line for line in lines if not line.lstrip().startswith("source:"))
+
+
+def _mugraph_level(graph, cands, bounds, prof, strategy, lax, trials, seed, progress,
+                   stats) -> OptimizeResult:
+    """Plan every candidate and the input into MuGraphs; the cheapest that verifies wins."""
+    from ..cost.gpucost import mugraph_cost, roofline_us
+    from ..fusion.planner import plan
+    from ..mugraph.program import from_graph
+
+    base_mg = from_graph(graph)
+    baseline = mugraph_cost(base_mg, prof).total_us
+    t = time.perf_counter()
+    plans, seen, errors, distinct = [], set(), [], set()
+    todo = [(c.how, c.program, bounds.edges(c.program, c.keys)) for c in cands]
+    if not any(c.how == "input" for c in cands):  # its terms were not found: any boundary
+        todo.append(("input (any boundary)", graph, None))
+    allowed = {}
+    for i, (how, g, cuts) in enumerate(todo):
+        canon = _canonical(g)
+        if canon in distinct:
+            continue
+        distinct.add(canon)
+        edges = {(id(s), id(n)) for n in g.nodes() for s in n.srcs if n.srcs and s.srcs}
+        allowed[i] = f"{len(edges) if cuts is None else len(cuts & edges)}/{len(edges)}"
+        try:
+            p = plan(g, prof, strategy, cuts=cuts)
+        except (MirageError, ValueError, KeyError) as exc:  # recorded in stats, skipped
+            errors.append(f"{how}: {exc}")
+            continue
+        key = _plan_key(p.mugraph)
+        if key not in seen:
+            seen.add(key)
+            plans.append((p.cost_us, i, how, p))
+    plans.sort(key=lambda x: (x[0], x[1]))
+    stats["fusion_seconds"] = time.perf_counter() - t
+    if errors:
+        stats["fusion_errors"] = errors
+    t = time.perf_counter()
+    chosen, result, tried, summary = None, None, 0, []
+    for cost, i, how, p in plans:
+        entry = {"how": how, "cost_us": cost, "kernels": len(p.mugraph.kernels), "verified": None,
+                 "boundaries": allowed[i]}  # op edges where rules/tiling.egg allows a cut
+        summary.append(entry)
+        if chosen is not None or not lax:
+            continue
+        tried += 1
+        res = verify(graph, p.mugraph, trials=trials, seed=seed)
+        entry["verified"] = res.equivalent
+        if res.equivalent:
+            chosen, result = p, res
+        elif progress:
+            progress(f"MuGraph from {how} rejected by the verifier: {res.reason}")
+    stats["candidates_tried"] = tried
+    stats["plans"] = summary
+    if chosen is None:  # nothing verified (or not Lax): the input, one kernel per op
+        program, cost = base_mg, baseline
+        result = verify(graph, program, trials=1, seed=seed) if lax else None
+        stats["regions"] = []
+    else:
+        program, cost = chosen.mugraph, chosen.cost_us
+        program.name = f"{graph.name}_opt"
+        stats["regions"] = [str(r) for r in chosen.regions]
+    stats["verify_seconds"] = time.perf_counter() - t
+    stats["kernels"] = len(program.kernels)
+    stats["custom_kernels"] = sum(kk.kind == "custom" for kk in program.kernels)
+    return OptimizeResult(program, cost, baseline, result, stats, cands, graph,
+                          roofline_us(graph, prof), chosen)

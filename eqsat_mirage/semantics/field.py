@@ -1,0 +1,473 @@
+"""Finite-field semantics over Z_p x Z_q (q | p-1), section 5 of the Mirage paper.
+
+A value is a pair of int64 arrays ``(p_part, q_part)``. Add, sub, mul, div and
+matmul act on both parts (div by modular inverse). ``exp`` maps a value to
+``omega ** q_part mod p`` for an ``omega`` of multiplicative order q, and drops
+the q part (``None``), which is why a Lax program takes exp at most once on a
+path. Opaque functions (sqrt, silu, relu) are random functions of their
+argument, drawn per trial; ``rsqrt`` is ``1 / sqrt`` so that identity holds.
+
+Matmuls use BLAS: the smaller operand is cut into signed digits small enough
+that float64 products and sums stay exact (two or three digits for the
+benchmarks' contraction lengths; longer than 2**15 is chunked), the other
+operand is used whole, and the digit products are recombined mod p.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from ..ir.node import Op
+
+_EXACT_K = 1 << 15  # longest contraction done in one BLAS call (keeps digits >= 8 bits)
+
+
+class FieldZeroDivisionError(ArithmeticError):
+    """A denominator vanished in this trial; the verifier redraws the trial."""
+
+
+@cache
+def field_primes(bits: int = 30) -> tuple[int, int]:
+    """The pair (p, q): q the largest prime below 2**bits with p = k*q + 1 prime, k small.
+
+    ``bits`` must be in [8, 30] so every product of two residues fits in int64.
+    """
+    import galois  # here, not at import time: it loads numba (most of a second)
+
+    if not 8 <= bits <= 30:
+        raise ValueError(f"prime_bits must be in [8, 30], got {bits}")
+    q = galois.prev_prime(1 << bits)
+    while True:
+        for k in (2, 4, 6):
+            p = k * q + 1
+            if p < (1 << 31) and galois.is_prime(p):
+                return p, q
+        q = galois.prev_prime(q - 1)
+
+
+def _is_array(x: Any) -> bool:
+    """True for an ndarray with at least one axis (which in-place ops can update)."""
+    return isinstance(x, np.ndarray) and x.ndim > 0
+
+
+def _mod(r: Any, m: int) -> Any:
+    """``r % m``, in place when ``r`` is a fresh array (saves a big temporary)."""
+    if _is_array(r):
+        r %= m
+        return r
+    return r % m
+
+
+def mulmod(a: np.ndarray, b: Any, m: int) -> np.ndarray:
+    """Elementwise a*b mod m for residues below 2**31."""
+    return _mod(a * b, m)
+
+
+def addmod(a: np.ndarray, b: Any, m: int) -> np.ndarray:
+    """Elementwise a+b mod m."""
+    return _mod(a + b, m)
+
+
+def submod(a: np.ndarray, b: Any, m: int) -> np.ndarray:
+    """Elementwise a-b mod m."""
+    return _mod(a - b, m)
+
+
+def powmod(x: np.ndarray, e: int, m: int) -> np.ndarray:
+    """Elementwise x**e mod m by square-and-multiply (vectorised, in place)."""
+    base = x % m
+    result = np.ones_like(base)
+    if not _is_array(base):
+        while e:
+            if e & 1:
+                result = (result * base) % m
+            base = (base * base) % m
+            e >>= 1
+        return result
+    while e:
+        if e & 1:
+            result *= base
+            result %= m
+        e >>= 1
+        if e:
+            base *= base
+            base %= m
+    return result
+
+
+def invmod(x: np.ndarray, m: int) -> np.ndarray:
+    """Elementwise modular inverse (m prime); raises FieldZeroDivisionError on zero."""
+    if np.any(x % m == 0):
+        raise FieldZeroDivisionError("division by zero in the field")
+    return powmod(x, m - 2, m)
+
+
+def _signed_digits(x: np.ndarray, m: int, w: int) -> list[np.ndarray]:
+    """``x`` (residues mod m) as balanced residues, cut into base-2**w signed digits.
+
+    Returns float64 arrays d_0, d_1, ... with every |d_j| <= 2**(w-1) and
+    ``x == sum(d_j * 2**(w*j)) (mod m)``; only as many digits as the values need.
+    """
+    r = np.array(x, dtype=np.int64)  # a copy, updated in place below
+    r[r > m // 2] -= m  # |r| <= m/2
+    half, mask = 1 << (w - 1), (1 << w) - 1
+    digits = []
+    while True:
+        d = r + half
+        d &= mask
+        d -= half
+        digits.append(d.astype(np.float64))
+        r -= d
+        r >>= w  # exact: r - d is a multiple of 2**w
+        if not r.any():
+            return digits
+
+
+def _cached(cache: dict | None, x: np.ndarray, key: tuple, make):
+    """``make()``, remembered per (array, key) in a trial's ``cache``."""
+    if cache is None:
+        return make()
+    hit = cache.get((id(x), *key))
+    if hit is not None and hit[0] is x:
+        return hit[1]
+    out = make()
+    cache[(id(x), *key)] = (x, out)  # holding x keeps its id from being reused
+    return out
+
+
+def matmul_mod(a: np.ndarray, b: np.ndarray, m: int, cache: dict | None = None) -> np.ndarray:
+    """Exact ``(a @ b) mod m`` (NumPy matmul semantics, residues below 2**31) by float64 BLAS.
+
+    The operand with fewer elements is cut into signed digits of w bits
+    (``_signed_digits``), the other one is used whole (in [0, m)). Each product
+    |digit * y| < 2**(w+30), and a sum of k of them stays at or below 2**53
+    when w = 23 - ceil(log2 k), so every float64 digit-matmul is exact; the
+    digit products are then combined mod m by Horner's rule in int64. Longer
+    contractions (k > 2**15) are chunked. ``cache`` (a dict kept for one trial)
+    reuses the conversions of operands that several matmuls share, such as a
+    weight read by both programs.
+    """
+    k = a.shape[-1]
+    if k > _EXACT_K:
+        out = None
+        for s in range(0, k, _EXACT_K):
+            bs = b[s:s + _EXACT_K] if b.ndim == 1 else b[..., s:s + _EXACT_K, :]
+            part = matmul_mod(a[..., s:s + _EXACT_K], bs, m)
+            out = part if out is None else (out + part) % m
+        return out
+    w = 23 - (k - 1).bit_length()
+    split_a = a.size <= b.size
+    cut, whole = (a, b) if split_a else (b, a)
+    digits = _cached(cache, cut, ("digits", m, w), lambda: _signed_digits(cut, m, w))
+    whole_f = _cached(cache, whole, ("float64",), lambda: whole.astype(np.float64))
+    shift = pow(2, w, m)
+
+    def product(j: int, out=None):
+        return (np.matmul(digits[j], whole_f, out=out) if split_a
+                else np.matmul(whole_f, digits[j], out=out))
+
+    top = product(len(digits) - 1)
+    if not _is_array(top):  # a 0-d result (vector @ vector)
+        r = int(top) % m
+        for j in range(len(digits) - 2, -1, -1):
+            r = (r * shift + int(product(j))) % m
+        return np.int64(r)
+    # Horner's rule, r = r * 2**w + next product (|r| < 2**31 * 2**23 + 2**53 < 2**63),
+    # converting each exact float64 product to int64 in place to spare big temporaries.
+    r = _to_int64_in_place(top)
+    r %= m
+    buf = None
+    for j in range(len(digits) - 2, -1, -1):
+        buf = _to_int64_in_place(product(j, None if buf is None else buf.view(np.float64)))
+        r *= shift
+        r += buf
+        r %= m
+    return r
+
+
+_CHUNK = 1 << 17  # elements per slice when a big array is updated slice by slice
+
+
+def _to_int64_in_place(x: np.ndarray) -> np.ndarray:
+    """The exact-integer float64 array ``x`` converted to int64 in its own memory.
+
+    Slice by slice, so each overlapping copy goes through a small temporary
+    instead of a second array of x's size.
+    """
+    if not (x.flags.c_contiguous and x.flags.writeable and x.dtype == np.float64):
+        return x.astype(np.int64)
+    flat_f = x.reshape(-1)
+    flat_i = flat_f.view(np.int64)
+    for s in range(0, flat_f.size, _CHUNK):
+        np.copyto(flat_i[s:s + _CHUNK], flat_f[s:s + _CHUNK], casting="unsafe")
+    return x.view(np.int64)
+
+
+def const_mod(value: float, m: int) -> int:
+    """The exact image of a float (a dyadic rational) in Z_m."""
+    frac = Fraction(value)
+    return (frac.numerator % m) * pow(frac.denominator % m, m - 2, m) % m
+
+
+_M1 = np.uint64(0xFF51AFD7ED558CCD)
+_M2 = np.uint64(0xC4CEB9FE1A85EC53)
+
+
+def _fmix(z: np.ndarray) -> np.ndarray:
+    z = z ^ (z >> np.uint64(33))
+    z = z * _M1
+    z = z ^ (z >> np.uint64(33))
+    z = z * _M2
+    return z ^ (z >> np.uint64(33))
+
+
+@dataclass
+class FieldCtx:
+    """One trial: primes, omega, random-function keys and the inputs."""
+
+    p: int
+    q: int
+    rng: np.random.Generator
+    inputs: Mapping[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    needs_q: set[int] = field(default_factory=set)  # ids of nodes whose q part is used
+    omega: int = 0
+    keys: dict[Op, tuple[int, int, int]] = field(default_factory=dict)
+    _tables: tuple[np.ndarray, np.ndarray] | None = None
+    limb_cache: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        while self.omega in (0, 1):
+            g = int(self.rng.integers(2, self.p - 1))
+            self.omega = pow(g, (self.p - 1) // self.q, self.p)
+        for op in sorted(Op, key=lambda o: o.value):
+            self.keys[op] = tuple(int(k) for k in self.rng.integers(1, 2**62, size=3))
+
+    def random_inputs(self, program) -> dict[str, LazyPair]:
+        """Fresh uniform (p, q) pairs for every input of ``program``.
+
+        The q part is drawn on first use: only inputs that reach an exp need it.
+        """
+        return {name: LazyPair(self.rng.integers(0, self.p, node.shape, dtype=np.int64),
+                               node.shape, self)
+                for name, node in program.inputs.items()}
+
+    def exp(self, x: np.ndarray) -> np.ndarray:
+        """omega ** x mod p for x in [0, q), by two table look-ups."""
+        if self._tables is None:
+            self._tables = (_powers(self.omega, 1 << 15, self.p),
+                            _powers(pow(self.omega, 1 << 15, self.p), (self.q >> 15) + 1, self.p))
+        lo, hi = self._tables
+        if not _is_array(x):
+            return (hi[x >> 15] * lo[x & 0x7FFF]) % self.p
+        idx = np.ascontiguousarray(x >> 15)
+        r = hi.take(idx)  # C-contiguous, like idx
+        np.bitwise_and(x, 0x7FFF, out=idx)
+        flat_r, flat_idx = r.reshape(-1), idx.reshape(-1)
+        for s in range(0, flat_r.size, _CHUNK):  # no third array of x's size
+            flat_r[s:s + _CHUNK] *= lo.take(flat_idx[s:s + _CHUNK])
+        r %= self.p
+        return r
+
+    def random_fn(self, op: Op, x: tuple) -> tuple[np.ndarray, np.ndarray]:
+        """The trial's random function for ``op`` applied to the pair ``x``."""
+        k1, k2, k3 = (np.uint64(k) for k in self.keys[op])
+        # Keyed on the p part only: whether the q part was computed depends on the program
+        # (needs_q), and equal arguments must give equal results in both programs.
+        with np.errstate(over="ignore"):  # uint64 wrap-around is intended; 0-d values warn
+            z = _fmix(x[0].astype(np.uint64) * k1 + np.uint64(k3))
+            out_q = (_fmix(z ^ k2) % np.uint64(self.q)).astype(np.int64)
+        out_p = (z % np.uint64(self.p)).astype(np.int64)
+        return out_p, out_q
+
+
+class LazyPair:
+    """An input's (p part, q part); the q part is drawn uniformly on first access."""
+
+    def __init__(self, p_part: np.ndarray, shape, ctx: FieldCtx) -> None:
+        self._p, self._q, self._shape, self._ctx = p_part, None, shape, ctx
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if i == 0:
+            return self._p
+        if self._q is None:
+            self._q = self._ctx.rng.integers(0, self._ctx.q, self._shape, dtype=np.int64)
+        return self._q
+
+    def __iter__(self):
+        return iter((self[0], self[1]))
+
+    def __len__(self) -> int:
+        return 2
+
+
+def _powers(base: int, n: int, m: int) -> np.ndarray:
+    table = np.ones(1, dtype=np.int64)
+    while len(table) < n:
+        step = pow(base, len(table), m)
+        table = np.concatenate([table, (table * step) % m])
+    return table[:n]
+
+
+def _q(ctx: FieldCtx, node, fn):
+    return fn() if id(node) in ctx.needs_q else None
+
+
+def _binary(op_p, op_q):
+    def apply(ctx, n, a, b):
+        return op_p(a[0], b[0], ctx.p), _q(ctx, n, lambda: op_q(a[1], b[1], ctx.q))
+    return apply
+
+
+def _unary(fn):
+    def apply(ctx, n, x):
+        return fn(x[0], ctx.p), _q(ctx, n, lambda: fn(x[1], ctx.q))
+    return apply
+
+
+def _reduce(mean: bool):
+    def apply(ctx, n, x):
+        axes, keep = n.arg
+        count = 1
+        for ax in axes:
+            count *= x[0].shape[ax]
+
+        def red(v, m):
+            s = np.sum(v, axis=axes, keepdims=keep) % m
+            return (s * pow(count, m - 2, m)) % m if mean else s
+        return red(x[0], ctx.p), _q(ctx, n, lambda: red(x[1], ctx.q))
+    return apply
+
+
+def _movement(fn):
+    def apply(ctx, n, *xs):
+        return fn([x[0] for x in xs], n.arg), _q(ctx, n, lambda: fn([x[1] for x in xs], n.arg))
+    return apply
+
+
+def _opaque(op):
+    def apply(ctx, n, x):
+        out = ctx.random_fn(op, x)
+        return out[0], _q(ctx, n, lambda: out[1])
+    return apply
+
+
+def _rsqrt(ctx, n, x):
+    sp, sq = ctx.random_fn(Op.SQRT, x)
+    return invmod(sp, ctx.p), _q(ctx, n, lambda: invmod(sq, ctx.q))
+
+
+def _input(ctx, n):
+    pair = ctx.inputs[n.arg]
+    return pair[0], _q(ctx, n, lambda: pair[1])
+
+
+def _matmul(ctx, n, a, b):
+    return (matmul_mod(a[0], b[0], ctx.p, ctx.limb_cache),
+            _q(ctx, n, lambda: matmul_mod(a[1], b[1], ctx.q, ctx.limb_cache)))
+
+
+def _const(ctx, n):
+    return (np.int64(const_mod(n.arg, ctx.p)),
+            _q(ctx, n, lambda: np.int64(const_mod(n.arg, ctx.q))))
+
+
+FIELD_SEMANTICS = {
+    Op.INPUT: _input,
+    Op.CONST: _const,
+    Op.NEG: _unary(lambda x, m: _mod(-x, m)),
+    Op.EXP: lambda ctx, n, x: (ctx.exp(x[1]), None),
+    Op.SQRT: _opaque(Op.SQRT),
+    Op.RSQRT: _rsqrt,
+    Op.SILU: _opaque(Op.SILU),
+    Op.RELU: _opaque(Op.RELU),
+    Op.ADD: _binary(addmod, addmod),
+    Op.SUB: _binary(submod, submod),
+    Op.MUL: _binary(mulmod, mulmod),
+    Op.DIV: _binary(lambda a, b, m: mulmod(a, invmod(b, m), m),
+                    lambda a, b, m: mulmod(a, invmod(b, m), m)),
+    Op.MATMUL: _matmul,
+    Op.SUM: _reduce(mean=False),
+    Op.MEAN: _reduce(mean=True),
+    Op.TRANSPOSE: _movement(lambda xs, perm: np.transpose(xs[0], perm)),
+    Op.RESHAPE: _movement(lambda xs, shape: np.reshape(xs[0], shape)),
+    Op.CONCAT: _movement(lambda xs, axis: np.concatenate(xs, axis=axis)),
+}
+
+
+def q_needed(program) -> set[int]:
+    """Ids of nodes whose Z_q part some exp reads (ancestors of exp nodes)."""
+    needed: set[int] = set()
+    for node in reversed(program.nodes()):
+        if node.op is Op.EXP or id(node) in needed:
+            for s in node.srcs:
+                needed.add(id(s))
+    return needed
+
+
+def _structural_keys(program, ids: dict) -> dict[int, int]:
+    """id(node) -> hash-consed key of (op, arg, shape, operands' keys), linear time."""
+    keys: dict[int, int] = {}
+    for node in program.nodes():
+        k = (node.op, node.arg, node.shape, tuple(keys[id(s)] for s in node.srcs))
+        keys[id(node)] = ids.setdefault(k, len(ids))
+    return keys
+
+
+class SharedValues:
+    """Values of the subterms common to several programs evaluated in one trial.
+
+    In a trial a node's value depends only on its op, argument, shape and its
+    operands' values (inputs are looked up by name; omega and the random
+    functions belong to the trial), so structurally equal nodes of the two
+    programs the verifier compares have equal values: ``evaluate_field`` with
+    a ``SharedValues`` computes each common subterm once and reuses it in the
+    other program. Results are identical to separate evaluation.
+    """
+
+    def __init__(self, *programs) -> None:
+        self._ids: dict[tuple, int] = {}
+        self._keys = {id(p): _structural_keys(p, self._ids) for p in programs}
+        counts: dict[int, int] = {}
+        for program in programs:  # a program given twice shares with itself
+            for k in set(self._keys[id(program)].values()):
+                counts[k] = counts.get(k, 0) + 1
+        self._common = {k for k, c in counts.items() if c > 1}
+        self._values: dict[int, tuple] = {}
+
+    def evaluate(self, program, ctx: FieldCtx) -> dict[str, tuple]:
+        """Like ``run(program, FIELD_SEMANTICS, ctx)``, reusing common subterms."""
+        keys = self._keys.get(id(program)) or _structural_keys(program, self._ids)
+        env: dict[int, Any] = {}
+        for node in program.nodes():
+            k, need_q = keys[id(node)], id(node) in ctx.needs_q
+            hit = self._values.get(k)
+            if hit is not None and (hit[1] is not None or not need_q):
+                env[id(node)] = hit if need_q else (hit[0], None)
+                continue
+            fn = FIELD_SEMANTICS.get(node.op)
+            if fn is None:
+                raise NotImplementedError(f"no semantics for {node.op} in this backend")
+            env[id(node)] = value = fn(ctx, node, *(env[id(s)] for s in node.srcs))
+            if k in self._common:
+                self._values[k] = value
+        return {name: env[id(node)] for name, node in program.outputs.items()}
+
+
+def evaluate_field(program, ctx: FieldCtx, shared: SharedValues | None = None) -> dict[str, tuple]:
+    """Run ``program`` over Z_p x Z_q with the trial ``ctx`` (inputs already set).
+
+    ``shared`` (made for one trial from the programs compared in it) computes
+    their common subterms once; the results are the same without it.
+    """
+    from .interp import run
+
+    ctx.needs_q = q_needed(program)
+    if shared is not None:
+        return shared.evaluate(program, ctx)
+    return run(program, FIELD_SEMANTICS, ctx)

@@ -1,0 +1,72 @@
+"""The generic interpreter: walks a program in order and applies one semantics table.
+
+Every backend (float, finite field, and later the tiled muGraph executor)
+is a dict ``Op -> fn(ctx, node, *operand_values)``; this module holds the
+walk and the input validation they share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ..ir.errors import InputError
+from ..ir.node import Op, fmt_shape
+
+Table = Mapping[Op, Callable[..., Any]]
+
+
+def as_array(value: Any, name: str) -> np.ndarray:
+    """Convert a NumPy array, torch tensor or nested list to a float64 array."""
+    if hasattr(value, "detach"):  # torch tensor
+        value = value.detach().to("cpu").float().numpy()
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"input {name!r}: cannot convert {type(value).__name__} to an array") \
+            from exc
+    return arr
+
+
+def check_inputs(program, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Match ``inputs`` to the program's declared inputs by name and shape."""
+    if not isinstance(inputs, Mapping):
+        raise InputError(f"inputs must be a dict of name -> array; got {type(inputs).__name__}")
+    missing = [n for n in program.inputs if n not in inputs]
+    extra = [n for n in inputs if n not in program.inputs]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing {missing}")
+        if extra:
+            parts.append(f"unknown {extra}")
+        raise InputError(f"inputs of {program.name!r}: {'; '.join(parts)} "
+                         f"(expected {list(program.inputs)})")
+    out = {}
+    for name, node in program.inputs.items():
+        arr = as_array(inputs[name], name)
+        if arr.shape != node.shape:
+            raise InputError(f"input {name!r} of {program.name!r}: expected shape "
+                             f"{fmt_shape(node.shape)}, got {fmt_shape(arr.shape)}")
+        out[name] = arr
+    return out
+
+
+def run(program, table: Table, ctx: Any, outputs: bool = True) -> dict:
+    """Evaluate every node of ``program`` with ``table``.
+
+    Returns ``{output name: value}`` (or ``{id(node): value}`` for all nodes
+    when ``outputs`` is False). ``ctx`` is handed to every table entry.
+    """
+    env: dict[int, Any] = {}
+    for node in program.nodes():
+        fn = table.get(node.op)
+        if fn is None:
+            raise NotImplementedError(f"no semantics for {node.op} in this backend")
+        env[id(node)] = fn(ctx, node, *(env[id(s)] for s in node.srcs))
+    if not outputs:
+        return env
+    return {name: env[id(node)] for name, node in program.outputs.items()}
+

@@ -1,0 +1,75 @@
+"""A plain-torch implementation of a program: one torch op per kernel-level op.
+
+``torch_reference(program)`` is used where a program must run as torch without
+Triton: the ``torch.compile`` backend on CPU tensors (``dynamo/backend.py``), and the
+"torch eager" column of ``bench/gpu_bench.py``. torch is imported on first use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..ir.errors import MirageError
+from ..ir.node import Op
+
+
+def torch_reference(program) -> Callable:
+    """A plain torch function ``fn(**tensors) -> {output: tensor}`` computing ``program``.
+
+    ``program`` is a kernel-level ``em.Graph`` or a ``MuGraph`` (run through the
+    kernel-level Graph it computes, ``MuGraph.reference()``). Walks the nodes in
+    order with one torch op per kernel-level op; constants stay Python floats so
+    tensors keep their dtype (the tensors given, not the graph's declared dtypes);
+    mixed-dtype matmul and concat operands are promoted to a common dtype.
+    """
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+
+    graph = program.reference() if hasattr(program, "kernels") else program
+    unary = {Op.NEG: torch.neg, Op.EXP: torch.exp, Op.SQRT: torch.sqrt, Op.RSQRT: torch.rsqrt,
+             Op.SILU: F.silu, Op.RELU: torch.relu}
+    binary = {Op.ADD: torch.add, Op.SUB: torch.sub, Op.MUL: torch.mul, Op.DIV: torch.div}
+    nodes = graph.nodes()
+    outputs = dict(graph.outputs)
+
+    def cast(xs) -> list:
+        """Operands of mixed dtypes promoted to a common one (torch.matmul/cat need one)."""
+        dtypes = {x.dtype for x in xs}
+        if len(dtypes) == 1:
+            return xs
+        common = dtypes.pop()
+        for d in dtypes:
+            common = torch.promote_types(common, d)
+        return [x.to(common) for x in xs]
+
+    def fn(**tensors):
+        env: dict[int, object] = {}
+        for n in nodes:
+            xs = [env[id(s)] for s in n.srcs]
+            if n.op is Op.INPUT:
+                v = tensors[n.arg]
+            elif n.op is Op.CONST:
+                v = float(n.arg)
+            elif n.op in unary:
+                v = unary[n.op](xs[0])
+            elif n.op in binary:
+                v = binary[n.op](*xs)
+            elif n.op is Op.MATMUL:
+                v = torch.matmul(*cast(xs))
+            elif n.op in (Op.SUM, Op.MEAN):
+                axes, keep = n.arg
+                red = torch.sum if n.op is Op.SUM else torch.mean
+                # torch reduces over every axis for dim=(): an empty reduction is the identity
+                v = red(xs[0], dim=tuple(axes), keepdim=bool(keep)) if axes else xs[0]
+            elif n.op is Op.TRANSPOSE:
+                v = xs[0].permute(*n.arg)
+            elif n.op is Op.RESHAPE:
+                v = xs[0].reshape(*n.arg)
+            elif n.op is Op.CONCAT:
+                v = torch.cat(cast(xs), dim=n.arg)
+            else:
+                raise MirageError(f"torch_reference: no torch op for {n.describe()}")
+            env[id(n)] = v
+        return {name: env[id(n)] for name, n in outputs.items()}
+
+    return fn

@@ -1,0 +1,10 @@
+"""Stage 6, verify: random testing over finite fields, with a false-positive bound.
+
+``verify.py``: ``em.verify`` (field trials, the float64 and native-dtype checks, the
+counterexample). ``bound.py``: the degree analysis behind the bound.
+
+Takes: two programs with the same inputs and outputs (a ``Graph``, or any program that
+provides ``evaluate``/``evaluate_field``/``check_lax``/``degrees``, such as a MuGraph).
+Gives: a ``VerifyResult``.
+May import: ir, frontend, semantics.
+"""

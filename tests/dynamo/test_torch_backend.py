@@ -1,0 +1,203 @@
+"""torch.compile(model, backend=em.backend): partitions optimized, the rest eager, same results."""
+
+import os
+import warnings
+
+import pytest
+
+import eqsat_mirage as em
+
+torch = pytest.importorskip("torch")
+from torch_models import Attention, GatedMLP, LoRALinear  # noqa: E402
+
+nn = torch.nn
+
+from eqsat_mirage.dynamo import backend as torch_backend  # noqa: E402
+from eqsat_mirage.dynamo.backend import Backend  # noqa: E402
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+FAST = dict(time_limit_s=1.0, iter_limit=4)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+
+
+class SortInTheMiddle(nn.Module):
+    def __init__(self, d=8):
+        super().__init__()
+        self.proj, self.out = nn.Linear(d, d), nn.Linear(d, d, bias=False)
+
+    def forward(self, x):
+        y = torch.softmax(self.proj(x), dim=-1)
+        z = torch.sort(y, dim=-1).values
+        return self.out(torch.relu(z) * y), (y * y).mean(-1, keepdim=True)
+
+
+def _run(model, *xs, backend=None, rtol=1e-4, atol=1e-5):
+    """Compile ``model`` with ``backend``, check it against eager; returns the backend."""
+    be = backend if backend is not None else em.backend(**FAST)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        want = model(*xs)
+        got = torch.compile(model, backend=be)(*xs)
+    want = want if isinstance(want, tuple) else (want,)
+    got = got if isinstance(got, tuple) else (got,)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=rtol, atol=atol)
+    return be
+
+
+@pytest.mark.parametrize("cls", [Attention, GatedMLP, LoRALinear])
+def test_blocks_match_eager(cls):
+    torch.manual_seed(0)
+    be = _run(cls().eval(), torch.randn(1, 4, 8))
+    assert [r.status for r in be.report] == ["optimized"]
+    entry = be.report[0]
+    assert entry.result is not None and entry.result.verified.equivalent
+    assert entry.graph is not None and entry.calls == 1
+    assert entry.mode == ("triton" if INTERPRET else "torch")
+    assert any("linear" in op for op in entry.ops)
+
+
+def test_cpu_without_interpreter_runs_torch_program(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    be = _run(GatedMLP().eval(), torch.randn(4, 8))
+    assert [(r.status, r.mode) for r in be.report] == [("optimized", "torch")]
+
+
+def test_float16_block():
+    torch.manual_seed(0)
+    m = LoRALinear().eval().half()
+    _run(m, torch.randn(2, 8).half(), rtol=2e-2, atol=2e-2)
+
+
+def test_unsupported_op_in_the_middle_is_partitioned():
+    torch.manual_seed(0)
+    be = _run(SortInTheMiddle().eval(), torch.randn(3, 8))
+    assert len(be.report) == 2 and all(r.status == "optimized" for r in be.report)
+    assert any(u.startswith("torch.sort at test_torch_backend.py:") for u in be.unsupported)
+    assert sum(r.calls for r in be.report) == 2
+
+
+def test_optimize_failure_falls_back_with_warning(monkeypatch):
+    def boom(*args, **kwargs):
+        raise em.MirageError("forced failure for the test")
+
+    monkeypatch.setattr(torch_backend, "optimize", boom)
+    torch.manual_seed(0)
+    with pytest.warns(UserWarning, match=r"partition eqsat_mirage_part_\w+ .*forced failure"):
+        be = _run(GatedMLP().eval(), torch.randn(2, 8))
+    assert [r.status for r in be.report] == ["fallback"]
+    assert "MirageError: forced failure" in be.report[0].reason
+
+
+def test_runtime_failure_falls_back_with_warning(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the torch program runs at call time
+
+    def broken(program):
+        def fn(**tensors):
+            raise RuntimeError("kernel exploded")
+        return fn
+
+    monkeypatch.setattr(torch_backend, "torch_reference", broken)
+    torch.manual_seed(0)
+    with pytest.warns(UserWarning, match="kernel exploded"):
+        be = _run(LoRALinear().eval(), torch.randn(2, 8))
+    assert be.report[0].status == "fallback" and "RuntimeError" in be.report[0].reason
+
+
+@pytest.mark.skipif(not INTERPRET, reason="compiles Triton on CPU only with TRITON_INTERPRET=1")
+def test_compile_failure_falls_back_with_warning(monkeypatch):
+    from eqsat_mirage.pipeline.optimize import OptimizeResult
+
+    def broken(self):
+        raise RuntimeError("triton compilation failed (forced)")
+
+    monkeypatch.setattr(OptimizeResult, "compile", broken)
+    torch.manual_seed(0)
+    with pytest.warns(UserWarning, match=r"triton compilation failed \(forced\)"):
+        be = _run(GatedMLP().eval(), torch.randn(2, 8))
+    assert [r.status for r in be.report] == ["fallback"]
+
+
+def test_autograd_runs_eagerly_with_a_warning():
+    torch.manual_seed(0)
+    m, x = GatedMLP(), torch.randn(2, 8)
+    be = em.backend(**FAST)
+    with pytest.warns(UserWarning, match="no backward"):
+        got = torch.compile(m, backend=be)(x)
+    got.sum().backward()
+    assert m.w1.weight.grad is not None
+    torch.testing.assert_close(got, m(x))
+    assert be.report == []
+
+
+def test_backend_factory_and_direct_call():
+    assert isinstance(em.backend, Backend)
+    be = em.backend(target="a100", time_limit_s=0.5, node_limit=1000)
+    assert be is not em.backend and be.options["target"] == "a100"
+    assert be.options["node_limit"] == 1000 and be.options["time_limit_s"] == 0.5
+    with pytest.raises(em.MirageError, match="keyword options only"):
+        em.backend("h100")
+    # a plain fx graph (no Dynamo metadata; nn.Linear as call_module) works too
+    torch.manual_seed(0)
+    m, x = LoRALinear().eval(), torch.randn(2, 8)
+    gm = torch.fx.symbolic_trace(m)
+    be = em.backend(**FAST)
+    with torch.no_grad():
+        fn = be(gm, [x])
+        torch.testing.assert_close(fn(x), m(x))
+    assert [r.status for r in be.report] == ["optimized"]
+
+
+def test_nothing_supported_returns_eager():
+    be = em.backend(**FAST)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = torch.compile(lambda x: torch.sort(x).values.tanh(), backend=be)(torch.ones(3))
+    torch.testing.assert_close(got, torch.ones(3).tanh())
+    assert be.report == [] and be.unsupported
+
+
+def test_in_place_mutation_keeps_the_graph_eager():
+    def mutating(x, y):
+        z = torch.exp(x) * 2
+        y.add_(1.0)
+        return z + y * y
+
+    be = em.backend(**FAST)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    want = mutating(x, y.clone())
+    with torch.no_grad(), pytest.warns(UserWarning, match=r"mutates a tensor in place \(Tensor"
+                                                          r"\.add_ at test_torch_backend\.py"):
+        got = torch.compile(mutating, backend=be)(x, y)
+    torch.testing.assert_close(got, want)
+    assert be.report == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_runs_the_triton_program():
+    torch.manual_seed(0)
+    be = _run(GatedMLP().eval().cuda().half(), torch.randn(4, 8, device="cuda").half(),
+              rtol=2e-2, atol=2e-2)
+    assert [(r.status, r.mode) for r in be.report] == [("optimized", "triton")]
+
+
+def test_aten_graphs_from_aot_autograd():
+    from torch._dynamo.backends.common import aot_autograd
+
+    torch.manual_seed(0)
+    be = em.backend(**FAST)
+    m, x = GatedMLP().eval(), torch.randn(2, 3, 8)
+    with torch.no_grad():
+        got = torch.compile(m, backend=aot_autograd(fw_compiler=be))(x)
+        torch.testing.assert_close(got, m(x), rtol=1e-4, atol=1e-5)
+    assert [r.status for r in be.report] == ["optimized"]
+    assert "aten.mm.default" in be.report[0].ops and be.report[0].calls == 1

@@ -1,0 +1,165 @@
+"""``em.check_rules``: every built-in rule is sound; unsound and malformed user rules are caught.
+
+Unsound rules must come back "unsound" with a counterexample (or the
+ill-shaped instance); rules that cannot be instantiated or checked must never
+come back "sound".
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import eqsat_mirage as em
+from eqsat_mirage.egraph.rulefiles import load_rules
+
+
+def rule_file(tmp_path, body: str, name: str = "user.egg") -> str:
+    """A rule file with ``(ruleset user)`` on line 1 and ``body`` from line 2."""
+    path = tmp_path / name
+    path.write_text("(ruleset user)\n" + body.strip("\n") + "\n")
+    return str(path)
+
+
+def test_exported():
+    for name in ("check_rules", "assert_sound", "RuleCheck", "RuleCheckReport"):
+        assert name in em.__all__ and hasattr(em, name)
+
+
+def test_every_builtin_rule_is_sound():
+    report = em.check_rules("rules")
+    _, rules = load_rules(["rules"])
+    assert len(report.results) == len(rules)  # both directions of every birewrite
+    bad = [r for r in report.results if r.status != "sound" or r.instances < 1]
+    assert not bad, str(report)
+    assert report.ok and not report.unsound
+    assert all(r.instances == 3 for r in report.results), str(report)
+    text = str(report)
+    assert "status" in text and "algebra.egg:" in text and f"{len(rules)} sound" in text
+
+
+def test_builtin_check_is_deterministic():
+    a = em.check_rules("rules", instances=1, seed=5)
+    b = em.check_rules(["rules"], instances=1, seed=5)
+    assert [(r.where, r.status, r.message) for r in a.results] == [
+        (r.where, r.status, r.message) for r in b.results]
+
+
+def test_exp_of_sum_is_not_a_sum_of_exps(tmp_path):
+    path = rule_file(tmp_path, """
+; exp of a sum is a sum of exps
+(rewrite (Exp (Add a b)) (Add (Exp a) (Exp b)) :ruleset user)
+""", "bad.egg")
+    report = em.check_rules(path)
+    (res,) = report.results
+    assert res.status == "unsound" and res.where == "bad.egg:3"
+    assert res.rule == "exp of a sum is a sum of exps"
+    assert isinstance(res.counterexample, em.Counterexample)
+    assert res.counterexample.output == "out" and "Z_p x Z_q" in res.message
+    assert report.unsound == [res] and not report.ok
+    with pytest.raises(em.RuleError, match=r"bad\.egg:3: unsound rule 'exp of a sum") as exc:
+        em.assert_sound(path)
+    assert "output 'out'" in str(exc.value) and isinstance(exc.value, ValueError)
+
+
+UNSOUND = {
+    "matmul commutes": "(rewrite (MatMul a b) (MatMul b a) :ruleset user)",
+    "sum over the wrong axis": "(rewrite (Sum 0 x) (Sum 1 x) :when ((= (ndim x) 2)) "
+                               ":ruleset user)",
+    "sum over a swapped tensor": "(rewrite (Sum 0 (Swap 0 1 x)) (Sum 0 x) :ruleset user)",
+    "division commutes": "(rewrite (Div a b) (Div b a) :ruleset user)",
+    "subtraction commutes": "(rewrite (Sub a b) (Sub b a) :ruleset user)",
+    "a factor comes out of any sum": "(birewrite (Sum ax (Mul x s)) (Mul (Sum ax x) s) "
+                                     ":ruleset user)",
+    "LoRA without equal row counts": "(rewrite (Add (MatMul w x) (MatMul b y)) (MatMul "
+        "(Concat 1 w b) (Concat 0 x y)) :when ((= (ndim w) 2) (= (ndim b) 2) (= (ndim x) 2) "
+        "(= (ndim y) 2) (= (dim x 1) (dim y 1))) :ruleset user)",
+    "mean as a sum times an inexact 1/n": "(rewrite (Mean ax x) (Mul (Sum ax x) "
+        "(Const (/ 1.0 (to-f64 n)))) :when ((= n (dim x ax))) :ruleset user)",
+    "concat order does not matter": "(rewrite (Concat ax a b) (Concat ax b a) :ruleset user)",
+    "split with a wrong reshape": "(rewrite (Sum 1 x) (Reshape (vec-of d0 1) (Sum 1 (Sum 2 "
+        "(Reshape (vec-of d0 j i) (Swap 0 1 x))))) :when ((= (ndim x) 2) (= d0 (dim x 0)) "
+        "(= n (dim x 1)) (split n i j)) :ruleset user)",
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNSOUND))
+def test_unsound_rules_are_caught(tmp_path, name):
+    path = rule_file(tmp_path, f"; {name}\n{UNSOUND[name]}")
+    report = em.check_rules(path)
+    assert report.unsound, str(report)
+    for res in report.unsound:
+        assert res.where == "user.egg:3" and res.message
+        assert res.counterexample is not None or re.search(
+            r"ill-shaped|different shapes", res.message), res.message
+    with pytest.raises(em.RuleError, match=r"user\.egg:3: unsound"):
+        em.assert_sound([path])
+
+
+def test_ill_shaped_right_side_names_the_shapes(tmp_path):
+    path = rule_file(tmp_path, "; matmul commutes\n(rewrite (MatMul a b) (MatMul b a) "
+                               ":when ((= (ndim a) 2) (= (ndim b) 2) (!= (dim a 0) (dim b 1))) "
+                               ":ruleset user)")
+    (res,) = em.check_rules(path).results
+    assert res.status == "unsound" and "ill-shaped" in res.message
+    assert re.search(r"a: \(\d", res.message) and "contraction dims differ" in res.message
+
+
+@pytest.mark.parametrize("body", [
+    "(rewrite (Sub a b) (Add a (Neg b)) :ruleset user)",
+    "(birewrite (Div (Mul a b) c) (Mul a (Div b c)) :ruleset user)",
+    "(rewrite (Swap i j (Swap i j x)) x :ruleset user)",
+    "(rewrite (Sum ax (Concat ax a b)) (Add (Sum ax a) (Sum ax b)) :when ((= (ndim a) 2)) "
+    ":ruleset user)",
+    "(rewrite (Reshape s (Reshape t x)) (Reshape s x) :ruleset user)",
+    "(rewrite (Div x (Const c)) (Mul x (Div (Const 1.0) (Const c))) :ruleset user)",
+])
+def test_sound_user_rules(tmp_path, body):
+    report = em.check_rules(rule_file(tmp_path, "; a sound rule\n" + body))
+    assert report.ok, str(report)
+    assert all(r.instances >= 1 for r in report.results)
+    em.assert_sound(rule_file(tmp_path, "; a sound rule\n" + body, "again.egg"))
+
+
+def test_uncheckable_rules_are_never_sound(tmp_path):
+    path = rule_file(tmp_path, """
+; exp of exp is outside the Lax fragment
+(rewrite (Exp (Exp (Add a b))) (Exp (Mul (Exp a) (Exp b))) :ruleset user)
+; a condition no instance meets
+(rewrite (Add a b) (Add b a) :when ((!= (ndim a) (ndim a))) :ruleset user)
+""")
+    report = em.check_rules(path)
+    assert [r.status for r in report.results] == ["cannot check", "not instantiated"]
+    assert "Lax" in report.results[0].message and not report.ok and not report.unsound
+    assert "no instance" in report.results[1].message
+    em.assert_sound(path)  # nothing unsound
+    with pytest.raises(em.RuleError, match=r"user\.egg:3: cannot check.*\n.*user\.egg:5: not "):
+        em.assert_sound(path, strict=True)
+
+
+@pytest.mark.parametrize("body, line, message", [
+    ("; x\n(rewrite (Exp a) (Exq a) :ruleset user)", 3, "unknown constructor 'Exq'"),
+    ("; x\n(rewrite (Add a b c) (Add a b) :ruleset user)", 3, "Add takes 2 arguments"),
+    ("; x\n\n(rewrite (Add a b) (Add b a) :ruleset user", 4, "unclosed"),
+    ("; x\n(rewrite (Add a b) (Add b a) :ruleset user))", 3, "unbalanced"),
+    ("; x\n(rewrite (Add a b) (Add b a) :ruleset other)", 3, "'other' is not declared"),
+    ("; x\n(rewrite (Add a b) (Add b c) :ruleset user)", 3, "unbound variables"),
+])
+def test_malformed_files_name_file_and_line(tmp_path, body, line, message):
+    path = rule_file(tmp_path, body, "broken.egg")
+    for fn in (em.check_rules, em.assert_sound):
+        with pytest.raises(em.RuleError, match=rf"broken\.egg:{line}: .*{re.escape(message)}"):
+            fn(path)
+
+
+def test_folders_and_paths(tmp_path):
+    rule_file(tmp_path, "; addition commutes\n(rewrite (Add a b) (Add b a) :ruleset user)")
+    report = em.check_rules([tmp_path])
+    assert [(r.where, r.status) for r in report.results] == [("user.egg:3", "sound")]
+    assert em.assert_sound(tmp_path / "user.egg").ok
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(em.RuleError, match="no such rule file"):
+        em.check_rules(str(tmp_path / "nope.egg"))

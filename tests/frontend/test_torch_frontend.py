@@ -1,0 +1,264 @@
+"""em.from_torch: torch functions and nn.Modules traced with torch.fx into em.Graphs."""
+
+import inspect
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import eqsat_mirage as em
+
+torch = pytest.importorskip("torch")
+from torch_models import Attention, GatedMLP, LoRALinear  # noqa: E402
+
+nn = torch.nn
+F = torch.nn.functional
+
+from eqsat_mirage.frontend.from_torch import graph_inputs, source_line  # noqa: E402
+
+
+def _inputs(shapes, positive=False, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    if positive:
+        return [torch.rand(s, generator=gen) + 0.5 for s in shapes]
+    return [torch.randn(s, generator=gen) for s in shapes]
+
+
+def _check(fn, *xs, rtol=1e-5, atol=1e-6):
+    """from_torch(fn) evaluated by em.evaluate equals fn(*xs); returns the graph."""
+    g = em.from_torch(fn, *xs)
+    feed = {k: v.detach().double().numpy() for k, v in graph_inputs(g, fn, *xs).items()}
+    got = em.evaluate(g, feed)
+    with torch.no_grad():
+        want = fn(*xs)
+    leaves = torch.utils._pytree.tree_leaves(want)  # in the order of the graph's outputs
+    assert len(leaves) == len(got) and list(got) == list(g.outputs)
+    for k, w in zip(got, leaves):
+        np.testing.assert_allclose(got[k], w.double().numpy(), rtol=rtol, atol=atol, err_msg=k)
+    return g
+
+
+S2, S3 = (3, 4), (2, 3, 4)
+OPS = {
+    "matmul": (lambda a, b: torch.matmul(a, b), [(3, 4), (4, 5)], False),
+    "at": (lambda a, b: a @ b, [(2, 3, 4), (4, 5)], False),
+    "bmm": (lambda a, b: torch.bmm(a, b), [(2, 3, 4), (2, 4, 5)], False),
+    "mm_method": (lambda a, b: a.mm(b), [(3, 4), (4, 2)], False),
+    "linear": (lambda x, w, b: F.linear(x, w, b), [(3, 4), (5, 4), (5,)], False),
+    "linear_nobias": (lambda x, w: F.linear(x, w), [(2, 3, 4), (5, 4)], False),
+    "add": (lambda a, b: a + b, [S2, (4,)], False),
+    "add_scalar": (lambda a: a + 2.5, [S2], False),
+    "radd_scalar": (lambda a: 2 + a, [S2], False),
+    "add_alpha": (lambda a, b: torch.add(a, b, alpha=2.0), [S2, S2], False),
+    "sub": (lambda a, b: a - b, [S2, S2], False),
+    "rsub_scalar": (lambda a: 1.0 - a, [S2], False),
+    "sub_method": (lambda a, b: a.sub(b), [S2, S2], False),
+    "mul": (lambda a, b: a * b, [S3, S2], False),
+    "mul_scalar": (lambda a: torch.mul(a, 3.0), [S2], False),
+    "div": (lambda a, b: a / b, [S2, S2], True),
+    "div_scalar": (lambda a: a / 4, [S2], False),
+    "rdiv_scalar": (lambda a: 1.0 / a, [S2], True),
+    "div_method": (lambda a, b: a.div(b), [S2, S2], True),
+    "exp": (lambda a: torch.exp(a), [S2], False),
+    "exp_method": (lambda a: a.exp(), [S2], False),
+    "sum_dim": (lambda a: a.sum(-1), [S3], False),
+    "sum_all": (lambda a: torch.sum(a), [S3], False),
+    "sum_keepdim": (lambda a: a.sum(dim=(0, 2), keepdim=True), [S3], False),
+    "mean": (lambda a: a.mean(dim=-1, keepdim=True), [S3], False),
+    "mean_all": (lambda a: torch.mean(a), [S2], False),
+    "pow2": (lambda a: a ** 2, [S2], False),
+    "pow2_fn": (lambda a: torch.pow(a, 2), [S2], False),
+    "pow_half": (lambda a: a.pow(0.5), [S2], True),
+    "sqrt": (lambda a: torch.sqrt(a), [S2], True),
+    "rsqrt": (lambda a: a.rsqrt(), [S2], True),
+    "silu": (lambda a: F.silu(a), [S2], False),
+    "relu": (lambda a: F.relu(a), [S2], False),
+    "relu_torch": (lambda a: torch.relu(a) + a.relu(), [S2], False),
+    "softmax": (lambda a: torch.softmax(a, dim=-1), [S3], False),
+    "softmax_F": (lambda a: F.softmax(a, dim=1), [S3], False),
+    "softmax_method": (lambda a: a.softmax(0), [S2], False),
+    "cat": (lambda a, b: torch.cat([a, b], dim=1), [S2, (3, 2)], False),
+    "transpose": (lambda a: a.transpose(0, 2), [S3], False),
+    "transpose_fn": (lambda a: torch.transpose(a, -1, -2), [S3], False),
+    "permute": (lambda a: a.permute(2, 0, 1), [S3], False),
+    "T": (lambda a: a.T, [S2], False),
+    "mT": (lambda a: a.mT, [S3], False),
+    "t": (lambda a: a.t(), [S2], False),
+    "neg": (lambda a: -a, [S2], False),
+    "neg_fn": (lambda a: torch.neg(a), [S2], False),
+    "reshape": (lambda a: a.reshape(4, -1), [S3], False),
+    "view": (lambda a: a.view(6, 4), [S3], False),
+    "reshape_fn": (lambda a: torch.reshape(a, (2, 12)), [S3], False),
+    "flatten": (lambda a: a.flatten(1), [S3], False),
+    "unsqueeze": (lambda a: a.unsqueeze(1) + 1.0, [S2], False),
+    "contiguous": (lambda a: a.transpose(0, 1).contiguous() * 2, [S2], False),
+    "shape_arith": (lambda a: a * a.shape[-1] ** -0.5, [S3], False),
+    "rms_norm": (lambda a, w: F.rms_norm(a, (4,), w, eps=1e-6), [S3, (4,)], False),
+}
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_each_supported_op_matches_torch(name):
+    fn, shapes, positive = OPS[name]
+    _check(fn, *_inputs(shapes, positive))
+
+
+def test_softmax_is_exp_over_sum_without_max():
+    g = em.from_torch(lambda x: torch.softmax(x, dim=-1), torch.randn(2, 3))
+    ops = [n.op for n in g.nodes()]
+    assert em.Op.EXP in ops and em.Op.SUM in ops and em.Op.DIV in ops and em.Op.SUB not in ops
+
+
+def gqa(Q, K, V):  # noqa: N803 - DESIGN.md's names
+    A = torch.exp(Q @ K)  # noqa: N806
+    return (A / A.sum(dim=2, keepdim=True)) @ V
+
+
+def test_gqa_of_design_md():
+    q, k, v = (t * 0.3 for t in _inputs([(2, 8, 4), (2, 4, 16), (2, 16, 4)]))
+    g = _check(gqa, q, k, v, rtol=1e-4)
+    assert g.name == "gqa" and list(g.inputs) == ["Q", "K", "V"]
+    assert [n.op for n in g.nodes() if n.op is not em.Op.INPUT] == [
+        em.Op.MATMUL, em.Op.EXP, em.Op.SUM, em.Op.DIV, em.Op.MATMUL]
+    # same shapes and dtype as DESIGN.md's hand-built graph (small sizes), float16 included
+    h = em.from_torch(gqa, q.half(), k.half(), v.half(), name="gqa16")
+    assert h.name == "gqa16" and {n.dtype for n in h.inputs.values()} == {"float16"}
+    assert h.outputs["out"].shape == (2, 8, 4) and h.outputs["out"].dtype == "float16"
+
+
+
+
+@pytest.mark.parametrize("cls", [Attention, GatedMLP, LoRALinear])
+def test_module_blocks(cls):
+    torch.manual_seed(0)
+    m = cls().eval()
+    g = _check(m, torch.randn(2, 4, 8), rtol=1e-4, atol=1e-5)
+    assert "x" in g.inputs and g.torch_sources["x"] == ("arg", 0)
+
+
+def test_parameters_become_named_inputs():
+    m = LoRALinear()
+    g = em.from_torch(m, torch.randn(3, 8))
+    params = {v[1]: k for k, v in g.torch_sources.items() if v[0] == "param"}
+    assert params == {"base.weight": "base_weight", "base.bias": "base_bias",
+                      "lora_a.weight": "lora_a_weight", "lora_b.weight": "lora_b_weight"}
+    assert g.inputs["base_weight"].shape == (12, 8)
+    feed = graph_inputs(g, m, torch.ones(3, 8))
+    assert feed["lora_b_weight"] is m.lora_b.weight
+
+
+def test_get_attr_parameter_and_buffer():
+    class Scale(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.rand(4) + 0.5)
+            self.register_buffer("shift", torch.randn(4))
+
+        def forward(self, x):
+            return x * self.w + self.shift
+
+    g = _check(Scale(), torch.randn(3, 4))
+    assert {g.torch_sources[n] for n in ("w", "shift")} == {("param", "w"), ("param", "shift")}
+
+
+def test_tuple_and_dict_outputs():
+    g = _check(lambda a, b: (a @ b, torch.exp(a)), *_inputs([S2, (4, 2)]))
+    assert list(g.outputs) == ["out0", "out1"]
+    g = em.from_torch(lambda a: {"y": a * 2, "z": a.sum(-1)}, torch.randn(S2))
+    assert list(g.outputs) == ["y", "z"]
+
+
+def _sorting(x):
+    y = x.exp()
+    return torch.sort(y, dim=-1).values
+
+
+def test_unsupported_op_names_op_file_and_line():
+    line = inspect.getsourcelines(_sorting)[1] + 2
+    with pytest.raises(em.UnsupportedOpError) as err:
+        em.from_torch(_sorting, torch.randn(3, 4))
+    msg = str(err.value)
+    assert "torch.sort" in msg and f"test_torch_frontend.py:{line}" in msg
+    assert "torch.sort(y, dim=-1)" in msg and isinstance(err.value, em.MirageError)
+
+
+class _Gelu(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.act = nn.GELU()
+
+    def forward(self, x):
+        return self.act(x) * 2
+
+
+def test_unsupported_module_and_arguments():
+    with pytest.raises(em.UnsupportedOpError, match=r"nn\.GELU \(module 'act'\)") as err:
+        em.from_torch(_Gelu(), torch.randn(2, 2))
+    assert f"test_torch_frontend.py:{inspect.getsourcelines(_Gelu.forward)[1] + 1}" in str(
+        err.value)
+    pow3 = r"operator\.pow at test_torch_frontend\.py:\d+.*exponent 3"
+    with pytest.raises(em.UnsupportedOpError, match=pow3):
+        em.from_torch(lambda x: x ** 3, torch.randn(2, 2))
+    with pytest.raises(em.UnsupportedOpError, match="Tensor.float"):
+        em.from_torch(lambda x: x.float() + 1, torch.randn(2, 2))
+    with pytest.raises(em.UnsupportedOpError, match="indexing"):
+        em.from_torch(lambda x: x[0] + 1, torch.randn(2, 2))
+
+
+def test_untraceable_control_flow():
+    def branchy(x):
+        return x * 2 if x.sum() > 0 else x
+
+    with pytest.raises(em.UnsupportedOpError, match="cannot trace 'branchy'"):
+        em.from_torch(branchy, torch.randn(2))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int32"])
+def test_bad_dtype(dtype):
+    x = torch.ones(2, 3, dtype=getattr(torch, dtype))
+    with pytest.raises(em.DTypeError, match=rf"input 'Q'.*{dtype}.*float16, bfloat16, float32"):
+        em.from_torch(gqa, x, torch.ones(3, 2), torch.ones(2, 2))
+
+
+def test_wrong_number_of_inputs():
+    with pytest.raises(em.GraphError, match=r"1 example input\(s\) for 3 argument\(s\)"):
+        em.from_torch(gqa, torch.ones(2, 2))
+
+
+def test_shape_error_names_torch_source():
+    with pytest.raises(em.ShapeError, match=r"operator\.matmul at test_torch_frontend\.py"):
+        em.from_torch(lambda a, b: a @ b, torch.ones(2, 3), torch.ones(2, 3))
+
+
+def test_source_line_fallback_without_stack_trace():
+    gm = torch.fx.symbolic_trace(_sorting)  # plain fx records no stack traces for functions
+    node = next(n for n in gm.graph.nodes if n.target is torch.sort)
+    assert not node.meta.get("stack_trace")
+    line = inspect.getsourcelines(_sorting)[1] + 2
+    assert source_line(node, _sorting).startswith(f"test_torch_frontend.py:{line}")
+
+
+def test_import_does_not_load_torch():
+    code = ("import sys, eqsat_mirage as em; assert 'torch' not in sys.modules; "
+            "assert 'from_torch' in em.__all__ and 'backend' in em.__all__; "
+            "em.from_torch; assert 'torch' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_sequential_of_supported_modules():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.RMSNorm(4), nn.Linear(4, 6), nn.ReLU(), nn.Softmax(dim=-1),
+                      nn.Dropout(0.1), nn.Identity()).eval()
+    g = _check(m, torch.randn(2, 3, 4))
+    assert {"t_0_weight", "t_1_weight", "t_1_bias"} <= set(g.inputs)  # "0.weight" -> identifier
+    with pytest.raises(em.UnsupportedOpError, match=r"training mode \(call \.eval\(\)\)"):
+        em.from_torch(m.train(), torch.randn(2, 3, 4))
+
+
+def test_nested_outputs_and_casts():
+    g = _check(lambda x: ((x.sum(1, keepdim=True), x.view(-1)), x.squeeze()),
+               torch.randn(2, 1, 4))
+    assert list(g.outputs) == ["out0_0", "out0_1", "out1"]
+    with pytest.raises(em.UnsupportedOpError, match=r"sum with dtype=torch\.float64"):
+        em.from_torch(lambda x: x.sum(dtype=torch.float64), torch.randn(2))

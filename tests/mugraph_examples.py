@@ -1,0 +1,95 @@
+"""Hand-built MuGraphs shared by the MuGraph and code generation tests: a tiled matmul,
+fused RMSNorm+Linear and FlashAttention-style attention, with their reference graphs."""
+
+import eqsat_mirage as em
+
+EPS = 1e-6
+
+
+def matmul_graph():
+    g = em.Graph("matmul")
+    a = g.input("A", (32, 48), "float32")
+    b = g.input("B", (48, 24), "float32")
+    g.output(a @ b, "C")
+    return g
+
+
+def tiled_matmul(a_imap=None, b_imap=None, a_fmap=1, b_fmap=0, omap=None, drop_acc=False):
+    g = matmul_graph()
+    mg = em.MuGraph("matmul_tiled")
+    mg.input("A", (32, 48), "float32")
+    mg.input("B", (48, 24), "float32")
+    k = mg.custom_kernel(grid=(4, 4), forloop=4, source=g)
+    a = k.input("A", imap={0: 0} if a_imap is None else a_imap, fmap=a_fmap)
+    b = k.input("B", imap={1: 1} if b_imap is None else b_imap, fmap=b_fmap)
+    omap = {0: 0, 1: 1} if omap is None else omap
+    if drop_acc:  # the loop's matmul is written directly: the last iteration's write stays
+        k.output(a @ b, "C", omap=omap)
+    else:
+        k.output(k.accumulate(a @ b, "acc"), "C", omap=omap)
+    mg.output("C")
+    return g, mg
+
+
+def rmsnorm_linear_graph(moved=True):
+    g = em.Graph("rmsnorm_linear")
+    x = g.input("X", (8, 64), "float16")
+    w = g.input("W", (64, 32), "float16")
+    if moved:  # the normalisation after the matmul (the form the kernel implements)
+        y = (x @ w) * em.rsqrt((x * x).mean(axis=1, keepdims=True) + EPS)
+    else:
+        y = em.rms_norm(x, eps=EPS) @ w
+    g.output(y, "Y")
+    return g
+
+
+def rmsnorm_linear(local_mean=False):
+    g = rmsnorm_linear_graph()
+    mg = em.MuGraph("rmsnorm_linear_fused")
+    mg.input("X", (8, 64), "float16")
+    mg.input("W", (64, 32), "float16")
+    k = mg.custom_kernel(grid=(4,), forloop=4, name="rms_linear", source=g)
+    x = k.input("X", fmap=1)                    # (8, 16): rows whole, hidden dim in the loop
+    w = k.input("W", imap={1: 0}, fmap=0)       # (16, 8): a column block, hidden dim in the loop
+    ss = k.accumulate((x * x).sum(axis=1, keepdims=True), "ss")
+    xw = k.accumulate(x @ w, "xw")
+    mean = ss / (16 if local_mean else 64)
+    shifted = mean + EPS
+    r = em.rsqrt(shifted)
+    y = xw * r
+    k.fuse(mean, shifted, r, y)
+    k.output(y, "Y", omap={1: 0})
+    mg.output("Y")
+    return g, mg
+
+
+def attention_graph(gqa_form=False):
+    g = em.Graph("attention")
+    q = g.input("Q", (2, 16, 8), "float32")
+    k = g.input("K", (2, 8, 32), "float32")
+    v = g.input("V", (2, 32, 8), "float32")
+    s = em.exp(q @ k)
+    o = (s / s.sum(axis=2, keepdims=True)) @ v if gqa_form else (s @ v) / s.sum(axis=2,
+                                                                                keepdims=True)
+    g.output(o, "O")
+    return g
+
+
+def flash_attention(drop_sum_acc=False):
+    g = attention_graph()
+    mg = em.MuGraph("flash")
+    for name, node in g.inputs.items():
+        mg.input(name, node.shape, node.dtype)
+    k = mg.custom_kernel(grid=(2, 2), forloop=4, source=g)
+    q = k.input("Q", imap={0: 0, 1: 1})             # (1, 8, 8), whole head dim, no loop
+    kk = k.input("K", imap={0: 0}, fmap=2)          # (1, 8, 8), key length in the loop
+    v = k.input("V", imap={0: 0}, fmap=1)           # (1, 8, 8)
+    s = em.exp(q @ kk)
+    if drop_sum_acc:  # the row sum of this iteration only, written in the loop
+        k.output((s @ v) / s.sum(axis=2, keepdims=True), "O", omap={0: 0, 1: 1})
+    else:
+        o = k.accumulate(s @ v, "o")
+        lse = k.accumulate(s.sum(axis=2, keepdims=True), "l")
+        k.output(o / lse, "O", omap={0: 0, 1: 1})
+    mg.output("O")
+    return g, mg

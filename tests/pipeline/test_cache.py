@@ -1,0 +1,247 @@
+"""The results cache: keys, hits and misses, the SQLite store's robustness."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import eqsat_mirage as em
+from eqsat_mirage.pipeline import cache as cache_mod
+from eqsat_mirage.pipeline.cache import ResultCache, default_dir, default_path, make_key
+
+KW = {"level": "kernel", "trials": 1}
+
+
+def tiny(name: str = "tiny", n: int = 64) -> em.Graph:
+    """A small LoRA-shaped program: X@W + (X@A)@B."""
+    g = em.Graph(name)
+    x, w = g.input("X", (16, n)), g.input("W", (n, 128))
+    a, b = g.input("A", (n, 4)), g.input("B", (4, 128))
+    g.output(x @ w + (x @ a) @ b, "O")
+    return g
+
+
+def options(**kw) -> dict:
+    """The full option dict optimize builds for its cache key."""
+    from eqsat_mirage.pipeline.many import _options
+
+    return _options({**KW, **kw})
+
+
+def test_default_location(monkeypatch, tmp_path):
+    monkeypatch.setenv("EQSAT_MIRAGE_CACHE_DIR", str(tmp_path / "mine"))
+    assert default_path() == tmp_path / "mine" / "results.sqlite"
+    monkeypatch.delenv("EQSAT_MIRAGE_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_dir() == tmp_path / "xdg" / "eqsat-mirage"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_dir() == tmp_path / "home" / ".cache" / "eqsat-mirage"
+
+
+def test_tests_never_touch_the_user_cache():
+    assert "pytest" in os.environ["EQSAT_MIRAGE_CACHE_DIR"] or \
+        os.environ["EQSAT_MIRAGE_CACHE_DIR"].startswith(str(Path(os.sep, "tmp")))
+
+
+def test_second_optimize_is_a_fast_hit():
+    g = tiny()
+    lines: list[str] = []
+    first = em.optimize(g, **KW)
+    assert first.stats["cache"] == "miss"
+    t = time.perf_counter()
+    again = em.optimize(tiny(), progress=lines.append, **KW)
+    elapsed = time.perf_counter() - t
+    assert again.stats["cache"] == "hit" and elapsed < 0.5, elapsed
+    assert again.cost_us == first.cost_us and str(again.program) == str(first.program)
+    assert again.verified.equivalent and em.verify(g, again.program, trials=1).equivalent
+    assert any(line.startswith("cache hit: tiny") for line in lines), lines
+    assert [e.name for e in ResultCache().entries()] == ["tiny"]
+
+
+def test_cache_off_and_explicit_caches(tmp_path):
+    g = tiny()
+    assert em.optimize(g, cache=False, **KW).stats["cache"] == "off"
+    assert not default_path().exists()
+    path = tmp_path / "elsewhere.sqlite"
+    assert em.optimize(g, cache=str(path), **KW).stats["cache"] == "miss"
+    store = ResultCache(path)
+    assert em.optimize(g, cache=store, **KW).stats["cache"] == "hit"
+    assert ResultCache(tmp_path).path == tmp_path / "results.sqlite"  # a folder
+    with pytest.raises(em.MirageError, match="cache must be"):
+        em.optimize(g, cache=3, **KW)
+
+
+def test_environment_switches_the_default_cache_off(monkeypatch, tmp_path):
+    monkeypatch.setenv("EQSAT_MIRAGE_CACHE", "off")
+    assert em.optimize(tiny(), **KW).stats["cache"] == "off"
+    assert not default_path().exists()
+    path = tmp_path / "explicit.sqlite"  # an explicit cache is still used
+    assert em.optimize(tiny(), cache=path, **KW).stats["cache"] == "miss"
+
+
+def test_key_ignores_locations_and_ids_but_not_the_program():
+    a, b = tiny(), tiny()  # built twice: other nodes, other file:line
+    assert make_key(a, options()) == make_key(b, options())
+    assert make_key(a, options()) != make_key(tiny(n=32), options())
+    assert make_key(a, options()) != make_key(tiny("renamed"), options())
+
+
+@pytest.mark.parametrize("change", [{"target": "a100"}, {"trials": 2}, {"guards": False},
+                                    {"level": "mugraph"}, {"node_limit": 1000}])
+def test_changed_option_or_target_misses(change):
+    g = tiny()
+    assert make_key(g, options()) != make_key(g, options(**change))
+
+
+def test_changed_target_misses_end_to_end():
+    em.optimize(tiny(), **KW)
+    res = em.optimize(tiny(), target="a100", **KW)
+    assert res.stats["cache"] == "miss" and res.stats["target"] == "a100"
+    assert em.optimize(tiny(), **{**KW, "trials": 2}).stats["cache"] == "miss"
+
+
+def test_target_file_contents_are_part_of_the_key(tmp_path):
+    from eqsat_mirage.cost.profile import profiles_dir
+
+    text = (profiles_dir() / "h100.toml").read_text()
+    mine = tmp_path / "h100.toml"
+    mine.write_text(text)
+    g = tiny()
+    same = make_key(g, options(target=str(mine)))
+    assert same == make_key(g, options(target="h100"))
+    mine.write_text(text + "\n# recalibrated\n")
+    assert make_key(g, options(target=str(mine))) != same
+    with pytest.raises(em.MirageError, match="unknown target"):
+        make_key(g, options(target="tpu9"))
+
+
+def test_user_rule_file_contents_are_part_of_the_key(tmp_path):
+    rules = tmp_path / "mine.egg"
+    rules.write_text("(ruleset user)\n; add commutes\n"
+                     "(rewrite (Add a b) (Add b a) :ruleset user)\n")
+    kw = {**KW, "rules": ["rules", str(rules)]}
+    assert em.optimize(tiny(), **kw).stats["cache"] == "miss"
+    assert em.optimize(tiny(), **kw).stats["cache"] == "hit"
+    rules.write_text("(ruleset user)\n; mul commutes\n"
+                     "(rewrite (Mul a b) (Mul b a) :ruleset user)\n")
+    assert em.optimize(tiny(), **kw).stats["cache"] == "miss"
+    assert em.optimize(tiny(), **KW).stats["cache"] == "miss"  # built-in rules alone differ too
+
+
+def test_entries_delete_and_clear(tmp_path):
+    store = ResultCache(tmp_path / "c.sqlite")
+    assert store.entries() == [] and store.clear() == 0
+    res = em.optimize(tiny(), cache=store, **KW)
+    (entry,) = store.entries()
+    assert entry.name == "tiny" and entry.target == "h100" and entry.level == "kernel"
+    assert entry.cost_us == res.cost_us and entry.size > 0 and entry.prefix == entry.key[:12]
+    assert entry.created <= time.time() and entry.search_seconds > 0
+    assert store.delete(entry.prefix) == 1 and store.entries() == []
+    store.put("k" * 64, res)
+    assert store.clear() == 1 and store.get("k" * 64) is None
+
+
+def test_unpicklable_parts_are_dropped(tmp_path):
+    store = ResultCache(tmp_path / "c.sqlite")
+    res = em.optimize(tiny(), cache=False, **KW)
+    res.stats["callback"] = lambda s: None
+    assert store.put("x" * 64, res)
+    back = store.get("x" * 64)
+    assert "callback" not in back.stats and back.stats["cache_dropped"] == ["callback"]
+    assert "callback" in res.stats  # the caller's result is left alone
+    assert back.cost_us == res.cost_us
+
+
+def test_corrupt_file_is_recreated_with_a_warning(tmp_path):
+    path = tmp_path / "results.sqlite"
+    path.write_bytes(b"this is not a database" * 100)
+    with pytest.warns(RuntimeWarning, match="unreadable"):
+        res = em.optimize(tiny(), cache=path, **KW)
+    assert res.stats["cache"] == "miss" and len(ResultCache(path).entries()) == 1
+
+
+def test_old_schema_is_recreated_with_a_warning(tmp_path):
+    path = tmp_path / "results.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE results (key TEXT, blob BLOB)")
+    conn.commit()
+    conn.close()
+    with pytest.warns(RuntimeWarning, match="schema version"):
+        assert ResultCache(path).entries() == []
+    assert em.optimize(tiny(), cache=path, **KW).stats["cache"] == "miss"
+
+
+def test_damaged_entry_is_a_miss(tmp_path):
+    store = ResultCache(tmp_path / "c.sqlite")
+    em.optimize(tiny(), cache=store, **KW)
+    conn = sqlite3.connect(store.path)
+    conn.execute("UPDATE results SET result = x'00'")
+    conn.commit()
+    conn.close()
+    with pytest.warns(RuntimeWarning, match="cannot be loaded"):
+        assert em.optimize(tiny(), cache=store, **KW).stats["cache"] == "miss"
+    assert em.optimize(tiny(), cache=store, **KW).stats["cache"] == "hit"
+
+
+def test_concurrent_writers(tmp_path):
+    res = em.optimize(tiny(), cache=False, **KW)
+    path = tmp_path / "c.sqlite"
+    failures: list[BaseException] = []
+
+    def write(t: int) -> None:
+        try:
+            store = ResultCache(path)
+            for i in range(5):
+                store.put(f"{t:02d}{i:02d}" + "0" * 60, res)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=write, args=(t,)) for t in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures and len(ResultCache(path).entries()) == 30
+
+
+def test_unwritable_cache_never_fails_an_optimization(tmp_path, monkeypatch):
+    def broken(self, *a, **k):
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(ResultCache, "put", broken)
+    with pytest.warns(RuntimeWarning, match="cannot be written"):
+        res = em.optimize(tiny(), **KW)
+    assert res.verified.equivalent
+
+
+def test_entry_loaded_in_a_fresh_process_rebuilds_node_hashes(tmp_path):
+    """Node hashes depend on the process's string hashing: loading rebuilds them."""
+    store = ResultCache(tmp_path / "c.sqlite")
+    store.put("f" * 64, em.optimize(tiny(), cache=False, **KW))
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+            "import eqsat_mirage as em\nfrom eqsat_mirage.pipeline.cache import ResultCache\n"
+            "from test_cache import tiny\n"
+            f"res = ResultCache({str(store.path)!r}).get({'f' * 64!r})\n"
+            "g = tiny()\n"
+            "assert g.inputs['X'] == res.program.inputs['X']\n"
+            "assert set(g.nodes()) & set(res.program.nodes())\n"
+            "assert em.verify(g, res.program, trials=1).equivalent\nprint('ok')\n")
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
+
+
+def test_dumps_keeps_dag_sharing():
+    g = tiny()
+    back = cache_mod.loads(cache_mod.dumps(g))
+    assert len(back.nodes()) == len(g.nodes())
+    assert back.outputs["O"] == g.outputs["O"] and hash(back.outputs["O"]) == hash(g.outputs["O"])

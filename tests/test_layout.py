@@ -1,0 +1,161 @@
+"""The package layout: one subpackage per pipeline stage, imports pointing down, no cycles.
+
+Every intra-package import counts, including those inside functions: a lazy
+import that points up the pipeline is still an upward dependency. The stage
+order is the one docs/architecture.md describes.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "eqsat_mirage"
+MAX_LINES = 500
+
+# bottom to top: a module may import its own stage and the stages before it
+STAGES = ("version", "ir", "frontend", "semantics", "verifier", "mugraph", "cost", "egraph",
+          "fusion", "codegen", "render", "pipeline", "dynamo", "cli", "testing", "__init__")
+
+
+def module_name(path: Path, root: Path) -> str:
+    """Dotted name of ``path`` inside the package at ``root`` (a package is its __init__)."""
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the package modules it imports (anywhere in its body)."""
+    files = {module_name(p, root): p for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        is_pkg = path.name == "__init__.py"
+        here = name.split(".") if is_pkg else name.split(".")[:-1]
+        out: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = here[:len(here) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                for alias in node.names:  # `from pkg import module` imports the module
+                    if f"{target}.{alias.name}" in files:
+                        out.add(f"{target}.{alias.name}")
+                    elif target in files:
+                        out.add(target)
+            elif isinstance(node, ast.Import):
+                out.update(a.name for a in node.names if a.name in files)
+        out.discard(name)
+        graph[name] = out
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def stage_of(module: str) -> str:
+    """The stage a module belongs to: its subpackage, or its own name at the top level."""
+    parts = module.split(".")
+    return "__init__" if len(parts) == 1 else parts[1]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that point to a later stage (or to a stage missing from STAGES)."""
+    bad = []
+    for mod, targets in graph.items():
+        for t in targets:
+            a, b = stage_of(mod), stage_of(t)
+            if a not in STAGES or b not in STAGES or STAGES.index(b) > STAGES.index(a):
+                bad.append(f"{mod} ({a}) imports {t} ({b})")
+    return sorted(bad)
+
+
+def long_modules(root: Path, limit: int = MAX_LINES) -> list[str]:
+    """Modules longer than ``limit`` lines."""
+    return sorted(f"{p.relative_to(root.parent)}: {n} lines" for p in root.rglob("*.py")
+                  if (n := len(p.read_text().splitlines())) > limit)
+
+
+def test_no_import_cycles():
+    assert cycles(import_graph(PACKAGE)) == []
+
+
+def test_imports_point_down_the_pipeline():
+    assert upward_imports(import_graph(PACKAGE)) == []
+
+
+def test_every_module_within_the_line_budget():
+    assert long_modules(PACKAGE) == []
+
+
+def test_every_stage_is_a_documented_subpackage():
+    subpackages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+    assert subpackages == sorted(s for s in STAGES if (PACKAGE / s).is_dir())
+    for name in subpackages:
+        doc = ast.get_docstring(ast.parse((PACKAGE / name / "__init__.py").read_text())) or ""
+        for heading in ("Takes:", "Gives:", "May import:"):
+            assert heading in doc, f"eqsat_mirage/{name}/__init__.py: no {heading!r} line"
+
+
+@pytest.fixture
+def bad_package(tmp_path):
+    """A package with a lazy import cycle, an upward import and an over-long module."""
+    root = tmp_path / "eqsat_mirage"
+    for sub in ("ir", "cost"):
+        (root / sub).mkdir(parents=True)
+        (root / sub / "__init__.py").write_text('"""x"""\n')
+    (root / "__init__.py").write_text("")
+    (root / "ir" / "a.py").write_text("def f():\n    from ..cost import b\n")
+    (root / "cost" / "b.py").write_text("from ..ir.a import f\n" + "x = 1\n" * MAX_LINES)
+    return root
+
+
+def test_the_checks_catch_what_they_claim_to(bad_package):
+    graph = import_graph(bad_package)
+    assert cycles(graph) == [["eqsat_mirage.cost.b", "eqsat_mirage.ir.a"]]
+    assert upward_imports(graph) == ["eqsat_mirage.ir.a (ir) imports eqsat_mirage.cost.b (cost)"]
+    assert long_modules(bad_package) == [f"eqsat_mirage/cost/b.py: {MAX_LINES + 1} lines"]
+
+
+def test_every_subpackage_ships_in_the_wheel():
+    import tomllib
+
+    config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    listed = set(config["tool"]["setuptools"]["packages"])
+    found = {module_name(p, PACKAGE) for p in PACKAGE.rglob("__init__.py")}
+    assert found <= listed, sorted(found - listed)
