@@ -3,7 +3,7 @@
     eqsat-mirage demo [--bench NAME] [--batch B] [--rewritten] [--no-cache | --cache-dir DIR]
     eqsat-mirage optimize PROGRAM.py [PROGRAM.py ...] [--jobs N] | --bench NAME [--batch B]
                           [--target T] [--rules F ...] [--no-cache | --cache-dir DIR]
-    eqsat-mirage verify A.py B.py [--trials T] [--seed S]
+    eqsat-mirage verify A.py B.py [--trials T] [--max-bound B] [--seed S]
     eqsat-mirage check-rules FILE_OR_FOLDER ...
     eqsat-mirage targets
     eqsat-mirage cache list | clear | path [--cache-dir DIR]
@@ -116,7 +116,8 @@ def _print_result(result, indent: str = "") -> None:
     if result.equivalent:
         print(f"{indent}per-trial bound {result.per_trial_bound:.3g}, {result.trials} trials "
               f"-> false-positive bound {result.false_positive_bound:.3g} "
-              f"(p = {result.p}, q = {result.q})")
+              f"(at most {result.max_bound:g}; primes drawn per trial, last p = {result.p}, "
+              f"q = {result.q})")
 
 
 class Progress:
@@ -344,8 +345,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(original)
     print("\nrewritten program:")
     print(candidate)
-    print(f"\nverifying ({args.trials} finite-field trials + float64 check, "
-          f"seed {args.seed}) ...")
+    print(f"\nverifying (at least {args.trials} finite-field trials + float64 and native-dtype "
+          f"checks, seed {args.seed}) ...")
     result = verify(original, candidate, trials=args.trials, seed=args.seed)
     _print_result(result)
     return EXIT_EQUIVALENT if result.equivalent else EXIT_NOT_EQUIVALENT
@@ -356,7 +357,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from ..verifier.verify import verify
 
     a, b = load_program(args.a, mugraph_ok=True), load_program(args.b, mugraph_ok=True)
-    result = verify(a, b, trials=args.trials, seed=args.seed)
+    result = verify(a, b, trials=args.trials, seed=args.seed, max_bound=args.max_bound)
     print(f"{args.a} vs {args.b}:")
     _print_result(result, "  ")
     return EXIT_EQUIVALENT if result.equivalent else EXIT_NOT_EQUIVALENT

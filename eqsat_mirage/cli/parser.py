@@ -100,7 +100,11 @@ def build_parser(commands: dict[str, Callable], bench_module: Callable) -> argpa
                     "1 if not, 2 on error.")
     ver.add_argument("a", metavar="A.py", help="the first program's file (.py or .json)")
     ver.add_argument("b", metavar="B.py", help="the second program's file (.py or .json)")
-    ver.add_argument("--trials", type=int, default=4, help="finite-field trials (default: 4)")
+    ver.add_argument("--trials", type=int, default=4,
+                     help="finite-field trials, at least (default: 4)")
+    ver.add_argument("--max-bound", type=float, default=1e-9,
+                     help="largest false-positive bound that counts as equivalent; more "
+                          "trials run until it holds, else inconclusive (default: 1e-9)")
     ver.add_argument("--seed", type=int, default=None,
                      help="random seed (default: fresh randomness)")
     ver.set_defaults(func=commands["verify"])

@@ -260,9 +260,29 @@ class _Instance:
                          for k, v in self.env.items())
 
 
-def _draw_shapes(names: list[str], rng: random.Random) -> dict[str, tuple]:
-    """Random small shapes, from one of several tactics that make type-checking likely."""
-    pool, mode, ones = rng.choice(_POOLS), rng.random(), rng.choice((0.0, 0.0, 0.2))
+def _thresholds(rule: Rule) -> tuple[int, ...]:
+    """Sizes just above every integer literal of the rule (its :when facts included), so a
+    rule that holds only below some size (``(min n 6)``) meets instances above it."""
+    found: list[int] = []
+
+    def walk(x) -> None:
+        if isinstance(x, SList | list):
+            for y in (x.items if isinstance(x, SList) else x):
+                walk(y)
+        elif isinstance(x, str) and isinstance(_num(x), int) and 1 < _num(x) <= 64:
+            found.append(_num(x))
+
+    walk([rule.lhs, rule.rhs, rule.when])
+    top = max(found, default=0)
+    return (top + 1, top + 2, 2 * top + 1) if top > 4 else ()
+
+
+def _draw_shapes(names: list[str], rng: random.Random,
+                 above: tuple[int, ...] = ()) -> dict[str, tuple]:
+    """Random small shapes, from one of several tactics that make type-checking likely;
+    ``above`` (sizes past the rule's thresholds) is one of the pools when given."""
+    pools = _POOLS + ((above, above + (1, 2)) if above else ())
+    pool, mode, ones = rng.choice(pools), rng.random(), rng.choice((0.0, 0.0, 0.2))
     r = rng.choice((2, 2, 3))  # free ranks 1..4, or one common rank r, or r and some r - 1
     ranks = {n: rng.randint(1, 4) if mode < 0.3 else r - (mode > 0.8 and rng.random() < 0.3)
              for n in names}
@@ -270,12 +290,14 @@ def _draw_shapes(names: list[str], rng: random.Random) -> dict[str, tuple]:
             for n in names}
 
 
-def _features(inst: _Instance) -> set[tuple[int, bool]]:  # dims of 1, ranks, non-powers of 2
+def _features(inst: _Instance, above: tuple[int, ...] = ()) -> set[tuple[int, bool]]:
+    """Dims of 1, mixed ranks, non-powers of 2, and a dim past the rule's thresholds."""
     shapes = [v.shape for v in inst.inputs.values()]
     dims = {d for s in shapes for d in s}
     ints = [v for k, v in inst.env.items() if type(v) is int and v > 0 and k not in inst.drawn]
+    past = bool(above) and max(dims, default=0) >= min(above)
     return set(enumerate((1 in dims, len({len(s) for s in shapes}) > 1,
-                          any(d & (d - 1) for d in dims), any(v & (v - 1) for v in ints))))
+                          any(d & (d - 1) for d in dims), any(v & (v - 1) for v in ints), past)))
 
 
 def _instantiate(rule: Rule, inst: _Instance, repairs: int = 4) -> tuple[_Instance, Node]:
@@ -307,12 +329,13 @@ def check_rule(rule: Rule, schema: Schema | None = None, instances: int = 3, see
     rng = random.Random(f"{seed}:{rule.where}:{rule.name}")  # not the folder
     res = RuleCheck(rule.name, rule.where, "not instantiated", path=rule.path, line=rule.line)
     names = _tensor_vars(rule.lhs, schema, [])
+    above = _thresholds(rule)
     found, seen, why = [], set(), "no instance type-checked"  # found: (instance, lhs, rhs)
     for _ in range(max_attempts):
         if len(found) >= shape_instances:  # enough right sides type-checked
             break
         try:
-            inst, lhs = _instantiate(rule, _Instance(schema, rng, _draw_shapes(names, rng)))
+            inst, lhs = _instantiate(rule, _Instance(schema, rng, _draw_shapes(names, rng, above)))
         except (ShapeError, _Fail) as exc:
             why = f"last attempt: {exc}"
             continue
@@ -339,9 +362,9 @@ def check_rule(rule: Rule, schema: Schema | None = None, instances: int = 3, see
         return res
     chosen, covered, problems = [], set(), []
     while found and len(chosen) < instances:  # cover both values of every feature if we can
-        gain = [len(_features(inst) - covered) for inst, _, _ in found]
+        gain = [len(_features(inst, above) - covered) for inst, _, _ in found]
         chosen.append(found.pop(gain.index(max(gain))))
-        covered |= _features(chosen[-1][0])
+        covered |= _features(chosen[-1][0], above)
     for k, (inst, lhs, rhs) in enumerate(chosen):
         graphs = [Graph(f"{side} of {rule.where}") for side in ("lhs", "rhs")]
         for g, node in zip(graphs, (lhs, rhs)):  # both declare every pattern tensor variable
@@ -398,5 +421,8 @@ def assert_sound(paths="rules", instances: int = 3, seed: int = 0, trials: int =
            if r.status == "unsound" or (strict and r.status != "sound")]
     if bad:
         lines = [f"{r.path}:{r.line}: {r.status} rule {r.rule!r}: {r.message}" for r in bad]
-        raise RuleError(f"{len(bad)} rule(s) failed the soundness check:\n" + "\n".join(lines))
+        hint = ("" if all(r.status == "unsound" for r in bad) else "\n(a rule that cannot be "
+                "checked is refused; optimize(..., allow_unchecked_rules=True) loads it anyway)")
+        raise RuleError(f"{len(bad)} rule(s) failed the soundness check:\n" + "\n".join(lines)
+                        + hint)
     return report

@@ -10,13 +10,14 @@ the kernel-level algebra: predefined ops, and for a custom kernel its
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from ..frontend.graph import Graph
 from ..ir.check import check
 from ..ir.errors import LaxError, ShapeError
 from ..ir.node import Node, Op, fmt_shape, make
-from ..verifier.bound import Degree, node_degree
+from ..verifier.bound import FRESH, Degree, accumulated, node_degree
 from .kernels import (
     CustomKernel,
     KernelGraph,
@@ -35,11 +36,14 @@ def _fold_graph(graph: Graph, leaves: Mapping[str, Any], on_node: Callable) -> d
     return facts
 
 
-def fold(mg: KernelGraph, leaf: Any, on_node: Callable, on_acc: Callable) -> dict[str, Any]:
+def fold(mg: KernelGraph, leaf: Any, on_node: Callable, on_acc: Callable,
+         on_write: Callable | None = None) -> dict[str, Any]:
     """Fold a per-node fact through every kernel; returns the facts of all device tensors.
 
     ``on_node(kernel, stage, node, operand_facts)``; ``on_acc(kernel, fact)`` turns a loop
-    value's fact into its accumulator's (a sum over ``kernel.forloop`` iterations).
+    value's fact into its accumulator's (a sum over ``kernel.forloop`` iterations);
+    ``on_write(kernel, block_output, fact)`` (if given) turns a tile's fact into the fact of
+    the device tensor the tiles are written to.
     """
     env = {name: leaf for name in mg.inputs}
     for k in mg.kernels:
@@ -55,7 +59,8 @@ def fold(mg: KernelGraph, leaf: Any, on_node: Callable, on_acc: Callable) -> dic
         post = _fold_graph(k.post, {**tiles, **accs},
                            lambda n, fs, k=k: on_node(k, "post", n, fs))
         for t, bo in k.outputs.items():
-            env[t] = (loop if bo.stage == "loop" else post)[id(k.output_node(t))]
+            fact = (loop if bo.stage == "loop" else post)[id(k.output_node(t))]
+            env[t] = fact if on_write is None else on_write(k, bo, fact)
     return env
 
 
@@ -73,11 +78,24 @@ def check_lax(mg: KernelGraph, what: str = "program") -> None:
 
 
 def degrees(mg: KernelGraph) -> dict[str, Degree]:
-    """Degree facts (see ``verifier/bound.py``) of each output, from the tiled computation."""
-    def acc(k, d):  # a sum of F terms of degree d, distinct denominators (bound._reduced)
-        f = k.forloop
-        return Degree(d.num + (f - 1) * d.den, f * d.den, d.arg)
-    env = fold(mg, Degree(1, 0, 0), lambda k, stage, n, ds: node_degree(n, ds), acc)
+    """Degree facts (see ``verifier/bound.py``) of each output, from the tiled computation.
+
+    An accumulator sums F loop values read from different tiles (distinct denominators, the
+    worst case); a tile's common-denominator axes survive into its device tensor only along
+    dims that no block or loop iteration splits (``omap``/``fmap``).
+    """
+    def acc(k, d):
+        return accumulated(d, k.forloop)
+
+    def write(k, bo, d):
+        if d.den == 0:
+            return d
+        split = set(bo.omap) | ({bo.fmap} if bo.fmap is not None else set())
+        shape = k.output_specs()[bo.tensor].shape
+        return replace(d, inv=frozenset(d.inv - split) | frozenset(
+            i for i, s in enumerate(shape) if s == 1))
+
+    env = fold(mg, FRESH, lambda k, stage, n, ds: node_degree(n, ds), acc, write)
     return {name: env[t] for name, t in mg.output_tensors.items()}
 
 

@@ -23,12 +23,13 @@ values over the finite field exactly as over floats.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from ..ir.node import BINARY, REDUCE, UNARY, Node, Op, make, toposort
+from ..semantics.floating import round_to
 from ..semantics.interp import Table, check_inputs, run
 from .kernels import CustomKernel, KernelGraph, MuGraphError, PredefinedKernel, TensorSpec
 
@@ -218,6 +219,9 @@ def _run_custom(plan: _Plan, table: Table, ctx: Any, env: Mapping[str, Any],
                 specs: Mapping[str, TensorSpec], pairs: bool) -> dict[str, Any]:
     k = plan.kernel
     grid, f_range = k.grid, k.forloop
+    native = getattr(ctx, "mode", None) == "native"
+    if native:  # as the generated code: tiles computed in float32, rounded when stored
+        ctx = replace(ctx, mode="float32")
     fixed, looped = {}, {}
     for bi in k.inputs.values():
         value = _each(env[bi.tensor], lambda x, bi=bi: cut(x, bi.imap, bi.fmap, grid, f_range),
@@ -262,6 +266,8 @@ def _run_custom(plan: _Plan, table: Table, ctx: Any, env: Mapping[str, Any],
                      np.stack([p[1] for p in parts])) if pairs else np.stack(parts)
         out[t] = _each(value, lambda x, bo=bo, t=t: place(
             x, bo.omap, bo.fmap, grid, f_range, specs[t].shape), pairs)
+        if native:
+            out[t] = round_to(out[t], specs[t].dtype)
     return out
 
 

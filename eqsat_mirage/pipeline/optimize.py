@@ -124,18 +124,23 @@ def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool 
              time_limit_s: float = 30.0, node_limit: int = 200_000, iter_limit: int = 12,
              k: int = 4, trials: int = 3, seed: int = 0, split_factors=DEFAULT_SPLITS,
              progress: Callable[[str], None] | None = None, level: str = "mugraph",
-             strategy=None, cache=True) -> OptimizeResult:
+             strategy=None, cache=True, max_bound: float = 1e-9,
+             allow_unchecked_rules: bool = False) -> OptimizeResult:
     """Superoptimize ``graph`` for ``target``; returns the best verified program.
 
     ``rules`` lists rule files and folders ("rules" is the built-in set); user
     files are checked for soundness first and an unsound rule is refused with
-    a ``RuleError``. Saturation stops at ``node_limit`` tensor e-nodes,
+    a ``RuleError``, and so is a rule the check cannot instantiate or decide,
+    unless ``allow_unchecked_rules`` is True. Saturation stops at ``node_limit`` tensor e-nodes,
     ``iter_limit`` iterations or ``time_limit_s`` seconds per phase. ``level``
     is "mugraph" (the default: ``res.program`` is a ``MuGraph`` of fused custom
     kernels, costed by ``gpucost``; ``strategy`` is the ``strategy.Strategy``
     for the candidate schedules, ``fusion.DEFAULT_STRATEGY`` if None) or
     "kernel" (a kernel-level ``Graph``, costed one kernel per op). Every
-    returned program passed ``em.verify`` against ``graph``.
+    returned program other than the input itself passed ``em.verify`` against
+    ``graph`` with a false-positive bound of at most ``max_bound`` (at least
+    ``trials`` trials, more until the bound holds); an inconclusive candidate is
+    never returned.
 
     ``cache`` is True (the default results cache, see ``cache.py``), a path,
     a ``cache.ResultCache``, or False/None (no cache); ``res.stats["cache"]``
@@ -159,7 +164,7 @@ def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool 
     if user:
         from ..egraph.check_rules import assert_sound
 
-        assert_sound([str(p) for p in user])
+        assert_sound([str(p) for p in user], strict=not allow_unchecked_rules)
     rulesets, rule_list = load_rules(rules)
     stats: dict = {"target": hw.name, "target_spec": str(target), "guards": guards,
                    "rules": len(rule_list), "level": level, "cache": "off"}
@@ -190,12 +195,12 @@ def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool 
     stats.update(xstats)
     stats["candidates"] = len(cands)
     if level == "kernel":
-        res = _kernel_level(graph, cands, hw, lax, trials, seed, progress, stats)
+        res = _kernel_level(graph, cands, hw, lax, (trials, seed, max_bound, {}), progress, stats)
     else:
         from ..egraph.boundaries import Boundaries
 
         res = _mugraph_level(graph, cands, Boundaries(data, ctors), prof, strategy, lax,
-                             trials, seed, progress, stats)
+                             (trials, seed, max_bound, {}), progress, stats)
     stats["phase_seconds"] = {"saturate": stats["saturate_seconds"],
                               "extract": stats.get("extract_seconds", 0.0),
                               "fusion": stats.get("fusion_seconds", 0.0),
@@ -206,7 +211,14 @@ def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool 
     return res
 
 
-def _kernel_level(graph, cands, hw, lax, trials, seed, progress, stats) -> OptimizeResult:
+def _verify(graph, program, vopts, trials: int | None = None):
+    """``em.verify`` with optimize's trials (at least), seed and ``max_bound``."""
+    t, seed, max_bound, memo = vopts  # memo: the input program's float outputs, computed once
+    return verify(graph, program, trials=t if trials is None else trials, seed=seed,
+                  max_bound=max_bound, memo=memo, float_first=True)
+
+
+def _kernel_level(graph, cands, hw, lax, vopts, progress, stats) -> OptimizeResult:
     """The cheapest extracted Graph (one kernel per op) that verifies."""
     baseline = graph_cost_us(graph, hw)
     chosen, result = None, None
@@ -218,7 +230,7 @@ def _kernel_level(graph, cands, hw, lax, trials, seed, progress, stats) -> Optim
         tried += 1
         if not lax:
             break
-        res = verify(graph, cand.program, trials=trials, seed=seed)
+        res = _verify(graph, cand.program, vopts)
         if res.equivalent:
             chosen, result = cand, res
             break
@@ -228,7 +240,7 @@ def _kernel_level(graph, cands, hw, lax, trials, seed, progress, stats) -> Optim
     if chosen is None:  # nothing cheaper verified: the input program is the answer
         program = graph_from_outputs(graph, graph.outputs, f"{graph.name}_opt")
         cost = baseline
-        result = verify(graph, program, trials=1, seed=seed) if lax else None
+        result = _verify(graph, program, vopts, trials=1) if lax else None
     else:
         program, cost = chosen.program, chosen.cost_us
     stats["verify_seconds"] = time.perf_counter() - t
@@ -254,7 +266,7 @@ def _plan_key(mg) -> str:
     return "\n".join(line for line in lines if not line.lstrip().startswith("source:"))
 
 
-def _mugraph_level(graph, cands, bounds, prof, strategy, lax, trials, seed, progress,
+def _mugraph_level(graph, cands, bounds, prof, strategy, lax, vopts, progress,
                    stats) -> OptimizeResult:
     """Plan every candidate and the input into MuGraphs; the cheapest that verifies wins."""
     from ..cost.gpucost import mugraph_cost, roofline_us
@@ -298,7 +310,7 @@ def _mugraph_level(graph, cands, bounds, prof, strategy, lax, trials, seed, prog
         if chosen is not None or not lax:
             continue
         tried += 1
-        res = verify(graph, p.mugraph, trials=trials, seed=seed)
+        res = _verify(graph, p.mugraph, vopts)
         entry["verified"] = res.equivalent
         if res.equivalent:
             chosen, result = p, res
@@ -308,7 +320,7 @@ def _mugraph_level(graph, cands, bounds, prof, strategy, lax, trials, seed, prog
     stats["plans"] = summary
     if chosen is None:  # nothing verified (or not Lax): the input, one kernel per op
         program, cost = base_mg, baseline
-        result = verify(graph, program, trials=1, seed=seed) if lax else None
+        result = _verify(graph, program, vopts, trials=1) if lax else None
         stats["regions"] = []
     else:
         program, cost = chosen.mugraph, chosen.cost_us

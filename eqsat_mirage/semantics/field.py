@@ -18,37 +18,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from functools import cache
 from typing import Any
 
 import numpy as np
 
 from ..ir.node import Op
+from .primes import draw_primes, family_size, field_primes, program_constants  # noqa: F401
 
 _EXACT_K = 1 << 15  # longest contraction done in one BLAS call (keeps digits >= 8 bits)
 
 
 class FieldZeroDivisionError(ArithmeticError):
     """A denominator vanished in this trial; the verifier redraws the trial."""
-
-
-@cache
-def field_primes(bits: int = 30) -> tuple[int, int]:
-    """The pair (p, q): q the largest prime below 2**bits with p = k*q + 1 prime, k small.
-
-    ``bits`` must be in [8, 30] so every product of two residues fits in int64.
-    """
-    import galois  # here, not at import time: it loads numba (most of a second)
-
-    if not 8 <= bits <= 30:
-        raise ValueError(f"prime_bits must be in [8, 30], got {bits}")
-    q = galois.prev_prime(1 << bits)
-    while True:
-        for k in (2, 4, 6):
-            p = k * q + 1
-            if p < (1 << 31) and galois.is_prime(p):
-                return p, q
-        q = galois.prev_prime(q - 1)
 
 
 def _is_array(x: Any) -> bool:

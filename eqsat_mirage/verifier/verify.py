@@ -1,15 +1,21 @@
-"""``em.verify``: random testing over Z_p x Z_q plus a float64 check.
+"""``em.verify``: random testing over Z_p x Z_q with fresh primes per trial, plus float checks.
 
 Both programs must be Lax (``check.check_lax``); otherwise a ``LaxError`` is
-raised and no verdict is given. Each trial draws fresh uniform inputs, a fresh
-omega of order q and fresh random functions for the opaque ops, evaluates both
-programs and compares every output by name. A float64 run on random normal
-inputs then filters candidates that are algebraically equal but computed
-differently (it never turns a field mismatch into a pass).
+raised and no verdict is given. Each trial draws its own primes (q prime in
+[2**(bits-1), 2**bits), p = 2q + 1 prime, neither dividing a constant of
+either program), fresh uniform inputs, a fresh omega of order q and fresh
+random functions for the opaque ops, evaluates both programs and compares
+every output by name. Trials continue until the false-positive bound is at
+most ``max_bound`` (or ``max_trials`` is reached: "inconclusive"). Float checks
+then filter candidates that are algebraically equal but numerically different:
+float64 at several input scales, and each program in its own dtypes
+(``dtype="native"``), where the candidate must be finite and close wherever
+the first program is finite. They never turn a field mismatch into a pass.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,18 +29,29 @@ from ..semantics.field import (
     FieldCtx,
     FieldZeroDivisionError,
     SharedValues,
+    draw_primes,
     evaluate_field,
-    field_primes,
+    program_constants,
 )
 from ..semantics.floating import evaluate
-from .bound import per_trial_bound
+from .bound import PerTrial, per_trial_bound
+
+FLOAT64_SCALES = (1.0, 30.0, 1000.0)  # N(0, s^2) inputs: past the thresholds of relu & co
+# native dtypes, activation-sized inputs: N(0, 1); |N(0, s^2)| (sums of those concentrate
+# instead of cancelling); and every input equal to s, for s spaced by 2^(1/3) from 0.3 to 1.2
+# (attention scores 64 s^2 from 5.8 to 92: exps just below float16's limit, e^11.1, are among
+# them, where a sum over many keys overflows)
+NATIVE_DRAWS = (("signed", 1.0), ("folded", 0.25), ("folded", 0.5)) + tuple(
+    ("constant", round(0.3 * 2.0 ** (k / 3), 4)) for k in range(0, 7))
+NATIVE_RTOL = {"float16": 2e-2, "bfloat16": 6e-2, "float32": 1e-4}
+NATIVE_MAX = {"float16": 65504.0, "bfloat16": 3.3895e38, "float32": 3.4028e38}
 
 
 @dataclass
 class Counterexample:
     """Where two programs disagree: output name, element index and both values."""
 
-    domain: str  # "Z_p x Z_q" or "float64"
+    domain: str  # "Z_p x Z_q", "float64" or "native dtype"
     output: str
     index: tuple[int, ...]
     value_a: Any
@@ -53,10 +70,12 @@ class Counterexample:
 class VerifyResult:
     """The verdict of ``em.verify``.
 
-    ``equivalent`` is True only when every field trial and the float check
-    agreed; ``false_positive_bound`` is then the probability, over the random
-    choices, that non-equivalent programs would have passed (see
-    docs/verifier.md). ``__bool__`` is ``equivalent``.
+    ``equivalent`` is True only when every field trial and the float checks
+    agreed and ``false_positive_bound`` (the probability, over the random
+    choices, that non-equivalent programs would have passed; see
+    docs/verifier.md) is at most ``max_bound``. ``inconclusive`` is True when
+    no difference was found but the bound could not be brought that low.
+    ``primes`` lists each trial's (p, q). ``__bool__`` is ``equivalent``.
     """
 
     equivalent: bool
@@ -69,20 +88,31 @@ class VerifyResult:
     seconds: float = 0.0
     float_checked: bool = False
     reason: str = ""
+    inconclusive: bool = False
+    max_bound: float = 1e-9
+    primes: list[tuple[int, int]] = field(default_factory=list)
+    native_checked: bool = False
 
     def __bool__(self) -> bool:
         return self.equivalent
 
     def __str__(self) -> str:
         if self.equivalent:
+            checks = ", ".join(c for c, done in (("float64", self.float_checked),
+                                                 ("native dtype", self.native_checked)) if done)
             return (f"equivalent (false-positive bound {self.false_positive_bound:.3g} after "
-                    f"{self.trials} trials over Z_{self.p} x Z_{self.q}"
-                    f"{', float64 check passed' if self.float_checked else ''}; "
-                    f"{self.seconds:.2f} s)")
+                    f"{self.trials} trials, fresh primes p ~ 2^{self.p.bit_length()} each"
+                    f"{f', {checks} checks passed' if checks else ''}; {self.seconds:.2f} s)")
+        if self.inconclusive:
+            return f"inconclusive: {self.reason} ({self.seconds:.2f} s)"
         return f"NOT equivalent: {self.reason or self.counterexample} ({self.seconds:.2f} s)"
 
 
 def _match_interfaces(a, b) -> None:
+    for name, node in a.inputs.items():
+        if name in b.inputs and node.dtype != b.inputs[name].dtype:
+            raise GraphError(f"cannot compare {a.name!r} and {b.name!r}: input {name!r} is "
+                             f"{node.dtype} vs {b.inputs[name].dtype}")
     for kind, xa, xb in (("inputs", a.inputs, b.inputs), ("outputs", a.outputs, b.outputs)):
         if set(xa) != set(xb):
             raise GraphError(f"cannot compare {a.name!r} and {b.name!r}: {kind} differ "
@@ -125,35 +155,186 @@ def _field_trial(a, b, ctx: FieldCtx, trial: int) -> Counterexample | None:
     return None
 
 
-def _float_check(a, b, rng: np.random.Generator, rtol: float) -> Counterexample | None:
-    inputs = {name: rng.standard_normal(node.shape) for name, node in a.inputs.items()}
-    out_a, out_b = evaluate(a, inputs), evaluate(b, inputs)
-    for name in a.outputs:
-        x, y = out_a[name], out_b[name]
-        finite = np.isfinite(x) & np.isfinite(y)
-        scale = float(np.max(np.abs(np.where(finite, x, 0)), initial=0.0)) or 1.0
-        close = np.where(finite, np.abs(x - y) <= rtol * (scale + np.abs(x)),
-                         (x == y) | (np.isnan(x) & np.isnan(y)))
-        if not np.all(close):
-            idx = tuple(int(i) for i in np.argwhere(~close)[0])
-            return Counterexample("float64", name, idx, float(x[idx]), float(y[idx]), 0, inputs,
-                                  f"relative tolerance {rtol:g}")
+def _compare(out_a: dict, out_b: dict, drawn: str, rtol: float, domain: str,
+             inputs: dict, trial: int, rule: str, floor: float = 0.0,
+             limit: float = np.inf, ref: dict | None = None) -> Counterexample | None:
+    """Compare outputs elementwise; ``rule`` says where a difference counts.
+
+    "strict": finite values must be close and non-finite ones equal; "finite": only where
+    both are finite and not both below 1e-150 (float64 at large scales, where either side
+    may leave float64's range);
+    "a-finite" (the native-dtype check): wherever ``out_a`` is finite, ``out_b`` must be
+    finite and as close to ``ref`` (the float64 value) as ``out_a`` is, give or take the
+    tolerance: a candidate may be more accurate than the input, never overflow where it
+    does not. The tolerance is ``rtol * (scale + |a|)``, ``scale`` the largest finite
+    ``|a|`` of the output, at least ``floor`` (the largest input magnitude: rounding
+    errors scale with the operands, and a sum that cancels can be far smaller). Values of
+    ``out_a`` within rounding of ``limit`` (the dtype's largest) count as overflowed.
+    """
+    for name, x in out_a.items():
+        y = out_b[name]
+        fin_a, fin_b = np.isfinite(x), np.isfinite(y)
+        if rule == "a-finite":
+            fin_a &= np.abs(x) < limit * (1.0 - 2.0 * rtol)
+        scale = max(float(np.max(np.abs(np.where(fin_a, x, 0)), initial=0.0)), floor) or 1.0
+        with np.errstate(invalid="ignore", over="ignore"):
+            tol = rtol * (scale + np.abs(x))
+            if rule == "a-finite":
+                r = ref[name]
+                tol = np.where(np.isfinite(r), tol + 2.0 * np.abs(x - r), tol)
+                close = fin_b & (np.abs(y - np.where(np.isfinite(r), r, x)) <= tol)
+            else:
+                close = fin_a & fin_b & (np.abs(x - y) <= tol)
+        if rule == "strict":
+            same = (x == y) | (np.isnan(x) & np.isnan(y))
+            bad = ~np.where(fin_a & fin_b, close, same)
+        elif rule == "finite":  # and not both underflowing (exp of -1000 is 0 or 1e-300)
+            with np.errstate(invalid="ignore"):
+                tiny = (np.abs(x) < 1e-150) & (np.abs(y) < 1e-150)
+            bad = fin_a & fin_b & ~close & ~tiny
+        else:
+            bad = fin_a & ~close
+        if np.any(bad):
+            idx = tuple(int(i) for i in np.argwhere(bad)[0])
+            what = "non-finite where the first program is finite" if not fin_b[idx] \
+                else f"relative tolerance {rtol:g}"
+            return Counterexample(domain, name, idx, float(x[idx]), float(y[idx]), trial,
+                                  inputs, f"{what}; inputs {drawn}")
     return None
 
 
+def _dtypes(program) -> set[str]:
+    """Every dtype a program computes in (a MuGraph: its device tensors')."""
+    if hasattr(program, "tensors"):
+        return {spec.dtype for spec in program.tensors.values()}
+    return {n.dtype for n in program.nodes()}
+
+
+class _Draws:
+    """One standard-normal draw per input, scaled, folded (|z|) or replaced by a constant on
+    demand; the first program's outputs per draw are kept in ``memo`` across calls."""
+
+    def __init__(self, a, rng: np.random.Generator, memo: dict | None) -> None:
+        self.a, self.memo = a, memo if memo is not None else {}
+        self.normal = {n: rng.standard_normal(node.shape) for n, node in a.inputs.items()}
+        self.top = max((float(np.max(np.abs(z))) for z in self.normal.values()), default=0.0)
+
+    def largest(self, kind: str, s: float) -> float:
+        """The largest input magnitude of a draw."""
+        return s if kind == "constant" else s * self.top
+
+    def inputs(self, kind: str, s: float) -> dict:
+        if kind == "constant":  # read-only views: no memory per input
+            return {n: np.broadcast_to(np.float64(s), z.shape) for n, z in self.normal.items()}
+        return {n: (np.abs(z) if kind == "folded" else z) * s for n, z in self.normal.items()}
+
+    def out_a(self, dtype: str | None, kind: str, s: float) -> dict:
+        key = (dtype, kind, s)
+        if key not in self.memo:
+            self.memo[key] = evaluate(self.a, self.inputs(kind, s), dtype=dtype)
+        return self.memo[key]
+
+
+_DRAWN = {"signed": "N(0, s^2)", "folded": "|N(0, s^2)|", "constant": "every input = s"}
+
+
+def _float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
+                  memo: dict | None = None) -> tuple[Counterexample | None, bool]:
+    """float64 at ``FLOAT64_SCALES``, then both programs in their own dtypes at
+    ``NATIVE_DRAWS`` (see docs/verifier.md, section 4).
+
+    Returns the first counterexample and whether the native check ran. ``memo`` (same
+    ``a``, same ``rng`` seed) keeps ``a``'s outputs for the next call.
+    """
+    draws = _Draws(a, rng, memo)
+    checks = [(None, "signed", s) for s in FLOAT64_SCALES]
+    if native:
+        dts = _dtypes(a) | _dtypes(b)
+        coarsest = max(NATIVE_RTOL.get(dt, 1e-4) for dt in dts)
+        limit = min(NATIVE_MAX.get(dt, np.inf) for dt in dts)
+        checks += [("native", kind, s) for kind, s in NATIVE_DRAWS]
+    for i, (dtype, kind, s) in enumerate(checks):
+        inputs = draws.inputs(kind, s)
+        if dtype is None:
+            rule, tol, floor, lim, ref = ("strict" if i == 0 else "finite"), rtol, 0.0, np.inf, None
+        else:
+            rule, tol, lim = "a-finite", max(coarsest, rtol), limit
+            floor, ref = draws.largest(kind, s), draws.out_a(None, kind, s)
+        cex = _compare(draws.out_a(dtype, kind, s), evaluate(b, inputs, dtype=dtype),
+                       f"{_DRAWN[kind]}, s = {s:g}", tol,
+                       "float64" if dtype is None else "native dtype", inputs, i, rule, floor,
+                       lim, ref)
+        if cex is not None:
+            return cex, dtype is not None
+    return None, native
+
+
+def _numerics(a, b, result: VerifyResult, seed, rtol: float, native: bool, memo: dict | None,
+              start: float) -> bool:
+    """Run the float checks into ``result``; True (and ``result`` final) if they failed."""
+    if memo is not None and (seed is None or memo.setdefault("program", a) is not a):
+        memo = None  # a different first program, or draws that differ every call
+    frng = np.random.default_rng(None if seed is None else [seed, 0xF1047])
+    cex, result.native_checked = _float_checks(a, b, frng, rtol, native, memo)
+    result.float_checked = True
+    if cex is None:
+        return False
+    result.counterexample = cex
+    result.reason = (f"{cex} (numerically different; checked before the field trials)"
+                     if not result.trials else
+                     f"{cex} (field trials passed: algebraically equal but numerically not)")
+    result.seconds = time.perf_counter() - start
+    return True
+
+
+def _trials_needed(eps: PerTrial, trials: int, max_bound: float) -> int | None:
+    """Trials for ``eps.value ** T <= max_bound`` (at least ``trials``), None if unreachable."""
+    if eps.value <= 0.0:
+        return trials
+    if eps.value >= 1.0:
+        return None
+    return max(trials, math.ceil(math.log(max_bound) / math.log(eps.value)))
+
+
+def _check_args(trials, max_trials, max_bound, prime_bits) -> None:
+    for name, value, low in (("trials", trials, 1), ("max_trials", max_trials, 1),
+                             ("prime_bits", prime_bits, 8)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise MirageError(f"verify: {name} must be an integer, got {value!r}")
+        if value < low:
+            raise MirageError(f"verify: {name} must be >= {low}, got {value!r}")
+    if prime_bits > 30:
+        raise MirageError(f"verify: prime_bits must be in [8, 30], got {prime_bits}")
+    if not isinstance(max_bound, (int, float)) or not 0.0 < max_bound < 1.0:
+        raise MirageError(f"verify: max_bound must be a number in (0, 1), got {max_bound!r}")
+
+
 def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
-           float_check: bool = True, rtol: float = 1e-7, max_redraws: int = 3) -> VerifyResult:
+           float_check: bool = True, rtol: float = 1e-7, max_redraws: int = 3,
+           max_bound: float = 1e-9, max_trials: int = 32,
+           native_check: bool = True, memo: dict | None = None,
+           float_first: bool = False) -> VerifyResult:
     """Decide whether programs ``a`` and ``b`` compute the same outputs.
 
-    Outputs and inputs are matched by name. ``trials`` independent finite-field
-    tests run with primes q < 2**prime_bits and p = k*q + 1; the returned
-    ``false_positive_bound`` is ``per_trial_bound ** trials``. Raises
-    ``LaxError`` for a program outside the Lax fragment and ``GraphError``
-    when the two programs' inputs or outputs do not match.
+    Outputs and inputs are matched by name. At least ``trials`` independent
+    finite-field trials run, each with its own primes (q < 2**prime_bits, p = 2q + 1),
+    and more until ``false_positive_bound = per_trial_bound ** trials`` is at
+    most ``max_bound``; if that needs more than ``max_trials`` trials the
+    verdict is "inconclusive" (``equivalent`` False, ``inconclusive`` True).
+    Raises ``LaxError`` for a program outside the Lax fragment and
+    ``GraphError`` when the two programs' inputs or outputs do not match.
+
+    ``memo``: a dict kept across calls that compare the same first program ``a``
+    with the same ``seed`` (``em.optimize`` passes one per search): ``a``'s
+    float-check outputs are computed once. ``float_first`` runs the float checks before
+    the field trials (the same verdict; cheaper when numerics are what fails).
     """
     start = time.perf_counter()
-    if trials < 1:
-        raise MirageError(f"verify: trials must be >= 1, got {trials}")
+    if not hasattr(a, "inputs") or not hasattr(b, "inputs"):
+        bad = a if not hasattr(a, "inputs") else b
+        raise MirageError(f"verify: expected two programs (em.Graph or em.MuGraph), got "
+                          f"{type(bad).__name__} {bad!r:.60}")
+    _check_args(trials, max_trials, max_bound, prime_bits)
     for prog, what in ((a, "first program"), (b, "second program")):
         if _runs_itself(prog):
             prog.check_lax(what)  # validates, then checks exp depth through its tiles
@@ -161,12 +342,18 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
         check(prog)
         check_lax(prog, what)
     _match_interfaces(a, b)
-    p, q = field_primes(prime_bits)
     rng = np.random.default_rng(seed)
-    eps = per_trial_bound(a, b, p, q)
-    result = VerifyResult(False, 1.0, None, 0, p, q, eps)
-    for t in range(trials):
+    eps = per_trial_bound(a, b, prime_bits)
+    needed = _trials_needed(eps, trials, max_bound)
+    avoid = program_constants(a) | program_constants(b)
+    result = VerifyResult(False, 1.0, None, 0, 0, 0, eps.value, max_bound=max_bound)
+    if float_check and float_first and _numerics(a, b, result, seed, rtol, native_check, memo,
+                                                 start):
+        return result
+    run = trials if needed is None or needed > max_trials else needed
+    for t in range(run):
         for _ in range(max_redraws + 1):
+            p, q = draw_primes(rng, prime_bits, avoid)
             try:
                 cex = _field_trial(a, b, FieldCtx(p, q, rng), t)
                 break
@@ -175,22 +362,27 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
         else:
             result.reason = (f"inconclusive: a denominator vanished in {max_redraws + 1} draws of "
                              f"trial {t}; cannot decide")
+            result.inconclusive = True
             result.seconds = time.perf_counter() - start
             return result
-        result.trials = t + 1
+        result.trials, result.p, result.q = t + 1, p, q
+        result.primes.append((p, q))
         if cex is not None:
             result.counterexample, result.reason = cex, str(cex)
             result.seconds = time.perf_counter() - start
             return result
-    if float_check:
-        cex = _float_check(a, b, rng, rtol)
-        result.float_checked = True
-        if cex is not None:
-            result.counterexample = cex
-            result.reason = f"{cex} (field trials passed: algebraically equal but numerically not)"
-            result.seconds = time.perf_counter() - start
-            return result
+    result.false_positive_bound = min(1.0, eps.value ** result.trials)
+    if result.false_positive_bound > max_bound:
+        result.inconclusive = True
+        result.reason = (f"no difference found in {result.trials} trials, but the bound "
+                         f"{result.false_positive_bound:.3g} is above max_bound {max_bound:g} "
+                         f"(per trial {eps.value:.3g}: {eps.explain()}; {max_trials} trials "
+                         "allowed)")
+        result.seconds = time.perf_counter() - start
+        return result
+    if float_check and not float_first and _numerics(a, b, result, seed, rtol, native_check,
+                                                     memo, start):
+        return result
     result.equivalent = True
-    result.false_positive_bound = eps ** trials
     result.seconds = time.perf_counter() - start
     return result

@@ -163,3 +163,39 @@ def test_folders_and_paths(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(em.RuleError, match="no such rule file"):
         em.check_rules(str(tmp_path / "nope.egg"))
+
+
+def test_a_rule_wrong_only_above_its_threshold_is_caught(tmp_path):
+    path = rule_file(tmp_path, """
+; a mean is a sum over at most six elements (wrong above six)
+(rewrite (Mean ax x) (Div (Sum ax x) (Const (to-f64 (min n 6))))
+         :when ((= n (dim x ax))) :ruleset user)
+""")
+    (res,) = em.check_rules(path).results
+    assert res.status == "unsound" and "n=" in res.message, str(res)
+
+
+@pytest.mark.parametrize("c", ["2147483579.0", "1073741789.0", "4294967158.0"])
+def test_a_rule_dropping_a_term_scaled_by_an_old_prime_is_caught(tmp_path, c):
+    path = rule_file(tmp_path, f"""
+; drop a term that vanished modulo the old fixed prime
+(rewrite (Add y (Mul (Const {c}) (Relu x))) y :ruleset user)
+""")
+    (res,) = em.check_rules(path).results
+    assert res.status == "unsound", str(res)
+
+
+def test_optimize_refuses_a_rule_it_cannot_check_unless_told(tmp_path):
+    path = rule_file(tmp_path, """
+; only for rank-7 tensors, which the checker never draws
+(rewrite (Neg (Neg x)) x :when ((= (ndim x) 7)) :ruleset user)
+""")
+    g = em.Graph("n")
+    x = g.input("X", (4, 4), "float32")
+    neg = -x
+    g.output(-neg, "O")
+    with pytest.raises(em.RuleError, match="allow_unchecked_rules"):
+        em.optimize(g, rules=["rules", path], level="kernel", cache=False)
+    res = em.optimize(g, rules=["rules", path], level="kernel", cache=False,
+                      allow_unchecked_rules=True)
+    assert res.verified.equivalent

@@ -57,13 +57,26 @@ def assert_verified(name: str, res: em.OptimizeResult) -> None:
 # ---------------------------------------------------------------- the benchmarks
 
 
-def test_gqa_scores_never_reach_device_memory(optimized):
-    res = optimized("gqa")
-    assert_verified("gqa", res)
+def test_gqa_scores_never_reach_device_memory_in_float32(monkeypatch):
+    """In float32, (A @ V) / sum(A) cannot overflow where the input does not: one key pass."""
+    import bench.programs
+
+    monkeypatch.setattr(bench.programs, "DTYPE", "float32")
+    res = em.optimize(program("gqa", 1), trials=TRIALS, cache=False)
+    assert res.verified.equivalent and res.cost_us < res.baseline_cost_us
     shapes = {spec.shape for spec in res.program.tensors.values()}
     assert (2, 256, 4096) not in shapes, res.program
-    assert all(size < 2 * 256 * 4096 * 2 for size in transfers(res.program).round_trips.values())
+    assert all(size < 2 * 256 * 4096 * 4 for size in transfers(res.program).round_trips.values())
     assert all(k.kind == "custom" for k in res.program.kernels)
+
+
+def test_gqa_single_pass_is_refused_in_float16(optimized):
+    """In float16 the single pass's partial sums of A @ V overflow where the input program is
+    finite (exps just below 65504, summed over keys): the native-dtype check refuses it."""
+    res = optimized("gqa")
+    assert_verified("gqa", res)
+    first = res.stats["plans"][0]
+    assert first["verified"] is False and first["cost_us"] < res.cost_us, res.stats["plans"]
 
 
 def test_rmsnorm_normalization_and_matmul_in_one_custom_kernel(optimized):
@@ -155,7 +168,8 @@ def test_dropped_accumulator_is_rejected_by_verify(optimized):
 def test_corrupted_omap_is_rejected_by_verify(optimized):
     res = optimized("gqa")
     d = res.program.to_dict()
-    k = [x for x in d["kernels"] if x["kind"] == "custom"][-1]
+    k = max((x for x in d["kernels"] if x["kind"] == "custom"),
+            key=lambda x: len(x["outputs"][0]["omap"]))
     out = k["outputs"][0]
     assert len(out["omap"]) >= 2
     out["omap"] = out["omap"][:-1]  # one grid axis no longer places the tiles

@@ -51,7 +51,7 @@ def test_tiled_matmul_matches_and_verifies():
     assert_matches(g, mg)
     res = em.verify(g, mg, seed=0)
     assert res.equivalent, res
-    assert res.false_positive_bound < 1e-30
+    assert res.false_positive_bound < 1e-20  # per trial: degree 2 / p and 1 / 1.6M primes
     assert em.verify(mg, g, seed=3).equivalent  # either side
 
 
@@ -181,7 +181,10 @@ def test_from_graph_is_one_kernel_per_op(make):
 def test_reference_degrees_and_json(build):
     g, mg = build()
     assert em.verify(g, mg.reference(), seed=0).equivalent
-    assert degrees(mg) == degrees(g)  # tiling keeps the degree facts of the algebra
+    def algebra(ds):  # degrees and exp-argument degrees; the heights and axes may differ
+        return {name: (d.num, d.den, d.arg) for name, d in ds.items()}
+
+    assert algebra(degrees(mg)) == algebra(degrees(g))  # tiling keeps the degree facts
     text = mg.to_json(indent=1)
     json.loads(text)
     back = em.MuGraph.from_json(text)

@@ -89,7 +89,10 @@ def test_cheap_association_is_kept():
 
 # ---------------------------------------------------------------- benchmarks
 
-def test_gqa_division_moves_after_the_second_matmul():
+def test_gqa_division_moves_after_the_second_matmul(monkeypatch):
+    import bench.programs
+
+    monkeypatch.setattr(bench.programs, "DTYPE", "float32")  # float16: see the next test
     g = program("gqa", 1)
     res = em.optimize(g, level="kernel")
     assert_win(g, res)
@@ -100,6 +103,16 @@ def test_gqa_division_moves_after_the_second_matmul():
     assert num.op is Op.MATMUL and num.srcs[1] is res.program.inputs["V"]
     assert den.op is Op.SUM and den.shape == (2, 256, 1)
     assert ops(res.program).count(Op.EXP) == 1  # exp(Q@K) is shared by both uses
+
+
+def test_gqa_division_stays_before_the_matmul_in_float16():
+    """(A @ V) / sum(A) overflows in float16 where the input does not: refused, reported."""
+    g = program("gqa", 1)
+    messages: list[str] = []
+    res = em.optimize(g, level="kernel", progress=messages.append, cache=False)
+    assert res.verified.equivalent
+    assert res.program.outputs["O"].op is Op.MATMUL
+    assert any("native dtype" in m and "non-finite" in m for m in messages), messages
 
 
 def lora_concat_candidate(g: em.Graph):
@@ -256,7 +269,10 @@ def test_optimize_random_programs(g):
 
 # ---------------------------------------------------------------- guards
 
-def test_guards_on_and_off_gqa():
+def test_guards_on_and_off_gqa(monkeypatch):
+    import bench.programs
+
+    monkeypatch.setattr(bench.programs, "DTYPE", "float32")  # float16: nothing safe is cheaper
     g = program("gqa", 1)
     on = em.optimize(g, level="kernel", guards=True)
     off = em.optimize(g, level="kernel", guards=False)

@@ -111,14 +111,21 @@ def test_op_has_degree_rule(op):
 
 def test_degree_rules_on_known_nodes():
     one = Degree(1, 0, 0)
-    assert node_degree(tiny(em.Op.INPUT)[1], []) == one
-    assert node_degree(tiny(em.Op.CONST)[1], []) == Degree(0, 0, 0)
-    assert node_degree(tiny(em.Op.MATMUL)[1], [one, one]) == Degree(2, 0, 0)  # K=3, no den
-    assert node_degree(tiny(em.Op.DIV)[1], [one, one]) == Degree(1, 1, 0)
-    assert node_degree(tiny(em.Op.EXP)[1], [one]) == Degree(1, 0, 1)
-    assert node_degree(tiny(em.Op.RSQRT)[1], [one]) == Degree(0, 1, 0)
+
+    def deg(op, *ds):  # (num, den, arg): the heights are checked in tests/verifier
+        d = node_degree(tiny(op)[1], list(ds))
+        return Degree(d.num, d.den, d.arg)
+
+    assert deg(em.Op.INPUT) == one
+    assert deg(em.Op.CONST) == Degree(0, 0, 0)
+    assert deg(em.Op.MATMUL, one, one) == Degree(2, 0, 0)  # K=3, no den
+    assert deg(em.Op.DIV, one, one) == Degree(1, 1, 0)
+    assert deg(em.Op.EXP, one) == Degree(1, 0, 1)
+    assert deg(em.Op.RSQRT, one) == Degree(0, 1, 0)
     # A sum of 3 fractions with distinct denominators: (num + 2*den) / (3*den).
-    assert node_degree(tiny(em.Op.SUM)[1], [Degree(1, 1, 0)]) == Degree(3, 3, 0)
+    assert deg(em.Op.SUM, Degree(1, 1, 0)) == Degree(3, 3, 0)
+    # ... and with one denominator along the summed axis: (sum of num) / den.
+    assert deg(em.Op.SUM, Degree(1, 1, 0, inv=frozenset({0, 1}))) == Degree(1, 1, 0)
 
 
 @pytest.mark.parametrize("op", OPS, ids=IDS)
