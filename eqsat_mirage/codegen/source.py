@@ -220,22 +220,46 @@ def triton_source(mugraph: MuGraph, header: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+def private_folder(directory: str | os.PathLike | None = None) -> Path:
+    """The folder generated modules are written to and imported from.
+
+    Default: ``eqsat_mirage_triton_<uid>`` in the system's temp directory, created with mode
+    0700. Any folder (the default or ``directory``) must belong to this user and be
+    writable by no one else, or a ``CodegenError`` names it: a module another user could
+    swap in would run inside this process.
+    """
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    if directory is not None:
+        folder = Path(directory)
+        folder.mkdir(parents=True, exist_ok=True)
+    else:
+        owner = uid if uid is not None else "user"
+        folder = Path(tempfile.gettempdir()) / f"eqsat_mirage_triton_{owner}"
+        folder.mkdir(mode=0o700, exist_ok=True)
+    if uid is not None:
+        st = folder.stat()
+        if st.st_uid != uid or st.st_mode & 0o022:
+            raise CodegenError(
+                f"refusing to write generated modules to {folder}: it must belong to this user "
+                f"(uid {uid}; it belongs to uid {st.st_uid}) and be writable by no one else "
+                f"(mode {oct(st.st_mode & 0o777)}); remove it or pass directory= a private folder")
+    return folder
+
+
 def compile_mugraph(mugraph: MuGraph, header: str = "",
                     directory: str | os.PathLike | None = None) -> Callable:
     """Generate, write and import the module of ``mugraph``; returns its ``run``.
 
     ``run(*tensors, **by_name)`` takes torch tensors (positionally in input order, by
     name, or one dict) and returns ``{output name: tensor}``. The module is written to
-    ``directory`` (default: a cache folder in the system's temp directory) under a name
-    derived from its content; ``run.source`` and ``run.path`` give the text and the file.
+    ``directory`` (default: a private per-user folder in the system's temp directory, see
+    ``private_folder``) under a name derived from its content; ``run.source`` and
+    ``run.path`` give the text and the file.
     Triton is imported here: on a CPU, set ``TRITON_INTERPRET=1`` before that.
     """
     source = triton_source(mugraph, header)
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-    folder = Path(directory) if directory is not None else \
-        Path(tempfile.gettempdir()) / "eqsat_mirage_triton"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"mugraph_{digest}.py"
+    path = private_folder(directory) / f"mugraph_{digest}.py"
     if not path.exists() or path.read_text() != source:
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tmp.write_text(source)

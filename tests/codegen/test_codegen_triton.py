@@ -700,3 +700,21 @@ def test_optimize_result_emits_and_compiles(tmp_path):
     out = tmp_path / "out.py"
     assert main(["optimize", str(prog), "--quiet", "--emit", str(out)]) == 0
     assert "def run(" in out.read_text()
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX owners and modes")
+def test_generated_modules_only_go_to_private_folders(tmp_path):
+    from eqsat_mirage.codegen.source import private_folder
+
+    default = private_folder()
+    st = default.stat()
+    assert st.st_uid == os.getuid() and not st.st_mode & 0o077
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # anyone could swap a module in
+    with pytest.raises(CodegenError, match=r"refusing to write generated modules.*0o777"):
+        compile_mugraph(tiled_matmul()[1], directory=shared)
+    assert list(shared.iterdir()) == []
+    own = tmp_path / "own"
+    run = compile_mugraph(tiled_matmul()[1], directory=own)
+    assert Path(run.path).parent == own
