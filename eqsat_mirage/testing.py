@@ -26,8 +26,9 @@ from .frontend.graph import Graph
 from .ir.check import check, check_lax, exp_depth
 from .ir.errors import MirageError, ShapeError
 from .ir.node import DTYPES, REDUCE, UNARY, Node, Op, broadcast_shapes, make, numel
-from .semantics.field import FieldCtx, FieldZeroDivisionError, evaluate_field, field_primes
+from .semantics.field import FieldCtx, FieldZeroDivisionError, evaluate_field
 from .semantics.floating import evaluate
+from .semantics.primes import field_primes
 
 __all__ = ["REWRITES", "equivalent_pairs", "inputs_for", "mutants", "mutate", "programs",
            "rebuild"]

@@ -269,8 +269,8 @@ def _thresholds(rule: Rule) -> tuple[int, ...]:
         if isinstance(x, SList | list):
             for y in (x.items if isinstance(x, SList) else x):
                 walk(y)
-        elif isinstance(x, str) and isinstance(_num(x), int) and 1 < _num(x) <= 64:
-            found.append(_num(x))
+        elif isinstance(x, str) and isinstance(n := _num(x), int) and 1 < n <= 64:
+            found.append(n)
 
     walk([rule.lhs, rule.rhs, rule.when])
     top = max(found, default=0)

@@ -1,4 +1,4 @@
-"""MuGraph facts: validation, static analyses, the reference graph and ``from_graph``.
+"""MuGraph facts: the static analyses the verifier needs and the reference graph.
 
 The static facts (exp depth for the Lax check, degrees for the verifier's
 false-positive bound) are folded through the tiled computation itself: tile
@@ -17,7 +17,7 @@ from ..frontend.graph import Graph
 from ..ir.check import check
 from ..ir.errors import LaxError, ShapeError
 from ..ir.node import Node, Op, fmt_shape, make
-from ..verifier.bound import FRESH, Degree, accumulated, node_degree
+from ..verifier.bound import FRESH, Degree, accumulated, node_degree, unit_axes
 from .kernels import (
     CustomKernel,
     KernelGraph,
@@ -92,8 +92,7 @@ def degrees(mg: KernelGraph) -> dict[str, Degree]:
             return d
         split = set(bo.omap) | ({bo.fmap} if bo.fmap is not None else set())
         shape = k.output_specs()[bo.tensor].shape
-        return replace(d, inv=frozenset(d.inv - split) | frozenset(
-            i for i, s in enumerate(shape) if s == 1))
+        return replace(d, inv=(d.inv - split) | unit_axes(shape))
 
     env = fold(mg, FRESH, lambda k, stage, n, ds: node_degree(n, ds), acc, write)
     return {name: env[t] for name, t in mg.output_tensors.items()}

@@ -28,8 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.node import BINARY, REDUCE, UNARY, Node, Op, make, toposort
-from ..semantics.floating import round_to
+from ..ir.node import BINARY, REDUCE, UNARY, Node, Op, canonical_dtype, make, toposort
+from ..semantics.field import FIELD_SEMANTICS
+from ..semantics.floating import FLOAT_SEMANTICS, FloatCtx, round_to
 from ..semantics.interp import Table, check_inputs, run
 from .kernels import CustomKernel, KernelGraph, MuGraphError, PredefinedKernel, TensorSpec
 
@@ -285,9 +286,6 @@ def execute(mg: KernelGraph, plans: list, table: Table, ctx: Any, pairs: bool) -
 
 def evaluate_float(mg: KernelGraph, inputs: Mapping[str, Any], dtype: str | None = None) -> dict:
     """``em.evaluate`` for a MuGraph: float64 (``dtype=None``), "native" or a dtype name."""
-    from ..ir.node import canonical_dtype
-    from ..semantics.floating import FLOAT_SEMANTICS, FloatCtx
-
     mg.validate()
     mode = None if dtype is None else ("native" if dtype == "native" else canonical_dtype(dtype))
     ctx = FloatCtx(check_inputs(mg, inputs), mode)
@@ -298,8 +296,6 @@ def evaluate_float(mg: KernelGraph, inputs: Mapping[str, Any], dtype: str | None
 
 def evaluate_field(mg: KernelGraph, ctx) -> dict[str, tuple]:
     """Run ``mg`` over Z_p x Z_q with the trial ``ctx`` (inputs already set); pairs by output."""
-    from ..semantics.field import FIELD_SEMANTICS
-
     mg.check_lax()
     plans = _plans(mg)
     ctx.needs_q = needs_q(mg, plans)

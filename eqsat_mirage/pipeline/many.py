@@ -48,6 +48,7 @@ from .cache import (
     open_cache,
     store_result,
 )
+from .optimize import optimize
 
 EXECUTORS = ("process", "ray")
 
@@ -67,8 +68,6 @@ class OptimizeManyError(MirageError):
 def _run(payload: bytes) -> bytes:
     """Worker: optimize one program; ``payload`` is ``dumps((graph, options, cache, key))``
     (``cache`` a path or False, ``key`` the parent's cache key); the result, dumped."""
-    from .optimize import optimize
-
     graph, options, cache, key = loads(payload)
     if cache is False:
         return dumps(optimize(graph, cache=False, **options))
@@ -77,8 +76,6 @@ def _run(payload: bytes) -> bytes:
 
 def _options(kwargs: dict) -> dict:
     """Every optimize keyword with its default filled in (the cache key's options)."""
-    from .optimize import optimize
-
     sig = inspect.signature(optimize)
     try:
         bound = sig.bind(None, **kwargs)
@@ -185,8 +182,6 @@ def optimize_many(programs: Iterable, jobs: int | None = None, executor: str = "
     if executor == "ray":
         _ray_map(firsts, payload, jobs, address, land)
     elif jobs == 1 or len(firsts) <= 1:
-        from .optimize import optimize
-
         for i in firsts:
             try:
                 res = (optimize(programs[i], cache=False, **options) if store is None else

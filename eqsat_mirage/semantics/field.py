@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from ..ir.node import Op
-from .primes import draw_primes, family_size, field_primes, program_constants  # noqa: F401
 
 _EXACT_K = 1 << 15  # longest contraction done in one BLAS call (keeps digits >= 8 bits)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from ..ir.node import OPAQUE, Op
+from ..semantics.primes import family_size
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,8 @@ class Degree:
 FRESH = Degree(1, 0)  # an input, an exp or opaque result: one variable
 
 
-def _ones(shape) -> frozenset:
+def unit_axes(shape) -> frozenset:
+    """The axes of size 1: along them any denominator is one function."""
     return frozenset(i for i, s in enumerate(shape) if s == 1)
 
 
@@ -63,11 +65,11 @@ def _aligned(d: Degree, shape, out_shape) -> frozenset | None:
                      or (i - off) in d.inv)
 
 
-def _meet(shape, *invs) -> frozenset | None:
+def _meet(shape, *invs) -> frozenset:
     known = [s for s in invs if s is not None]
     if not known:
         return frozenset()
-    return frozenset.intersection(*known) | _ones(shape)
+    return frozenset.intersection(*known) | unit_axes(shape)
 
 
 def _sum(d: Degree, k: int, shared: bool) -> tuple[int, int, float, float]:
@@ -105,7 +107,7 @@ def _binary(node, a: Degree, b: Degree) -> Degree:
             varies = {i for i in range(len(shape)) if i >= off and sb[i - off] != 1}
             if a.den == 0:  # only b's numerator is in the denominator
                 inv = frozenset(range(len(shape)))
-            inv = (inv - varies) | _ones(shape)
+            inv = (inv - varies) | unit_axes(shape)
     return Degree(num, den, arg=max(a.arg, b.arg), nbits=nbits, dbits=dbits,
                   abits=max(a.abits, b.abits), inv=inv if den else frozenset())
 
@@ -118,7 +120,7 @@ def _matmul(node, a: Degree, b: Degree) -> Degree:
     if len(sa) < 2 or len(sb) < 2:  # vector operands: no invariance tracked
         num, den, nbits, dbits = _sum(prod, k, False)
         return Degree(num, den, max(a.arg, b.arg), nbits, dbits, max(a.abits, b.abits),
-                      _ones(node.shape))
+                      unit_axes(node.shape))
     shared = a.common(len(sa) - 1) and b.common(len(sb) - 2)
     num, den, nbits, dbits = _sum(prod, k, shared)
     out = node.shape
@@ -134,7 +136,7 @@ def _matmul(node, a: Degree, b: Degree) -> Degree:
         rows = a.den == 0 or a.common(len(sa) - 2)
         cols = b.den == 0 or b.common(len(sb) - 1)
         inv = frozenset(keep | ({len(out) - 2} if rows else set())
-                        | ({len(out) - 1} if cols else set())) | _ones(out)
+                        | ({len(out) - 1} if cols else set())) | unit_axes(out)
     return Degree(num, den, max(a.arg, b.arg), nbits, dbits, max(a.abits, b.abits), inv)
 
 
@@ -154,7 +156,7 @@ def _reduce(node, a: Degree) -> Degree:
         else:
             kept = [i for i in range(len(src)) if i not in axes]
             inv = frozenset(j for j, i in enumerate(kept) if i in old)
-        inv |= _ones(node.shape)
+        inv |= unit_axes(node.shape)
     return Degree(num, den, a.arg, nbits, dbits, a.abits, inv)
 
 
@@ -164,7 +166,7 @@ def _reshape(node, a: Degree) -> Degree:
     src, out = node.srcs[0].shape, node.shape
     big_src = [i for i, s in enumerate(src) if s != 1]
     big_out = [i for i, s in enumerate(out) if s != 1]
-    inv = _ones(out)
+    inv = unit_axes(out)
     if [src[i] for i in big_src] == [out[i] for i in big_out]:  # only unit dims moved
         inv |= frozenset(o for i, o in zip(big_src, big_out) if i in a.inv)
     return replace(a, inv=inv)
@@ -193,7 +195,7 @@ def node_degree(node, ds: list[Degree]) -> Degree:
         if den:
             parts = [d.inv if d.den else frozenset(range(len(node.shape))) for d in ds]
             inv = (frozenset.intersection(*parts) - {node.arg % len(node.shape)}) \
-                | _ones(node.shape)
+                | unit_axes(node.shape)
         return Degree(max(d.num for d in ds), den, max(d.arg for d in ds),
                       max(d.nbits for d in ds), max(d.dbits for d in ds),
                       max(d.abits for d in ds), inv)
@@ -203,7 +205,7 @@ def node_degree(node, ds: list[Degree]) -> Degree:
     if op in OPAQUE:  # a fresh variable (rsqrt: the inverse of sqrt's variable)
         a = ds[0]
         if op is Op.RSQRT:
-            return Degree(0, 1, a.arg, abits=a.abits, inv=_ones(node.shape))
+            return Degree(0, 1, a.arg, abits=a.abits, inv=unit_axes(node.shape))
         return Degree(1, 0, a.arg, abits=a.abits)
     if op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV):
         return _binary(node, ds[0], ds[1])
@@ -263,8 +265,6 @@ def per_trial_bound(a, b, prime_bits: int = 30) -> PerTrial:
     every integer coefficient of those numerators (a prime above 2**bits divides
     an integer of n bits at most n / bits times).
     """
-    from ..semantics.field import family_size
-
     q_min, p_min = 1 << (prime_bits - 1), (1 << prime_bits) + 1
     fam = family_size(prime_bits)
     da, db = degrees(a), degrees(b)

@@ -15,6 +15,7 @@ the first program is finite. They never turn a field mismatch into a pass.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -25,15 +26,9 @@ import numpy as np
 from ..ir.check import check, check_lax
 from ..ir.errors import GraphError, MirageError
 from ..ir.node import fmt_shape
-from ..semantics.field import (
-    FieldCtx,
-    FieldZeroDivisionError,
-    SharedValues,
-    draw_primes,
-    evaluate_field,
-    program_constants,
-)
+from ..semantics.field import FieldCtx, FieldZeroDivisionError, SharedValues, evaluate_field
 from ..semantics.floating import evaluate
+from ..semantics.primes import draw_primes, program_constants
 from .bound import PerTrial, per_trial_bound
 
 FLOAT64_SCALES = (1.0, 30.0, 1000.0)  # N(0, s^2) inputs: past the thresholds of relu & co
@@ -217,7 +212,11 @@ class _Draws:
     def __init__(self, a, rng: np.random.Generator, memo: dict | None) -> None:
         self.a, self.memo = a, memo if memo is not None else {}
         self.normal = {n: rng.standard_normal(node.shape) for n, node in a.inputs.items()}
-        self.top = max((float(np.max(np.abs(z))) for z in self.normal.values()), default=0.0)
+
+    @functools.cached_property
+    def top(self) -> float:
+        """The largest |z| of the draw (only the native check needs it)."""
+        return max((float(np.max(np.abs(z))) for z in self.normal.values()), default=0.0)
 
     def largest(self, kind: str, s: float) -> float:
         """The largest input magnitude of a draw."""
@@ -228,10 +227,11 @@ class _Draws:
             return {n: np.broadcast_to(np.float64(s), z.shape) for n, z in self.normal.items()}
         return {n: (np.abs(z) if kind == "folded" else z) * s for n, z in self.normal.items()}
 
-    def out_a(self, dtype: str | None, kind: str, s: float) -> dict:
+    def out_a(self, dtype: str | None, kind: str, s: float, inputs: dict) -> dict:
+        """The first program's outputs on ``inputs`` (the draw (kind, s)), memoized."""
         key = (dtype, kind, s)
         if key not in self.memo:
-            self.memo[key] = evaluate(self.a, self.inputs(kind, s), dtype=dtype)
+            self.memo[key] = evaluate(self.a, inputs, dtype=dtype)
         return self.memo[key]
 
 
@@ -259,8 +259,8 @@ def _float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
             rule, tol, floor, lim, ref = ("strict" if i == 0 else "finite"), rtol, 0.0, np.inf, None
         else:
             rule, tol, lim = "a-finite", max(coarsest, rtol), limit
-            floor, ref = draws.largest(kind, s), draws.out_a(None, kind, s)
-        cex = _compare(draws.out_a(dtype, kind, s), evaluate(b, inputs, dtype=dtype),
+            floor, ref = draws.largest(kind, s), draws.out_a(None, kind, s, inputs)
+        cex = _compare(draws.out_a(dtype, kind, s, inputs), evaluate(b, inputs, dtype=dtype),
                        f"{_DRAWN[kind]}, s = {s:g}", tol,
                        "float64" if dtype is None else "native dtype", inputs, i, rule, floor,
                        lim, ref)
@@ -272,8 +272,9 @@ def _float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
 def _numerics(a, b, result: VerifyResult, seed, rtol: float, native: bool, memo: dict | None,
               start: float) -> bool:
     """Run the float checks into ``result``; True (and ``result`` final) if they failed."""
-    if memo is not None and (seed is None or memo.setdefault("program", a) is not a):
-        memo = None  # a different first program, or draws that differ every call
+    if memo is not None and (seed is None or memo.setdefault("program", a) is not a
+                             or memo.setdefault("seed", seed) != seed):
+        memo = None  # a different first program or seed, or draws that differ every call
     frng = np.random.default_rng(None if seed is None else [seed, 0xF1047])
     cex, result.native_checked = _float_checks(a, b, frng, rtol, native, memo)
     result.float_checked = True

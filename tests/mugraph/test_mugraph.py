@@ -18,7 +18,8 @@ from mugraph_examples import (
 )
 
 import eqsat_mirage as em
-from eqsat_mirage.semantics.field import FieldCtx, evaluate_field, field_primes
+from eqsat_mirage.semantics.field import FieldCtx, evaluate_field
+from eqsat_mirage.semantics.primes import field_primes
 from eqsat_mirage.verifier.bound import degrees
 
 RNG = np.random.default_rng(0)

@@ -20,10 +20,10 @@ from eqsat_mirage.semantics.field import (
     FieldCtx,
     FieldZeroDivisionError,
     evaluate_field,
-    field_primes,
 )
 from eqsat_mirage.semantics.floating import FLOAT_SEMANTICS, FloatCtx
 from eqsat_mirage.semantics.interp import run
+from eqsat_mirage.semantics.primes import field_primes
 from eqsat_mirage.testing import equivalent_pairs, inputs_for, mutants, mutate, programs
 
 PROPS = settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])

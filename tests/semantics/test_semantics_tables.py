@@ -25,12 +25,12 @@ from eqsat_mirage.semantics.field import (
     FieldZeroDivisionError,
     const_mod,
     evaluate_field,
-    field_primes,
     invmod,
     matmul_mod,
     powmod,
 )
 from eqsat_mirage.semantics.floating import FLOAT_SEMANTICS
+from eqsat_mirage.semantics.primes import field_primes
 from eqsat_mirage.verifier.bound import Degree, node_degree
 
 P, Q = field_primes()
