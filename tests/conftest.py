@@ -15,14 +15,18 @@ for path in (str(TESTS.parent), str(TESTS)):
 
 @pytest.fixture(scope="session", autouse=True)
 def _session_results_cache(tmp_path_factory):
-    """Keep every test, session- and module-scoped fixtures included, off the user's cache."""
-    old = os.environ.get("EQSAT_MIRAGE_CACHE_DIR")
-    os.environ["EQSAT_MIRAGE_CACHE_DIR"] = str(tmp_path_factory.mktemp("results-cache"))
+    """Keep every test, session- and module-scoped fixtures included, off the user's cache
+    and key."""
+    made = {"EQSAT_MIRAGE_CACHE_DIR": str(tmp_path_factory.mktemp("results-cache")),
+            "EQSAT_MIRAGE_CONFIG_DIR": str(tmp_path_factory.mktemp("config"))}  # the tag key
+    old = {k: os.environ.get(k) for k in made}
+    os.environ.update(made)
     yield
-    if old is None:
-        os.environ.pop("EQSAT_MIRAGE_CACHE_DIR", None)
-    else:
-        os.environ["EQSAT_MIRAGE_CACHE_DIR"] = old
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 @pytest.fixture(autouse=True)

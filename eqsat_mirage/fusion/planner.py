@@ -127,9 +127,11 @@ class FusionPlan:
 
 class _Planner:
     def __init__(self, graph: Graph, prof: GPUProfile, strategy: Strategy,
-                 search_candidates: int, cuts: frozenset | None = None) -> None:
+                 search_candidates: int, cuts: frozenset | None = None,
+                 shared: dict | None = None) -> None:
         self.graph, self.prof, self.strategy = graph, prof, strategy
         self.cuts = cuts
+        self.shared = shared  # fragment shape -> best schedule's position and cost, across plans
         # candidate_schedules lists small grids first: ``filled`` starts at one block per SM
         filled = replace(strategy, min_blocks=max(strategy.min_blocks, prof.sms))
         quick = min(search_candidates, strategy.max_candidates)
@@ -201,11 +203,21 @@ class _Planner:
             p = Pricing(frag, None, None, kernel_cost(k, MuGraph(), self.prof).time_us)
             self.memo[region] = self.final[region] = p  # exact at both depths
             return p
-        p = self._price_custom(frag, self.full if final else self.quick)
+        p = self._price_custom(frag, self.full if final else self.quick, final)
         memo[region] = p
         return p
 
-    def _price_custom(self, frag: Graph, strategies: tuple[Strategy, ...]) -> Pricing:
+    def _cost(self, frag: Graph, s: Schedule, ix: Indexing) -> tuple[float, list]:
+        """The fragment as one custom kernel with schedule ``s``: its cost and the kernels'."""
+        mg = MuGraph("scratch")
+        for name, node in frag.inputs.items():
+            mg.input(name, node.shape, node.dtype)
+        ks = add_kernel(mg, frag, s, indexing=ix)
+        costs = [kernel_cost(k, mg, self.prof) for k in ks]
+        return sum(c.time_us for c in costs), costs
+
+    def _price_custom(self, frag: Graph, strategies: tuple[Strategy, ...],
+                      final: bool = False) -> Pricing:
         self.evaluations += 1
         try:
             ix = index_fragment(frag)
@@ -213,24 +225,36 @@ class _Planner:
                                         for s in candidate_schedules(ix, st)))
         except (ScheduleError, MirageError) as exc:
             return Pricing(frag, None, None, math.inf, f"cannot be indexed: {exc}")
-        best, best_s, infeasible = math.inf, None, ""
-        for s in scheds:
-            mg = MuGraph("scratch")
-            for name, node in frag.inputs.items():
-                mg.input(name, node.shape, node.dtype)
+        key = (_shape_key(frag), final)
+        known = None if self.shared is None else self.shared.get(key)
+        if known is not None:  # an equal fragment of another plan: check its best, keep it
+            pos, cost, reason = known
             try:
-                ks = add_kernel(mg, frag, s, indexing=ix)
+                if pos is not None and pos < len(scheds) and \
+                        self._cost(frag, scheds[pos], ix)[0] == cost:
+                    return Pricing(frag, ix, scheds[pos], cost, tried=len(scheds))
+            except (ScheduleError, MirageError):
+                pass
+            if pos is None:
+                return Pricing(frag, ix, None, math.inf, reason, len(scheds))
+        best, best_i, infeasible = math.inf, None, ""
+        for i, s in enumerate(scheds):
+            try:
+                total, costs = self._cost(frag, s, ix)
             except (ScheduleError, MirageError):
                 continue
-            costs = [kernel_cost(k, mg, self.prof) for k in ks]
-            total = sum(c.time_us for c in costs)
             if total < best - 1e-12:
-                best, best_s = total, s
+                best, best_i = total, i
             elif not math.isfinite(total) and not infeasible:
                 infeasible = f"schedule {s}: " + "; ".join(c.reason for c in costs if c.reason)
-        if best_s is not None:
-            return Pricing(frag, ix, best_s, best, tried=len(scheds))
-        return Pricing(frag, ix, None, math.inf, _why_none(ix, scheds, infeasible), len(scheds))
+        if best_i is not None:
+            if self.shared is not None:
+                self.shared[key] = (best_i, best, "")
+            return Pricing(frag, ix, scheds[best_i], best, tried=len(scheds))
+        reason = _why_none(ix, scheds, infeasible)
+        if self.shared is not None:
+            self.shared[key] = (None, math.inf, reason)
+        return Pricing(frag, ix, None, math.inf, reason, len(scheds))
 
     # -- search -------------------------------------------------------------------------------
     def pairs(self, regions: list[frozenset]) -> list[tuple[int, int, str]]:
@@ -393,6 +417,17 @@ class _Planner:
                 f"(saves {saved / 1e6:.3f} MB of device-memory round trips)")
 
 
+def _shape_key(frag: Graph) -> tuple:
+    """``frag`` up to the names of its tensors: ops, arguments, shapes, dtypes and wiring."""
+    pos: dict[int, int] = {}
+    rows = []
+    for n in frag.nodes():
+        pos[id(n)] = len(pos)
+        rows.append((n.op, None if n.op is Op.INPUT else n.arg, n.shape, n.dtype,
+                     tuple(pos[id(x)] for x in n.srcs)))
+    return tuple(rows), tuple(pos[id(n)] for n in frag.outputs.values())
+
+
 def _why_none(ix: Indexing, scheds: list[Schedule], infeasible: str) -> str:
     loops = []
     for idx in ix.reduced:
@@ -433,19 +468,22 @@ def _fuse_threads(k: CustomKernel) -> None:
 
 def plan(graph: Graph, profile: GPUProfile | str | Path = "h100",
          strategy: Strategy | None = None, max_evaluations: int = 400,
-         search_candidates: int = 24, cuts: frozenset | None = None) -> FusionPlan:
+         search_candidates: int = 24, cuts: frozenset | None = None,
+         shared: dict | None = None) -> FusionPlan:
     """Partition ``graph`` into fused custom kernels and predefined kernels (module docstring).
 
     ``cuts`` holds the (id(producer), id(consumer)) op edges that may be kernel
     boundaries (``boundaries.Boundaries.edges``: what rules/tiling.egg allows);
     every other edge stays inside one kernel. None allows a boundary anywhere.
+    ``shared``: a dict kept across plans of one search (same profile and strategy);
+    a fragment equal up to names to one priced before reuses its best schedule.
     Returns a ``FusionPlan`` whose ``mugraph`` computes the same outputs as
     ``graph`` (same input and output names) and whose ``regions`` say why each
     group of ops was or was not fused. The plan is not verified here.
     """
     start = time.perf_counter()
     prof = GPUProfile.load(profile)
-    planner = _Planner(graph, prof, strategy or DEFAULT_STRATEGY, search_candidates, cuts)
+    planner = _Planner(graph, prof, strategy or DEFAULT_STRATEGY, search_candidates, cuts, shared)
     regions, why_not = planner.search(max_evaluations)
     mg, report = planner.build(regions, why_not)
     cost = mugraph_cost(mg, prof).total_us

@@ -185,9 +185,11 @@ class MuGraph:
         return reference(self.validate())
 
     # -- running ----------------------------------------------------------------------------
-    def evaluate(self, inputs: Mapping[str, Any], dtype: str | None = None) -> dict:
-        """Run the tiling for real over floats (see ``semantics.floating.evaluate`` for dtype)."""
-        return evaluate_float(self, inputs, dtype)
+    def evaluate(self, inputs: Mapping[str, Any], dtype: str | None = None,
+                 rounded: bool = False) -> dict:
+        """Run the tiling for real over floats (see ``semantics.floating.evaluate`` for dtype
+        and ``rounded``)."""
+        return evaluate_float(self, inputs, dtype, rounded)
 
     def evaluate_field(self, ctx) -> dict:
         """Run the tiling for real over Z_p x Z_q with the trial ``ctx`` (a ``FieldCtx``)."""

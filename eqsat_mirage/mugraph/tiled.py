@@ -30,8 +30,8 @@ import numpy as np
 
 from ..ir.node import BINARY, REDUCE, UNARY, Node, Op, canonical_dtype, make, toposort
 from ..semantics.field import FIELD_SEMANTICS
-from ..semantics.floating import FLOAT_SEMANTICS, FloatCtx, round_to
-from ..semantics.interp import Table, check_inputs, run
+from ..semantics.floating import FLOAT_SEMANTICS, float_ctx, round_to
+from ..semantics.interp import Table, run
 from .kernels import CustomKernel, KernelGraph, MuGraphError, PredefinedKernel, TensorSpec
 
 
@@ -284,11 +284,13 @@ def execute(mg: KernelGraph, plans: list, table: Table, ctx: Any, pairs: bool) -
     return env
 
 
-def evaluate_float(mg: KernelGraph, inputs: Mapping[str, Any], dtype: str | None = None) -> dict:
-    """``em.evaluate`` for a MuGraph: float64 (``dtype=None``), "native" or a dtype name."""
+def evaluate_float(mg: KernelGraph, inputs: Mapping[str, Any], dtype: str | None = None,
+                   rounded: bool = False) -> dict:
+    """``em.evaluate`` for a MuGraph: float64 (``dtype=None``), "native" or a dtype name;
+    ``rounded`` as in ``semantics.floating.evaluate``."""
     mg.validate()
     mode = None if dtype is None else ("native" if dtype == "native" else canonical_dtype(dtype))
-    ctx = FloatCtx(check_inputs(mg, inputs), mode)
+    ctx = float_ctx(mg, inputs, mode, rounded)
     with np.errstate(all="ignore"):
         env = execute(mg, _plans(mg), FLOAT_SEMANTICS, ctx, pairs=False)
     return {name: np.asarray(env[t], dtype=np.float64) for name, t in mg.output_tensors.items()}

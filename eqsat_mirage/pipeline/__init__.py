@@ -1,7 +1,9 @@
 """The pipeline as one call: ``em.optimize``, its results cache, and ``em.optimize_many``.
 
 ``optimize.py``: check, saturate, extract, plan, verify and return an ``OptimizeResult``.
-``cache.py``: the SQLite results cache (keys, entries, the lookup around a search).
+``result.py``: ``OptimizeResult`` and its plain-data (JSON) form.
+``cache.py``: the SQLite results cache (keys, entries, the checked lookup around a search).
+``integrity.py``: the cache's integrity tags (an HMAC under this user's secret).
 ``many.py``: many programs in parallel (processes or Ray) through one cache.
 
 Takes: a ``Graph`` and options (target, rules, limits, level).

@@ -18,25 +18,37 @@ The key of a result is the sha256 of everything that can change it:
 - every other ``optimize`` option (level, guards, k, trials, seed, split
   factors, node/iteration/time limits, strategy) by its ``repr``.
 
-The value is the pickled ``OptimizeResult`` (``dumps``/``loads``: IR nodes are
-pickled by their fields and rebuilt, because a node's cached hash depends on
-the process's string hashing) with its name, target, level, cost, search
-seconds and creation time beside it for ``entries()``. A corrupt file or one of
-another schema version is recreated with a warning; concurrent processes are
-serialized by SQLite (WAL journal, a 30 s busy timeout). A cache that cannot be
-opened or written never fails an optimization: it warns and runs uncached.
+The value is plain data, never a pickle: ``result.to_data`` (the chosen program
+as MuGraph or Graph JSON, the figures, the verdict, the JSON-able stats) as JSON
+text, with its name, target, level, cost, search seconds and creation time
+beside it for ``entries()``, and an integrity tag: an HMAC-SHA256 of the key and
+the text under a secret of this user (``key_path()``, created 0600 in a 0700
+folder outside the cache folder, so a cache folder copied from elsewhere, such
+as a CI cache restored from another branch, brings no valid tags).
+
+A hit is checked before use (``lookup``): the text must parse and the program
+must load, validate and have the input program's inputs and outputs
+(``result.from_data``). Then either its tag is this user's, or it is
+re-verified against the input program (``em.verify`` with optimize's trials
+and max_bound, fresh randomness) and re-tagged. An entry that fails is dropped
+with a warning and the search runs.
+
+The cache only touches files it created: an existing path must be an SQLite
+file holding its own tables (``meta`` with the ``application`` marker, and
+``results``); anything else (a text file, another application's database) is
+a ``CacheError``. Its own file of an older schema is recreated with a warning.
+Concurrent processes are serialized by SQLite (WAL journal, a 30 s busy
+timeout). A cache that cannot be written never fails an optimization: it warns
+and runs uncached.
 """
 
 from __future__ import annotations
 
-import copy
-import copyreg
 import functools
 import hashlib
-import io
+import hmac
 import json
 import os
-import pickle
 import sqlite3
 import time
 import warnings
@@ -44,17 +56,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..ir.errors import MirageError
-from ..ir.node import Node
 from ..version import __version__
+from .integrity import CacheError, key_path, secret, tag
+from .result import ResultDataError, from_data, to_data
 
-SCHEMA_VERSION = 1
+__all__ = ["CacheError", "ResultCache", "key_path", "secret", "tag"]
+
+SCHEMA_VERSION = 2  # 1 stored pickles
+APPLICATION = "eqsat-mirage results cache"
 OFF = ("0", "off", "false", "no")  # $EQSAT_MIRAGE_CACHE values that switch the default off
 FILENAME = "results.sqlite"
 _SCHEMA = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE results (key TEXT PRIMARY KEY, name TEXT, target TEXT, level TEXT, "
-    "cost_us REAL, search_seconds REAL, created REAL NOT NULL, result BLOB NOT NULL)",
+    "cost_us REAL, search_seconds REAL, created REAL NOT NULL, result TEXT NOT NULL, "
+    "tag TEXT NOT NULL)",
 )
+
+
+
 
 
 def default_dir() -> Path:
@@ -70,57 +90,6 @@ def default_dir() -> Path:
 def default_path() -> Path:
     """The default cache file, ``default_dir() / "results.sqlite"``."""
     return default_dir() / FILENAME
-
-
-# -- pickling -------------------------------------------------------------------------------
-
-
-def _reduce_node(node: Node):
-    return Node, (node.op, node.srcs, node.arg, node.shape, node.dtype, node.loc)
-
-
-class _Pickler(pickle.Pickler):
-    dispatch_table = {**copyreg.dispatch_table, Node: _reduce_node}
-
-
-def dumps(obj) -> bytes:
-    """Pickle ``obj``; IR nodes are rebuilt on loading (their hashes are per process)."""
-    buf = io.BytesIO()
-    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    return buf.getvalue()
-
-
-def loads(data: bytes):
-    """Unpickle what ``dumps`` wrote."""
-    return pickle.loads(data)
-
-
-def _picklable(obj) -> bool:
-    try:
-        dumps(obj)
-        return True
-    except Exception:  # noqa: BLE001 - anything that does not pickle is left out
-        return False
-
-
-def storable(result):
-    """``result`` itself if it pickles, else a copy without the parts that do not.
-
-    Stats entries, candidates and the fusion plan that fail to pickle (a
-    callback, an egglog object) are dropped; the copy's ``stats["cache_dropped"]``
-    names them. Returns None when even the copy does not pickle.
-    """
-    if _picklable(result):
-        return result
-    res = copy.copy(result)
-    dropped = [k for k, v in result.stats.items() if not _picklable(v)]
-    res.stats = {k: v for k, v in result.stats.items() if k not in dropped}
-    for attr in ("candidates", "plan"):
-        if not _picklable(getattr(res, attr, None)):
-            setattr(res, attr, [] if attr == "candidates" else None)
-            dropped.append(attr)
-    res.stats["cache_dropped"] = dropped
-    return res if _picklable(res) else None
 
 
 # -- the key --------------------------------------------------------------------------------
@@ -218,100 +187,135 @@ class ResultCache:
         return conn
 
     @staticmethod
-    def _schema_state(conn: sqlite3.Connection) -> tuple[set[str], str | None]:
+    def _schema_state(conn: sqlite3.Connection) -> tuple[set[str], dict[str, str]]:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        version = None
-        if "meta" in tables:
-            row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-            version = row[0] if row else None
-        return tables, version
+        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall()) \
+            if "meta" in tables else {}
+        return tables, meta
+
+    def _foreign(self, why: str) -> CacheError:
+        return CacheError(f"{self.path} is not an eqsat-mirage results cache ({why}); it is "
+                          "left alone: point cache= at a new file or folder")
+
+    def _check_ours(self) -> None:
+        """Raise ``CacheError`` unless the existing file is this cache's own database."""
+        if not self.path.is_file():
+            raise self._foreign("not a regular file")
+        with open(self.path, "rb") as f:
+            head = f.read(16)
+        if head and head != b"SQLite format 3\0":
+            raise self._foreign("not an SQLite file")
+        if not head:
+            return  # an empty file: SQLite makes it a database (ours from here on)
+        conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True,
+                               timeout=self.timeout)
+        try:
+            tables, meta = self._schema_state(conn)
+        except sqlite3.DatabaseError as exc:
+            raise self._foreign(f"unreadable: {exc}") from exc
+        finally:
+            conn.close()
+        v1 = tables == {"meta", "results"} and meta.get("schema") == "1"  # ours, pickles
+        if not tables or v1 or (meta.get("application") == APPLICATION
+                                and tables <= {"meta", "results"}):
+            return
+        raise self._foreign(f"its tables are {sorted(tables)}")
 
     def _init(self, conn: sqlite3.Connection) -> None:
-        """Create the tables, or recreate them when the file has another schema version."""
-        if self._schema_state(conn)[1] == str(SCHEMA_VERSION):
+        """Create the tables, or recreate its own tables of an older schema version."""
+        if self._schema_state(conn)[1].get("schema") == str(SCHEMA_VERSION):
             return
         conn.execute("BEGIN IMMEDIATE")  # one process at a time; look again under the lock
         try:
-            tables, version = self._schema_state(conn)
-            if version != str(SCHEMA_VERSION):
+            tables, meta = self._schema_state(conn)
+            if meta.get("schema") != str(SCHEMA_VERSION):
                 if tables:
-                    warnings.warn(f"results cache {self.path}: schema version {version} is "
-                                  f"not {SCHEMA_VERSION}; recreating it (cached results are "
-                                  "lost)", RuntimeWarning, stacklevel=4)
+                    warnings.warn(f"results cache {self.path}: schema version "
+                                  f"{meta.get('schema')} is not {SCHEMA_VERSION}; recreating "
+                                  "it (cached results are lost)", RuntimeWarning, stacklevel=4)
                 for t in sorted(tables & {"meta", "results"}):
                     conn.execute(f"DROP TABLE {t}")
                 for stmt in _SCHEMA:
                     conn.execute(stmt)
-                conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+                conn.executemany("INSERT INTO meta VALUES (?, ?)",
+                                 [("schema", str(SCHEMA_VERSION)), ("application", APPLICATION)])
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
 
+    def check(self) -> ResultCache:
+        """Raise ``CacheError`` if the path exists and is not this cache's own database."""
+        if self.path.exists() or self.path.is_symlink():
+            self._check_ours()
+        return self
+
     def _connect(self) -> sqlite3.Connection:
-        """An open connection to a file with the current schema (recreated when corrupt)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        """An open connection to its own file with the current schema."""
+        if not self._ready:
+            self.check()
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = self._open()
         try:
-            conn = self._open()
             if not self._ready:
                 self._init(conn)
-        except sqlite3.DatabaseError as exc:
-            if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
-                raise
-            warnings.warn(f"results cache {self.path} is unreadable ({exc}); recreating it",
-                          RuntimeWarning, stacklevel=3)
-            for suffix in ("", "-wal", "-shm"):
-                Path(f"{self.path}{suffix}").unlink(missing_ok=True)
-            conn = self._open()
-            self._init(conn)
+        except BaseException:
+            conn.close()
+            raise
         self._ready = True
         return conn
 
-    def get(self, key: str):
-        """The ``OptimizeResult`` stored under ``key``, or None."""
+    def get(self, key: str) -> tuple[str, str] | None:
+        """The (JSON text, tag) stored under ``key``, or None."""
         conn = self._connect()
         try:
-            row = conn.execute("SELECT result FROM results WHERE key=?", (key,)).fetchone()
-            if row is None:
-                return None
-            try:
-                return loads(row[0])
-            except Exception as exc:  # noqa: BLE001 - a stale or damaged value is a miss
-                warnings.warn(f"results cache {self.path}: entry {key[:12]} cannot be loaded "
-                              f"({type(exc).__name__}: {exc}); dropping it",
-                              RuntimeWarning, stacklevel=2)
-                conn.execute("DELETE FROM results WHERE key=?", (key,))
-                return None
+            row = conn.execute("SELECT result, tag FROM results WHERE key=?", (key,)).fetchone()
+        finally:
+            conn.close()
+        return None if row is None else (str(row[0]), str(row[1]))
+
+    def drop(self, key: str) -> None:
+        """Remove the entry stored under exactly ``key``."""
+        conn = self._connect()
+        try:
+            conn.execute("DELETE FROM results WHERE key=?", (key,))
         finally:
             conn.close()
 
+    def load(self, key: str, graph):
+        """The ``OptimizeResult`` stored under ``key`` for ``graph``, parsed and validated
+        (``result.from_data``), and whether its tag is this user's; None if absent.
+        Raises ``ResultDataError`` for an entry that does not parse or validate."""
+        row = self.get(key)
+        if row is None:
+            return None
+        text, mark = row
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise ResultDataError(f"not JSON ({exc})") from exc
+        res = from_data(data, graph)
+        return res, hmac.compare_digest(mark, tag(key, text))
+
     def put(self, key: str, result, name: str | None = None, target: str | None = None,
             cost_us: float | None = None, search_seconds: float | None = None) -> bool:
-        """Store ``result`` under ``key`` (replacing any entry); False if it cannot pickle.
+        """Store ``result`` under ``key`` as plain data (replacing any entry), tagged.
 
         ``name``, ``target``, ``cost_us`` and ``search_seconds`` default to the
         result's own (source program name, ``stats["target"]``, ``cost_us``,
         ``stats["seconds"]``).
         """
-        try:
-            res, blob = result, dumps(result)
-        except Exception:  # noqa: BLE001 - store what pickles (storable says what it dropped)
-            res = storable(result)
-            if res is None:
-                warnings.warn(f"results cache: the result of {name or '?'} does not pickle; "
-                              "not cached", RuntimeWarning, stacklevel=2)
-                return False
-            blob = dumps(res)
-        stats = getattr(res, "stats", {}) or {}
-        row = (key, name if name is not None else getattr(res.source, "name", None),
+        text = json.dumps(to_data(result), sort_keys=True, separators=(",", ":"))
+        stats = result.stats or {}
+        row = (key, name if name is not None else getattr(result.source, "name", None),
                target if target is not None else stats.get("target"), stats.get("level"),
-               cost_us if cost_us is not None else getattr(res, "cost_us", None),
+               cost_us if cost_us is not None else result.cost_us,
                search_seconds if search_seconds is not None else stats.get("seconds"),
-               time.time(), blob)
+               time.time(), text, tag(key, text))
         conn = self._connect()
         try:
-            conn.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
+            conn.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
         finally:
             conn.close()
         return True
@@ -363,19 +367,47 @@ def open_cache(cache) -> ResultCache | None:
     if isinstance(cache, ResultCache):
         return cache
     if isinstance(cache, str | os.PathLike):
-        return ResultCache(cache)
+        return ResultCache(cache).check()  # a path that is not its own database: CacheError
     raise MirageError(f"optimize: cache must be True, False, None, a path or a ResultCache, "
                       f"got {type(cache).__name__}")
 
 
-def lookup(store: ResultCache, graph, key: str, t0: float | None = None):
-    """The result stored under ``key`` for ``graph`` (marked as a hit), or None."""
+def lookup(store: ResultCache, graph, key: str, t0: float | None = None,
+           reverify=None):
+    """The result stored under ``key`` for ``graph`` (marked as a hit), or None.
+
+    An entry that does not parse or validate, or whose tag is not this user's and that
+    ``reverify(program)`` (a ``VerifyResult``) does not accept, is dropped with a
+    warning. An accepted re-verified entry is re-tagged. Without ``reverify`` an
+    untagged entry is dropped.
+    """
     t0 = time.perf_counter() if t0 is None else t0
-    res = store.get(key)
-    if res is not None:
-        res.source = graph  # the caller's own object (the stored one is an equal copy)
-        res.stats.update(cache="hit", cache_key=key[:12], cache_seconds=time.perf_counter() - t0)
-    return res
+    why = None
+    try:
+        found = store.load(key, graph)
+    except ResultDataError as exc:
+        found, why = None, str(exc)
+    if found is not None:
+        res, trusted = found
+        how = "hit"
+        if not trusted:
+            verdict = reverify(res.program) if reverify is not None else None
+            if verdict is None or not verdict.equivalent:
+                why = ("its tag is not this user's and it does not verify against the program"
+                       + (f": {verdict.reason}" if verdict is not None else ""))
+            else:
+                res.verified, how = verdict, "hit (re-verified)"
+                store.put(key, res)
+        if why is None:
+            res.source = graph  # the caller's own object (the stored one is an equal copy)
+            res.stats.update(cache=how, cache_key=key[:12],
+                             cache_seconds=time.perf_counter() - t0)
+            return res
+    if why is not None:
+        warnings.warn(f"results cache {store.path}: entry {key[:12]} is dropped ({why}); "
+                      "searching", RuntimeWarning, stacklevel=3)
+        store.drop(key)
+    return None
 
 
 def store_result(store: ResultCache, key: str, res, name: str | None = None) -> None:
@@ -384,9 +416,19 @@ def store_result(store: ResultCache, key: str, res, name: str | None = None) -> 
     res.stats.update(cache="miss", cache_key=key[:12])
     try:
         store.put(key, res, name=name)
-    except (sqlite3.Error, OSError) as exc:
+    except (sqlite3.Error, OSError, CacheError) as exc:
         warnings.warn(f"results cache {store.path} cannot be written ({exc}); result not "
                       "cached", RuntimeWarning, stacklevel=3)
+
+
+def reverifier(graph, options: dict):
+    """Re-verification of an untagged entry with optimize's trials and max_bound, fresh seed."""
+    from ..verifier.verify import verify
+
+    def run(program):
+        return verify(graph, program, trials=options.get("trials", 3), seed=None,
+                      max_bound=options.get("max_bound", 1e-9))
+    return run
 
 
 def cached_optimize(graph, store: ResultCache, progress, options: dict, search,
@@ -405,14 +447,15 @@ def cached_optimize(graph, store: ResultCache, progress, options: dict, search,
     key = make_key(graph, options) if key is None else key
     name = getattr(graph, "name", "program")
     try:
-        res = lookup(store, graph, key, t0)
-    except (sqlite3.Error, OSError) as exc:
+        res = lookup(store, graph, key, t0, reverifier(graph, options))
+    except (sqlite3.Error, OSError, CacheError) as exc:
         warnings.warn(f"results cache {store.path} cannot be read ({exc}); running uncached",
                       RuntimeWarning, stacklevel=3)
         store, res = None, None
     if res is not None:
         if progress:
-            progress(f"cache hit: {name} ({key[:12]}, {res.cost_us:.2f} us) from {store.path}")
+            progress(f"cache {res.stats['cache']}: {name} ({key[:12]}, {res.cost_us:.2f} us) "
+                     f"from {store.path}")
         return res
     if progress and store is not None:
         progress(f"cache miss: {name} ({key[:12]}); searching")

@@ -21,8 +21,9 @@ duplicates (equal keys) are searched once, and only the rest goes to workers.
   results in its own cache. Ray is an optional extra:
   ``pip install 'eqsat-mirage[ray]'``.
 
-Programs and results cross process boundaries as ``cache.dumps`` bytes (IR nodes
-are rebuilt on loading: their hashes depend on the process). A failing program
+Programs and results cross process boundaries (between this process and the
+workers it started, never through a file) as ``dumps`` bytes, pickles whose IR
+nodes are rebuilt on loading (their hashes depend on the process). A failing program
 raises ``OptimizeManyError`` naming its index and name (``errors="raise"``,
 remaining work is cancelled), or leaves the exception in its slot
 (``errors="return"``). ``progress`` gets one line per finished program:
@@ -31,26 +32,49 @@ remaining work is cancelled), or leaves the exception in its slot
 
 from __future__ import annotations
 
+import copyreg
 import inspect
+import io
 import multiprocessing
 import os
+import pickle
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
 from ..ir.errors import MirageError
+from ..ir.node import Node
 from .cache import (
     ResultCache,
     cached_optimize,
-    dumps,
-    loads,
     lookup,
     make_key,
     open_cache,
+    reverifier,
     store_result,
 )
 from .optimize import optimize
 
 EXECUTORS = ("process", "ray")
+
+
+def _reduce_node(node: Node):
+    return Node, (node.op, node.srcs, node.arg, node.shape, node.dtype, node.loc)
+
+
+class _Pickler(pickle.Pickler):
+    dispatch_table = {**copyreg.dispatch_table, Node: _reduce_node}
+
+
+def dumps(obj) -> bytes:
+    """Pickle ``obj`` for a worker process; IR nodes are rebuilt on loading."""
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
+
+
+def loads(data: bytes):
+    """Unpickle what ``dumps`` wrote (bytes from this process's own workers only)."""
+    return pickle.loads(data)  # noqa: S301 - in-memory IPC with our own workers, never disk
 
 
 class OptimizeManyError(MirageError):
@@ -147,7 +171,7 @@ def optimize_many(programs: Iterable, jobs: int | None = None, executor: str = "
         if store is not None:
             try:
                 key = make_key(g, options)
-                hit = lookup(store, g, key)
+                hit = lookup(store, g, key, reverify=reverifier(g, options))
             except Exception as exc:  # noqa: BLE001 - reported as this program's failure
                 finish(i, exc)
                 continue

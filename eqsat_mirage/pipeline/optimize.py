@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cost.per_op import Hardware, graph_cost_us
@@ -28,90 +27,12 @@ from ..egraph.rulefiles import builtin_rules_dir, load_rules, rule_paths
 from ..egraph.saturate import DEFAULT_PHASES, Limits, Saturator
 from ..ir.check import check, check_lax
 from ..ir.errors import LaxError, MirageError
-from ..verifier.verify import VerifyResult, verify
+from ..verifier.verify import verify
+from .result import OptimizeResult
 
 LEVELS = ("mugraph", "kernel")
 
 DEFAULT_SPLITS = (4, 16, 64)  # Mirage's loop ranges: candidate inner factors of split-K
-
-
-@dataclass
-class OptimizeResult:
-    """What ``em.optimize`` found: the chosen program, its cost and how it was found."""
-
-    program: object
-    cost_us: float
-    baseline_cost_us: float
-    verified: VerifyResult | None
-    stats: dict = field(default_factory=dict)
-    candidates: list = field(default_factory=list)
-    source: object = None
-    roofline_us: float | None = None  # DESIGN.md's lower bound (mugraph level)
-    plan: object = None  # the chosen program's fusion.FusionPlan (mugraph level)
-
-    @property
-    def speedup(self) -> float:
-        """Baseline cost over chosen cost (cost-model figures)."""
-        return self.baseline_cost_us / self.cost_us if self.cost_us else float("inf")
-
-    def _mugraph(self):
-        from ..mugraph.program import MuGraph, from_graph
-
-        return self.program if isinstance(self.program, MuGraph) else from_graph(self.program)
-
-    def _header(self) -> str:
-        name = getattr(self.source, "name", "program")
-        return (f"eqsat-mirage: optimized {name!r} for {self.stats.get('target', '?')}; "
-                f"predicted {self.cost_us:.2f} us (one kernel per op: "
-                f"{self.baseline_cost_us:.2f} us); verified: {self.verified}")
-
-    def triton_source(self) -> str:
-        """A Python module with one @triton.jit kernel per custom kernel and a ``run`` launcher."""
-        from ..codegen.source import triton_source
-
-        return triton_source(self._mugraph(), header=self._header())
-
-    def compile(self):
-        """The chosen program as a callable on torch tensors (by position or by input name).
-
-        On a CPU, set ``TRITON_INTERPRET=1`` before triton is imported.
-        """
-        from ..codegen.source import compile_mugraph
-
-        return compile_mugraph(self._mugraph(), header=self._header())
-
-    def render(self, path, **kwargs):
-        """Draw the input program and the chosen program side by side (.svg, .png or .pdf).
-
-        Kernels, their block graphs, grids and loops, with device-memory tensors,
-        shared-memory tiles and register values told apart, and the cost model's
-        time per kernel for this result's target. Keywords go to ``render.render``
-        (``backend="auto"|"graphviz"|"matplotlib"``, ``title``). Returns the path.
-        """
-        from ..render.draw import render
-
-        kwargs.setdefault("cost", self.stats.get("target_spec", "h100"))
-        return render(self.program, path, source=self.source, **kwargs)
-
-    def __str__(self) -> str:
-        st = self.stats
-        roof = (f"; roofline {self.roofline_us:.2f} us ({self.cost_us / self.roofline_us:.2f}x)"
-                if self.roofline_us else "")
-        lines = [f"optimized {getattr(self.source, 'name', 'program')!r} for "
-                 f"{st.get('target', '?')}: {self.baseline_cost_us:.2f} us -> "
-                 f"{self.cost_us:.2f} us ({self.speedup:.2f}x, cost model){roof}"]
-        for ph in st.get("phases", []):
-            lines.append(f"  phase {ph['name']:<10} {ph['iterations']:>3} iterations "
-                         f"{ph['enodes']:>8} e-nodes {ph['seconds']:7.2f} s  ({ph['stop']})")
-        lines.append(f"  extraction: {st.get('candidates', 0)} candidates in "
-                     f"{st.get('extract_seconds', 0):.2f} s; verified: {self.verified}")
-        if "fusion_seconds" in st:
-            lines.append(f"  fusion: {len(st.get('plans', []))} MuGraphs planned in "
-                         f"{st['fusion_seconds']:.2f} s; chosen: {st.get('kernels', '?')} kernels "
-                         f"({st.get('custom_kernels', 0)} custom)")
-            lines += [f"  region {r.splitlines()[0]}" for r in st.get("regions", [])]
-        lines.append(str(self.program))
-        return "\n".join(lines)
 
 
 def _splits(graph, factors) -> list[tuple[int, int, int]]:
@@ -276,7 +197,7 @@ def _mugraph_level(graph, cands, bounds, prof, strategy, lax, vopts, progress,
     base_mg = from_graph(graph)
     baseline = mugraph_cost(base_mg, prof).total_us
     t = time.perf_counter()
-    plans, seen, errors, distinct = [], set(), [], set()
+    plans, seen, errors, distinct, priced = [], set(), [], set(), {}
     todo = [(c.how, c.program, bounds.edges(c.program, c.keys)) for c in cands]
     if not any(c.how == "input" for c in cands):  # its terms were not found: any boundary
         todo.append(("input (any boundary)", graph, None))
@@ -289,7 +210,7 @@ def _mugraph_level(graph, cands, bounds, prof, strategy, lax, vopts, progress,
         edges = {(id(s), id(n)) for n in g.nodes() for s in n.srcs if n.srcs and s.srcs}
         allowed[i] = f"{len(edges) if cuts is None else len(cuts & edges)}/{len(edges)}"
         try:
-            p = plan(g, prof, strategy, cuts=cuts)
+            p = plan(g, prof, strategy, cuts=cuts, shared=priced)
         except (MirageError, ValueError, KeyError) as exc:  # recorded in stats, skipped
             errors.append(f"{how}: {exc}")
             continue

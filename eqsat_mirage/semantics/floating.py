@@ -12,12 +12,53 @@ from ..ir.node import Node, Op
 from .interp import check_inputs, run
 
 
+# Round to nearest even at float16's precision by one addition: x + c - c, c = 1.5 * 2**(e + k)
+# with e the exponent of x clamped to float16's [-14, 15] (below -14: float16's subnormal
+# step 2**-24), k = 13 in float32 and 42 in float64 (c's last bit is 2**(e - 10)); |x| >= 65520
+# (and inf, nan) become inf/nan. Exact, as NumPy's conversion, which is several times slower
+# where values overflow or are subnormal.
+def _half_consts(ut, mant: int, ebits: int, k: int, big: int) -> tuple:
+    bias = (1 << (ebits - 1)) - 1
+    return (ut, ut(((1 << ebits) - 1) << mant), ut((bias - 14) << mant), ut((bias + 15) << mant),
+            ut((k << mant) | (1 << (mant - 1))), ut(1 << (mant + ebits)),
+            ut((1 << (mant + ebits)) - 1), ut(big))
+
+
+_HALF = {np.dtype(np.float32): _half_consts(np.uint32, 23, 8, 13, 0x477FEFFF),
+         np.dtype(np.float64): _half_consts(np.uint64, 52, 11, 42, 0x40EFFDFFFFFFFFFF)}
+
+
+def _round_half(x: np.ndarray) -> np.ndarray:
+    """``x`` rounded to float16 values, as float32 (bit-exact with NumPy's conversion)."""
+    x = np.asarray(x)
+    if x.dtype not in _HALF:
+        x = x.astype(np.float32)
+    if x.ndim == 0:
+        return _round_half(x.reshape(1)).reshape(())
+    x = np.ascontiguousarray(x)
+    ut, exp_mask, lo, hi, add, sign, mag_mask, big = _HALF[x.dtype]
+    u = x.view(ut)
+    c = np.bitwise_and(u, exp_mask)
+    np.clip(c, lo, hi, out=c)
+    c += add
+    c |= u & sign
+    y = x + c.view(x.dtype)
+    y -= c.view(x.dtype)
+    over = np.flatnonzero(np.bitwise_and(u, mag_mask, out=c) > big)
+    if over.size:
+        yf, xf = y.reshape(-1), x.reshape(-1)
+        yf[over] = np.copysign(np.inf, xf[over])
+        yf[over[np.isnan(xf[over])]] = np.nan
+    out = y.astype(np.float32, copy=False)
+    return np.copysign(out, x, out=out)  # -0.0 stays -0.0
+
+
 def round_to(x: np.ndarray, dtype: str | None) -> np.ndarray:
     """Round ``x`` to ``dtype`` (float16, bfloat16, float32), or leave it (None)."""
     if dtype is None:
         return x
     if dtype == "float16":
-        return np.asarray(x, dtype=np.float16).astype(np.float32)
+        return _round_half(x)
     if dtype == "bfloat16":
         u = np.asarray(x, dtype=np.float32).view(np.uint32)
         u = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
@@ -31,6 +72,7 @@ class FloatCtx:
 
     inputs: Mapping[str, np.ndarray]
     mode: str | None  # None: float64 throughout; "native": each node's dtype; else a dtype
+    rounded: bool = False  # the inputs already hold values of their dtypes (used as given)
 
     def fix(self, node: Node, value: Any) -> np.ndarray:
         """Apply the precision policy to a node's result."""
@@ -53,7 +95,7 @@ def _matmul(ctx, n, a, b):
 
 
 FLOAT_SEMANTICS = {
-    Op.INPUT: lambda ctx, n: ctx.fix(n, ctx.inputs[n.arg]),
+    Op.INPUT: lambda ctx, n: ctx.inputs[n.arg] if ctx.rounded else ctx.fix(n, ctx.inputs[n.arg]),
     Op.CONST: lambda ctx, n: np.float64(n.arg),
     Op.NEG: lambda ctx, n, x: ctx.fix(n, -x),
     Op.EXP: lambda ctx, n, x: ctx.fix(n, np.exp(x)),
@@ -74,21 +116,49 @@ FLOAT_SEMANTICS = {
 }
 
 
-def evaluate(program, inputs: Mapping[str, Any], dtype: str | None = None) -> dict[str, np.ndarray]:
+def rounded_inputs(program, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``inputs`` rounded once to each input's dtype (float32 arrays), for ``rounded=True``.
+
+    A read-only broadcast of one value (the verifier's constant draws) stays a
+    broadcast of the rounded value, so it costs no memory.
+    """
+    out = {}
+    for name, node in program.inputs.items():
+        x = np.asarray(inputs[name])
+        if x.ndim and x.strides and all(st == 0 for st in x.strides):
+            out[name] = np.broadcast_to(round_to(x.reshape(-1)[:1], node.dtype)[0], x.shape)
+        else:
+            out[name] = round_to(x, node.dtype)
+    return out
+
+
+def evaluate(program, inputs: Mapping[str, Any], dtype: str | None = None,
+             rounded: bool = False) -> dict[str, np.ndarray]:
     """Run ``program`` on ``inputs`` (a dict name -> array) and return its outputs.
 
     ``dtype=None`` computes in float64 (the reference). ``dtype="native"``
     rounds every node to its own dtype (fp32 accumulation in matmuls, as a GPU
-    does); any dtype name rounds every node to that dtype.
+    does); any dtype name rounds every node to that dtype. ``rounded=True``
+    (native only) takes ``inputs`` from ``rounded_inputs``: they are used as
+    given, so a draw shared by several programs is rounded once.
     """
     from ..ir.check import check
     from ..ir.node import canonical_dtype
 
     if hasattr(program, "evaluate"):  # MuGraph and other program kinds evaluate themselves
-        return program.evaluate(inputs, dtype=dtype)
+        return program.evaluate(inputs, dtype=dtype, rounded=rounded)
     check(program)
     mode = None if dtype is None else ("native" if dtype == "native" else canonical_dtype(dtype))
-    arrays = check_inputs(program, inputs)
     with np.errstate(all="ignore"):
-        out = run(program, FLOAT_SEMANTICS, FloatCtx(arrays, mode))
+        out = run(program, FLOAT_SEMANTICS, float_ctx(program, inputs, mode, rounded))
     return {k: np.asarray(v, dtype=np.float64) for k, v in out.items()}
+
+
+def float_ctx(program, inputs: Mapping[str, Any], mode: str | None, rounded: bool) -> FloatCtx:
+    """The interpreter's context: inputs checked (or, from ``rounded_inputs``, used as given)."""
+    if rounded and mode == "native" and isinstance(inputs, Mapping) and set(inputs) == set(
+            program.inputs) and all(isinstance(inputs[n], np.ndarray) and inputs[n].dtype ==
+                                    np.float32 and inputs[n].shape == node.shape
+                                    for n, node in program.inputs.items()):
+        return FloatCtx(dict(inputs), mode, rounded=True)
+    return FloatCtx(check_inputs(program, inputs), mode)

@@ -15,9 +15,12 @@ the first program is finite. They never turn a field mismatch into a pass.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +30,7 @@ from ..ir.check import check, check_lax
 from ..ir.errors import GraphError, MirageError
 from ..ir.node import fmt_shape
 from ..semantics.field import FieldCtx, FieldZeroDivisionError, SharedValues, evaluate_field
-from ..semantics.floating import evaluate
+from ..semantics.floating import evaluate, rounded_inputs
 from ..semantics.primes import draw_primes, program_constants
 from .bound import PerTrial, per_trial_bound
 
@@ -36,8 +39,9 @@ FLOAT64_SCALES = (1.0, 30.0, 1000.0)  # N(0, s^2) inputs: past the thresholds of
 # instead of cancelling); and every input equal to s, for s from 0.3 to 1.2 in steps of
 # 2^(1/3) (0.6 and 0.95 left out) (attention scores 64 s^2 from 5.8 to 92: exps just below
 # float16's limit, e^11.1, are among them, where a sum of them over many keys overflows)
-NATIVE_DRAWS = (("signed", 1.0), ("folded", 0.25), ("folded", 0.5)) + tuple(
-    ("constant", round(0.3 * 2.0 ** (k / 3), 4)) for k in (0, 1, 2, 4, 6))
+# (constants first: they are where a rewrite that overflows is caught)
+NATIVE_DRAWS = tuple(("constant", round(0.3 * 2.0 ** (k / 3), 4)) for k in (0, 1, 2, 4, 6)) + (
+    ("signed", 1.0), ("folded", 0.25), ("folded", 0.5))
 NATIVE_RTOL = {"float16": 2e-2, "bfloat16": 6e-2, "float32": 1e-4}
 NATIVE_MAX = {"float16": 65504.0, "bfloat16": 3.3895e38, "float32": 3.4028e38}
 
@@ -129,12 +133,12 @@ def _runs_itself(program) -> bool:
     return hasattr(program, "evaluate_field")
 
 
-def _field_trial(a, b, ctx: FieldCtx, trial: int) -> Counterexample | None:
-    ctx.inputs = ctx.random_inputs(a)
-    graphs = [x for x in (a, b) if not _runs_itself(x)]
-    shared = SharedValues(*graphs) if len(graphs) == 2 else None  # common subterms: once
-    out_a, out_b = (x.evaluate_field(ctx) if _runs_itself(x) else evaluate_field(x, ctx, shared)
-                    for x in (a, b))
+def _field_outputs(x, ctx: FieldCtx, shared: SharedValues | None = None) -> dict:
+    return x.evaluate_field(ctx) if _runs_itself(x) else evaluate_field(x, ctx, shared)
+
+
+def _field_mismatch(a, out_a: dict, out_b: dict, ctx: FieldCtx, trial: int
+                    ) -> Counterexample | None:
     for name in a.outputs:
         (pa, qa), (pb, qb) = out_a[name], out_b[name]
         for part, x, y in (("p", pa, pb), ("q", qa, qb)):
@@ -148,6 +152,47 @@ def _field_trial(a, b, ctx: FieldCtx, trial: int) -> Counterexample | None:
                     {k: v[0] for k, v in ctx.inputs.items()},
                     f"{part}-part differs, p={ctx.p}, q={ctx.q}, omega={ctx.omega}")
     return None
+
+
+@dataclass
+class _Trial:
+    """What one field trial found: its primes, a counterexample, or every draw hit a zero."""
+
+    p: int = 0
+    q: int = 0
+    cex: Counterexample | None = None
+    vanished: bool = False
+
+
+def _field_trial(a, b, t: int, base: int, bits: int, avoid: set[int], max_redraws: int,
+                 memo: dict | None) -> _Trial:
+    """Trial ``t`` with its own generator ``(base, t, redraw)``: primes, omega, random
+    functions and inputs; a redraw when a denominator vanishes. With a ``memo`` (same
+    ``a``, same ``base``) ``a``'s values of a draw are computed once across calls."""
+    for r in range(max_redraws + 1):
+        rng = np.random.default_rng([base, t, r])
+        p, q = draw_primes(rng, bits, avoid)
+        key = ("field", t, r, p, q)
+        try:
+            hit = None if memo is None else memo.get(key)
+            if hit is None:
+                ctx = FieldCtx(p, q, rng)
+                ctx.inputs = ctx.random_inputs(a)
+                graphs = [x for x in (a, b) if not _runs_itself(x)]
+                shared = SharedValues(*graphs) if len(graphs) == 2 and memo is None else None
+                out_a = _field_outputs(a, ctx, shared)
+                if memo is not None:
+                    memo[key] = (ctx, out_a)
+            else:
+                ctx, out_a = hit
+            out_b = _field_outputs(b, ctx, shared if hit is None else None)
+        except FieldZeroDivisionError:
+            continue
+        finally:
+            if memo is not None and key in memo:
+                memo[key][0].limb_cache = {}  # digits of big operands: not kept between calls
+        return _Trial(p, q, _field_mismatch(a, out_a, out_b, ctx, t))
+    return _Trial(vanished=True)
 
 
 def _compare(out_a: dict, out_b: dict, drawn: str, rtol: float, domain: str,
@@ -227,56 +272,91 @@ class _Draws:
             return {n: np.broadcast_to(np.float64(s), z.shape) for n, z in self.normal.items()}
         return {n: (np.abs(z) if kind == "folded" else z) * s for n, z in self.normal.items()}
 
-    def out_a(self, dtype: str | None, kind: str, s: float, inputs: dict) -> dict:
-        """The first program's outputs on ``inputs`` (the draw (kind, s)), memoized."""
-        key = (dtype, kind, s)
+    def rounded(self, kind: str, s: float) -> dict:
+        """The draw rounded once to each input's dtype (both programs read the same)."""
+        key = ("rounded", kind, s)
         if key not in self.memo:
-            self.memo[key] = evaluate(self.a, inputs, dtype=dtype)
+            self.memo[key] = rounded_inputs(self.a, self.inputs(kind, s))
+        return self.memo[key]
+
+    def out_a(self, dtype: str | None, kind: str, s: float, of_rounded: bool = False) -> dict:
+        """The first program's outputs on the draw (kind, s), as drawn or rounded to the
+        inputs' dtypes (``of_rounded``), in float64 (``dtype=None``) or natively; memoized."""
+        key = (dtype, kind, s, of_rounded)
+        if key not in self.memo:
+            inputs = self.rounded(kind, s) if of_rounded else self.inputs(kind, s)
+            self.memo[key] = evaluate(self.a, inputs, dtype=dtype,
+                                      rounded=of_rounded and dtype == "native")
         return self.memo[key]
 
 
 _DRAWN = {"signed": "N(0, s^2)", "folded": "|N(0, s^2)|", "constant": "every input = s"}
 
 
+def _in_order(pool: ThreadPoolExecutor | None, jobs: list):
+    """Each job's result in order, up to ``THREADS`` jobs running at once with a pool;
+    jobs not yet started are cancelled when the caller stops early."""
+    if pool is None:
+        for job in jobs:
+            yield job()
+        return
+    futures = [pool.submit(job) for job in jobs]
+    try:
+        for fut in futures:
+            yield fut.result()
+    finally:
+        for fut in futures:
+            fut.cancel()
+
+
 def _float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
-                  memo: dict | None = None) -> tuple[Counterexample | None, bool]:
-    """float64 at ``FLOAT64_SCALES``, then both programs in their own dtypes at
+                  memo: dict | None = None, pool: ThreadPoolExecutor | None = None
+                  ) -> tuple[Counterexample | None, bool]:
+    """float64 at ``FLOAT64_SCALES`` and both programs in their own dtypes at
     ``NATIVE_DRAWS`` (see docs/verifier.md, section 4).
 
-    Returns the first counterexample and whether the native check ran. ``memo`` (same
-    ``a``, same ``rng`` seed) keeps ``a``'s outputs for the next call.
+    The order puts the checks that reject most often first: float64 at scale 1,
+    then the native draws, then float64 at the large scales. A native draw where the
+    first program is nowhere finite constrains nothing, and the second program is not
+    run on it. Returns the first counterexample and whether the native check ran.
+    ``memo`` (same ``a``, same ``rng`` seed) keeps ``a``'s outputs for the next call;
+    ``pool`` runs up to ``THREADS`` checks at once.
     """
     draws = _Draws(a, rng, memo)
-    checks = [(None, "signed", s) for s in FLOAT64_SCALES]
+    checks = [(None, "signed", FLOAT64_SCALES[0])]
     if native:
         dts = _dtypes(a) | _dtypes(b)
         coarsest = max(NATIVE_RTOL.get(dt, 1e-4) for dt in dts)
         limit = min(NATIVE_MAX.get(dt, np.inf) for dt in dts)
         checks += [("native", kind, s) for kind, s in NATIVE_DRAWS]
-    for i, (dtype, kind, s) in enumerate(checks):
-        inputs = draws.inputs(kind, s)
+    checks += [(None, "signed", s) for s in FLOAT64_SCALES[1:]]
+
+    def check_one(i: int, dtype: str | None, kind: str, s: float) -> Counterexample | None:
+        where = f"{_DRAWN[kind]}, s = {s:g}"
         if dtype is None:
-            rule, tol, floor, lim, ref = ("strict" if i == 0 else "finite"), rtol, 0.0, np.inf, None
-        else:
-            rule, tol, lim = "a-finite", max(coarsest, rtol), limit
-            floor, ref = draws.largest(kind, s), draws.out_a(None, kind, s, inputs)
-        cex = _compare(draws.out_a(dtype, kind, s, inputs), evaluate(b, inputs, dtype=dtype),
-                       f"{_DRAWN[kind]}, s = {s:g}", tol,
-                       "float64" if dtype is None else "native dtype", inputs, i, rule, floor,
-                       lim, ref)
+            inputs = draws.inputs(kind, s)
+            return _compare(draws.out_a(None, kind, s), evaluate(b, inputs), where, rtol,
+                            "float64", inputs, i, "strict" if i == 0 else "finite")
+        xa = draws.out_a("native", kind, s, True)
+        if not any(np.any(np.isfinite(x) & (np.abs(x) < limit)) for x in xa.values()):
+            return None  # "a-finite" asks nothing where the first program is not finite
+        inputs = draws.rounded(kind, s)
+        return _compare(xa, evaluate(b, inputs, dtype="native", rounded=True), where,
+                        max(coarsest, rtol), "native dtype", inputs, i, "a-finite",
+                        draws.largest(kind, s), limit, draws.out_a(None, kind, s, True))
+
+    jobs = [functools.partial(check_one, i, *c) for i, c in enumerate(checks)]
+    for (dtype, _, _), cex in zip(checks, _in_order(pool, jobs)):
         if cex is not None:
             return cex, dtype is not None
     return None, native
 
 
 def _numerics(a, b, result: VerifyResult, seed, rtol: float, native: bool, memo: dict | None,
-              start: float) -> bool:
+              start: float, pool: ThreadPoolExecutor | None = None) -> bool:
     """Run the float checks into ``result``; True (and ``result`` final) if they failed."""
-    if memo is not None and (seed is None or memo.setdefault("program", a) is not a
-                             or memo.setdefault("seed", seed) != seed):
-        memo = None  # a different first program or seed, or draws that differ every call
     frng = np.random.default_rng(None if seed is None else [seed, 0xF1047])
-    cex, result.native_checked = _float_checks(a, b, frng, rtol, native, memo)
+    cex, result.native_checked = _float_checks(a, b, frng, rtol, native, memo, pool)
     result.float_checked = True
     if cex is None:
         return False
@@ -288,6 +368,28 @@ def _numerics(a, b, result: VerifyResult, seed, rtol: float, native: bool, memo:
     return True
 
 
+THREADS = max(1, min(4, os.cpu_count() or 1))  # field trials / float evaluations at once
+
+
+@contextlib.contextmanager
+def _pool():
+    """A thread pool for the trials and evaluations (NumPy and BLAS release the GIL)."""
+    if THREADS == 1:
+        yield None
+        return
+    with ThreadPoolExecutor(THREADS, thread_name_prefix="em-verify") as pool:
+        yield pool
+
+
+def _trials(pool: ThreadPoolExecutor | None, a, b, run: int, *args):
+    """Field trials 0..run-1 in order (``_in_order``); stops after one that ends the verdict."""
+    jobs = [functools.partial(_field_trial, a, b, t, *args) for t in range(run)]
+    for trial in _in_order(pool, jobs):
+        yield trial
+        if trial.vanished or trial.cex is not None:
+            return
+
+
 def _trials_needed(eps: PerTrial, trials: int, max_bound: float) -> int | None:
     """Trials for ``eps.value ** T <= max_bound`` (at least ``trials``), None if unreachable."""
     if eps.value <= 0.0:
@@ -297,13 +399,15 @@ def _trials_needed(eps: PerTrial, trials: int, max_bound: float) -> int | None:
     return max(trials, math.ceil(math.log(max_bound) / math.log(eps.value)))
 
 
-def _check_args(trials, max_trials, max_bound, prime_bits) -> None:
+def _check_args(trials, max_trials, max_bound, prime_bits, seed) -> None:
     for name, value, low in (("trials", trials, 1), ("max_trials", max_trials, 1),
                              ("prime_bits", prime_bits, 8)):
         if not isinstance(value, int) or isinstance(value, bool):
             raise MirageError(f"verify: {name} must be an integer, got {value!r}")
         if value < low:
             raise MirageError(f"verify: {name} must be >= {low}, got {value!r}")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
+        raise MirageError(f"verify: seed must be None or an integer >= 0, got {seed!r}")
     if prime_bits > 30:
         raise MirageError(f"verify: prime_bits must be in [8, 30], got {prime_bits}")
     if not isinstance(max_bound, (int, float)) or not 0.0 < max_bound < 1.0:
@@ -327,7 +431,8 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
 
     ``memo``: a dict kept across calls that compare the same first program ``a``
     with the same ``seed`` (``em.optimize`` passes one per search): ``a``'s
-    float-check outputs are computed once. ``float_first`` runs the float checks before
+    float-check outputs and its values in each field trial are computed once. Trials and
+    float evaluations run on ``THREADS`` threads. ``float_first`` runs the float checks before
     the field trials (the same verdict; cheaper when numerics are what fails).
     """
     start = time.perf_counter()
@@ -335,7 +440,7 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
         bad = a if not hasattr(a, "inputs") else b
         raise MirageError(f"verify: expected two programs (em.Graph or em.MuGraph), got "
                           f"{type(bad).__name__} {bad!r:.60}")
-    _check_args(trials, max_trials, max_bound, prime_bits)
+    _check_args(trials, max_trials, max_bound, prime_bits, seed)
     for prog, what in ((a, "first program"), (b, "second program")):
         if _runs_itself(prog):
             prog.check_lax(what)  # validates, then checks exp depth through its tiles
@@ -343,35 +448,34 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
         check(prog)
         check_lax(prog, what)
     _match_interfaces(a, b)
+    if memo is not None and (seed is None or memo.setdefault("program", a) is not a
+                             or memo.setdefault("seed", seed) != seed):
+        memo = None  # a different first program or seed, or draws that differ every call
     rng = np.random.default_rng(seed)
     eps = per_trial_bound(a, b, prime_bits)
     needed = _trials_needed(eps, trials, max_bound)
     avoid = program_constants(a) | program_constants(b)
     result = VerifyResult(False, 1.0, None, 0, 0, 0, eps.value, max_bound=max_bound)
-    if float_check and float_first and _numerics(a, b, result, seed, rtol, native_check, memo,
-                                                 start):
-        return result
     run = trials if needed is None or needed > max_trials else needed
-    for t in range(run):
-        for _ in range(max_redraws + 1):
-            p, q = draw_primes(rng, prime_bits, avoid)
-            try:
-                cex = _field_trial(a, b, FieldCtx(p, q, rng), t)
-                break
-            except FieldZeroDivisionError:
-                continue
-        else:
-            result.reason = (f"inconclusive: a denominator vanished in {max_redraws + 1} draws of "
-                             f"trial {t}; cannot decide")
-            result.inconclusive = True
-            result.seconds = time.perf_counter() - start
+    with _pool() as pool:
+        if float_check and float_first and _numerics(a, b, result, seed, rtol, native_check,
+                                                     memo, start, pool):
             return result
-        result.trials, result.p, result.q = t + 1, p, q
-        result.primes.append((p, q))
-        if cex is not None:
-            result.counterexample, result.reason = cex, str(cex)
-            result.seconds = time.perf_counter() - start
-            return result
+        base = int(rng.integers(0, 2**63)) if seed is None else seed
+        found = _trials(pool, a, b, run, base, prime_bits, avoid, max_redraws, memo)
+        for t, trial in enumerate(found):
+            if trial.vanished:
+                result.reason = (f"inconclusive: a denominator vanished in {max_redraws + 1} "
+                                 f"draws of trial {t}; cannot decide")
+                result.inconclusive = True
+                result.seconds = time.perf_counter() - start
+                return result
+            result.trials, result.p, result.q = t + 1, trial.p, trial.q
+            result.primes.append((trial.p, trial.q))
+            if trial.cex is not None:
+                result.counterexample, result.reason = trial.cex, str(trial.cex)
+                result.seconds = time.perf_counter() - start
+                return result
     result.false_positive_bound = min(1.0, eps.value ** result.trials)
     if result.false_positive_bound > max_bound:
         result.inconclusive = True
@@ -381,9 +485,10 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
                          "allowed)")
         result.seconds = time.perf_counter() - start
         return result
-    if float_check and not float_first and _numerics(a, b, result, seed, rtol, native_check,
-                                                     memo, start):
-        return result
+    if float_check and not float_first:
+        with _pool() as pool:
+            if _numerics(a, b, result, seed, rtol, native_check, memo, start, pool):
+                return result
     result.equivalent = True
     result.seconds = time.perf_counter() - start
     return result

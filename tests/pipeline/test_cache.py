@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 import eqsat_mirage as em
 from eqsat_mirage.pipeline import cache as cache_mod
 from eqsat_mirage.pipeline.cache import ResultCache, default_dir, default_path, make_key
+from eqsat_mirage.pipeline.result import to_data
 
 KW = {"level": "kernel", "trials": 1}
 
@@ -149,29 +151,56 @@ def test_entries_delete_and_clear(tmp_path):
     assert store.clear() == 1 and store.get("k" * 64) is None
 
 
-def test_unpicklable_parts_are_dropped(tmp_path):
+def test_stats_that_are_not_plain_data_are_dropped(tmp_path):
     store = ResultCache(tmp_path / "c.sqlite")
     res = em.optimize(tiny(), cache=False, **KW)
     res.stats["callback"] = lambda s: None
     assert store.put("x" * 64, res)
-    back = store.get("x" * 64)
-    assert "callback" not in back.stats and back.stats["cache_dropped"] == ["callback"]
+    back, trusted = store.load("x" * 64, tiny())
+    assert trusted and "callback" not in back.stats and back.stats["cache_dropped"] == ["callback"]
     assert "callback" in res.stats  # the caller's result is left alone
-    assert back.cost_us == res.cost_us
+    assert back.cost_us == res.cost_us and str(back.program) == str(res.program)
+    assert back.verified.equivalent and back.verified.primes == res.verified.primes
 
 
-def test_corrupt_file_is_recreated_with_a_warning(tmp_path):
-    path = tmp_path / "results.sqlite"
-    path.write_bytes(b"this is not a database" * 100)
-    with pytest.warns(RuntimeWarning, match="unreadable"):
-        res = em.optimize(tiny(), cache=path, **KW)
-    assert res.stats["cache"] == "miss" and len(ResultCache(path).entries()) == 1
+def test_the_store_holds_json_text_never_a_pickle(tmp_path):
+    store = ResultCache(tmp_path / "c.sqlite")
+    em.optimize(tiny(), cache=store, level="mugraph", trials=1)
+    conn = sqlite3.connect(store.path)
+    (text, tag), = conn.execute("SELECT result, tag FROM results").fetchall()
+    conn.close()
+    data = json.loads(text)
+    assert data["kind"] == "mugraph" and data["program"]["kernels"] and len(tag) == 64
+    assert "import pickle" not in Path(cache_mod.__file__).read_text()
 
 
-def test_old_schema_is_recreated_with_a_warning(tmp_path):
+def test_foreign_files_are_refused_and_left_alone(tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_text("my notes\n")
+    with pytest.raises(cache_mod.CacheError, match="not an SQLite file"):
+        em.optimize(tiny(), cache=text, **KW)
+    assert text.read_text() == "my notes\n"
+    other = tmp_path / "app.sqlite"
+    conn = sqlite3.connect(other)
+    conn.execute("CREATE TABLE results (id INTEGER, score REAL)")
+    conn.execute("INSERT INTO results VALUES (1, 2.5)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(cache_mod.CacheError, match="not an eqsat-mirage results cache"):
+        em.optimize(tiny(), cache=other, **KW)
+    conn = sqlite3.connect(other)
+    assert conn.execute("SELECT * FROM results").fetchall() == [(1, 2.5)]
+    conn.close()
+    assert isinstance(cache_mod.CacheError("x"), ValueError)
+
+
+def test_its_own_old_schema_is_recreated_with_a_warning(tmp_path):
     path = tmp_path / "results.sqlite"
     conn = sqlite3.connect(path)
-    conn.execute("CREATE TABLE results (key TEXT, blob BLOB)")
+    conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    conn.execute("INSERT INTO meta VALUES ('schema', '1')")
+    conn.execute("CREATE TABLE results (key TEXT, result BLOB)")
+    conn.execute("INSERT INTO results VALUES ('k', x'80049500')")  # a pickle of version 1
     conn.commit()
     conn.close()
     with pytest.warns(RuntimeWarning, match="schema version"):
@@ -179,16 +208,73 @@ def test_old_schema_is_recreated_with_a_warning(tmp_path):
     assert em.optimize(tiny(), cache=path, **KW).stats["cache"] == "miss"
 
 
-def test_damaged_entry_is_a_miss(tmp_path):
+def test_damaged_entry_is_dropped_with_a_warning(tmp_path):
     store = ResultCache(tmp_path / "c.sqlite")
     em.optimize(tiny(), cache=store, **KW)
     conn = sqlite3.connect(store.path)
-    conn.execute("UPDATE results SET result = x'00'")
+    conn.execute("UPDATE results SET result = '{not json'")
     conn.commit()
     conn.close()
-    with pytest.warns(RuntimeWarning, match="cannot be loaded"):
+    with pytest.warns(RuntimeWarning, match="dropped .not JSON"):
         assert em.optimize(tiny(), cache=store, **KW).stats["cache"] == "miss"
     assert em.optimize(tiny(), cache=store, **KW).stats["cache"] == "hit"
+
+
+def _plant(store: ResultCache, key: str, program) -> None:
+    """Write an entry as someone without this user's key would: valid data, a forged tag."""
+    res = em.optimize(tiny(), cache=False, **KW)
+    res.program = program
+    text = json.dumps(to_data(res), sort_keys=True)
+    conn = sqlite3.connect(store.path)
+    conn.execute("UPDATE results SET result = ?, tag = ? WHERE key = ?", (text, "0" * 64, key))
+    conn.commit()
+    conn.close()
+
+
+def test_a_planted_wrong_program_is_rejected_and_the_search_runs(tmp_path):
+    store = ResultCache(tmp_path / "c.sqlite")
+    first = em.optimize(tiny(), cache=store, **KW)
+    (entry,) = store.entries()
+    g = em.Graph("tiny")
+    x, w = g.input("X", (16, 64)), g.input("W", (64, 128))
+    a, b = g.input("A", (64, 4)), g.input("B", (4, 128))
+    g.output(x @ w + (x @ a) @ b * 2.0, "O")  # same interface, wrong values
+    _plant(store, entry.key, g)
+    with pytest.warns(RuntimeWarning, match="tag is not this user's and it does not verify"):
+        res = em.optimize(tiny(), cache=store, **KW)
+    assert res.stats["cache"] == "miss" and str(res.program) == str(first.program)
+    assert res.verified.equivalent
+    assert em.optimize(tiny(), cache=store, **KW).stats["cache"] == "hit"
+
+
+def test_a_correct_entry_without_this_users_tag_is_reverified(tmp_path):
+    store = ResultCache(tmp_path / "c.sqlite")
+    first = em.optimize(tiny(), cache=store, **KW)
+    _plant(store, store.entries()[0].key, first.program)
+    res = em.optimize(tiny(), cache=store, **KW)
+    assert res.stats["cache"] == "hit (re-verified)" and res.verified.equivalent
+    assert em.optimize(tiny(), cache=store, **KW).stats["cache"] == "hit"  # re-tagged
+
+
+def test_an_entry_for_another_signature_is_dropped(tmp_path):
+    store = ResultCache(tmp_path / "c.sqlite")
+    em.optimize(tiny(), cache=store, **KW)
+    _plant(store, store.entries()[0].key, tiny(n=32))
+    with pytest.warns(RuntimeWarning, match=r"input 'X' is float16\[16, 32\]"):
+        assert em.optimize(tiny(), cache=store, **KW).stats["cache"] == "miss"
+
+
+def test_a_key_file_open_to_others_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("EQSAT_MIRAGE_CONFIG_DIR", str(tmp_path / "cfg"))
+    assert len(cache_mod.secret()) == 32
+    key = cache_mod.key_path()
+    assert oct(key.stat().st_mode & 0o777) == "0o600"
+    key.chmod(0o644)
+    with pytest.raises(cache_mod.CacheError, match="open to other users"):
+        cache_mod.secret()
+    with pytest.warns(RuntimeWarning, match="open to other users"):
+        res = em.optimize(tiny(), cache=tmp_path / "c.sqlite", **KW)
+    assert res.verified.equivalent
 
 
 def test_concurrent_writers(tmp_path):
@@ -229,10 +315,9 @@ def test_entry_loaded_in_a_fresh_process_rebuilds_node_hashes(tmp_path):
     code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
             "import eqsat_mirage as em\nfrom eqsat_mirage.pipeline.cache import ResultCache\n"
             "from test_cache import tiny\n"
-            f"res = ResultCache({str(store.path)!r}).get({'f' * 64!r})\n"
             "g = tiny()\n"
-            "assert g.inputs['X'] == res.program.inputs['X']\n"
-            "assert set(g.nodes()) & set(res.program.nodes())\n"
+            f"res, trusted = ResultCache({str(store.path)!r}).load({'f' * 64!r}, g)\n"
+            "assert trusted and g.inputs['X'] == res.program.inputs['X']\n"
             "assert em.verify(g, res.program, trials=1).equivalent\nprint('ok')\n")
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
@@ -240,8 +325,10 @@ def test_entry_loaded_in_a_fresh_process_rebuilds_node_hashes(tmp_path):
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
 
 
-def test_dumps_keeps_dag_sharing():
+def test_worker_pickles_keep_dag_sharing():
+    from eqsat_mirage.pipeline import many
+
     g = tiny()
-    back = cache_mod.loads(cache_mod.dumps(g))
+    back = many.loads(many.dumps(g))
     assert len(back.nodes()) == len(g.nodes())
     assert back.outputs["O"] == g.outputs["O"] and hash(back.outputs["O"]) == hash(g.outputs["O"])

@@ -1,0 +1,239 @@
+"""``OptimizeResult``, what ``em.optimize`` returns, and its plain-data form for the cache.
+
+``to_data``/``from_data`` turn a result into JSON-able data and back: the chosen
+program as MuGraph JSON (``mugraph.io.to_dict``) or, at ``level="kernel"``, as
+Graph JSON (``graph_to_dict``), the figures, the verifier's verdict and the
+JSON-able part of ``stats``. Nothing in it is code: loading parses and validates,
+never imports or executes. The candidates and the fusion plan are not kept.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from ..ir.errors import MirageError
+from ..verifier.verify import VerifyResult
+
+FORMAT = 1  # the version of to_data's layout
+
+
+@dataclass
+class OptimizeResult:
+    """What ``em.optimize`` found: the chosen program, its cost and how it was found."""
+
+    program: object
+    cost_us: float
+    baseline_cost_us: float
+    verified: VerifyResult | None
+    stats: dict = field(default_factory=dict)
+    candidates: list = field(default_factory=list)
+    source: object = None
+    roofline_us: float | None = None  # DESIGN.md's lower bound (mugraph level)
+    plan: object = None  # the chosen program's fusion.FusionPlan (mugraph level)
+
+    @property
+    def speedup(self) -> float:
+        """Baseline cost over chosen cost (cost-model figures)."""
+        return self.baseline_cost_us / self.cost_us if self.cost_us else float("inf")
+
+    def _mugraph(self):
+        from ..mugraph.program import MuGraph, from_graph
+
+        return self.program if isinstance(self.program, MuGraph) else from_graph(self.program)
+
+    def _header(self) -> str:
+        name = getattr(self.source, "name", "program")
+        return (f"eqsat-mirage: optimized {name!r} for {self.stats.get('target', '?')}; "
+                f"predicted {self.cost_us:.2f} us (one kernel per op: "
+                f"{self.baseline_cost_us:.2f} us); verified: {self.verified}")
+
+    def triton_source(self) -> str:
+        """A Python module with one @triton.jit kernel per custom kernel and a ``run`` launcher."""
+        from ..codegen.source import triton_source
+
+        return triton_source(self._mugraph(), header=self._header())
+
+    def compile(self):
+        """The chosen program as a callable on torch tensors (by position or by input name).
+
+        On a CPU, set ``TRITON_INTERPRET=1`` before triton is imported.
+        """
+        from ..codegen.source import compile_mugraph
+
+        return compile_mugraph(self._mugraph(), header=self._header())
+
+    def render(self, path, **kwargs):
+        """Draw the input program and the chosen program side by side (.svg, .png or .pdf).
+
+        Kernels, their block graphs, grids and loops, with device-memory tensors,
+        shared-memory tiles and register values told apart, and the cost model's
+        time per kernel for this result's target. Keywords go to ``render.render``
+        (``backend="auto"|"graphviz"|"matplotlib"``, ``title``). Returns the path.
+        """
+        from ..render.draw import render
+
+        kwargs.setdefault("cost", self.stats.get("target_spec", "h100"))
+        return render(self.program, path, source=self.source, **kwargs)
+
+    def __str__(self) -> str:
+        st = self.stats
+        roof = (f"; roofline {self.roofline_us:.2f} us ({self.cost_us / self.roofline_us:.2f}x)"
+                if self.roofline_us else "")
+        lines = [f"optimized {getattr(self.source, 'name', 'program')!r} for "
+                 f"{st.get('target', '?')}: {self.baseline_cost_us:.2f} us -> "
+                 f"{self.cost_us:.2f} us ({self.speedup:.2f}x, cost model){roof}"]
+        for ph in st.get("phases", []):
+            lines.append(f"  phase {ph['name']:<10} {ph['iterations']:>3} iterations "
+                         f"{ph['enodes']:>8} e-nodes {ph['seconds']:7.2f} s  ({ph['stop']})")
+        lines.append(f"  extraction: {st.get('candidates', 0)} candidates in "
+                     f"{st.get('extract_seconds', 0):.2f} s; verified: {self.verified}")
+        if "fusion_seconds" in st:
+            lines.append(f"  fusion: {len(st.get('plans', []))} MuGraphs planned in "
+                         f"{st['fusion_seconds']:.2f} s; chosen: {st.get('kernels', '?')} kernels "
+                         f"({st.get('custom_kernels', 0)} custom)")
+            lines += [f"  region {r.splitlines()[0]}" for r in st.get("regions", [])]
+        lines.append(str(self.program))
+        return "\n".join(lines)
+
+
+class ResultDataError(MirageError):
+    """Stored result data that does not parse, validate or match its program."""
+
+
+_VERDICT = ("equivalent", "false_positive_bound", "trials", "p", "q", "per_trial_bound",
+            "seconds", "float_checked", "reason", "inconclusive", "max_bound", "native_checked")
+
+
+def _jsonable(value: Any, depth: int = 0) -> tuple[bool, Any]:
+    """(True, a JSON-able copy) of nested dicts/lists/tuples of plain values, else (False, None)."""
+    if depth > 32:
+        return False, None
+    if value is None or isinstance(value, bool | int | str):
+        return True, value
+    if isinstance(value, float):
+        return True, value if math.isfinite(value) else repr(value)
+    if isinstance(value, list | tuple):
+        out = []
+        for v in value:
+            ok, v = _jsonable(v, depth + 1)
+            if not ok:
+                return False, None
+            out.append(v)
+        return True, out
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        out = {}
+        for k, v in value.items():
+            ok, v = _jsonable(v, depth + 1)
+            if not ok:
+                return False, None
+            out[k] = v
+        return True, out
+    return False, None
+
+
+def to_data(res: OptimizeResult) -> dict:
+    """``res`` as plain JSON-able data (stats entries that are not plain data are left out
+    and named in ``stats["cache_dropped"]``)."""
+    from ..mugraph.io import graph_to_dict, to_dict
+    from ..mugraph.program import MuGraph
+
+    stats, dropped = {}, []
+    for k, v in res.stats.items():
+        ok, v = _jsonable(v)
+        if ok and isinstance(k, str):
+            stats[k] = v
+        else:
+            dropped.append(str(k))
+    if dropped:
+        stats["cache_dropped"] = dropped
+    kind = "mugraph" if isinstance(res.program, MuGraph) else "graph"
+    program = to_dict(res.program) if kind == "mugraph" else graph_to_dict(res.program)
+    verdict = None
+    if res.verified is not None:
+        verdict = {k: getattr(res.verified, k) for k in _VERDICT}
+        verdict["primes"] = [list(pq) for pq in res.verified.primes]
+        verdict["false_positive_bound"] = float(verdict["false_positive_bound"])
+    return {"format": FORMAT, "kind": kind, "program": program, "cost_us": res.cost_us,
+            "baseline_cost_us": res.baseline_cost_us, "roofline_us": res.roofline_us,
+            "verified": verdict, "stats": stats}
+
+
+def _number(data: dict, key: str, optional: bool = False) -> float | None:
+    v = data.get(key)
+    if v is None and optional:
+        return None
+    if not isinstance(v, int | float) or isinstance(v, bool) or not v >= 0:
+        raise ResultDataError(f"{key} is {v!r}, not a number >= 0")
+    return float(v)
+
+
+def _verdict(d: Any) -> VerifyResult | None:
+    if d is None:
+        return None
+    if not isinstance(d, dict) or set(d) != set(_VERDICT) | {"primes"}:
+        raise ResultDataError("the verifier's verdict is malformed")
+    types = {f.name: f.type for f in fields(VerifyResult)}
+    for k in _VERDICT:
+        want = {"bool": bool, "int": int, "float": (int, float), "str": str}[types[k]]
+        if not isinstance(d[k], want) or (want is int and isinstance(d[k], bool)):
+            raise ResultDataError(f"the verdict's {k} is {d[k]!r}")
+    primes = d["primes"]
+    if not isinstance(primes, list) or not all(
+            isinstance(pq, list) and len(pq) == 2 and all(isinstance(x, int) for x in pq)
+            for pq in primes):
+        raise ResultDataError("the verdict's primes are malformed")
+    return VerifyResult(**{k: d[k] for k in _VERDICT}, primes=[tuple(pq) for pq in primes])
+
+
+def _same_interface(program, graph) -> None:
+    for kind in ("inputs", "outputs"):
+        mine, theirs = getattr(program, kind), getattr(graph, kind)
+        if set(mine) != set(theirs):
+            raise ResultDataError(f"its {kind} {sorted(mine)} are not the program's "
+                                  f"{sorted(theirs)}")
+    for name, node in graph.inputs.items():
+        other = program.inputs[name]
+        if (other.shape, other.dtype) != (node.shape, node.dtype):
+            raise ResultDataError(f"input {name!r} is {other.dtype}{list(other.shape)}, the "
+                                  f"program's is {node.dtype}{list(node.shape)}")
+    shapes = {n: v.shape for n, v in program.outputs.items()}
+    for name, node in graph.outputs.items():
+        if tuple(shapes[name]) != node.shape:
+            raise ResultDataError(f"output {name!r} has shape {list(shapes[name])}, the "
+                                  f"program's {list(node.shape)}")
+
+
+def from_data(data: Any, graph) -> OptimizeResult:
+    """The ``OptimizeResult`` that ``to_data`` wrote for ``graph``, parsed and validated.
+
+    The program must load and validate (``MuGraph.from_dict``/``graph_from_dict`` and
+    ``check``) and have ``graph``'s inputs (names, shapes, dtypes) and outputs (names,
+    shapes). Raises ``ResultDataError`` otherwise.
+    """
+    from ..ir.check import check
+    from ..mugraph.io import graph_from_dict
+    from ..mugraph.program import MuGraph
+
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ResultDataError(f"not result data of format {FORMAT}")
+    try:
+        if data.get("kind") == "mugraph":
+            program = MuGraph.from_dict(data["program"]).validate()
+        elif data.get("kind") == "graph":
+            program = graph_from_dict(data["program"])
+            check(program)
+        else:
+            raise ResultDataError(f"unknown program kind {data.get('kind')!r}")
+    except ResultDataError:
+        raise
+    except (MirageError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise ResultDataError(f"its program does not load: {type(exc).__name__}: {exc}") from exc
+    _same_interface(program, graph)
+    stats = data.get("stats")
+    if not isinstance(stats, dict):
+        raise ResultDataError("stats are not a mapping")
+    return OptimizeResult(program, _number(data, "cost_us"), _number(data, "baseline_cost_us"),
+                          _verdict(data.get("verified")), dict(stats), [], graph,
+                          _number(data, "roofline_us", optional=True))
