@@ -237,7 +237,12 @@ def schema_text() -> str:
 
 
 def rule_paths(specs) -> list[Path]:
-    """Expand rule specs (files, folders, or "rules" for the built-ins) into files."""
+    """Expand rule specs (files, folders, or "rules" for the built-ins) into files.
+
+    A single string or path is one spec (``rules="my.egg"``), not a sequence of letters.
+    """
+    if isinstance(specs, str | os.PathLike):
+        specs = [specs]
     out: list[Path] = []
     for spec in specs:
         path = builtin_rules_dir() if str(spec) == "rules" else Path(spec)
@@ -258,9 +263,13 @@ def load_rules(specs=("rules",)) -> tuple[list[str], list[Rule]]:
     rules: list[Rule] = []
     for path in rule_paths(specs):
         try:
-            text = path.read_text()
+            text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise RuleError(f"{path}: cannot read ({exc.strerror})") from None
+        except UnicodeDecodeError as exc:
+            line = path.read_bytes()[:exc.start].count(b"\n") + 1
+            raise RuleError(f"{path}:{line}: not UTF-8 text (byte {exc.object[exc.start]:#04x} "
+                            f"at offset {exc.start})") from None
         rs, rl = parse_rules(text, str(path), schema)
         rulesets += [r for r in rs if r not in rulesets]
         rules += rl

@@ -8,8 +8,9 @@ user's file and line. Shapes are checked as the program is built (by
 from __future__ import annotations
 
 import keyword
+import math
 from collections.abc import Sequence
-from numbers import Real
+from numbers import Integral, Real
 from typing import Any
 
 from ..ir.errors import GraphError, ShapeError
@@ -42,10 +43,14 @@ class Graph:
         if name in self.inputs:
             raise GraphError(f"duplicate input name {name!r} (at {loc}) in graph {self.name!r}")
         try:
-            shape = tuple(int(d) for d in shape)
+            dims = tuple(shape)
         except TypeError as exc:
             raise ShapeError(f"input {name!r} (at {loc}): shape {shape!r} is not a "
                              "sequence of ints") from exc
+        if not all(isinstance(d, Integral) and not isinstance(d, bool) for d in dims):
+            raise ShapeError(f"input {name!r} (at {loc}): shape {shape!r} is not a sequence of "
+                             "ints (a dim such as 2.5 or '3' is not rounded or parsed)")
+        shape = tuple(int(d) for d in dims)
         if any(d <= 0 for d in shape):
             raise ShapeError(f"input {name!r} (at {loc}): shape {fmt_shape(shape)} has a "
                              "non-positive dim")
@@ -97,7 +102,13 @@ def _node(x: Any, graph: Graph | None, what: str) -> Node:
                              f"({x.graph.name!r} and {graph.name!r})")
         return x.node
     if isinstance(x, Real) and not isinstance(x, bool):
-        return Node(Op.CONST, (), float(x), (), "float32")
+        try:
+            value = float(x)
+        except OverflowError:
+            value = math.inf
+        if not math.isfinite(value):
+            raise GraphError(f"{what}: the constant {repr(x)[:40]} is not a finite number")
+        return Node(Op.CONST, (), value, (), "float32")
     raise GraphError(f"{what}: unsupported operand of type {type(x).__name__}; use a Tensor "
                      "or a Python number")
 
@@ -268,6 +279,9 @@ def transpose(x: Tensor, *axes: Any) -> Tensor:
 def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6,
              axis: int = -1) -> Tensor:
     """RMS normalization over ``axis``: ``x * rsqrt(mean(x*x) + eps) [* weight]``."""
+    if isinstance(eps, bool) or not isinstance(eps, Real) or not 0.0 <= float(eps) < math.inf:
+        raise GraphError(f"rms_norm: eps must be a finite number >= 0, got {eps!r} (at "
+                         f"{user_location()})")
     y = x * rsqrt((x * x).mean(axis=axis, keepdims=True) + eps)
     return y * weight if weight is not None else y
 

@@ -6,6 +6,7 @@ are ``MuGraphError``s naming the kernel, the tensor and the shapes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from ..frontend.graph import Graph
@@ -87,6 +88,10 @@ def _check_leaf(k: CustomKernel, stage: str, name: str, want: tuple) -> None:
                           f"{want[1]}{fmt_shape(want[0])}")
 
 
+MAX_BLOCKS = 1 << 24  # blocks per custom kernel (CUDA allows more; no useful tiling needs them)
+MAX_FORLOOP = 1 << 16  # forloop iterations per custom kernel
+
+
 def validate_custom(k: CustomKernel, known: Mapping[str, TensorSpec]) -> None:
     """Check a custom kernel against the device tensors ``known`` before it."""
     who = f"kernel {k.name!r}"
@@ -94,6 +99,11 @@ def validate_custom(k: CustomKernel, known: Mapping[str, TensorSpec]) -> None:
         raise TilingError(f"{who}: grid {k.grid!r} must be 1 to 3 positive ints")
     if not isinstance(k.forloop, int) or k.forloop < 1:
         raise TilingError(f"{who}: forloop range {k.forloop!r} must be a positive int")
+    blocks = math.prod(k.grid)
+    if blocks > MAX_BLOCKS or k.forloop > MAX_FORLOOP:
+        raise TilingError(f"{who}: grid {k.grid!r} ({blocks} blocks) and forloop range "
+                          f"{k.forloop} must stay within {MAX_BLOCKS} blocks and {MAX_FORLOOP} "
+                          "iterations (the interpreter and the GPU both run every one)")
     tiles = {}
     for name, bi in k.inputs.items():
         _check_read(k.name, bi.tensor, known)

@@ -35,6 +35,17 @@ LEVELS = ("mugraph", "kernel")
 DEFAULT_SPLITS = (4, 16, 64)  # Mirage's loop ranges: candidate inner factors of split-K
 
 
+def _check_limits(**limits) -> None:
+    """Every limit a positive number (ints where counted); a MirageError naming the first bad."""
+    for name, value in limits.items():
+        counted = name != "time_limit_s"
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and (
+            isinstance(value, int) or not counted) and 0 < value < float("inf")
+        if not ok:
+            kind = "a positive integer" if counted else "a positive finite number of seconds"
+            raise MirageError(f"optimize: {name} must be {kind}, got {value!r}")
+
+
 def _splits(graph, factors) -> list[tuple[int, int, int]]:
     dims = {d for n in graph.nodes() for d in n.shape}
     return sorted({(n, n // f, f) for n in dims for f in factors if n % f == 0 and n // f > 1
@@ -71,6 +82,8 @@ def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool 
     del options["graph"], options["progress"], options["cache"]
     if level not in LEVELS:
         raise MirageError(f"optimize: level must be one of {', '.join(LEVELS)}, got {level!r}")
+    _check_limits(time_limit_s=time_limit_s, node_limit=node_limit, iter_limit=iter_limit, k=k,
+                  trials=trials)
     if cache is not None and cache is not False:
         from .cache import cached_optimize, open_cache
 

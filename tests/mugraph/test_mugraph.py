@@ -362,3 +362,12 @@ def test_malformed_json():
     data["kernels"][0]["loop"]["nodes"][-1]["shape"] = [8, 7]
     with pytest.raises(em.MuGraphError, match=r"recorded as float32\(8, 7\)"):
         em.MuGraph.from_dict(data)
+
+
+@pytest.mark.parametrize("field, value", [("forloop", 10**9), ("grid", [1 << 13, 1 << 12])])
+def test_a_json_mugraph_with_a_huge_loop_or_grid_is_refused_before_it_runs(field, value):
+    data = json.loads(json.dumps(tiled_matmul()[1].to_dict()))
+    custom = next(k for k in data["kernels"] if "forloop" in k)
+    custom[field] = value
+    with pytest.raises(em.TilingError, match="must stay within 16777216 blocks and 65536"):
+        em.MuGraph.from_dict(data).validate()
