@@ -203,7 +203,7 @@ class _Planner:
             p = Pricing(frag, None, None, kernel_cost(k, MuGraph(), self.prof).time_us)
             self.memo[region] = self.final[region] = p  # exact at both depths
             return p
-        p = self._price_custom(frag, self.full if final else self.quick, final)
+        p = self._price_custom(frag, final)
         memo[region] = p
         return p
 
@@ -216,12 +216,13 @@ class _Planner:
         costs = [kernel_cost(k, mg, self.prof) for k in ks]
         return sum(c.time_us for c in costs), costs
 
-    def _price_custom(self, frag: Graph, strategies: tuple[Strategy, ...],
-                      final: bool = False) -> Pricing:
+    def _price_custom(self, frag: Graph, final: bool) -> Pricing:
+        """The cheapest schedule of ``frag`` as one custom kernel, with the full strategies
+        (``final``) or the quick ones of the search."""
         self.evaluations += 1
         try:
             ix = index_fragment(frag)
-            scheds = list(dict.fromkeys(s for st in strategies
+            scheds = list(dict.fromkeys(s for st in (self.full if final else self.quick)
                                         for s in candidate_schedules(ix, st)))
         except (ScheduleError, MirageError) as exc:
             return Pricing(frag, None, None, math.inf, f"cannot be indexed: {exc}")

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.node import BINARY, REDUCE, UNARY, Node, Op, canonical_dtype, make, toposort
+from ..ir.node import BINARY, REDUCE, UNARY, Node, Op, make, toposort
 from ..semantics.field import FIELD_SEMANTICS
 from ..semantics.floating import FLOAT_SEMANTICS, float_ctx, round_to
 from ..semantics.interp import Table, run
@@ -289,8 +289,7 @@ def evaluate_float(mg: KernelGraph, inputs: Mapping[str, Any], dtype: str | None
     """``em.evaluate`` for a MuGraph: float64 (``dtype=None``), "native" or a dtype name;
     ``rounded`` as in ``semantics.floating.evaluate``."""
     mg.validate()
-    mode = None if dtype is None else ("native" if dtype == "native" else canonical_dtype(dtype))
-    ctx = float_ctx(mg, inputs, mode, rounded)
+    ctx = float_ctx(mg, inputs, dtype, rounded)
     with np.errstate(all="ignore"):
         env = execute(mg, _plans(mg), FLOAT_SEMANTICS, ctx, pairs=False)
     return {name: np.asarray(env[t], dtype=np.float64) for name, t in mg.output_tensors.items()}

@@ -22,7 +22,7 @@ The value is plain data, never a pickle: ``result.to_data`` (the chosen program
 as MuGraph or Graph JSON, the figures, the verdict, the JSON-able stats) as JSON
 text, with its name, target, level, cost, search seconds and creation time
 beside it for ``entries()``, and an integrity tag: an HMAC-SHA256 of the key and
-the text under a secret of this user (``key_path()``, created 0600 in a 0700
+the text under a secret of this user (``integrity.key_path()``, created 0600 in a 0700
 folder outside the cache folder, so a cache folder copied from elsewhere, such
 as a CI cache restored from another branch, brings no valid tags).
 
@@ -57,10 +57,8 @@ from pathlib import Path
 
 from ..ir.errors import MirageError
 from ..version import __version__
-from .integrity import CacheError, key_path, secret, tag
+from .integrity import CacheError, tag
 from .result import ResultDataError, from_data, to_data
-
-__all__ = ["CacheError", "ResultCache", "key_path", "secret", "tag"]
 
 SCHEMA_VERSION = 2  # 1 stored pickles
 APPLICATION = "eqsat-mirage results cache"

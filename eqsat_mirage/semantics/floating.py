@@ -143,19 +143,22 @@ def evaluate(program, inputs: Mapping[str, Any], dtype: str | None = None,
     given, so a draw shared by several programs is rounded once.
     """
     from ..ir.check import check
-    from ..ir.node import canonical_dtype
 
     if hasattr(program, "evaluate"):  # MuGraph and other program kinds evaluate themselves
         return program.evaluate(inputs, dtype=dtype, rounded=rounded)
     check(program)
-    mode = None if dtype is None else ("native" if dtype == "native" else canonical_dtype(dtype))
     with np.errstate(all="ignore"):
-        out = run(program, FLOAT_SEMANTICS, float_ctx(program, inputs, mode, rounded))
+        out = run(program, FLOAT_SEMANTICS, float_ctx(program, inputs, dtype, rounded))
     return {k: np.asarray(v, dtype=np.float64) for k, v in out.items()}
 
 
-def float_ctx(program, inputs: Mapping[str, Any], mode: str | None, rounded: bool) -> FloatCtx:
-    """The interpreter's context: inputs checked (or, from ``rounded_inputs``, used as given)."""
+def float_ctx(program, inputs: Mapping[str, Any], dtype: str | None, rounded: bool
+              ) -> FloatCtx:
+    """The interpreter's context for ``evaluate``'s ``dtype`` and ``rounded``: inputs checked
+    (or, from ``rounded_inputs``, used as given)."""
+    from ..ir.node import canonical_dtype
+
+    mode = None if dtype is None else ("native" if dtype == "native" else canonical_dtype(dtype))
     if rounded and mode == "native" and isinstance(inputs, Mapping) and set(inputs) == set(
             program.inputs) and all(isinstance(inputs[n], np.ndarray) and inputs[n].dtype ==
                                     np.float32 and inputs[n].shape == node.shape

@@ -173,19 +173,21 @@ def _field_trial(a, b, t: int, base: int, bits: int, avoid: set[int], max_redraw
         rng = np.random.default_rng([base, t, r])
         p, q = draw_primes(rng, bits, avoid)
         key = ("field", t, r, p, q)
+        shared = None  # common subterms of two Graphs, computed once (without a memo)
         try:
             hit = None if memo is None else memo.get(key)
             if hit is None:
                 ctx = FieldCtx(p, q, rng)
                 ctx.inputs = ctx.random_inputs(a)
                 graphs = [x for x in (a, b) if not _runs_itself(x)]
-                shared = SharedValues(*graphs) if len(graphs) == 2 and memo is None else None
+                if len(graphs) == 2 and memo is None:
+                    shared = SharedValues(*graphs)
                 out_a = _field_outputs(a, ctx, shared)
                 if memo is not None:
                     memo[key] = (ctx, out_a)
             else:
                 ctx, out_a = hit
-            out_b = _field_outputs(b, ctx, shared if hit is None else None)
+            out_b = _field_outputs(b, ctx, shared)
         except FieldZeroDivisionError:
             continue
         finally:
@@ -451,17 +453,16 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
     if memo is not None and (seed is None or memo.setdefault("program", a) is not a
                              or memo.setdefault("seed", seed) != seed):
         memo = None  # a different first program or seed, or draws that differ every call
-    rng = np.random.default_rng(seed)
     eps = per_trial_bound(a, b, prime_bits)
     needed = _trials_needed(eps, trials, max_bound)
     avoid = program_constants(a) | program_constants(b)
     result = VerifyResult(False, 1.0, None, 0, 0, 0, eps.value, max_bound=max_bound)
     run = trials if needed is None or needed > max_trials else needed
+    base = int(np.random.default_rng().integers(0, 2**63)) if seed is None else seed
     with _pool() as pool:
         if float_check and float_first and _numerics(a, b, result, seed, rtol, native_check,
                                                      memo, start, pool):
             return result
-        base = int(rng.integers(0, 2**63)) if seed is None else seed
         found = _trials(pool, a, b, run, base, prime_bits, avoid, max_redraws, memo)
         for t, trial in enumerate(found):
             if trial.vanished:
@@ -476,19 +477,18 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
                 result.counterexample, result.reason = trial.cex, str(trial.cex)
                 result.seconds = time.perf_counter() - start
                 return result
-    result.false_positive_bound = min(1.0, eps.value ** result.trials)
-    if result.false_positive_bound > max_bound:
-        result.inconclusive = True
-        result.reason = (f"no difference found in {result.trials} trials, but the bound "
-                         f"{result.false_positive_bound:.3g} is above max_bound {max_bound:g} "
-                         f"(per trial {eps.value:.3g}: {eps.explain()}; {max_trials} trials "
-                         "allowed)")
-        result.seconds = time.perf_counter() - start
-        return result
-    if float_check and not float_first:
-        with _pool() as pool:
-            if _numerics(a, b, result, seed, rtol, native_check, memo, start, pool):
-                return result
+        result.false_positive_bound = min(1.0, eps.value ** result.trials)
+        if result.false_positive_bound > max_bound:
+            result.inconclusive = True
+            result.reason = (f"no difference found in {result.trials} trials, but the bound "
+                             f"{result.false_positive_bound:.3g} is above max_bound "
+                             f"{max_bound:g} (per trial {eps.value:.3g}: {eps.explain()}; "
+                             f"{max_trials} trials allowed)")
+            result.seconds = time.perf_counter() - start
+            return result
+        if float_check and not float_first and _numerics(a, b, result, seed, rtol,
+                                                         native_check, memo, start, pool):
+            return result
     result.equivalent = True
     result.seconds = time.perf_counter() - start
     return result

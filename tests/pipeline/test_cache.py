@@ -15,6 +15,7 @@ import pytest
 
 import eqsat_mirage as em
 from eqsat_mirage.pipeline import cache as cache_mod
+from eqsat_mirage.pipeline import integrity
 from eqsat_mirage.pipeline.cache import ResultCache, default_dir, default_path, make_key
 from eqsat_mirage.pipeline.result import to_data
 
@@ -266,12 +267,12 @@ def test_an_entry_for_another_signature_is_dropped(tmp_path):
 
 def test_a_key_file_open_to_others_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("EQSAT_MIRAGE_CONFIG_DIR", str(tmp_path / "cfg"))
-    assert len(cache_mod.secret()) == 32
-    key = cache_mod.key_path()
+    assert len(integrity.secret()) == 32
+    key = integrity.key_path()
     assert oct(key.stat().st_mode & 0o777) == "0o600"
     key.chmod(0o644)
     with pytest.raises(cache_mod.CacheError, match="open to other users"):
-        cache_mod.secret()
+        integrity.secret()
     with pytest.warns(RuntimeWarning, match="open to other users"):
         res = em.optimize(tiny(), cache=tmp_path / "c.sqlite", **KW)
     assert res.verified.equivalent
