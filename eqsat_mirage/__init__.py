@@ -22,6 +22,7 @@ from .frontend.graph import (
 )
 from .ir.check import check, check_lax
 from .ir.errors import (
+    BudgetError,
     DTypeError,
     GraphError,
     InputError,
@@ -29,6 +30,7 @@ from .ir.errors import (
     MirageError,
     RuleError,
     ShapeError,
+    TimeLimitError,
 )
 from .ir.node import Node, Op
 from .mugraph.kernels import (
@@ -49,13 +51,14 @@ from .verifier.verify import Counterexample, VerifyResult, verify
 from .version import __version__  # noqa: E402, F401 - em.__version__
 
 __all__ = [
-    "assert_sound", "BlockInput", "BlockOutput", "check", "check_lax", "check_rules", "concat",
+    "assert_sound", "BlockInput", "BudgetError", "BlockOutput", "check", "check_lax",
+    "check_rules", "concat",
     "Counterexample", "CustomKernel", "from_graph", "MuGraph", "MuGraphError", "PredefinedKernel",
     "TensorSpec", "TilingError", "UnknownTensorError",
     "DTypeError", "evaluate", "exp", "Graph", "GraphError", "InputError", "LaxError", "matmul",
     "MirageError", "Node", "Op", "optimize", "optimize_many", "OptimizeResult", "relu",
     "rms_norm", "rsqrt", "RuleCheck", "RuleCheckReport", "RuleError", "ShapeError", "silu",
-    "sqrt", "Tensor", "transpose", "verify", "VerifyResult",
+    "sqrt", "Tensor", "TimeLimitError", "transpose", "verify", "VerifyResult",
 ]
 
 # The torch front end and torch.compile backend load on first use: torch stays optional.

@@ -218,13 +218,13 @@ class _Optimized(torch.nn.Module):
 class Backend:
     """The ``torch.compile`` backend (see the module docstring); ``backend`` is one.
 
-    Options: ``target`` (hardware profile), ``time_limit_s`` (per saturation
-    phase), ``min_ops`` (smallest partition to optimize, in ops), ``warn`` (warn on
-    fallbacks), and any other ``em.optimize`` keyword (``level``, ``node_limit``,
-    ``iter_limit``, ``rules``, ...).
+    Options: ``target`` (hardware profile), ``time_limit_s`` (wall-clock bound on
+    each partition's whole search), ``min_ops`` (smallest partition to optimize, in
+    ops), ``warn`` (warn on fallbacks), and any other ``em.optimize`` keyword
+    (``level``, ``node_limit``, ``iter_limit``, ``rules``, ...).
     """
 
-    def __init__(self, target: str = "h100", time_limit_s: float = 5.0, min_ops: int = 2,
+    def __init__(self, target: str = "h100", time_limit_s: float = 30.0, min_ops: int = 2,
                  warn: bool = True, **optimize_options: Any) -> None:
         self.options = dict(target=target, time_limit_s=time_limit_s, **optimize_options)
         self.min_ops, self.warn = min_ops, warn

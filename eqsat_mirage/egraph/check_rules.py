@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..frontend.graph import Graph
 from ..ir.errors import MirageError, RuleError, ShapeError
+from ..ir.limits import Deadline
 from ..ir.node import Node, Op, fmt_shape, numel
 from ..verifier.verify import Counterexample, verify
 from .encode import build_node
@@ -323,9 +324,12 @@ def _instantiate(rule: Rule, inst: _Instance, repairs: int = 4) -> tuple[_Instan
 
 
 def check_rule(rule: Rule, schema: Schema | None = None, instances: int = 3, seed: int = 0,
-               trials: int = 3, max_attempts: int = 400, shape_instances: int = 40) -> RuleCheck:
-    """Check one directed rule; see ``check_rules``."""
+               trials: int = 3, max_attempts: int = 400, shape_instances: int = 40,
+               deadline: Deadline | None = None) -> RuleCheck:
+    """Check one directed rule; see ``check_rules``. Past ``deadline`` it stops with what it
+    has (a rule with no verified instance then "cannot check")."""
     schema = schema or Schema.load()
+    deadline = deadline or Deadline(None)
     rng = random.Random(f"{seed}:{rule.where}:{rule.name}")  # not the folder
     res = RuleCheck(rule.name, rule.where, "not instantiated", path=rule.path, line=rule.line)
     names = _tensor_vars(rule.lhs, schema, [])
@@ -333,6 +337,9 @@ def check_rule(rule: Rule, schema: Schema | None = None, instances: int = 3, see
     found, seen, why = [], set(), "no instance type-checked"  # found: (instance, lhs, rhs)
     for _ in range(max_attempts):
         if len(found) >= shape_instances:  # enough right sides type-checked
+            break
+        if deadline.expired():
+            why = "the time limit ran out"
             break
         try:
             inst, lhs = _instantiate(rule, _Instance(schema, rng, _draw_shapes(names, rng, above)))
@@ -370,7 +377,8 @@ def check_rule(rule: Rule, schema: Schema | None = None, instances: int = 3, see
         for g, node in zip(graphs, (lhs, rhs)):  # both declare every pattern tensor variable
             g.inputs, g.outputs = dict(inst.inputs), {"out": node}
         try:
-            v = verify(graphs[0], graphs[1], trials=trials, seed=seed * 1000 + k)
+            v = verify(graphs[0], graphs[1], trials=trials, seed=seed * 1000 + k,
+                       time_limit_s=deadline)
         except MirageError as exc:  # LaxError: e.g. an exp of an exp
             problems.append(f"{type(exc).__name__}: {exc}")
             continue
@@ -388,7 +396,8 @@ def check_rule(rule: Rule, schema: Schema | None = None, instances: int = 3, see
 
 
 def check_rules(paths="rules", instances: int = 3, seed: int = 0,
-                trials: int = 3) -> RuleCheckReport:
+                trials: int = 3, time_limit_s: float | Deadline | None = None
+                ) -> RuleCheckReport:
     """Test every rule of the given rule files (or folders; "rules": the built-ins).
 
     Each directed rule (both directions of a birewrite) is instantiated with
@@ -398,25 +407,32 @@ def check_rules(paths="rules", instances: int = 3, seed: int = 0,
     finite-field trials plus a float check). Returns a ``RuleCheckReport``
     whose results have status "sound", "unsound" (with a counterexample or the
     ill-shaped instance), "not instantiated" or "cannot check" (never sound).
-    Malformed files raise ``RuleError`` naming the file and line.
+    Malformed files raise ``RuleError`` naming the file and line. ``time_limit_s``
+    (seconds or a ``Deadline``) bounds the whole check: rules not reached in time
+    are "cannot check" ("the time limit ran out").
     """
     start = time.perf_counter()
+    deadline = (time_limit_s if isinstance(time_limit_s, Deadline)
+                else Deadline(time_limit_s, start))
     _, rules = load_rules([paths] if isinstance(paths, str | Path) else list(paths))
     schema = Schema.load()
-    report = RuleCheckReport([check_rule(r, schema, instances, seed, trials) for r in rules])
+    report = RuleCheckReport([check_rule(r, schema, instances, seed, trials, deadline=deadline)
+                              for r in rules])
     report.seconds = time.perf_counter() - start
     return report
 
 
 def assert_sound(paths="rules", instances: int = 3, seed: int = 0, trials: int = 3,
-                 strict: bool = False) -> RuleCheckReport:
+                 strict: bool = False, time_limit_s: float | Deadline | None = None
+                 ) -> RuleCheckReport:
     """Run ``check_rules`` and raise ``RuleError`` listing every unsound rule.
 
     Each entry names the rule's file and line and gives its counterexample.
     With ``strict``, rules that could not be instantiated or checked are
-    errors too. Returns the report when nothing is wrong.
+    errors too (so is a rule the ``time_limit_s`` left unchecked). Returns the
+    report when nothing is wrong.
     """
-    report = check_rules(paths, instances, seed, trials)
+    report = check_rules(paths, instances, seed, trials, time_limit_s)
     bad = [r for r in report.results
            if r.status == "unsound" or (strict and r.status != "sound")]
     if bad:

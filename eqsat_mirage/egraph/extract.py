@@ -17,18 +17,24 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..cost.per_op import Hardware, graph_cost_us
-from ..ir.errors import MirageError
+from ..ir.errors import MirageError, TimeLimitError
+from ..ir.limits import Deadline
 from ..ir.node import Node
 from .encode import build_node, graph_from_outputs
 from .view import EGraphView, view
 
 
-def _tree_best(ev: EGraphView, banned: frozenset = frozenset()) -> dict[str, str]:
-    """Per class the e-node of least tree cost (Bellman-Ford style fixpoint)."""
+def _tree_best(ev: EGraphView, banned: frozenset = frozenset(),
+               deadline: Deadline | None = None) -> dict[str, str]:
+    """Per class the e-node of least tree cost (Bellman-Ford style fixpoint);
+    ``TimeLimitError`` if ``deadline`` passes first."""
     best: dict[str, float] = {}
     choice: dict[str, str] = {}
     changed = True
     while changed:
+        if deadline is not None and deadline.expired():
+            raise TimeLimitError("extraction: the cheapest-tree pass did not finish within "
+                                 f"the time limit ({len(ev.nodes)} e-nodes)")
         changed = False
         for key, en in ev.nodes.items():
             if key in banned:
@@ -158,25 +164,30 @@ def decode_with_keys(ev: EGraphView, sel: dict[str, str], roots: dict[str, str],
 
 
 def extract(data: dict, roots: dict[str, str], template, ctors, hw: Hardware, k: int = 4,
-            ilp_time_s: float = 5.0, encoder=None) -> tuple[list[Candidate], dict]:
+            ilp_time_s: float = 5.0, encoder=None, deadline: Deadline | None = None
+            ) -> tuple[list[Candidate], dict]:
     """The k best distinct candidates (cheapest first) and extraction stats.
 
     With the ``encoder`` that loaded ``template``, the input program decoded
-    from its own terms is appended as a last candidate (how "input").
+    from its own terms is appended as a last candidate (how "input"). Under a
+    ``deadline`` the ILP and the alternatives stop at it (stats "extract_stop"),
+    and a ``TimeLimitError`` is raised if not even the greedy pass finished.
     """
     start = time.perf_counter()
-    ev = view(data, ctors, template.inputs, hw)
+    deadline = deadline or Deadline(None)
+    ev = view(data, ctors, template.inputs, hw, deadline)
     root_list = list(roots.values())
     missing = [o for o, c in roots.items() if c not in ev.reps]
     if missing:
         raise MirageError(f"extraction: no well-shaped term for outputs {missing}")
     stats = {"tensor_enodes": len(ev.nodes), "eclasses": len(ev.classes)}
-    greedy = _selected(ev, _tree_best(ev), root_list)
+    greedy = _selected(ev, _tree_best(ev, deadline=deadline), root_list)
     found: list[tuple[float, str, dict]] = []
     if greedy is not None:
         found.append((dag_cost(ev, greedy), "greedy-dag", greedy))
     t_ilp = time.perf_counter()
-    best = _ilp(ev, root_list, greedy or {}, ilp_time_s)
+    ilp_s = min(ilp_time_s, deadline.remaining())
+    best = _ilp(ev, root_list, greedy or {}, ilp_s) if ilp_s > 0.05 else None
     stats["ilp_seconds"] = time.perf_counter() - t_ilp
     if best is not None:
         found.append((dag_cost(ev, best), "ilp", best))
@@ -187,7 +198,14 @@ def extract(data: dict, roots: dict[str, str], template, ctors, hw: Hardware, k:
     for key in base.values():  # alternatives: ban one chosen node at a time
         if len(found) >= 4 * k:
             break
-        alt = _selected(ev, _tree_best(ev, frozenset({key})), root_list)
+        if deadline.expired():
+            stats["extract_stop"] = "time limit"
+            break
+        try:
+            alt = _selected(ev, _tree_best(ev, frozenset({key}), deadline), root_list)
+        except TimeLimitError:
+            stats["extract_stop"] = "time limit"
+            break
         if alt is not None:
             found.append((dag_cost(ev, alt), "greedy-dag (alternative)", alt))
     out: list[Candidate] = []

@@ -1,10 +1,15 @@
 """The ``saturate`` pass: load a program and rule files into egglog and run them.
 
 egglog 13 has no node limit, so each phase runs one iteration at a time:
-shape facts to a fixpoint, abstract-expression values (when guards are on),
-then one application of every ruleset of the phase; after each iteration the
-e-graph's size is read back and the phase stops at the node, iteration or
-time limit, or when nothing changed (saturated).
+one application of every ruleset of the phase, then shape facts and
+abstract-expression values (when guards are on) to a fixpoint; after each
+iteration the e-graph's size is read back and the phase stops at the node,
+iteration or time limit, or when nothing changed (saturated).
+
+Nothing runs unbounded: the fixpoints run a few iterations per egglog call and
+stop at the deadline or at ``FACT_LIMIT`` facts (a ``TimeLimitError``), and
+each rule's matches per iteration are capped so that one iteration cannot
+overshoot the node limit by much (``_match_limit``).
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ from dataclasses import dataclass, field
 
 import egglog.bindings as eb
 
-from ..ir.errors import MirageError
+from ..ir.errors import MirageError, TimeLimitError
+from ..ir.limits import Deadline
 from .encode import Encoder
 from .rulefiles import Rule, SList, Sym, builtin_rules_dir, schema_text, to_text
 
@@ -57,6 +63,10 @@ class Limits:
     match_limit: int = 2000  # per rule and iteration (egglog's back-off scheduler)
 
 
+FACT_LIMIT = 2_000_000  # e-nodes and facts of every sort: a fixpoint that passes it is refused
+_CHUNK = 4  # fixpoint iterations per egglog call between checks of time and size
+
+
 def _guard_facts(rule: Rule, schema_ctors: dict[str, tuple[str, ...]]) -> list[str]:
     """Query facts that hold only if every new term of the rule's right side is in-target."""
     facts: list[str] = []
@@ -94,9 +104,11 @@ class Saturator:
     """One egglog e-graph holding a program, its shape facts and the rules."""
 
     def __init__(self, graph, rulesets: list[str], rules: list[Rule], guards: bool = True,
-                 splits: list[tuple[int, int, int]] = (), guard_limits: Limits | None = None):
+                 splits: list[tuple[int, int, int]] = (), guard_limits: Limits | None = None,
+                 deadline: Deadline | None = None):
         from .rulefiles import Schema
 
+        self.deadline = deadline or Deadline(None)
         self.graph = graph
         self.guards = guards
         self.rules = rules
@@ -119,10 +131,27 @@ class Saturator:
         self.roots = {name: self.encoder.encode(node) for name, node in graph.outputs.items()}
         parts.append("\n".join(self.encoder.lines))
         self._run("\n".join(parts), "loading the schema, rules and program")
-        self._run("(run-schedule (saturate (run shapes)))", "computing shape facts")
+        self._fixpoint(("shapes",), "computing shape facts")
         if guards:
             self._saturate_target(guard_limits or Limits(node_limit=20_000, iter_limit=6,
                                                          time_limit_s=10.0, match_limit=500))
+
+    def _fixpoint(self, rulesets: tuple[str, ...], what: str) -> None:
+        """Run ``rulesets`` to a fixpoint, ``_CHUNK`` iterations per call, checking the
+        deadline and ``FACT_LIMIT`` between calls (``TimeLimitError`` / ``MirageError``)."""
+        body = " ".join(f"(saturate (run {r}))" if r != rulesets[0] else f"(run {r})"
+                        for r in rulesets)
+        while True:
+            out = self._run(f"(run-schedule (repeat {_CHUNK} {body}))", what)
+            if not out[-1].report.updated:
+                return
+            if self.deadline.expired():
+                raise TimeLimitError(f"{what} did not reach a fixpoint within the time limit "
+                                     f"({self.deadline.seconds:g} s)")
+            n = self.size("all")
+            if n > FACT_LIMIT:
+                raise MirageError(f"{what}: {n} facts and e-nodes without reaching a fixpoint "
+                                  f"(limit {FACT_LIMIT}); a rule makes them grow without end")
 
     def _run(self, text: str, what: str):
         try:
@@ -133,7 +162,7 @@ class Saturator:
     def _saturate_target(self, limits: Limits) -> None:
         """Saturate the target's abstract expression under the axioms, mark in-target."""
         start = time.perf_counter()
-        self._run("(run-schedule (saturate (run absrules)))", "computing abstract expressions")
+        self._fixpoint(("absrules",), "computing abstract expressions")
         for root in self.roots.values():
             self._run(f"(in-target (absval {root}))", "marking the target")
         st = PhaseStats("guards")
@@ -149,12 +178,12 @@ class Saturator:
             if st.enodes > limits.node_limit:
                 st.stop = "node limit"
                 break
-            if time.perf_counter() - start > limits.time_limit_s:
+            if time.perf_counter() - start > limits.time_limit_s or self.deadline.expired():
                 st.stop = "time limit"
                 break
         else:
             st.stop = "iteration limit"
-        self._run("(run-schedule (saturate (run reach)))", "marking target subexpressions")
+        self._fixpoint(("reach",), "marking target subexpressions")
         st.seconds = time.perf_counter() - start
         self.stats.append(st)
 
@@ -168,30 +197,57 @@ class Saturator:
             return sum(n for name, n in sizes.items() if name in _ABS_CTORS)
         return sum(n for name, n in sizes.items() if name in self.ctors)
 
+    def _match_limit(self, limits: Limits, enodes: int) -> int:
+        """Matches per rule in the next iteration: ``limits.match_limit``, less when the
+        room left under the node limit is small (so one iteration cannot blow past it)."""
+        room = max(0, limits.node_limit - enodes) // max(1, len(self.rules))
+        return max(1, min(limits.match_limit, room))
+
     def run_phase(self, name: str, rulesets: tuple[str, ...], limits: Limits,
-                  progress: Callable[[str], None] | None = None) -> PhaseStats:
-        """Run ``rulesets`` iteration by iteration under ``limits``."""
+                  progress: Callable[[str], None] | None = None,
+                  deadline: Deadline | None = None) -> PhaseStats:
+        """Run ``rulesets`` iteration by iteration under ``limits`` and ``deadline``
+        (which also bounds the shape and abstract-expression fixpoints after each)."""
         st = PhaseStats(name)
         start = time.perf_counter()
+        outer = self.deadline
+        self.deadline = deadline or Deadline(limits.time_limit_s, start)
+        try:
+            self._phase_loop(st, rulesets, limits, progress, start)
+        except TimeLimitError:
+            st.stop = "time limit (inside an iteration's fixpoint)"
+        finally:
+            self.deadline = outer
+        st.seconds = time.perf_counter() - start
+        self.stats.append(st)
+        return st
+
+    def _phase_loop(self, st: PhaseStats, rulesets, limits: Limits, progress, start) -> None:
+        enodes = self.size()
         while True:
             if st.iterations >= limits.iter_limit:
                 st.stop = "iteration limit"
                 break
-            sched = (f"(let-scheduler bo (back-off :match-limit {limits.match_limit})) "
+            if self.deadline.expired():
+                st.stop = "time limit"
+                break
+            sched = (f"(let-scheduler bo (back-off :match-limit "
+                     f"{self._match_limit(limits, enodes)})) "
                      + " ".join(f"(run-with bo {r})" for r in rulesets))
-            extra = "(saturate (run absrules)) (saturate (run reach))" if self.guards else ""
-            out = self._run(f"(run-schedule {sched} (saturate (run shapes)) {extra})",
-                            f"running phase {name}")
+            out = self._run(f"(run-schedule {sched})", f"running phase {st.name}")
             st.iterations += 1
             report = out[-1].report
+            self._fixpoint(("shapes",), f"phase {st.name}: computing shape facts")
+            if self.guards:
+                self._fixpoint(("absrules", "reach"), f"phase {st.name}: guards")
             for key, n in report.num_matches_per_rule.items():
                 rule = self.rule_names.get(key)
                 if rule and n:
                     st.rules_fired[rule] = st.rules_fired.get(rule, 0) + n
-            st.enodes = self.size()
+            st.enodes = enodes = self.size()
             elapsed = time.perf_counter() - start
             if progress:
-                progress(f"{name}: iteration {st.iterations}, {st.enodes} e-nodes, "
+                progress(f"{st.name}: iteration {st.iterations}, {st.enodes} e-nodes, "
                          f"{elapsed:.1f} s")
             if not report.updated:
                 st.stop = "saturated"
@@ -199,12 +255,9 @@ class Saturator:
             if st.enodes > limits.node_limit:
                 st.stop = "node limit"
                 break
-            if elapsed > limits.time_limit_s:
+            if elapsed > limits.time_limit_s or self.deadline.expired():
                 st.stop = "time limit"
                 break
-        st.seconds = time.perf_counter() - start
-        self.stats.append(st)
-        return st
 
     def serialize(self) -> dict:
         """The e-graph as JSON (nodes, classes), for external extraction."""

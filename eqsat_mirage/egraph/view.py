@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..cost.per_op import Hardware, node_cost_us
+from ..ir.errors import TimeLimitError
+from ..ir.limits import Deadline
 from ..ir.node import Node
 from .encode import build_node
 
@@ -51,8 +53,9 @@ def _literal(data: dict, key: str):
 
 
 def view(data: dict, ctors: dict[str, tuple[str, ...]], inputs: dict[str, Node],
-         hw: Hardware) -> EGraphView:
-    """Read the tensor e-nodes of ``data``, build representatives and costs."""
+         hw: Hardware, deadline: Deadline | None = None) -> EGraphView:
+    """Read the tensor e-nodes of ``data``, build representatives and costs
+    (``TimeLimitError`` if ``deadline`` passes first)."""
     nodes: dict[str, ENode] = {}
     classes: dict[str, list[str]] = {}
     for key, n in data["nodes"].items():
@@ -67,6 +70,9 @@ def view(data: dict, ctors: dict[str, tuple[str, ...]], inputs: dict[str, Node],
     pending = dict(nodes)
     changed = True
     while changed:  # representatives bottom-up, dropping e-nodes that do not type-check
+        if deadline is not None and deadline.expired():
+            raise TimeLimitError(f"extraction: reading {len(nodes)} e-nodes did not finish "
+                                 "within the time limit")
         changed = False
         for key, en in list(pending.items()):
             args = []

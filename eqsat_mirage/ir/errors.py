@@ -38,3 +38,11 @@ class RuleError(MirageError):
 
 class UnsupportedOpError(MirageError):
     """A torch op (or module) with no eqsat-mirage form (names the op and the source line)."""
+
+
+class BudgetError(MirageError):
+    """A program whose checking would exceed the memory budget (names the tensor and size)."""
+
+
+class TimeLimitError(MirageError):
+    """A step that could not finish within its time limit (names the step)."""

@@ -34,6 +34,7 @@ bound), ``io.py`` the printed and JSON forms; this module assembles them.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from numbers import Real
 from typing import Any
@@ -175,6 +176,19 @@ class MuGraph:
     def check_lax(self, what: str = "program") -> None:
         """Validate, then raise ``LaxError`` if some path takes exp twice (tiles included)."""
         check_lax(self.validate(), what)
+
+    def footprint(self) -> list[tuple[str, int]]:
+        """(description, element count) of every value the tiled interpreter holds: each
+        device tensor, and each block value over all blocks of its kernel at once."""
+        out = [(f"tensor {t!r} {fmt_shape(spec.shape)}", math.prod(spec.shape))
+               for t, spec in self.tensors.items()]
+        for k in self.kernels:
+            if k.kind == "custom":
+                blocks = math.prod(k.grid)
+                out += [(f"kernel {k.name!r}: block value {fmt_shape(n.shape)} x {blocks} blocks",
+                         blocks * math.prod(n.shape))
+                        for stage in (k.loop, k.post) for n in stage.nodes()]
+        return out
 
     def degrees(self) -> dict:
         """Degree facts of each output (``bound.Degree``) from the tiled computation."""

@@ -26,7 +26,9 @@ from ..egraph.extract import extract
 from ..egraph.rulefiles import builtin_rules_dir, load_rules, rule_paths
 from ..egraph.saturate import DEFAULT_PHASES, Limits, Saturator
 from ..ir.check import check, check_lax
-from ..ir.errors import LaxError, MirageError
+from ..ir.errors import LaxError, MirageError, TimeLimitError
+from ..ir.limits import Deadline, check_memory
+from ..verifier.runner import THREADS, footprint
 from ..verifier.verify import verify
 from .result import OptimizeResult
 
@@ -53,7 +55,7 @@ def _splits(graph, factors) -> list[tuple[int, int, int]]:
 
 
 def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool = True,
-             time_limit_s: float = 30.0, node_limit: int = 200_000, iter_limit: int = 12,
+             time_limit_s: float = 60.0, node_limit: int = 200_000, iter_limit: int = 12,
              k: int = 4, trials: int = 3, seed: int = 0, split_factors=DEFAULT_SPLITS,
              progress: Callable[[str], None] | None = None, level: str = "mugraph",
              strategy=None, cache=True, max_bound: float = 1e-9,
@@ -64,7 +66,13 @@ def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool 
     files are checked for soundness first and an unsound rule is refused with
     a ``RuleError``, and so is a rule the check cannot instantiate or decide,
     unless ``allow_unchecked_rules`` is True. Saturation stops at ``node_limit`` tensor e-nodes,
-    ``iter_limit`` iterations or ``time_limit_s`` seconds per phase. ``level``
+    ``iter_limit`` iterations per phase. ``time_limit_s`` bounds the whole call
+    (wall clock, within about 10%): rule checks get up to 30% of it, saturation
+    runs until 50%, extraction until 70%, fusion planning starts no plan after
+    85%, and verification stops at 100%; a pass that reaches its share stops with
+    what it has, and when no candidate verified in time the input is returned.
+    A program too large to verify within the memory budget (``ir/limits.py``)
+    is refused at once with a ``BudgetError``. ``level``
     is "mugraph" (the default: ``res.program`` is a ``MuGraph`` of fused custom
     kernels, costed by ``gpucost``; ``strategy`` is the ``strategy.Strategy``
     for the candidate schedules, ``fusion.DEFAULT_STRATEGY`` if None) or
@@ -91,14 +99,18 @@ def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool 
         if store is not None:
             return cached_optimize(graph, store, progress, options, optimize)
     t0 = time.perf_counter()
+    deadline = Deadline(time_limit_s, t0)
     check(graph)
+    check_memory(footprint(graph), 16 * THREADS, f"verifying {graph.name!r}")
+    _check_splits(split_factors)
     prof = GPUProfile.load(target)  # read and validated once; both cost models use it
     hw = Hardware.load(prof)
     user = [p for p in rule_paths(rules) if p.parent != builtin_rules_dir()]
     if user:
         from ..egraph.check_rules import assert_sound
 
-        assert_sound([str(p) for p in user], strict=not allow_unchecked_rules)
+        assert_sound([str(p) for p in user], strict=not allow_unchecked_rules,
+                     time_limit_s=deadline.part(0.3))
     rulesets, rule_list = load_rules(rules)
     stats: dict = {"target": hw.name, "target_spec": str(target), "guards": guards,
                    "rules": len(rule_list), "level": level, "cache": "off"}
@@ -107,35 +119,24 @@ def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool 
         lax = True
     except LaxError:
         lax = False
-    t1 = time.perf_counter()
-    sat = Saturator(graph, rulesets, rule_list, guards=guards,
-                    splits=_splits(graph, split_factors))
-    limits = Limits(node_limit=node_limit, iter_limit=iter_limit, time_limit_s=time_limit_s)
-    phases = [(name, tuple(r for r in rs if r in rulesets)) for name, rs in DEFAULT_PHASES
-              if level == "mugraph" or name != "tiling"]  # kernel level: no boundaries
-    extra = tuple(r for r in rulesets if all(r not in rs for _, rs in DEFAULT_PHASES))
-    if extra:
-        phases.append(("user", extra))
-    for name, rs in phases:
-        if rs:
-            sat.run_phase(name, rs, limits, progress)
-    stats["saturate_seconds"] = time.perf_counter() - t1
-    stats["phases"] = [vars(p) for p in sat.stats]
-    stats["enodes"] = sat.size()
-    data = sat.serialize()
-    ctors = sat.ctors
-    cands, xstats = extract(data, sat.root_classes(data), graph, ctors, hw, k=k,
-                            encoder=sat.encoder if level == "mugraph" else None)
-    stats.update(xstats)
+    try:
+        cands, data, ctors = _search(graph, rulesets, rule_list, level, guards, hw, stats,
+                                     (node_limit, iter_limit, k, split_factors), deadline,
+                                     progress)
+    except TimeLimitError as exc:  # nothing to extract in time: the input is the answer
+        stats["note"] = f"time limit: {exc}; input returned"
+        cands, data, ctors = [], None, None
     stats["candidates"] = len(cands)
     if level == "kernel":
-        res = _kernel_level(graph, cands, hw, lax, (trials, seed, max_bound, {}), progress, stats)
+        res = _kernel_level(graph, cands, hw, lax, (trials, seed, max_bound, {}, deadline),
+                            progress, stats)
     else:
         from ..egraph.boundaries import Boundaries
 
-        res = _mugraph_level(graph, cands, Boundaries(data, ctors), prof, strategy, lax,
-                             (trials, seed, max_bound, {}), progress, stats)
-    stats["phase_seconds"] = {"saturate": stats["saturate_seconds"],
+        res = _mugraph_level(graph, cands, Boundaries(data, ctors) if data else None, prof,
+                             strategy, lax, (trials, seed, max_bound, {}, deadline), progress,
+                             stats)
+    stats["phase_seconds"] = {"saturate": stats.get("saturate_seconds", 0.0),
                               "extract": stats.get("extract_seconds", 0.0),
                               "fusion": stats.get("fusion_seconds", 0.0),
                               "verify": stats.get("verify_seconds", 0.0)}
@@ -145,11 +146,53 @@ def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool 
     return res
 
 
+def _search(graph, rulesets, rule_list, level, guards, hw, stats, counts, deadline, progress):
+    """The saturate and extract passes: the candidates, the serialized e-graph, its ctors."""
+    node_limit, iter_limit, k, split_factors = counts
+    t1 = time.perf_counter()
+    sat = Saturator(graph, rulesets, rule_list, guards=guards,
+                    splits=_splits(graph, split_factors), deadline=deadline.part(0.5))
+    limits = Limits(node_limit=node_limit, iter_limit=iter_limit,
+                    time_limit_s=deadline.seconds)
+    phases = [(name, tuple(r for r in rs if r in rulesets)) for name, rs in DEFAULT_PHASES
+              if level == "mugraph" or name != "tiling"]  # kernel level: no boundaries
+    extra = tuple(r for r in rulesets if all(r not in rs for _, rs in DEFAULT_PHASES))
+    if extra:
+        phases.append(("user", extra))
+    phases = [(name, rs) for name, rs in phases if rs]
+    spent = (time.perf_counter() - deadline.start) / deadline.seconds
+    for i, (name, rs) in enumerate(phases):  # each phase gets an equal share of the 50%
+        share = spent + (0.5 - spent) * (i + 1) / len(phases)
+        sat.run_phase(name, rs, limits, progress, deadline.part(share))
+    stats["saturate_seconds"] = time.perf_counter() - t1
+    stats["phases"] = [vars(p) for p in sat.stats]
+    stats["enodes"] = sat.size()
+    data = sat.serialize()
+    cands, xstats = extract(data, sat.root_classes(data), graph, sat.ctors, hw, k=k,
+                            encoder=sat.encoder if level == "mugraph" else None,
+                            deadline=deadline.part(0.7))
+    stats.update(xstats)
+    return cands, data, sat.ctors
+
+
+def _check_splits(split_factors) -> None:
+    """``split_factors``: a sequence of integers >= 2 (a MirageError naming the bad one)."""
+    if isinstance(split_factors, str) or not hasattr(split_factors, "__iter__"):
+        raise MirageError(f"optimize: split_factors must be a sequence of integers >= 2, got "
+                          f"{split_factors!r}")
+    for f in split_factors:
+        if not isinstance(f, int) or isinstance(f, bool) or f < 2:
+            raise MirageError(f"optimize: split_factors must hold integers >= 2, got {f!r} in "
+                              f"{tuple(split_factors)!r}")
+
+
 def _verify(graph, program, vopts, trials: int | None = None):
-    """``em.verify`` with optimize's trials (at least), seed and ``max_bound``."""
-    t, seed, max_bound, memo = vopts  # memo: the input program's float outputs, computed once
+    """``em.verify`` with optimize's trials (at least), seed, ``max_bound`` and deadline."""
+    t, seed, max_bound, memo, deadline = vopts  # memo: the input program's outputs, once
+    if trials is not None:  # the input's own check: what is left, at least 5% of the limit
+        deadline = Deadline(max(deadline.remaining(), 0.05 * deadline.seconds))
     return verify(graph, program, trials=t if trials is None else trials, seed=seed,
-                  max_bound=max_bound, memo=memo, float_first=True)
+                  max_bound=max_bound, memo=memo, float_first=True, time_limit_s=deadline)
 
 
 def _kernel_level(graph, cands, hw, lax, vopts, progress, stats) -> OptimizeResult:
@@ -164,7 +207,12 @@ def _kernel_level(graph, cands, hw, lax, vopts, progress, stats) -> OptimizeResu
         tried += 1
         if not lax:
             break
+        if vopts[4].expired():
+            stats["note"] = "time limit reached before a candidate verified; input returned"
+            break
         res = _verify(graph, cand.program, vopts)
+        if not res.equivalent and vopts[4].expired():
+            stats["note"] = f"time limit reached while verifying ({res.reason}); input returned"
         if res.equivalent:
             chosen, result = cand, res
             break
@@ -212,12 +260,13 @@ def _mugraph_level(graph, cands, bounds, prof, strategy, lax, vopts, progress,
     t = time.perf_counter()
     plans, seen, errors, distinct, priced = [], set(), [], set(), {}
     todo = [(c.how, c.program, bounds.edges(c.program, c.keys)) for c in cands]
+    late = vopts[4].part(0.85)  # fusion starts no new plan after this
     if not any(c.how == "input" for c in cands):  # its terms were not found: any boundary
         todo.append(("input (any boundary)", graph, None))
     allowed = {}
     for i, (how, g, cuts) in enumerate(todo):
         canon = _canonical(g)
-        if canon in distinct:
+        if canon in distinct or (plans and late.expired()):
             continue
         distinct.add(canon)
         edges = {(id(s), id(n)) for n in g.nodes() for s in n.srcs if n.srcs and s.srcs}
@@ -243,9 +292,14 @@ def _mugraph_level(graph, cands, bounds, prof, strategy, lax, vopts, progress,
         summary.append(entry)
         if chosen is not None or not lax:
             continue
+        if vopts[4].expired():
+            stats["note"] = "time limit reached before a candidate verified; input returned"
+            continue
         tried += 1
         res = _verify(graph, p.mugraph, vopts)
         entry["verified"] = res.equivalent
+        if not res.equivalent and vopts[4].expired():
+            stats["note"] = f"time limit reached while verifying ({res.reason}); input returned"
         if res.equivalent:
             chosen, result = p, res
         elif progress:

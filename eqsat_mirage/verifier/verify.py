@@ -15,24 +15,23 @@ the first program is finite. They never turn a field mismatch into a pass.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
-import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..ir.check import check, check_lax
-from ..ir.errors import GraphError, MirageError
+from ..ir.errors import GraphError, MirageError, TimeLimitError
+from ..ir.limits import Deadline, check_memory
 from ..ir.node import fmt_shape
 from ..semantics.field import FieldCtx, FieldZeroDivisionError, SharedValues, evaluate_field
 from ..semantics.floating import evaluate, rounded_inputs
 from ..semantics.primes import draw_primes, program_constants
 from .bound import PerTrial, per_trial_bound
+from .runner import THREADS, Runner, footprint, runner
 
 FLOAT64_SCALES = (1.0, 30.0, 1000.0)  # N(0, s^2) inputs: past the thresholds of relu & co
 # native dtypes, activation-sized inputs: N(0, 1); |N(0, s^2)| (sums of those concentrate
@@ -295,24 +294,8 @@ class _Draws:
 _DRAWN = {"signed": "N(0, s^2)", "folded": "|N(0, s^2)|", "constant": "every input = s"}
 
 
-def _in_order(pool: ThreadPoolExecutor | None, jobs: list):
-    """Each job's result in order, up to ``THREADS`` jobs running at once with a pool;
-    jobs not yet started are cancelled when the caller stops early."""
-    if pool is None:
-        for job in jobs:
-            yield job()
-        return
-    futures = [pool.submit(job) for job in jobs]
-    try:
-        for fut in futures:
-            yield fut.result()
-    finally:
-        for fut in futures:
-            fut.cancel()
-
-
 def _float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
-                  memo: dict | None = None, pool: ThreadPoolExecutor | None = None
+                  memo: dict | None = None, pool: Runner | None = None
                   ) -> tuple[Counterexample | None, bool]:
     """float64 at ``FLOAT64_SCALES`` and both programs in their own dtypes at
     ``NATIVE_DRAWS`` (see docs/verifier.md, section 4).
@@ -325,6 +308,7 @@ def _float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
     ``pool`` runs up to ``THREADS`` checks at once.
     """
     draws = _Draws(a, rng, memo)
+    pool = pool or Runner(None, Deadline(None))
     checks = [(None, "signed", FLOAT64_SCALES[0])]
     if native:
         dts = _dtypes(a) | _dtypes(b)
@@ -348,14 +332,14 @@ def _float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
                         draws.largest(kind, s), limit, draws.out_a(None, kind, s, True))
 
     jobs = [functools.partial(check_one, i, *c) for i, c in enumerate(checks)]
-    for (dtype, _, _), cex in zip(checks, _in_order(pool, jobs)):
+    for (dtype, _, _), cex in zip(checks, pool.in_order(jobs)):
         if cex is not None:
             return cex, dtype is not None
     return None, native
 
 
 def _numerics(a, b, result: VerifyResult, seed, rtol: float, native: bool, memo: dict | None,
-              start: float, pool: ThreadPoolExecutor | None = None) -> bool:
+              start: float, pool: Runner) -> bool:
     """Run the float checks into ``result``; True (and ``result`` final) if they failed."""
     frng = np.random.default_rng(None if seed is None else [seed, 0xF1047])
     cex, result.native_checked = _float_checks(a, b, frng, rtol, native, memo, pool)
@@ -370,23 +354,10 @@ def _numerics(a, b, result: VerifyResult, seed, rtol: float, native: bool, memo:
     return True
 
 
-THREADS = max(1, min(4, os.cpu_count() or 1))  # field trials / float evaluations at once
-
-
-@contextlib.contextmanager
-def _pool():
-    """A thread pool for the trials and evaluations (NumPy and BLAS release the GIL)."""
-    if THREADS == 1:
-        yield None
-        return
-    with ThreadPoolExecutor(THREADS, thread_name_prefix="em-verify") as pool:
-        yield pool
-
-
-def _trials(pool: ThreadPoolExecutor | None, a, b, run: int, *args):
-    """Field trials 0..run-1 in order (``_in_order``); stops after one that ends the verdict."""
+def _trials(pool: Runner, a, b, run: int, *args):
+    """Field trials 0..run-1 in order (``in_order``); stops after one that ends the verdict."""
     jobs = [functools.partial(_field_trial, a, b, t, *args) for t in range(run)]
-    for trial in _in_order(pool, jobs):
+    for trial in pool.in_order(jobs):
         yield trial
         if trial.vanished or trial.cex is not None:
             return
@@ -420,7 +391,8 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
            float_check: bool = True, rtol: float = 1e-7, max_redraws: int = 3,
            max_bound: float = 1e-9, max_trials: int = 32,
            native_check: bool = True, memo: dict | None = None,
-           float_first: bool = False) -> VerifyResult:
+           float_first: bool = False, time_limit_s: float | Deadline | None = None
+           ) -> VerifyResult:
     """Decide whether programs ``a`` and ``b`` compute the same outputs.
 
     Outputs and inputs are matched by name. At least ``trials`` independent
@@ -436,6 +408,9 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
     float-check outputs and its values in each field trial are computed once. Trials and
     float evaluations run on ``THREADS`` threads. ``float_first`` runs the float checks before
     the field trials (the same verdict; cheaper when numerics are what fails).
+    ``time_limit_s`` (seconds or a ``Deadline``): past it the verdict is "inconclusive".
+    A program whose values would not fit the memory budget (``ir/limits.py``) is refused
+    with a ``BudgetError`` before anything runs.
     """
     start = time.perf_counter()
     if not hasattr(a, "inputs") or not hasattr(b, "inputs"):
@@ -450,6 +425,9 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
         check(prog)
         check_lax(prog, what)
     _match_interfaces(a, b)
+    for prog in (a, b):
+        check_memory(footprint(prog), 16 * THREADS, f"verifying {prog.name!r}")
+    deadline = time_limit_s if isinstance(time_limit_s, Deadline) else Deadline(time_limit_s)
     if memo is not None and (seed is None or memo.setdefault("program", a) is not a
                              or memo.setdefault("seed", seed) != seed):
         memo = None  # a different first program or seed, or draws that differ every call
@@ -459,7 +437,22 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
     result = VerifyResult(False, 1.0, None, 0, 0, 0, eps.value, max_bound=max_bound)
     run = trials if needed is None or needed > max_trials else needed
     base = int(np.random.default_rng().integers(0, 2**63)) if seed is None else seed
-    with _pool() as pool:
+    try:
+        return _decide(a, b, result, eps, (trials, run, seed, base, max_trials, max_bound),
+                       (prime_bits, avoid, max_redraws, rtol, float_check, native_check,
+                        float_first), memo, start, deadline)
+    except TimeLimitError as exc:
+        result.inconclusive, result.reason = True, f"inconclusive: {exc}"
+        result.seconds = time.perf_counter() - start
+        return result
+
+
+def _decide(a, b, result: VerifyResult, eps: PerTrial, counts, opts, memo, start, deadline
+            ) -> VerifyResult:
+    """The trials and float checks of ``verify`` into ``result``."""
+    trials, run, seed, base, max_trials, max_bound = counts
+    prime_bits, avoid, max_redraws, rtol, float_check, native_check, float_first = opts
+    with runner(deadline) as pool:
         if float_check and float_first and _numerics(a, b, result, seed, rtol, native_check,
                                                      memo, start, pool):
             return result

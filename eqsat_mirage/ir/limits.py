@@ -1,0 +1,93 @@
+"""The budgets every search runs under: time (``Deadline``) and memory (``check_memory``).
+
+``em.optimize`` makes one ``Deadline`` of ``time_limit_s`` seconds and hands
+slices of it to its passes (saturation, extraction, fusion planning,
+verification); each pass checks it between steps it cannot interrupt and
+stops with what it has. The memory budget bounds what an interpreter would
+hold (the verifier's field and float values): a program over it is refused
+before anything is allocated, with a ``BudgetError`` naming the largest tensor.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Iterable
+
+from .errors import BudgetError, MirageError
+
+MEMORY_ENV = "EQSAT_MIRAGE_MEMORY_BUDGET"
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+class Deadline:
+    """A wall-clock deadline: ``seconds`` from now (or from ``start``), None for none."""
+
+    def __init__(self, seconds: float | None, start: float | None = None) -> None:
+        self.start = time.perf_counter() if start is None else start
+        self.seconds = seconds
+        self.end = math.inf if seconds is None else self.start + seconds
+
+    def remaining(self) -> float:
+        """Seconds left (never negative; ``inf`` without a limit)."""
+        return max(0.0, self.end - time.perf_counter())
+
+    def expired(self) -> bool:
+        """True once the deadline has passed."""
+        return time.perf_counter() >= self.end
+
+    def part(self, fraction: float) -> Deadline:
+        """The deadline at ``fraction`` of this one's span (never later than this one)."""
+        if self.seconds is None:
+            return self
+        return Deadline(self.seconds * min(1.0, fraction), self.start)
+
+    def __repr__(self) -> str:
+        return f"Deadline({self.remaining():.2f} s left of {self.seconds})"
+
+
+def memory_budget() -> int:
+    """The verifier's memory budget in bytes: ``$EQSAT_MIRAGE_MEMORY_BUDGET`` (bytes, or
+    with a K/M/G/T suffix), else 8 GiB or half the machine's memory, whichever is less."""
+    text = os.environ.get(MEMORY_ENV, "").strip()
+    if text:
+        unit = text[-1].upper() if text[-1].isalpha() else ""
+        try:
+            value = float(text[:-1] if unit else text) * _UNITS[unit]
+        except (KeyError, ValueError):
+            value = -1.0
+        if not 0 < value < math.inf:
+            raise MirageError(f"${MEMORY_ENV} must be a positive size such as 4G or 500M, "
+                              f"got {text!r}")
+        return int(value)
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        physical = 16 * 2**30
+    return int(min(8 * 2**30, physical // 2))
+
+
+def fmt_bytes(n: float) -> str:
+    """``n`` bytes, readable (``1.5 GB``)."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:.3g} {unit}"
+        n /= 1000
+    return f"{n:.3g} TB"
+
+
+def check_memory(values: Iterable[tuple[str, int]], bytes_per_element: int, what: str,
+                 budget: int | None = None) -> int:
+    """Refuse (``BudgetError``) when holding every (description, element count) of
+    ``values`` at once would take more than ``budget`` bytes; returns the bytes needed."""
+    budget = memory_budget() if budget is None else budget
+    items = list(values)
+    total = sum(n for _, n in items) * bytes_per_element
+    if total > budget:
+        who, n = max(items, key=lambda x: x[1])
+        raise BudgetError(f"{what} would hold {fmt_bytes(total)}, over the memory budget of "
+                          f"{fmt_bytes(budget)} (${MEMORY_ENV}); the largest value is {who} "
+                          f"with {n} elements ({fmt_bytes(n * bytes_per_element)} at "
+                          f"{bytes_per_element} bytes per element)")
+    return total

@@ -1,0 +1,74 @@
+"""How the verifier runs its jobs: ``Runner`` (in order, on threads, under a deadline)
+and what it would hold in memory (``footprint``, checked against the memory budget)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+
+from ..ir.errors import TimeLimitError
+from ..ir.limits import Deadline
+from ..ir.node import fmt_shape
+
+THREADS = max(1, min(4, os.cpu_count() or 1))  # field trials / float evaluations at once
+
+
+@contextlib.contextmanager
+def runner(deadline: Deadline):
+    """A ``Runner`` on a thread pool (NumPy and BLAS release the GIL) under ``deadline``;
+    at the deadline the pool is left to finish its running jobs on its own."""
+    if THREADS == 1:
+        yield Runner(None, deadline)
+        return
+    threads = ThreadPoolExecutor(THREADS, thread_name_prefix="em-verify")
+    try:
+        yield Runner(threads, deadline)
+    finally:
+        threads.shutdown(wait=not deadline.expired(), cancel_futures=True)
+
+
+class Runner:
+    """Runs jobs on ``pool`` (None: one by one, here) and stops them at ``deadline``."""
+
+    def __init__(self, pool: ThreadPoolExecutor | None, deadline: Deadline) -> None:
+        self.pool, self.deadline = pool, deadline
+
+    def in_order(self, jobs: list):
+        """Each job's result in order, up to ``THREADS`` at once; jobs not yet started are
+        cancelled when the caller stops early; ``TimeLimitError`` at the deadline."""
+        if self.pool is None:
+            for job in jobs:
+                self.check()
+                yield job()
+            return
+        futures = [self.pool.submit(job) for job in jobs]
+        try:
+            for fut in futures:
+                try:
+                    yield fut.result(timeout=self.deadline.remaining()
+                                     if self.deadline.seconds is not None else None)
+                except FutureTimeout:
+                    self.check()
+                    raise
+        finally:
+            for fut in futures:
+                fut.cancel()
+
+    def check(self) -> None:
+        """``TimeLimitError`` once the deadline has passed."""
+        if self.deadline.expired():
+            raise TimeLimitError(f"verification stopped at its time limit "
+                                 f"({self.deadline.seconds:g} s)")
+
+
+def footprint(program) -> list[tuple[str, int]]:
+    """(description, element count) of every value an interpreter holds for ``program``:
+    each node of a Graph; each device tensor and block value (over all blocks at once,
+    as the tiled interpreter holds them) of a MuGraph."""
+    if hasattr(program, "footprint"):
+        return program.footprint()
+    return [(f"node {n.op.name.lower()} {fmt_shape(n.shape)}" + (f" {n.arg!r}" if
+             n.op.name == "INPUT" else ""), math.prod(n.shape)) for n in program.nodes()]
