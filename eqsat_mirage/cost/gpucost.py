@@ -224,19 +224,28 @@ def _chain_interiors(k: CustomKernel) -> set[int]:
     return {id(n) for _, chain in k.threads for n in chain[:-1]}
 
 
-def _predefined_cost(k: PredefinedKernel, prof: GPUProfile) -> KernelCost:
-    n = k.node
-    if n.op is Op.RESHAPE:
-        return KernelCost(k.name, k.kind, 0.0)
-    moved = sum(_bytes(s.shape, s.dtype) for s in {s.arg: s for s in n.srcs
-                                                     if s.op is Op.INPUT}.values())
-    moved += _bytes(n.shape, n.dtype)
+def op_cost(node: Node, prof: GPUProfile, name: str = "", kind: str = "predefined"
+            ) -> KernelCost:
+    """One kernel-level op run as its own library kernel: launch + max(memory, compute).
+
+    The only price of a lone op: extraction (``per_op.node_cost_us``), the fusion
+    planner and the one-kernel-per-op baseline all read it. Inputs, constants and
+    reshapes are free; every distinct non-constant operand is read once from DRAM.
+    """
+    if node.op in (Op.INPUT, Op.CONST, Op.RESHAPE):
+        return KernelCost(name, kind, 0.0)
+    reads = {id(s): s for s in node.srcs if s.op is not Op.CONST}.values()
+    moved = sum(_bytes(s.shape, s.dtype) for s in reads) + _bytes(node.shape, node.dtype)
     work = Work()
-    work.add_node(n, 1)
+    work.add_node(node, 1)
     mem = moved / (prof.dram_bandwidth_GBps * 1e3 * prof.dram_achievable_fraction)
     comp = work.us(prof)
     launch = prof.launch_overhead_us
-    return KernelCost(k.name, k.kind, launch + max(mem, comp), launch, mem, comp, moved, work)
+    return KernelCost(name, kind, launch + max(mem, comp), launch, mem, comp, moved, work)
+
+
+def _predefined_cost(k: PredefinedKernel, prof: GPUProfile) -> KernelCost:
+    return op_cost(k.node, prof, k.name, k.kind)
 
 
 def _tile_node(k: CustomKernel, name: str) -> Node:

@@ -1,21 +1,20 @@
-"""The FLOP/byte cost model used by extraction (one kernel per kernel-level op).
+"""Extraction's view of the cost model: one kernel per kernel-level op.
 
-Per op: launch overhead + max(DRAM bytes / bandwidth, FLOPs / peak), with
-tensor-core peak for matmuls and CUDA-core peak for elementwise work and
-reductions. Reshapes and constants are free. Figures come from a hardware
-profile in extract/ (``target=`` names one or gives a path).
+``node_cost_us`` is ``gpucost.op_cost``, the one price of a lone op that the
+fusion planner and the one-kernel-per-op baseline use too (so the same op has
+the same price everywhere). ``Hardware`` names the profile's headline figures.
+Figures come from a hardware profile in extract/ (``target=`` names one or
+gives a path).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..ir.node import ELEMENTWISE, ITEMSIZE, OPAQUE, Node, Op, numel
+from ..ir.node import Node
+from .gpucost import op_cost
 from .profile import GPUProfile
-
-# CUDA-core FLOPs per element: exp and the opaque functions go through the SFU
-_FLOPS_PER_ELEM = {Op.EXP: 4, Op.SILU: 6, Op.SQRT: 4, Op.RSQRT: 4, Op.DIV: 2}
 
 
 @dataclass(frozen=True)
@@ -29,6 +28,7 @@ class Hardware:
     sms: int
     smem_per_sm_KiB: float  # noqa: N815
     launch_overhead_us: float
+    profile: GPUProfile | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def load(cls, target: str | Path = "h100") -> Hardware:
@@ -40,29 +40,11 @@ class Hardware:
         prof = GPUProfile.load(target)
         return cls(prof.name, **{k: getattr(prof, k) for k in (
             "dram_bandwidth_GBps", "fp16_tensor_TFLOPs", "fp32_cuda_TFLOPs", "sms",
-            "smem_per_sm_KiB", "launch_overhead_us")})
-
-def _bytes(node: Node) -> int:
-    return numel(node.shape) * ITEMSIZE[node.dtype] if node.op is not Op.CONST else 0
-
+            "smem_per_sm_KiB", "launch_overhead_us")}, profile=prof)
 
 def node_cost_us(node: Node, hw: Hardware) -> float:
-    """Predicted time of one op run as its own kernel, in microseconds."""
-    op = node.op
-    if op in (Op.INPUT, Op.CONST, Op.RESHAPE):
-        return 0.0
-    moved = _bytes(node) + sum(_bytes(s) for s in node.srcs)
-    mem_us = moved / (hw.dram_bandwidth_GBps * 1e3)
-    if op is Op.MATMUL:
-        k = node.srcs[0].shape[-1]
-        flops = 2.0 * numel(node.shape) * k
-        comp_us = flops / (hw.fp16_tensor_TFLOPs * 1e6)
-    elif op in ELEMENTWISE or op in OPAQUE or op in (Op.SUM, Op.MEAN):
-        elems = max(numel(node.shape), max((numel(s.shape) for s in node.srcs), default=0))
-        comp_us = elems * _FLOPS_PER_ELEM.get(op, 1) / (hw.fp32_cuda_TFLOPs * 1e6)
-    else:  # transpose, concat: pure data movement
-        comp_us = 0.0
-    return hw.launch_overhead_us + max(mem_us, comp_us)
+    """Predicted time of one op run as its own kernel, in microseconds (``gpucost.op_cost``)."""
+    return op_cost(node, hw.profile or GPUProfile.load(hw.name)).time_us
 
 
 def graph_cost_us(program, hw: Hardware) -> float:
