@@ -130,7 +130,7 @@ class _Planner:
                  search_candidates: int, cuts: frozenset | None = None,
                  shared: dict | None = None) -> None:
         self.graph, self.prof, self.strategy = graph, prof, strategy
-        self.cuts = cuts
+        self.cuts, self.deadline = cuts, None  # plan() sets the deadline
         self.shared = shared  # fragment shape -> best schedule's position and cost, across plans
         # candidate_schedules lists small grids first: ``filled`` starts at one block per SM
         filled = replace(strategy, min_blocks=max(strategy.min_blocks, prof.sms))
@@ -219,6 +219,8 @@ class _Planner:
     def _price_custom(self, frag: Graph, final: bool) -> Pricing:
         """The cheapest schedule of ``frag`` as one custom kernel, with the full strategies
         (``final``) or the quick ones of the search."""
+        if self.deadline is not None and self.deadline.expired():
+            return Pricing(frag, None, None, math.inf, "not priced: the time limit ran out")
         self.evaluations += 1
         try:
             ix = index_fragment(frag)
@@ -470,14 +472,15 @@ def _fuse_threads(k: CustomKernel) -> None:
 def plan(graph: Graph, profile: GPUProfile | str | Path = "h100",
          strategy: Strategy | None = None, max_evaluations: int = 400,
          search_candidates: int = 24, cuts: frozenset | None = None,
-         shared: dict | None = None) -> FusionPlan:
+         shared: dict | None = None, deadline=None) -> FusionPlan:
     """Partition ``graph`` into fused custom kernels and predefined kernels (module docstring).
 
     ``cuts`` holds the (id(producer), id(consumer)) op edges that may be kernel
     boundaries (``boundaries.Boundaries.edges``: what rules/tiling.egg allows);
     every other edge stays inside one kernel. None allows a boundary anywhere.
     ``shared``: a dict kept across plans of one search (same profile and strategy);
-    a fragment equal up to names to one priced before reuses its best schedule.
+    a fragment equal up to names to one priced before reuses its best schedule. Past
+    ``deadline`` (an ``ir.limits.Deadline``) no new fragment is priced (left unfused).
     Returns a ``FusionPlan`` whose ``mugraph`` computes the same outputs as
     ``graph`` (same input and output names) and whose ``regions`` say why each
     group of ops was or was not fused. The plan is not verified here.
@@ -485,6 +488,7 @@ def plan(graph: Graph, profile: GPUProfile | str | Path = "h100",
     start = time.perf_counter()
     prof = GPUProfile.load(profile)
     planner = _Planner(graph, prof, strategy or DEFAULT_STRATEGY, search_candidates, cuts, shared)
+    planner.deadline = deadline
     regions, why_not = planner.search(max_evaluations)
     mg, report = planner.build(regions, why_not)
     cost = mugraph_cost(mg, prof).total_us

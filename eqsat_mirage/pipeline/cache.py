@@ -409,9 +409,11 @@ def lookup(store: ResultCache, graph, key: str, t0: float | None = None,
 
 
 def store_result(store: ResultCache, key: str, res, name: str | None = None) -> None:
-    """Mark ``res`` as a cache miss and store it under ``key``; warn if the file cannot be
-    written."""
+    """Mark ``res`` as a cache miss and store it under ``key`` (not a result cut short by
+    the time limit); warn if the file cannot be written."""
     res.stats.update(cache="miss", cache_key=key[:12])
+    if "time limit" in res.stats.get("note", ""):  # depends on the machine's load: not kept
+        return
     try:
         store.put(key, res, name=name)
     except (sqlite3.Error, OSError, CacheError) as exc:

@@ -186,11 +186,17 @@ def _check_splits(split_factors) -> None:
                               f"{tuple(split_factors)!r}")
 
 
+def _check_input(graph, program, lax: bool, vopts):
+    """The input returned as it is, checked against itself (one trial) when time is left;
+    None when it is not Lax or the time limit has passed (``stats["note"]`` says which)."""
+    if not lax or vopts[4].expired():
+        return None
+    return _verify(graph, program, vopts, trials=1)
+
+
 def _verify(graph, program, vopts, trials: int | None = None):
     """``em.verify`` with optimize's trials (at least), seed, ``max_bound`` and deadline."""
     t, seed, max_bound, memo, deadline = vopts  # memo: the input program's outputs, once
-    if trials is not None:  # the input's own check: what is left, at least 5% of the limit
-        deadline = Deadline(max(deadline.remaining(), 0.05 * deadline.seconds))
     return verify(graph, program, trials=t if trials is None else trials, seed=seed,
                   max_bound=max_bound, memo=memo, float_first=True, time_limit_s=deadline)
 
@@ -222,7 +228,7 @@ def _kernel_level(graph, cands, hw, lax, vopts, progress, stats) -> OptimizeResu
     if chosen is None:  # nothing cheaper verified: the input program is the answer
         program = graph_from_outputs(graph, graph.outputs, f"{graph.name}_opt")
         cost = baseline
-        result = _verify(graph, program, vopts, trials=1) if lax else None
+        result = _check_input(graph, program, lax, vopts)
     else:
         program, cost = chosen.program, chosen.cost_us
     stats["verify_seconds"] = time.perf_counter() - t
@@ -272,7 +278,7 @@ def _mugraph_level(graph, cands, bounds, prof, strategy, lax, vopts, progress,
         edges = {(id(s), id(n)) for n in g.nodes() for s in n.srcs if n.srcs and s.srcs}
         allowed[i] = f"{len(edges) if cuts is None else len(cuts & edges)}/{len(edges)}"
         try:
-            p = plan(g, prof, strategy, cuts=cuts, shared=priced)
+            p = plan(g, prof, strategy, cuts=cuts, shared=priced, deadline=late)
         except (MirageError, ValueError, KeyError) as exc:  # recorded in stats, skipped
             errors.append(f"{how}: {exc}")
             continue
@@ -308,7 +314,7 @@ def _mugraph_level(graph, cands, bounds, prof, strategy, lax, vopts, progress,
     stats["plans"] = summary
     if chosen is None:  # nothing verified (or not Lax): the input, one kernel per op
         program, cost = base_mg, baseline
-        result = _verify(graph, program, vopts, trials=1) if lax else None
+        result = _check_input(graph, program, lax, vopts)
         stats["regions"] = []
     else:
         program, cost = chosen.mugraph, chosen.cost_us

@@ -185,3 +185,15 @@ def test_check_rules_stops_at_its_time_limit(tmp_path):
 def test_bad_split_factors_are_refused(factors):
     with pytest.raises(em.MirageError, match="split_factors"):
         em.optimize(small(), split_factors=factors, cache=False)
+
+
+def test_a_result_cut_short_by_the_time_limit_is_not_cached(tmp_path):
+    from bench.programs import program
+
+    g = program("gqa", 8)  # its verification alone takes longer than the limit
+    cache = tmp_path / "results.sqlite"
+    first = em.optimize(g, time_limit_s=1.0, cache=cache)
+    assert "time limit" in first.stats["note"] and first.stats["cache"] == "miss"
+    assert first.verified is None and first.cost_us == first.baseline_cost_us
+    again = em.optimize(g, time_limit_s=1.0, cache=cache)
+    assert again.stats["cache"] == "miss"  # searched again, not served a stale time-out
