@@ -140,8 +140,8 @@ def _search_options(p: argparse.ArgumentParser) -> None:
                    help="rule file or folder (repeatable; default: the built-in rules)")
     p.add_argument("--no-guards", action="store_true",
                    help="switch off the abstract-expression guards")
-    p.add_argument("--time-limit", type=float, default=30.0,
-                   help="seconds per saturation phase (default: 30)")
+    p.add_argument("--time-limit", type=float, default=60.0,
+                   help="wall-clock seconds for the whole search (default: 60)")
     p.add_argument("--node-limit", type=int, default=200_000,
                    help="tensor e-nodes per phase (default: 200000)")
     p.add_argument("--iter-limit", type=int, default=12,
