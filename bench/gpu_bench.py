@@ -180,8 +180,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                         help="only this batch size (repeatable; default: 1 and 8)")
     parser.add_argument("--reps", type=int, default=100, help="timed runs (default 100)")
     parser.add_argument("--target", default="h100", help="hardware profile (default h100)")
-    parser.add_argument("--time-limit", type=float, default=10.0,
-                        help="seconds per saturation phase (default 10)")
+    parser.add_argument("--time-limit", type=float, default=60.0,
+                        help="wall-clock seconds per search (default 60)")
     parser.add_argument("--write", type=Path, default=None, metavar="FILE",
                         help="replace FILE's GPU timings section with the table")
     parser.add_argument("--calibration", type=Path, default=None, metavar="FILE",

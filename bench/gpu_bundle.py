@@ -1,0 +1,149 @@
+"""The GPU protocol's two ends on this machine: export a bundle, ingest its results.
+
+    python bench/gpu_bundle.py export gpu_bundle [--bench gqa] [--batch 1] [--target h100]
+    # on the GPU machine (torch and triton only; see docs/gpu.md):
+    python3 gpu_bundle/gpu_runner.py gpu_bundle --out $OUT/gpu.json
+    python bench/gpu_bundle.py ingest gpu_bundle gpu.json --write bench/RESULTS.md \\
+        --calibration extract/h100_measured.toml
+
+``export`` optimizes every selected benchmark case here (the results cache
+makes a rerun fast), writes the chosen program's Triton module and the input
+program's one-kernel-per-op torch module for each, a ``manifest.json`` with the
+inputs (shape, dtype, scale), the predicted, baseline and roofline times and
+the bytes each case must move at least, and copies ``bench/gpu_runner.py``
+into the bundle. ``ingest`` turns the runner's JSON into the "## GPU timings"
+section of bench/RESULTS.md and a calibration file (measured over predicted
+time per case).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import eqsat_mirage as em  # noqa: E402
+from bench.gpu_bench import roofline, section, write_calibration, write_section  # noqa: E402
+from bench.programs import cases, program  # noqa: E402
+from eqsat_mirage.codegen.source import triton_source  # noqa: E402
+from eqsat_mirage.cost.profile import GPUProfile  # noqa: E402
+from eqsat_mirage.mugraph.program import from_graph  # noqa: E402
+
+RUNNER = Path(__file__).resolve().parent / "gpu_runner.py"
+ATTENTION = {"gqa", "qknorm"}  # cases with Q, K, V inputs: SDPA is timed beside them
+
+
+def export_case(folder: Path, case_id: str, label: str, graph, res, prof,
+                scale: float = 0.1) -> dict:
+    """Write one case's two modules into ``folder``; its manifest entry."""
+    (folder / f"{case_id}_ours.py").write_text(res.triton_source(), encoding="utf-8")
+    ref = from_graph(graph)
+    (folder / f"{case_id}_ref.py").write_text(
+        triton_source(ref, header=f"# {label}: the input program, one torch call per op"),
+        encoding="utf-8")
+    moved, flops, mem_bound = roofline(graph, prof)
+    names = set(graph.inputs)
+    return {"id": case_id, "case": label, "ours": f"{case_id}_ours.py",
+            "ref": f"{case_id}_ref.py",
+            "inputs": {n: {"shape": list(node.shape), "dtype": node.dtype, "scale": scale}
+                       for n, node in graph.inputs.items()},
+            "predicted_us": res.cost_us, "baseline_us": res.baseline_cost_us,
+            "roofline_us": res.roofline_us, "min_bytes": moved, "flops": flops,
+            "memory_bound": mem_bound, "kernels": len(res.program.kernels),
+            "sdpa": ["Q", "K", "V"] if {"Q", "K", "V"} <= names else None}
+
+
+def export(folder: Path, selected, target: str, time_limit_s: float) -> dict:
+    """Optimize and write every selected (name, batch) case; returns the manifest."""
+    folder.mkdir(parents=True, exist_ok=True)
+    prof = GPUProfile.load(target)
+    entries = []
+    for name, batch in selected:
+        graph = program(name, batch)
+        res = em.optimize(graph, target=target, time_limit_s=time_limit_s)
+        if res.verified is None or not res.verified.equivalent:
+            print(f"  {name} b={batch}: no verified program ({res.stats.get('note', '')}); "
+                  "its input is exported", flush=True)
+        entries.append(export_case(folder, f"{name}_b{batch}", f"{name} b={batch}", graph,
+                                   res, prof))
+        print(f"  {name} b={batch}: {len(res.program.kernels)} kernels, "
+              f"{res.cost_us:.2f} us predicted", flush=True)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        commit = ""
+    manifest = {"made": {"commit": commit, "target": target, "version": em.__version__},
+                "cases": entries}
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+    shutil.copy(RUNNER, folder / "gpu_runner.py")
+    return manifest
+
+
+def rows_from(manifest: dict, results: dict, bandwidth_GBps: float) -> list[dict]:  # noqa: N803
+    """The runner's results joined with the manifest, as ``gpu_bench`` table rows."""
+    by_case = {c["case"]: c for c in manifest["cases"]}
+    rows = []
+    for r in results["cases"]:
+        c = by_case[r["case"]]
+        if "ours_us" not in r:
+            raise em.MirageError(f"{r['case']}: no timings in the results (a --device cpu run?)")
+        frac = (c["min_bytes"] / (r["ours_us"] * 1e-6) / (bandwidth_GBps * 1e9)
+                if c["memory_bound"] else None)
+        rows.append({"case": r["case"], "eager": r["eager_us"], "compile": r["compile_us"],
+                     "sdpa": r.get("sdpa_us"), "ours": r["ours_us"],
+                     "predicted": c["predicted_us"], "dram_frac": frac,
+                     "rel_err": r["rel_err"], "ok": r["ok"]})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``export`` or ``ingest`` (see the module docstring)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    ex = sub.add_parser("export")
+    ex.add_argument("folder", type=Path)
+    ex.add_argument("--bench", action="append")
+    ex.add_argument("--batch", type=int, action="append")
+    ex.add_argument("--target", default="h100")
+    ex.add_argument("--time-limit", type=float, default=120.0)
+    ing = sub.add_parser("ingest")
+    ing.add_argument("folder", type=Path)
+    ing.add_argument("results", type=Path)
+    ing.add_argument("--write", type=Path)
+    ing.add_argument("--calibration", type=Path)
+    args = ap.parse_args(argv)
+    if args.cmd == "export":
+        selected = [(n, b) for n, b in cases() if (not args.bench or n in args.bench)
+                    and (not args.batch or b in args.batch)]
+        manifest = export(args.folder, selected, args.target, args.time_limit)
+        print(f"wrote {len(manifest['cases'])} cases to {args.folder}")
+        return 0
+    manifest = json.loads((args.folder / "manifest.json").read_text())
+    results = json.loads(args.results.read_text())
+    prof = GPUProfile.load(manifest["made"]["target"])
+    rows = rows_from(manifest, results, prof.dram_bandwidth_GBps)
+    bad = [r["case"] for r in rows if not r["ok"] or not math.isfinite(r["ours"])]
+    if bad:
+        print(f"cases that failed the correctness check: {bad}", file=sys.stderr)
+    device = f"{results['device']} (torch {results['torch']}, triton {results['triton']})"
+    if args.write:
+        write_section(args.write, section(rows, device, "bench/gpu_bundle.py export + "
+                                          "gpu_runner.py (CUDA-graph replays) + ingest", 200))
+    if args.calibration:
+        write_calibration(args.calibration, rows, device)
+    for r in rows:
+        print(f"{r['case']}: ours {r['ours']:.1f} us, predicted {r['predicted']:.1f} us, "
+              f"eager {r['eager']:.1f}, compile {r['compile']:.1f}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""Run a GPU bundle (``bench/gpu_bundle.py export``) where only torch and triton exist.
+
+    python3 gpu_runner.py BUNDLE --out RESULTS.json [--reps 200] [--sets 4] [--max-autotune]
+
+The GPU machine has torch and triton but not this project's dependencies, so
+the bundle carries, per benchmark case, the Triton module of the chosen
+program (``*_ours.py``) and the one-kernel-per-op torch module of the input
+program (``*_ref.py``: eager torch, one library call per op), both generated
+here, plus ``manifest.json``. For every case this script:
+
+- draws ``--sets`` input sets (never zeros; each input at its manifest scale);
+- checks correctness on each set against the reference recomputed in float64:
+  any non-finite output where the reference is finite, or a relative error
+  ``|out - ref| / |ref|`` above 2e-3, fails the case (and the exit code is 1);
+- poisons every buffer the module allocates with ``torch.empty`` (its outputs
+  and intermediates) with NaN during the checked runs, so an element no kernel
+  writes shows as non-finite;
+- times eager, ``torch.compile`` of the eager module (and max-autotune with the
+  flag), ours, and SDPA where the manifest names Q, K, V: every contestant as
+  CUDA-graph replays timed with CUDA events (median over ``--reps``, rotating
+  over the input sets so that L2 does not hold one set), and ours also as plain
+  launches from Python (host overhead included);
+- writes everything to ``--out`` as JSON (``gpu_bundle.py ingest`` reads it).
+
+``--device cpu`` runs the correctness part alone (TRITON_INTERPRET=1 must be set
+before triton loads), which is how CI tests this script. It imports nothing of
+eqsat_mirage, and it executes only the bundle's modules, which this project generated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+TOLERANCE = 2e-3
+
+
+def load(path: Path, name: str):
+    """The generated module at ``path``, imported under ``name``."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def draw(case: dict, device: str, seed: int) -> dict:
+    """One input set: N(0, 1) times each input's scale, in its dtype, on ``device``."""
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    return {name: (torch.randn(spec["shape"], generator=gen, dtype=torch.float64)
+                   * spec["scale"]).to(device=device, dtype=getattr(torch, spec["dtype"]))
+            for name, spec in case["inputs"].items()}
+
+
+class _Poisoned:
+    """``torch`` for a generated module, except that ``empty`` fills with NaN."""
+
+    def __init__(self, torch) -> None:
+        self._torch = torch
+
+    def __getattr__(self, name: str):
+        return getattr(self._torch, name)
+
+    def empty(self, *args, **kwargs):
+        return self._torch.empty(*args, **kwargs).fill_(float("nan"))
+
+
+def reference64(ref, inputs: dict) -> dict:
+    """The eager module recomputed in float64 (its dtype checks widened to float64)."""
+    import torch
+
+    saved = ref.INPUTS
+    ref.INPUTS = {n: (shape, torch.float64) for n, (shape, _) in saved.items()}
+    try:
+        return ref.run(**{n: x.double() for n, x in inputs.items()})
+    finally:
+        ref.INPUTS = saved
+
+
+def check(got: dict, want: dict) -> tuple[float, int]:
+    """(largest relative error over the outputs, non-finite outputs where want is finite)."""
+    import torch
+
+    err, bad = 0.0, 0
+    for name, w in want.items():
+        g = got[name].double()
+        bad += int((~torch.isfinite(g) & torch.isfinite(w)).sum())
+        err = max(err, float((g - w).norm() / max(float(w.norm()), 1e-300)))
+    return err, bad
+
+
+def graph_time_us(fn, sets: list[dict], reps: int) -> float:
+    """Median CUDA-event time of one replay of ``fn`` captured once per input set."""
+    import torch
+
+    graphs = []
+    for inputs in sets:
+        for _ in range(3):  # warm up: compilation and allocations stay out of the capture
+            fn(inputs)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn(inputs)
+        graphs.append(g)
+    times = []
+    for r in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graphs[r % len(graphs)].replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def plain_time_us(fn, sets: list[dict], reps: int) -> float:
+    """Median time of one call of ``fn`` from Python (launches and host work included)."""
+    import torch
+
+    for inputs in sets:
+        fn(inputs)
+    torch.cuda.synchronize()
+    times = []
+    for r in range(reps):
+        t = time.perf_counter()
+        fn(sets[r % len(sets)])
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t) * 1e6)
+    return statistics.median(times)
+
+
+def run_case(folder: Path, case: dict, device: str, args) -> dict:
+    """Check and (on CUDA) time one case; a result row."""
+    import torch
+
+    ours = load(folder / case["ours"], f"ours_{case['id']}")
+    ref = load(folder / case["ref"], f"ref_{case['id']}")
+    sets = [draw(case, device, seed) for seed in range(args.sets)]
+    row = {"case": case["case"], "rel_err": 0.0, "nonfinite": 0}
+    ours.torch = _Poisoned(torch)
+    for inputs in sets:
+        err, bad = check(ours.run(**inputs), reference64(ref, inputs))
+        row["rel_err"], row["nonfinite"] = max(row["rel_err"], err), row["nonfinite"] + bad
+    ours.torch = torch
+    row["ok"] = row["nonfinite"] == 0 and row["rel_err"] <= TOLERANCE
+    if device != "cuda":
+        return row
+    compiled = torch.compile(ref.run)
+    contestants = {"eager": ref.run, "compile": compiled, "ours": ours.run}
+    if args.max_autotune:
+        contestants["compile_max"] = torch.compile(ref.run, mode="max-autotune")
+    if case.get("sdpa"):
+        import torch.nn.functional as F  # noqa: N812
+
+        q, k, v = case["sdpa"]
+
+        def sdpa(**x):
+            return F.scaled_dot_product_attention(x[q].unsqueeze(0),
+                                                  x[k].transpose(-1, -2).unsqueeze(0),
+                                                  x[v].unsqueeze(0), scale=1.0)
+        contestants["sdpa"] = sdpa
+    for name, fn in contestants.items():
+        row[f"{name}_us"] = graph_time_us(lambda x, fn=fn: fn(**x), sets, args.reps)
+    row["ours_plain_us"] = plain_time_us(lambda x: ours.run(**x), sets, args.reps)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every case of the bundle; 0 when all are correct, 1 otherwise."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("bundle", type=Path)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--sets", type=int, default=4)
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--max-autotune", action="store_true")
+    args = ap.parse_args(argv)
+    import torch
+    import triton
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_runner: no CUDA device (use --device cpu for the correctness part)",
+              file=sys.stderr)
+        return 2
+    manifest = json.loads((args.bundle / "manifest.json").read_text())
+    out = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+           "torch": torch.__version__, "triton": triton.__version__,
+           "manifest": manifest.get("made"), "cases": []}
+    for case in manifest["cases"]:
+        row = run_case(args.bundle, case, args.device, args)
+        out["cases"].append(row)
+        print(json.dumps(row), flush=True)
+        args.out.write_text(json.dumps(out, indent=1))  # partial results survive a time-out
+    failed = [r["case"] for r in out["cases"] if not r["ok"]]
+    print(f"{len(out['cases'])} cases, {len(failed)} failed" + (f": {failed}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

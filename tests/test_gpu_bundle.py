@@ -1,0 +1,79 @@
+"""The GPU protocol's bundle: exported here, run by the standalone runner (CPU part in CI)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import eqsat_mirage as em
+from bench.gpu_bundle import export_case, rows_from
+from eqsat_mirage.cost.profile import GPUProfile
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def small() -> em.Graph:
+    g = em.Graph("rmslin")
+    x = g.input("X", (4, 64), dtype="float16")
+    w = g.input("W", (64, 32), dtype="float16")
+    g.output(em.rms_norm(x) @ w, "Y")
+    return g
+
+
+def bundle(tmp_path: Path) -> Path:
+    g = small()
+    res = em.optimize(g, cache=False)
+    entry = export_case(tmp_path, "rmslin", "rmslin b=1", g, res, GPUProfile.load("h100"),
+                        scale=1.0)
+    (tmp_path / "manifest.json").write_text(json.dumps({"made": {"target": "h100"},
+                                                        "cases": [entry]}))
+    return tmp_path
+
+
+def run_runner(folder: Path) -> tuple[int, dict, str]:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = folder / "out.json"
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_runner.py"), str(folder),
+                        "--out", str(out), "--device", "cpu", "--sets", "2"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    return p.returncode, json.loads(out.read_text()), p.stdout + p.stderr
+
+
+def test_the_runner_checks_the_exported_program_against_float64(tmp_path):
+    folder = bundle(tmp_path)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    case = manifest["cases"][0]
+    assert case["inputs"]["X"] == {"shape": [4, 64], "dtype": "float16", "scale": 1.0}
+    assert case["predicted_us"] > 0 and case["min_bytes"] == (4 * 64 + 64 * 32 + 4 * 32) * 2
+    ours = (folder / case["ours"]).read_text()
+    assert "import eqsat_mirage" not in ours and "import eqsat_mirage" not in \
+        (folder / case["ref"]).read_text()  # the GPU machine has torch and triton only
+    rc, results, log = run_runner(folder)
+    assert rc == 0, log
+    row = results["cases"][0]
+    assert row["ok"] and row["nonfinite"] == 0 and 0 < row["rel_err"] < 2e-3
+
+
+def test_the_runner_fails_a_wrong_program(tmp_path):
+    folder = bundle(tmp_path)
+    case = json.loads((folder / "manifest.json").read_text())["cases"][0]
+    path = folder / case["ours"]
+    text = path.read_text()
+    assert 'return {"Y": Y}' in text
+    path.write_text(text.replace('return {"Y": Y}', 'return {"Y": Y * 1.01}'))
+    rc, results, log = run_runner(folder)
+    assert rc == 1 and not results["cases"][0]["ok"], log
+    assert results["cases"][0]["rel_err"] > 5e-3
+
+
+def test_ingest_turns_timings_into_rows():
+    manifest = {"cases": [{"case": "x b=1", "predicted_us": 10.0, "min_bytes": 3e6,
+                           "memory_bound": True}]}
+    results = {"cases": [{"case": "x b=1", "eager_us": 30.0, "compile_us": 20.0,
+                          "ours_us": 5.0, "rel_err": 1e-4, "ok": True}]}
+    (row,) = rows_from(manifest, results, 3000.0)
+    assert row["ours"] == 5.0 and row["sdpa"] is None
+    assert abs(row["dram_frac"] - 3e6 / 5e-6 / 3e12) < 1e-12
