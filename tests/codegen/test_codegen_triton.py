@@ -459,6 +459,18 @@ def test_bad_inputs_raise_value_errors(matmul_fn, call, match):
         matmul_fn(**call(a, b))
 
 
+@pytest.mark.parametrize("bad", [
+    lambda a, b: (a[:, :8], b), lambda a, b: (a, b.half()), lambda a, b: (a, b.numpy()),
+    lambda a, b: (a, torch.empty(64, 48, device="meta")), lambda a, b: (a.double(), b)],
+    ids=["shape", "dtype", "type", "device", "dtype-a"])
+def test_a_signature_checked_once_still_refuses_others(matmul_fn, bad):
+    a, b = torch.randn(32, 64), torch.randn(64, 48)
+    matmul_fn(a, b)  # this signature is now remembered as checked
+    with pytest.raises(ValueError, match="expected"):
+        matmul_fn(*bad(a, b))
+    assert matmul_fn(a, b)["C"].shape == (32, 48)
+
+
 def test_positional_errors(matmul_fn):
     a = torch.randn(32, 64)
     with pytest.raises(ValueError, match="takes 2 inputs"):
