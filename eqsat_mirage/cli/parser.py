@@ -15,12 +15,19 @@ EXIT_STATUS = """exit status:
 BENCH_NAMES = ("gqa", "qknorm", "rmsnorm", "lora", "gatedmlp", "ntrans")  # bench/programs.py
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (``PROG: error: ...``) and exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(commands: dict[str, Callable], bench_module: Callable) -> argparse.ArgumentParser:
     """The argument parser of ``eqsat-mirage``; ``commands`` maps subcommand -> function.
 
     ``bench_module(name)`` imports a module of bench/ (its options join the bench commands).
     """
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="eqsat-mirage",
         description="A superoptimizer for GPU tensor programs on equality saturation.",
         epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -10,6 +10,7 @@ the same units. ``cost.Hardware`` reads the same files (a subset of the keys).
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from importlib import resources
@@ -86,7 +87,13 @@ class GPUProfile:
         if isinstance(target, GPUProfile):
             return target
         path = profile_path(target)
-        text = path.read_text()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise MirageError(f"{path}: a hardware profile must be UTF-8 TOML text (byte "
+                              f"{exc.object[exc.start]:#04x} at offset {exc.start})") from None
+        except OSError as exc:
+            raise MirageError(f"{path}: cannot read ({exc.strerror})") from None
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
@@ -108,8 +115,8 @@ class GPUProfile:
                 raise MirageError(f"{path}: [figures] lacks key {f.name!r}")
             table = "calibration" if f.name in calib else "figures"
             v = calib.get(f.name, figs[f.name])
-            ok = isinstance(v, int | float) and not isinstance(v, bool) and v > 0 and (
-                f.type == "float" or float(v).is_integer())
+            ok = isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < math.inf \
+                and (f.type == "float" or float(v).is_integer())
             if not ok or (f.name in _FRACTIONS and v > 1):
                 want = "a fraction in (0, 1]" if f.name in _FRACTIONS else f"a positive {f.type}"
                 raise MirageError(f"{path}: [{table}] key {f.name!r} = {v!r} is not {want}")

@@ -359,6 +359,8 @@ def check_rule(rule: Rule, schema: Schema | None = None, instances: int = 3, see
         except (ShapeError, TypeError) as exc:
             bad = (f"the right side is ill-shaped for {inst.describe()} (left side "
                    f"{fmt_shape(lhs.shape)}): {exc}")
+        except _Fail as exc:  # e.g. a division by zero in a scalar the left side allows
+            bad = f"the right side cannot be computed for {inst.describe()}: {exc}"
         if bad:
             res.status, res.message = "unsound", bad
             return res

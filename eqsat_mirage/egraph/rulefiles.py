@@ -10,6 +10,7 @@ file gets a ``RuleError`` naming the file and line.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -160,6 +161,57 @@ def _check_term(x, schema: Schema, path: str, line: int) -> None:
         _check_term(item, schema, path, line)
 
 
+_FACTS = {"=", "!=", ">=", "<=", ">", "<", "is-op", "split"}  # what a :when fact may be
+_ARITH = {"+", "-", "*", "/", "max", "min"}
+_I64 = re.compile(r"-?\d+")
+_F64 = re.compile(r"-?(\d+\.\d*|\.\d+|\d+)([eE][-+]?\d+)?")
+INTERNAL_RULESETS = ("shapes", "absrules", "axioms", "reach")  # schema.egg and guards.egg
+
+
+def _sort(x, schema: Schema, where: str) -> str | None:
+    """The sort of a term ("i64", "f64", "T", ...), None for a pattern variable; raises a
+    ``RuleError`` for a literal out of range, a division by a literal zero or mixed sorts."""
+    if not isinstance(x, SList):
+        if _I64.fullmatch(x):
+            if not -2**63 <= int(x) < 2**63:
+                raise RuleError(f"{where}: integer literal {x} is out of the i64 range")
+            return "i64"
+        if _F64.fullmatch(x):
+            if not math.isfinite(float(x)):
+                raise RuleError(f"{where}: float literal {x} is not a finite f64")
+            return "f64"
+        return None
+    head, args = x.head(), x.items[1:]
+    if head in schema.constructors:
+        for a, want in zip(args, schema.constructors[head]):
+            got = _sort(a, schema, where)
+            if got is not None and got != want:
+                raise RuleError(f"{where}: {head} takes {want} here, got {got} {to_text(a)} "
+                                f"in {to_text(x)}")
+        return "T"
+    sorts = [_sort(a, schema, where) for a in args]
+    if head in ("ndim", "dim"):
+        return "i64"
+    if head == "to-f64":
+        return "f64"
+    if head == "/" and len(args) == 2 and not isinstance(args[1], SList) and sorts[1] \
+            and float(args[1]) == 0.0:
+        raise RuleError(f"{where}: division by zero in {to_text(x)}")
+    known = {s for s in sorts if s is not None}
+    if head in _ARITH | _FACTS - {"is-op", "split"} and len(known) > 1:
+        raise RuleError(f"{where}: {to_text(x)} mixes sorts {' and '.join(sorted(known))} "
+                        "(write 2 for an i64, 2.0 for an f64)")
+    return known.pop() if head in _ARITH and known else None
+
+
+def _check_facts(when: list, schema: Schema, where: str) -> None:
+    """Every :when fact is a comparison or relation over well-sorted terms."""
+    for fact in when:
+        if not isinstance(fact, SList) or fact.head() not in _FACTS:
+            raise RuleError(f"{where}: a :when fact must be a comparison such as "
+                            f"(= (ndim a) 2) or (is-op a), got {to_text(fact)}")
+
+
 def parse_rules(text: str, path: str, schema: Schema | None = None) -> tuple[list[str], list[Rule]]:
     """Parse a rule file's text: (rulesets declared, rules). Raises ``RuleError``."""
     schema = schema or Schema.load()
@@ -196,6 +248,9 @@ def parse_rules(text: str, path: str, schema: Schema | None = None) -> tuple[lis
                             f"got {to_text(lhs)}")
         for part in (lhs, rhs, *when):
             _check_term(part, schema, path, form.line)
+        _check_facts(when, schema, f"{path}:{form.line}")
+        for part in (lhs, rhs, *when):
+            _sort(part, schema, f"{path}:{getattr(part, 'line', 0) or form.line}")
         name = comment or f"{os.path.basename(path)}:{form.line}"
         rule = Rule(name, lhs, rhs, when, ruleset, path, form.line)
         bound = rule.variables() | _vars(SList([Sym("when"), *when], 0))
@@ -261,7 +316,13 @@ def load_rules(specs=("rules",)) -> tuple[list[str], list[Rule]]:
     schema = Schema.load()
     rulesets: list[str] = []
     rules: list[Rule] = []
-    for path in rule_paths(specs):
+    builtin, paths = builtin_rules_dir(), rule_paths(specs)
+    reserved = {r: "an internal ruleset" for r in INTERNAL_RULESETS}
+    for f in paths:  # a user file may replace a built-in ruleset only if that file is left out
+        if f.parent == builtin:
+            for m in re.finditer(r"^\(ruleset\s+([^\s()]+)\)", f.read_text(), re.M):
+                reserved[m.group(1)] = f"declared by the built-in {f.name}, loaded with it"
+    for path in paths:
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
@@ -271,6 +332,13 @@ def load_rules(specs=("rules",)) -> tuple[list[str], list[Rule]]:
             raise RuleError(f"{path}:{line}: not UTF-8 text (byte {exc.object[exc.start]:#04x} "
                             f"at offset {exc.start})") from None
         rs, rl = parse_rules(text, str(path), schema)
+        if path.parent != builtin:
+            for r in rs:
+                if r in reserved:
+                    line = text[:text.find(f"(ruleset {r}")].count("\n") + 1
+                    raise RuleError(f"{path}:{line}: ruleset {r!r} is {reserved[r]}; name "
+                                    "yours differently (or leave that built-in file out to "
+                                    "replace it)")
         rulesets += [r for r in rs if r not in rulesets]
         rules += rl
     return rulesets, rules

@@ -202,10 +202,17 @@ class Tensor:
     def _what(self, op: str) -> str:
         return f"{op} (at {user_location()}) of {self.node.describe()} {fmt_shape(self.shape)}"
 
+    def _ints(self, values: tuple, op: str, what: str) -> tuple[int, ...]:
+        """``values`` (one sequence, or ints) as ints; a ShapeError naming the op otherwise."""
+        if len(values) == 1 and isinstance(values[0], list | tuple):
+            values = tuple(values[0])
+        if not all(isinstance(v, Integral) and not isinstance(v, bool) for v in values):
+            raise ShapeError(f"{self._what(op)}: {what} must be ints, got {values!r}")
+        return tuple(int(v) for v in values)
+
     def transpose(self, *axes: Any) -> Tensor:
         """Permute axes; with no argument, reverse them (NumPy semantics)."""
-        if len(axes) == 1 and not isinstance(axes[0], int):
-            axes = tuple(axes[0])
+        axes = self._ints(axes, "transpose", "axes")
         perm = tuple(range(self.ndim))[::-1] if not axes else tuple(
             a % self.ndim if -self.ndim <= a < self.ndim else a for a in axes)
         return apply(Op.TRANSPOSE, self, arg=perm)
@@ -220,11 +227,11 @@ class Tensor:
 
     def reshape(self, *shape: Any) -> Tensor:
         """Reshape (one dim may be -1)."""
-        if len(shape) == 1 and not isinstance(shape[0], int):
-            shape = tuple(shape[0])
-        shape = tuple(int(d) for d in shape)
+        shape = self._ints(shape, "reshape", "the new shape's dims")
         if shape.count(-1) == 1:
             rest = numel(tuple(d for d in shape if d != -1))
+            if rest <= 0:
+                raise ShapeError(f"{self._what('reshape')}: cannot infer -1 in {shape}")
             shape = tuple(numel(self.shape) // rest if d == -1 else d for d in shape)
         return apply(Op.RESHAPE, self, arg=shape)
 
@@ -265,10 +272,10 @@ def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     if not tensors or not all(isinstance(t, Tensor) for t in tensors):
         raise GraphError(f"concat (at {user_location()}): expected a non-empty list of Tensors")
     ndim = tensors[0].ndim
-    if not -ndim <= axis < ndim:
-        raise ShapeError(f"concat (at {user_location()}): axis {axis} out of range for "
-                         f"{ndim}-d tensors")
-    return apply(Op.CONCAT, *tensors, arg=axis % ndim)
+    if not isinstance(axis, Integral) or isinstance(axis, bool) or not -ndim <= axis < ndim:
+        raise ShapeError(f"concat (at {user_location()}): axis {axis!r} out of range (or not "
+                         f"an int) for {ndim}-d tensors")
+    return apply(Op.CONCAT, *tensors, arg=int(axis) % ndim)
 
 
 def transpose(x: Tensor, *axes: Any) -> Tensor:

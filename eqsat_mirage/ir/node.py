@@ -15,6 +15,8 @@ from enum import Enum, auto
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
+
 from .errors import DTypeError, ShapeError
 
 
@@ -161,10 +163,18 @@ def normalize_axes(axis: Any, ndim: int, what: str) -> tuple[int, ...]:
     """Turn ``axis`` (None, int or sequence) into sorted non-negative axes."""
     if axis is None:
         return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    if isinstance(axis, int | np.integer):
+        axes = (axis,)
+    elif isinstance(axis, list | tuple):
+        axes = tuple(axis)
+    else:
+        raise ShapeError(f"{what}: axis {axis!r} out of range for a {ndim}-d tensor (an "
+                         "axis is None, an int or a list or tuple of ints)")
     out = []
     for ax in axes:
-        if not isinstance(ax, int) or not -ndim <= ax < ndim:
+        if isinstance(ax, np.integer):
+            ax = int(ax)
+        if not isinstance(ax, int) or isinstance(ax, bool) or not -ndim <= ax < ndim:
             raise ShapeError(f"{what}: axis {ax!r} out of range for a {ndim}-d tensor")
         out.append(ax % ndim)
     if len(set(out)) != len(out):

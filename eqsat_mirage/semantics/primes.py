@@ -55,7 +55,7 @@ def is_prime(n: int) -> bool:
 def family_size(bits: int) -> int:
     """How many (p, q) pairs ``draw_primes`` chooses from at ``bits``."""
     if bits not in FAMILY:
-        raise ValueError(f"prime_bits must be in [8, 30], got {bits}")
+        raise MirageError(f"prime_bits must be in [8, 30], got {bits}")
     return FAMILY[bits]
 
 
@@ -72,7 +72,7 @@ def draw_primes(rng: np.random.Generator, bits: int = 30,
         if any(n % p == 0 or n % q == 0 for n in avoid):
             continue
         return p, q
-    raise ValueError(f"no prime pair of {bits} bits avoids the program's constants")
+    raise MirageError(f"no prime pair of {bits} bits avoids the program's constants")
 
 
 @cache

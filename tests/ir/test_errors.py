@@ -110,7 +110,7 @@ def test_concat_rank_mismatch():
 def test_concat_bad_axis_and_empty_list():
     g, (a, b) = graph(A=(3, 4), B=(3, 4))
     with pytest.raises(em.ShapeError, match=rf"concat \(at {HERE}\): axis 2 out of range "
-                                            r"for 2-d tensors"):
+                                            r"\(or not an int\) for 2-d tensors"):
         em.concat([a, b], axis=2)
     with pytest.raises(em.GraphError, match=r"concat .*non-empty list of Tensors"):
         em.concat([], axis=0)
