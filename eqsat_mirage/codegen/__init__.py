@@ -2,9 +2,11 @@
 
 ``source.py``: ``triton_source`` and ``compile_mugraph``. ``kernel.py``: one custom
 kernel's body. ``tiles.py``: tile expressions (``tl.dot``, reductions, masks).
-``concat.py``: concatenation and the code generator's errors.
+``concat.py``: concatenation and the code generator's errors. ``compiled.py``:
+``compile_report``, each generated kernel compiled for the real target (sm_90a)
+without a GPU, with its registers, spills and shared memory.
 
 Takes: a validated ``MuGraph``.
-Gives: Triton source text and a callable on torch tensors.
-May import: ir, frontend, semantics, mugraph.
+Gives: Triton source text, a callable on torch tensors, compiled kernels' resources.
+May import: ir, frontend, semantics, mugraph, cost (the launch's warps and stages).
 """

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from ..cost.profile import NUM_STAGES, NUM_WARPS
 from ..ir.node import Node, Op, Shape, fmt_shape
 from ..ir.printing import _short
 from ..mugraph.kernels import CustomKernel, TensorSpec, axis_name, fmt_map
@@ -230,7 +231,8 @@ class KernelWriter(TileOps):
         grid = ", ".join(str(g) for g in self.k.grid) + ("," if len(self.k.grid) == 1 else "")
         args = [[var[t] for t in tensors],
                 [f"{var[t]}.stride({d})" for t in tensors for d in range(len(self.stride[t]))],
-                [f"{self.block_name[n]}={self.block[n]}" for n in sorted(self.block_name)]]
+                [f"{self.block_name[n]}={self.block[n]}" for n in sorted(self.block_name)]
+                + [f"num_warps={NUM_WARPS}", f"num_stages={NUM_STAGES}"]]
         lines = [f"{self.fn_name}[({grid})]("]
         for group in args:
             lines += wrap(group, "    ", ",")

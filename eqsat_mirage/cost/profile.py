@@ -18,7 +18,10 @@ from pathlib import Path
 
 from ..ir.errors import MirageError
 
-THREADS_PER_BLOCK = 128  # Triton's default num_warps=4
+THREADS_PER_BLOCK = 128  # num_warps=4, emitted in every launch (codegen/kernel.py)
+NUM_WARPS = THREADS_PER_BLOCK // 32
+NUM_STAGES = 2  # software-pipelining depth emitted in every launch: gpucost counts an fmap
+                # input tile twice (double-buffered), so Triton must not keep three
 REGS_PER_THREAD = 128  # assumption: a tensor-core Triton kernel uses ~128 registers per thread
 _FRACTIONS = ("dram_achievable_fraction", "tensor_achievable_fraction",
               "replicated_read_dram_fraction")

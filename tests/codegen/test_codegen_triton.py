@@ -730,3 +730,20 @@ def test_generated_modules_only_go_to_private_folders(tmp_path):
     own = tmp_path / "own"
     run = compile_mugraph(tiled_matmul()[1], directory=own)
     assert Path(run.path).parent == own
+
+
+def test_a_fused_kernel_compiles_for_sm90a_without_a_gpu():
+    from eqsat_mirage.codegen.compiled import compile_report
+
+    g = em.Graph("rmslin")
+    x = g.input("X", (4, 64), dtype="float16")
+    w = g.input("W", (64, 32), dtype="float16")
+    g.output(em.rms_norm(x) @ w, "Y")
+    res = em.optimize(g, cache=False)
+    assert any(k.kind == "custom" for k in res.program.kernels)
+    (k, *_) = compile_report(res.triton_source(), "h100")
+    assert 0 < k.registers <= 255 and k.spill_bytes >= 0
+    assert 0 <= k.shared_bytes <= 227 * 1024 and k.num_warps == 4
+    assert compile_report(res.triton_source(), "h100")[0] is k  # cached by source
+    with pytest.raises(em.MirageError, match="no compute capability"):
+        compile_report(res.triton_source(), "tpu")

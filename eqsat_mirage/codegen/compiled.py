@@ -1,0 +1,185 @@
+"""Every generated kernel compiled for the real target, without a GPU (pipeline step 8).
+
+Triton's compiler runs on a CPU when it is given an explicit target
+(``GPUTarget("cuda", 90, 32)`` for sm_90a: h100 and h200; 80 for a100); it
+uses the ptxas that ships in the triton wheel. ``compile_report``
+takes a generated module's source (``triton_source``), records each kernel
+launch of its ``run`` with the launches stubbed and meta tensors as inputs (so
+the argument types, the constexpr block sizes and the launch options are the
+launcher's own), compiles each kernel for the target and reads the resources
+back: registers, spill stores and stack frame (the wheel's ``ptxas -v``) and
+shared memory (Triton's metadata).
+Results are cached in memory by (source, target).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import linecache
+import os
+import re
+import subprocess
+import tempfile
+import time
+import types
+from dataclasses import dataclass
+
+from .concat import CodegenError
+
+ARCH = {"h100": 90, "h200": 90, "a100": 80}  # compute capability of each built-in target
+_CACHE: dict[tuple[str, str], list] = {}
+_DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32"}
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    """One kernel as the target's compiler built it."""
+
+    kernel: str
+    grid: tuple
+    registers: int
+    spill_bytes: int  # spill stores per thread, as ptxas -v reports them (0: no spills)
+    stack_bytes: int
+    shared_bytes: int
+    num_warps: int
+    num_stages: int
+    seconds: float
+
+    def __str__(self) -> str:
+        return (f"{self.kernel}: grid {self.grid}, {self.registers} registers, "
+                f"{self.spill_bytes} B spilled, {self.shared_bytes / 1024:.1f} KiB shared, "
+                f"{self.num_warps} warps, {self.num_stages} stages")
+
+
+@contextlib.contextmanager
+def _interpreter(on: bool):
+    """``TRITON_INTERPRET`` set (on) or unset (off) for the duration, then restored."""
+    saved = os.environ.pop("TRITON_INTERPRET", None)
+    if on:
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("TRITON_INTERPRET", None)
+        if saved is not None:
+            os.environ["TRITON_INTERPRET"] = saved
+
+
+def _load(source: str):
+    """The generated module, executed from memory with real (not interpreted) kernels."""
+    name = "eqsat_mirage_compiled_" + hashlib.sha256(source.encode()).hexdigest()[:16]
+    filename = f"<{name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    module = types.ModuleType(name)
+    module.__file__ = filename
+    with _interpreter(False):
+        exec(compile(source, filename, "exec"), module.__dict__)  # noqa: S102 - ours, in memory
+    return module
+
+
+def _launches(module) -> list[tuple[str, object, tuple, tuple, dict]]:
+    """(kernel name, function, grid, args, keyword args) of each launch of ``module.run``."""
+    import torch
+
+    seen = []
+
+    class Recorder:
+        def __init__(self, name, fn):
+            self.name, self.fn = name, fn
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: seen.append((self.name, self.fn, grid, args, kwargs))
+
+    for attr in list(vars(module)):
+        obj = getattr(module, attr)
+        if attr.endswith("_kernel") and hasattr(obj, "arg_names"):
+            setattr(module, attr, Recorder(attr, obj))
+    inputs = {n: torch.empty(shape, dtype=dtype, device="meta")
+              for n, (shape, dtype) in module.INPUTS.items()}
+    with _interpreter(True):  # lets the launcher accept meta tensors
+        module.run(**inputs)
+    return seen
+
+
+def _signature(fn, args: tuple, kwargs: dict) -> tuple[dict, dict, dict]:
+    """Triton's signature, constexprs and launch options for one recorded launch."""
+    import torch
+
+    sig, consts, options = {}, {}, {}
+    names = list(fn.arg_names)
+    for name, a in zip(names, args):
+        if isinstance(a, torch.Tensor):
+            sig[name] = "*" + _DTYPES[str(a.dtype)]
+        elif isinstance(a, bool):
+            sig[name] = "i1"
+        elif isinstance(a, int):
+            sig[name] = "i32" if -2**31 <= a < 2**31 else "i64"
+        else:
+            sig[name] = "fp32"
+    for key, v in kwargs.items():
+        if key in ("num_warps", "num_stages"):
+            options[key] = v
+        else:
+            sig[key], consts[key] = "constexpr", v
+    return sig, consts, options
+
+
+def _resources(ptx: str, arch: int, name: str) -> dict[str, int]:
+    """Registers, stack frame and spill stores of kernel ``name`` by the wheel's ptxas -v."""
+    import triton.backends.nvidia as nv
+
+    tool = os.path.join(os.path.dirname(nv.__file__), "bin", "ptxas")
+    suffix = "a" if arch == 90 else ""
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        out = subprocess.run([tool, f"-arch=sm_{arch}{suffix}", "-v", src, "-o",
+                              os.path.join(d, "k.cubin")], capture_output=True, text=True,
+                             timeout=120)
+    if out.returncode != 0:
+        raise CodegenError(f"ptxas failed on kernel {name!r}: {out.stderr.strip()[:300]}")
+    text = out.stdout + out.stderr
+    found = {"registers": r"Used (\d+) registers", "stack": r"(\d+) bytes stack frame",
+             "spills": r"(\d+) bytes spill stores"}
+    return {k: int(m.group(1)) if (m := re.search(rx, text)) else 0 for k, rx in found.items()}
+
+
+def compile_report(source: str, target: str = "h100") -> list[KernelResources]:
+    """Compile each kernel launched by the generated module ``source`` for ``target``.
+
+    Raises ``CodegenError`` naming the kernel when the compiler fails (Triton's compiler
+    and the ptxas/cuobjdump in its wheel are needed; no GPU is).
+    """
+    if target not in ARCH:
+        raise CodegenError(f"compile_report: no compute capability known for target "
+                           f"{target!r} (known: {', '.join(ARCH)})")
+    key = (hashlib.sha256(source.encode()).hexdigest(), target)
+    if key in _CACHE:
+        return _CACHE[key]
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    out = []
+    for name, fn, grid, args, kwargs in _launches(_load(source)):
+        sig, consts, options = _signature(fn, args, kwargs)
+        options = {"num_warps": 4, "num_stages": 3, **options}  # Triton's defaults if absent
+        t = time.perf_counter()
+        try:
+            with _interpreter(False):
+                k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts),
+                                   target=GPUTarget("cuda", ARCH[target], 32),
+                                   options=options)
+        except Exception as exc:  # noqa: BLE001 - the compiler's own error types vary
+            raise CodegenError(f"kernel {name!r} does not compile for {target} "
+                               f"(sm_{ARCH[target]}): {type(exc).__name__}: "
+                               f"...{str(exc)[-600:]}") from None
+        res = _resources(k.asm["ptx"], ARCH[target], k.metadata.name)
+        out.append(KernelResources(name, tuple(grid), res["registers"], res["spills"],
+                                   res["stack"], k.metadata.shared,
+                                   k.metadata.num_warps, k.metadata.num_stages,
+                                   time.perf_counter() - t))
+    _CACHE[key] = out
+    return out
