@@ -4,7 +4,8 @@
 kernel's body. ``tiles.py``: tile expressions (``tl.dot``, reductions, masks).
 ``concat.py``: concatenation and the code generator's errors. ``compiled.py``:
 ``compile_report``, each generated kernel compiled for the real target (sm_90a)
-without a GPU, with its registers, spills and shared memory.
+without a GPU, with its registers, spills and shared memory. ``graphs.py``:
+``GraphRunner``, CUDA-graph capture once per input signature and replay.
 
 Takes: a validated ``MuGraph``.
 Gives: Triton source text, a callable on torch tensors, compiled kernels' resources.

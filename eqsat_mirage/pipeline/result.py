@@ -55,14 +55,22 @@ class OptimizeResult:
 
         return triton_source(self._mugraph(), header=self._header())
 
-    def compile(self):
+    def compile(self, cuda_graph: bool = False):
         """The chosen program as a callable on torch tensors (by position or by input name).
 
-        On a CPU, set ``TRITON_INTERPRET=1`` before triton is imported.
+        On a CPU, set ``TRITON_INTERPRET=1`` before triton is imported. ``cuda_graph``:
+        on CUDA inputs, capture the launches once per input signature and replay them
+        (``codegen.graphs.GraphRunner``; the returned outputs are then reused buffers,
+        overwritten by the next call).
         """
         from ..codegen.source import compile_mugraph
 
-        return compile_mugraph(self._mugraph(), header=self._header())
+        run = compile_mugraph(self._mugraph(), header=self._header())
+        if not cuda_graph:
+            return run
+        from ..codegen.graphs import GraphRunner
+
+        return GraphRunner(run, list(run.module.INPUTS))
 
     def render(self, path, **kwargs):
         """Draw the input program and the chosen program side by side (.svg, .png or .pdf).
