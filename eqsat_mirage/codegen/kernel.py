@@ -18,7 +18,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from ..cost.profile import NUM_STAGES, NUM_WARPS
+from ..cost.gpucost import warps_for
+from ..cost.profile import NUM_STAGES
 from ..ir.node import Node, Op, Shape, fmt_shape
 from ..ir.printing import _short
 from ..mugraph.kernels import CustomKernel, TensorSpec, axis_name, fmt_map
@@ -232,7 +233,7 @@ class KernelWriter(TileOps):
         args = [[var[t] for t in tensors],
                 [f"{var[t]}.stride({d})" for t in tensors for d in range(len(self.stride[t]))],
                 [f"{self.block_name[n]}={self.block[n]}" for n in sorted(self.block_name)]
-                + [f"num_warps={NUM_WARPS}", f"num_stages={NUM_STAGES}"]]
+                + [f"num_warps={warps_for(self.k)}", f"num_stages={NUM_STAGES}"]]
         lines = [f"{self.fn_name}[({grid})]("]
         for group in args:
             lines += wrap(group, "    ", ",")

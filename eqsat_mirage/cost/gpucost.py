@@ -81,7 +81,7 @@ from ..ir.errors import MirageError
 from ..ir.node import ELEMENTWISE, ITEMSIZE, REDUCE, Node, Op, numel
 from ..mugraph.kernels import CustomKernel, Kernel, PredefinedKernel
 from ..mugraph.program import MuGraph
-from .profile import GPUProfile
+from .profile import NUM_WARPS, GPUProfile
 
 __all__ = ["GPUProfile", "KernelCost", "KernelTransfers", "MuGraphCost", "Transfers", "Work",
            "kernel_cost", "mugraph_cost", "roofline_us", "smem_bytes", "transfers"]
@@ -281,6 +281,17 @@ def _custom_reads(k: CustomKernel, mg: MuGraph) -> list[tuple[int, float]]:
     return out
 
 
+def warps_for(k: CustomKernel) -> int:
+    """Warps per block of custom kernel ``k`` (emitted by codegen, priced here): ``NUM_WARPS``,
+    doubled up to 16 while the largest padded tile holds more than 64 values per thread
+    (past that ptxas spills: bench/compile_report.py)."""
+    tiles = [numel(s) for stage in (k.loop, k.post) for s in padded_shapes(stage).values()]
+    warps = NUM_WARPS
+    while warps < 16 and max(tiles, default=0) > 64 * 32 * warps:
+        warps *= 2
+    return warps
+
+
 def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile) -> KernelCost:
     blocks, f_range = math.prod(k.grid), k.forloop
     launch = prof.launch_overhead_us
@@ -314,7 +325,7 @@ def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile) -> KernelCost:
         work.cuda += numel(pad_loop[id(k.loop.outputs[a])]) * blocks * f_range
     for n in k.post.nodes():
         work.add_node(n, blocks, lambda m: pad_post[id(m)])
-    bps = prof.blocks_per_sm_cap()
+    bps = prof.blocks_per_sm_cap(32 * warps_for(k))
     if smem:
         bps = min(bps, int(prof.smem_per_sm_KiB * 1024 // smem))
     slots = prof.sms * bps

@@ -132,10 +132,11 @@ class GPUProfile:
         """Dense tensor-core peak for ``dtype`` in FLOPs per microsecond."""
         return (self.bf16_tensor_TFLOPs if dtype == "bfloat16" else self.fp16_tensor_TFLOPs) * 1e6
 
-    def blocks_per_sm_cap(self) -> int:
-        """Resident blocks per SM before shared memory: block, thread and register limits."""
-        return min(self.max_blocks_per_sm, self.max_threads_per_sm // THREADS_PER_BLOCK,
-                   self.registers_per_sm // (THREADS_PER_BLOCK * REGS_PER_THREAD))
+    def blocks_per_sm_cap(self, threads: int = THREADS_PER_BLOCK) -> int:
+        """Resident blocks per SM before shared memory: block, thread and register limits,
+        for blocks of ``threads`` threads."""
+        return max(1, min(self.max_blocks_per_sm, self.max_threads_per_sm // threads,
+                          self.registers_per_sm // (threads * REGS_PER_THREAD)))
 
 
 def _sources(text: str) -> dict[str, str]:
