@@ -75,8 +75,14 @@ class Graph:
         self.outputs[name] = tensor.node
 
     def nodes(self) -> list[Node]:
-        """Every node reachable from the outputs, operands first."""
-        return toposort(list(self.outputs.values()))
+        """Every node reachable from the outputs, operands first (a fresh list; the order
+        is remembered while the outputs are the same nodes: nodes are immutable)."""
+        roots = tuple(self.outputs.values())
+        cached = getattr(self, "_order", None)
+        if cached is None or len(cached[0]) != len(roots) or any(
+                x is not y for x, y in zip(cached[0], roots)):
+            cached = self._order = (roots, toposort(list(roots)))
+        return list(cached[1])
 
     def check(self) -> Graph:
         """Run the ``check`` pass on this graph and return it."""

@@ -23,15 +23,16 @@ values over the finite field exactly as over floats.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from ..ir.node import BINARY, REDUCE, UNARY, Node, Op, make, toposort
-from ..semantics.field import FIELD_SEMANTICS
-from ..semantics.floating import FLOAT_SEMANTICS, float_ctx, round_to
+from ..semantics.field import FIELD_SEMANTICS, back_p
+from ..semantics.floating import FLOAT_SEMANTICS, float_ctx, round_to, uniform
 from ..semantics.interp import Table, run
+from ..semantics.modular import compact
 from .kernels import CustomKernel, KernelGraph, MuGraphError, PredefinedKernel, TensorSpec
 
 
@@ -106,7 +107,7 @@ def vectorise(outputs: Mapping[str, Node], prefix: tuple[int, ...]) -> tuple[_Pr
 def _each(value: Any, fn: Callable, pairs: bool) -> Any:
     """Apply an array function to a float value, or to both parts of a field pair."""
     if pairs:
-        return fn(value[0]), (fn(value[1]) if value[1] is not None else None)
+        return tuple(fn(v) if v is not None else None for v in value)
     return fn(value)
 
 
@@ -137,6 +138,8 @@ def cut(x: np.ndarray, imap: Mapping[int, int], fmap: int | None, grid: tuple[in
 def place(v: np.ndarray, omap: Mapping[int, int], fmap: int | None, grid: tuple[int, ...],
           forloop: int, shape: tuple[int, ...]) -> np.ndarray:
     """The device tensor of ``shape`` whose blocks' tiles are ``v``: ([F,] *grid, *tile)."""
+    if uniform(v):  # one value everywhere (a constant draw of the float checks): stays a view
+        return np.broadcast_to(np.asarray(v).reshape(-1)[:1].reshape(()), shape)
     off, g = (1 if fmap is not None else 0), len(grid)
     perm = [off + a for a in range(g) if a not in omap.values()]  # size-1 axes (validated)
     for d in range(np.ndim(v) - off - g):
@@ -159,6 +162,30 @@ class _Plan:
     loop_map: dict
     post_map: dict
     adds: dict[str, Node]  # accumulator -> the ADD node used to sum it (dtype float32)
+    # exact backends: accumulators that sum a matmul are one matmul over the whole loop
+    # (sum_f L_f @ R_f = [L_0 .. L_F-1] @ [R_0; ..; R_F-1]); the loop then yields L_f and R_f
+    fused: dict[str, Node] = field(default_factory=dict)
+    fused_loop: _Program | None = None
+
+
+def _fuse_matmuls(k: CustomKernel, loop: _Program) -> tuple[dict[str, Node], _Program | None]:
+    """The accumulators of ``k`` whose loop value is a matmul read by nothing else in the
+    loop, and the loop program that yields their operands instead (None: no such one)."""
+    readers: dict[int, int] = {}
+    for n in loop.nodes():
+        for src in n.srcs:
+            readers[id(src)] = readers.get(id(src), 0) + 1
+    loop_outs = {t for t, bo in k.outputs.items() if bo.stage == "loop"}
+    outs = list(loop.outputs.values())
+    fused = {a: loop.outputs[a] for a in k.accumulators
+             if loop.outputs[a].op is Op.MATMUL and a not in loop_outs
+             and not readers.get(id(loop.outputs[a])) and outs.count(loop.outputs[a]) == 1}
+    if not fused:
+        return {}, None
+    rest = {t: n for t, n in loop.outputs.items() if t not in fused}
+    for a, m in fused.items():
+        rest[f"{a}\0lhs"], rest[f"{a}\0rhs"] = m.srcs
+    return fused, _Program(rest)
 
 
 def _plans(mg: KernelGraph) -> list:
@@ -171,7 +198,7 @@ def _plans(mg: KernelGraph) -> list:
         post, post_map = vectorise(k.post.outputs, k.grid)
         adds = {a: Node(Op.ADD, (loop.outputs[a],) * 2, None, loop.outputs[a].shape, "float32")
                 for a in k.accumulators}
-        plans.append(_Plan(k, loop, post, loop_map, post_map, adds))
+        plans.append(_Plan(k, loop, post, loop_map, post_map, adds, *_fuse_matmuls(k, loop)))
     return plans
 
 
@@ -211,6 +238,52 @@ def needs_q(mg: KernelGraph, plans: list) -> set[int]:
     return needed
 
 
+def needs_p(mg: KernelGraph, plans: list, q_ids: set[int]) -> set[int]:
+    """Ids of the (vectorised) nodes whose Z_p part is used (``field.back_p``), across all
+    kernels: what the outputs read, back through every kernel, accumulator and tile."""
+    needed: set[int] = set()
+    p_tensors = set(mg.output_tensors.values())
+    for k, plan in reversed(list(zip(mg.kernels, plans))):
+        if isinstance(k, PredefinedKernel):
+            if k.output in p_tensors:
+                needed.add(id(k.node))
+            back_p(plan.nodes(), needed, q_ids)
+            p_tensors.update(n.arg for n in plan.nodes() if n.op is Op.INPUT and id(n) in needed)
+            continue
+        for t, bo in k.outputs.items():
+            if t in p_tensors:
+                needed.add(id((plan.loop if bo.stage == "loop" else plan.post).outputs[t]))
+        back_p(plan.post.nodes(), needed, q_ids)
+        tiles = set()
+        for n in plan.post.nodes():
+            if n.op is Op.INPUT and id(n) in needed:
+                if n.arg in plan.adds:
+                    needed.update((id(plan.loop.outputs[n.arg]), id(plan.adds[n.arg])))
+                else:
+                    tiles.add(n.arg)
+        back_p(plan.loop.nodes(), needed, q_ids)
+        tiles.update(n.arg for n in plan.loop.nodes() if n.op is Op.INPUT and id(n) in needed)
+        p_tensors.update(k.inputs[name].tensor for name in tiles)
+    needed.update(id(node) for name, node in mg.inputs.items() if name in p_tensors)
+    return needed
+
+
+def _joined(operands: list, m: Node) -> tuple:
+    """A matmul's per-iteration field operands (L_f, R_f) joined along the contraction
+    (batch axes broadcast over the grid stay length 1: matmul broadcasts them)."""
+    axes = (-1, -1 if len(m.srcs[1].shape) == 1 else -2)
+
+    def join(side: int, part: int):
+        xs = [x[side][part] for x in operands]
+        if any(x is None for x in xs):
+            return None
+        small = [compact(x) for x in xs]
+        if len({x.shape for x in small}) > 1:
+            small = [np.broadcast_to(x, np.shape(xs[0])) for x in xs]
+        return np.concatenate(small, axis=axes[side])
+    return tuple(tuple(join(side, part) for part in (0, 1)) for side in (0, 1))
+
+
 def _with_leaves(table: Table, leaves: Mapping[str, Any]) -> dict:
     """``table`` with INPUT nodes looked up by name in ``leaves``."""
     return {**table, Op.INPUT: lambda ctx, n: leaves[n.arg]}
@@ -232,18 +305,24 @@ def _run_custom(plan: _Plan, table: Table, ctx: Any, env: Mapping[str, Any],
     loop_outs = {t: bo for t, bo in k.outputs.items() if bo.stage == "loop"}
     written: dict[str, list] = {t: [] for t in loop_outs}
     saved = getattr(ctx, "limb_cache", None)
+    fused = plan.fused if pairs and f_range > 1 else {}
+    operands: dict[str, list] = {a: [] for a in fused}
     try:
         for f in range(f_range):
             tiles = {**fixed, **{n: _each(v, lambda x, f=f: x[f], pairs)
                                  for n, v in looped.items()}}
             if saved is not None:
                 ctx.limb_cache = {}  # tiles are fresh each iteration: keep the cache small
-            vals = run(plan.loop, _with_leaves(table, tiles), ctx)
+            vals = run(plan.fused_loop if fused else plan.loop, _with_leaves(table, tiles), ctx)
+            for a in fused:
+                operands[a].append((vals[f"{a}\0lhs"], vals[f"{a}\0rhs"]))
             for t in loop_outs:
                 vals[t] = _each(vals[t], lambda x, t=t: np.broadcast_to(
                     x, grid + k.output_node(t).shape), pairs)
             for a in k.accumulators:
-                accs[a] = vals[a] if f == 0 else table[Op.ADD](ctx, plan.adds[a], accs[a], vals[a])
+                if a not in fused:
+                    accs[a] = vals[a] if f == 0 else table[Op.ADD](ctx, plan.adds[a], accs[a],
+                                                                   vals[a])
             for t, bo in loop_outs.items():
                 if bo.fmap is None:
                     written[t] = [vals[t]]  # every iteration writes the same tile: last one stays
@@ -252,6 +331,8 @@ def _run_custom(plan: _Plan, table: Table, ctx: Any, env: Mapping[str, Any],
     finally:
         if saved is not None:
             ctx.limb_cache = saved
+    for a, m in fused.items():
+        accs[a] = table[Op.MATMUL](ctx, m, *_joined(operands[a], m))
     post_vals = run(plan.post, _with_leaves(table, {**fixed, **accs}), ctx) if k.post.outputs \
         else {}
     out = {}
@@ -263,8 +344,8 @@ def _run_custom(plan: _Plan, table: Table, ctx: Any, env: Mapping[str, Any],
             value = written[t][0]
         else:
             parts = written[t]
-            value = (np.stack([p[0] for p in parts]), None if parts[0][1] is None else
-                     np.stack([p[1] for p in parts])) if pairs else np.stack(parts)
+            value = tuple(None if parts[0][i] is None else np.stack([p[i] for p in parts])
+                          for i in (0, 1)) if pairs else np.stack(parts)
         out[t] = _each(value, lambda x, bo=bo, t=t: place(
             x, bo.omap, bo.fmap, grid, f_range, specs[t].shape), pairs)
         if native:
@@ -300,5 +381,6 @@ def evaluate_field(mg: KernelGraph, ctx) -> dict[str, tuple]:
     mg.check_lax()
     plans = _plans(mg)
     ctx.needs_q = needs_q(mg, plans)
+    ctx.needs_p = needs_p(mg, plans, ctx.needs_q)
     env = execute(mg, plans, FIELD_SEMANTICS, ctx, pairs=True)
     return {name: env[t] for name, t in mg.output_tensors.items()}

@@ -7,193 +7,32 @@ the q part (``None``), which is why a Lax program takes exp at most once on a
 path. Opaque functions (sqrt, silu, relu) are random functions of their
 argument, drawn per trial; ``rsqrt`` is ``1 / sqrt`` so that identity holds.
 
-Matmuls use BLAS: the smaller operand is cut into signed digits small enough
-that float64 products and sums stay exact (two or three digits for the
-benchmarks' contraction lengths; longer than 2**15 is chunked), the other
-operand is used whole, and the digit products are recombined mod p.
+The exact modular arithmetic (matmuls by float64 BLAS) is in ``modular.py``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
-from ..ir.node import Op
-
-_EXACT_K = 1 << 15  # longest contraction done in one BLAS call (keeps digits >= 8 bits)
-
-
-class FieldZeroDivisionError(ArithmeticError):
-    """A denominator vanished in this trial; the verifier redraws the trial."""
-
-
-def _is_array(x: Any) -> bool:
-    """True for an ndarray with at least one axis (which in-place ops can update)."""
-    return isinstance(x, np.ndarray) and x.ndim > 0
-
-
-def _mod(r: Any, m: int) -> Any:
-    """``r % m``, in place when ``r`` is a fresh array (saves a big temporary)."""
-    if _is_array(r):
-        r %= m
-        return r
-    return r % m
-
-
-def mulmod(a: np.ndarray, b: Any, m: int) -> np.ndarray:
-    """Elementwise a*b mod m for residues below 2**31."""
-    return _mod(a * b, m)
-
-
-def addmod(a: np.ndarray, b: Any, m: int) -> np.ndarray:
-    """Elementwise a+b mod m."""
-    return _mod(a + b, m)
-
-
-def submod(a: np.ndarray, b: Any, m: int) -> np.ndarray:
-    """Elementwise a-b mod m."""
-    return _mod(a - b, m)
-
-
-def powmod(x: np.ndarray, e: int, m: int) -> np.ndarray:
-    """Elementwise x**e mod m by square-and-multiply (vectorised, in place)."""
-    base = x % m
-    result = np.ones_like(base)
-    if not _is_array(base):
-        while e:
-            if e & 1:
-                result = (result * base) % m
-            base = (base * base) % m
-            e >>= 1
-        return result
-    while e:
-        if e & 1:
-            result *= base
-            result %= m
-        e >>= 1
-        if e:
-            base *= base
-            base %= m
-    return result
-
-
-def invmod(x: np.ndarray, m: int) -> np.ndarray:
-    """Elementwise modular inverse (m prime); raises FieldZeroDivisionError on zero."""
-    if np.any(x % m == 0):
-        raise FieldZeroDivisionError("division by zero in the field")
-    return powmod(x, m - 2, m)
-
-
-def _signed_digits(x: np.ndarray, m: int, w: int) -> list[np.ndarray]:
-    """``x`` (residues mod m) as balanced residues, cut into base-2**w signed digits.
-
-    Returns float64 arrays d_0, d_1, ... with every |d_j| <= 2**(w-1) and
-    ``x == sum(d_j * 2**(w*j)) (mod m)``; only as many digits as the values need.
-    """
-    r = np.array(x, dtype=np.int64)  # a copy, updated in place below
-    r[r > m // 2] -= m  # |r| <= m/2
-    half, mask = 1 << (w - 1), (1 << w) - 1
-    digits = []
-    while True:
-        d = r + half
-        d &= mask
-        d -= half
-        digits.append(d.astype(np.float64))
-        r -= d
-        r >>= w  # exact: r - d is a multiple of 2**w
-        if not r.any():
-            return digits
-
-
-def _cached(cache: dict | None, x: np.ndarray, key: tuple, make):
-    """``make()``, remembered per (array, key) in a trial's ``cache``."""
-    if cache is None:
-        return make()
-    hit = cache.get((id(x), *key))
-    if hit is not None and hit[0] is x:
-        return hit[1]
-    out = make()
-    cache[(id(x), *key)] = (x, out)  # holding x keeps its id from being reused
-    return out
-
-
-def matmul_mod(a: np.ndarray, b: np.ndarray, m: int, cache: dict | None = None) -> np.ndarray:
-    """Exact ``(a @ b) mod m`` (NumPy matmul semantics, residues below 2**31) by float64 BLAS.
-
-    The operand with fewer elements is cut into signed digits of w bits
-    (``_signed_digits``), the other one is used whole (in [0, m)). Each product
-    |digit * y| < 2**(w+30), and a sum of k of them stays at or below 2**53
-    when w = 23 - ceil(log2 k), so every float64 digit-matmul is exact; the
-    digit products are then combined mod m by Horner's rule in int64. Longer
-    contractions (k > 2**15) are chunked. ``cache`` (a dict kept for one trial)
-    reuses the conversions of operands that several matmuls share, such as a
-    weight read by both programs.
-    """
-    k = a.shape[-1]
-    if k > _EXACT_K:
-        out = None
-        for s in range(0, k, _EXACT_K):
-            bs = b[s:s + _EXACT_K] if b.ndim == 1 else b[..., s:s + _EXACT_K, :]
-            part = matmul_mod(a[..., s:s + _EXACT_K], bs, m)
-            out = part if out is None else (out + part) % m
-        return out
-    w = 23 - (k - 1).bit_length()
-    split_a = a.size <= b.size
-    cut, whole = (a, b) if split_a else (b, a)
-    digits = _cached(cache, cut, ("digits", m, w), lambda: _signed_digits(cut, m, w))
-    whole_f = _cached(cache, whole, ("float64",), lambda: whole.astype(np.float64))
-    shift = pow(2, w, m)
-
-    def product(j: int, out=None):
-        return (np.matmul(digits[j], whole_f, out=out) if split_a
-                else np.matmul(whole_f, digits[j], out=out))
-
-    top = product(len(digits) - 1)
-    if not _is_array(top):  # a 0-d result (vector @ vector)
-        r = int(top) % m
-        for j in range(len(digits) - 2, -1, -1):
-            r = (r * shift + int(product(j))) % m
-        return np.int64(r)
-    # Horner's rule, r = r * 2**w + next product (|r| < 2**31 * 2**23 + 2**53 < 2**63),
-    # converting each exact float64 product to int64 in place to spare big temporaries.
-    r = _to_int64_in_place(top)
-    r %= m
-    buf = None
-    for j in range(len(digits) - 2, -1, -1):
-        buf = _to_int64_in_place(product(j, None if buf is None else buf.view(np.float64)))
-        r *= shift
-        r += buf
-        r %= m
-    return r
-
-
-_CHUNK = 1 << 17  # elements per slice when a big array is updated slice by slice
-
-
-def _to_int64_in_place(x: np.ndarray) -> np.ndarray:
-    """The exact-integer float64 array ``x`` converted to int64 in its own memory.
-
-    Slice by slice, so each overlapping copy goes through a small temporary
-    instead of a second array of x's size.
-    """
-    if not (x.flags.c_contiguous and x.flags.writeable and x.dtype == np.float64):
-        return x.astype(np.int64)
-    flat_f = x.reshape(-1)
-    flat_i = flat_f.view(np.int64)
-    for s in range(0, flat_f.size, _CHUNK):
-        np.copyto(flat_i[s:s + _CHUNK], flat_f[s:s + _CHUNK], casting="unsafe")
-    return x.view(np.int64)
-
-
-def const_mod(value: float, m: int) -> int:
-    """The exact image of a float (a dyadic rational) in Z_m."""
-    frac = Fraction(value)
-    return (frac.numerator % m) * pow(frac.denominator % m, m - 2, m) % m
-
+from ..ir.node import OPAQUE, Op
+from .modular import (  # noqa: F401  (re-exported: the field backend's arithmetic)
+    _CHUNK,
+    _EXACT_K,
+    FieldZeroDivisionError,
+    _is_array,
+    _mod,
+    addmod,
+    const_mod,
+    invmod,
+    matmul_mod,
+    mulmod,
+    powmod,
+    submod,
+)
 
 _M1 = np.uint64(0xFF51AFD7ED558CCD)
 _M2 = np.uint64(0xC4CEB9FE1A85EC53)
@@ -216,6 +55,7 @@ class FieldCtx:
     rng: np.random.Generator
     inputs: Mapping[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     needs_q: set[int] = field(default_factory=set)  # ids of nodes whose q part is used
+    needs_p: set[int] | None = None  # ids of nodes whose p part is used (None: every node)
     omega: int = 0
     keys: dict[Op, tuple[int, int, int]] = field(default_factory=dict)
     _tables: tuple[np.ndarray, np.ndarray] | None = None
@@ -298,15 +138,20 @@ def _q(ctx: FieldCtx, node, fn):
     return fn() if id(node) in ctx.needs_q else None
 
 
+def _p(ctx: FieldCtx, node, fn):
+    return fn() if ctx.needs_p is None or id(node) in ctx.needs_p else None
+
+
 def _binary(op_p, op_q):
     def apply(ctx, n, a, b):
-        return op_p(a[0], b[0], ctx.p), _q(ctx, n, lambda: op_q(a[1], b[1], ctx.q))
+        return (_p(ctx, n, lambda: op_p(a[0], b[0], ctx.p)),
+                _q(ctx, n, lambda: op_q(a[1], b[1], ctx.q)))
     return apply
 
 
 def _unary(fn):
     def apply(ctx, n, x):
-        return fn(x[0], ctx.p), _q(ctx, n, lambda: fn(x[1], ctx.q))
+        return _p(ctx, n, lambda: fn(x[0], ctx.p)), _q(ctx, n, lambda: fn(x[1], ctx.q))
     return apply
 
 
@@ -315,18 +160,19 @@ def _reduce(mean: bool):
         axes, keep = n.arg
         count = 1
         for ax in axes:
-            count *= x[0].shape[ax]
+            count *= n.srcs[0].shape[ax]
 
         def red(v, m):
             s = np.sum(v, axis=axes, keepdims=keep) % m
             return (s * pow(count, m - 2, m)) % m if mean else s
-        return red(x[0], ctx.p), _q(ctx, n, lambda: red(x[1], ctx.q))
+        return _p(ctx, n, lambda: red(x[0], ctx.p)), _q(ctx, n, lambda: red(x[1], ctx.q))
     return apply
 
 
 def _movement(fn):
     def apply(ctx, n, *xs):
-        return fn([x[0] for x in xs], n.arg), _q(ctx, n, lambda: fn([x[1] for x in xs], n.arg))
+        return (_p(ctx, n, lambda: fn([x[0] for x in xs], n.arg)),
+                _q(ctx, n, lambda: fn([x[1] for x in xs], n.arg)))
     return apply
 
 
@@ -339,7 +185,7 @@ def _opaque(op):
 
 def _rsqrt(ctx, n, x):
     sp, sq = ctx.random_fn(Op.SQRT, x)
-    return invmod(sp, ctx.p), _q(ctx, n, lambda: invmod(sq, ctx.q))
+    return _p(ctx, n, lambda: invmod(sp, ctx.p)), _q(ctx, n, lambda: invmod(sq, ctx.q))
 
 
 def _input(ctx, n):
@@ -348,7 +194,7 @@ def _input(ctx, n):
 
 
 def _matmul(ctx, n, a, b):
-    return (matmul_mod(a[0], b[0], ctx.p, ctx.limb_cache),
+    return (_p(ctx, n, lambda: matmul_mod(a[0], b[0], ctx.p, ctx.limb_cache)),
             _q(ctx, n, lambda: matmul_mod(a[1], b[1], ctx.q, ctx.limb_cache)))
 
 
@@ -390,6 +236,24 @@ def q_needed(program) -> set[int]:
     return needed
 
 
+def back_p(nodes: list, needed_p: set[int], needed_q: set[int]) -> None:
+    """Add to ``needed_p`` the operands whose Z_p part ``nodes`` (in order) read: every
+    operand of a node whose p part is needed, except exp's (it reads the q part); and the
+    operand of an opaque function whose q part is needed (it is keyed on the p part)."""
+    for node in reversed(nodes):
+        if (id(node) in needed_p and node.op is not Op.EXP) or (
+                node.op in OPAQUE and id(node) in needed_q):
+            needed_p.update(id(s) for s in node.srcs)
+
+
+def p_needed(program, needed_q: set[int]) -> set[int]:
+    """Ids of nodes whose Z_p part is used: the outputs and what they read (``back_p``).
+    A matmul that only feeds an exp (the attention scores) is computed in Z_q alone."""
+    needed = {id(n) for n in program.outputs.values()}
+    back_p(program.nodes(), needed, needed_q)
+    return needed
+
+
 def _structural_keys(program, ids: dict) -> dict[int, int]:
     """id(node) -> hash-consed key of (op, arg, shape, operands' keys), linear time."""
     keys: dict[int, int] = {}
@@ -426,9 +290,11 @@ class SharedValues:
         env: dict[int, Any] = {}
         for node in program.nodes():
             k, need_q = keys[id(node)], id(node) in ctx.needs_q
+            need_p = ctx.needs_p is None or id(node) in ctx.needs_p
             hit = self._values.get(k)
-            if hit is not None and (hit[1] is not None or not need_q):
-                env[id(node)] = hit if need_q else (hit[0], None)
+            if hit is not None and (hit[1] is not None or not need_q) and (
+                    hit[0] is not None or not need_p):
+                env[id(node)] = (hit[0] if need_p else None, hit[1] if need_q else None)
                 continue
             fn = FIELD_SEMANTICS.get(node.op)
             if fn is None:
@@ -448,6 +314,7 @@ def evaluate_field(program, ctx: FieldCtx, shared: SharedValues | None = None) -
     from .interp import run
 
     ctx.needs_q = q_needed(program)
+    ctx.needs_p = p_needed(program, ctx.needs_q)
     if shared is not None:
         return shared.evaluate(program, ctx)
     return run(program, FIELD_SEMANTICS, ctx)

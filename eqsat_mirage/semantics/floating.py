@@ -53,10 +53,29 @@ def _round_half(x: np.ndarray) -> np.ndarray:
     return np.copysign(out, x, out=out)  # -0.0 stays -0.0
 
 
+def uniform(x: Any) -> bool:
+    """True for a value that is one number everywhere: a scalar, or a broadcast of one value
+    (every stride 0). The float checks' constant draws are such views; ops on them stay so."""
+    return np.ndim(x) == 0 or (isinstance(x, np.ndarray) and x.size > 0 and not any(x.strides))
+
+
+def _one(x: Any) -> Any:
+    """The value of a ``uniform`` array, as a 0-d array."""
+    return np.asarray(x).reshape(-1)[:1].reshape(())
+
+
+def _spread(value: Any, shape: tuple[int, ...]) -> Any:
+    """``value`` (0-d) as a read-only broadcast of ``shape`` (no memory per element)."""
+    return np.broadcast_to(value, shape) if shape else value
+
+
 def round_to(x: np.ndarray, dtype: str | None) -> np.ndarray:
-    """Round ``x`` to ``dtype`` (float16, bfloat16, float32), or leave it (None)."""
+    """Round ``x`` to ``dtype`` (float16, bfloat16, float32), or leave it (None).
+    A broadcast of one value is rounded once and stays a broadcast."""
     if dtype is None:
         return x
+    if np.ndim(x) and uniform(x):
+        return _spread(round_to(_one(x), dtype), np.shape(x))
     if dtype == "float16":
         return _round_half(x)
     if dtype == "bfloat16":
@@ -94,22 +113,50 @@ def _matmul(ctx, n, a, b):
     return ctx.fix(n, np.matmul(a.astype(acc, copy=False), b.astype(acc, copy=False)))
 
 
+def _elementwise(fn):
+    """An elementwise entry; on ``uniform`` operands it computes one element and broadcasts."""
+    def apply(ctx, n, *xs):
+        if all(uniform(x) for x in xs) and any(np.ndim(x) for x in xs):
+            shape = np.broadcast_shapes(*(np.shape(x) for x in xs))
+            return _spread(ctx.fix(n, fn(*(_one(x) for x in xs))), shape)
+        return ctx.fix(n, fn(*xs))
+    return apply
+
+
+def _uniform_reduce(fn, scaled: bool):
+    """SUM (``scaled``: count times the value) or MEAN, one element on a uniform operand."""
+    def apply(ctx, n, x):
+        if np.ndim(x) and uniform(x):
+            count = np.prod([np.shape(x)[a] for a in n.arg[0]])
+            one = _one(x).astype(np.float64) * (count if scaled else 1)
+            return _spread(ctx.fix(n, one), n.shape)
+        return fn(ctx, n, x)
+    return apply
+
+
+def _uniform_matmul(ctx, n, a, b):
+    if uniform(a) and uniform(b) and np.ndim(a) and np.ndim(b):
+        one = _one(a).astype(np.float64) * _one(b).astype(np.float64) * np.shape(a)[-1]
+        return _spread(ctx.fix(n, one), n.shape)
+    return _matmul(ctx, n, a, b)
+
+
 FLOAT_SEMANTICS = {
     Op.INPUT: lambda ctx, n: ctx.inputs[n.arg] if ctx.rounded else ctx.fix(n, ctx.inputs[n.arg]),
     Op.CONST: lambda ctx, n: np.float64(n.arg),
-    Op.NEG: lambda ctx, n, x: ctx.fix(n, -x),
-    Op.EXP: lambda ctx, n, x: ctx.fix(n, np.exp(x)),
-    Op.SQRT: lambda ctx, n, x: ctx.fix(n, np.sqrt(x)),
-    Op.RSQRT: lambda ctx, n, x: ctx.fix(n, 1.0 / np.sqrt(x)),
-    Op.SILU: lambda ctx, n, x: ctx.fix(n, x / (1.0 + np.exp(-x))),
-    Op.RELU: lambda ctx, n, x: ctx.fix(n, np.maximum(x, 0.0)),
-    Op.ADD: lambda ctx, n, a, b: ctx.fix(n, a + b),
-    Op.SUB: lambda ctx, n, a, b: ctx.fix(n, a - b),
-    Op.MUL: lambda ctx, n, a, b: ctx.fix(n, a * b),
-    Op.DIV: lambda ctx, n, a, b: ctx.fix(n, a / b),
-    Op.MATMUL: _matmul,
-    Op.SUM: _sum,
-    Op.MEAN: _mean,
+    Op.NEG: _elementwise(lambda x: -x),
+    Op.EXP: _elementwise(np.exp),
+    Op.SQRT: _elementwise(np.sqrt),
+    Op.RSQRT: _elementwise(lambda x: 1.0 / np.sqrt(x)),
+    Op.SILU: _elementwise(lambda x: x / (1.0 + np.exp(-x))),
+    Op.RELU: _elementwise(lambda x: np.maximum(x, 0.0)),
+    Op.ADD: _elementwise(np.add),
+    Op.SUB: _elementwise(np.subtract),
+    Op.MUL: _elementwise(np.multiply),
+    Op.DIV: _elementwise(np.divide),
+    Op.MATMUL: _uniform_matmul,
+    Op.SUM: _uniform_reduce(_sum, scaled=True),
+    Op.MEAN: _uniform_reduce(_mean, scaled=False),
     Op.TRANSPOSE: lambda ctx, n, x: np.transpose(x, n.arg),
     Op.RESHAPE: lambda ctx, n, x: np.reshape(x, n.arg),
     Op.CONCAT: lambda ctx, n, *xs: np.concatenate(xs, axis=n.arg),

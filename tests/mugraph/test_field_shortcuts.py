@@ -1,0 +1,116 @@
+"""The interpreters' shortcuts give the same values as the plain walk.
+
+- Field: a p part nobody reads is not computed (attention scores feed only exp, which
+  reads the q part), and an accumulator that sums a matmul over the loop is one matmul
+  over the joined tiles. Exact arithmetic: the values must be identical, and a broken
+  tiling must still be caught.
+- Float: a constant draw (every input one value, a broadcast view) is evaluated on one
+  element per tensor; the values match the materialized evaluation.
+"""
+
+import numpy as np
+import pytest
+from mugraph_examples import flash_attention, rmsnorm_linear, tiled_matmul
+
+import eqsat_mirage as em
+from eqsat_mirage.mugraph import tiled
+from eqsat_mirage.semantics import field as fieldsem
+from eqsat_mirage.semantics.field import FieldCtx, evaluate_field
+from eqsat_mirage.semantics.floating import evaluate, uniform
+from eqsat_mirage.semantics.primes import field_primes
+
+EXAMPLES = {"matmul": tiled_matmul, "rmsnorm_linear": rmsnorm_linear,
+            "flash": flash_attention}
+
+
+def _field_outputs(prog, graph, seed, monkeypatch=None, plain=False):
+    p, q = field_primes()
+    ctx = FieldCtx(p, q, np.random.default_rng(seed))
+    ctx.inputs = ctx.random_inputs(graph)
+    if not plain:
+        return prog.evaluate_field(ctx) if hasattr(prog, "kernels") else evaluate_field(prog, ctx)
+    with monkeypatch.context() as m:
+        m.setattr(tiled, "_fuse_matmuls", lambda k, loop: ({}, None))
+        m.setattr(tiled, "needs_p", lambda mg, plans, q_ids: None)
+        m.setattr(fieldsem, "p_needed", lambda program, q_ids: None)
+        return prog.evaluate_field(ctx) if hasattr(prog, "kernels") else evaluate_field(prog, ctx)
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_field_shortcuts_give_identical_values(name, monkeypatch):
+    g, mg = EXAMPLES[name]()
+    for prog in (g, mg):
+        fast = _field_outputs(prog, g, 3)
+        plain = _field_outputs(prog, g, 3, monkeypatch, plain=True)
+        for out in g.outputs:
+            np.testing.assert_array_equal(fast[out][0], plain[out][0])
+            if fast[out][1] is not None:
+                np.testing.assert_array_equal(fast[out][1], plain[out][1])
+
+
+def test_loop_matmuls_are_joined_and_scores_skip_their_p_part():
+    _, mg = flash_attention()
+    plan = tiled._plans(mg)[0]
+    assert set(plan.fused) == {"o"}  # s @ v is summed over the loop; the row sum is not a matmul
+    scores = next(n for n in plan.fused_loop.nodes() if n.op is em.Op.MATMUL)
+    q_ids = tiled.needs_q(mg, [plan])
+    p_ids = tiled.needs_p(mg, [plan], q_ids)
+    assert id(scores) in q_ids and id(scores) not in p_ids  # q @ k only feeds exp
+
+
+@pytest.mark.parametrize("broken", [dict(drop_acc=True), dict(omap={0: 1, 1: 0}),
+                                    dict(b_imap={0: 1}, b_fmap=1)])
+def test_joined_loop_matmuls_still_catch_broken_tilings(broken):
+    g, mg = tiled_matmul(**broken)
+    assert not em.verify(g, mg, seed=0, float_check=False).equivalent
+
+
+def test_flash_attention_without_its_sum_accumulator_is_still_rejected():
+    g, mg = flash_attention(drop_sum_acc=True)
+    assert not em.verify(g, mg, seed=0, float_check=False).equivalent
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+@pytest.mark.parametrize("value", [0.3, 1.7])
+def test_constant_inputs_are_evaluated_on_one_element(name, value):
+    g, mg = EXAMPLES[name]()
+    views = {n: np.broadcast_to(np.float64(value), node.shape) for n, node in g.inputs.items()}
+    full = {n: np.full(node.shape, value) for n, node in g.inputs.items()}
+    for prog in (g, mg):
+        for dtype in (None, "native"):
+            fast, slow = evaluate(prog, views, dtype=dtype), evaluate(prog, full, dtype=dtype)
+            for out in g.outputs:
+                np.testing.assert_allclose(fast[out], slow[out], rtol=1e-6)
+
+
+def test_uniform_values_stay_views_through_the_float_table():
+    g = em.Graph("u")
+    x = g.input("X", (64, 128), "float16")
+    w = g.input("W", (128, 256), "float16")
+    y = em.exp(((x @ w) * 0.01).sum(axis=1, keepdims=True)) + x.mean(axis=1, keepdims=True)
+    g.output(y, "Y")
+    from eqsat_mirage.semantics.floating import FLOAT_SEMANTICS, float_ctx
+    from eqsat_mirage.semantics.interp import run
+    views = {n: np.broadcast_to(np.float32(0.5), node.shape) for n, node in g.inputs.items()}
+    env = run(g, FLOAT_SEMANTICS, float_ctx(g, views, "native", True), outputs=False)
+    assert all(uniform(v) for v in env.values())
+    assert not uniform(np.arange(3.0)) and uniform(np.float64(2.0))
+
+
+@pytest.mark.parametrize("shapes", [((4, 1, 5, 7), (1, 3, 7, 2)), ((2, 3, 5, 7), (7, 4)),
+                                    ((5, 7), (2, 3, 7, 4))])
+def test_matmul_mod_of_broadcast_operands_is_exact(shapes):
+    from eqsat_mirage.semantics.modular import compact, matmul_mod
+    p, _ = field_primes()
+    rng = np.random.default_rng(1)
+    sa, sb = shapes
+    a0 = rng.integers(0, p, sa, dtype=np.int64)
+    b0 = rng.integers(0, p, sb, dtype=np.int64)
+    full = np.broadcast_shapes(sa[:-2], sb[:-2])
+    a = np.broadcast_to(a0, full + sa[-2:]) if len(sa) > 2 else a0
+    b = np.broadcast_to(b0, full + sb[-2:]) if len(sb) > 2 else b0
+    got = matmul_mod(a, b, p)
+    want = np.matmul(a.astype(object), b.astype(object)) % p
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want.astype(np.int64))
+    assert compact(a).size <= a.size
