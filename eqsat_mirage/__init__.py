@@ -10,6 +10,7 @@ from .egraph.check_rules import RuleCheck, RuleCheckReport, assert_sound, check_
 from .frontend.graph import (
     Graph,
     Tensor,
+    amax,
     concat,
     exp,
     matmul,
@@ -17,6 +18,7 @@ from .frontend.graph import (
     rms_norm,
     rsqrt,
     silu,
+    softmax,
     sqrt,
     transpose,
 )
@@ -51,18 +53,20 @@ from .verifier.verify import Counterexample, VerifyResult, verify
 from .version import __version__  # noqa: E402, F401 - em.__version__
 
 __all__ = [
-    "assert_sound", "BlockInput", "BudgetError", "BlockOutput", "check", "check_lax",
+    "amax", "assert_sound", "BlockInput", "BudgetError", "BlockOutput", "check", "check_lax",
     "check_rules", "concat",
     "Counterexample", "CustomKernel", "from_graph", "MuGraph", "MuGraphError", "PredefinedKernel",
     "TensorSpec", "TilingError", "UnknownTensorError",
     "DTypeError", "evaluate", "exp", "Graph", "GraphError", "InputError", "LaxError", "matmul",
-    "MirageError", "Node", "Op", "optimize", "optimize_many", "OptimizeResult", "relu",
+    "max", "MirageError", "Node", "Op", "optimize", "optimize_many", "OptimizeResult", "relu",
     "rms_norm", "rsqrt", "RuleCheck", "RuleCheckReport", "RuleError", "ShapeError", "silu",
-    "sqrt", "Tensor", "TimeLimitError", "transpose", "verify", "VerifyResult",
+    "softmax", "sqrt", "Tensor", "TimeLimitError", "transpose", "verify", "VerifyResult",
 ]
 
 # The torch front end and torch.compile backend load on first use: torch stays optional.
-from .ir.errors import UnsupportedOpError
+from .ir.errors import UnsupportedOpError  # noqa: E402
+
+max = amax  # em.max(x, axis, keepdims), NumPy's name; the builtin is untouched elsewhere
 
 __all__ += ["backend", "from_torch", "UnsupportedOpError"]
 

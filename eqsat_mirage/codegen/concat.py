@@ -125,6 +125,8 @@ class ConcatOps:
             return self._split_matmul(node, srcs, section, label)
         if node.op in REDUCE:
             axes, keep = node.arg
+            if first.axis in axes and node.op is Op.MAX:
+                self.plain(first, node, "a max over the concat axis is not lowered part by part")
             if first.axis in axes:
                 parts = self.per_part(node, srcs, [first.axis], None, section, label, Op.SUM)
                 count = numel(tuple(node.srcs[0].shape[a] for a in axes))

@@ -46,7 +46,8 @@ __all__ = ["CodegenError", "compile_mugraph", "triton_source", "TRITON_API", "TR
 
 # Every ``tl.<name>`` the generator may emit: long-standing APIs, all in Triton 3.6.
 TRITON_API = frozenset({
-    "program_id", "arange", "load", "store", "dot", "sum", "exp", "sqrt", "rsqrt", "maximum",
+    "program_id", "arange", "load", "store", "dot", "sum", "max", "exp", "sqrt", "rsqrt",
+    "maximum",
     "where", "zeros", "full", "trans", "permute", "reshape", "constexpr", "float16", "bfloat16",
     "float32",
 })
@@ -165,11 +166,11 @@ def _torch_op(k: PredefinedKernel, var: dict[str, str]) -> str:
         return f"{a} {sym} {b}"
     if op is Op.MATMUL:
         return f"torch.matmul({arg(xs[0], True)}, {arg(xs[1], True)})"
-    if op in (Op.SUM, Op.MEAN):
+    if op in (Op.SUM, Op.MEAN, Op.MAX):
         axes, keep = n.arg
         if not axes:
             return f"{arg(xs[0])}.clone()"
-        fn = "torch.sum" if op is Op.SUM else "torch.mean"
+        fn = {Op.SUM: "torch.sum", Op.MEAN: "torch.mean", Op.MAX: "torch.amax"}[op]
         return f"{fn}({arg(xs[0])}, dim={_shape(axes)}, keepdim={bool(keep)})"
     if op is Op.TRANSPOSE:
         return f"{arg(xs[0])}.permute{_shape(n.arg)}"

@@ -262,8 +262,8 @@ class TileOps(ConcatOps):
             clean = srcs[1].const not in (None, 0.0) and srcs[0].clean and covered
         return f"{a} {sym} {b}", clean
 
-    def _where(self, expr: str, mask: str | None) -> str:
-        return expr if mask is None else f"tl.where({mask}, {expr}, 0.0)"
+    def _where(self, expr: str, mask: str | None, fill: str = "0.0") -> str:
+        return expr if mask is None else f"tl.where({mask}, {expr}, {fill})"
 
     def _matmul(self, node: Node, a: Val, b: Val) -> tuple[str, bool]:
         batch, m, kk, n = matmul_dims(node)
@@ -312,10 +312,12 @@ class TileOps(ConcatOps):
         src = node.srcs[0].shape
         pos = [len(squeezed(src[:a])) for a in axes if src[a] > 1]
         expr, clean = self.f32(x), x.clean
-        if pos and not x.clean and any(self.padded(src[a]) for a in axes if src[a] > 1):
-            expr, clean = self._where(expr, self.full_mask(x.dims)), True
+        big = node.op is Op.MAX  # padding must not win a max: it reads as -inf
+        if pos and (big or not x.clean) and any(self.padded(src[a]) for a in axes if src[a] > 1):
+            expr = self._where(expr, self.full_mask(x.dims), "-float('inf')" if big else "0.0")
+            clean = not big
         for p in sorted(pos, reverse=True):
-            expr = f"tl.sum({expr}, axis={p})"
+            expr = f"tl.{'max' if big else 'sum'}({expr}, axis={p})"
         if node.op is Op.MEAN:
             count = numel(tuple(src[a] for a in axes))
             expr = f"{expr} / {float(count)!r}" if count > 1 else expr

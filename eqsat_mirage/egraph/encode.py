@@ -13,6 +13,7 @@ from ..ir.node import Node, Op, make
 
 _UNARY = {Op.NEG: "Neg", Op.EXP: "Exp", Op.SQRT: "Sqrt", Op.RSQRT: "Rsqrt", Op.SILU: "Silu",
           Op.RELU: "Relu"}
+_REDUCE = {Op.SUM: "Sum", Op.MEAN: "Mean", Op.MAX: "Max"}
 _BINARY = {Op.ADD: "Add", Op.SUB: "Sub", Op.MUL: "Mul", Op.DIV: "Div", Op.MATMUL: "MatMul"}
 CTOR_OP = {v: k for k, v in {**_UNARY, **_BINARY}.items()}
 
@@ -75,11 +76,11 @@ class Encoder:
                 name = self._let(f"(Reshape {_vec(node.shape)} {name})")
         elif op in _BINARY:
             name = self._let(f"({_BINARY[op]} {src[0]} {src[1]})")
-        elif op in (Op.SUM, Op.MEAN):
+        elif op in _REDUCE:
             axes, keep = node.arg
             name = src[0]
-            for ax in axes:
-                name = self._let(f"({'Sum' if op is Op.SUM else 'Mean'} {ax} {name})")
+            for ax in sorted(axes):  # max: ascending, as its field semantics nests it
+                name = self._let(f"({_REDUCE[op]} {ax} {name})")
             if not keep:
                 name = self._let(f"(Reshape {_vec(node.shape)} {name})")
         elif op is Op.TRANSPOSE:
@@ -117,8 +118,9 @@ def build_node(ctor: str, args: list, inputs: dict[str, Node]) -> Node:
         return Node(Op.CONST, (), float(args[0]), (), "float32")
     if ctor in CTOR_OP:
         return make(CTOR_OP[ctor], tuple(args))
-    if ctor in ("Sum", "Mean"):
-        return make(Op.SUM if ctor == "Sum" else Op.MEAN, (args[1],), ((int(args[0]),), True))
+    if ctor in ("Sum", "Mean", "Max"):
+        op = {"Sum": Op.SUM, "Mean": Op.MEAN, "Max": Op.MAX}[ctor]
+        return make(op, (args[1],), ((int(args[0]),), True))
     if ctor == "Swap":
         i, j, x = args
         perm = list(range(len(x.shape)))

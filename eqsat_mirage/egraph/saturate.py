@@ -31,7 +31,8 @@ _ABS = {"Const": "(AConst)", "Exp": "(AExp {0})", "Sqrt": '(AFn "sqrt" {0})',
         "Rsqrt": '(AFn "rsqrt" {0})', "Silu": '(AFn "silu" {0})', "Relu": '(AFn "relu" {0})',
         "Add": "(AAdd {0} {1})", "Sub": "(AAdd {0} {1})", "Mul": "(AMul {0} {1})",
         "Div": "(ADiv {0} {1})", "MatMul": "(ASum (AMul {0} {1}))", "Sum": "(ASum {0})",
-        "Mean": "(ADiv (ASum {0}) (AConst))", "Concat": "(ACat {0} {1})", "Neg": "{0}",
+        "Mean": "(ADiv (ASum {0}) (AConst))", "Max": '(AFn "max" {0})',
+        "Concat": "(ACat {0} {1})", "Neg": "{0}",
         "Swap": "{0}", "Reshape": "{0}", "Dev": "{0}"}
 
 _ABS_CTORS = {"AVar", "AConst", "AAdd", "AMul", "ADiv", "AExp", "ASum", "AFn", "ACat"}

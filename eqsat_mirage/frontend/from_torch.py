@@ -11,9 +11,8 @@ Python. An op outside the table raises ``UnsupportedOpError`` naming the op and
 the source line; a dtype other than float16, bfloat16 and float32 raises
 ``DTypeError``.
 
-``softmax`` is decomposed as ``exp(x) / sum(exp(x))``: the IR has no max, so it
-is not max-subtracted. It is equal in exact arithmetic but overflows for large
-logits (|x| > ~11 in float16, > ~88 in float32), where torch's softmax does not.
+``softmax`` becomes ``em.softmax``: ``exp(x - max) / sum(exp(x - max))``, max-subtracted
+as torch computes it, so large logits do not overflow.
 
 The ``Converter`` is shared with the ``torch.compile`` backend (``dynamo/backend.py``).
 """
@@ -281,9 +280,8 @@ def from_torch(fn_or_module: Any, *example_inputs: Any, name: str | None = None)
     keys. ``graph.torch_sources`` maps each input name to ``("arg", i)`` or
     ``("param", path)``; ``graph_inputs`` builds the input dict from it.
 
-    Supported: see ``torch_ops.SUPPORTED``. ``softmax`` becomes
-    ``exp(x) / sum(exp(x))``, not max-subtracted (the IR has no max): equal in exact
-    arithmetic, but it overflows for large logits where torch's does not. Raises
+    Supported: see ``torch_ops.SUPPORTED``. ``softmax`` becomes ``em.softmax``
+    (max-subtracted, as torch computes it). Raises
     ``UnsupportedOpError`` (naming the op and the source line) for anything else,
     ``DTypeError`` for other dtypes.
     """

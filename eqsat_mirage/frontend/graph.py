@@ -200,6 +200,11 @@ class Tensor:
         return apply(Op.SUM, self, arg=(normalize_axes(axis, self.ndim, self._what("sum")),
                                         bool(keepdims)))
 
+    def max(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        """The largest element over ``axis`` (None: all axes)."""
+        return apply(Op.MAX, self,
+                     arg=(normalize_axes(axis, self.ndim, self._what("max")), bool(keepdims)))
+
     def mean(self, axis: Any = None, keepdims: bool = False) -> Tensor:
         """Mean over ``axis`` (None: all axes)."""
         return apply(Op.MEAN, self,
@@ -287,6 +292,27 @@ def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
 def transpose(x: Tensor, *axes: Any) -> Tensor:
     """Function form of ``Tensor.transpose``."""
     return x.transpose(*axes)
+
+
+def amax(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
+    """The largest element of ``x`` over ``axis`` (``em.max``; None: all axes)."""
+    if not isinstance(x, Tensor):
+        raise GraphError(f"max (at {user_location()}): expected a Tensor, got "
+                         f"{type(x).__name__}")
+    return x.max(axis=axis, keepdims=keepdims)
+
+
+def softmax(x: Tensor, axis: int = -1) -> Tensor:
+    """Numerically safe softmax over ``axis``: ``exp(x - max) / sum(exp(x - max))``.
+
+    Subtracting the row's largest element keeps every exp in (0, 1], so no dtype
+    overflows; the value is the same as ``exp(x) / sum(exp(x))`` in exact arithmetic.
+    """
+    if not isinstance(x, Tensor):
+        raise GraphError(f"softmax (at {user_location()}): expected a Tensor, got "
+                         f"{type(x).__name__}")
+    e = exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
 
 
 def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6,

@@ -22,10 +22,10 @@ from torch import nn
 
 from ..ir.errors import DTypeError, UnsupportedOpError
 from ..ir.node import canonical_dtype
-from .graph import Tensor, concat, exp, relu, rms_norm, rsqrt, silu, sqrt
+from .graph import Tensor, concat, exp, relu, rms_norm, rsqrt, silu, softmax, sqrt
 
 SUPPORTED = ("matmul/bmm/mm/@, linear and nn.Linear, +, -, *, / (tensors or Python numbers), "
-             "exp, sum, mean, pow (2, 1, 0.5, -0.5, -1), sqrt, rsqrt, silu and nn.SiLU, relu "
+             "exp, sum, mean, amax, pow (2, 1, 0.5, -0.5, -1), sqrt, rsqrt, silu and nn.SiLU, relu "
              "and nn.ReLU, softmax and nn.Softmax, rms_norm and nn.RMSNorm, cat, transpose, "
              "permute, .T, .mT, t, neg, reshape, view, flatten, unsqueeze, squeeze, contiguous, "
              "dropout in eval mode")
@@ -150,8 +150,7 @@ def _softmax(x: Any, dim: Any = None, _stacklevel: int = 3, dtype: Any = None) -
     if dim is None:
         raise UnsupportedOpError("softmax without an explicit dim")
     _same_dtype(x, dtype, "softmax")
-    e = exp(x)  # not max-subtracted: the IR has no max (equal in exact arithmetic)
-    return e / e.sum(axis=dim, keepdims=True)
+    return softmax(x, axis=dim)  # max-subtracted, as torch computes it
 
 
 def _rms_norm(x: Any, normalized_shape: Any, weight: Any = None, eps: Any = None) -> Tensor:
@@ -284,7 +283,7 @@ FUNCTIONS = {
     torch.rsqrt: _unary(rsqrt, "rsqrt"), torch.relu: _unary(relu, "relu"),
     F.silu: _activation(silu, "silu"), F.relu: _activation(relu, "relu"),
     torch.softmax: _softmax, F.softmax: _softmax, F.rms_norm: _rms_norm, F.dropout: _dropout,
-    torch.sum: _reduce("sum"), torch.mean: _reduce("mean"),
+    torch.sum: _reduce("sum"), torch.mean: _reduce("mean"), torch.amax: _reduce("max"),
     torch.cat: _cat, torch.concat: _cat, torch.concatenate: _cat,
     torch.transpose: _transpose, torch.swapaxes: _transpose, torch.permute: _permute,
     torch.t: _t, torch.reshape: _reshape, torch.flatten: _flatten,
@@ -298,7 +297,8 @@ METHODS = {
     "multiply": _mul, "div": _div, "divide": _div, "true_divide": _div, "neg": _neg,
     "negative": _neg, "pow": _pow, "exp": FUNCTIONS[torch.exp], "sqrt": FUNCTIONS[torch.sqrt],
     "rsqrt": FUNCTIONS[torch.rsqrt], "relu": FUNCTIONS[torch.relu], "softmax": _softmax,
-    "sum": FUNCTIONS[torch.sum], "mean": FUNCTIONS[torch.mean], "transpose": _transpose,
+    "sum": FUNCTIONS[torch.sum], "mean": FUNCTIONS[torch.mean], "amax": FUNCTIONS[torch.amax],
+    "transpose": _transpose,
     "swapaxes": _transpose, "permute": _permute, "t": _t, "reshape": _reshape,
     "view": _reshape, "flatten": _flatten, "unsqueeze": _unsqueeze, "squeeze": _squeeze,
     "contiguous": _identity, "size": _size, "dim": _dim,
@@ -327,7 +327,7 @@ ATEN = {
     _A.exp: FUNCTIONS[torch.exp], _A.sqrt: FUNCTIONS[torch.sqrt],
     _A.rsqrt: FUNCTIONS[torch.rsqrt], _A.relu: FUNCTIONS[torch.relu],
     _A.silu: _unary(silu, "silu"), _A._softmax: _aten_softmax,
-    _A.sum: FUNCTIONS[torch.sum], _A.mean: FUNCTIONS[torch.mean],
+    _A.sum: FUNCTIONS[torch.sum], _A.mean: FUNCTIONS[torch.mean], _A.amax: FUNCTIONS[torch.amax],
     _A.cat: _cat, _A.permute: _permute, _A.transpose: _transpose, _A.t: _t,
     _A.view: _reshape, _A._unsafe_view: _reshape, _A.reshape: _reshape,
     _A.unsqueeze: _unsqueeze, _A.squeeze: _squeeze,

@@ -352,6 +352,11 @@ def classify(ix: Indexing, idx: str | None) -> dict[int, str]:
         after = next((red_of[id(s)] for s in n.srcs if id(s) in red_of), None)
         if idx is not None and reduces(ix, n, idx):
             k = "red"
+            if n.op is Op.MAX:
+                raise ScheduleError(
+                    f"loop index {ix.describe(idx)}: {n.describe()} takes a max over it; a "
+                    "max is not carried through a loop or split (each block needs its whole "
+                    "row)")
             if after is not None:
                 raise ScheduleError(
                     f"loop index {ix.describe(idx)}: {n.describe()} reduces over it a value that "

@@ -41,16 +41,20 @@ class Op(Enum):
     TRANSPOSE = auto()  # arg: permutation
     RESHAPE = auto()  # arg: new shape
     CONCAT = auto()  # arg: axis
+    MAX = auto()  # arg: (axes, keepdims); the largest element (numerically safe softmax)
 
 
 LEAF = frozenset({Op.INPUT, Op.CONST})
 UNARY = frozenset({Op.NEG, Op.EXP, Op.SQRT, Op.RSQRT, Op.SILU, Op.RELU})
 BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV})
 ELEMENTWISE = UNARY | BINARY
-REDUCE = frozenset({Op.SUM, Op.MEAN})
+REDUCE = frozenset({Op.SUM, Op.MEAN, Op.MAX})
 MOVEMENT = frozenset({Op.TRANSPOSE, Op.RESHAPE, Op.CONCAT})
 # Functions outside the Lax algebra: the verifier models them as random functions.
 OPAQUE = frozenset({Op.SQRT, Op.RSQRT, Op.SILU, Op.RELU})
+# Ops whose field value is a random function keyed on the operand's Z_p part: the opaque
+# functions (per element) and max (per row: any consistent value, see docs/verifier.md).
+KEYED = OPAQUE | {Op.MAX}
 
 DTYPES = ("float16", "bfloat16", "float32")
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}  # bytes per element

@@ -10,7 +10,7 @@ def _short(dtype: str) -> str:
 
 
 def _arg(node: Node) -> str:
-    if node.op in (Op.SUM, Op.MEAN):
+    if node.op in (Op.SUM, Op.MEAN, Op.MAX):
         axes, keep = node.arg
         return f" axis={list(axes)}" + (" keepdims" if keep else "")
     if node.op in (Op.TRANSPOSE, Op.RESHAPE):

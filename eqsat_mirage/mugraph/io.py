@@ -102,7 +102,7 @@ FORMAT = "eqsat-mirage.mugraph"
 
 
 def _arg_json(node: Node) -> Any:
-    if node.op in (Op.SUM, Op.MEAN):
+    if node.op in (Op.SUM, Op.MEAN, Op.MAX):
         return [list(node.arg[0]), bool(node.arg[1])]
     if node.op in (Op.TRANSPOSE, Op.RESHAPE):
         return list(node.arg)
@@ -110,7 +110,7 @@ def _arg_json(node: Node) -> Any:
 
 
 def _arg_load(op: Op, arg: Any) -> Any:
-    if op in (Op.SUM, Op.MEAN):
+    if op in (Op.SUM, Op.MEAN, Op.MAX):
         return tuple(int(a) for a in arg[0]), bool(arg[1])
     if op in (Op.TRANSPOSE, Op.RESHAPE):
         return tuple(int(a) for a in arg)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.node import OPAQUE, Op
+from ..ir.node import KEYED, Op
 from .modular import (  # noqa: F401  (re-exported: the field backend's arithmetic)
     _CHUNK,
     _EXACT_K,
@@ -183,6 +183,28 @@ def _opaque(op):
     return apply
 
 
+def _rowmax(ctx, n, x):
+    """max over axes: a random function of each row's multiset of values (keyed on the p
+    part, like the opaque functions), one axis at a time in ascending order (as the e-graph
+    encodes it). Any consistent value is sound: softmax cancels a shift exactly, and a wrong
+    axis, sign or stale max gives values that do not cancel (docs/verifier.md)."""
+    k1, k2, k3 = (np.uint64(k) for k in ctx.keys[Op.MAX])
+    axes, keep = n.arg
+    if not axes:  # the max over no axis is the value itself
+        return x
+    h, row = None, x[0]
+    with np.errstate(over="ignore"):  # uint64 wrap-around is intended
+        for ax in sorted(axes):  # each step is the single-axis max of the previous one's p part
+            z = _fmix(np.asarray(row).astype(np.uint64) * k1 + k3)
+            h = _fmix(np.sum(z, axis=ax, keepdims=True, dtype=np.uint64) ^ k2)
+            row = h % np.uint64(ctx.p)
+        if not keep:
+            h = h.reshape(n.shape)
+        out_q = _q(ctx, n, lambda: (_fmix(h ^ k1) % np.uint64(ctx.q)).astype(np.int64))
+        out_p = _p(ctx, n, lambda: np.asarray(row).reshape(n.shape).astype(np.int64))
+    return out_p, out_q
+
+
 def _rsqrt(ctx, n, x):
     sp, sq = ctx.random_fn(Op.SQRT, x)
     return _p(ctx, n, lambda: invmod(sp, ctx.p)), _q(ctx, n, lambda: invmod(sq, ctx.q))
@@ -220,6 +242,7 @@ FIELD_SEMANTICS = {
     Op.MATMUL: _matmul,
     Op.SUM: _reduce(mean=False),
     Op.MEAN: _reduce(mean=True),
+    Op.MAX: _rowmax,
     Op.TRANSPOSE: _movement(lambda xs, perm: np.transpose(xs[0], perm)),
     Op.RESHAPE: _movement(lambda xs, shape: np.reshape(xs[0], shape)),
     Op.CONCAT: _movement(lambda xs, axis: np.concatenate(xs, axis=axis)),
@@ -239,10 +262,10 @@ def q_needed(program) -> set[int]:
 def back_p(nodes: list, needed_p: set[int], needed_q: set[int]) -> None:
     """Add to ``needed_p`` the operands whose Z_p part ``nodes`` (in order) read: every
     operand of a node whose p part is needed, except exp's (it reads the q part); and the
-    operand of an opaque function whose q part is needed (it is keyed on the p part)."""
+    operand of an opaque function or max whose q part is needed (keyed on the p part)."""
     for node in reversed(nodes):
         if (id(node) in needed_p and node.op is not Op.EXP) or (
-                node.op in OPAQUE and id(node) in needed_q):
+                node.op in KEYED and id(node) in needed_q):
             needed_p.update(id(s) for s in node.srcs)
 
 

@@ -104,6 +104,10 @@ def _sum(ctx, n, x):
     return ctx.fix(n, np.sum(x, axis=n.arg[0], keepdims=n.arg[1]))
 
 
+def _max(ctx, n, x):
+    return ctx.fix(n, np.max(x, axis=n.arg[0], keepdims=n.arg[1]))
+
+
 def _mean(ctx, n, x):
     return ctx.fix(n, np.mean(x, axis=n.arg[0], keepdims=n.arg[1]))
 
@@ -157,6 +161,7 @@ FLOAT_SEMANTICS = {
     Op.MATMUL: _uniform_matmul,
     Op.SUM: _uniform_reduce(_sum, scaled=True),
     Op.MEAN: _uniform_reduce(_mean, scaled=False),
+    Op.MAX: _uniform_reduce(_max, scaled=False),
     Op.TRANSPOSE: lambda ctx, n, x: np.transpose(x, n.arg),
     Op.RESHAPE: lambda ctx, n, x: np.reshape(x, n.arg),
     Op.CONCAT: lambda ctx, n, *xs: np.concatenate(xs, axis=n.arg),

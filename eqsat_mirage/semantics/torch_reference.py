@@ -56,9 +56,9 @@ def torch_reference(program) -> Callable:
                 v = binary[n.op](*xs)
             elif n.op is Op.MATMUL:
                 v = torch.matmul(*cast(xs))
-            elif n.op in (Op.SUM, Op.MEAN):
+            elif n.op in (Op.SUM, Op.MEAN, Op.MAX):
                 axes, keep = n.arg
-                red = torch.sum if n.op is Op.SUM else torch.mean
+                red = {Op.SUM: torch.sum, Op.MEAN: torch.mean, Op.MAX: torch.amax}[n.op]
                 # torch reduces over every axis for dim=(): an empty reduction is the identity
                 v = red(xs[0], dim=tuple(axes), keepdim=bool(keep)) if axes else xs[0]
             elif n.op is Op.TRANSPOSE:

@@ -202,6 +202,8 @@ def node_degree(node, ds: list[Degree]) -> Degree:
     if op is Op.EXP:
         a = ds[0]
         return Degree(1, 0, max(a.arg, a.num + a.den), abits=max(a.abits, a.nbits + a.dbits))
+    if op is Op.MAX:  # a random function of the row: one fresh variable per row
+        return Degree(1, 0, ds[0].arg, abits=ds[0].abits)
     if op in OPAQUE:  # a fresh variable (rsqrt: the inverse of sqrt's variable)
         a = ds[0]
         if op is Op.RSQRT:

@@ -47,6 +47,8 @@ def reductions() -> em.Graph:
     g.output(x.sum(axis=None), "s_all")                        # ()
     g.output(x.mean(axis=-1), "m_last")                        # (2, 3, 4)
     g.output(x.sum(axis=(0, 1, 2), keepdims=False), "s012")    # (5,)
+    g.output(x.max(axis=(1, 3)), "x13")                        # (2, 4)
+    g.output(x.max(axis=-1, keepdims=True), "x_last")          # (2, 3, 4, 1)
     return g
 
 

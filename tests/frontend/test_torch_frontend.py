@@ -104,10 +104,21 @@ def test_each_supported_op_matches_torch(name):
     _check(fn, *_inputs(shapes, positive))
 
 
-def test_softmax_is_exp_over_sum_without_max():
+def test_softmax_is_max_subtracted_and_finite_where_torch_is():
     g = em.from_torch(lambda x: torch.softmax(x, dim=-1), torch.randn(2, 3))
     ops = [n.op for n in g.nodes()]
-    assert em.Op.EXP in ops and em.Op.SUM in ops and em.Op.DIV in ops and em.Op.SUB not in ops
+    assert ops.count(em.Op.MAX) == 1 and em.Op.SUB in ops and em.Op.EXP in ops
+    x = torch.tensor([[30.0, 11.5, -4.0], [0.0, 12.0, 11.9]], dtype=torch.float16)
+    g16 = em.from_torch(lambda x: torch.softmax(x, dim=-1), x)
+    got = em.evaluate(g16, {"x": x.numpy()}, dtype="native")["out"]
+    want = torch.softmax(x.float(), dim=-1).numpy()
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, atol=2e-3)
+
+
+def test_amax_converts():
+    x = torch.randn(3, 5)
+    _check(lambda a: torch.amax(a, dim=1, keepdim=True) + a.amax(dim=0), x)
 
 
 def gqa(Q, K, V):  # noqa: N803 - DESIGN.md's names

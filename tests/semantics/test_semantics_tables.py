@@ -65,6 +65,8 @@ OP_CASES = {
     em.Op.RESHAPE: (lambda X, Y, Z: X.reshape(3, 2), lambda x, y, z: x.reshape(3, 2)),
     em.Op.CONCAT: (lambda X, Y, Z: em.concat([X, Z], 0),
                    lambda x, y, z: np.concatenate([x, z], 0)),
+    em.Op.MAX: (lambda X, Y, Z: X.max(axis=1, keepdims=True),
+                lambda x, y, z: x.max(axis=1, keepdims=True)),
 }
 OPS = sorted(em.Op, key=lambda o: o.value)
 IDS = [op.name.lower() for op in OPS]

@@ -71,6 +71,45 @@ def softmax_av(Q, K, V):
     return (a / a.sum(axis=-1, keepdims=True)) @ V
 
 
+def safe_softmax_av(Q, K, V):
+    return em.softmax(Q @ K, axis=-1) @ V
+
+
+def _flash_parts(Q, K1, K2, V1, V2):
+    s1, s2 = Q @ K1, Q @ K2
+    m1, m2 = s1.max(axis=-1, keepdims=True), s2.max(axis=-1, keepdims=True)
+    e1, e2 = em.exp(s1 - m1), em.exp(s2 - m2)
+    big = em.concat([m1, m2], 1).max(axis=-1, keepdims=True)  # the max over both splits
+    return (e1 @ V1, e2 @ V2), (e1.sum(axis=-1, keepdims=True), e2.sum(axis=-1, keepdims=True)), \
+        (m1, m2, big)
+
+
+def flash_split_safe(Q, K1, K2, V1, V2):
+    """FlashDecoding: per-split max, sum and partial output, rescaled by exp(m_j - M)."""
+    (p1, p2), (l1, l2), (m1, m2, big) = _flash_parts(Q, K1, K2, V1, V2)
+    r1, r2 = em.exp(m1 - big), em.exp(m2 - big)
+    return (r1 * p1 + r2 * p2) / (r1 * l1 + r2 * l2)
+
+
+def flash_whole_safe(Q, K1, K2, V1, V2):
+    return em.softmax(Q @ em.concat([K1, K2], 1), axis=-1) @ em.concat([V1, V2], 0)
+
+
+def flash_split_mutant(kind: str):
+    """``flash_split_safe`` with one mistake: no rescale, the rescale's sign flipped, or the
+    denominator rescaled by a stale max (split 1's, not the maximum over both)."""
+    def f(Q, K1, K2, V1, V2):
+        (p1, p2), (l1, l2), (m1, m2, big) = _flash_parts(Q, K1, K2, V1, V2)
+        if kind == "missing":
+            return (p1 + p2) / (l1 + l2)
+        if kind == "sign":
+            r1, r2 = em.exp(big - m1), em.exp(big - m2)
+            return (r1 * p1 + r2 * p2) / (r1 * l1 + r2 * l2)
+        r1, r2 = em.exp(m1 - big), em.exp(m2 - big)  # "stale"
+        return (r1 * p1 + r2 * p2) / (l1 + em.exp(m2 - m1) * l2)
+    return f
+
+
 def softmax_av_late(Q, K, V):
     a = em.exp(Q @ K)
     return (a @ V) / a.sum(axis=-1, keepdims=True)
@@ -195,6 +234,12 @@ IDENTITIES = [
          softmax_av, softmax_av_late),
     Case("flash-decoding-split-kv", ins("Q:4x8", "K1:8x6", "K2:8x6", "V1:6x8", "V2:6x8"),
          flash_split, flash_whole),
+    Case("safe-softmax-is-softmax", ins("Q:2x4x8", "K:2x8x6", "V:2x6x8"),
+         softmax_av, safe_softmax_av),
+    Case("safe-softmax-fp16", ins("Q:2x4x8", "K:2x8x6", "V:2x6x8", dtype=F16),
+         softmax_av, safe_softmax_av),
+    Case("flash-decoding-max-rescaled", ins("Q:4x8", "K1:8x6", "K2:8x6", "V1:6x8", "V2:6x8"),
+         flash_whole_safe, flash_split_safe),
     Case("gated-mlp-commute", ins("X:4x8", "W1:8x6", "W2:8x6"),
          lambda X, W1, W2: em.silu(X @ W1) * (X @ W2),
          lambda X, W1, W2: (X @ W2) * em.silu(X @ W1)),
@@ -280,6 +325,17 @@ MUTANTS = [
     Case("attention-normalized-over-queries", ins("Q:4x8", "K:8x4", "V:4x8"),
          softmax_av, lambda Q, K, V: (em.exp(Q @ K) / em.exp(Q @ K).sum(axis=0, keepdims=True))
          @ V),
+    Case("safe-softmax-max-over-wrong-axis", ins("Q:4x8", "K:8x6", "V:6x8"),
+         safe_softmax_av, lambda Q, K, V: (lambda S: (lambda E: E / E.sum(
+             axis=-1, keepdims=True))(em.exp(S - S.max(axis=0, keepdims=True))) @ V)(Q @ K)),
+    Case("flash-decoding-missing-rescale",
+         ins("Q:4x8", "K1:8x6", "K2:8x6", "V1:6x8", "V2:6x8"),
+         flash_whole_safe, flash_split_mutant("missing")),
+    Case("flash-decoding-rescale-wrong-sign",
+         ins("Q:4x8", "K1:8x6", "K2:8x6", "V1:6x8", "V2:6x8"),
+         flash_whole_safe, flash_split_mutant("sign")),
+    Case("flash-decoding-stale-max", ins("Q:4x8", "K1:8x6", "K2:8x6", "V1:6x8", "V2:6x8"),
+         flash_whole_safe, flash_split_mutant("stale")),
     Case("batch-broadcast-wrong-sum", ins("A:2x1x4x8", "B:1x2x8x5"),
          lambda A, B: (A @ B).sum(axis=1), lambda A, B: (A @ B).sum(axis=0)),
     Case("one-output-wrong", ins("A:4x8", "B:8x3"),

@@ -1,0 +1,124 @@
+"""Numerically safe attention: em.max, em.softmax, their field semantics and realistic logits.
+
+Logits of 20-40 (what a QK-normed or unscaled head produces) overflow float16's exp
+(e^11.1 = 65504) and float32's (e^88.7). The max-subtracted form stays finite wherever
+eager torch does, is verified equal to the unsafe form by the field test (softmax is
+invariant to a shift of its row), and runs finite when compiled (Triton interpreter).
+"""
+
+import numpy as np
+import pytest
+
+import eqsat_mirage as em
+from eqsat_mirage.semantics.field import FieldCtx, evaluate_field
+from eqsat_mirage.semantics.primes import field_primes
+
+
+def attention(safe: bool, b=2, m=16, d=64, n=128, dtype="float16") -> em.Graph:
+    g = em.Graph("attn_safe" if safe else "attn")
+    q = g.input("Q", (b, m, d), dtype)
+    k = g.input("K", (b, d, n), dtype)
+    v = g.input("V", (b, n, d), dtype)
+    s = q @ k
+    if safe:
+        p = em.softmax(s, axis=-1)
+    else:
+        e = em.exp(s)
+        p = e / e.sum(axis=-1, keepdims=True)
+    g.output(p @ v, "O")
+    return g
+
+
+def logits_inputs(top: float, b=2, m=16, d=64, n=128, seed=0) -> dict[str, np.ndarray]:
+    """Q, K, V whose largest |score| is ``top`` (the scores of one row spread over +-top)."""
+    rng = np.random.default_rng(seed)
+    q, k = rng.standard_normal((b, m, d)), rng.standard_normal((b, d, n))
+    scale = np.sqrt(top / np.abs(q @ k).max())
+    return {"Q": q * scale, "K": k * scale, "V": rng.standard_normal((b, n, d))}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("top", [20.0, 40.0])
+def test_safe_softmax_is_finite_where_the_unsafe_one_overflows(dtype, d, top):
+    x = logits_inputs(top, d=d)
+    ref = em.evaluate(attention(True, d=d, dtype=dtype), x)["O"]  # float64
+    got = em.evaluate(attention(True, d=d, dtype=dtype), x, dtype="native")["O"]
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, ref, atol=2e-2 if dtype == "float16" else 1e-4)
+    if dtype == "float16":  # e^20 > 65504: the unsafe form is not finite anywhere it matters
+        unsafe = em.evaluate(attention(False, d=d, dtype=dtype), x, dtype="native")["O"]
+        assert not np.isfinite(unsafe).all()
+
+
+def test_safe_and_unsafe_attention_verify_equal_in_the_field():
+    res = em.verify(attention(False, dtype="float32"), attention(True, dtype="float32"), seed=0)
+    assert res.equivalent and res.false_positive_bound <= 1e-9, res
+    # in float16 the unsafe form is the one that overflows: the safe one may replace it
+    res = em.verify(attention(False), attention(True), seed=0)
+    assert res.equivalent, res
+    # ... but not the other way round: the unsafe one overflows where the safe one is finite
+    back = em.verify(attention(True), attention(False), seed=0)
+    assert not back.equivalent and back.counterexample.domain == "native dtype"
+
+
+def test_row_max_in_the_field_depends_on_the_row_only():
+    g = em.Graph("maxes")
+    x = g.input("X", (3, 4, 5), "float32")
+    g.output(x.max(axis=(0, 2)), "both")
+    g.output(x.max(axis=0, keepdims=True).max(axis=2, keepdims=True).reshape(4), "nested")
+    g.output(x.transpose(2, 1, 0).max(axis=(0, 2)), "transposed")
+    g.output(x.max(axis=2), "last")
+    p, q = field_primes()
+    ctx = FieldCtx(p, q, np.random.default_rng(0))
+    ctx.inputs = ctx.random_inputs(g)
+    out = evaluate_field(g, ctx)
+    np.testing.assert_array_equal(out["both"][0], out["nested"][0])
+    # a different order of the same axes is a different (equally valid) nesting
+    assert out["transposed"][0].shape == (4,)
+    assert len(set(out["last"][0].ravel().tolist())) == 12  # rows differ: values differ
+
+
+def test_max_shift_cancels_only_along_the_softmax_axis():
+    g, h = attention(True, dtype="float32"), em.Graph("wrong")
+    q, k, v = (h.input(n, node.shape, node.dtype) for n, node in g.inputs.items())
+    s = q @ k
+    e = em.exp(s - s.max(axis=1, keepdims=True))  # max over the queries: does not cancel
+    h.output((e / e.sum(axis=-1, keepdims=True)) @ v, "O")
+    res = em.verify(g, h, seed=1, float_check=False)
+    assert not res.equivalent and res.counterexample.domain == "Z_p x Z_q"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_optimized_safe_attention_runs_finite_when_compiled(dtype):
+    torch = pytest.importorskip("torch")
+    g = attention(True, n=256, dtype=dtype)
+    res = em.optimize(g, cache=None, time_limit_s=60)
+    assert res.verified is not None and res.verified.equivalent
+    x = logits_inputs(30.0, n=256, seed=2)
+    fn = res.compile()
+    t = {k: torch.tensor(v, dtype=getattr(torch, dtype)) for k, v in x.items()}
+    out = fn(**t)
+    got = (out["O"] if isinstance(out, dict) else out).float().numpy()
+    ref = em.evaluate(g, x)["O"]
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, ref, atol=2e-2 if dtype == "float16" else 1e-3)
+
+
+def test_torch_softmax_through_the_backend_is_finite_on_large_logits():
+    torch = pytest.importorskip("torch")
+
+    def f(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 8, 16) for _ in range(3))
+    q = q * 4.0  # logits up to about 40
+    be = em.backend(time_limit_s=30, trials=2)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(f, backend=be)(q, k, v)
+    want = f(q.double(), k.double(), v.double())
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
+    assert [r.status for r in be.report] == ["optimized"]
