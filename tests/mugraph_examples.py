@@ -93,3 +93,41 @@ def flash_attention(drop_sum_acc=False):
         k.output(o / lse, "O", omap={0: 0, 1: 1})
     mg.output("O")
     return g, mg
+
+
+def safe_attention_graph(b=2, m=16, d=8, n=32, dtype="float32"):
+    g = em.Graph("safe_attention")
+    q = g.input("Q", (b, m, d), dtype)
+    k = g.input("K", (b, d, n), dtype)
+    v = g.input("V", (b, n, d), dtype)
+    g.output(em.softmax(q @ k, axis=-1) @ v, "O")
+    return g
+
+
+def online_attention(mistake=None, dtype="float32"):
+    """FlashAttention with a running max: the loop walks the keys, m is the running row max,
+    and the output and row-sum accumulators are rescaled by exp(m_old - m_new).
+
+    ``mistake``: "no-max" (subtract this tile's own max: a stale, per-tile max),
+    "sum-not-rescaled" (the row sum subtracts the running max of an earlier form)."""
+    g = safe_attention_graph(dtype=dtype)
+    mg = em.MuGraph("online")
+    for name, node in g.inputs.items():
+        mg.input(name, node.shape, node.dtype)
+    k = mg.custom_kernel(grid=(2, 2), forloop=4, source=g)
+    q = k.input("Q", imap={0: 0, 1: 1})
+    kk = k.input("K", imap={0: 0}, fmap=2)
+    v = k.input("V", imap={0: 0}, fmap=1)
+    s = q @ kk
+    tile_max = s.max(axis=2, keepdims=True)
+    k.accumulate(tile_max, "m", how="max")
+    m = tile_max if mistake == "no-max" else k.running("m")
+    e = em.exp(s - m)
+    o = k.accumulate(e @ v, "o")
+    if mistake == "sum-not-rescaled":
+        lse = k.accumulate(em.exp(s - tile_max).sum(axis=2, keepdims=True), "l")
+    else:
+        lse = k.accumulate(e.sum(axis=2, keepdims=True), "l")
+    k.output(o / lse, "O", omap={0: 0, 1: 1})
+    mg.output("O")
+    return g, mg

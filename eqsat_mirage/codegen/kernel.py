@@ -163,6 +163,72 @@ class KernelWriter(TileOps):
             self.emit(self.pre, var, self.f32(Val(self.materialize(v, shape), shape, dtype)))
         return Val(var, shape, "float32", v.clean)
 
+    # -- running maxima (online softmax) -----------------------------------------------------
+    def _online_order(self, runs: Mapping[str, str]) -> tuple[list[Node], list[Node]]:
+        """The loop nodes that read no running maximum, then those that do."""
+        reads: set[int] = set()
+        nodes = self.k.loop.nodes()
+        for n in nodes:
+            if (n.op is Op.INPUT and n.arg in runs) or any(id(s) in reads for s in n.srcs):
+                reads.add(id(n))
+        return [n for n in nodes if id(n) not in reads], [n for n in nodes if id(n) in reads]
+
+    def _loop_node(self, node: Node, env: dict[int, Val], section: list[str]) -> None:
+        if node.op is Op.INPUT:
+            if node.arg not in self.k.inputs:  # a running maximum: set by _running_maxima
+                return
+            env[id(node)] = self.tile(node.arg, True)
+            self.listed[id(node)] = node.arg
+            return
+        env[id(node)] = self.node(node, env, section)
+
+    def _running_maxima(self, env: dict[int, Val], runs: Mapping[str, str]) -> dict[str, Val]:
+        """``m_new = max(acc_m, this tile's max)`` and ``alpha_m = exp(acc_m - m_new)`` for
+        each max accumulator (fp32, from -inf); returns alpha per maximum."""
+        k, alphas = self.k, {}
+        self._maxima: dict[str, tuple[str, str, str]] = {}  # max acc -> (acc, new, alpha)
+        for a in k.maxima:
+            node = k.loop.outputs[a]
+            v, shape = env[id(node)], node.shape
+            if not self.looped:  # one iteration: the tile's max is the maximum
+                new = Val(self.f32(v), shape, "float32", False)
+            else:
+                names = tuple(self.names(f"{p}{a}{q}") for p, q in (("acc_", ""), ("", "_new"),
+                                                                      ("alpha_", "")))
+                acc, new_var, alpha = self._maxima[a] = names
+                self.emit(self.pre, acc, f"tl.full({self.blocks(squeezed(shape))}, "
+                                         "-float('inf'), tl.float32)")
+                self.emit(self.loop, new_var, f"tl.maximum({acc}, {self.f32(v)})",
+                          f"running max {a}")
+                self.emit(self.loop, alpha, f"tl.exp({acc} - {new_var})", f"rescale for {a}")
+                new = Val(new_var, shape, "float32", False)
+                alphas[a] = Val(alpha, shape, "float32", False)
+            run = f"{a}_run"
+            if run in runs:
+                env[id(k.loop.inputs[run])] = new
+                self.listed[id(k.loop.inputs[run])] = run
+        return alphas
+
+    def _accumulator(self, a: str, env: dict[int, Val], alphas: Mapping[str, Val]) -> Val:
+        k = self.k
+        node = k.loop.outputs[a]
+        if a in k.maxima:
+            return Val(self._maxima[a][0] if self.looped else self.f32(env[id(node)]),
+                       node.shape, "float32", False)
+        m = k.rescaled().get(a)
+        if m is None or not self.looped:
+            return self.accumulate(a, node.shape, env[id(node)])
+        v = env[id(node)]
+        if v.parts:
+            raise CodegenError(f"{self.who}: accumulator {a!r} is a concat of tiles rescaled "
+                               "by a running maximum")
+        var = self.names(f"acc_{a}")
+        self.emit(self.pre, var, f"tl.zeros({self.blocks(squeezed(node.shape))}, "
+                                 "dtype=tl.float32)")
+        alpha = self.broadcast(alphas[m].expr, alphas[m], node.shape)
+        self.loop.append(f"{var} = {var} * {alpha} + {self.f32(v)}")
+        return Val(var, node.shape, "float32", v.clean)
+
     # -- the stages -------------------------------------------------------------------------
     def body(self) -> None:
         """Emit the loop stage, the accumulators, the post stage and the stores."""
@@ -170,14 +236,16 @@ class KernelWriter(TileOps):
         lsec = self.loop if self.looped else self.pre
         env: dict[int, Val] = {}
         variant = k.per_iteration()  # depends on the loop iteration (an fmap tile)
-        for node in k.loop.nodes():
-            if node.op is Op.INPUT:
-                env[id(node)] = self.tile(node.arg, True)
-                self.listed[id(node)] = node.arg
-                continue
-            env[id(node)] = self.node(node, env, lsec if id(node) in variant else self.pre)
-        accs = {a: self.accumulate(a, k.loop.outputs[a].shape, env[id(k.loop.outputs[a])])
-                for a in k.accumulators}
+        runs = k.running_inputs()
+        first, rest = self._online_order(runs)
+        for node in first:
+            self._loop_node(node, env, lsec if id(node) in variant else self.pre)
+        alphas = self._running_maxima(env, runs)
+        for node in rest:
+            self._loop_node(node, env, lsec if id(node) in variant else self.pre)
+        accs = {a: self._accumulator(a, env, alphas) for a in k.accumulators}
+        if self.looped:  # the running maxima move on after every rescale used the old ones
+            self.loop += [f"{acc} = {new}" for acc, new, _ in self._maxima.values()]
         for t, bo in k.outputs.items():
             if bo.stage == "loop":
                 node = k.loop.outputs[t]

@@ -54,14 +54,53 @@ def fold(mg: KernelGraph, leaf: Any, on_node: Callable, on_acc: Callable,
             env[k.output] = facts[id(k.node)]
             continue
         tiles = {bi.name: env[bi.tensor] for bi in k.inputs.values()}
-        loop = _fold_graph(k.loop, tiles, lambda n, fs, k=k: on_node(k, "loop", n, fs))
-        accs = {a: on_acc(k, loop[id(k.loop.outputs[a])]) for a in k.accumulators}
+        node_fact = (lambda n, fs, k=k: on_node(k, "loop", n, fs))
+        maxima = _running(k, tiles, node_fact)
+        loop = _fold_graph(k.loop, {**tiles, **{f"{a}_run": f for a, f in maxima.items()}},
+                           node_fact)
+        accs = {a: maxima[a] if a in maxima else on_acc(k, _rescaled(k, a, loop, maxima,
+                                                                     node_fact))
+                for a in k.accumulators}
         post = _fold_graph(k.post, {**tiles, **accs},
                            lambda n, fs, k=k: on_node(k, "post", n, fs))
         for t, bo in k.outputs.items():
             fact = (loop if bo.stage == "loop" else post)[id(k.output_node(t))]
             env[t] = fact if on_write is None else on_write(k, bo, fact)
     return env
+
+
+def _running(k: CustomKernel, tiles: Mapping[str, Any], node_fact: Callable) -> dict:
+    """Max accumulator -> the fact of its running value: a max over the loop values, which
+    read only tiles (validated)."""
+    if not k.maxima:
+        return {}
+    g = Graph(f"{k.name}.maxima")
+    g.outputs = {a: k.loop.outputs[a] for a in k.maxima}
+    facts = _fold_graph(g, tiles, node_fact)
+    out = {}
+    for a in k.maxima:
+        v = k.loop.outputs[a]
+        pair = Node(Op.INPUT, (), a, v.shape + (2,), v.dtype)
+        out[a] = node_fact(Node(Op.MAX, (pair,), ((len(v.shape),), False), v.shape, v.dtype),
+                           [facts[id(v)]])
+    return out
+
+
+def _rescaled(k: CustomKernel, acc: str, loop: Mapping[int, Any], maxima: Mapping,
+              node_fact: Callable) -> Any:
+    """The fact of a loop value as accumulated: times exp(m_old - m_new) when a running
+    maximum rescales it (the exp of a difference of two maxima)."""
+    value = k.loop.outputs[acc]
+    fact = loop[id(value)]
+    rescaled = k.rescaled()
+    if acc not in rescaled:
+        return fact
+    m = k.loop.outputs[rescaled[acc]]
+    sub = Node(Op.SUB, (m, m), None, m.shape, "float32")
+    ex = Node(Op.EXP, (sub,), None, m.shape, "float32")
+    mf = maxima[rescaled[acc]]
+    factor = node_fact(ex, [node_fact(sub, [mf, mf])])
+    return node_fact(Node(Op.MUL, (value, ex), None, value.shape, "float32"), [fact, factor])
 
 
 def check_lax(mg: KernelGraph, what: str = "program") -> None:

@@ -61,8 +61,12 @@ def _fmt_custom(k: CustomKernel, specs: Mapping[str, TensorSpec]) -> list[str]:
     counter = [0]
     lines.append(f"    loop (x{k.forloop}):")
     lines += _fmt_stage(k.loop, names, counter, "      ")
+    scaled = k.rescaled()
     for a in k.accumulators:
-        lines.append(f"      acc {a} += {names[id(k.loop.outputs[a])]}")
+        v = names[id(k.loop.outputs[a])]
+        lines.append(f"      acc {a} = max({a}, {v})" if a in k.maxima else
+                     f"      acc {a} = {a} * exp({scaled[a]}_old - {scaled[a]}_run) + {v}"
+                     if a in scaled else f"      acc {a} += {v}")
     lines.append("    post:")
     lines += _fmt_stage(k.post, names, counter, "      ")
     for t, bo in k.outputs.items():
@@ -176,7 +180,7 @@ def to_dict(mg: KernelGraph) -> dict:
             "inputs": [{"name": b.name, "tensor": b.tensor, "imap": _map_json(b.imap),
                         "fmap": b.fmap} for b in k.inputs.values()],
             "loop": graph_to_dict(k.loop), "post": graph_to_dict(k.post),
-            "accumulators": list(k.accumulators),
+            "accumulators": list(k.accumulators), "maxima": list(k.maxima),
             "outputs": [{"tensor": t, "stage": o.stage, "omap": _map_json(o.omap),
                          "fmap": o.fmap} for t, o in k.outputs.items()],
             "threads": [{"stage": st, "nodes": [pos[st].get(id(n), -1) for n in chain]}
@@ -196,6 +200,7 @@ def _custom_from_dict(d: Mapping) -> CustomKernel:
                                                                   b["imap"]}, b["fmap"])
     k.loop, k.post = graph_from_dict(d["loop"]), graph_from_dict(d["post"])
     k.accumulators = list(d["accumulators"])
+    k.maxima = [str(a) for a in d.get("maxima", [])]
     for o in d["outputs"]:
         k.outputs[o["tensor"]] = BlockOutput(o["tensor"], o["stage"],
                                              {int(x): int(a) for x, a in o["omap"]}, o["fmap"])

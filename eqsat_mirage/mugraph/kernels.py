@@ -124,6 +124,7 @@ class CustomKernel:
         self.loop = Graph(f"{name}.loop")  # outputs: accumulators and loop-stage outputs
         self.post = Graph(f"{name}.post")  # outputs: post-stage outputs (by tensor name)
         self.accumulators: list[str] = []
+        self.maxima: list[str] = []  # accumulators combined by max, not sum (running maxima)
         self.outputs: dict[str, BlockOutput] = {}
         self.threads: list[tuple[str, tuple[Node, ...]]] = []
         self.source = source
@@ -158,8 +159,21 @@ class CustomKernel:
         node = self.loop.inputs[name]
         return self.post.input(name, node.shape, node.dtype)
 
-    def accumulate(self, value: Tensor, name: str) -> Tensor:
-        """Sum the loop value ``value`` over the F iterations; returns it in the post stage."""
+    def accumulate(self, value: Tensor, name: str, how: str = "sum") -> Tensor:
+        """Sum (``how="sum"``) or take the max (``how="max"``: a running maximum, read in
+        the loop with ``running``) of the loop value ``value`` over the F iterations;
+        returns the total in the post stage.
+
+        A sum accumulator whose loop value reads a running maximum m is rescaled as m
+        grows (online softmax): after iteration f it holds
+        ``sum_{g <= f} exp(m_g - m_f) * value_g(m_g)``, so a value ``exp(s_g - m) @ v_g``
+        sums to ``exp(s - m_F) @ v`` over the whole loop.
+        """
+        if how not in ("sum", "max"):
+            raise MuGraphError(f"kernel {self.name!r}: accumulator {name!r}: how={how!r} is "
+                               "not 'sum' or 'max'")
+        if how == "max":
+            self.maxima.append(str(name))
         name = _check_name(name, f"kernel {self.name!r}: accumulator")
         if not isinstance(value, Tensor) or value.graph is not self.loop:
             raise MuGraphError(f"kernel {self.name!r}: accumulator {name!r} must be a value "
@@ -167,6 +181,40 @@ class CustomKernel:
         self.loop.output(value, name)
         self.accumulators.append(name)
         return self.post.input(name, value.shape, value.dtype)
+
+    def running(self, name: str) -> Tensor:
+        """The running maximum of max accumulator ``name`` after this iteration, as a loop
+        tile (named ``<name>_run``): what an online softmax subtracts before its exp."""
+        if name not in self.maxima:
+            raise MuGraphError(f"kernel {self.name!r}: {name!r} is not a max accumulator "
+                               f"(max accumulators: {self.maxima or 'none'})")
+        run = f"{name}_run"
+        if run in self.loop.inputs:
+            return Tensor(self.loop.inputs[run], self.loop)
+        node = self.loop.outputs[name]
+        return self.loop.input(run, node.shape, node.dtype)
+
+    def running_inputs(self) -> dict[str, str]:
+        """Loop tile name -> max accumulator, for the running maxima the loop reads."""
+        return {f"{a}_run": a for a in self.maxima if f"{a}_run" in self.loop.inputs}
+
+    def rescaled(self) -> dict[str, str]:
+        """Sum accumulator -> the max accumulator whose running value its loop value reads
+        (it is rescaled by exp(m_old - m_new) as that maximum grows)."""
+        runs = {id(self.loop.inputs[r]): a for r, a in self.running_inputs().items()}
+        reads: dict[int, set[str]] = {}
+        for n in self.loop.nodes():
+            reads[id(n)] = {runs[id(n)]} if id(n) in runs else set().union(
+                *(reads[id(s)] for s in n.srcs))
+        out = {}
+        for a in self.accumulators:
+            if a not in self.maxima and reads[id(self.loop.outputs[a])]:
+                found = sorted(reads[id(self.loop.outputs[a])])
+                if len(found) > 1:
+                    raise MuGraphError(f"kernel {self.name!r}: accumulator {a!r} reads the "
+                                       f"running maxima {found}; at most one can rescale it")
+                out[a] = found[0]
+        return out
 
     def output(self, value: Tensor, tensor: str, omap: Mapping[int, int] | None = None,
                fmap: int | None = None) -> str:
@@ -203,8 +251,9 @@ class CustomKernel:
     def per_iteration(self) -> set[int]:
         """ids of the loop-stage nodes that depend on an fmap tile (they run every iteration;
         the rest run once, before the loop: the cost model and the code generator agree)."""
+        runs = self.running_inputs()  # a running maximum changes every iteration too
         variant = {id(n) for n in self.loop.inputs.values()
-                   if self.inputs[n.arg].fmap is not None}
+                   if n.arg in runs or self.inputs[n.arg].fmap is not None}
         for n in self.loop.nodes():
             if any(id(s) in variant for s in n.srcs):
                 variant.add(id(n))

@@ -34,6 +34,7 @@ from ..semantics.floating import FLOAT_SEMANTICS, float_ctx, round_to, uniform
 from ..semantics.interp import Table, run
 from ..semantics.modular import compact
 from .kernels import CustomKernel, KernelGraph, MuGraphError, PredefinedKernel, TensorSpec
+from .online import Online, iteration, plan_online, rescale
 
 
 class _Program:
@@ -166,6 +167,7 @@ class _Plan:
     # (sum_f L_f @ R_f = [L_0 .. L_F-1] @ [R_0; ..; R_F-1]); the loop then yields L_f and R_f
     fused: dict[str, Node] = field(default_factory=dict)
     fused_loop: _Program | None = None
+    online: Online | None = None  # running maxima (online softmax), see online.py
 
 
 def _fuse_matmuls(k: CustomKernel, loop: _Program) -> tuple[dict[str, Node], _Program | None]:
@@ -177,8 +179,9 @@ def _fuse_matmuls(k: CustomKernel, loop: _Program) -> tuple[dict[str, Node], _Pr
             readers[id(src)] = readers.get(id(src), 0) + 1
     loop_outs = {t for t, bo in k.outputs.items() if bo.stage == "loop"}
     outs = list(loop.outputs.values())
+    online = set(k.maxima) | set(k.rescaled())  # summed with a rescale: one at a time
     fused = {a: loop.outputs[a] for a in k.accumulators
-             if loop.outputs[a].op is Op.MATMUL and a not in loop_outs
+             if loop.outputs[a].op is Op.MATMUL and a not in loop_outs and a not in online
              and not readers.get(id(loop.outputs[a])) and outs.count(loop.outputs[a]) == 1}
     if not fused:
         return {}, None
@@ -198,7 +201,8 @@ def _plans(mg: KernelGraph) -> list:
         post, post_map = vectorise(k.post.outputs, k.grid)
         adds = {a: Node(Op.ADD, (loop.outputs[a],) * 2, None, loop.outputs[a].shape, "float32")
                 for a in k.accumulators}
-        plans.append(_Plan(k, loop, post, loop_map, post_map, adds, *_fuse_matmuls(k, loop)))
+        plans.append(_Plan(k, loop, post, loop_map, post_map, adds, *_fuse_matmuls(k, loop),
+                           plan_online(k, loop)))
     return plans
 
 
@@ -231,9 +235,18 @@ def needs_q(mg: KernelGraph, plans: list) -> set[int]:
                     needed.update((id(plan.loop.outputs[n.arg]), id(plan.adds[n.arg])))
                 else:
                     tiles.add(n.arg)
+        if plan.online is not None:  # a running maximum is keyed on its values: both parts
+            needed.update(id(plan.loop.outputs[a]) for a in k.maxima)
         _back(plan.loop.nodes(), needed)
         tiles.update(n.arg for n in plan.loop.nodes() if n.op is Op.INPUT and id(n) in needed)
-        q_tensors.update(k.inputs[name].tensor for name in tiles)
+        q_tensors.update(k.inputs[name].tensor for name in tiles if name in k.inputs)
+        if plan.online is not None:
+            on = plan.online
+            needed.update(id(n) for a in k.maxima for n in (on.combine[a],))
+            for acc, (sub, ex, mul) in on.scale.items():
+                needed.update((id(sub), id(ex)))
+                if id(plan.loop.outputs[acc]) in needed:
+                    needed.add(id(mul))
     needed.update(id(node) for name, node in mg.inputs.items() if name in q_tensors)
     return needed
 
@@ -261,9 +274,12 @@ def needs_p(mg: KernelGraph, plans: list, q_ids: set[int]) -> set[int]:
                     needed.update((id(plan.loop.outputs[n.arg]), id(plan.adds[n.arg])))
                 else:
                     tiles.add(n.arg)
+        if plan.online is not None:
+            needed.update(id(plan.loop.outputs[a]) for a in k.maxima)
+            needed.update(id(n) for n in plan.online.synthetic())
         back_p(plan.loop.nodes(), needed, q_ids)
         tiles.update(n.arg for n in plan.loop.nodes() if n.op is Op.INPUT and id(n) in needed)
-        p_tensors.update(k.inputs[name].tensor for name in tiles)
+        p_tensors.update(k.inputs[name].tensor for name in tiles if name in k.inputs)
     needed.update(id(node) for name, node in mg.inputs.items() if name in p_tensors)
     return needed
 
@@ -305,24 +321,35 @@ def _run_custom(plan: _Plan, table: Table, ctx: Any, env: Mapping[str, Any],
     loop_outs = {t: bo for t, bo in k.outputs.items() if bo.stage == "loop"}
     written: dict[str, list] = {t: [] for t in loop_outs}
     saved = getattr(ctx, "limb_cache", None)
-    fused = plan.fused if pairs and f_range > 1 else {}
+    fused = plan.fused if pairs and f_range > 1 and plan.online is None else {}
     operands: dict[str, list] = {a: [] for a in fused}
+    running: dict[str, Any] = {}  # max accumulator -> its running value
     try:
         for f in range(f_range):
             tiles = {**fixed, **{n: _each(v, lambda x, f=f: x[f], pairs)
                                  for n, v in looped.items()}}
             if saved is not None:
                 ctx.limb_cache = {}  # tiles are fresh each iteration: keep the cache small
-            vals = run(plan.fused_loop if fused else plan.loop, _with_leaves(table, tiles), ctx)
+            if plan.online is not None:
+                vals, before = iteration(plan.online, plan.loop, table, ctx, tiles, running,
+                                         pairs)
+            else:
+                vals = run(plan.fused_loop if fused else plan.loop, _with_leaves(table, tiles),
+                           ctx)
             for a in fused:
                 operands[a].append((vals[f"{a}\0lhs"], vals[f"{a}\0rhs"]))
             for t in loop_outs:
                 vals[t] = _each(vals[t], lambda x, t=t: np.broadcast_to(
                     x, grid + k.output_node(t).shape), pairs)
             for a in k.accumulators:
-                if a not in fused:
-                    accs[a] = vals[a] if f == 0 else table[Op.ADD](ctx, plan.adds[a], accs[a],
-                                                                   vals[a])
+                if a in fused:
+                    continue
+                if f == 0 or a in k.maxima:  # a maximum's value is already the running one
+                    accs[a] = vals[a]
+                    continue
+                if plan.online is not None and a in plan.online.rescaled:
+                    accs[a] = rescale(plan.online, table, ctx, a, accs[a], before, running)
+                accs[a] = table[Op.ADD](ctx, plan.adds[a], accs[a], vals[a])
             for t, bo in loop_outs.items():
                 if bo.fmap is None:
                     written[t] = [vals[t]]  # every iteration writes the same tile: last one stays

@@ -110,11 +110,15 @@ def validate_custom(k: CustomKernel, known: Mapping[str, TensorSpec]) -> None:
         tiles[name] = (tile_shape(k, bi, known[bi.tensor]), known[bi.tensor].dtype)
         if name in k.loop.inputs:
             _check_leaf(k, "loop", name, tiles[name])
+    runs = k.running_inputs()
     for name in k.loop.inputs:
-        if name not in k.inputs:
+        if name not in k.inputs and name not in runs:
             raise MuGraphError(f"{who}: loop tile {name!r} is not a block input")
     if len(set(k.accumulators)) != len(k.accumulators):
         raise MuGraphError(f"{who}: accumulator declared twice in {k.accumulators}")
+    if not set(k.maxima) <= set(k.accumulators):
+        raise MuGraphError(f"{who}: max accumulators {k.maxima} are not all accumulators")
+    _validate_running(k, runs)
     loop_outs = set(k.accumulators) | {t for t, o in k.outputs.items() if o.stage == "loop"}
     post_outs = {t for t, o in k.outputs.items() if o.stage == "post"}
     if set(k.loop.outputs) != loop_outs or set(k.post.outputs) != post_outs:
@@ -140,6 +144,32 @@ def validate_custom(k: CustomKernel, known: Mapping[str, TensorSpec]) -> None:
         _validate_chain(k, stage, chain)
     if k.source is not None:
         _validate_source(k, known)
+
+
+def _validate_running(k: CustomKernel, runs: Mapping[str, str]) -> None:
+    """A running maximum: its own loop value must not read a running maximum (it is known
+    before the rest of the iteration), and it must broadcast to what it rescales."""
+    who = f"kernel {k.name!r}"
+    for run, a in runs.items():
+        node = k.loop.outputs[a]
+        _check_leaf(k, "loop", run, (node.shape, node.dtype))
+        ids = {id(k.loop.inputs[r]) for r in runs}
+        if any(id(n) in ids for n in _ancestors(node)):
+            raise MuGraphError(f"{who}: max accumulator {a!r} reads a running maximum; its "
+                               "value must come from the tiles alone")
+    for acc, m in k.rescaled().items():
+        shape, mshape = k.loop.outputs[acc].shape, k.loop.outputs[m].shape
+        if len(mshape) > len(shape) or any(
+                x not in (1, y) for x, y in zip(mshape[::-1], shape[::-1])):
+            raise TilingError(f"{who}: running maximum {m!r} {fmt_shape(mshape)} does not "
+                              f"broadcast to accumulator {acc!r} {fmt_shape(shape)}, which it "
+                              "rescales")
+
+
+def _ancestors(node: Node) -> list[Node]:
+    from ..ir.node import toposort
+
+    return toposort([node])
 
 
 def _validate_output(k: CustomKernel, t: str, bo: BlockOutput) -> None:

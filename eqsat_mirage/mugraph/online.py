@@ -1,0 +1,120 @@
+"""Running maxima in the tiled interpreter: the online softmax, for every backend.
+
+A custom kernel's max accumulator ``m`` (``CustomKernel.accumulate(v, "m", how="max")``)
+holds the running maximum of its loop value; the loop reads it after this iteration's
+update as the tile ``m_run``. Each iteration therefore runs in two parts: the nodes that
+read no running maximum (among them the maxima's own values), then the update
+``m_f = max(m_{f-1}, v_f)``, then the rest. A sum accumulator whose loop value reads
+``m_run`` is rescaled before each addition: ``acc = acc * exp(m_{f-1} - m_f) + value_f``.
+
+The update and the rescale go through the semantics table like every other op (a max over
+a stacked pair, a sub, an exp and a mul), so over the finite field the running maximum is
+a chain of random row functions and the rescale is ``omega ** (m_{f-1} - m_f)``: exact, so a
+rescale that does not cancel (missing, wrong sign, stale) shows up as a difference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..ir.node import Node, Op, toposort
+
+
+@dataclass
+class Online:
+    """A kernel's running maxima in its vectorised loop program."""
+
+    runs: dict[str, str]  # loop tile name -> max accumulator
+    rescaled: dict[str, str]  # sum accumulator -> max accumulator
+    first: list[Node]  # loop nodes that read no running maximum, in order
+    rest: list[Node]  # the others, in order
+    combine: dict[str, Node] = field(default_factory=dict)  # max acc -> MAX over a pair
+    scale: dict[str, tuple[Node, Node, Node]] = field(default_factory=dict)  # sub, exp, mul
+
+    def synthetic(self) -> list[Node]:
+        """The nodes the update and the rescales evaluate (for the field's part analyses)."""
+        return list(self.combine.values()) + [n for t in self.scale.values() for n in t]
+
+
+def plan_online(k, loop) -> Online | None:
+    """The running-maximum plan of kernel ``k`` over its vectorised loop program ``loop``
+    (None when the kernel has no max accumulator)."""
+    if not k.maxima:
+        return None
+    runs = k.running_inputs()
+    nodes = loop.nodes()
+    reads: set[int] = set()
+    for n in nodes:
+        if (n.op is Op.INPUT and n.arg in runs) or any(id(s) in reads for s in n.srcs):
+            reads.add(id(n))
+    on = Online(runs, k.rescaled(), [n for n in nodes if id(n) not in reads],
+                [n for n in nodes if id(n) in reads])
+    for a in k.maxima:
+        v = loop.outputs[a]
+        pair = Node(Op.INPUT, (), f"{a}\0pair", v.shape + (2,), v.dtype)
+        on.combine[a] = Node(Op.MAX, (pair,), ((len(v.shape),), False), v.shape, v.dtype)
+    for acc, m in on.rescaled.items():
+        mv, av = loop.outputs[m], loop.outputs[acc]
+        sub = Node(Op.SUB, (mv, mv), None, mv.shape, "float32")
+        ex = Node(Op.EXP, (sub,), None, mv.shape, "float32")
+        on.scale[acc] = (sub, ex, Node(Op.MUL, (av, ex), None, av.shape, "float32"))
+    return on
+
+
+def walk(nodes: list[Node], table: Mapping, ctx: Any, leaves: Mapping[str, Any],
+         env: dict[int, Any]) -> None:
+    """Evaluate ``nodes`` (in order) into ``env``; INPUT nodes are looked up in ``leaves``."""
+    for n in nodes:
+        if n.op is Op.INPUT:
+            env[id(n)] = leaves[n.arg]
+        else:
+            env[id(n)] = table[n.op](ctx, n, *(env[id(s)] for s in n.srcs))
+
+
+def _stack(a: Any, b: Any, pairs: bool) -> Any:
+    if pairs:
+        return tuple(None if x is None or y is None else np.stack(np.broadcast_arrays(x, y),
+                                                                  axis=-1)
+                     for x, y in zip(a, b))
+    return np.stack(np.broadcast_arrays(a, b), axis=-1)
+
+
+def iteration(on: Online, loop, table: Mapping, ctx: Any, tiles: dict[str, Any],
+              running: dict[str, Any], pairs: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One loop iteration with running maxima: returns the loop outputs (a max accumulator's
+    entry is its running value) and the running values before this iteration's update."""
+    env: dict[int, Any] = {}
+    walk(on.first, table, ctx, tiles, env)
+    before = dict(running)
+    for run, a in on.runs.items():
+        value = env[id(loop.outputs[a])]
+        if a in running:
+            value = table[Op.MAX](ctx, on.combine[a], _stack(running[a], value, pairs))
+        running[a] = value
+        tiles[run] = value
+    for a in set(loop.outputs) & set(on.combine) - set(on.runs.values()):
+        value = env[id(loop.outputs[a])]  # a maximum nothing in the loop reads
+        running[a] = value if a not in running else table[Op.MAX](
+            ctx, on.combine[a], _stack(running[a], value, pairs))
+    walk(on.rest, table, ctx, tiles, env)
+    vals = {name: env[id(n)] for name, n in loop.outputs.items()}
+    vals.update({a: running[a] for a in on.combine})
+    return vals, before
+
+
+def rescale(on: Online, table: Mapping, ctx: Any, acc: str, total: Any,
+            before: Mapping[str, Any], running: Mapping[str, Any]) -> Any:
+    """``total * exp(m_old - m_new)`` for a rescaled sum accumulator (m: its maximum)."""
+    m = on.rescaled[acc]
+    sub, ex, mul = on.scale[acc]
+    factor = table[Op.EXP](ctx, ex, table[Op.SUB](ctx, sub, before[m], running[m]))
+    return table[Op.MUL](ctx, mul, total, factor)
+
+
+def running_nodes(k, loop) -> list[Node]:
+    """The loop nodes whose both parts the field must compute for the running maxima."""
+    return toposort([loop.outputs[a] for a in k.maxima]) if k.maxima else []
