@@ -117,13 +117,26 @@ def add_kernel(mg: MuGraph, fragment: Graph, schedule: Schedule, name: str | Non
         tiles[iname] = k.input(iname, imap=imap, fmap=fmap).node
     used = set(fragment.inputs) | set(fragment.outputs)
     accs: dict[int, Node] = {}
+    maxima: dict[int, str] = {}  # a running maximum's node -> its max accumulator
+
+    def maximum(n: Node) -> str:  # the max accumulator of this tile's max
+        if id(n) not in maxima:
+            tile_max = Tensor(make(Op.MAX, (loop(n.srcs[0]),), n.arg, n.loc), k.loop)
+            maxima[id(n)] = _fresh("max", used)
+            accs[id(n)] = k.accumulate(tile_max, maxima[id(n)], how="max").node
+        return maxima[id(n)]
 
     def loop_leaf(n: Node) -> Node | None:
         if kind[id(n)] == "post":
             raise ScheduleError(f"internal: post value {n.describe()} used in the loop")
+        if kind[id(n)] == "max":
+            return k.running(maximum(n)).node
         return tiles[n.arg] if n.op is Op.INPUT else None
 
     def post_leaf(n: Node) -> Node | None:
+        if kind[id(n)] == "max":
+            maximum(n)
+            return accs[id(n)]
         if kind[id(n)] == "red":
             if id(n) not in accs:
                 value = Tensor(loop(n), k.loop)

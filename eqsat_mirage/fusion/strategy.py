@@ -100,7 +100,7 @@ def loop_choices(ix: Indexing, strategy: Strategy) -> list[tuple[str | None, int
         if idx not in ix.reduced or idx in ix.fixed:
             continue
         try:
-            classify(ix, idx)
+            classify(ix, idx, running=True)  # a loop may carry a running maximum
         except ScheduleError:
             continue
         size = ix.sizes[idx]
@@ -167,6 +167,10 @@ def candidate_schedules(fragment: Graph | Indexing, strategy: Strategy | None = 
         splits: list[Schedule] = []
         for idx, _ in loop_choices(ix, Strategy(loop_ranges=(1,))):
             if idx is None:
+                continue
+            try:  # a max over idx is carried by a loop (running maximum), not by a split
+                classify(ix, idx)
+            except ScheduleError:
                 continue
             eligible = grid_indices(ix, idx)
             if idx not in eligible:

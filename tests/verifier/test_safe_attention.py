@@ -122,3 +122,20 @@ def test_torch_softmax_through_the_backend_is_finite_on_large_logits():
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
     assert [r.status for r in be.report] == ["optimized"]
+
+
+def test_search_finds_the_online_softmax_kernel():
+    """From plain safe-softmax attention the search finds one kernel with a running max:
+    the score matrix never goes to device memory, and it costs no more than the unsafe
+    form's plan (within 1.15x)."""
+    safe = attention(True, b=2, m=128, d=64, n=2048)
+    res = em.optimize(safe, cache=None, time_limit_s=60)
+    assert res.verified is not None and res.verified.equivalent, res.stats.get("note")
+    customs = [k for k in res.program.kernels if k.kind == "custom"]
+    assert len(res.program.kernels) == 1 and customs and customs[0].maxima
+    assert customs[0].rescaled() and customs[0].forloop > 1
+    scores = (2, 128, 2048)
+    assert all(spec.shape != scores for spec in res.program.tensors.values())
+    unsafe = em.optimize(attention(False, b=2, m=128, d=64, n=2048), cache=None,
+                         time_limit_s=60)
+    assert res.cost_us <= 1.15 * unsafe.cost_us, (res.cost_us, unsafe.cost_us)

@@ -1,0 +1,227 @@
+"""Einsum-style index naming of kernel-level fragments (``index_fragment``).
+
+Every tensor dim of a fragment gets an index name, unified through the ops: aligned
+broadcast dims of size > 1, a matmul's contraction and batch dims, transposes; a
+sum/mean/max or a matmul contraction marks its index *reduced* at that node. Dims split
+or merged by a reshape, and concat axes, get indices that cannot be scheduled
+(``Indexing.fixed``). Schedules over these names: ``schedule.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from string import ascii_lowercase
+
+from ..frontend.graph import Graph
+from ..ir.check import check
+from ..ir.errors import MirageError
+from ..ir.node import BINARY, REDUCE, UNARY, Node, Op, Shape, fmt_shape
+
+
+class ScheduleError(MirageError):
+    """A fragment that cannot be indexed, or a schedule that is illegal for it."""
+
+
+# -- index naming ---------------------------------------------------------------------------
+
+
+class UnionFind:
+    """Disjoint sets of hashable keys (path halving)."""
+
+    def __init__(self) -> None:
+        self.parent: dict = {}
+
+    def add(self, key) -> None:
+        self.parent.setdefault(key, key)
+
+    def find(self, key):
+        self.parent.setdefault(key, key)  # a dim never tied to anything (an unused input)
+        while self.parent[key] != key:
+            self.parent[key] = self.parent[self.parent[key]]
+            key = self.parent[key]
+        return key
+
+    def union(self, a, b) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[rb] = ra
+
+
+@dataclass
+class Indexing:
+    """The index names of a fragment: per node, one name per dim (``None`` for size 1)."""
+
+    graph: Graph
+    nodes: list[Node]
+    dims: dict[int, tuple[str | None, ...]]
+    sizes: dict[str, int]
+    reduced: dict[str, list[Node]] = field(default_factory=dict)
+    fixed: dict[str, str] = field(default_factory=dict)  # index -> why it cannot be scheduled
+    origin: dict[str, str] = field(default_factory=dict)  # index -> "X dim 1"
+    matmul: set[str] = field(default_factory=set)  # indices of some matmul operand's last 2 dims
+
+    def of(self, node: Node) -> tuple[str | None, ...]:
+        """The index names of ``node``'s dims."""
+        return self.dims[id(node)]
+
+    def input_index(self, name: str, dim: int) -> str | None:
+        """The index name of dim ``dim`` of input ``name``."""
+        return self.of(self.graph.inputs[name])[dim]
+
+    def output_index(self, name: str, dim: int) -> str | None:
+        """The index name of dim ``dim`` of output ``name``."""
+        return self.of(self.graph.outputs[name])[dim]
+
+    def describe(self, idx: str) -> str:
+        """``'b' (X dim 1, size 256)``: an index with where it first appears."""
+        return f"{idx!r} ({self.origin.get(idx, '?')}, size {self.sizes[idx]})"
+
+    def einsum(self, node: Node) -> str:
+        """The node's indices as an einsum subscript (``1`` for a size-1 dim)."""
+        return ",".join(i or "1" for i in self.of(node))
+
+
+def _reshape_groups(src: Shape, out: Shape) -> list[tuple[list[int], list[int]]]:
+    """Minimal groups of non-1 dims (source dims, output dims) with equal products."""
+    si = [i for i, d in enumerate(src) if d > 1]
+    oi = [i for i, d in enumerate(out) if d > 1]
+    groups, i, j = [], 0, 0
+    while i < len(si) and j < len(oi):
+        gs, go, ps, po = [si[i]], [oi[j]], src[si[i]], out[oi[j]]
+        i, j = i + 1, j + 1
+        while ps != po:
+            if ps < po:
+                gs.append(si[i])
+                ps, i = ps * src[si[i]], i + 1
+            else:
+                go.append(oi[j])
+                po, j = po * out[oi[j]], j + 1
+        groups.append((gs, go))
+    return groups
+
+
+def _letters():
+    n = 0
+    while True:
+        yield ascii_lowercase[n % 26] + (str(n // 26) if n >= 26 else "")
+        n += 1
+
+
+def index_fragment(graph: Graph) -> Indexing:
+    """Name every dim of every node of ``graph`` (see the module docstring).
+
+    Raises ``ScheduleError`` when one tensor would carry the same index on two
+    dims (e.g. ``X @ X.T`` with a square X: the two uses of X need different
+    names), or for a matmul with a 1-d operand.
+    """
+    check(graph)
+    nodes = graph.nodes()
+    uf = UnionFind()
+    reduced: list[tuple[tuple[int, int], Node]] = []
+    fixed: dict[tuple[int, int], str] = {}
+    matmul: list[tuple[int, int]] = []
+    for n in nodes:
+        for d, size in enumerate(n.shape):
+            if size > 1:
+                uf.add((id(n), d))
+
+    def tie(src: Node, sd: int, n: Node, d: int) -> None:
+        if src.shape[sd] > 1 and src.shape[sd] == n.shape[d]:
+            uf.union((id(src), sd), (id(n), d))
+
+    for n in nodes:
+        r = len(n.shape)
+        if n.op in UNARY:
+            for d in range(r):
+                tie(n.srcs[0], d, n, d)
+        elif n.op in BINARY:
+            for s in n.srcs:
+                for i in range(1, len(s.shape) + 1):
+                    tie(s, len(s.shape) - i, n, r - i)
+        elif n.op is Op.MATMUL:
+            a, b = n.srcs
+            if len(a.shape) < 2 or len(b.shape) < 2:
+                raise ScheduleError(f"{n.describe()} of {fmt_shape(a.shape)} and "
+                                    f"{fmt_shape(b.shape)}: block matmuls need operands of at "
+                                    "least 2 dims (reshape the 1-d operand first)")
+            ra, rb = len(a.shape), len(b.shape)
+            if a.shape[-1] > 1:
+                uf.union((id(a), ra - 1), (id(b), rb - 2))
+                reduced.append(((id(a), ra - 1), n))
+            tie(a, ra - 2, n, r - 2)
+            tie(b, rb - 1, n, r - 1)
+            for s, rs in ((a, ra), (b, rb)):
+                matmul += [(id(s), rs - 2), (id(s), rs - 1)]
+                for i in range(3, rs + 1):
+                    tie(s, rs - i, n, r - i)
+        elif n.op in REDUCE:
+            axes, keepdims = n.arg
+            src = n.srcs[0]
+            kept = [d for d in range(len(src.shape)) if d not in axes]
+            for ax in axes:
+                if src.shape[ax] > 1:
+                    reduced.append(((id(src), ax), n))
+            for pos, d in enumerate(kept):
+                tie(src, d, n, d if keepdims else pos)
+        elif n.op is Op.TRANSPOSE:
+            for d, sd in enumerate(n.arg):
+                tie(n.srcs[0], sd, n, d)
+        elif n.op is Op.RESHAPE:
+            src = n.srcs[0]
+            for gs, go in _reshape_groups(src.shape, n.shape):
+                if len(gs) == 1 and len(go) == 1:
+                    tie(src, gs[0], n, go[0])
+                    continue
+                why = f"split or merged by {n.describe()} {fmt_shape(src.shape)} -> " \
+                      f"{fmt_shape(n.shape)}"
+                fixed.update({(id(src), d): why for d in gs})
+                fixed.update({(id(n), d): why for d in go})
+        elif n.op is Op.CONCAT:
+            why = f"the concat axis of {n.describe()}"
+            for s in n.srcs:
+                for d in range(r):
+                    if d == n.arg:
+                        if s.shape[d] > 1:
+                            fixed[(id(s), d)] = why
+                    else:
+                        tie(s, d, n, d)
+            if n.shape[n.arg] > 1:
+                fixed[(id(n), n.arg)] = why
+    return _name_classes(graph, nodes, uf, reduced, fixed, matmul)
+
+
+def _name_classes(graph, nodes, uf, reduced, fixed, matmul) -> Indexing:
+    names: dict = {}
+    letters = _letters()
+    ix = Indexing(graph, nodes, {}, {})
+    order = list(graph.inputs.values()) + nodes
+    for n in order:
+        if id(n) in ix.dims:
+            continue
+        dims = []
+        for d, size in enumerate(n.shape):
+            if size == 1:
+                dims.append(None)
+                continue
+            root = uf.find((id(n), d))
+            if root not in names:
+                names[root] = next(letters)
+                where = f"input {n.arg!r}" if n.op is Op.INPUT else n.describe()
+                ix.origin[names[root]] = f"{where} dim {d}"
+                ix.sizes[names[root]] = size
+            dims.append(names[root])
+        named = [x for x in dims if x is not None]
+        if len(set(named)) != len(named):
+            dup = next(x for x in named if named.count(x) > 1)
+            raise ScheduleError(
+                f"cannot index {n.describe()} {fmt_shape(n.shape)} consistently: dims "
+                f"{[d for d, x in enumerate(dims) if x == dup]} get the same index "
+                f"{ix.describe(dup)} (one tensor used in two roles, e.g. X @ X.T; give the "
+                "second use its own input)")
+        ix.dims[id(n)] = tuple(dims)
+    for slot, node in reduced:
+        ix.reduced.setdefault(names[uf.find(slot)], []).append(node)
+    for slot, why in fixed.items():
+        ix.fixed.setdefault(names[uf.find(slot)], why)
+    ix.matmul = {names[uf.find(s)] for s in matmul if s in uf.parent}
+    return ix
