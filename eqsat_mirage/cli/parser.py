@@ -12,7 +12,8 @@ EXIT_STATUS = """exit status:
   1  not equivalent, unsound, or optimize found nothing (no verified program faster
      than one kernel per op)
   2  usage or input error (error: ... on stderr, naming the file and line)"""
-BENCH_NAMES = ("gqa", "qknorm", "rmsnorm", "lora", "gatedmlp", "ntrans")  # bench/programs.py
+BENCH_NAMES = ("gqa", "qknorm", "rmsnorm", "lora", "gatedmlp", "ntrans",  # bench/programs.py
+               "gqa_safe", "qknorm_safe")
 
 
 class _Parser(argparse.ArgumentParser):

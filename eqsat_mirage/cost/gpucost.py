@@ -323,6 +323,11 @@ def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile) -> KernelCost:
                       lambda m: pad_loop[id(m)])
     for a in k.accumulators:
         work.cuda += numel(pad_loop[id(k.loop.outputs[a])]) * blocks * f_range
+    for a in k.rescaled():  # online softmax: acc * alpha every iteration
+        work.cuda += numel(pad_loop[id(k.loop.outputs[a])]) * blocks * f_range
+    for m in k.maxima:  # m_new = max(m, tile max); alpha = exp(m - m_new)
+        size = numel(pad_loop[id(k.loop.outputs[m])]) * blocks * f_range
+        work.cuda, work.sfu = work.cuda + 2 * size, work.sfu + size
     for n in k.post.nodes():
         work.add_node(n, blocks, lambda m: pad_post[id(m)])
     bps = prof.blocks_per_sm_cap(32 * warps_for(k))

@@ -165,13 +165,27 @@ def _part_values(k1: CustomKernel, plan: Plan, used: set[str]) -> Callable[[Node
     if s.loop is None:  # one pass: everything after the loads is post-stage work
         return _Stage(plan, lambda n: k1.tile(n.arg).node if n.op is Op.INPUT else None)
 
+    accs: dict[int, Node] = {}
+    maxima: dict[int, str] = {}
+
+    def maximum(n: Node) -> str:  # the split's running maximum of a max over the split
+        if id(n) not in maxima:
+            tile_max = Tensor(make(Op.MAX, (loop(n.srcs[0]),), n.arg, n.loc), k1.loop)
+            maxima[id(n)] = _fresh("max", used)
+            accs[id(n)] = k1.accumulate(tile_max, maxima[id(n)], how="max").node
+        return maxima[id(n)]
+
     def loop_leaf(n: Node) -> Node | None:
+        if plan.kind[id(n)] == "max":
+            return k1.running(maximum(n)).node
         return k1.loop.inputs[n.arg] if n.op is Op.INPUT else None
 
-    loop, accs = _Stage(plan, loop_leaf), {}
+    loop = _Stage(plan, loop_leaf)
 
     def value(n: Node) -> Node:  # the accumulated partial sum (a mean's division waits)
-        if id(n) not in accs:
+        if plan.kind[id(n)] == "max":
+            maximum(n)
+        elif id(n) not in accs:
             accs[id(n)] = k1.accumulate(Tensor(loop(n), k1.loop), _fresh("acc", used)).node
         return accs[id(n)]
 
@@ -186,7 +200,7 @@ def _add_split(mg: MuGraph, fragment: Graph, plan: Plan, name: str | None) -> li
                           name=f"{base}_part")
     used = set(mg.tensors) | set(fragment.outputs)
     stage1 = _part_values(k1, plan, used)
-    reds = [n for n in ix.nodes if kind[id(n)] == "red"]
+    reds = [n for n in ix.nodes if kind[id(n)] in ("red", "max")]  # written as parts
     rest = [(i, b) for i, b in s.grid if i != split]
     parts = {}
     for n in reds:
@@ -196,7 +210,7 @@ def _add_split(mg: MuGraph, fragment: Graph, plan: Plan, name: str | None) -> li
         omap = {0: axes[split], **{1 + j: axes[i] for j, i in enumerate(lost)}}
         omap.update({1 + len(lost) + d: axes[i] for d, i in enumerate(dims) if i in axes})
         parts[id(n)] = (k1.output(Tensor(value, k1.post), _fresh(f"{base}_part", used),
-                                  omap=omap), lost)
+                                  omap=omap, dtype="float32"), lost)  # fp32 partials
     for oname, out in fragment.outputs.items():
         if kind[id(out)] == "loop":  # split without a loop only (check_schedule)
             k1.output(Tensor(stage1(out), k1.post), oname, omap=_maps(ix, out, axes, None)[0])
@@ -212,17 +226,38 @@ def _add_split(mg: MuGraph, fragment: Graph, plan: Plan, name: str | None) -> li
     k2 = mg.custom_kernel(grid=tuple(b for _, b in second) or (1,), forloop=dict(s.grid)[split],
                           name=f"{base}_reduce")
     accs: dict[int, Node] = {}
+    part_tiles: dict[int, Node] = {}
+    maxima: dict[int, str] = {}
+
+    def part(n: Node) -> Node:  # this iteration's part of reduction n, as a loop tile
+        if id(n) not in part_tiles:
+            tensor, lost = parts[id(n)]
+            imap = {1 + j: axes2[i] for j, i in enumerate(lost)}
+            imap.update({1 + len(lost) + d: axes2[i] for d, i in enumerate(ix.of(n))
+                         if i in axes2})
+            t = k2.input(tensor, imap=imap, fmap=0)
+            part_tiles[id(n)] = make(Op.RESHAPE, (t.node,), plan2.tile(n))
+        return part_tiles[id(n)]
+
+    def maximum(n: Node) -> str:  # the maximum over the splits' maxima, running
+        if id(n) not in maxima:
+            maxima[id(n)] = _fresh("max", used)
+            accs[id(n)] = k2.accumulate(Tensor(part(n), k2.loop), maxima[id(n)],
+                                        how="max").node
+        return maxima[id(n)]
 
     def leaf2(n: Node) -> Node | None:
+        if kind[id(n)] == "max":
+            maximum(n)
+            return accs[id(n)]
         if kind[id(n)] == "red":
             if id(n) not in accs:
-                tensor, lost = parts[id(n)]
-                imap = {1 + j: axes2[i] for j, i in enumerate(lost)}
-                imap.update({1 + len(lost) + d: axes2[i] for d, i in enumerate(ix.of(n))
-                             if i in axes2})
-                t = k2.input(tensor, imap=imap, fmap=0)
-                value = Tensor(make(Op.RESHAPE, (t.node,), plan2.tile(n)), k2.loop)
-                accs[id(n)] = _finish(plan, n, k2.accumulate(value, _fresh("acc", used)).node)
+                value = part(n)
+                for m in _maxima_read(n, kind):  # exp(m_j - M) rescales split j's partial
+                    run = k2.running(maximum(m)).node
+                    value = make(Op.MUL, (value, make(Op.EXP, (make(Op.SUB, (part(m), run)),))))
+                accs[id(n)] = _finish(plan, n, k2.accumulate(Tensor(value, k2.loop),
+                                                             _fresh("acc", used)).node)
             return accs[id(n)]
         if n.op is Op.INPUT:
             if n.arg not in k2.inputs:
@@ -232,8 +267,20 @@ def _add_split(mg: MuGraph, fragment: Graph, plan: Plan, name: str | None) -> li
 
     stage2 = _Stage(plan2, leaf2)
     for oname, out in late.items():
-        k2.output(Tensor(stage2(out), k2.post), oname, omap=_maps(ix, out, axes2, None)[0])
+        k2.output(Tensor(stage2(out), k2.post), oname, omap=_maps(ix, out, axes2, None)[0],
+                  dtype=out.dtype)
     return [k1, k2]
+
+
+def _maxima_read(n: Node, kind: dict[int, str]) -> list[Node]:
+    """The running maxima (kind "max") that reduction ``n``'s partials are relative to."""
+    from ..ir.node import toposort
+
+    found = [m for m in toposort([n])[:-1] if kind.get(id(m)) == "max"]
+    if len(found) > 1:
+        raise ScheduleError(f"{n.describe()} reads {len(found)} running maxima; a split "
+                            "combines partials relative to one")
+    return found
 
 
 def lower(fragment: Graph, schedule: Schedule, name: str | None = None,

@@ -154,8 +154,8 @@ def classify(ix: Indexing, idx: str | None, running: bool = False) -> dict[int, 
         if idx is not None and n.op is Op.MAX and reduces(ix, n, idx):
             if not running:
                 raise ScheduleError(
-                    f"split index {ix.describe(idx)}: {n.describe()} takes a max over it; a "
-                    "max is carried through a loop (a running maximum), not across blocks")
+                    f"index {ix.describe(idx)}: {n.describe()} takes a max over it; only a "
+                    "loop or a split carries a max (a running maximum)")
             if not n.arg[1] or after is not None or tainted:
                 raise ScheduleError(
                     f"loop index {ix.describe(idx)}: {n.describe()} can be a running maximum "
@@ -285,7 +285,7 @@ def check_schedule(ix: Indexing | Graph, schedule: Schedule) -> Plan:
         raise ScheduleError(f"schedule {s}: a forloop range without a loop index")
     if s.split is not None and (s.split not in dict(s.grid) or s.split not in ix.reduced):
         raise ScheduleError(f"schedule {s}: split index {s.split!r} must be a reduced grid index")
-    kind = classify(ix, s.loop if s.split is None else s.split, running=s.split is None)
+    kind = classify(ix, s.loop if s.split is None else s.split, running=True)
     for name, out in ix.graph.outputs.items():
         if out.op is Op.CONST:
             raise ScheduleError(f"output {name!r} is a constant")

@@ -74,7 +74,7 @@ def grid_indices(ix: Indexing, late_ok: str | None = None) -> list[str]:
     With ``late_ok`` (a split index) outputs computed after the split reduction
     need not carry that index.
     """
-    kind = classify(ix, late_ok) if late_ok is not None else {}
+    kind = classify(ix, late_ok, running=True) if late_ok is not None else {}
     out = []
     for idx in ix.sizes:
         if idx in ix.reduced or idx in ix.fixed:
@@ -168,10 +168,6 @@ def candidate_schedules(fragment: Graph | Indexing, strategy: Strategy | None = 
         for idx, _ in loop_choices(ix, Strategy(loop_ranges=(1,))):
             if idx is None:
                 continue
-            try:  # a max over idx is carried by a loop (running maximum), not by a split
-                classify(ix, idx)
-            except ScheduleError:
-                continue
             eligible = grid_indices(ix, idx)
             if idx not in eligible:
                 continue
@@ -230,7 +226,7 @@ def _split_variants(ix: Indexing, s: Schedule, strategy: Strategy,
     if strategy.reduce_grids > 0:
         memo = {} if memo is None else memo
         if idx not in memo:
-            kind = classify(ix, idx)
+            kind = classify(ix, idx, running=True)
             late = [n for n in ix.graph.outputs.values() if kind[id(n)] != "loop"]
             memo[idx] = (late, [n for n in ix.nodes if kind[id(n)] == "red"])
         late, reds = memo[idx]

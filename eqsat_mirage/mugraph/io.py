@@ -72,8 +72,10 @@ def _fmt_custom(k: CustomKernel, specs: Mapping[str, TensorSpec]) -> list[str]:
     for t, bo in k.outputs.items():
         node, spec = k.output_node(t), k.output_specs()[t]
         fm = f" fmap={bo.fmap}" if bo.fmap is not None else ""
-        lines.append(f"    out {t}{list(spec.shape)} <- {bo.stage} {names[id(node)]} "
-                     f"{_short(node.dtype)}{list(node.shape)} omap={fmt_map(bo.omap)}{fm}")
+        lines.append(f"    out {t}{list(spec.shape)}" + (f" {_short(spec.dtype)}" if bo.dtype
+                                                    else "") + f" <- {bo.stage} "
+                     f"{names[id(node)]} {_short(node.dtype)}{list(node.shape)} "
+                     f"omap={fmt_map(bo.omap)}{fm}")
     for stage, chain in k.threads:
         lines.append(f"    thread ({stage}): " + " -> ".join(names.get(id(n), "?")
                                                           for n in chain))
@@ -182,7 +184,8 @@ def to_dict(mg: KernelGraph) -> dict:
             "loop": graph_to_dict(k.loop), "post": graph_to_dict(k.post),
             "accumulators": list(k.accumulators), "maxima": list(k.maxima),
             "outputs": [{"tensor": t, "stage": o.stage, "omap": _map_json(o.omap),
-                         "fmap": o.fmap} for t, o in k.outputs.items()],
+                         "fmap": o.fmap, **({"dtype": o.dtype} if o.dtype else {})}
+                        for t, o in k.outputs.items()],
             "threads": [{"stage": st, "nodes": [pos[st].get(id(n), -1) for n in chain]}
                         for st, chain in k.threads],
             "source": graph_to_dict(k.source) if k.source is not None else None})
@@ -203,7 +206,8 @@ def _custom_from_dict(d: Mapping) -> CustomKernel:
     k.maxima = [str(a) for a in d.get("maxima", [])]
     for o in d["outputs"]:
         k.outputs[o["tensor"]] = BlockOutput(o["tensor"], o["stage"],
-                                             {int(x): int(a) for x, a in o["omap"]}, o["fmap"])
+                                             {int(x): int(a) for x, a in o["omap"]}, o["fmap"],
+                                             o.get("dtype"))
     for th in d.get("threads", []):
         nodes = k.stage(th["stage"]).nodes()
         k.threads.append((th["stage"], tuple(nodes[i] for i in th["nodes"])))

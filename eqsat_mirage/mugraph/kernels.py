@@ -60,6 +60,7 @@ class BlockOutput:
     stage: str  # "loop" or "post"
     omap: dict[int, int] = field(default_factory=dict)
     fmap: int | None = None
+    dtype: str | None = None  # the tensor's dtype when not the tile's (fp32 split partials)
 
 
 def axis_name(axis: int) -> str:
@@ -217,8 +218,9 @@ class CustomKernel:
         return out
 
     def output(self, value: Tensor, tensor: str, omap: Mapping[int, int] | None = None,
-               fmap: int | None = None) -> str:
-        """Write tile ``value`` to new device tensor ``tensor`` by ``omap`` (and ``fmap``)."""
+               fmap: int | None = None, dtype: str | None = None) -> str:
+        """Write tile ``value`` to new device tensor ``tensor`` by ``omap`` (and ``fmap``),
+        stored as ``dtype`` (default: the tile's; a split writes its partials as float32)."""
         tensor = _check_name(tensor, f"kernel {self.name!r}: output tensor")
         if not isinstance(value, Tensor) or value.graph not in (self.loop, self.post):
             raise MuGraphError(f"kernel {self.name!r}: output {tensor!r} must be a tile of this "
@@ -226,8 +228,12 @@ class CustomKernel:
         stage = "loop" if value.graph is self.loop else "post"
         if self._owner is not None and tensor in self._owner.tensors:
             raise MuGraphError(f"kernel {self.name!r}: tensor {tensor!r} is already defined")
+        if dtype is not None and dtype not in ("float16", "bfloat16", "float32"):
+            raise MuGraphError(f"kernel {self.name!r}: output {tensor!r}: unknown dtype "
+                               f"{dtype!r}")
         value.graph.output(value, tensor)
-        self.outputs[tensor] = BlockOutput(tensor, stage, dict(omap or {}), fmap)
+        self.outputs[tensor] = BlockOutput(tensor, stage, dict(omap or {}), fmap,
+                                           None if dtype == value.dtype else dtype)
         return tensor
 
     def fuse(self, *values: Tensor) -> None:
@@ -271,7 +277,7 @@ class CustomKernel:
             shape = tuple(d * self.grid[bo.omap[i]] if i in bo.omap and 0 <= bo.omap[i] <
                           len(self.grid) else d * self.forloop if i == bo.fmap else d
                           for i, d in enumerate(node.shape))
-            out[t] = TensorSpec(t, shape, node.dtype, self.name)
+            out[t] = TensorSpec(t, shape, bo.dtype or node.dtype, self.name)
         return out
 
 
