@@ -24,7 +24,7 @@ from ..ir.node import Node, Op, Shape, fmt_shape
 from ..ir.printing import _short
 from ..mugraph.kernels import CustomKernel, TensorSpec, axis_name, fmt_map
 from .concat import CodegenError, Val, squeezed
-from .tiles import TL_DTYPE, Names, TileOps, index
+from .tiles import TL_DTYPE, Names, TileOps, exp2, index
 
 __all__ = ["CodegenError", "KernelWriter", "fit", "wrap"]
 
@@ -200,7 +200,7 @@ class KernelWriter(TileOps):
                                          "-float('inf'), tl.float32)")
                 self.emit(self.loop, new_var, f"tl.maximum({acc}, {self.f32(v)})",
                           f"running max {a}")
-                self.emit(self.loop, alpha, f"tl.exp({acc} - {new_var})", f"rescale for {a}")
+                self.emit(self.loop, alpha, exp2(f"{acc} - {new_var}"), f"rescale for {a}")
                 new = Val(new_var, shape, "float32", False)
                 alphas[a] = Val(alpha, shape, "float32", False)
             run = f"{a}_run"

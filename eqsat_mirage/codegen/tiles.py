@@ -66,6 +66,15 @@ def index(pos: int, rank: int) -> str:
     return "[" + ", ".join(":" if i == pos else "None" for i in range(rank)) + "]"
 
 
+LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the GPU's ex2 instruction
+
+
+def exp2(expr: str) -> str:
+    """``exp(expr)`` as Triton code: ``tl.exp2`` of the argument scaled by log2(e)."""
+    simple = expr.isidentifier() or expr.replace("_", "").replace("-", "").isalnum()
+    return f"tl.exp2({expr if simple else '(' + expr + ')'} * {LOG2E!r})"
+
+
 def literal(value: float, who: str) -> str:
     """A Python literal for a constant, refusing inf and nan."""
     if not math.isfinite(value):
@@ -236,13 +245,13 @@ class TileOps(ConcatOps):
         if op is Op.NEG:
             return f"-{a}", x.clean
         if op is Op.EXP:
-            return f"tl.exp({a})", False
+            return exp2(a), False
         if op is Op.SQRT:
             return f"tl.sqrt({a})", x.clean
         if op is Op.RSQRT:
             return f"tl.rsqrt({a})", False
         if op is Op.SILU:
-            return f"{a} / (1.0 + tl.exp(-{a}))", x.clean
+            return f"{a} / (1.0 + {exp2('-' + a)})", x.clean
         if op is Op.RELU:
             return f"tl.maximum({a}, 0.0)", x.clean
         raise CodegenError(f"{self.who}: {node.describe()} has no Triton form")

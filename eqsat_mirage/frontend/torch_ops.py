@@ -26,7 +26,8 @@ from .graph import Tensor, concat, exp, relu, rms_norm, rsqrt, silu, softmax, sq
 
 SUPPORTED = ("matmul/bmm/mm/@, linear and nn.Linear, +, -, *, / (tensors or Python numbers), "
              "exp, sum, mean, amax, pow (2, 1, 0.5, -0.5, -1), sqrt, rsqrt, silu and nn.SiLU, relu "
-             "and nn.ReLU, softmax and nn.Softmax, rms_norm and nn.RMSNorm, cat, transpose, "
+             "and nn.ReLU, softmax and nn.Softmax, scaled_dot_product_attention (no mask, "
+             "not causal), rms_norm and nn.RMSNorm, cat, transpose, "
              "permute, .T, .mT, t, neg, reshape, view, flatten, unsqueeze, squeeze, contiguous, "
              "dropout in eval mode")
 
@@ -151,6 +152,27 @@ def _softmax(x: Any, dim: Any = None, _stacklevel: int = 3, dtype: Any = None) -
         raise UnsupportedOpError("softmax without an explicit dim")
     _same_dtype(x, dtype, "softmax")
     return softmax(x, axis=dim)  # max-subtracted, as torch computes it
+
+
+def _sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+          is_causal: bool = False, scale: Any = None, enable_gqa: bool = False) -> Tensor:
+    """F.scaled_dot_product_attention as ``softmax(q @ k^T * scale) @ v`` (max-subtracted)."""
+    q, k, v = (_tensor(t, "scaled_dot_product_attention") for t in (query, key, value))
+    _no(attn_mask is not None, "scaled_dot_product_attention with attn_mask")
+    _no(is_causal, "scaled_dot_product_attention with is_causal=True")
+    _no(float(dropout_p) != 0.0, f"scaled_dot_product_attention with dropout_p={dropout_p}")
+    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
+        raise UnsupportedOpError(f"scaled_dot_product_attention of {q.ndim}-d, {k.ndim}-d and "
+                                 f"{v.ndim}-d tensors (expected equal ranks >= 2)")
+    if q.shape[:-2] != k.shape[:-2] and not enable_gqa:
+        raise UnsupportedOpError(f"scaled_dot_product_attention: query batch dims "
+                                 f"{q.shape[:-2]} differ from key's {k.shape[:-2]}")
+    if q.shape[:-2] != k.shape[:-2]:
+        raise UnsupportedOpError("scaled_dot_product_attention with enable_gqa and fewer key "
+                                 "heads is not supported yet")
+    s = q @ k.transpose(tuple(range(k.ndim - 2)) + (k.ndim - 1, k.ndim - 2))
+    factor = float(scale) if scale is not None else q.shape[-1] ** -0.5
+    return softmax(s * factor, axis=-1) @ v
 
 
 def _rms_norm(x: Any, normalized_shape: Any, weight: Any = None, eps: Any = None) -> Tensor:
@@ -282,6 +304,7 @@ FUNCTIONS = {
     torch.exp: _unary(exp, "exp"), torch.sqrt: _unary(sqrt, "sqrt"),
     torch.rsqrt: _unary(rsqrt, "rsqrt"), torch.relu: _unary(relu, "relu"),
     F.silu: _activation(silu, "silu"), F.relu: _activation(relu, "relu"),
+    F.scaled_dot_product_attention: _sdpa,
     torch.softmax: _softmax, F.softmax: _softmax, F.rms_norm: _rms_norm, F.dropout: _dropout,
     torch.sum: _reduce("sum"), torch.mean: _reduce("mean"), torch.amax: _reduce("max"),
     torch.cat: _cat, torch.concat: _cat, torch.concatenate: _cat,

@@ -139,3 +139,37 @@ def test_search_finds_the_online_softmax_kernel():
     unsafe = em.optimize(attention(False, b=2, m=128, d=64, n=2048), cache=None,
                          time_limit_s=60)
     assert res.cost_us <= 1.15 * unsafe.cost_us, (res.cost_us, unsafe.cost_us)
+
+
+def test_sdpa_converts_to_safe_attention_and_runs_through_the_backend():
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F  # noqa: N812
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v)
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    q = q * 12.0  # scaled logits up to about 40
+    g = em.from_torch(f, q, k, v)
+    assert sum(n.op is em.Op.MAX for n in g.nodes()) == 1
+    got = em.evaluate(g, {n: t.double().numpy() for n, t in zip(g.inputs, (q, k, v))})["out"]
+    want = f(q.double(), k.double(), v.double()).numpy()
+    np.testing.assert_allclose(got, want, atol=1e-12)
+    be = em.backend(time_limit_s=30, trials=2, min_ops=1)  # one FX node: the SDPA call
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(f, backend=be)(q, k, v)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), torch.from_numpy(want), rtol=1e-4, atol=1e-5)
+    assert [r.status for r in be.report] == ["optimized"]
+
+
+@pytest.mark.parametrize("kw", [dict(is_causal=True), dict(dropout_p=0.1)])
+def test_sdpa_with_masks_or_dropout_is_refused_by_name(kw):
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F  # noqa: N812
+
+    x = torch.randn(1, 2, 8, 16)
+    with pytest.raises(em.UnsupportedOpError, match="scaled_dot_product_attention with"):
+        em.from_torch(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, **kw), x, x, x)
