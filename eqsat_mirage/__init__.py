@@ -11,6 +11,7 @@ from .frontend.graph import (
     Graph,
     Tensor,
     amax,
+    causal_mask,
     concat,
     exp,
     matmul,
@@ -21,6 +22,7 @@ from .frontend.graph import (
     softmax,
     sqrt,
     transpose,
+    where,
 )
 from .ir.check import check, check_lax
 from .ir.errors import (
@@ -53,14 +55,15 @@ from .verifier.verify import Counterexample, VerifyResult, verify
 from .version import __version__  # noqa: E402, F401 - em.__version__
 
 __all__ = [
-    "amax", "assert_sound", "BlockInput", "BudgetError", "BlockOutput", "check", "check_lax",
+    "amax", "assert_sound", "causal_mask", "BlockInput", "BudgetError", "BlockOutput",
+    "check", "check_lax",
     "check_rules", "concat",
     "Counterexample", "CustomKernel", "from_graph", "MuGraph", "MuGraphError", "PredefinedKernel",
     "TensorSpec", "TilingError", "UnknownTensorError",
     "DTypeError", "evaluate", "exp", "Graph", "GraphError", "InputError", "LaxError", "matmul",
     "max", "MirageError", "Node", "Op", "optimize", "optimize_many", "OptimizeResult", "relu",
     "rms_norm", "rsqrt", "RuleCheck", "RuleCheckReport", "RuleError", "ShapeError", "silu",
-    "softmax", "sqrt", "Tensor", "TimeLimitError", "transpose", "verify", "VerifyResult",
+    "softmax", "sqrt", "Tensor", "TimeLimitError", "transpose", "verify", "VerifyResult", "where",
 ]
 
 # The torch front end and torch.compile backend load on first use: torch stays optional.

@@ -174,8 +174,9 @@ def programs(draw, max_ops: int = 8, max_inputs: int = 3, max_dim: int = 6,
              ops: Iterable[Op] | None = None, lax: bool = True) -> Graph:
     """Strategy of random well-shaped ``Graph``s (passing ``em.check``) with 1-2 outputs.
 
-    Up to ``max_ops`` ops drawn from ``ops`` (default: all; ``Op.CONST`` allows constant
-    operands), up to ``max_inputs`` inputs of rank 1-3, dims in ``1..max_dim``, any dtype.
+    Up to ``max_ops`` ops drawn from ``ops`` (default: all but the masks, where/mask/causal,
+    which the generator does not build yet; ``Op.CONST`` allows constant operands), up to
+    ``max_inputs`` inputs of rank 1-3, dims in ``1..max_dim``, any dtype.
     Shapes exercise broadcasting (size-1 dims, rank differences), batched matmul with
     broadcast batch dims, reductions with and without keepdims, concat, transpose, reshape.
     With ``lax=True`` exp never takes a value that went through exp, and values stay tame:
@@ -183,7 +184,7 @@ def programs(draw, max_ops: int = 8, max_inputs: int = 3, max_dim: int = 6,
     sqrt/rsqrt arguments are positive (``x * x + c``, c > 0, is built when none fits, even
     if ``ops`` lacks MUL/ADD). ``lax=False`` allows exp of exp, and values may overflow.
     """
-    allowed = set(Op) if ops is None else set(ops)
+    allowed = set(Op) - {Op.WHERE, Op.MASK, Op.CAUSAL} if ops is None else set(ops)
     # MATMUL first: hypothesis draws the first choice most often
     step_ops = sorted(allowed - {Op.INPUT, Op.CONST}, key=lambda o: (o is not Op.MATMUL, o.value))
     if not step_ops:

@@ -123,7 +123,8 @@ class KernelWriter(TileOps):
                               f"{bi.tensor}{list(spec.shape)}")
         var = self.names(name)
         mask = self.full_mask(squeezed(node.shape))
-        expr = f"tl.load({ptrs}, mask={mask}, other=0.0)" if mask else f"tl.load({ptrs})"
+        other = "0" if node.dtype == "bool" else "0.0"
+        expr = f"tl.load({ptrs}, mask={mask}, other={other})" if mask else f"tl.load({ptrs})"
         self.emit(load, var, expr)
         self.tiles[name] = Val(var, node.shape, node.dtype)
         return self.tiles[name]

@@ -60,7 +60,7 @@ TRITON_DENYLIST = ("tl.make_tensor_descriptor", "TensorDescriptor", "_experiment
                    "libdevice", "triton.knobs", "triton.tools")
 
 TORCH_DTYPE = {"float16": "torch.float16", "bfloat16": "torch.bfloat16",
-               "float32": "torch.float32"}
+               "float32": "torch.float32", "bool": "torch.bool"}
 _HOST_RESERVED = frozenset({"torch", "triton", "tl", "os", "device", "args", "kwargs", "run",
                             "INPUTS", "OUTPUTS", "NEEDS_TRITON", "_bind"})
 
@@ -144,6 +144,9 @@ def _torch_op(k: PredefinedKernel, var: dict[str, str]) -> str:
         x = var[s.arg]
         return f"{x}.to({TORCH_DTYPE[n.dtype]})" if cast and s.dtype != n.dtype else x
 
+    if n.op is Op.CAUSAL:
+        rows, cols, off = n.arg
+        return f"torch.ones(({rows}, {cols}), dtype=torch.bool, device=device).tril({off})"
     if all(s.op is Op.CONST for s in n.srcs):
         from ..frontend.graph import Graph
         from ..semantics.floating import evaluate
@@ -178,6 +181,10 @@ def _torch_op(k: PredefinedKernel, var: dict[str, str]) -> str:
         return f"{arg(xs[0])}.reshape({_shape(n.arg)})"
     if op is Op.CONCAT:
         return f"torch.cat([{', '.join(arg(s, True) for s in xs)}], dim={n.arg})"
+    if op is Op.WHERE:
+        return f"torch.where({arg(xs[0])}, {arg(xs[1], True)}, {arg(xs[2], True)})"
+    if op is Op.MASK:
+        return f"torch.where({arg(xs[0])}, {arg(xs[1], True)}, float('-inf'))"
     raise CodegenError(f"{who}: {n.describe()} has no torch form")
 
 

@@ -32,7 +32,8 @@ from .concat import CodegenError, ConcatOps, Val, squeezed
 
 MAX_NUMEL = 2 ** 20  # Triton's largest block (TRITON_MAX_TENSOR_NUMEL)
 MIN_DOT = 16  # smallest tl.dot operand dim
-TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
+TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32",
+            "bool": "tl.int1"}
 _RESERVED = frozenset({"tl", "triton", "torch", "range", "float", "int", "min", "max", "len", "f"})
 
 
@@ -216,6 +217,8 @@ class TileOps(ConcatOps):
         var = self.names(var)
         if node.op in BINARY:
             expr, clean = self._binary(node, srcs)
+        elif node.op in (Op.WHERE, Op.MASK):
+            expr, clean = self._select(node, srcs)
         elif node.op is Op.MATMUL:
             expr, clean = self._matmul(node, srcs[0], srcs[1])
         elif node.op in REDUCE:
@@ -270,6 +273,13 @@ class TileOps(ConcatOps):
         else:  # padding divided by padding gives nan; only a nonzero constant keeps it 0
             clean = srcs[1].const not in (None, 0.0) and srcs[0].clean and covered
         return f"{a} {sym} {b}", clean
+
+    def _select(self, node: Node, srcs: list[Val]) -> tuple[str, bool]:
+        """where(c, a, b) / mask(c, x): ``tl.where`` on the mask (an int1 tile)."""
+        c = self.broadcast(srcs[0].expr, srcs[0], node.shape)
+        vals = [self.broadcast(self.f32(s), s, node.shape) for s in srcs[1:]]
+        fill = vals[1] if node.op is Op.WHERE else "-float('inf')"
+        return f"tl.where({c} != 0, {vals[0]}, {fill})", False
 
     def _where(self, expr: str, mask: str | None, fill: str = "0.0") -> str:
         return expr if mask is None else f"tl.where({mask}, {expr}, {fill})"

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..frontend.graph import Graph
-from ..ir.errors import MirageError, RuleError, ShapeError
+from ..ir.errors import DTypeError, MirageError, RuleError, ShapeError
 from ..ir.limits import Deadline
-from ..ir.node import Node, Op, fmt_shape, numel
+from ..ir.node import Node, Op, fmt_shape, make, numel
 from ..verifier.verify import Counterexample, verify
 from .encode import build_node
 from .rulefiles import Rule, Schema, SList, Sym, load_rules, to_text
@@ -101,6 +101,16 @@ def _tensor_vars(term, schema: Schema, out: list) -> list:
     return out
 
 
+def _mask_vars(term, out: set) -> set:
+    """Pattern variables in the condition of a Where or Mask: they become bool masks."""
+    if isinstance(term, SList):
+        if term.head() in ("Where", "Mask") and len(term.items) > 1 and _is_var(term.items[1]):
+            out.add(str(term.items[1]))
+        for arg in term.items[1:]:
+            _mask_vars(arg, out)
+    return out
+
+
 def _factorize(n: int, k: int, rng: random.Random) -> tuple[int, ...]:
     """A random ordered factorization of ``n`` into ``k`` positive factors."""
     out = []
@@ -114,9 +124,10 @@ class _Instance:
     """One attempt at instantiating a rule: variable bindings and a term builder."""
 
     def __init__(self, schema: Schema, rng: random.Random, shapes: dict[str, tuple],
-                 drawn: dict | None = None) -> None:
-        self.schema, self.rng, self.shapes = schema, rng, shapes
-        self.inputs = {v: Node(Op.INPUT, (), v, s, "float32") for v, s in shapes.items()}
+                 drawn: dict | None = None, masks: frozenset = frozenset()) -> None:
+        self.schema, self.rng, self.shapes, self.masks = schema, rng, shapes, masks
+        self.inputs = {v: Node(Op.INPUT, (), v, s, "bool" if v in masks else "float32")
+                       for v, s in shapes.items()}
         self.env: dict[str, object] = {**self.inputs, **(drawn or {})}
         self.drawn = dict(drawn or {})  # scalars drawn while building the LHS
         self.repair: tuple | None = None  # (tensor var, axis or None for rank, wanted value)
@@ -134,7 +145,8 @@ class _Instance:
             shape = ([self.rng.choice((2, 3))] * value + shape)[len(shape):]
         elif ok and -len(shape) <= axis < len(shape):
             shape[axis] = value
-        return _Instance(self.schema, self.rng, {**self.shapes, var: tuple(shape)}, self.drawn)
+        return _Instance(self.schema, self.rng, {**self.shapes, var: tuple(shape)}, self.drawn,
+                         self.masks)
 
     def build(self, term, lhs: bool) -> Node:
         """The IR node of a T-sorted term; in the LHS, unbound scalars get random values."""
@@ -317,7 +329,7 @@ def _instantiate(rule: Rule, inst: _Instance, repairs: int = 4) -> tuple[_Instan
                     raise _Fail(f"cannot evaluate {to_text(left[0])}: unbound variables")
                 pending = left
             return inst, lhs
-        except (ShapeError, _Fail):
+        except (ShapeError, DTypeError, _Fail):
             if inst.repair is None or repairs == 0:
                 raise
             inst, repairs = inst.repaired(), repairs - 1
@@ -333,6 +345,7 @@ def check_rule(rule: Rule, schema: Schema | None = None, instances: int = 3, see
     rng = random.Random(f"{seed}:{rule.where}:{rule.name}")  # not the folder
     res = RuleCheck(rule.name, rule.where, "not instantiated", path=rule.path, line=rule.line)
     names = _tensor_vars(rule.lhs, schema, [])
+    masks = frozenset(_mask_vars(rule.lhs, set()))
     above = _thresholds(rule)
     found, seen, why = [], set(), "no instance type-checked"  # found: (instance, lhs, rhs)
     for _ in range(max_attempts):
@@ -342,8 +355,9 @@ def check_rule(rule: Rule, schema: Schema | None = None, instances: int = 3, see
             why = "the time limit ran out"
             break
         try:
-            inst, lhs = _instantiate(rule, _Instance(schema, rng, _draw_shapes(names, rng, above)))
-        except (ShapeError, _Fail) as exc:
+            inst, lhs = _instantiate(rule, _Instance(schema, rng, _draw_shapes(names, rng, above),
+                                                     masks=masks))
+        except (ShapeError, DTypeError, _Fail) as exc:
             why = f"last attempt: {exc}"
             continue
         except RuleError as exc:
@@ -356,7 +370,7 @@ def check_rule(rule: Rule, schema: Schema | None = None, instances: int = 3, see
             bad = "" if rhs.shape == lhs.shape else (
                 f"the sides have different shapes, {fmt_shape(lhs.shape)} and "
                 f"{fmt_shape(rhs.shape)}, for {inst.describe()}")
-        except (ShapeError, TypeError) as exc:
+        except (ShapeError, DTypeError, TypeError) as exc:
             bad = (f"the right side is ill-shaped for {inst.describe()} (left side "
                    f"{fmt_shape(lhs.shape)}): {exc}")
         except _Fail as exc:  # e.g. a division by zero in a scalar the left side allows
@@ -377,6 +391,8 @@ def check_rule(rule: Rule, schema: Schema | None = None, instances: int = 3, see
     for k, (inst, lhs, rhs) in enumerate(chosen):
         graphs = [Graph(f"{side} of {rule.where}") for side in ("lhs", "rhs")]
         for g, node in zip(graphs, (lhs, rhs)):  # both declare every pattern tensor variable
+            if node.op is Op.MASK:  # -inf where masked: compared through what consumes it
+                node = make(Op.EXP, (node,))
             g.inputs, g.outputs = dict(inst.inputs), {"out": node}
         try:
             v = verify(graphs[0], graphs[1], trials=trials, seed=seed * 1000 + k,

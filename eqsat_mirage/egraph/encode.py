@@ -14,8 +14,9 @@ from ..ir.node import Node, Op, make
 _UNARY = {Op.NEG: "Neg", Op.EXP: "Exp", Op.SQRT: "Sqrt", Op.RSQRT: "Rsqrt", Op.SILU: "Silu",
           Op.RELU: "Relu"}
 _REDUCE = {Op.SUM: "Sum", Op.MEAN: "Mean", Op.MAX: "Max"}
-_BINARY = {Op.ADD: "Add", Op.SUB: "Sub", Op.MUL: "Mul", Op.DIV: "Div", Op.MATMUL: "MatMul"}
-CTOR_OP = {v: k for k, v in {**_UNARY, **_BINARY}.items()}
+_BINARY = {Op.ADD: "Add", Op.SUB: "Sub", Op.MUL: "Mul", Op.DIV: "Div", Op.MATMUL: "MatMul",
+           Op.MASK: "Mask"}
+CTOR_OP = {v: k for k, v in {**_UNARY, **_BINARY, Op.WHERE: "Where"}.items()}
 
 
 def _f64(x: float) -> str:
@@ -76,6 +77,10 @@ class Encoder:
                 name = self._let(f"(Reshape {_vec(node.shape)} {name})")
         elif op in _BINARY:
             name = self._let(f"({_BINARY[op]} {src[0]} {src[1]})")
+        elif op is Op.WHERE:
+            name = self._let(f"(Where {src[0]} {src[1]} {src[2]})")
+        elif op is Op.CAUSAL:
+            name = self._let("(Causal {} {} {})".format(*node.arg))
         elif op in _REDUCE:
             axes, keep = node.arg
             name = src[0]
@@ -121,6 +126,8 @@ def build_node(ctor: str, args: list, inputs: dict[str, Node]) -> Node:
     if ctor in ("Sum", "Mean", "Max"):
         op = {"Sum": Op.SUM, "Mean": Op.MEAN, "Max": Op.MAX}[ctor]
         return make(op, (args[1],), ((int(args[0]),), True))
+    if ctor == "Causal":
+        return make(Op.CAUSAL, (), tuple(int(a) for a in args))
     if ctor == "Swap":
         i, j, x = args
         perm = list(range(len(x.shape)))

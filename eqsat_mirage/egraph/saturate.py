@@ -32,6 +32,8 @@ _ABS = {"Const": "(AConst)", "Exp": "(AExp {0})", "Sqrt": '(AFn "sqrt" {0})',
         "Add": "(AAdd {0} {1})", "Sub": "(AAdd {0} {1})", "Mul": "(AMul {0} {1})",
         "Div": "(ADiv {0} {1})", "MatMul": "(ASum (AMul {0} {1}))", "Sum": "(ASum {0})",
         "Mean": "(ADiv (ASum {0}) (AConst))", "Max": '(AFn "max" {0})',
+        "Causal": '(AVar "causal")', "Mask": '(AFn "mask" (AAdd {0} {1}))',
+        "Where": '(AFn "where" (AAdd {0} (AAdd {1} {2})))',
         "Concat": "(ACat {0} {1})", "Neg": "{0}",
         "Swap": "{0}", "Reshape": "{0}", "Dev": "{0}"}
 

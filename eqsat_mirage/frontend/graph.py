@@ -74,6 +74,22 @@ class Graph:
             raise GraphError(f"output name {name!r} (at {loc}) is already an input name")
         self.outputs[name] = tensor.node
 
+    def causal_mask(self, rows: int, cols: int | None = None, offset: int = 0) -> Tensor:
+        """A bool (rows, cols) mask, True where ``col <= row + offset`` (torch's is_causal:
+        offset 0; a query block at the end of a longer key sequence: ``cols - rows``). It is
+        built from positions, not read from memory."""
+        cols = rows if cols is None else cols
+        loc = user_location()
+        if not all(isinstance(v, Integral) and not isinstance(v, bool) for v in
+                   (rows, cols, offset)):
+            raise ShapeError(f"causal_mask (at {loc}): rows, cols and offset must be ints, got "
+                             f"{rows!r}, {cols!r}, {offset!r}")
+        try:
+            node = make(Op.CAUSAL, (), (int(rows), int(cols), int(offset)), loc)
+        except ShapeError as exc:
+            raise ShapeError(f"{exc} (at {loc})") from None
+        return Tensor(node, self)
+
     def nodes(self) -> list[Node]:
         """Every node reachable from the outputs, operands first (a fresh list; the order
         is remembered while the outputs are the same nodes: nodes are immutable)."""
@@ -300,6 +316,32 @@ def amax(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
         raise GraphError(f"max (at {user_location()}): expected a Tensor, got "
                          f"{type(x).__name__}")
     return x.max(axis=axis, keepdims=keepdims)
+
+
+def where(cond: Tensor, a: Any, b: Any) -> Tensor:
+    """``a`` where the bool mask ``cond`` holds, else ``b`` (tensors or numbers, broadcast).
+
+    ``b = float("-inf")`` masks a softmax's input (``em.where(mask, S, -inf)``; the exp of
+    a masked element is 0); any other value must be finite.
+    """
+    if not isinstance(cond, Tensor) or cond.dtype != "bool":
+        raise GraphError(f"where (at {user_location()}): the condition must be a bool mask "
+                         f"Tensor (an input of dtype 'bool' or a causal mask), got "
+                         f"{getattr(cond, 'dtype', type(cond).__name__)}")
+    if isinstance(a, Real) and math.isinf(float(a)):
+        raise GraphError(f"where (at {user_location()}): put the -inf fill in the third "
+                         "argument (where(mask, x, -inf))")
+    if isinstance(b, Real) and not isinstance(b, bool) and float(b) == -math.inf:
+        return apply(Op.MASK, cond, a)
+    return apply(Op.WHERE, cond, a, b)
+
+
+def causal_mask(graph: Graph, rows: int, cols: int | None = None, offset: int = 0) -> Tensor:
+    """``graph.causal_mask(rows, cols, offset)``: True where ``col <= row + offset``."""
+    if not isinstance(graph, Graph):
+        raise GraphError(f"causal_mask (at {user_location()}): the first argument is the Graph "
+                         f"the mask belongs to, got {type(graph).__name__}")
+    return graph.causal_mask(rows, cols, offset)
 
 
 def softmax(x: Tensor, axis: int = -1) -> Tensor:

@@ -22,12 +22,12 @@ from torch import nn
 
 from ..ir.errors import DTypeError, UnsupportedOpError
 from ..ir.node import canonical_dtype
-from .graph import Tensor, concat, exp, relu, rms_norm, rsqrt, silu, softmax, sqrt
+from .graph import Tensor, concat, exp, relu, rms_norm, rsqrt, silu, softmax, sqrt, where
 
 SUPPORTED = ("matmul/bmm/mm/@, linear and nn.Linear, +, -, *, / (tensors or Python numbers), "
              "exp, sum, mean, amax, pow (2, 1, 0.5, -0.5, -1), sqrt, rsqrt, silu and nn.SiLU, relu "
-             "and nn.ReLU, softmax and nn.Softmax, scaled_dot_product_attention (no mask, "
-             "not causal), rms_norm and nn.RMSNorm, cat, transpose, "
+             "and nn.ReLU, softmax and nn.Softmax, scaled_dot_product_attention (causal or a bool "
+             "mask), rms_norm and nn.RMSNorm, cat, transpose, "
              "permute, .T, .mT, t, neg, reshape, view, flatten, unsqueeze, squeeze, contiguous, "
              "dropout in eval mode")
 
@@ -158,9 +158,12 @@ def _sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: fl
           is_causal: bool = False, scale: Any = None, enable_gqa: bool = False) -> Tensor:
     """F.scaled_dot_product_attention as ``softmax(q @ k^T * scale) @ v`` (max-subtracted)."""
     q, k, v = (_tensor(t, "scaled_dot_product_attention") for t in (query, key, value))
-    _no(attn_mask is not None, "scaled_dot_product_attention with attn_mask")
-    _no(is_causal, "scaled_dot_product_attention with is_causal=True")
     _no(float(dropout_p) != 0.0, f"scaled_dot_product_attention with dropout_p={dropout_p}")
+    if attn_mask is not None and (not isinstance(attn_mask, Tensor) or attn_mask.dtype != "bool"):
+        raise UnsupportedOpError("scaled_dot_product_attention with a float attn_mask (a bool "
+                                 "mask is supported)")
+    _no(attn_mask is not None and is_causal, "scaled_dot_product_attention with both "
+        "attn_mask and is_causal")
     if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
         raise UnsupportedOpError(f"scaled_dot_product_attention of {q.ndim}-d, {k.ndim}-d and "
                                  f"{v.ndim}-d tensors (expected equal ranks >= 2)")
@@ -172,7 +175,12 @@ def _sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: fl
                                  "heads is not supported yet")
     s = q @ k.transpose(tuple(range(k.ndim - 2)) + (k.ndim - 1, k.ndim - 2))
     factor = float(scale) if scale is not None else q.shape[-1] ** -0.5
-    return softmax(s * factor, axis=-1) @ v
+    s = s * factor
+    if is_causal:  # torch's is_causal: the top-left diagonal
+        s = where(q.graph.causal_mask(q.shape[-2], k.shape[-2]), s, float("-inf"))
+    elif attn_mask is not None:
+        s = where(attn_mask, s, float("-inf"))
+    return softmax(s, axis=-1) @ v
 
 
 def _rms_norm(x: Any, normalized_shape: Any, weight: Any = None, eps: Any = None) -> Tensor:

@@ -134,7 +134,7 @@ def index_fragment(graph: Graph) -> Indexing:
         if n.op in UNARY:
             for d in range(r):
                 tie(n.srcs[0], d, n, d)
-        elif n.op in BINARY:
+        elif n.op in BINARY or n.op in (Op.WHERE, Op.MASK):  # broadcasting ops
             for s in n.srcs:
                 for i in range(1, len(s.shape) + 1):
                     tie(s, len(s.shape) - i, n, r - i)

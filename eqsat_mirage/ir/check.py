@@ -8,7 +8,7 @@ a program is in the fragment the finite-field verifier's theorem covers.
 from __future__ import annotations
 
 from .errors import GraphError, LaxError, ShapeError
-from .node import ARITY, DTYPES, Node, Op, fmt_shape, infer
+from .node import ALL_DTYPES, ARITY, Node, Op, fmt_shape, infer
 
 
 def _name(i: int, node: Node) -> str:
@@ -29,7 +29,7 @@ def check(program) -> None:
     for i, node in enumerate(program.nodes()):
         if not isinstance(node.op, Op):
             raise GraphError(f"{_name(i, node)}: unknown op {node.op!r}")
-        if node.dtype not in DTYPES:
+        if node.dtype not in ALL_DTYPES:
             raise GraphError(f"{_name(i, node)}: unknown dtype {node.dtype!r}")
         arity = ARITY[node.op]
         if arity is not None and len(node.srcs) != arity:
@@ -82,3 +82,34 @@ def check_lax(program, what: str = "program") -> None:
             raise LaxError(f"{what} {program.name!r} is not a Lax program: {_name(i, node)} "
                            f"takes exp of a value that already went through exp ({path}); "
                            "the finite-field verifier cannot decide equivalence for it")
+    masked: dict[int, bool] = {}
+    for node in program.nodes():
+        masked[id(node)] = masked_fact(node, [masked[id(s)] for s in node.srcs], what)
+    for name, node in program.outputs.items():
+        if masked[id(node)]:
+            raise LaxError(f"{what} {program.name!r}: output {name!r} holds -inf where masked "
+                           "(a masked value must go through exp or max before an output)")
+
+
+def masked_fact(node, srcs: list[bool], what: str = "program") -> bool:
+    """Whether ``node`` holds a masked value (``where(mask, x, -inf)``), given its operands';
+    ``LaxError`` if it uses one in a way the verifier cannot follow. Allowed: ``x - m`` and
+    ``x + c`` (finite c or m), transposes and reshapes (still masked), exp and max (no
+    longer masked: the exp of a masked element is 0)."""
+    if node.op is Op.MASK:
+        if srcs[1]:
+            raise LaxError(f"{what}: {node.describe()} masks a value that is already masked")
+        return True
+    if not any(srcs):
+        return False
+    if node.op in (Op.EXP, Op.MAX):
+        return False
+    if node.op in (Op.TRANSPOSE, Op.RESHAPE):
+        return True
+    if (node.op is Op.ADD and srcs.count(True) == 1) or (
+            node.op is Op.SUB and srcs == [True, False]):
+        return True
+    raise LaxError(f"{what}: {node.describe()} uses a masked value (-inf where masked): the "
+                   "verifier follows one only through + or - of finite values, transposes, "
+                   "reshapes, max and exp")
+

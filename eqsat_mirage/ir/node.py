@@ -42,6 +42,9 @@ class Op(Enum):
     RESHAPE = auto()  # arg: new shape
     CONCAT = auto()  # arg: axis
     MAX = auto()  # arg: (axes, keepdims); the largest element (numerically safe softmax)
+    WHERE = auto()  # (cond, a, b): a where the bool mask cond holds, else b (finite)
+    MASK = auto()  # (cond, x): x where the bool mask cond holds, else -inf (masked softmax)
+    CAUSAL = auto()  # arg: (rows, cols, offset); bool (rows, cols), True where col <= row + off
 
 
 LEAF = frozenset({Op.INPUT, Op.CONST})
@@ -56,8 +59,9 @@ OPAQUE = frozenset({Op.SQRT, Op.RSQRT, Op.SILU, Op.RELU})
 # functions (per element) and max (per row: any consistent value, see docs/verifier.md).
 KEYED = OPAQUE | {Op.MAX}
 
-DTYPES = ("float16", "bfloat16", "float32")
-ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}  # bytes per element
+DTYPES = ("float16", "bfloat16", "float32")  # the value dtypes; masks are "bool"
+ALL_DTYPES = DTYPES + ("bool",)
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "bool": 1}  # bytes per element
 _DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16",
                   "fp32": "float32", "float": "float32"}
 _DTYPE_RANK = {"float16": 0, "bfloat16": 0, "float32": 1}
@@ -70,8 +74,8 @@ def canonical_dtype(dtype: Any) -> str:
     name = getattr(dtype, "name", None) or str(dtype)
     name = name.replace("torch.", "")
     name = _DTYPE_ALIASES.get(name, name)
-    if name not in DTYPES:
-        raise DTypeError(f"unknown dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    if name not in ALL_DTYPES:
+        raise DTypeError(f"unknown dtype {dtype!r}: expected one of {', '.join(ALL_DTYPES)}")
     return name
 
 
@@ -227,6 +231,15 @@ def infer(op: Op, srcs: tuple[Node, ...], arg: Any) -> tuple[Shape, str]:
         raise ShapeError("input nodes are created by Graph.input")
     if op is Op.CONST:
         return (), "float32"
+    if op is Op.CAUSAL:
+        return _causal_shape(arg, where), "bool"
+    if op in (Op.WHERE, Op.MASK):
+        return _masking(op, srcs, where)
+    if any(s.dtype == "bool" for s in srcs):
+        if op not in (Op.TRANSPOSE, Op.RESHAPE, Op.CONCAT) or any(
+                s.dtype != "bool" for s in srcs):
+            raise DTypeError(f"{where}: a bool mask can only be moved (transpose, reshape, "
+                             "concat) or used as the condition of em.where")
     dtype = srcs[0].dtype if srcs else "float32"
     non_const = [s.dtype for s in srcs if s.op is not Op.CONST]
     if non_const:
@@ -279,7 +292,35 @@ def infer(op: Op, srcs: tuple[Node, ...], arg: Any) -> tuple[Shape, str]:
 
 
 ARITY = {**{op: 1 for op in UNARY | REDUCE | {Op.TRANSPOSE, Op.RESHAPE}},
-         **{op: 2 for op in BINARY | {Op.MATMUL}}, Op.INPUT: 0, Op.CONST: 0, Op.CONCAT: None}
+         **{op: 2 for op in BINARY | {Op.MATMUL, Op.MASK}}, Op.INPUT: 0, Op.CONST: 0,
+         Op.CONCAT: None, Op.WHERE: 3, Op.CAUSAL: 0}
+
+
+def _causal_shape(arg: Any, where: Any) -> Shape:
+    if not (isinstance(arg, tuple) and len(arg) == 3 and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in arg)) or min(arg[:2]) < 1:
+        raise ShapeError(f"{where}: a causal mask needs (rows, cols, offset) ints with "
+                         f"rows, cols >= 1, got {arg!r}")
+    return (arg[0], arg[1])
+
+
+def _masking(op: Op, srcs: tuple[Node, ...], where: Any) -> tuple[Shape, str]:
+    """where(cond, a, b) and mask(cond, x): cond a bool mask, the values not."""
+    cond, *vals = srcs
+    if cond.dtype != "bool":
+        raise DTypeError(f"{where}: the condition must be a bool mask, got {cond.dtype}")
+    if any(v.dtype == "bool" for v in vals):
+        raise DTypeError(f"{where}: the values must not be bool masks")
+    shape: Shape | None = cond.shape
+    for v in vals:
+        shape = broadcast_shapes(shape, v.shape) if shape is not None else None
+    if shape is None:
+        raise ShapeError(f"{where}: shapes do not broadcast")
+    dts = [v.dtype for v in vals if v.op is not Op.CONST] or ["float32"]
+    dtype = dts[0]
+    for d in dts[1:]:
+        dtype = promote(dtype, d)
+    return shape, dtype
 
 
 def make(op: Op, srcs: tuple[Node, ...], arg: Any = None, loc: str = "") -> Node:

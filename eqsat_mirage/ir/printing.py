@@ -6,7 +6,7 @@ from .node import Node, Op
 
 
 def _short(dtype: str) -> str:
-    return {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}[dtype]
+    return {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "bool": "bool"}[dtype]
 
 
 def _arg(node: Node) -> str:
@@ -17,6 +17,8 @@ def _arg(node: Node) -> str:
         return f" {list(node.arg)}"
     if node.op is Op.CONCAT:
         return f" axis={node.arg}"
+    if node.op is Op.CAUSAL:
+        return f" rows={node.arg[0]} cols={node.arg[1]} offset={node.arg[2]}"
     return ""
 
 

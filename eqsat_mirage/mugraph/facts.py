@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..frontend.graph import Graph
-from ..ir.check import check
+from ..ir.check import check, masked_fact
 from ..ir.errors import LaxError, ShapeError
 from ..ir.node import Node, Op, fmt_shape, make
 from ..verifier.bound import FRESH, Degree, accumulated, node_degree, unit_axes
@@ -114,6 +114,15 @@ def check_lax(mg: KernelGraph, what: str = "program") -> None:
                            "exp; the finite-field verifier cannot decide equivalence for it")
         return d
     fold(mg, 0, depth, lambda k, d: d)
+
+    def masked_acc(k, fact):
+        if fact:
+            raise LaxError(f"{what} {mg.name!r}: kernel {k.name!r} sums a masked value")
+        return fact
+    env = fold(mg, False, lambda k, stage, n, fs: masked_fact(n, fs, what), masked_acc)
+    for name, t in mg.output_tensors.items():
+        if env[t]:
+            raise LaxError(f"{what} {mg.name!r}: output {name!r} holds -inf where masked")
 
 
 def degrees(mg: KernelGraph) -> dict[str, Degree]:

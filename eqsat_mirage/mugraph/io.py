@@ -122,6 +122,8 @@ def _arg_load(op: Op, arg: Any) -> Any:
         return tuple(int(a) for a in arg)
     if op is Op.CONST:
         return float(arg)
+    if op is Op.CAUSAL:
+        return tuple(int(a) for a in arg)
     return int(arg) if op is Op.CONCAT else arg
 
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.node import BINARY, REDUCE, UNARY, Node, Op, make, toposort
-from ..semantics.field import FIELD_SEMANTICS, back_p
+from ..semantics.field import FIELD_SEMANTICS, MaskedPair, back_p
 from ..semantics.floating import FLOAT_SEMANTICS, float_ctx, round_to, uniform
 from ..semantics.interp import Table, run
 from ..semantics.modular import compact
@@ -76,7 +76,7 @@ def vectorise(outputs: Mapping[str, Node], prefix: tuple[int, ...]) -> tuple[_Pr
             v = node
         else:
             op, arg = node.op, node.arg
-            if op in BINARY:
+            if op in BINARY or op in (Op.WHERE, Op.MASK):
                 srcs = [_lift(s, prefix, len(node.shape), o) for s, o in zip(srcs, on)]
             elif op is Op.MATMUL:
                 rank = max(len(s.shape) for s in node.srcs)
@@ -108,7 +108,8 @@ def vectorise(outputs: Mapping[str, Node], prefix: tuple[int, ...]) -> tuple[_Pr
 def _each(value: Any, fn: Callable, pairs: bool) -> Any:
     """Apply an array function to a float value, or to both parts of a field pair."""
     if pairs:
-        return tuple(fn(v) if v is not None else None for v in value)
+        out = tuple(fn(v) if v is not None else None for v in value)
+        return MaskedPair.of(*out, fn(value.keep)) if isinstance(value, MaskedPair) else out
     return fn(value)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..ir.errors import LaxError
 from ..ir.node import KEYED, Op
 from .modular import (  # noqa: F401  (re-exported: the field backend's arithmetic)
     _CHUNK,
@@ -134,6 +135,28 @@ def _powers(base: int, n: int, m: int) -> np.ndarray:
     return table[:n]
 
 
+class MaskedPair(tuple):
+    """A masked value (``em.where(mask, x, -inf)``): x's (p, q) parts and ``keep``, the
+    mask's p part (0 or 1 for a causal mask, uniform for a mask given as input: the
+    polynomial that equals the mask on {0, 1}). Only +/- finite values, transposes and
+    reshapes keep it masked; exp turns it into ``keep * exp(x)`` and max into a random
+    function of (x, keep) per row. Any other op on it is refused (``check_lax`` first)."""
+
+    keep: Any
+
+    @classmethod
+    def of(cls, p: Any, q: Any, keep: Any) -> MaskedPair:
+        """The masked pair (p, q) with mask ``keep``."""
+        out = cls((p, q))
+        out.keep = keep
+        return out
+
+
+def with_parts(value: Any, p: Any, q: Any) -> tuple:
+    """``value`` with its parts replaced (a masked value stays masked)."""
+    return MaskedPair.of(p, q, value.keep) if isinstance(value, MaskedPair) else (p, q)
+
+
 def _q(ctx: FieldCtx, node, fn):
     return fn() if id(node) in ctx.needs_q else None
 
@@ -144,8 +167,16 @@ def _p(ctx: FieldCtx, node, fn):
 
 def _binary(op_p, op_q):
     def apply(ctx, n, a, b):
-        return (_p(ctx, n, lambda: op_p(a[0], b[0], ctx.p)),
-                _q(ctx, n, lambda: op_q(a[1], b[1], ctx.q)))
+        out = (_p(ctx, n, lambda: op_p(a[0], b[0], ctx.p)),
+               _q(ctx, n, lambda: op_q(a[1], b[1], ctx.q)))
+        masked = [x for x in (a, b) if isinstance(x, MaskedPair)]
+        if masked:  # x - m or x + c of a masked x: still masked (check_lax allows no more)
+            if n.op not in (Op.ADD, Op.SUB) or len(masked) > 1 or b is masked[0] and \
+                    n.op is Op.SUB:
+                raise LaxError(f"{n.describe()}: a masked value (-inf where masked) is only "
+                               "verified through + or - of finite values, max and exp")
+            return MaskedPair.of(*out, masked[0].keep)
+        return out
     return apply
 
 
@@ -171,8 +202,13 @@ def _reduce(mean: bool):
 
 def _movement(fn):
     def apply(ctx, n, *xs):
-        return (_p(ctx, n, lambda: fn([x[0] for x in xs], n.arg)),
-                _q(ctx, n, lambda: fn([x[1] for x in xs], n.arg)))
+        out = (_p(ctx, n, lambda: fn([x[0] for x in xs], n.arg)),
+               _q(ctx, n, lambda: fn([x[1] for x in xs], n.arg)))
+        if any(isinstance(x, MaskedPair) for x in xs):
+            if len(xs) > 1:
+                raise LaxError(f"{n.describe()}: a concat of masked values is not verified")
+            return MaskedPair.of(*out, fn([xs[0].keep], n.arg))
+        return out
     return apply
 
 
@@ -193,6 +229,10 @@ def _rowmax(ctx, n, x):
     if not axes:  # the max over no axis is the value itself
         return x
     h, row = None, x[0]
+    if isinstance(x, MaskedPair):  # the kept values and the mask: masked entries drop out
+        k4 = int(ctx.keys[Op.MASK][0]) % ctx.p
+        row = (mulmod(np.asarray(x[0]), x.keep, ctx.p) + mulmod(np.asarray(x.keep), k4,
+                                                                 ctx.p)) % ctx.p
     with np.errstate(over="ignore"):  # uint64 wrap-around is intended
         for ax in sorted(axes):  # each step is the single-axis max of the previous one's p part
             z = _fmix(np.asarray(row).astype(np.uint64) * k1 + k3)
@@ -203,6 +243,11 @@ def _rowmax(ctx, n, x):
         out_q = _q(ctx, n, lambda: (_fmix(h ^ k1) % np.uint64(ctx.q)).astype(np.int64))
         out_p = _p(ctx, n, lambda: np.asarray(row).reshape(n.shape).astype(np.int64))
     return out_p, out_q
+
+
+def _select(c: Any, a: Any, b: Any, m: int) -> Any:
+    """where(c, a, b) as c * a + (1 - c) * b mod m (multilinear in the mask)."""
+    return addmod(mulmod(np.asarray(c), a, m), mulmod(np.asarray((1 - c) % m), b, m), m)
 
 
 def _rsqrt(ctx, n, x):
@@ -229,7 +274,8 @@ FIELD_SEMANTICS = {
     Op.INPUT: _input,
     Op.CONST: _const,
     Op.NEG: _unary(lambda x, m: _mod(-x, m)),
-    Op.EXP: lambda ctx, n, x: (ctx.exp(x[1]), None),
+    Op.EXP: lambda ctx, n, x: ((mulmod(ctx.exp(x[1]), x.keep, ctx.p)
+                                if isinstance(x, MaskedPair) else ctx.exp(x[1])), None),
     Op.SQRT: _opaque(Op.SQRT),
     Op.RSQRT: _rsqrt,
     Op.SILU: _opaque(Op.SILU),
@@ -243,10 +289,35 @@ FIELD_SEMANTICS = {
     Op.SUM: _reduce(mean=False),
     Op.MEAN: _reduce(mean=True),
     Op.MAX: _rowmax,
+    Op.WHERE: lambda ctx, n, c, a, b: (
+        _p(ctx, n, lambda: _select(c[0], a[0], b[0], ctx.p)),
+        _q(ctx, n, lambda: _select(c[1], a[1], b[1], ctx.q))),
+    Op.MASK: lambda ctx, n, c, x: MaskedPair.of(
+        None if x[0] is None else np.broadcast_to(x[0], n.shape),
+        None if x[1] is None else np.broadcast_to(x[1], n.shape),
+        np.broadcast_to(c[0], n.shape)),  # one layout for value and mask (tiles cut both)
+    Op.CAUSAL: lambda ctx, n: (np.tri(*n.arg, dtype=np.int64),) * 2,
     Op.TRANSPOSE: _movement(lambda xs, perm: np.transpose(xs[0], perm)),
     Op.RESHAPE: _movement(lambda xs, shape: np.reshape(xs[0], shape)),
     Op.CONCAT: _movement(lambda xs, axis: np.concatenate(xs, axis=axis)),
 }
+
+
+_MASK_AWARE = {Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.EXP, Op.MAX, Op.TRANSPOSE, Op.RESHAPE,
+               Op.CONCAT}
+
+
+def _refuse_masked(op: Op, fn):
+    def apply(ctx, n, *xs):
+        if any(isinstance(x, MaskedPair) for x in xs):
+            raise LaxError(f"{n.describe()}: a masked value (-inf where masked) is only "
+                           "verified through + or - of finite values, max and exp")
+        return fn(ctx, n, *xs)
+    return apply
+
+
+FIELD_SEMANTICS.update({op: _refuse_masked(op, fn) for op, fn in FIELD_SEMANTICS.items()
+                        if op not in _MASK_AWARE})
 
 
 def q_needed(program) -> set[int]:
@@ -267,6 +338,8 @@ def back_p(nodes: list, needed_p: set[int], needed_q: set[int]) -> None:
         if (id(node) in needed_p and node.op is not Op.EXP) or (
                 node.op in KEYED and id(node) in needed_q):
             needed_p.update(id(s) for s in node.srcs)
+        if node.op in (Op.MASK, Op.WHERE) and (id(node) in needed_p or id(node) in needed_q):
+            needed_p.add(id(node.srcs[0]))  # the mask's p part is what keeps or selects
 
 
 def p_needed(program, needed_q: set[int]) -> set[int]:
@@ -317,7 +390,8 @@ class SharedValues:
             hit = self._values.get(k)
             if hit is not None and (hit[1] is not None or not need_q) and (
                     hit[0] is not None or not need_p):
-                env[id(node)] = (hit[0] if need_p else None, hit[1] if need_q else None)
+                env[id(node)] = with_parts(hit, hit[0] if need_p else None,
+                                           hit[1] if need_q else None)
                 continue
             fn = FIELD_SEMANTICS.get(node.op)
             if fn is None:

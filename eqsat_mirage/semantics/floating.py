@@ -74,6 +74,8 @@ def round_to(x: np.ndarray, dtype: str | None) -> np.ndarray:
     A broadcast of one value is rounded once and stays a broadcast."""
     if dtype is None:
         return x
+    if dtype == "bool":  # a mask: 1.0 where it holds, else 0.0
+        return (np.asarray(x) != 0).astype(np.float32)
     if np.ndim(x) and uniform(x):
         return _spread(round_to(_one(x), dtype), np.shape(x))
     if dtype == "float16":
@@ -162,6 +164,9 @@ FLOAT_SEMANTICS = {
     Op.SUM: _uniform_reduce(_sum, scaled=True),
     Op.MEAN: _uniform_reduce(_mean, scaled=False),
     Op.MAX: _uniform_reduce(_max, scaled=False),
+    Op.WHERE: _elementwise(lambda c, a, b: np.where(c != 0, a, b)),
+    Op.MASK: _elementwise(lambda c, x: np.where(c != 0, x, -np.inf)),
+    Op.CAUSAL: lambda ctx, n: np.tri(n.arg[0], n.arg[1], n.arg[2], dtype=np.float64),
     Op.TRANSPOSE: lambda ctx, n, x: np.transpose(x, n.arg),
     Op.RESHAPE: lambda ctx, n, x: np.reshape(x, n.arg),
     Op.CONCAT: lambda ctx, n, *xs: np.concatenate(xs, axis=n.arg),

@@ -67,6 +67,12 @@ def torch_reference(program) -> Callable:
                 v = xs[0].reshape(*n.arg)
             elif n.op is Op.CONCAT:
                 v = torch.cat(cast(xs), dim=n.arg)
+            elif n.op is Op.CAUSAL:
+                v = torch.ones(n.arg[:2], dtype=torch.bool).tril(n.arg[2])
+            elif n.op is Op.WHERE:
+                v = torch.where(xs[0].bool(), xs[1], xs[2])
+            elif n.op is Op.MASK:
+                v = torch.where(xs[0].bool(), xs[1], float("-inf"))
             else:
                 raise MirageError(f"torch_reference: no torch op for {n.describe()}")
             env[id(n)] = v

@@ -40,6 +40,7 @@ class Degree:
     dbits: float = 0.0
     abits: float = 0.0
     inv: frozenset = frozenset()
+    keep: int = 0  # a masked value (-inf where masked): the mask's degree, paid by its exp
 
     def common(self, axis: int) -> bool:
         """Whether the denominator is one function along ``axis``."""
@@ -109,7 +110,8 @@ def _binary(node, a: Degree, b: Degree) -> Degree:
                 inv = frozenset(range(len(shape)))
             inv = (inv - varies) | unit_axes(shape)
     return Degree(num, den, arg=max(a.arg, b.arg), nbits=nbits, dbits=dbits,
-                  abits=max(a.abits, b.abits), inv=inv if den else frozenset())
+                  abits=max(a.abits, b.abits), inv=inv if den else frozenset(),
+                  keep=max(a.keep, b.keep))
 
 
 def _matmul(node, a: Degree, b: Degree) -> Degree:
@@ -199,9 +201,21 @@ def node_degree(node, ds: list[Degree]) -> Degree:
         return Degree(max(d.num for d in ds), den, max(d.arg for d in ds),
                       max(d.nbits for d in ds), max(d.dbits for d in ds),
                       max(d.abits for d in ds), inv)
-    if op is Op.EXP:
+    if op is Op.EXP:  # a fresh variable (times the mask of a masked argument: keep * exp)
         a = ds[0]
-        return Degree(1, 0, max(a.arg, a.num + a.den), abits=max(a.abits, a.nbits + a.dbits))
+        return Degree(1 + a.keep, 0, max(a.arg, a.num + a.den),
+                      abits=max(a.abits, a.nbits + a.dbits))
+    if op is Op.CAUSAL:  # 0 or 1 everywhere: a constant
+        return Degree()
+    if op is Op.MASK:  # the value where kept; the mask's degree waits for the exp
+        c, x = ds
+        return replace(x, keep=max(x.keep, c.num, 1 if c.num else 0))
+    if op is Op.WHERE:  # c * a + (1 - c) * b
+        c, a, b = ds
+        return Degree(c.num + max(a.num + b.den, b.num + a.den), a.den + b.den,
+                      max(c.arg, a.arg, b.arg),
+                      max(a.nbits + b.dbits, b.nbits + a.dbits) + c.nbits + 1,
+                      a.dbits + b.dbits, max(c.abits, a.abits, b.abits))
     if op is Op.MAX:  # a random function of the row: one fresh variable per row
         return Degree(1, 0, ds[0].arg, abits=ds[0].abits)
     if op in OPAQUE:  # a fresh variable (rsqrt: the inverse of sqrt's variable)

@@ -257,7 +257,10 @@ class _Draws:
 
     def __init__(self, a, rng: np.random.Generator, memo: dict | None) -> None:
         self.a, self.memo = a, memo if memo is not None else {}
-        self.normal = {n: rng.standard_normal(node.shape) for n, node in a.inputs.items()}
+        # a bool mask input: random bits, mostly kept (1.0 where it holds, as it evaluates)
+        self.normal = {n: (rng.random(node.shape) < 0.75).astype(np.float64)
+                       if node.dtype == "bool" else rng.standard_normal(node.shape)
+                       for n, node in a.inputs.items()}
 
     @functools.cached_property
     def top(self) -> float:

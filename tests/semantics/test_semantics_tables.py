@@ -67,6 +67,12 @@ OP_CASES = {
                    lambda x, y, z: np.concatenate([x, z], 0)),
     em.Op.MAX: (lambda X, Y, Z: X.max(axis=1, keepdims=True),
                 lambda x, y, z: x.max(axis=1, keepdims=True)),
+    em.Op.CAUSAL: (lambda X, Y, Z: em.where(X.graph.causal_mask(2, 3), X, Z),
+                   lambda x, y, z: np.where(np.tri(2, 3, 0, dtype=bool), x, z)),
+    em.Op.WHERE: (lambda X, Y, Z: em.where(X.graph.causal_mask(2, 3, 1), X, Z),
+                  lambda x, y, z: np.where(np.tri(2, 3, 1, dtype=bool), x, z)),
+    em.Op.MASK: (lambda X, Y, Z: em.exp(em.where(X.graph.causal_mask(2, 3), X, float("-inf"))),
+                 lambda x, y, z: np.exp(np.where(np.tri(2, 3, 0, dtype=bool), x, -np.inf))),
 }
 OPS = sorted(em.Op, key=lambda o: o.value)
 IDS = [op.name.lower() for op in OPS]
@@ -82,8 +88,7 @@ def tiny(op: em.Op, dtype: str = "float32") -> tuple[em.Graph, em.Node]:
     Z = g.input("Z", (2, 3), dtype=dtype)
     out = OP_CASES[op][0](X, Y, Z)
     g.output(out if op is not em.Op.INPUT else X * 1.0, "O")
-    node = out.node if op is not em.Op.CONST else out.node.srcs[1]
-    assert node.op is op
+    node = out.node if out.node.op is op else next(n for n in g.nodes() if n.op is op)
     return g, node
 
 

@@ -52,9 +52,9 @@ class Case:
 def ins(*specs: str, dtype: str = F32) -> tuple[tuple[str, tuple[int, ...], str], ...]:
     """``ins("A:4x8", "B:8x3")`` -> input declarations (``A:4`` is 1-d)."""
     out = []
-    for spec in specs:
-        name, dims = spec.split(":")
-        out.append((name, tuple(int(d) for d in dims.split("x")), dtype))
+    for spec in specs:  # "M:3x4:bool": a mask input
+        name, dims, *kind = spec.split(":")
+        out.append((name, tuple(int(d) for d in dims.split("x")), kind[0] if kind else dtype))
     return tuple(out)
 
 
@@ -69,6 +69,15 @@ def lora_rhs(W, X, A, B):
 def softmax_av(Q, K, V):
     a = em.exp(Q @ K)
     return (a / a.sum(axis=-1, keepdims=True)) @ V
+
+
+def causal_av(Q, K, V, offset=0, late=False):
+    """Causal attention: scores above the diagonal (+ offset) masked to -inf."""
+    s = em.where(Q.graph.causal_mask(Q.shape[-2], K.shape[-1], offset), Q @ K, float("-inf"))
+    if not late:
+        return em.softmax(s, axis=-1) @ V
+    e = em.exp(s - s.max(axis=-1, keepdims=True))
+    return (e @ V) / e.sum(axis=-1, keepdims=True)
 
 
 def safe_softmax_av(Q, K, V):
@@ -238,6 +247,10 @@ IDENTITIES = [
          softmax_av, safe_softmax_av),
     Case("safe-softmax-fp16", ins("Q:2x4x8", "K:2x8x6", "V:2x6x8", dtype=F16),
          softmax_av, safe_softmax_av),
+    Case("causal-softmax-late-division", ins("Q:2x6x8", "K:2x8x6", "V:2x6x8"),
+         lambda Q, K, V: causal_av(Q, K, V), lambda Q, K, V: causal_av(Q, K, V, late=True)),
+    Case("mask-select-distributes", ins("A:3x4", "B:3x4", "M:3x4:bool"),
+         lambda A, B, M: em.where(M, A, B) * 2.0, lambda A, B, M: em.where(M, A * 2.0, B * 2.0)),
     Case("flash-decoding-max-rescaled", ins("Q:4x8", "K1:8x6", "K2:8x6", "V1:6x8", "V2:6x8"),
          flash_whole_safe, flash_split_safe),
     Case("gated-mlp-commute", ins("X:4x8", "W1:8x6", "W2:8x6"),
@@ -325,6 +338,8 @@ MUTANTS = [
     Case("attention-normalized-over-queries", ins("Q:4x8", "K:8x4", "V:4x8"),
          softmax_av, lambda Q, K, V: (em.exp(Q @ K) / em.exp(Q @ K).sum(axis=0, keepdims=True))
          @ V),
+    Case("causal-mask-shifted-by-one", ins("Q:2x6x8", "K:2x8x6", "V:2x6x8"),
+         lambda Q, K, V: causal_av(Q, K, V), lambda Q, K, V: causal_av(Q, K, V, offset=1)),
     Case("safe-softmax-max-over-wrong-axis", ins("Q:4x8", "K:8x6", "V:6x8"),
          safe_softmax_av, lambda Q, K, V: (lambda S: (lambda E: E / E.sum(
              axis=-1, keepdims=True))(em.exp(S - S.max(axis=0, keepdims=True))) @ V)(Q @ K)),

@@ -165,7 +165,7 @@ def test_sdpa_converts_to_safe_attention_and_runs_through_the_backend():
     assert [r.status for r in be.report] == ["optimized"]
 
 
-@pytest.mark.parametrize("kw", [dict(is_causal=True), dict(dropout_p=0.1)])
+@pytest.mark.parametrize("kw", [dict(dropout_p=0.1)])
 def test_sdpa_with_masks_or_dropout_is_refused_by_name(kw):
     torch = pytest.importorskip("torch")
     import torch.nn.functional as F  # noqa: N812
