@@ -620,7 +620,7 @@ def test_random_programs_from_graph(g):
     check_random(g, em.from_graph(g))
 
 
-TILE_OPS = [op for op in em.Op if op is not em.Op.INPUT]
+TILE_OPS = [op for op in em.Op if op not in (em.Op.INPUT, em.Op.WHERE, em.Op.MASK, em.Op.CAUSAL)]
 
 
 def uses_all_inputs(g):  # index_fragment raises KeyError on an unused input (schedule.py)
