@@ -211,7 +211,18 @@ def qknorm_safe(batch: int) -> em.Graph:
     return g
 
 
-SAFE: dict[str, Callable[[int], em.Graph]] = {"gqa_safe": gqa_safe, "qknorm_safe": qknorm_safe}
+def causal(batch: int) -> em.Graph:
+    """Causal attention at a prefill shape (queries = keys = 1024, 2b heads of dim 64):
+    ``softmax(where(causal, Q@K, -inf)) @ V``."""
+    shapes = {"Q": (2 * batch, 1024, 64), "K": (2 * batch, 64, 1024), "V": (2 * batch, 1024, 64)}
+    g, (q, k, v) = _graph("causal", batch, "program", shapes)
+    s = em.where(g.causal_mask(1024, 1024), q @ k, float("-inf"))
+    g.output(em.softmax(s, axis=-1) @ v, "O")
+    return g
+
+
+SAFE: dict[str, Callable[[int], em.Graph]] = {"gqa_safe": gqa_safe, "qknorm_safe": qknorm_safe,
+                                              "causal": causal}
 
 # ---------------------------------------------------------------- registry
 

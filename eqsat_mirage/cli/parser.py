@@ -13,7 +13,7 @@ EXIT_STATUS = """exit status:
      than one kernel per op)
   2  usage or input error (error: ... on stderr, naming the file and line)"""
 BENCH_NAMES = ("gqa", "qknorm", "rmsnorm", "lora", "gatedmlp", "ntrans",  # bench/programs.py
-               "gqa_safe", "qknorm_safe")
+               "gqa_safe", "qknorm_safe", "causal")
 
 
 class _Parser(argparse.ArgumentParser):
