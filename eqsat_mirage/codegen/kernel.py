@@ -37,8 +37,10 @@ class KernelWriter(TileOps):
     """
 
     def __init__(self, k: CustomKernel, specs: Mapping[str, TensorSpec], fn_name: str,
-                 block: dict[int, int] | None = None) -> None:
+                 block: dict[int, int] | None = None,
+                 causal: Mapping[str, tuple] | None = None) -> None:
         self.k, self.specs, self.fn_name = k, specs, fn_name
+        self.causal = dict(causal or {})  # tensor -> (rows, cols, offset): computed, not read
         names = Names()
         self.looped = k.forloop > 1
         self.reads, self.writes = k.reads(), list(k.outputs)
@@ -56,13 +58,14 @@ class KernelWriter(TileOps):
 
     @classmethod
     def write(cls, k: CustomKernel, specs: Mapping[str, TensorSpec],
-              fn_name: str) -> KernelWriter:
-        """A writer whose ``text`` is the kernel's source (``launch`` gives its launch)."""
-        writer = cls(k, specs, fn_name)
+              fn_name: str, causal: Mapping[str, tuple] | None = None) -> KernelWriter:
+        """A writer whose ``text`` is the kernel's source (``launch`` gives its launch);
+        tiles of the ``causal`` tensors are computed from their positions, not loaded."""
+        writer = cls(k, specs, fn_name, causal=causal)
         writer.text = writer.source()
         block = writer.bumped()
         if block is not None:
-            writer = cls(k, specs, fn_name, block)
+            writer = cls(k, specs, fn_name, block, causal)
             writer.text = writer.source()
         return writer
 
@@ -116,6 +119,8 @@ class KernelWriter(TileOps):
         bi, node = self.k.inputs[name], self.k.loop.inputs[name]
         spec = self.specs[bi.tensor]
         self._check_numel(squeezed(node.shape), f"tile {name!r} {fmt_shape(node.shape)}")
+        if bi.tensor in self.causal:
+            return self._causal_tile(name, bi, node, spec)
         setup = self.pre if in_loop else self.post
         load = (self.loop if self.looped else self.pre) if bi.fmap is not None else setup
         ptrs = self._pointers(setup, name, bi.tensor, node.shape, bi.imap, bi.fmap,
@@ -127,6 +132,27 @@ class KernelWriter(TileOps):
         expr = f"tl.load({ptrs}, mask={mask}, other={other})" if mask else f"tl.load({ptrs})"
         self.emit(load, var, expr)
         self.tiles[name] = Val(var, node.shape, node.dtype)
+        return self.tiles[name]
+
+    def _causal_tile(self, name: str, bi, node: Node, spec: TensorSpec) -> Val:
+        """A tile of a causal mask from its rows' and columns' positions (no load):
+        ``row + offset >= col``, each position ``pid * tile (+ f * tile in the loop) + i``."""
+        rows, cols, off = self.causal[bi.tensor]
+        dims, pos, r = squeezed(node.shape), [], 0
+        for d, size in enumerate(node.shape):
+            step = size * (self.k.forloop if d == bi.fmap else 1)
+            terms = [f"{self.pid[bi.imap[d]]} * {step}"] if d in bi.imap else []
+            if d == bi.fmap and self.looped:
+                terms.append(f"f * {size}")
+            if size > 1:
+                terms.append(f"tl.arange(0, {self.bname(size)}){index(r, len(dims))}")
+                r += 1
+            pos.append("(" + " + ".join(terms) + ")" if terms else "0")
+        load = (self.loop if self.looped else self.pre) if bi.fmap is not None else self.pre
+        var = self.names(name)
+        self.emit(load, var, f"{pos[0]} + {off} >= {pos[1]}",
+                  f"in {name}: causal mask {rows}x{cols} from positions (not loaded)")
+        self.tiles[name] = Val(var, node.shape, "bool")
         return self.tiles[name]
 
     def store(self, tensor: str, node: Node, v: Val, setup: list[str], where: list[str]) -> None:

@@ -198,7 +198,10 @@ def triton_source(mugraph: MuGraph, header: str = "") -> str:
     specs = mg.tensors
     custom = [k for k in mg.kernels if isinstance(k, CustomKernel)]
     fn_names = Names(set())
-    writers = {id(k): KernelWriter.write(k, specs, fn_names(f"{identifier(k.name)}_kernel"))
+    causal = {k.output: k.node.arg for k in mg.kernels  # masks computed from positions
+              if k.kind == "predefined" and k.node.op is Op.CAUSAL}
+    writers = {id(k): KernelWriter.write(k, specs, fn_names(f"{identifier(k.name)}_kernel"),
+                                         causal)
                for k in custom}
     host = Names(_HOST_RESERVED | fn_names.used)
     var = {name: host(name) for name in specs}

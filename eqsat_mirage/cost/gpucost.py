@@ -272,7 +272,11 @@ def smem_bytes(k: CustomKernel) -> int:
 def _custom_reads(k: CustomKernel, mg: MuGraph) -> list[tuple[int, float]]:
     """(tensor bytes, replication) of each block input."""
     specs, blocks, out = mg.tensors, math.prod(k.grid), []
+    computed = {c.output for c in mg.kernels  # causal masks: computed from positions
+                if c.kind == "predefined" and c.node.op is Op.CAUSAL}
     for bi in k.inputs.values():
+        if bi.tensor in computed:
+            continue
         spec = specs[bi.tensor]
         tile = _tile_node(k, bi.name).shape
         whole = _bytes(spec.shape, spec.dtype)
