@@ -23,6 +23,7 @@ from ..cost.profile import NUM_STAGES
 from ..ir.node import Node, Op, Shape, fmt_shape
 from ..ir.printing import _short
 from ..mugraph.kernels import CustomKernel, TensorSpec, axis_name, fmt_map
+from ..mugraph.online import causal_skip
 from .concat import CodegenError, Val, squeezed
 from .tiles import TL_DTYPE, Names, TileOps, exp2, index
 
@@ -315,8 +316,18 @@ class KernelWriter(TileOps):
         head += [f"{m} = tl.arange(0, {self.bname(n)}) < {n}"
                  for n, m in sorted(self.masks.items())]
         out += fit(head + self.pre, "    ")
-        if self.looped:
+        skip = causal_skip(k, self.causal) if self.looped else None
+        if skip is not None:  # tiles past the last one the causal mask keeps change nothing
+            bi, (_, _, off) = skip
+            rows, cols = k.loop.inputs[bi.name].shape[:2]
+            row0 = f"{self.pid[bi.imap[0]]} * {rows}" if 0 in bi.imap else "0"
+            col0 = f" - {self.pid[bi.imap[1]]} * {cols * k.forloop}" if 1 in bi.imap else ""
+            out.append(f"    f_end = tl.minimum({k.forloop}, tl.maximum(0, ({row0} + "
+                       f"{rows - 1 + off}{col0}) // {cols} + 1))  # causal: skip masked tiles")
+            out.append("    for f in range(0, f_end):")
+        elif self.looped:
             out.append(f"    for f in range({k.forloop}):")
+        if self.looped:
             out += fit(self.loop + self.advance, "        ")
         out += fit(self.post, "    ")
         return "\n".join(out) + "\n"

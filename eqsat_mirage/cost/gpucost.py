@@ -80,11 +80,12 @@ from ..frontend.graph import Graph
 from ..ir.errors import MirageError
 from ..ir.node import ELEMENTWISE, ITEMSIZE, REDUCE, Node, Op, numel
 from ..mugraph.kernels import CustomKernel, Kernel, PredefinedKernel
+from ..mugraph.online import causal_skip, kept_iterations
 from ..mugraph.program import MuGraph
 from .profile import NUM_WARPS, GPUProfile
 
-__all__ = ["GPUProfile", "KernelCost", "KernelTransfers", "MuGraphCost", "Transfers", "Work",
-           "kernel_cost", "mugraph_cost", "roofline_us", "smem_bytes", "transfers"]
+__all__ = ["GPUProfile", "KernelCost", "MuGraphCost", "Work", "kernel_cost", "kept_fraction",
+           "mugraph_cost", "roofline_us", "smem_bytes"]  # transfers: transfers.py
 
 MIN_MMA = 16  # tensor-core tile dims (tl.dot) are at least 16
 # per element: (CUDA-core FLOPs, SFU ops)
@@ -269,8 +270,23 @@ def smem_bytes(k: CustomKernel) -> int:
     return total
 
 
-def _custom_reads(k: CustomKernel, mg: MuGraph) -> list[tuple[int, float]]:
-    """(tensor bytes, replication) of each block input."""
+def kept_fraction(k: CustomKernel, mg: MuGraph) -> float:
+    """The share of ``k``'s loop iterations that run: 1, or less when a causal mask lets the
+    loop stop at the last tile it keeps anything of (``online.causal_skip``)."""
+    causal = {c.output: c.node.arg for c in mg.kernels
+              if c.kind == "predefined" and c.node.op is Op.CAUSAL}
+    skip = causal_skip(k, causal) if causal else None
+    if skip is None:
+        return 1.0
+    bi, arg = skip
+    rows = range(k.grid[bi.imap[0]]) if 0 in bi.imap else range(1)
+    cols = range(k.grid[bi.imap[1]]) if 1 in bi.imap else range(1)
+    kept = [kept_iterations(k, bi, arg, r, c) for r in rows for c in cols]
+    return sum(kept) / (len(kept) * k.forloop)
+
+
+def _custom_reads(k: CustomKernel, mg: MuGraph, frac: float = 1.0) -> list[tuple[int, float]]:
+    """(tensor bytes, replication) of each block input (``frac``: the loop's kept share)."""
     specs, blocks, out = mg.tensors, math.prod(k.grid), []
     computed = {c.output for c in mg.kernels  # causal masks: computed from positions
                 if c.kind == "predefined" and c.node.op is Op.CAUSAL}
@@ -280,7 +296,8 @@ def _custom_reads(k: CustomKernel, mg: MuGraph) -> list[tuple[int, float]]:
         spec = specs[bi.tensor]
         tile = _tile_node(k, bi.name).shape
         whole = _bytes(spec.shape, spec.dtype)
-        issued = _bytes(tile, spec.dtype) * blocks * (k.forloop if bi.fmap is not None else 1)
+        issued = _bytes(tile, spec.dtype) * blocks * (k.forloop * frac if bi.fmap is not None
+                                                      else 1)
         out.append((whole, issued / whole))
     return out
 
@@ -297,7 +314,8 @@ def warps_for(k: CustomKernel) -> int:
 
 
 def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile) -> KernelCost:
-    blocks, f_range = math.prod(k.grid), k.forloop
+    frac = kept_fraction(k, mg)  # a causal mask's empty tiles are skipped
+    blocks, f_range = math.prod(k.grid), k.forloop * frac
     launch = prof.launch_overhead_us
     smem = smem_bytes(k)
     reasons = [f"{stage}-stage matmul {n.describe()} contracts K={n.srcs[0].shape[-1]} < "
@@ -314,7 +332,7 @@ def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile) -> KernelCost:
                           reason="; ".join(reasons))
     l2, fr = prof.l2_MiB * 2**20, prof.replicated_read_dram_fraction
     dram = hits = 0.0
-    for w, rep in _custom_reads(k, mg):
+    for w, rep in _custom_reads(k, mg, frac):
         again = w * max(rep - 1.0, 0.0)
         hit = again * (1.0 - fr) if w <= l2 else 0.0
         dram, hits = dram + w + again - hit, hits + hit
@@ -375,96 +393,6 @@ def mugraph_cost(mugraph: MuGraph, profile: GPUProfile | str | Path = "h100") ->
 
 
 # -- transfers and the roofline ---------------------------------------------------------------
-
-
-@dataclass
-class KernelTransfers:
-    """Bytes one kernel moves at each level of the memory hierarchy."""
-
-    name: str
-    device_read: float  # compulsory: each tensor element read once
-    device_write: float
-    l2_reread: float  # replicated tile reads beyond the first (L2 hits, or DRAM if evicted)
-    shared: float
-    registers: float
-
-    @property
-    def device(self) -> float:
-        return self.device_read + self.device_write
-
-
-@dataclass
-class Transfers:
-    """Bytes moved per level by each kernel, and device-memory round trips of intermediates."""
-
-    kernels: list[KernelTransfers]
-    round_trips: dict[str, float]  # intermediate tensor -> bytes written + bytes read back
-
-    @property
-    def device(self) -> float:
-        return sum(k.device for k in self.kernels)
-
-    @property
-    def l2_reread(self) -> float:
-        return sum(k.l2_reread for k in self.kernels)
-
-    @property
-    def shared(self) -> float:
-        return sum(k.shared for k in self.kernels)
-
-    @property
-    def registers(self) -> float:
-        return sum(k.registers for k in self.kernels)
-
-    def __str__(self) -> str:
-        rows = [f"{'MB':<12} {'device':>9} {'L2 reread':>9} {'shared':>9} {'registers':>9}"]
-        for k in [*self.kernels, self]:
-            rows.append(f"{getattr(k, 'name', 'total'):<12} {k.device / 1e6:>9.3f} "
-                        f"{k.l2_reread / 1e6:>9.3f} {k.shared / 1e6:>9.3f} "
-                        f"{k.registers / 1e6:>9.3f}")
-        rows += [f"round trip {t}: {b / 1e6:.3f} MB" for t, b in self.round_trips.items()]
-        return "\n".join(rows)
-
-
-def _kernel_transfers(k: Kernel, mg: MuGraph) -> KernelTransfers:
-    if isinstance(k, PredefinedKernel):
-        if k.node.op is Op.RESHAPE:
-            return KernelTransfers(k.name, 0, 0, 0, 0, 0)
-        reads = sum(_bytes(s.shape, s.dtype) for s in {s.arg: s for s in k.node.srcs
-                                                         if s.op is Op.INPUT}.values())
-        shared = reads if k.node.op is Op.MATMUL else 0  # GEMMs stage operand tiles
-        return KernelTransfers(k.name, reads, _bytes(k.node.shape, k.node.dtype), 0, shared, 0)
-    blocks, f_range = math.prod(k.grid), k.forloop
-    loads = _custom_reads(k, mg)
-    reads, issued = sum(w for w, _ in loads), sum(w * rep for w, rep in loads)
-    writes = sum(_bytes(s.shape, s.dtype) for s in k.output_specs().values())
-    shared = issued + sum(numel(k.loop.outputs[a].shape) * 4 * blocks * f_range
-                         for a in k.accumulators)
-    inner = _chain_interiors(k)
-    registers, variant = 0.0, k.per_iteration()
-    for n in k.loop.nodes():
-        if n.op not in (Op.INPUT, Op.CONST, Op.RESHAPE):
-            registers += _bytes(n.shape, n.dtype) * blocks * (f_range if id(n) in variant
-                                                              else 1)
-    for n in k.post.nodes():
-        if n.op not in (Op.INPUT, Op.CONST, Op.RESHAPE):
-            b = _bytes(n.shape, n.dtype) * blocks
-            registers, shared = (registers + b, shared) if id(n) in inner else (registers,
-                                                                                shared + b)
-    return KernelTransfers(k.name, reads, writes, issued - reads, shared, registers)
-
-
-def transfers(mugraph: MuGraph) -> Transfers:
-    """Bytes each kernel moves through device memory, shared memory and registers."""
-    mugraph.validate()
-    specs, outs = mugraph.tensors, set(mugraph.output_tensors.values())
-    trips: dict[str, float] = {}
-    for k in mugraph.kernels:
-        for t in k.reads():
-            if specs[t].producer != "input" and t not in outs:
-                size = _bytes(specs[t].shape, specs[t].dtype)
-                trips[t] = trips.get(t, size) + size
-    return Transfers([_kernel_transfers(k, mugraph) for k in mugraph.kernels], trips)
 
 
 def roofline_us(graph: Graph | MuGraph, profile: GPUProfile | str | Path = "h100",

@@ -118,3 +118,64 @@ def rescale(on: Online, table: Mapping, ctx: Any, acc: str, total: Any,
 def running_nodes(k, loop) -> list[Node]:
     """The loop nodes whose both parts the field must compute for the running maxima."""
     return toposort([loop.outputs[a] for a in k.maxima]) if k.maxima else []
+
+
+# -- skipping the tiles a causal mask empties -----------------------------------------------
+
+_KEEPS_ZERO = (Op.TRANSPOSE, Op.RESHAPE)
+
+
+def causal_skip(k, causal: Mapping[str, tuple]) -> tuple[Any, tuple] | None:
+    """(block input, (rows, cols, offset)) when kernel ``k`` may stop its loop at the last
+    tile its causal mask keeps anything of: the mask's columns are the loop (fmap 1), its
+    rows are not, and every accumulator's loop value is 0 (a sum) or -inf (a max) wherever
+    the mask holds nowhere, so a fully masked tile changes nothing (a max stays, alpha is 1).
+    None otherwise. ``causal`` maps the causal mask tensors to their (rows, cols, offset)."""
+    if k.forloop < 2 or any(bo.stage == "loop" for bo in k.outputs.values()):
+        return None
+    found = [bi for bi in k.inputs.values() if bi.tensor in causal]
+    if len(found) != 1 or found[0].fmap != 1:
+        return None
+    bi = found[0]
+    state: dict[int, str] = {id(k.loop.inputs[bi.name]): "mask"}
+    for n in k.loop.nodes():
+        kinds = [state.get(id(s)) for s in n.srcs]
+        if not any(kinds):
+            continue
+        state[id(n)] = _masked_state(n, kinds)
+    for a in k.accumulators:
+        want = "ninf" if a in k.maxima else "zero"
+        if state.get(id(k.loop.outputs[a])) != want:
+            return None
+    return bi, causal[bi.tensor]
+
+
+def _masked_state(n: Node, kinds: list) -> str:
+    """What ``n`` is where the mask holds nowhere: "ninf", "zero", or "" (unknown)."""
+    tainted = [x for x in kinds if x]
+    if n.op is Op.MASK and kinds[0] == "mask" and not kinds[1]:
+        return "ninf"
+    if len(tainted) != 1 or "" in tainted or "mask" in tainted:
+        return ""
+    t = tainted[0]
+    if n.op in (Op.SUB, Op.ADD) and t == "ninf" and (n.op is Op.ADD or kinds[0] == "ninf"):
+        return "ninf"
+    if n.op is Op.EXP and t == "ninf":
+        return "zero"
+    if n.op is Op.MAX and t == "ninf":
+        return "ninf"
+    if t == "zero" and (n.op in (Op.MUL, Op.MATMUL, Op.SUM) or n.op in _KEEPS_ZERO or (
+            n.op is Op.DIV and kinds[0] == "zero")):
+        return "zero"
+    if t == "ninf" and n.op in _KEEPS_ZERO:
+        return "ninf"
+    return ""
+
+
+def kept_iterations(k, bi, arg: tuple, row_block: int, col_block: int) -> int:
+    """Iterations of ``k``'s loop that keep something of the causal mask for the block at
+    ``row_block``/``col_block`` of the grid axes mapping the mask's rows and columns."""
+    rows_tile, cols_tile = k.loop.inputs[bi.name].shape[:2]
+    last_row = row_block * rows_tile + rows_tile - 1 + arg[2]
+    first_col = col_block * cols_tile * k.forloop
+    return max(0, min(k.forloop, (last_row - first_col) // cols_tile + 1))

@@ -8,9 +8,10 @@ import tomllib
 import pytest
 
 import eqsat_mirage as em
-from eqsat_mirage.cost.gpucost import kernel_cost, mugraph_cost, roofline_us, transfers
+from eqsat_mirage.cost.gpucost import kernel_cost, mugraph_cost, roofline_us
 from eqsat_mirage.cost.per_op import Hardware
 from eqsat_mirage.cost.profile import GPUProfile, profiles_dir
+from eqsat_mirage.cost.transfers import transfers
 from eqsat_mirage.ir.errors import MirageError
 from eqsat_mirage.mugraph.program import from_graph
 

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 
 import eqsat_mirage as em
 from bench.programs import program
-from eqsat_mirage.cost.gpucost import mugraph_cost, roofline_us, transfers
+from eqsat_mirage.cost.gpucost import mugraph_cost, roofline_us
+from eqsat_mirage.cost.transfers import transfers
 from eqsat_mirage.fusion.planner import DEFAULT_STRATEGY, FusionPlan, plan
 from eqsat_mirage.ir.node import Op
 from eqsat_mirage.mugraph.program import from_dict

@@ -148,3 +148,31 @@ def test_sdpa_causal_and_bool_masks_convert():
                 for n, t in zip(g.inputs, (q, k, v, *extra))}
         want = f(q.double(), k.double(), v.double(), *extra).numpy()
         np.testing.assert_allclose(em.evaluate(g, feed)["out"], want, atol=1e-12)
+
+
+def test_fully_masked_tiles_are_skipped_only_when_they_change_nothing():
+    from eqsat_mirage.cost.gpucost import kept_fraction
+    from eqsat_mirage.fusion.lower import lower
+    from eqsat_mirage.fusion.schedule import Schedule
+    from eqsat_mirage.mugraph.online import causal_skip
+
+    g = causal_attention(n=128, d=16, late=True)
+    res = em.optimize(g, cache=None, time_limit_s=60)
+    (k,) = [k for k in res.program.kernels if k.kind == "custom"]
+    causal = {c.output: c.node.arg for c in res.program.kernels if c.kind == "predefined"}
+    assert causal_skip(k, causal) is not None
+    frac = kept_fraction(k, res.program)
+    assert 0.5 < frac < 1.0  # about half the key tiles of a square causal mask
+    assert "f_end = tl.minimum(" in res.triton_source()
+    # an accumulator the mask does not empty (a plain sum of V) forbids the skip
+    for extra, skips in ((False, True), (True, False)):
+        h = em.Graph("extra")
+        q, kk, v = (h.input(n, node.shape, node.dtype) for n, node in g.inputs.items())
+        m = h.input("M", (128, 128), "bool")  # standing for the causal mask tensor
+        s = em.where(m, q @ kk, float("-inf"))
+        e = em.exp(s - s.max(axis=-1, keepdims=True))
+        o = (e @ v) / e.sum(axis=-1, keepdims=True)
+        h.output(o + v.sum(axis=1, keepdims=True) if extra else o, "O")
+        mg = lower(h, Schedule(grid=(("a", 2), ("b", 4)), loop="d", forloop=4))
+        (c,) = [c for c in mg.kernels if c.kind == "custom"]
+        assert (causal_skip(c, {"M": (128, 128, 0)}) is not None) is skips
