@@ -12,6 +12,7 @@ and the ``torch.compile`` backend use.
 
 from __future__ import annotations
 
+import math
 import operator
 from numbers import Real
 from typing import Any
@@ -27,7 +28,8 @@ from .graph import Tensor, concat, exp, relu, rms_norm, rsqrt, silu, softmax, sq
 SUPPORTED = ("matmul/bmm/mm/@, linear and nn.Linear, +, -, *, / (tensors or Python numbers), "
              "exp, sum, mean, amax, pow (2, 1, 0.5, -0.5, -1), sqrt, rsqrt, silu and nn.SiLU, relu "
              "and nn.ReLU, softmax and nn.Softmax, scaled_dot_product_attention (causal or a bool "
-             "mask), rms_norm and nn.RMSNorm, cat, transpose, "
+             "mask), where and masked_fill (bool masks, finite fills), rms_norm and nn.RMSNorm, "
+             "cat, transpose, "
              "permute, .T, .mT, t, neg, reshape, view, flatten, unsqueeze, squeeze, contiguous, "
              "dropout in eval mode")
 
@@ -183,6 +185,28 @@ def _sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: fl
     return softmax(s, axis=-1) @ v
 
 
+def _where(condition: Any, input: Any, other: Any, *, out: Any = None) -> Tensor:  # noqa: A002
+    _no(out, "out=")
+    cond = _tensor(condition, "where")
+    if cond.dtype != "bool":
+        raise UnsupportedOpError(f"where with a {cond.dtype} condition (a bool mask is needed)")
+    if isinstance(input, (int, float)) and float(input) == float("-inf"):
+        raise UnsupportedOpError("where(mask, -inf, x): write where(~mask, x, -inf) as "
+                                 "where(keep, x, -inf) with the kept positions' mask")
+    return where(cond, input, other)
+
+
+def _masked_fill(x: Any, mask: Any, value: Any) -> Tensor:
+    x, m = _tensor(x, "masked_fill"), _tensor(mask, "masked_fill mask")
+    if m.dtype != "bool":
+        raise UnsupportedOpError(f"masked_fill with a {m.dtype} mask (a bool mask is needed)")
+    if isinstance(value, Tensor) or not math.isfinite(float(value)):
+        raise UnsupportedOpError("masked_fill with a tensor or infinite value (a finite fill "
+                                 "is supported: HF's finfo.min; -inf masks are "
+                                 "where(keep, x, -inf))")
+    return where(m, float(value), x)
+
+
 def _rms_norm(x: Any, normalized_shape: Any, weight: Any = None, eps: Any = None) -> Tensor:
     x = _tensor(x, "rms_norm")
     k = 1 if isinstance(normalized_shape, int) else len(tuple(normalized_shape))
@@ -315,7 +339,7 @@ FUNCTIONS = {
     F.scaled_dot_product_attention: _sdpa,
     torch.softmax: _softmax, F.softmax: _softmax, F.rms_norm: _rms_norm, F.dropout: _dropout,
     torch.sum: _reduce("sum"), torch.mean: _reduce("mean"), torch.amax: _reduce("max"),
-    torch.cat: _cat, torch.concat: _cat, torch.concatenate: _cat,
+    torch.cat: _cat, torch.concat: _cat, torch.concatenate: _cat, torch.where: _where,
     torch.transpose: _transpose, torch.swapaxes: _transpose, torch.permute: _permute,
     torch.t: _t, torch.reshape: _reshape, torch.flatten: _flatten,
     torch.unsqueeze: _unsqueeze, torch.squeeze: _squeeze,
@@ -328,6 +352,7 @@ METHODS = {
     "multiply": _mul, "div": _div, "divide": _div, "true_divide": _div, "neg": _neg,
     "negative": _neg, "pow": _pow, "exp": FUNCTIONS[torch.exp], "sqrt": FUNCTIONS[torch.sqrt],
     "rsqrt": FUNCTIONS[torch.rsqrt], "relu": FUNCTIONS[torch.relu], "softmax": _softmax,
+    "masked_fill": _masked_fill,
     "sum": FUNCTIONS[torch.sum], "mean": FUNCTIONS[torch.mean], "amax": FUNCTIONS[torch.amax],
     "transpose": _transpose,
     "swapaxes": _transpose, "permute": _permute, "t": _t, "reshape": _reshape,

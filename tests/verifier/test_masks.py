@@ -176,3 +176,26 @@ def test_fully_masked_tiles_are_skipped_only_when_they_change_nothing():
         mg = lower(h, Schedule(grid=(("a", 2), ("b", 4)), loop="d", forloop=4))
         (c,) = [c for c in mg.kernels if c.kind == "custom"]
         assert (causal_skip(c, {"M": (128, 128, 0)}) is not None) is skips
+
+
+def test_torch_where_and_masked_fill_convert():
+    torch = pytest.importorskip("torch")
+
+    def filled(s, m):
+        return torch.softmax(s.masked_fill(m, -1e4), -1)
+
+    def masked(s, keep):
+        return torch.where(keep, s, float("-inf")).softmax(-1)
+
+    torch.manual_seed(0)
+    s = torch.randn(2, 4, 4)
+    m = torch.rand(2, 4, 4) < 0.3
+    m[..., 0] = False  # every row keeps its first score
+    for fn, mask in ((filled, m), (masked, ~m)):
+        g = em.from_torch(fn, s, mask)
+        got = em.evaluate(g, {"s": s.double().numpy(), "m" if fn is filled else "keep":
+                              mask.numpy()})
+        np.testing.assert_allclose(next(iter(got.values())), fn(s.double(), mask).numpy(),
+                                   atol=1e-12)
+    with pytest.raises(em.UnsupportedOpError, match="infinite value"):
+        em.from_torch(lambda s, m: s.masked_fill(m, float("-inf")), s, m)
