@@ -218,8 +218,11 @@ class KernelWriter(TileOps):
         for a in k.maxima:
             node = k.loop.outputs[a]
             v, shape = env[id(node)], node.shape
-            if not self.looped:  # one iteration: the tile's max is the maximum
-                new = Val(self.f32(v), shape, "float32", False)
+            if not self.looped:  # one iteration: the tile's max is the maximum (-inf reads 0)
+                use = self.names(f"{a}_use")
+                self.emit(self.pre, use, f"tl.where({self.f32(v)} == -float('inf'), 0.0, "
+                                         f"{self.f32(v)})")
+                new = Val(use, shape, "float32", False)
             else:
                 names = tuple(self.names(f"{p}{a}{q}") for p, q in (("acc_", ""), ("", "_new"),
                                                                       ("alpha_", "")))
@@ -228,8 +231,10 @@ class KernelWriter(TileOps):
                                          "-float('inf'), tl.float32)")
                 self.emit(self.loop, new_var, f"tl.maximum({acc}, {self.f32(v)})",
                           f"running max {a}")
-                self.emit(self.loop, alpha, exp2(f"{acc} - {new_var}"), f"rescale for {a}")
-                new = Val(new_var, shape, "float32", False)
+                use = self.names(f"{a}_use")  # -inf (nothing kept yet in a row) reads as 0
+                self.emit(self.loop, use, f"tl.where({new_var} == -float('inf'), 0.0, {new_var})")
+                self.emit(self.loop, alpha, exp2(f"{acc} - {use}"), f"rescale for {a}")
+                new = Val(use, shape, "float32", False)
                 alphas[a] = Val(alpha, shape, "float32", False)
             run = f"{a}_run"
             if run in runs:

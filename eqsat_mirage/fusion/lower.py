@@ -162,8 +162,10 @@ def _part_values(k1: CustomKernel, plan: Plan, used: set[str]) -> Callable[[Node
     for iname, node in ix.graph.inputs.items():
         imap, fmap = _maps(ix, node, s.axes, s.loop)
         k1.input(iname, imap=imap, fmap=fmap)
-    if s.loop is None:  # one pass: everything after the loads is post-stage work
+    if s.loop is None and "max" not in plan.kind.values():  # one pass: all post-stage work
         return _Stage(plan, lambda n: k1.tile(n.arg).node if n.op is Op.INPUT else None)
+    # (a maximum over the split goes through the loop stage even in one pass, F = 1: its
+    # running value reads -inf as 0 there, so a split the mask empties gives 0, not NaN)
 
     accs: dict[int, Node] = {}
     maxima: dict[int, str] = {}

@@ -83,6 +83,15 @@ def _stack(a: Any, b: Any, pairs: bool) -> Any:
     return np.stack(np.broadcast_arrays(a, b), axis=-1)
 
 
+def usable(m: Any, pairs: bool) -> Any:
+    """The running maximum the loop subtracts: -inf (a row with nothing kept yet) reads as 0,
+    so exp(x - m) and the rescale stay 0 instead of NaN (as FlashAttention does). Field
+    values have no -inf: unchanged."""
+    if pairs or not np.any(np.isneginf(m)):
+        return m
+    return np.where(np.isneginf(m), 0.0, m)
+
+
 def iteration(on: Online, loop, table: Mapping, ctx: Any, tiles: dict[str, Any],
               running: dict[str, Any], pairs: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """One loop iteration with running maxima: returns the loop outputs (a max accumulator's
@@ -95,7 +104,7 @@ def iteration(on: Online, loop, table: Mapping, ctx: Any, tiles: dict[str, Any],
         if a in running:
             value = table[Op.MAX](ctx, on.combine[a], _stack(running[a], value, pairs))
         running[a] = value
-        tiles[run] = value
+        tiles[run] = usable(value, pairs)
     for a in set(loop.outputs) & set(on.combine) - set(on.runs.values()):
         value = env[id(loop.outputs[a])]  # a maximum nothing in the loop reads
         running[a] = value if a not in running else table[Op.MAX](
@@ -111,7 +120,8 @@ def rescale(on: Online, table: Mapping, ctx: Any, acc: str, total: Any,
     """``total * exp(m_old - m_new)`` for a rescaled sum accumulator (m: its maximum)."""
     m = on.rescaled[acc]
     sub, ex, mul = on.scale[acc]
-    factor = table[Op.EXP](ctx, ex, table[Op.SUB](ctx, sub, before[m], running[m]))
+    factor = table[Op.EXP](ctx, ex, table[Op.SUB](ctx, sub, before[m],
+                                                   usable(running[m], isinstance(total, tuple))))
     return table[Op.MUL](ctx, mul, total, factor)
 
 

@@ -199,3 +199,64 @@ def test_torch_where_and_masked_fill_convert():
                                    atol=1e-12)
     with pytest.raises(em.UnsupportedOpError, match="infinite value"):
         em.from_torch(lambda s, m: s.masked_fill(m, float("-inf")), s, m)
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_tiles_and_splits_a_mask_empties_give_no_nan(split):
+    """Rows with nothing kept yet (a fully masked first tile, or a whole split) keep their
+    running maximum at -inf; the loop subtracts 0 instead, so no NaN reaches the output."""
+    from eqsat_mirage.fusion.lower import lower
+    from eqsat_mirage.fusion.schedule import Schedule
+
+    g = em.Graph("masked_late")
+    q = g.input("Q", (2, 64, 16), "float32")
+    k = g.input("K", (2, 16, 128), "float32")
+    v = g.input("V", (2, 128, 16), "float32")
+    m = g.input("M", (64, 128), "bool")
+    s = em.where(m, q @ k, float("-inf"))
+    e = em.exp(s - s.max(axis=-1, keepdims=True))
+    g.output((e @ v) / e.sum(axis=-1, keepdims=True), "O")
+    sched = (Schedule(grid=(("a", 2), ("b", 2), ("d", 4)), split="d") if split else
+             Schedule(grid=(("a", 2), ("b", 2)), loop="d", forloop=4))
+    mg = lower(g, sched)
+    rng = np.random.default_rng(0)
+    x = {n: rng.standard_normal(node.shape) for n, node in g.inputs.items() if n != "M"}
+    x["M"] = np.tri(64, 128, 64 - 128 + 40)  # row r keeps keys <= r + 40: late tiles empty
+    x["M"][:, 100:] = 1.0  # and every row keeps the last keys: a first tile can be empty
+    want = em.evaluate(g, x)["O"]
+    assert np.isfinite(want).all()
+    for dtype in (None, "native"):
+        got = em.evaluate(mg, x, dtype=dtype)["O"]
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, want, atol=1e-4 if dtype else 1e-12)
+    assert em.verify(g, mg, seed=0).equivalent
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_compiled_kernels_give_no_nan_where_a_mask_empties_tiles(split):
+    torch = pytest.importorskip("torch")
+    from eqsat_mirage.codegen.source import compile_mugraph
+    from eqsat_mirage.fusion.lower import lower
+    from eqsat_mirage.fusion.schedule import Schedule
+
+    g = em.Graph("masked_late")
+    q = g.input("Q", (2, 64, 16), "float32")
+    k = g.input("K", (2, 16, 128), "float32")
+    v = g.input("V", (2, 128, 16), "float32")
+    m = g.input("M", (64, 128), "bool")
+    s = em.where(m, q @ k, float("-inf"))
+    e = em.exp(s - s.max(axis=-1, keepdims=True))
+    g.output((e @ v) / e.sum(axis=-1, keepdims=True), "O")
+    sched = (Schedule(grid=(("a", 2), ("b", 2), ("d", 4)), split="d") if split else
+             Schedule(grid=(("a", 2), ("b", 2)), loop="d", forloop=4))
+    mg = lower(g, sched)
+    torch.manual_seed(0)
+    x = {n: torch.randn(node.shape) for n, node in g.inputs.items() if n != "M"}
+    mask = torch.from_numpy(np.tri(64, 128, 64 - 128 + 40) > 0)
+    mask[:, 100:] = True
+    out = compile_mugraph(mg)(x["Q"], x["K"], x["V"], mask)
+    got = (out["O"] if isinstance(out, dict) else out).numpy()
+    want = em.evaluate(g, {**{n: t.double().numpy() for n, t in x.items()},
+                           "M": mask.numpy()})["O"]
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, atol=1e-4)
