@@ -229,6 +229,8 @@ def _kernel_level(graph, cands, hw, lax, vopts, progress, stats) -> OptimizeResu
         program = graph_from_outputs(graph, graph.outputs, f"{graph.name}_opt")
         cost = baseline
         result = _check_input(graph, program, lax, vopts)
+        if result is None and lax and "note" not in stats:
+            stats["note"] = "time limit reached before a candidate verified; input returned"
     else:
         program, cost = chosen.program, chosen.cost_us
     stats["verify_seconds"] = time.perf_counter() - t
@@ -315,6 +317,8 @@ def _mugraph_level(graph, cands, bounds, prof, strategy, lax, vopts, progress,
     if chosen is None:  # nothing verified (or not Lax): the input, one kernel per op
         program, cost = base_mg, baseline
         result = _check_input(graph, program, lax, vopts)
+        if result is None and lax and "note" not in stats:
+            stats["note"] = "time limit reached before a candidate verified; input returned"
         stats["regions"] = []
     else:
         program, cost = chosen.mugraph, chosen.cost_us

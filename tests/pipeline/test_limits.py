@@ -166,10 +166,11 @@ def test_optimize_out_of_time_returns_the_input_and_says_so():
     res = em.optimize(g, time_limit_s=0.3, cache=False)
     assert time.perf_counter() - t < 5.0
     assert res.cost_us <= res.baseline_cost_us
-    if "time limit" in res.stats.get("note", ""):  # cut short: the input, unverified
-        assert res.verified is None and res.cost_us == res.baseline_cost_us
-    else:  # finished in time (a fast machine): whatever came back is verified
-        assert res.verified is not None and res.verified.equivalent
+    if res.verified is None:  # cut short before anything verified: the input, and it says so
+        assert "time limit" in res.stats.get("note", "")
+        assert res.cost_us == res.baseline_cost_us
+    else:  # whatever came back in time (maybe after a search cut short) is verified
+        assert res.verified.equivalent
 
 
 def test_check_rules_stops_at_its_time_limit(tmp_path):
