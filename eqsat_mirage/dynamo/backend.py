@@ -42,7 +42,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from ..frontend.from_torch import Converter, op_name, source_line, unique_identifier
 from ..frontend.graph import Graph, Tensor
 from ..ir.errors import MirageError
-from ..ir.node import DTYPES
+from ..ir.node import ALL_DTYPES
 from ..pipeline.optimize import optimize
 from ..semantics.torch_reference import torch_reference
 
@@ -79,7 +79,7 @@ def node_spec(node: fx.Node) -> tuple[tuple[int, ...], str, Any] | None:
             return None
         shape, dtype, device = tuple(tm.shape), tm.dtype, None
     name = str(dtype).replace("torch.", "")
-    if name not in DTYPES or not all(type(d) is int for d in shape):
+    if name not in ALL_DTYPES or not all(type(d) is int for d in shape):
         return None  # other dtypes, or symbolic (dynamic) shapes
     return shape, name, device
 

@@ -260,3 +260,22 @@ def test_compiled_kernels_give_no_nan_where_a_mask_empties_tiles(split):
                            "M": mask.numpy()})["O"]
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_bool_masks_reach_the_optimizer_through_torch_compile():
+    torch = pytest.importorskip("torch")
+
+    def f(s, v, keep):
+        return torch.where(keep, s, float("-inf")).softmax(-1) @ v
+
+    torch.manual_seed(0)
+    s, v = torch.randn(2, 8, 8) * 4, torch.randn(2, 8, 4)
+    keep = torch.rand(2, 8, 8) < 0.7
+    keep[..., 0] = True
+    be = em.backend(time_limit_s=30, trials=2)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(f, backend=be)(s, v, keep)
+    torch.testing.assert_close(out.double(), f(s.double(), v.double(), keep), rtol=1e-5,
+                               atol=1e-5)
+    assert [r.status for r in be.report] == ["optimized"]
