@@ -49,7 +49,8 @@ from .mugraph.kernels import (
 )
 from .mugraph.program import MuGraph, from_graph
 from .pipeline.many import optimize_many
-from .pipeline.optimize import OptimizeResult, optimize
+from .pipeline.result import OptimizeResult
+from .pipeline.whole import optimize
 from .semantics.floating import evaluate
 from .verifier.verify import Counterexample, VerifyResult, verify
 from .version import __version__  # noqa: E402, F401 - em.__version__

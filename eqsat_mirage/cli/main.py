@@ -208,7 +208,7 @@ def _optimize_kwargs(args: argparse.Namespace) -> dict:
 
 
 def _optimize_and_report(graph, args: argparse.Namespace) -> int:
-    from ..pipeline.optimize import optimize
+    from ..pipeline.whole import optimize
 
     progress = Progress(getattr(args, "quiet", False))
     try:

@@ -157,8 +157,31 @@ def compile_report(source: str, target: str = "h100") -> list[KernelResources]:
         raise CodegenError(f"compile_report: no compute capability known for target "
                            f"{target!r} (known: {', '.join(ARCH)})")
     key = (hashlib.sha256(source.encode()).hexdigest(), target)
-    if key in _CACHE:
-        return _CACHE[key]
+    if key not in _CACHE:
+        # a process that runs kernels under TRITON_INTERPRET=1 has triton.language in its
+        # interpreted form, which the compiler cannot use: compile in a clean child process
+        interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+        _CACHE[key] = _in_child(source, target) if interpreted else _compile(source, target)
+    return _CACHE[key]
+
+
+def _in_child(source: str, target: str) -> list[KernelResources]:
+    """``_compile`` in a child Python without TRITON_INTERPRET (source on its stdin)."""
+    import json
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", __name__, target], input=source, text=True,
+                          capture_output=True, env=env, timeout=600)
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines()
+        raise CodegenError(lines[-1] if lines else f"compiler process failed ({proc.returncode})")
+    return [KernelResources(**{**d, "grid": tuple(d["grid"])})
+            for d in json.loads(proc.stdout)]
+
+
+def _compile(source: str, target: str) -> list[KernelResources]:
+    """Compile in this process (which must not run the interpreter)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -182,5 +205,21 @@ def compile_report(source: str, target: str = "h100") -> list[KernelResources]:
                                    res["stack"], k.metadata.shared,
                                    k.metadata.num_warps, k.metadata.num_stages,
                                    time.perf_counter() - t))
-    _CACHE[key] = out
     return out
+
+
+def _main() -> None:
+    """The child process of ``_in_child``: source on stdin, resources as JSON on stdout."""
+    import dataclasses
+    import json
+    import sys
+
+    try:
+        out = _compile(sys.stdin.read(), sys.argv[1])
+    except CodegenError as exc:
+        sys.exit(f"CodegenError: {exc}")
+    print(json.dumps([dataclasses.asdict(r) for r in out]))
+
+
+if __name__ == "__main__":
+    _main()

@@ -44,7 +44,9 @@ class KernelWriter(TileOps):
         self.causal = dict(causal or {})  # tensor -> (rows, cols, offset): computed, not read
         names = Names()
         self.looped = k.forloop > 1
-        self.reads, self.writes = k.reads(), list(k.outputs)
+        # a causal mask's tiles are computed from positions: no pointer, no strides
+        self.reads = [t for t in k.reads() if t not in self.causal]
+        self.writes = list(k.outputs)
         self.ptr = {t: names(f"{t}_ptr") for t in self.reads + self.writes}
         self.stride = {t: [names(f"stride_{t}_{d}") for d in range(len(specs[t].shape))]
                        for t in self.reads + self.writes}

@@ -227,9 +227,15 @@ def triton_source(mugraph: MuGraph, header: str = "") -> str:
     lines += [f"    {line}" for line in doc] + ['    """']
     unpack = "(" + ", ".join(var[n] for n in names) + ("," if len(names) == 1 else "") + ")"
     lines.append(f"    {unpack if names else '_'}, device = _bind(args, kwargs)")
+    read = set(mg.output_tensors.values()) | {s.arg for k in mg.kernels if k.kind == "predefined"
+                                              for s in k.node.srcs if s.op is Op.INPUT}
     for k in mg.kernels:
         if isinstance(k, PredefinedKernel):
             n = k.node
+            if n.op is Op.CAUSAL and k.output not in read:
+                lines.append(f"    # kernel {k.name}: causal mask {list(n.shape)}, computed from "
+                             "positions inside the kernels that use it")
+                continue
             lines += fit([f"{var[k.output]} = {_torch_op(k, var)}  # kernel {k.name}: "
                           f"{n.op.name.lower()} -> {_short(n.dtype)}{list(n.shape)}"], "    ")
             continue

@@ -43,7 +43,7 @@ from ..frontend.from_torch import Converter, op_name, source_line, unique_identi
 from ..frontend.graph import Graph, Tensor
 from ..ir.errors import MirageError
 from ..ir.node import ALL_DTYPES
-from ..pipeline.optimize import optimize
+from ..pipeline.whole import optimize
 from ..semantics.torch_reference import torch_reference
 
 __all__ = ["Backend", "PartitionReport", "backend", "mutation", "node_spec"]

@@ -137,6 +137,8 @@ def make_key(graph, options: dict) -> str:
     """The cache key of optimizing ``graph`` with ``options`` (every optimize keyword
     except ``progress`` and ``cache``, defaults filled in)."""
     opts = dict(options)
+    for name in ("partition", "piece_ops", "jobs"):  # whole programs are not cached whole
+        opts.pop(name, None)
     parts = {"program": program_text(graph), "code": code_digest(),
              "rules": rules_digest(opts.pop("rules", ("rules",))),
              "target": target_digest(opts.pop("target", "h100")),

@@ -170,10 +170,13 @@ def test_non_lax_program_is_returned_unchanged():
     g = em.Graph("twice_exp")
     x = g.input("X", (4, 4))
     g.output(em.exp(em.exp(x)) @ x, "O")
-    res = em.optimize(g, level="kernel")
+    res = em.optimize(g, level="kernel", partition=False)  # searched as one piece
     assert res.verified is None and "not a Lax program" in res.stats["note"]
     assert res.cost_us == res.baseline_cost_us
     assert str(res.program).split("\n", 1)[1] == str(g).split("\n", 1)[1]
+    res = em.optimize(g, level="kernel")  # partitioned: each piece is Lax
+    assert [p["ops"] for p in res.stats["pieces"]] == [["exp"], ["exp", "matmul"]]
+    assert res.verified.equivalent and res.cost_us <= res.baseline_cost_us
 
 
 def test_unknown_target():
@@ -296,8 +299,7 @@ def test_sum_of_low_rank_products_becomes_one_concat_matmul():
     Y = g.input("Y", (1024, 16), dtype="float16")  # noqa: N806
     B = g.input("B", (16, 1024), dtype="float16")  # noqa: N806
     g.output(X @ W + Y @ B, "O")
-    res = em.optimize(g, level="kernel") if "level" in em.optimize.__code__.co_varnames \
-        else em.optimize(g)
+    res = em.optimize(g, level="kernel")
     ops = [n.op for n in res.program.nodes()]
     assert ops.count(em.Op.CONCAT) == 2 and ops.count(em.Op.MATMUL) == 1
     assert em.Op.ADD not in ops

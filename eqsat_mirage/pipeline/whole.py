@@ -1,0 +1,254 @@
+"""Whole programs: partition into Lax pieces, optimize each, stitch, verify, report.
+
+``em.optimize`` is ``optimize`` below. A program that is one piece goes
+straight to the search (``optimize.optimize``); one that is not
+(``partition.needs_partition``: more than ``piece_ops`` ops, or exp taken twice
+on a path) goes through these steps:
+
+1. ``partition.partition`` cuts it into Lax pieces at the cheapest places;
+2. pieces equal up to renaming are searched once; the distinct ones are searched
+   one after another (each gets an equal share of the time left), or with
+   ``jobs > 1`` in parallel through ``optimize_many``; each search goes through
+   the results cache, so a piece met before (another layer of the same model) is
+   not searched again;
+3. ``partition.stitch`` puts the chosen programs back together as one MuGraph,
+   costed by the same model as the one-kernel-per-op baseline of the whole;
+4. each optimized piece was verified on its own with a bound of at most
+   ``max_bound / distinct pieces``, so the union bound for the whole program is at
+   most ``max_bound``; an end-to-end float check (float64 and native dtype) of the
+   stitched program against the input runs on top. If it fails, the input is
+   returned, one kernel per op, and ``stats["note"]`` says why.
+
+``res.stats["pieces"]`` has one entry per piece: its ops, status ("optimized" or
+"unchanged"), the reason, its cost before and after, and its bound.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable
+
+from ..ir.check import check
+from ..ir.errors import MirageError
+from ..ir.limits import Deadline, check_memory
+from ..partition.pieces import DEFAULT_PIECE_OPS, Piece, needs_partition, partition
+from ..partition.stitch import stitch
+from ..verifier.endtoend import float_check
+from ..verifier.runner import THREADS, footprint
+from ..verifier.verify import VerifyResult
+from .optimize import _check_limits
+from .optimize import optimize as optimize_piece
+from .result import OptimizeResult
+
+SHARE_END = 0.85  # piece searches end by this fraction of the time limit; the rest: stitch
+
+
+def optimize(graph, *args, partition: bool | str = "auto", piece_ops: int = DEFAULT_PIECE_OPS,
+             jobs: int = 1, **kwargs) -> OptimizeResult:
+    """Superoptimize ``graph``: ``em.optimize`` (every keyword of ``optimize.optimize``,
+    whose docstring tells them, plus the three below).
+
+    With ``partition`` "auto" (the default) or True, a program that takes exp twice on
+    a path or has more than ``piece_ops`` ops is cut into Lax pieces; each piece is
+    optimized (through the results cache; ``jobs`` distinct pieces at once) and the
+    programs are stitched into one MuGraph (module docstring); ``res.stats["pieces"]``
+    reports every piece. ``partition=False`` searches the program as one piece.
+    """
+    for name, value in (("piece_ops", piece_ops), ("jobs", jobs)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise MirageError(f"optimize: {name} must be a positive integer, got {value!r}")
+    if partition not in (True, False, "auto"):
+        raise MirageError(f"optimize: partition must be True, False or 'auto', got "
+                          f"{partition!r}")
+    if partition is False:
+        return optimize_piece(graph, *args, **kwargs)
+    check(graph)
+    if partition == "auto" and not needs_partition(graph, piece_ops):
+        return optimize_piece(graph, *args, **kwargs)
+    try:
+        bound = inspect.signature(optimize_piece).bind(graph, *args, **kwargs)
+    except TypeError as exc:
+        raise MirageError(f"optimize: {exc}") from None
+    bound.apply_defaults()
+    options = dict(bound.arguments)
+    del options["graph"]
+    _check_limits(**{k: options[k] for k in ("time_limit_s", "node_limit", "iter_limit", "k",
+                                             "trials")})
+    progress, cache = options.pop("progress"), options.pop("cache")
+    return optimize_whole(graph, dict(options, piece_ops=piece_ops, jobs=jobs), cache, progress)
+
+
+_PARAMS = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if p.name != "graph" else p
+           for p in inspect.signature(optimize_piece).parameters.values()]
+optimize.__signature__ = inspect.Signature(  # what help(em.optimize) shows: every keyword
+    _PARAMS + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d) for n, d in
+               (("partition", "auto"), ("piece_ops", DEFAULT_PIECE_OPS), ("jobs", 1))],
+    return_annotation=OptimizeResult)
+
+
+def _say(progress: Callable[[str], None] | None, text: str) -> None:
+    if progress:
+        progress(text)
+
+
+def changed(res) -> bool:
+    """Whether a piece's result is a verified program other than its input."""
+    if isinstance(res, BaseException) or res.verified is None or not res.verified.equivalent:
+        return False
+    if res.stats.get("level") == "mugraph":
+        return bool(res.stats.get("regions"))
+    return res.cost_us < res.baseline_cost_us
+
+
+def unchanged_reason(res) -> str:
+    """Why a piece's input came back as it was."""
+    if isinstance(res, TimeoutError):
+        return str(res)
+    if isinstance(res, BaseException):
+        return f"search failed: {type(res).__name__}: {res}"
+    st = res.stats
+    if st.get("note"):
+        return str(st["note"])
+    rejected = [p for p in st.get("plans", []) if p.get("verified") is False]
+    if rejected:
+        return f"{len(rejected)} cheaper candidate(s) rejected by the verifier"
+    return "no candidate cheaper than one kernel per op"
+
+
+def _search_pieces(distinct: list[Piece], options: dict, cache, deadline: Deadline,
+                   progress) -> list:
+    """The OptimizeResult (or the exception) of each distinct piece, in order."""
+    opts = dict(options, max_bound=options["max_bound"] / max(1, len(distinct)))
+    jobs = min(opts.pop("jobs"), len(distinct))
+    opts.pop("piece_ops")
+    end = deadline.part(SHARE_END)
+    if jobs > 1:
+        from .many import optimize_many
+
+        opts["time_limit_s"] = max(0.05, end.remaining() * jobs / len(distinct))
+        return optimize_many([p.graph for p in distinct], jobs=jobs, errors="return",
+                             progress=progress, cache=cache, **opts)
+    out = []
+    for i, p in enumerate(distinct):
+        opts["time_limit_s"] = end.remaining() / (len(distinct) - i)
+        if opts["time_limit_s"] < 0.05:
+            out.append(TimeoutError("the time limit was reached before this piece was searched"))
+            continue
+        _say(progress, f"piece {p.index} ({len(p.ops)} ops; {i + 1} of {len(distinct)} "
+                       f"distinct): searching for {opts['time_limit_s']:.1f} s at most")
+        try:
+            out.append(optimize_piece(p.graph, cache=cache, progress=progress, **opts))
+        except MirageError as exc:  # e.g. a BudgetError: the piece stays as it is
+            out.append(exc)
+    return out
+
+
+def optimize_whole(graph, options: dict, cache, progress) -> OptimizeResult:
+    """Partition ``graph``, optimize each piece, stitch and verify (module docstring)."""
+    from ..cost.gpucost import mugraph_cost, roofline_us
+    from ..cost.per_op import Hardware, graph_cost_us
+    from ..cost.profile import GPUProfile
+    from ..egraph.rulefiles import rule_paths
+    from ..mugraph.program import from_graph
+
+    check_memory(footprint(graph), 16 * THREADS, f"checking {graph.name!r}")
+    prof = GPUProfile.load(options["target"])
+    hw = Hardware.load(prof)
+    rule_paths(options["rules"])  # a bad rules= is reported once, not once per piece
+    if options["level"] not in ("mugraph", "kernel"):
+        raise MirageError(f"optimize: level must be one of mugraph, kernel, got "
+                          f"{options['level']!r}")
+    t0 = time.perf_counter()
+    deadline = Deadline(options["time_limit_s"], t0)
+    pieces = partition(graph, options["piece_ops"])
+    texts = [_text(p) for p in pieces]
+    first: dict[str, int] = {}
+    for p, text in zip(pieces, texts):
+        first.setdefault(text, p.index)
+    distinct = [pieces[i] for i in first.values()]
+    t_part = time.perf_counter() - t0
+    _say(progress, f"partition: {graph.name!r} cut into {len(pieces)} Lax pieces "
+                   f"({len(distinct)} distinct) of {', '.join(str(len(p.ops)) for p in pieces)} "
+                   f"ops in {t_part:.2f} s")
+    found = dict(zip(first.values(), _search_pieces(distinct, options, cache, deadline,
+                                                    progress)))
+    results = [found[first[text]] for text in texts]
+    programs = [r.program if changed(r) else from_graph(p.graph)
+                for p, r in zip(pieces, results)]
+    t1 = time.perf_counter()
+    mugraph = stitch(graph, pieces, programs, f"{graph.name}_opt")
+    entries = [_entry(p, r, first[text], changed(r)) for p, r, text in zip(pieces, results, texts)]
+    stats = {"target": hw.name, "target_spec": str(options["target"]), "level": options["level"],
+             "guards": options["guards"], "cache": "pieces", "pieces": entries,
+             "partition_seconds": t_part}
+    cex, ran = None, "not needed (every piece unchanged)"
+    if any(e["status"] == "optimized" for e in entries):
+        cex, ran = float_check(graph, mugraph, seed=options["seed"],
+                               time_limit_s=deadline.remaining() + 0.1 * deadline.seconds)
+    stats["end_to_end"] = ran
+    if cex is not None or "cut short" in ran:  # never a silent wrong answer: the input
+        why = f"failed ({cex})" if cex is not None else ran
+        stats["note"] = f"end-to-end float check of the stitched program {why}: input returned"
+        mugraph = stitch(graph, pieces, [from_graph(p.graph) for p in pieces])
+        for e in entries:
+            e.update(status="unchanged", reason=f"the whole program's float check {why}",
+                     cost_after_us=e["cost_before_us"], bound=0.0)
+        cex = cex or ran
+    verdict = _verdict(entries, results, options["max_bound"], cex, ran)
+    if options["level"] == "kernel":
+        program = mugraph.reference()
+        program.name = f"{graph.name}_opt"
+        cost, baseline, roof = graph_cost_us(program, hw), graph_cost_us(graph, hw), None
+    else:
+        program = mugraph
+        cost = mugraph_cost(mugraph, prof).total_us
+        baseline = mugraph_cost(from_graph(graph), prof).total_us
+        roof = roofline_us(graph, prof)
+        stats["kernels"] = len(mugraph.kernels)
+        stats["custom_kernels"] = sum(k.kind == "custom" for k in mugraph.kernels)
+    stats["stitch_seconds"] = time.perf_counter() - t1
+    stats["seconds"] = time.perf_counter() - t0
+    return OptimizeResult(program, cost, baseline, verdict, stats, [], graph, roof)
+
+
+def _text(piece: Piece) -> str:
+    from .cache import program_text
+
+    return program_text(piece.graph)
+
+
+def _entry(piece: Piece, res, first: int, did: bool) -> dict:
+    """The ``stats["pieces"]`` entry of one piece."""
+    entry = {"index": piece.index, "ops": piece.op_names(), "inputs": len(piece.inputs),
+             "outputs": len(piece.outputs), "same_as": None if first == piece.index else first,
+             "status": "optimized" if did else "unchanged",
+             "reason": "verified and cheaper" if did else unchanged_reason(res)}
+    if isinstance(res, BaseException):
+        return {**entry, "cost_before_us": None, "cost_after_us": None, "bound": None,
+                "seconds": 0.0, "cache": "off"}
+    return {**entry, "cost_before_us": res.baseline_cost_us,
+            "cost_after_us": res.cost_us if did else res.baseline_cost_us,
+            "bound": res.verified.false_positive_bound if did else 0.0,
+            "kernels": res.stats.get("kernels"), "seconds": res.stats.get("seconds", 0.0),
+            "cache": res.stats.get("cache", "off")}
+
+
+def _verdict(entries: list[dict], results: list, max_bound: float, cex, ran: str
+             ) -> VerifyResult:
+    """The whole program's verdict: the union of the distinct optimized pieces' bounds."""
+    if cex is not None:  # the input itself was returned
+        return VerifyResult(True, 0.0, None, max_bound=max_bound, reason=(
+            f"input returned: the stitched program failed the end-to-end float check ({cex})"))
+    used = [results[e["index"]] for e in entries
+            if e["status"] == "optimized" and e["same_as"] is None]
+    kept = sum(e["status"] == "unchanged" for e in entries)
+    out = VerifyResult(True, sum(r.verified.false_positive_bound for r in used), None,
+                       min((r.verified.trials for r in used), default=0), max_bound=max_bound,
+                       float_checked="cut short" not in ran, native_checked="native" in ran)
+    if used:
+        out.p, out.q = used[0].verified.p, used[0].verified.q
+        out.seconds = sum(r.verified.seconds for r in used)
+    out.reason = (f"union bound over {len(used)} distinct verified piece(s), {kept} piece(s) "
+                  f"unchanged; end-to-end check: {ran}")
+    return out

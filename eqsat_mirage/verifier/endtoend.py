@@ -1,0 +1,42 @@
+"""The end-to-end float check of a stitched whole program.
+
+Each Lax piece of a partitioned program is verified on its own (finite-field
+trials plus float checks); ``float_check`` runs the same float checks
+(float64 at several scales and the native-dtype draws of docs/verifier.md,
+section 4) once more on the whole program against the stitched one. It needs
+no Lax fragment: programs that take exp twice are evaluated as they are.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..ir.errors import TimeLimitError
+from ..ir.limits import Deadline, check_memory
+from .runner import THREADS, footprint, runner
+from .verify import Counterexample, _float_checks, _match_interfaces
+
+
+def float_check(a, b, seed: int | None = 0, rtol: float = 1e-7, native: bool = True,
+                time_limit_s: float | Deadline | None = None
+                ) -> tuple[Counterexample | None, str]:
+    """(counterexample or None, what ran): ``b`` against ``a`` on random float inputs.
+
+    ``what ran`` names the checks ("float64 and native dtype, 0.42 s") or says the
+    time limit cut them short (then the counterexample is None and nothing is proven).
+    """
+    start = time.perf_counter()
+    _match_interfaces(a, b)
+    for prog in (a, b):
+        check_memory(footprint(prog), 16 * THREADS, f"checking {prog.name!r}")
+    deadline = time_limit_s if isinstance(time_limit_s, Deadline) else Deadline(time_limit_s)
+    rng = np.random.default_rng(None if seed is None else [seed, 0xE2E])
+    try:
+        with runner(deadline) as pool:
+            cex, ran_native = _float_checks(a, b, rng, rtol, native, None, pool)
+    except TimeLimitError as exc:
+        return None, f"cut short by the time limit ({exc})"
+    what = "float64" + (" and native dtype" if ran_native else "")
+    return cex, f"{what}, {time.perf_counter() - start:.2f} s"
