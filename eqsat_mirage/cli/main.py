@@ -150,6 +150,20 @@ class Progress:
 def summary(res) -> str:
     """A table of what the search did: phases, rules fired, extraction, verification, cost."""
     st = res.stats
+    if "pieces" in st:  # a whole program: one line per piece, then the whole
+        from ..pipeline.result import format_pieces
+
+        rows = [f"pieces       {len(st['pieces'])} (partition {st['partition_seconds']:.2f} s, "
+                f"stitch and end-to-end check {st.get('stitch_seconds', 0):.2f} s)"]
+        rows += ["  " + line for line in format_pieces(st["pieces"])]
+        rows += [f"kernels      {st.get('kernels', '?')} ({st.get('custom_kernels', 0)} custom)",
+                 f"verified     {res.verified}",
+                 f"cost         {res.baseline_cost_us:.2f} us (one kernel per op) -> "
+                 f"{res.cost_us:.2f} us ({res.speedup:.2f}x, target {st.get('target', '?')})",
+                 f"total        {st.get('seconds', 0):.2f} s"]
+        if st.get("note"):
+            rows.append(f"note         {st['note']}")
+        return "\n".join(rows)
     rows = [f"{'phase':<12}{'iterations':>11}{'e-nodes':>10}{'seconds':>9}  stop"]
     for ph in st.get("phases", []):
         rows.append(f"{ph['name']:<12}{ph['iterations']:>11}{ph['enodes']:>10}"

@@ -16,13 +16,19 @@ tensor in place (``x.add_(1)``, ``x += y``, ``inplace=True``): moving ops into a
 partition could move a read across the write. Shapes must be static: a node
 with a symbolic (dynamic) shape stays eager (``torch.compile(..., dynamic=False)``).
 A partition whose conversion, optimization or compilation fails (any exception,
-e.g. a ``MirageError`` or one from Triton) gets a ``warnings.warn`` naming it and
-the reason, and runs eagerly. With autograd needed (grad enabled and an input that
-requires grad) the whole graph runs eagerly, with a warning: the generated kernels
-have no backward. Called with keywords only, ``backend(target=
-"h100", time_limit_s=2, ...)`` returns a new ``Backend`` with those options.
-``Backend.report`` lists a ``PartitionReport`` per partition; ``Backend.unsupported``
-names the ops that stayed eager and why.
+e.g. a ``MirageError`` or one from Triton) runs eagerly ("fallback"), and so does
+one for which the search found nothing better than its input ("unchanged"): only
+a partition that runs a verified, cheaper program is labelled "optimized". With
+autograd needed (grad enabled and an input that requires grad) the whole graph runs
+eagerly, with a warning: the generated kernels have no backward. Called with
+keywords only, ``backend(target="h100", time_limit_s=2, ...)`` returns a new
+``Backend`` with those options.
+
+Each compiled graph gets one warning, ``eqsat-mirage: N of M ops in K optimized
+partitions (predicted X us -> Y us); eager: op at file:line (reason), ...``;
+``warn=False`` silences it, and ``Backend.summary()`` returns the same as a dict
+(totals, and one entry per graph). ``Backend.report`` lists a ``PartitionReport``
+per partition; ``Backend.unsupported`` names the ops that stayed eager and why.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from ..frontend.from_torch import Converter, op_name, source_line, unique_identi
 from ..frontend.graph import Graph, Tensor
 from ..ir.errors import MirageError
 from ..ir.node import ALL_DTYPES
-from ..pipeline.whole import optimize
+from ..pipeline.whole import improved, optimize, unchanged_reason
 from ..semantics.torch_reference import torch_reference
 
 __all__ = ["Backend", "PartitionReport", "backend", "mutation", "node_spec"]
@@ -57,7 +63,8 @@ class PartitionReport:
 
     name: str
     ops: list[str]
-    status: str = "pending"  # "optimized", "fallback" (runs eagerly, see reason) or "eager"
+    status: str = "pending"  # "optimized"; else it runs eagerly (see reason): "unchanged"
+    # (the search found nothing better), "fallback" (something failed) or "eager"
     reason: str = ""
     graph: Graph | None = None
     result: Any = None  # the OptimizeResult
@@ -220,8 +227,8 @@ class Backend:
 
     Options: ``target`` (hardware profile), ``time_limit_s`` (wall-clock bound on
     each partition's whole search), ``min_ops`` (smallest partition to optimize, in
-    ops), ``warn`` (warn on fallbacks), and any other ``em.optimize`` keyword
-    (``level``, ``node_limit``, ``iter_limit``, ``rules``, ...).
+    ops), ``warn`` (each graph's summary warning, and warnings on fallbacks at run time),
+    and any other ``em.optimize`` keyword (``level``, ``node_limit``, ``rules``, ...).
     """
 
     def __init__(self, target: str = "h100", time_limit_s: float = 30.0, min_ops: int = 2,
@@ -230,6 +237,7 @@ class Backend:
         self.min_ops, self.warn = min_ops, warn
         self.report: list[PartitionReport] = []
         self.unsupported: list[str] = []
+        self._summaries: list[dict] = []
         self._graphs = 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -246,9 +254,9 @@ class Backend:
     def __repr__(self) -> str:
         return f"Backend({', '.join(f'{k}={v!r}' for k, v in self.options.items())})"
 
-    def _warn(self, text: str) -> None:
+    def _warn(self, text: str, prefix: str = "eqsat-mirage backend: ") -> None:
         if self.warn:
-            warnings.warn(f"eqsat-mirage backend: {text}", stacklevel=3)
+            warnings.warn(f"{prefix}{text}", stacklevel=3)
 
     def compile(self, gm: fx.GraphModule, example_inputs: list) -> Any:
         """Partition ``gm``, optimize each partition, return the callable graph module."""
@@ -273,23 +281,61 @@ class Backend:
             self._warn(f"partitioning failed ({type(exc).__name__}: {exc}): the graph runs "
                        "eagerly")
             return gm.forward
+        eager = []
         for node in gm.graph.nodes:
             if node.op.startswith("call") and support.reason(node) is not None:
                 loc = source_line(node)
-                self.unsupported.append(f"{op_name(node, gm)}" + (f" at {loc}" if loc else "")
-                                        + f": {support.reason(node)}")
+                where = f"{op_name(node, gm)}" + (f" at {loc}" if loc else "")
+                self.unsupported.append(f"{where}: {support.reason(node)}")
+                short = loc.split(" (`")[0]  # file:line, without the code
+                eager.append(f"{op_name(node, gm)}" + (f" at {short}" if short else "")
+                             + f" ({support.reason(node)})")
+        total = sum(n.op.startswith("call") for n in gm.graph.nodes)
         if not parts:
+            self._summarize(total, [], eager)
             return gm.forward
         prefix = f"{_PREFIX}{self._graphs}_"
         fused = part.fuse_partitions(parts, prefix=prefix)
+        entries = []
         for node in list(fused.graph.nodes):
             if node.op == "call_module" and str(node.target).startswith(prefix):
                 sub = fused.get_submodule(node.target)
                 replacement = self._partition(str(node.target), sub)
+                entries.append(self.report[-1])
                 if replacement is not None:
                     setattr(fused, node.target, replacement)
         fused.recompile()
+        self._summarize(total, entries, eager)
         return fused.forward
+
+    def _summarize(self, total: int, entries: list[PartitionReport], eager: list[str]) -> None:
+        """Record this graph's summary and warn once with it (unless ``warn=False``)."""
+        done = [e for e in entries if e.status == "optimized"]
+        before = sum(e.result.baseline_cost_us for e in done)
+        after = sum(e.result.cost_us for e in done)
+        small = [e for e in entries if e.status != "optimized"]
+        eager = eager + [f"partition {e.name} of {len(e.ops)} ops ({e.reason})" for e in small]
+        graph = {"graph": self._graphs, "ops": total,
+                 "optimized_ops": sum(len(e.ops) for e in done),
+                 "partitions": len(entries), "optimized_partitions": len(done),
+                 "predicted_us": [before, after], "eager": eager}
+        self._summaries.append(graph)
+        shown = eager[:8] + ([f"... and {len(eager) - 8} more"] if len(eager) > 8 else [])
+        self._warn(f"{graph['optimized_ops']} of {total} ops in {len(done)} optimized "
+                   f"partitions (predicted {before:.2f} us -> {after:.2f} us)"
+                   + (f"; eager: {', '.join(shown)}" if shown else ""), prefix="eqsat-mirage: ")
+
+    def summary(self) -> dict:
+        """What ran optimized and what stayed eager and why, over every graph compiled so
+        far: the totals, and ``graphs``, one dict per graph as its warning said it."""
+        graphs = list(self._summaries)
+        before = sum(g["predicted_us"][0] for g in graphs)
+        after = sum(g["predicted_us"][1] for g in graphs)
+        return {"ops": sum(g["ops"] for g in graphs),
+                "optimized_ops": sum(g["optimized_ops"] for g in graphs),
+                "optimized_partitions": sum(g["optimized_partitions"] for g in graphs),
+                "predicted_us": [before, after],
+                "eager": [e for g in graphs for e in g["eager"]], "graphs": graphs}
 
     def _ensure_specs(self, gm: fx.GraphModule, example_inputs: list) -> None:
         """Run ShapeProp when some node lacks Dynamo's example value (a plain fx graph)."""
@@ -316,14 +362,16 @@ class Backend:
                 entry.status, entry.reason = "eager", "no computation (identity ops only)"
                 return None
             entry.result = optimize(graph, **self.options)
+            if not improved(entry.result):  # nothing better found: the eager ops stay
+                entry.status, entry.reason = "unchanged", unchanged_reason(entry.result)
+                entry.seconds = time.perf_counter() - t0
+                return None
             mod = _Optimized(sub, entry, dict(cv.sources), outs, single)
             if device is not None and _uses_triton(device):
                 mod._fn(device)  # compile now: codegen errors fall back here
         except Exception as exc:  # noqa: BLE001 - MirageError, Triton errors, ...: run eagerly
             entry.status, entry.reason = "fallback", f"{type(exc).__name__}: {exc}"
             entry.seconds = time.perf_counter() - t0
-            self._warn(f"partition {name} ({len(ops)} ops: {', '.join(ops)}) runs eagerly: "
-                       f"{entry.reason}")
             return None
         entry.status, entry.seconds = "optimized", time.perf_counter() - t0
         return mod

@@ -92,6 +92,11 @@ class OptimizeResult:
         lines = [f"optimized {getattr(self.source, 'name', 'program')!r} for "
                  f"{st.get('target', '?')}: {self.baseline_cost_us:.2f} us -> "
                  f"{self.cost_us:.2f} us ({self.speedup:.2f}x, cost model){roof}"]
+        if "pieces" in st:  # a whole program: one line per piece
+            lines += ["  " + line for line in format_pieces(st["pieces"])]
+            lines.append(f"  verified: {self.verified}")
+            lines.append(str(self.program))
+            return "\n".join(lines)
         for ph in st.get("phases", []):
             lines.append(f"  phase {ph['name']:<10} {ph['iterations']:>3} iterations "
                          f"{ph['enodes']:>8} e-nodes {ph['seconds']:7.2f} s  ({ph['stop']})")
@@ -104,6 +109,33 @@ class OptimizeResult:
             lines += [f"  region {r.splitlines()[0]}" for r in st.get("regions", [])]
         lines.append(str(self.program))
         return "\n".join(lines)
+
+
+def _ops(ops: list[str]) -> str:
+    counts: dict[str, int] = {}
+    for op in ops:
+        counts[op] = counts.get(op, 0) + 1
+    return ", ".join(f"{op} x{n}" if n > 1 else op for op, n in counts.items())
+
+
+def format_pieces(pieces: list[dict]) -> list[str]:
+    """One line per piece of a whole program (``stats["pieces"]``): status, ops, cost
+    before and after, bound, and the reason or where the result came from."""
+    out = []
+    for e in pieces:
+        before, after = e.get("cost_before_us"), e.get("cost_after_us")
+        cost = (f"{before:8.2f} -> {after:8.2f} us" if before is not None and after is not None
+                else f"{'-':>8}    {'-':>8}   ")
+        if e["status"] == "optimized":
+            bound = f"bound {e['bound']:.1e}" if e.get("bound") is not None else ""
+            how = (f"same as piece {e['same_as']}" if e.get("same_as") is not None else
+                   f"{e.get('seconds', 0.0):.1f} s, cache {e.get('cache', 'off')}")
+            tail = f"{bound}  ({how})"
+        else:
+            tail = f"unchanged: {e['reason']}"
+        out.append(f"piece {e['index']:>2}  {e['status']:<9} {len(e['ops']):>3} ops  {cost}  "
+                   f"{tail}  [{_ops(e['ops'])}]")
+    return out
 
 
 class ResultDataError(MirageError):

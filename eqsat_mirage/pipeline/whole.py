@@ -101,6 +101,14 @@ def changed(res) -> bool:
     return res.cost_us < res.baseline_cost_us
 
 
+def improved(res) -> bool:
+    """Whether ``em.optimize`` returned a verified program other than its input (for a
+    whole program: whether some piece was optimized)."""
+    if not isinstance(res, BaseException) and "pieces" in res.stats:
+        return any(e["status"] == "optimized" for e in res.stats["pieces"])
+    return changed(res)
+
+
 def unchanged_reason(res) -> str:
     """Why a piece's input came back as it was."""
     if isinstance(res, TimeoutError):

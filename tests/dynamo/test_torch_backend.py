@@ -56,7 +56,7 @@ def _run(model, *xs, backend=None, rtol=1e-4, atol=1e-5):
 @pytest.mark.parametrize("cls", [Attention, GatedMLP, LoRALinear])
 def test_blocks_match_eager(cls):
     torch.manual_seed(0)
-    be = _run(cls().eval(), torch.randn(1, 4, 8))
+    be = _run(cls().eval(), torch.randn(1, 4, 8), backend=em.backend(time_limit_s=20.0))
     assert [r.status for r in be.report] == ["optimized"]
     entry = be.report[0]
     assert entry.result is not None and entry.result.verified.equivalent
@@ -158,11 +158,44 @@ def test_backend_factory_and_direct_call():
 
 def test_nothing_supported_returns_eager():
     be = em.backend(**FAST)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with torch.no_grad(), pytest.warns(UserWarning) as caught:
         got = torch.compile(lambda x: torch.sort(x).values.tanh(), backend=be)(torch.ones(3))
     torch.testing.assert_close(got, torch.ones(3).tanh())
     assert be.report == [] and be.unsupported
+    (w,) = [str(w.message) for w in caught if "eqsat-mirage" in str(w.message)]  # one
+    assert w.startswith("eqsat-mirage: 0 of 3 ops in 0 optimized partitions (predicted ")
+    assert "eager: torch.sort at test_torch_backend.py:" in w and "(unsupported op)" in w
+    assert be.summary()["ops"] == 3 and be.summary()["optimized_ops"] == 0
+    with torch.no_grad(), warnings.catch_warnings():  # warn=False: silent
+        warnings.simplefilter("error")
+        torch._dynamo.reset()
+        torch.compile(lambda x: torch.sort(x).values.tanh(), backend=em.backend(
+            warn=False))(torch.ones(3))
+
+
+def test_summary_warning_counts_optimized_and_eager_ops():
+    """One warning per graph: ops in optimized partitions, the predicted time, and each
+    eager op with its place and reason; a partition whose search found nothing better
+    is not labelled optimized and runs eagerly."""
+    m, x = SortInTheMiddle().eval(), torch.randn(2, 8)
+    be = em.backend(time_limit_s=20.0)
+    with torch.no_grad(), pytest.warns(UserWarning) as caught:
+        torch.testing.assert_close(torch.compile(m, backend=be)(x), m(x))
+    (w,) = [str(w.message) for w in caught if str(w.message).startswith("eqsat-mirage: ")]
+    s = be.summary()
+    done = [r for r in be.report if r.status == "optimized"]
+    assert s["optimized_ops"] == sum(len(r.ops) for r in done) and s["ops"] > s["optimized_ops"]
+    assert w.startswith(f"eqsat-mirage: {s['optimized_ops']} of {s['ops']} ops in {len(done)} "
+                        "optimized partitions (predicted ")
+    assert "torch.sort at test_torch_backend.py:" in w
+    before, after = s["predicted_us"]
+    assert after < before and f"{before:.2f} us -> {after:.2f} us" in w
+    for r in be.report:
+        assert r.status in ("optimized", "unchanged", "fallback")
+        if r.status == "optimized":
+            assert r.result.verified.equivalent and r.result.cost_us < r.result.baseline_cost_us
+        else:
+            assert r.reason and f"partition {r.name} of {len(r.ops)} ops ({r.reason})" in w
 
 
 def test_in_place_mutation_keeps_the_graph_eager():
