@@ -22,6 +22,9 @@ def test_readme_python_api_example_runs(tmp_path, monkeypatch):
     assert namespace["r"].equivalent
     assert namespace["res"].cost_us <= namespace["res"].baseline_cost_us
     assert (tmp_path / "gqa.svg").stat().st_size > 1000
+    pieces = namespace["wres"].stats["pieces"]
+    assert [p["status"] for p in pieces] == ["optimized", "optimized"]
+    assert pieces[1]["same_as"] == 0 and namespace["wres"].verified.equivalent
 
 
 def test_readme_torch_example_runs():

@@ -359,8 +359,10 @@ def _run_custom(plan: _Plan, table: Table, ctx: Any, env: Mapping[str, Any],
     finally:
         if saved is not None:
             ctx.limb_cache = saved
-    for a, m in fused.items():
-        accs[a] = table[Op.MATMUL](ctx, m, *_joined(operands[a], m))
+    for a, m in fused.items():  # operands broadcast over a grid axis on both sides: back
+        accs[a] = _each(table[Op.MATMUL](ctx, m, *_joined(operands[a], m)),
+                        lambda x, m=m: x if np.shape(x) == m.shape else np.broadcast_to(
+                            x, m.shape), pairs)
     post_vals = run(plan.post, _with_leaves(table, {**fixed, **accs}), ctx) if k.post.outputs \
         else {}
     out = {}

@@ -142,17 +142,27 @@ def _by_layer(ops: list[Node], price: dict, depth: dict[int, int]) -> list[list[
 
 
 def _by_size(ops: list[Node], price: dict, max_ops: int) -> list[list[Node]]:
-    """``ops`` (operands first) cut until no group has more than ``max_ops`` ops."""
+    """``ops`` (operands first) cut until no group has more than ``max_ops`` ops (a group
+    that cannot be cut without cutting a masked value stays whole)."""
     if len(ops) <= max_ops:
         return [ops]
     quarter = max(1, len(ops) // 4)
     before = _cut(ops, price, ops[:quarter], ops[-quarter:])
     head = [n for n in ops if id(n) in before]
     tail = [n for n in ops if id(n) not in before]
-    if not head or not tail:  # no cut between the quarters: split in the middle
-        half = len(ops) // 2
+    if not head or not tail:  # no finite cut between the quarters: the most central prefix
+        ok = [i for i in range(1, len(ops)) if _finite_prefix(ops, i, price)]
+        if not ok:
+            return [ops]
+        half = min(ok, key=lambda i: abs(2 * i - len(ops)))
         head, tail = ops[:half], ops[half:]
     return _by_size(head, price, max_ops) + _by_size(tail, price, max_ops)
+
+
+def _finite_prefix(ops: list[Node], i: int, price: dict) -> bool:
+    """Whether cutting after ``ops[:i]`` reads back no masked value."""
+    head = {id(n) for n in ops[:i]}
+    return all(price[id(s)] < INF for n in ops[i:] for s in n.srcs if id(s) in head)
 
 
 def partition(graph: Graph, max_ops: int = DEFAULT_PIECE_OPS) -> list[Piece]:

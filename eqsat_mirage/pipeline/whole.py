@@ -67,7 +67,7 @@ def optimize(graph, *args, partition: bool | str = "auto", piece_ops: int = DEFA
     if partition == "auto" and not needs_partition(graph, piece_ops):
         return optimize_piece(graph, *args, **kwargs)
     try:
-        bound = inspect.signature(optimize_piece).bind(graph, *args, **kwargs)
+        bound = _SIGNATURE.bind(graph, *args, **kwargs)
     except TypeError as exc:
         raise MirageError(f"optimize: {exc}") from None
     bound.apply_defaults()
@@ -79,8 +79,9 @@ def optimize(graph, *args, partition: bool | str = "auto", piece_ops: int = DEFA
     return optimize_whole(graph, dict(options, piece_ops=piece_ops, jobs=jobs), cache, progress)
 
 
+_SIGNATURE = inspect.signature(optimize_piece)  # the search's keywords, with their defaults
 _PARAMS = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if p.name != "graph" else p
-           for p in inspect.signature(optimize_piece).parameters.values()]
+           for p in _SIGNATURE.parameters.values()]
 optimize.__signature__ = inspect.Signature(  # what help(em.optimize) shows: every keyword
     _PARAMS + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d) for n, d in
                (("partition", "auto"), ("piece_ops", DEFAULT_PIECE_OPS), ("jobs", 1))],
