@@ -106,6 +106,25 @@ def test_every_piece_is_verified_or_unchanged_with_a_reason(monkeypatch):
     assert res.verified.equivalent
 
 
+def test_distinct_pieces_search_in_parallel_and_the_cli_lists_them():
+    from eqsat_mirage.cli.main import summary
+
+    g = em.Graph("two_sizes")
+    h = g.input("Q", (2, 16, 8), "float32")
+    for i, keys in enumerate((32, 64)):
+        k = g.input(f"K{i}", (2, 8, keys), "float32")
+        v = g.input(f"V{i}", (2, keys, 8), "float32")
+        a = em.exp(h @ k)
+        h = (a / a.sum(axis=2, keepdims=True)) @ v
+    g.output(h, "O")
+    res = em.optimize(g, cache=False, time_limit_s=120, jobs=2)
+    assert [p["status"] for p in res.stats["pieces"]] == ["optimized", "optimized"]
+    assert res.verified.equivalent
+    text = summary(res)
+    assert "pieces       2" in text and text.count("optimized") >= 2
+    assert "piece  0  optimized" in text and "piece  1  optimized" in text
+
+
 def test_a_failed_end_to_end_check_returns_the_input(monkeypatch):
     g = chained_attention("float32", rows=16, keys=32)
 

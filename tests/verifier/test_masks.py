@@ -105,6 +105,9 @@ def test_search_fuses_causal_attention_with_a_running_max():
     assert customs and customs[0].maxima
     assert all(spec.shape != (2, 256, 256) for spec in res.program.tensors.values())
     assert res.cost_us < 0.5 * res.baseline_cost_us
+    src = res.triton_source()  # the mask: computed from positions, never written or read
+    assert ".tril(" not in src and "from positions (not loaded)" in src
+    assert "causal: skip masked tiles" in src
     again = em.MuGraph.from_dict(res.program.to_dict())
     assert str(again) == str(res.program)
 
