@@ -118,6 +118,9 @@ class TileOps(ConcatOps):
         self.masks: dict[int, str] = {}
         self.counter = 0
         self.listed: dict[int, str] = {}  # id(node) -> its name in the MuGraph listing
+        # x - m with m broadcast (a row's maximum): exp of it is exp2(x*log2e - m*log2e),
+        # log2(e) folded into one multiply-add per element (m scaled once per row)
+        self.row_diffs: dict[str, tuple[str, str]] = {}
 
     def bname(self, n: int) -> str:
         """The constexpr holding the block size of tile dims of ``n`` elements."""
@@ -217,6 +220,10 @@ class TileOps(ConcatOps):
         var = self.names(var)
         if node.op in BINARY:
             expr, clean = self._binary(node, srcs)
+            if node.op is Op.SUB and srcs[1].const is None and srcs[0].const is None and \
+                    len(srcs[1].dims) < len(srcs[0].dims):
+                a, b = (self.broadcast(self.f32(x), x, node.shape) for x in srcs)
+                self.row_diffs[var] = (a, b)
         elif node.op in (Op.WHERE, Op.MASK):
             expr, clean = self._select(node, srcs)
         elif node.op is Op.MATMUL:
@@ -248,6 +255,9 @@ class TileOps(ConcatOps):
         if op is Op.NEG:
             return f"-{a}", x.clean
         if op is Op.EXP:
+            if x.expr in self.row_diffs:  # exp(x - m) = exp2(x*log2e - m*log2e): one FMA
+                xa, m = self.row_diffs[x.expr]
+                return f"tl.exp2({xa} * {LOG2E!r} - {m} * {LOG2E!r})", False
             return exp2(a), False
         if op is Op.SQRT:
             return f"tl.sqrt({a})", x.clean

@@ -6,6 +6,8 @@ random function of the kept values, so a mask shifted by one is caught; anything
 to a -inf is refused before a verdict.
 """
 
+import re
+
 import numpy as np
 import pytest
 
@@ -108,6 +110,9 @@ def test_search_fuses_causal_attention_with_a_running_max():
     src = res.triton_source()  # the mask: computed from positions, never written or read
     assert ".tril(" not in src and "from positions (not loaded)" in src
     assert "causal: skip masked tiles" in src
+    # exp(s - m) as exp2 with log2(e) folded: one multiply-add per score, m scaled per row
+    assert re.search(r"tl\.exp2\(v\d+ \* 1\.4426950408889634 - max\w+\[:, None\] \* "
+                     r"1\.4426950408889634\)", src)
     again = em.MuGraph.from_dict(res.program.to_dict())
     assert str(again) == str(res.program)
 
