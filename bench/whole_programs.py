@@ -29,14 +29,15 @@ import eqsat_mirage as em  # noqa: E402
 SECTION = "## Whole programs"
 
 
-def chained_attention(b: int = 1) -> em.Graph:
-    """Two GQA-shaped attention layers, the second's queries the first's output."""
+def chained_attention(b: int = 1, dtype: str = "float16", rows: int = 256,
+                      keys: tuple[int, ...] = (4096, 4096), d: int = 64) -> em.Graph:
+    """Attention layers in a row (GQA's shapes by default), each one's queries the
+    previous one's output; ``keys`` gives each layer's key length."""
     g = em.Graph("attention_x2")
-    q = g.input("Q", (2 * b, 256, 64), "float16")
-    h = q
-    for i in (1, 2):
-        k = g.input(f"K{i}", (2 * b, 64, 4096), "float16")
-        v = g.input(f"V{i}", (2 * b, 4096, 64), "float16")
+    h = g.input("Q", (2 * b, rows, d), dtype)
+    for i, n in enumerate(keys, 1):
+        k = g.input(f"K{i}", (2 * b, d, n), dtype)
+        v = g.input(f"V{i}", (2 * b, n, d), dtype)
         a = em.exp(h @ k)
         h = (a / a.sum(axis=2, keepdims=True)) @ v
     g.output(h, "O")

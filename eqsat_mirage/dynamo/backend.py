@@ -284,12 +284,10 @@ class Backend:
         eager = []
         for node in gm.graph.nodes:
             if node.op.startswith("call") and support.reason(node) is not None:
-                loc = source_line(node)
-                where = f"{op_name(node, gm)}" + (f" at {loc}" if loc else "")
-                self.unsupported.append(f"{where}: {support.reason(node)}")
+                name, loc, why = op_name(node, gm), source_line(node), support.reason(node)
+                self.unsupported.append(name + (f" at {loc}" if loc else "") + f": {why}")
                 short = loc.split(" (`")[0]  # file:line, without the code
-                eager.append(f"{op_name(node, gm)}" + (f" at {short}" if short else "")
-                             + f" ({support.reason(node)})")
+                eager.append(name + (f" at {short}" if short else "") + f" ({why})")
         total = sum(n.op.startswith("call") for n in gm.graph.nodes)
         if not parts:
             self._summarize(total, [], eager)

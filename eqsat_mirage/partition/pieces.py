@@ -51,7 +51,6 @@ class Piece:
     ``graph`` computes it with canonical names; ``inputs`` maps each of its input
     names to the node of the whole program it reads (a program input, or an op of
     an earlier piece); ``outputs`` maps each output name to the op it returns.
-    ``cut`` says why the piece ends where it does.
     """
 
     index: int
@@ -59,7 +58,6 @@ class Piece:
     ops: list[Node]
     inputs: dict[str, Node] = field(default_factory=dict)
     outputs: dict[str, Node] = field(default_factory=dict)
-    cut: str = ""
 
     def op_names(self) -> list[str]:
         """The ops of the piece, as short names (``matmul``, ``exp``, ...)."""
@@ -77,7 +75,7 @@ def needs_partition(graph: Graph, max_ops: int = DEFAULT_PIECE_OPS) -> bool:
     return len(compute_ops(graph)) > max_ops or max(depth.values(), default=0) > 1
 
 
-def _prices(ops: list[Node]) -> dict[Node, float]:
+def _prices(ops: list[Node]) -> dict[int, float]:
     """Bytes of each op's tensor; dearer inside attentions; infinite for masked values."""
     price = {id(n): float(math.prod(n.shape) * ITEMSIZE[n.dtype]) for n in ops}
     users: dict[int, list[Node]] = {}

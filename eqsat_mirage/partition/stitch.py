@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 from ..frontend.graph import Graph
 from ..ir.node import Node, Op
+from ..mugraph.kernels import MuGraphError
 from ..mugraph.program import MuGraph, from_dict, from_graph
 from .pieces import Piece
 
@@ -61,7 +62,7 @@ def stitch(graph: Graph, pieces: Sequence[Piece], programs: Sequence[object],
     for piece, program in zip(pieces, programs):
         mg = program if isinstance(program, MuGraph) else from_graph(program)
         pd = mg.to_dict()
-        outer = {name: tensor_of[id(node)] for name, node in piece.inputs.items()}
+        outer = {inp: tensor_of[id(node)] for inp, node in piece.inputs.items()}
         prefix = f"p{piece.index}_"
 
         def ren(t: str, outer=outer, prefix=prefix) -> str:
@@ -77,11 +78,11 @@ def stitch(graph: Graph, pieces: Sequence[Piece], programs: Sequence[object],
 
 
 def _leaf_tensor(node: Node, tensor_of: dict[int, str], data: dict) -> str:
-    """The tensor holding ``node``; a constant or causal-mask output gets its own kernel."""
+    """The tensor holding ``node``; a causal-mask output gets its own kernel."""
     if id(node) in tensor_of:
         return tensor_of[id(node)]
-    if node.op not in (Op.CONST, Op.CAUSAL):
-        raise KeyError(f"output {node.describe()} is computed by no piece")
+    if node.op is not Op.CAUSAL:  # a constant output has no kernel (as in from_graph)
+        raise MuGraphError(f"output {node.describe()} is computed by no piece")
     frag = Graph("leaf")
     frag.outputs = {"y": node}
     kd = from_graph(frag).to_dict()["kernels"][0]

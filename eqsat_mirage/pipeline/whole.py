@@ -37,7 +37,7 @@ from ..partition.stitch import stitch
 from ..verifier.endtoend import float_check
 from ..verifier.runner import THREADS, footprint
 from ..verifier.verify import VerifyResult
-from .optimize import _check_limits
+from .optimize import LEVELS, _check_limits
 from .optimize import optimize as optimize_piece
 from .result import OptimizeResult
 
@@ -165,8 +165,8 @@ def optimize_whole(graph, options: dict, cache, progress) -> OptimizeResult:
     prof = GPUProfile.load(options["target"])
     hw = Hardware.load(prof)
     rule_paths(options["rules"])  # a bad rules= is reported once, not once per piece
-    if options["level"] not in ("mugraph", "kernel"):
-        raise MirageError(f"optimize: level must be one of mugraph, kernel, got "
+    if options["level"] not in LEVELS:
+        raise MirageError(f"optimize: level must be one of {', '.join(LEVELS)}, got "
                           f"{options['level']!r}")
     t0 = time.perf_counter()
     deadline = Deadline(options["time_limit_s"], t0)
@@ -183,28 +183,28 @@ def optimize_whole(graph, options: dict, cache, progress) -> OptimizeResult:
     found = dict(zip(first.values(), _search_pieces(distinct, options, cache, deadline,
                                                     progress)))
     results = [found[first[text]] for text in texts]
-    programs = [r.program if changed(r) else from_graph(p.graph)
-                for p, r in zip(pieces, results)]
+    did = [changed(r) for r in results]
+    programs = [r.program if d else from_graph(p.graph) for p, r, d in zip(pieces, results, did)]
     t1 = time.perf_counter()
     mugraph = stitch(graph, pieces, programs, f"{graph.name}_opt")
-    entries = [_entry(p, r, first[text], changed(r)) for p, r, text in zip(pieces, results, texts)]
+    entries = [_entry(p, r, first[text], d) for p, r, text, d in zip(pieces, results, texts, did)]
     stats = {"target": hw.name, "target_spec": str(options["target"]), "level": options["level"],
              "guards": options["guards"], "cache": "pieces", "pieces": entries,
              "partition_seconds": t_part}
-    cex, ran = None, "not needed (every piece unchanged)"
-    if any(e["status"] == "optimized" for e in entries):
+    failed, ran = None, "not needed (every piece unchanged)"
+    if any(did):
         cex, ran = float_check(graph, mugraph, seed=options["seed"],
                                time_limit_s=deadline.remaining() + 0.1 * deadline.seconds)
+        if cex is not None or "cut short" in ran:  # never a silent wrong answer: the input
+            failed = f"failed ({cex})" if cex is not None else ran
     stats["end_to_end"] = ran
-    if cex is not None or "cut short" in ran:  # never a silent wrong answer: the input
-        why = f"failed ({cex})" if cex is not None else ran
-        stats["note"] = f"end-to-end float check of the stitched program {why}: input returned"
+    if failed is not None:
+        stats["note"] = f"end-to-end float check of the stitched program {failed}: input returned"
         mugraph = stitch(graph, pieces, [from_graph(p.graph) for p in pieces])
         for e in entries:
-            e.update(status="unchanged", reason=f"the whole program's float check {why}",
+            e.update(status="unchanged", reason=f"the whole program's float check {failed}",
                      cost_after_us=e["cost_before_us"], bound=0.0)
-        cex = cex or ran
-    verdict = _verdict(entries, results, options["max_bound"], cex, ran)
+    verdict = _verdict(entries, results, options["max_bound"], failed, ran)
     if options["level"] == "kernel":
         program = mugraph.reference()
         program.name = f"{graph.name}_opt"
@@ -243,18 +243,20 @@ def _entry(piece: Piece, res, first: int, did: bool) -> dict:
             "cache": res.stats.get("cache", "off")}
 
 
-def _verdict(entries: list[dict], results: list, max_bound: float, cex, ran: str
-             ) -> VerifyResult:
-    """The whole program's verdict: the union of the distinct optimized pieces' bounds."""
-    if cex is not None:  # the input itself was returned
+def _verdict(entries: list[dict], results: list, max_bound: float, failed: str | None,
+             ran: str) -> VerifyResult:
+    """The whole program's verdict: the union of the distinct optimized pieces' bounds
+    (``failed``: why the end-to-end check refused the stitched program, which means the
+    input was returned)."""
+    if failed is not None:
         return VerifyResult(True, 0.0, None, max_bound=max_bound, reason=(
-            f"input returned: the stitched program failed the end-to-end float check ({cex})"))
+            f"input returned: the stitched program's end-to-end float check {failed}"))
     used = [results[e["index"]] for e in entries
             if e["status"] == "optimized" and e["same_as"] is None]
     kept = sum(e["status"] == "unchanged" for e in entries)
     out = VerifyResult(True, sum(r.verified.false_positive_bound for r in used), None,
                        min((r.verified.trials for r in used), default=0), max_bound=max_bound,
-                       float_checked="cut short" not in ran, native_checked="native" in ran)
+                       float_checked=bool(used), native_checked="native" in ran)
     if used:
         out.p, out.q = used[0].verified.p, used[0].verified.q
         out.seconds = sum(r.verified.seconds for r in used)

@@ -12,20 +12,13 @@ import eqsat_mirage as em
 from eqsat_mirage.pipeline import whole
 
 torch = pytest.importorskip("torch")
-from bench.whole_programs import decoder_stack  # noqa: E402
+from bench.whole_programs import chained_attention, decoder_stack  # noqa: E402
 from eqsat_mirage.frontend.from_torch import graph_inputs  # noqa: E402
 
 
-def chained_attention(dtype="float16", rows=256, keys=4096):
-    g = em.Graph("attention_x2")
-    h = g.input("Q", (2, rows, 64), dtype)
-    for i in (1, 2):
-        k = g.input(f"K{i}", (2, 64, keys), dtype)
-        v = g.input(f"V{i}", (2, keys, 64), dtype)
-        a = em.exp(h @ k)
-        h = (a / a.sum(axis=2, keepdims=True)) @ v
-    g.output(h, "O")
-    return g
+def small_chain(keys=(32, 32), d=64):
+    """Two float32 attention layers of 16 queries (key lengths ``keys``)."""
+    return chained_attention(dtype="float32", rows=16, keys=keys, d=d)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +45,7 @@ def test_chained_attention_is_fused_verified_and_cheap(chained):
 def test_stitched_program_computes_the_input_program(chained):
     g, res = chained
     rng = np.random.default_rng(1)
-    small = chained_attention("float32", rows=16, keys=32)  # same structure, small shapes
+    small = small_chain()  # same structure, small shapes
     got = em.optimize(small, cache=False, time_limit_s=60)
     feed = {n: rng.standard_normal(v.shape) * 0.2 for n, v in small.inputs.items()}
     np.testing.assert_allclose(em.evaluate(got.program, feed)["O"],
@@ -61,7 +54,7 @@ def test_stitched_program_computes_the_input_program(chained):
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
 def test_stitched_program_runs_as_one_triton_module():
-    g = chained_attention("float32", rows=16, keys=64)
+    g = small_chain(keys=(64, 64))
     res = em.optimize(g, cache=False, time_limit_s=60)
     assert any(p["status"] == "optimized" for p in res.stats["pieces"])
     fn = res.compile()
@@ -72,14 +65,7 @@ def test_stitched_program_runs_as_one_triton_module():
 
 
 def test_every_piece_is_verified_or_unchanged_with_a_reason(monkeypatch):
-    g = em.Graph("two_different")  # two attentions of different key lengths: two searches
-    h = g.input("Q", (2, 16, 8), "float32")
-    for i, keys in enumerate((32, 64)):
-        k = g.input(f"K{i}", (2, 8, keys), "float32")
-        v = g.input(f"V{i}", (2, keys, 8), "float32")
-        a = em.exp(h @ k)
-        h = (a / a.sum(axis=2, keepdims=True)) @ v
-    g.output(h, "O")
+    g = small_chain(keys=(32, 64), d=8)  # two different key lengths: two searches
     real = whole.optimize_piece
     calls = []
 
@@ -109,14 +95,7 @@ def test_every_piece_is_verified_or_unchanged_with_a_reason(monkeypatch):
 def test_distinct_pieces_search_in_parallel_and_the_cli_lists_them():
     from eqsat_mirage.cli.main import summary
 
-    g = em.Graph("two_sizes")
-    h = g.input("Q", (2, 16, 8), "float32")
-    for i, keys in enumerate((32, 64)):
-        k = g.input(f"K{i}", (2, 8, keys), "float32")
-        v = g.input(f"V{i}", (2, keys, 8), "float32")
-        a = em.exp(h @ k)
-        h = (a / a.sum(axis=2, keepdims=True)) @ v
-    g.output(h, "O")
+    g = small_chain(keys=(32, 64), d=8)  # two distinct pieces
     res = em.optimize(g, cache=False, time_limit_s=120, jobs=2)
     assert [p["status"] for p in res.stats["pieces"]] == ["optimized", "optimized"]
     assert res.verified.equivalent
@@ -126,7 +105,7 @@ def test_distinct_pieces_search_in_parallel_and_the_cli_lists_them():
 
 
 def test_a_failed_end_to_end_check_returns_the_input(monkeypatch):
-    g = chained_attention("float32", rows=16, keys=32)
+    g = small_chain()
 
     def wrong(a, b, **kwargs):
         return "a made-up difference", "float64, 0.01 s"
