@@ -13,7 +13,10 @@ from .frontend.graph import (
     amax,
     causal_mask,
     concat,
+    erf,
     exp,
+    gelu,
+    layer_norm,
     matmul,
     relu,
     rms_norm,
@@ -21,6 +24,7 @@ from .frontend.graph import (
     silu,
     softmax,
     sqrt,
+    tanh,
     transpose,
     where,
 )
@@ -64,7 +68,8 @@ __all__ = [
     "DTypeError", "evaluate", "exp", "Graph", "GraphError", "InputError", "LaxError", "matmul",
     "max", "MirageError", "Node", "Op", "optimize", "optimize_many", "OptimizeResult", "relu",
     "rms_norm", "rsqrt", "RuleCheck", "RuleCheckReport", "RuleError", "ShapeError", "silu",
-    "softmax", "sqrt", "Tensor", "TimeLimitError", "transpose", "verify", "VerifyResult", "where",
+    "softmax", "sqrt", "tanh", "erf", "gelu", "layer_norm", "Tensor", "TimeLimitError",
+    "transpose", "verify", "VerifyResult", "where",
 ]
 
 # The torch front end and torch.compile backend load on first use: torch stays optional.

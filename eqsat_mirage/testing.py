@@ -92,7 +92,8 @@ class _Builder:
         bounds = {Op.EXP: (math.exp(min(m, 700)), math.exp(-min(m, 700))), Op.NEG: (m, -m),
                   Op.SQRT: (math.sqrt(m), math.sqrt(max(lo, 0.0))), Op.SILU: (m, -0.3),
                   Op.RSQRT: (1 / math.sqrt(max(lo, 1e-12)), 1 / math.sqrt(m)),
-                  Op.RELU: (m, max(lo, 0.0)), Op.SUM: (m * k, lo * k)}
+                  Op.RELU: (m, max(lo, 0.0)), Op.SUM: (m * k, lo * k), Op.TANH: (1.0, -1.0),
+                  Op.ERF: (1.0, -1.0)}
         return self.add(node, e + (op is Op.EXP), *bounds.get(op, (m, lo)))
 
     def binary(self, op: Op, a: Node | None, b: Node | None, arg: Any = None) -> Node | None:
@@ -121,6 +122,8 @@ class _Builder:
 
     def step(self, op: Op) -> Node | None:
         draw, swap = self.draw, self.draw(st.booleans())
+        if op is Op.CAST:
+            return self.unary(op, self.pick(), draw(st.sampled_from(DTYPES)))
         if op in UNARY:
             exp_ok = lambda n: self.info[id(n)][0] == 0 and self.info[id(n)][1] <= _EXP_MAG \
                 if self.lax else self.info[id(n)][1] <= 700
@@ -155,6 +158,10 @@ class _Builder:
             return self.unary(op, a, tuple(perm))
         if op is Op.RESHAPE:
             return self.unary(op, a, draw(st.sampled_from(_reshapes(a.shape))))
+        if op is Op.SLICE:
+            ax = draw(st.integers(0, r - 1))
+            lo = draw(st.integers(0, a.shape[ax] - 1))
+            return self.unary(op, a, (ax, lo, draw(st.integers(lo + 1, a.shape[ax]))))
         ax = draw(st.integers(0, r - 1))  # CONCAT
         b = self.pick(lambda n: len(n.shape) == r and all(
             i == ax or x == y for i, (x, y) in enumerate(zip(n.shape, a.shape))))
@@ -324,7 +331,8 @@ def equivalent_pairs(draw, max_ops: int = 8, max_inputs: int = 3, max_dim: int =
 
 _SWAPS = {Op.ADD: (Op.SUB, Op.MUL), Op.SUB: (Op.ADD,), Op.MUL: (Op.ADD, Op.DIV),
           Op.DIV: (Op.MUL,), Op.SQRT: (Op.RSQRT,), Op.RSQRT: (Op.SQRT,), Op.SILU: (Op.RELU,),
-          Op.RELU: (Op.SILU,), Op.EXP: (Op.SILU,), Op.SUM: (Op.MEAN,), Op.MEAN: (Op.SUM,)}
+          Op.RELU: (Op.SILU,), Op.EXP: (Op.SILU,), Op.SUM: (Op.MEAN,), Op.MEAN: (Op.SUM,),
+          Op.TANH: (Op.ERF,), Op.ERF: (Op.TANH,)}
 
 
 def _mutations(graph: Graph) -> list[tuple[Node, Node]]:
@@ -337,7 +345,7 @@ def _mutations(graph: Graph) -> list[tuple[Node, Node]]:
     out: list[tuple[Node, Node | None]] = []
     for n in nodes:
         out += [(n, _mk(op, n.srcs, n.arg)) for op in _SWAPS.get(n.op, ())]
-        out += [(n, n.srcs[0])] if n.op in UNARY else []  # drop the op: exp -> identity, ...
+        out += [(n, n.srcs[0])] if n.op in UNARY - {Op.CAST} else []  # drop it: exp -> identity
         out += [(n, make(Op.NEG, (n,)))] if n.op is not Op.CONST else []  # negate a value
         if n.op is Op.CONST:
             out += [(n, _const(n.arg + 1.0)), (n, _const(-2.0 * n.arg))]

@@ -86,6 +86,68 @@ class ConcatOps:
         section.append(f"# {label}: kept as its {len(parts)} parts")
         return split(parts, node.shape, node.arg, label)
 
+    def _unit_reshape(self, node: Node, v: Val, label: str) -> Val:
+        """A reshape that only adds or drops dims of size 1, of a split value: the same
+        parts, the concat axis moved with its dim (no code)."""
+        src, out = v.shape, node.shape
+        k = sum(1 for d in src[:v.axis] if d > 1)  # the concat axis is the k-th dim > 1
+        axis = [i for i, d in enumerate(out) if d > 1][k]
+        parts = []
+        for p in v.parts:
+            shape = tuple(p.shape[v.axis] if i == axis else d for i, d in enumerate(out))
+            parts.append(Val(p.expr, shape, p.dtype, p.clean, p.const, p.parts, p.axis))
+        return split(parts, out, axis, label)
+
+    def split_node(self, src: Node, axis: int, sizes: list[int], section: list[str],
+                   label: str) -> Val | None:
+        """``src`` (whole along ``axis``) recomputed in parts of ``sizes``: block inputs are
+        loaded part by part at their offsets, elementwise ops run once per part (operands
+        of size 1 along the axis broadcast). None when some leaf cannot be split."""
+        if src.op is Op.INPUT:
+            return self.split_input(src, axis, sizes)
+        if src.op not in ELEMENTWISE:
+            return None
+        r, vals, axes = len(src.shape), [], []
+        for o in src.srcs:
+            j = axis - (r - len(o.shape))
+            if j < 0 or o.shape[j] == 1:
+                if id(o) not in self.env:
+                    return None
+                vals.append(self.env[id(o)])
+                axes.append(None)
+                continue
+            v = self.split_node(o, j, sizes, section, label)
+            if v is None:
+                return None
+            vals.append(v)
+            axes.append(j)
+        parts = self.per_part(src, vals, axes, axis, section, f"{label}: {src.describe()} in "
+                              "parts")
+        return split(parts, src.shape, axis, label)
+
+    def split_input(self, src: Node, axis: int, sizes: list[int]) -> Val | None:
+        """Block input ``src`` loaded in parts of ``sizes`` along ``axis`` (the kernel
+        writer can; None: it cannot)."""
+        return None
+
+    def slice_parts(self, node: Node, v: Val, label: str) -> Val:
+        """A slice of a concat that takes whole parts: those parts (the kernel writer
+        loads a slice of an input tile directly; any other slice is refused)."""
+        axis, start, stop = node.arg
+        if not v.parts or v.axis != axis:
+            raise CodegenError(f"{self.who}: {node.describe()} slices a computed tile; the "
+                               "Triton backend slices input tiles (loaded at an offset) and "
+                               "concats of tiles (whole parts)")
+        taken, offset = [], 0
+        for p in v.parts:
+            lo, hi = offset, offset + p.shape[axis]
+            offset = hi
+            if lo >= start and hi <= stop:
+                taken.append(p)
+            elif hi > start and lo < stop:
+                self.plain(v, node, f"the slice [{start}:{stop}] cuts a part [{lo}:{hi}]")
+        return taken[0] if len(taken) == 1 else split(taken, node.shape, axis, label)
+
     def per_part(self, node: Node, srcs: list[Val], axes: list[int | None],
                  out_axis: int | None, section: list[str], label: str,
                  op: Op | None = None) -> list[Val]:
@@ -139,12 +201,15 @@ class ConcatOps:
             out = list(node.arg).index(first.axis)
             return split(self.per_part(node, srcs, [first.axis], out, section, label),
                          node.shape, out, label)
+        if node.op is Op.RESHAPE and squeezed(node.srcs[0].shape) == squeezed(node.shape):
+            return self._unit_reshape(node, first, label)
         if node.op not in ELEMENTWISE:
             self.plain(first, node)
         r = len(node.shape)
         out = first.axis + r - len(first.shape)
         axes: list[int | None] = []
-        for s, src in zip(srcs, node.srcs):
+        srcs = list(srcs)
+        for i, (s, src) in enumerate(zip(srcs, node.srcs)):
             if s.parts:
                 if s.axis + r - len(s.shape) != out:
                     self.plain(s, node, "operands concatenated along different axes")
@@ -152,8 +217,14 @@ class ConcatOps:
                 continue
             j = out - (r - len(src.shape))
             if s.const is None and j >= 0 and src.shape[j] > 1:
-                self.plain(first, node, f"the other operand {fmt_shape(src.shape)} is a whole "
-                                        "tile along the concat axis")
+                cut = self.split_node(src, j, [p.shape[first.axis] for p in first.parts],
+                                      section, label)
+                if cut is None:
+                    self.plain(first, node, f"the other operand {fmt_shape(src.shape)} is a "
+                                            "whole tile along the concat axis")
+                srcs[i] = cut
+                axes.append(j)
+                continue
             axes.append(None)
         return split(self.per_part(node, srcs, axes, out, section, label), node.shape, out,
                      label)

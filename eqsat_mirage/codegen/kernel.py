@@ -24,7 +24,7 @@ from ..ir.node import Node, Op, Shape, fmt_shape
 from ..ir.printing import _short
 from ..mugraph.kernels import CustomKernel, TensorSpec, axis_name, fmt_map
 from ..mugraph.online import causal_skip
-from .concat import CodegenError, Val, squeezed
+from .concat import CodegenError, Val, split, squeezed
 from .tiles import TL_DTYPE, Names, TileOps, exp2, index
 
 __all__ = ["CodegenError", "KernelWriter", "fit", "wrap"]
@@ -57,6 +57,7 @@ class KernelWriter(TileOps):
         self.post: list[str] = []
         self.advance: list[str] = []  # pointer increments at the end of an iteration
         self.tiles: dict[str, Val] = {}
+        self.in_loop = True  # emitting the loop stage (False: the post stage)
         self.text = ""
 
     @classmethod
@@ -137,6 +138,49 @@ class KernelWriter(TileOps):
         self.tiles[name] = Val(var, node.shape, node.dtype)
         return self.tiles[name]
 
+    def split_input(self, src: Node, axis: int, sizes: list[int]) -> Val | None:
+        """Block input ``src`` loaded part by part, each at its offset along ``axis``."""
+        if src.op is not Op.INPUT or src.arg not in self.k.inputs:
+            return None
+        parts, at = [], 0
+        for n in sizes:
+            part = Node(Op.SLICE, (src,), (axis, at, at + n),
+                        src.shape[:axis] + (n,) + src.shape[axis + 1:], src.dtype)
+            v = self.sliced_tile(part, self.in_loop, f"{src.arg} [{at}:{at + n}] of axis {axis}")
+            if v is None:
+                return None
+            parts.append(v)
+            at += n
+        return split(parts, src.shape, axis, f"{src.arg} in parts")
+
+    def sliced_tile(self, node: Node, in_loop: bool, label: str = "") -> Val | None:
+        """A slice of a block input's tile, loaded at its offset (None: not such a slice)."""
+        if node.op is not Op.SLICE:
+            return None
+        src = node.srcs[0]
+        if src.op is not Op.INPUT or src.arg not in self.k.inputs:
+            return None
+        bi = self.k.inputs[src.arg]
+        axis, start, stop = node.arg
+        if bi.tensor in self.causal or axis in bi.imap or axis == bi.fmap:
+            return None
+        key = f"{src.arg}[{axis}:{start}:{stop}]"
+        if key in self.tiles:
+            return self.tiles[key]
+        label = label or self.label(node)
+        spec = self.specs[bi.tensor]
+        setup = self.pre if in_loop else self.post
+        load = (self.loop if self.looped else self.pre) if bi.fmap is not None else setup
+        ptrs = self._pointers(setup, f"{src.arg}_s{start}", bi.tensor, node.shape, bi.imap,
+                              bi.fmap, f"{label}: {bi.tensor}{list(spec.shape)} at offset "
+                              f"{start} of axis {axis}", full=src.shape, shift={axis: start})
+        var = self.names(f"{src.arg}_s{start}")
+        mask = self.full_mask(squeezed(node.shape))
+        expr = f"tl.load({ptrs}, mask={mask}, other=0.0)" if mask else f"tl.load({ptrs})"
+        self.emit(load, var, expr)
+        self.tiles[key] = Val(var, node.shape, node.dtype)
+        return self.tiles[key]
+
     def _causal_tile(self, name: str, bi, node: Node, spec: TensorSpec) -> Val:
         """A tile of a causal mask from its rows' and columns' positions (no load):
         ``row + offset >= col``, each position ``pid * tile (+ f * tile in the loop) + i``."""
@@ -210,7 +254,7 @@ class KernelWriter(TileOps):
             env[id(node)] = self.tile(node.arg, True)
             self.listed[id(node)] = node.arg
             return
-        env[id(node)] = self.node(node, env, section)
+        env[id(node)] = self.sliced_tile(node, True) or self.node(node, env, section)
 
     def _running_maxima(self, env: dict[int, Val], runs: Mapping[str, str]) -> dict[str, Val]:
         """``m_new = max(acc_m, this tile's max)`` and ``alpha_m = exp(acc_m - m_new)`` for
@@ -287,12 +331,13 @@ class KernelWriter(TileOps):
                 fixed = bo.fmap is None and id(node) not in variant
                 self.store(t, node, env[id(node)], self.pre, self.pre if fixed else lsec)
         penv: dict[int, Val] = {}
+        self.in_loop = False
         for node in k.post.nodes():
             if node.op is Op.INPUT:
                 penv[id(node)] = accs[node.arg] if node.arg in accs else self.tile(node.arg, False)
                 self.listed[id(node)] = node.arg
             else:
-                penv[id(node)] = self.node(node, penv, self.post)
+                penv[id(node)] = self.sliced_tile(node, False) or self.node(node, penv, self.post)
         for t, bo in k.outputs.items():
             if bo.stage == "post":
                 node = k.post.outputs[t]

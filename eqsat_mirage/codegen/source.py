@@ -47,7 +47,7 @@ __all__ = ["CodegenError", "compile_mugraph", "triton_source", "TRITON_API", "TR
 # Every ``tl.<name>`` the generator may emit: long-standing APIs, all in Triton 3.6.
 TRITON_API = frozenset({
     "program_id", "arange", "load", "store", "dot", "sum", "max", "exp", "exp2", "sqrt", "rsqrt",
-    "maximum",
+    "maximum", "erf",
     "where", "zeros", "full", "trans", "permute", "reshape", "constexpr", "float16", "bfloat16",
     "float32",
 })
@@ -158,7 +158,8 @@ def _torch_op(k: PredefinedKernel, var: dict[str, str]) -> str:
                f"dtype={TORCH_DTYPE[n.dtype]}, device=device)"
     op, xs = n.op, n.srcs
     unary = {Op.NEG: "torch.neg", Op.EXP: "torch.exp", Op.SQRT: "torch.sqrt",
-             Op.RSQRT: "torch.rsqrt", Op.SILU: "torch.nn.functional.silu", Op.RELU: "torch.relu"}
+             Op.RSQRT: "torch.rsqrt", Op.SILU: "torch.nn.functional.silu", Op.RELU: "torch.relu",
+             Op.TANH: "torch.tanh", Op.ERF: "torch.erf"}
     if op in unary:
         return f"{unary[op]}({arg(xs[0])})"
     if op in BINARY:
@@ -179,6 +180,11 @@ def _torch_op(k: PredefinedKernel, var: dict[str, str]) -> str:
         return f"{arg(xs[0])}.permute{_shape(n.arg)}"
     if op is Op.RESHAPE:
         return f"{arg(xs[0])}.reshape({_shape(n.arg)})"
+    if op is Op.CAST:
+        return f"{arg(xs[0])}.to({TORCH_DTYPE[n.arg]})"
+    if op is Op.SLICE:
+        axis, start, stop = n.arg
+        return f"{arg(xs[0])}.narrow({axis}, {start}, {stop - start}).contiguous()"
     if op is Op.CONCAT:
         return f"torch.cat([{', '.join(arg(s, True) for s in xs)}], dim={n.arg})"
     if op is Op.WHERE:

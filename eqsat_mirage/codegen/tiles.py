@@ -121,6 +121,7 @@ class TileOps(ConcatOps):
         # x - m with m broadcast (a row's maximum): exp of it is exp2(x*log2e - m*log2e),
         # log2(e) folded into one multiply-add per element (m scaled once per row)
         self.row_diffs: dict[str, tuple[str, str]] = {}
+        self.env: dict[int, Val] = {}
 
     def bname(self, n: int) -> str:
         """The constexpr holding the block size of tile dims of ``n`` elements."""
@@ -203,6 +204,7 @@ class TileOps(ConcatOps):
     def node(self, node: Node, env: dict[int, Val], section: list[str]) -> Val:
         """Emit tile op ``node`` (operands in ``env``) into ``section``; returns its value."""
         srcs = [env[id(s)] for s in node.srcs]
+        self.env = env  # split_node reads the operands that broadcast along a concat axis
         if node.op is Op.CONST:
             return Val(literal(node.arg, self.who), (), "float32", False, float(node.arg))
         label = self.label(node)
@@ -210,6 +212,8 @@ class TileOps(ConcatOps):
             return self._fold(node, srcs)
         if node.op is Op.CONCAT:
             return self.concat(node, srcs, section, label)
+        if node.op is Op.SLICE:
+            return self.slice_parts(node, srcs[0], label)
         if any(s.parts for s in srcs):
             return self.split_op(node, srcs, section, label)
         return self.op(node, srcs, section, label, f"v{self.counter - 1}")
@@ -267,6 +271,14 @@ class TileOps(ConcatOps):
             return f"{a} / (1.0 + {exp2('-' + a)})", x.clean
         if op is Op.RELU:
             return f"tl.maximum({a}, 0.0)", x.clean
+        if op is Op.TANH:  # 1 - 2 / (exp(2x) + 1): -1 and 1 at the ends, no overflow to nan
+            return f"1.0 - 2.0 / ({exp2('2.0 * ' + a)} + 1.0)", x.clean
+        if op is Op.ERF:
+            return f"tl.erf({a})", x.clean
+        if op is Op.CAST:  # tiles compute in fp32: a cast to a half type rounds there
+            if node.arg == "float32":
+                return a, x.clean
+            return f"{a}.to({TL_DTYPE[node.arg]}).to(tl.float32)", x.clean
         raise CodegenError(f"{self.who}: {node.describe()} has no Triton form")
 
     def _binary(self, node: Node, srcs: list[Val]) -> tuple[str, bool]:

@@ -91,6 +91,21 @@ def node_spec(node: fx.Node) -> tuple[tuple[int, ...], str, Any] | None:
     return shape, name, device
 
 
+def tuple_specs(node: fx.Node) -> list[tuple[tuple[int, ...], str, Any]] | None:
+    """The specs of a node that produces a tuple of float tensors (``split``, ``chunk``)."""
+    v = node.meta.get("example_value", node.meta.get("val"))
+    if not isinstance(v, (tuple, list)) or not v or not all(
+            isinstance(t, torch.Tensor) for t in v):
+        return None
+    specs = []
+    for t in v:
+        name = str(t.dtype).replace("torch.", "")
+        if name not in ALL_DTYPES or not all(type(d) is int for d in t.shape):
+            return None
+        specs.append((tuple(t.shape), name, t.device))
+    return specs
+
+
 def _spec_tensor(value: Tensor) -> tuple[tuple[int, ...], str]:
     return tuple(value.shape), value.dtype
 
@@ -121,20 +136,27 @@ class _Support(OperatorSupportBase):
             cv.lookup(node)
         except (MirageError, AttributeError):
             return "no eqsat-mirage form (unsupported op)"
-        want = node_spec(node)
-        if want is None:
+        want, several = node_spec(node), tuple_specs(node)
+        if want is None and several is None:
             return "its result is not a float16/bfloat16/float32 tensor of static shape"
         for i, src in enumerate(node.all_input_nodes):
-            spec = node_spec(src)
-            if spec is None:
+            spec, parts = node_spec(src), tuple_specs(src)
+            if spec is None and parts is None:
                 return f"operand {src.name!r} is not a float tensor of static shape"
-            cv.env[src] = cv.input(f"x{i}", spec[0], spec[1], ("arg", i))
+            cv.env[src] = cv.input(f"x{i}", spec[0], spec[1], ("arg", i)) if spec else tuple(
+                cv.input(f"x{i}_{j}", p[0], p[1], ("arg", i)) for j, p in enumerate(parts))
         try:
             value = cv.run(node)
         except MirageError as exc:
             return str(exc)
         except Exception as exc:  # noqa: BLE001 - any failure: the node stays eager
             return f"{type(exc).__name__}: {exc}"
+        if want is None:  # a tuple of tensors: each as torch gives it
+            got = [_spec_tensor(v) if isinstance(v, Tensor) else None for v in value] \
+                if isinstance(value, (tuple, list)) else None
+            if got != [p[:2] for p in several]:
+                return f"converted to {got}, torch gives {[p[:2] for p in several]}"
+            return None
         if not isinstance(value, Tensor) or _spec_tensor(value) != want[:2]:
             got = _spec_tensor(value) if isinstance(value, Tensor) else type(value).__name__
             return f"converted to {got}, torch gives {want[:2]}"

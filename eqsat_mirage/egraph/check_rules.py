@@ -17,7 +17,7 @@ from pathlib import Path
 from ..frontend.graph import Graph
 from ..ir.errors import DTypeError, MirageError, RuleError, ShapeError
 from ..ir.limits import Deadline
-from ..ir.node import Node, Op, fmt_shape, make, numel
+from ..ir.node import DTYPES, Node, Op, fmt_shape, make, numel
 from ..verifier.verify import Counterexample, verify
 from .encode import build_node
 from .rulefiles import Rule, Schema, SList, Sym, load_rules, to_text
@@ -95,7 +95,8 @@ def _tensor_vars(term, schema: Schema, out: list) -> list:
     if isinstance(term, SList) and term.head() in schema.constructors:
         for sort, arg in zip(schema.constructors[term.head()], term.items[1:]):
             name = str(arg).strip('"')
-            if (sort == "String" or sort == "T" and _is_var(arg)) and name not in out:
+            tensor = sort == "String" and term.head() == "Input" or sort == "T" and _is_var(arg)
+            if tensor and name not in out:
                 out.append(name)
             _tensor_vars(arg, schema, out)
     return out
@@ -189,11 +190,13 @@ class _Instance:
                 value = self.rng.randrange(len(shape)) if shape else 0
             elif sort == "f64":
                 value = self.rng.choice(_FLOATS)
+            elif sort == "String":  # a Cast's dtype
+                value = self.rng.choice(DTYPES)
             else:  # IVec: a reshape target of the operand's size
                 value = _factorize(numel(shape), self.rng.randint(1, 4), self.rng)
             self.env[str(term)] = self.drawn[str(term)] = value
         value = self.eval(term)
-        if {"i64": int, "f64": float}.get(sort, type(value)) is not type(value):
+        if {"i64": int, "f64": float, "String": str}.get(sort, type(value)) is not type(value):
             raise ShapeError(f"{ctor} argument {k + 1} is {value!r}, not an {sort}")
         return value
 
@@ -210,6 +213,8 @@ class _Instance:
     def eval(self, x):
         """Value of a scalar expression (number, variable, primitive or shape fact)."""
         if isinstance(x, Sym):
+            if str(x).startswith('"'):
+                return str(x).strip('"')  # a String literal (a Cast's dtype)
             return _num(x) if _num(x) is not None else self.env[str(x)]  # KeyError: unbound
         op, args = x.head(), x.items[1:]
         if op in self.schema.constructors:

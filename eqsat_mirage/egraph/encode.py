@@ -12,7 +12,7 @@ from ..frontend.graph import Graph
 from ..ir.node import Node, Op, make
 
 _UNARY = {Op.NEG: "Neg", Op.EXP: "Exp", Op.SQRT: "Sqrt", Op.RSQRT: "Rsqrt", Op.SILU: "Silu",
-          Op.RELU: "Relu"}
+          Op.RELU: "Relu", Op.TANH: "Tanh", Op.ERF: "Erf"}
 _REDUCE = {Op.SUM: "Sum", Op.MEAN: "Mean", Op.MAX: "Max"}
 _BINARY = {Op.ADD: "Add", Op.SUB: "Sub", Op.MUL: "Mul", Op.DIV: "Div", Op.MATMUL: "MatMul",
            Op.MASK: "Mask"}
@@ -66,6 +66,10 @@ class Encoder:
             self.lines += [f"(set (dim {name} {i}) {d})" for i, d in enumerate(node.shape)]
         elif op is Op.CONST:
             name = self._let(f"(Const {_f64(node.arg)})")
+        elif op is Op.CAST:
+            name = self._let(f'(Cast "{node.arg}" {src[0]})')
+        elif op is Op.SLICE:
+            name = self._let("(Slice {} {} {} {})".format(*node.arg, src[0]))
         elif op in _UNARY:
             name = self._let(f"({_UNARY[op]} {src[0]})")
         elif op is Op.MATMUL:
@@ -126,6 +130,10 @@ def build_node(ctor: str, args: list, inputs: dict[str, Node]) -> Node:
     if ctor in ("Sum", "Mean", "Max"):
         op = {"Sum": Op.SUM, "Mean": Op.MEAN, "Max": Op.MAX}[ctor]
         return make(op, (args[1],), ((int(args[0]),), True))
+    if ctor == "Cast":
+        return make(Op.CAST, (args[1],), str(args[0]))
+    if ctor == "Slice":
+        return make(Op.SLICE, (args[3],), tuple(int(a) for a in args[:3]))
     if ctor == "Causal":
         return make(Op.CAUSAL, (), tuple(int(a) for a in args))
     if ctor == "Swap":

@@ -2,7 +2,8 @@
 
 ``graph.py``: the ``Graph`` builder and the NumPy-like API (``em.Graph``, ``em.exp``,
 ``x.sum(...)``, ``em.rms_norm``, ...). ``from_torch.py``: ``em.from_torch`` traces a torch
-function or module with torch.fx; ``torch_ops.py`` is its op table (torch loads only here).
+function or module with torch.fx; ``torch_ops.py`` is its op table, ``torch_movement.py``
+its movement and shape handlers (torch loads only here).
 
 Takes: Python calls, or a torch function/module with example inputs.
 Gives: a checked kernel-level ``Graph``.

@@ -263,6 +263,47 @@ class Tensor:
         return apply(Op.RESHAPE, self, arg=shape)
 
 
+    def astype(self, dtype: Any) -> Tensor:
+        """The tensor rounded to ``dtype`` (NumPy's name; torch's ``.to``); the same tensor
+        when it already has that dtype."""
+        name = canonical_dtype(dtype)
+        if name == self.dtype:
+            return self
+        if "bool" in (name, self.dtype):
+            raise GraphError(f"{self._what('astype')}: casts to or from bool are not supported")
+        return apply(Op.CAST, self, arg=name)
+
+    def __getitem__(self, index: Any) -> Tensor:
+        """Basic indexing: slices with step 1, ``None`` (a new axis) and ``...``."""
+        items = index if isinstance(index, tuple) else (index,)
+        if sum(i is Ellipsis for i in items) > 1:
+            raise ShapeError(f"{self._what('indexing')}: more than one '...'")
+        real = sum(i is not None and i is not Ellipsis for i in items)
+        if real > self.ndim:
+            raise ShapeError(f"{self._what('indexing')}: {real} indices for {self.ndim} dims")
+        if Ellipsis in items:
+            at = items.index(Ellipsis)
+            items = items[:at] + (slice(None),) * (self.ndim - real) + items[at + 1:]
+        items = items + (slice(None),) * (self.ndim - sum(i is not None for i in items))
+        out, axis, shape = self, 0, []
+        for item in items:
+            if item is None:
+                shape.append(1)
+                continue
+            if not isinstance(item, slice) or item.step not in (None, 1):
+                raise ShapeError(f"{self._what('indexing')}: index {item!r} (supported: slices "
+                                 "with step 1, None and ...)")
+            start, stop, _ = item.indices(self.shape[axis])
+            if stop <= start:
+                raise ShapeError(f"{self._what('indexing')}: empty slice {item!r} of an axis "
+                                 f"of {self.shape[axis]}")
+            if (start, stop) != (0, self.shape[axis]):
+                out = apply(Op.SLICE, out, arg=(axis, start, stop))
+            shape.append(stop - start)
+            axis += 1
+        return out if tuple(shape) == out.shape else out.reshape(tuple(shape))
+
+
 def exp(x: Tensor) -> Tensor:
     """Elementwise e**x."""
     return apply(Op.EXP, x)
@@ -286,6 +327,28 @@ def silu(x: Tensor) -> Tensor:
 def relu(x: Tensor) -> Tensor:
     """Elementwise max(x, 0)."""
     return apply(Op.RELU, x)
+
+
+def tanh(x: Tensor) -> Tensor:
+    """Elementwise hyperbolic tangent (an opaque function to the verifier)."""
+    return apply(Op.TANH, x)
+
+
+def erf(x: Tensor) -> Tensor:
+    """Elementwise error function (an opaque function to the verifier)."""
+    return apply(Op.ERF, x)
+
+
+def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    """GELU: ``x/2 * (1 + erf(x/sqrt(2)))``, or with ``approximate="tanh"``
+    ``x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x**3)))`` (GPT-2's gelu_new)."""
+    if approximate == "none":
+        return x * 0.5 * (1.0 + erf(x * (1.0 / math.sqrt(2.0))))
+    if approximate == "tanh":
+        inner = (x + x * x * x * 0.044715) * math.sqrt(2.0 / math.pi)
+        return x * 0.5 * (1.0 + tanh(inner))
+    raise GraphError(f"gelu (at {user_location()}): approximate must be 'none' or 'tanh', "
+                     f"got {approximate!r}")
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
@@ -366,3 +429,16 @@ def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6,
     y = x * rsqrt((x * x).mean(axis=axis, keepdims=True) + eps)
     return y * weight if weight is not None else y
 
+
+
+def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5, axis: Any = -1) -> Tensor:
+    """Layer normalization over ``axis``: ``(x - mean) * rsqrt(var + eps) [* weight] [+ bias]``
+    with the biased variance, as torch computes it."""
+    if isinstance(eps, bool) or not isinstance(eps, Real) or not 0.0 <= float(eps) < math.inf:
+        raise GraphError(f"layer_norm: eps must be a finite number >= 0, got {eps!r} (at "
+                         f"{user_location()})")
+    c = x - x.mean(axis=axis, keepdims=True)
+    y = c * rsqrt((c * c).mean(axis=axis, keepdims=True) + eps)
+    y = y * weight if weight is not None else y
+    return y + bias if bias is not None else y

@@ -23,50 +23,92 @@ from torch import nn
 
 from ..ir.errors import DTypeError, UnsupportedOpError
 from ..ir.node import canonical_dtype
-from .graph import Tensor, concat, exp, relu, rms_norm, rsqrt, silu, softmax, sqrt, where
+from .graph import (
+    Tensor,
+    erf,
+    exp,
+    gelu,
+    layer_norm,
+    relu,
+    rms_norm,
+    rsqrt,
+    silu,
+    softmax,
+    sqrt,
+    tanh,
+    where,
+)
+from .torch_movement import (
+    _cat,
+    _chunk,
+    _dim,
+    _dropout,
+    _expand,
+    _flatten,
+    _getattr,
+    _getitem,
+    _identity,
+    _narrow,
+    _no,
+    _permute,
+    _reshape,
+    _size,
+    _split,
+    _squeeze,
+    _t,
+    _tensor,
+    _transpose,
+    _unsqueeze,
+)
 
-SUPPORTED = ("matmul/bmm/mm/@, linear and nn.Linear, +, -, *, / (tensors or Python numbers), "
-             "exp, sum, mean, amax, pow (2, 1, 0.5, -0.5, -1), sqrt, rsqrt, silu and nn.SiLU, relu "
-             "and nn.ReLU, softmax and nn.Softmax, scaled_dot_product_attention (causal or a bool "
-             "mask), where and masked_fill (bool masks, finite fills), rms_norm and nn.RMSNorm, "
-             "cat, transpose, "
-             "permute, .T, .mT, t, neg, reshape, view, flatten, unsqueeze, squeeze, contiguous, "
-             "dropout in eval mode")
+SUPPORTED = ("matmul/bmm/mm/@, linear and nn.Linear, addmm, +, -, *, / (tensors or Python "
+             "numbers), exp, tanh, erf, sum, mean, amax, pow (integers -1..4, 0.5, -0.5), sqrt, "
+             "rsqrt, silu and nn.SiLU, relu and nn.ReLU, gelu and nn.GELU (erf or tanh), "
+             "softmax and nn.Softmax (dtype= too), scaled_dot_product_attention (causal or a "
+             "bool mask, GQA), where and masked_fill (bool masks, finite fills), rms_norm and "
+             "nn.RMSNorm, layer_norm and nn.LayerNorm, casts (.to(dtype), .float(), .half(), "
+             ".type_as), slicing x[a:b] and None, narrow, chunk, split, expand, cat, "
+             "transpose, permute, .T, .mT, t, neg, reshape, view, flatten, unsqueeze, squeeze, "
+             "contiguous, dropout in eval mode")
 
 
-def _tensor(x: Any, what: str) -> Tensor:
-    if not isinstance(x, Tensor):
-        raise UnsupportedOpError(f"{what} of a {type(x).__name__} (expected a tensor)")
-    return x
-
-
-def _no(flag: Any, what: str) -> None:
-    if flag not in (None, False):
-        raise UnsupportedOpError(f"{what} is not supported")
-
-
-def _dims(x: Tensor, dims: Any) -> tuple[int, ...]:
-    if len(dims) == 1 and not isinstance(dims[0], int):
-        dims = tuple(dims[0])
-    return tuple(int(d) for d in dims)
-
-
-def _perm_swap(ndim: int, a: int, b: int) -> tuple[int, ...]:
-    perm = list(range(ndim))
-    a, b = a % ndim, b % ndim
-    perm[a], perm[b] = perm[b], perm[a]
-    return tuple(perm)
-
-
-def _same_dtype(x: Tensor, dtype: Any, what: str) -> None:
+def _as(x: Tensor, dtype: Any, what: str) -> Tensor:
+    """``x`` cast to ``dtype`` (None: unchanged), as torch's ``dtype=`` arguments do."""
     if dtype is None:
-        return
+        return x
     try:
-        same = canonical_dtype(dtype) == x.dtype
+        name = canonical_dtype(dtype)
     except DTypeError:
-        same = False
-    if not same:
-        raise UnsupportedOpError(f"{what} with dtype={dtype} (casts are not supported)")
+        raise UnsupportedOpError(f"{what} with dtype={dtype} (supported: float16, bfloat16, "
+                                 "float32)") from None
+    if name == "bool":
+        raise UnsupportedOpError(f"{what}: a cast to bool")
+    return x.astype(name)
+
+
+def _to(x: Any, *args: Any, **kwargs: Any) -> Tensor:
+    """``x.to(dtype)``, ``x.to(other)``, ``x.to(device, dtype)``: only the dtype matters
+    (a partition runs on its inputs' device)."""
+    x = _tensor(x, "to")
+    dtype = kwargs.get("dtype")
+    for a in args:
+        if isinstance(a, torch.dtype):
+            dtype = a
+        elif isinstance(a, Tensor):
+            dtype = a.dtype
+        elif not isinstance(a, (torch.device, str)):
+            raise UnsupportedOpError(f"to({a!r})")
+    return _as(x, dtype, "to")
+
+
+def _cast_to(dtype: Any):
+    def h(x: Any, *args: Any, **kwargs: Any) -> Tensor:
+        return _as(_tensor(x, "cast"), dtype, "cast")
+    return h
+
+
+def _type_as(x: Any, other: Any) -> Tensor:
+    return _as(_tensor(x, "type_as"), _tensor(other, "type_as").dtype, "type_as")
 
 
 # -- arithmetic: Python numbers fold in Python, tensors build graph nodes --------------------
@@ -107,7 +149,11 @@ def _pow(x: Any, exponent: Any, *, out: Any = None) -> Any:
             return 1.0 / x
         if exponent in (2, 1, 0.5, -0.5):
             return x ** exponent
-    raise UnsupportedOpError(f"pow with exponent {exponent!r} (supported: 2, 1, 0.5, -0.5, -1)")
+        if exponent in (3, 4):  # integer powers are products
+            y = x * x * x
+            return y * x if exponent == 4 else y
+    raise UnsupportedOpError(f"pow with exponent {exponent!r} (supported: -1, 0.5, -0.5, 1, 2, "
+                             "3, 4)")
 
 
 def _matmul(a: Any, b: Any, *, out: Any = None) -> Tensor:
@@ -152,8 +198,7 @@ def _softmax(x: Any, dim: Any = None, _stacklevel: int = 3, dtype: Any = None) -
     x = _tensor(x, "softmax")
     if dim is None:
         raise UnsupportedOpError("softmax without an explicit dim")
-    _same_dtype(x, dtype, "softmax")
-    return softmax(x, axis=dim)  # max-subtracted, as torch computes it
+    return softmax(_as(x, dtype, "softmax"), axis=dim)  # max-subtracted, as torch computes it
 
 
 def _sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
@@ -172,9 +217,16 @@ def _sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: fl
     if q.shape[:-2] != k.shape[:-2] and not enable_gqa:
         raise UnsupportedOpError(f"scaled_dot_product_attention: query batch dims "
                                  f"{q.shape[:-2]} differ from key's {k.shape[:-2]}")
-    if q.shape[:-2] != k.shape[:-2]:
-        raise UnsupportedOpError("scaled_dot_product_attention with enable_gqa and fewer key "
-                                 "heads is not supported yet")
+    shape = q.shape
+    if q.shape[:-2] != k.shape[:-2]:  # GQA: each group of query heads shares one key head
+        hq, hkv = q.shape[-3] if q.ndim >= 3 else 1, k.shape[-3] if k.ndim >= 3 else 1
+        if q.ndim < 3 or q.shape[:-3] != k.shape[:-3] or hq % hkv:
+            raise UnsupportedOpError(f"scaled_dot_product_attention with enable_gqa: query "
+                                     f"{q.shape} and key {k.shape} (query heads must be a "
+                                     "multiple of key heads)")
+        lead = q.shape[:-3]
+        q = q.reshape(lead + (hkv, hq // hkv) + q.shape[-2:])
+        k, v = (t.reshape(lead + (hkv, 1) + t.shape[-2:]) for t in (k, v))
     s = q @ k.transpose(tuple(range(k.ndim - 2)) + (k.ndim - 1, k.ndim - 2))
     factor = float(scale) if scale is not None else q.shape[-1] ** -0.5
     s = s * factor
@@ -182,7 +234,8 @@ def _sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: fl
         s = where(q.graph.causal_mask(q.shape[-2], k.shape[-2]), s, float("-inf"))
     elif attn_mask is not None:
         s = where(attn_mask, s, float("-inf"))
-    return softmax(s, axis=-1) @ v
+    out = softmax(s, axis=-1) @ v
+    return out.reshape(shape[:-1] + (out.shape[-1],)) if out.ndim != len(shape) else out
 
 
 def _where(condition: Any, input: Any, other: Any, *, out: Any = None) -> Tensor:  # noqa: A002
@@ -215,114 +268,28 @@ def _rms_norm(x: Any, normalized_shape: Any, weight: Any = None, eps: Any = None
     return rms_norm(x, weight, float(eps), axis=tuple(range(x.ndim - k, x.ndim)))
 
 
+def _layer_norm(x: Any, normalized_shape: Any, weight: Any = None, bias: Any = None,
+                eps: float = 1e-5) -> Tensor:
+    x = _tensor(x, "layer_norm")
+    k = 1 if isinstance(normalized_shape, int) else len(tuple(normalized_shape))
+    return layer_norm(x, weight, bias, float(eps), axis=tuple(range(x.ndim - k, x.ndim)))
+
+
+def _gelu(x: Any, approximate: str = "none") -> Tensor:
+    return gelu(_tensor(x, "gelu"), approximate)
+
+
 # -- reductions -----------------------------------------------------------------------------
 def _reduce(kind: str):
     def h(x: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None,
           out: Any = None) -> Tensor:
         x = _tensor(x, kind)
         _no(out, "out=")
-        _same_dtype(x, dtype, kind)
+        x = _as(x, dtype, kind)
         if dim is not None and not isinstance(dim, int) and len(tuple(dim)) == 0:
             dim = None  # torch reduces over every axis for dim=[]
         return getattr(x, kind)(axis=dim, keepdims=bool(keepdim))
     return h
-
-
-# -- movement -------------------------------------------------------------------------------
-def _cat(tensors: Any, dim: int = 0, *, out: Any = None) -> Tensor:
-    _no(out, "out=")
-    return concat([_tensor(t, "cat") for t in tensors], axis=dim)
-
-
-def _transpose(x: Any, dim0: int, dim1: int) -> Tensor:
-    x = _tensor(x, "transpose")
-    return x.transpose(_perm_swap(x.ndim, dim0, dim1))
-
-
-def _permute(x: Any, *dims: Any, **kw: Any) -> Tensor:
-    x = _tensor(x, "permute")
-    return x.transpose(_dims(x, dims or (kw.pop("dims"),)))
-
-
-def _t(x: Any) -> Tensor:
-    x = _tensor(x, "t")
-    return x.transpose(1, 0) if x.ndim == 2 else x
-
-
-def _reshape(x: Any, *shape: Any, **kw: Any) -> Tensor:
-    x = _tensor(x, "reshape")
-    shape = shape or (kw.pop("shape"),)
-    if len(shape) == 1 and not isinstance(shape[0], int):
-        if not isinstance(shape[0], (tuple, list, torch.Size)):
-            raise UnsupportedOpError(f"view/reshape to {shape[0]!r} (a dtype view or a "
-                                     "non-shape argument)")
-    return x.reshape(_dims(x, shape))
-
-
-def _flatten(x: Any, start_dim: int = 0, end_dim: int = -1) -> Tensor:
-    x = _tensor(x, "flatten")
-    if x.ndim == 0:
-        return x.reshape((1,))
-    s, e = start_dim % x.ndim, end_dim % x.ndim
-    mid = 1
-    for d in x.shape[s:e + 1]:
-        mid *= d
-    return x.reshape(x.shape[:s] + (mid,) + x.shape[e + 1:])
-
-
-def _unsqueeze(x: Any, dim: int) -> Tensor:
-    x = _tensor(x, "unsqueeze")
-    d = dim % (x.ndim + 1)
-    return x.reshape(x.shape[:d] + (1,) + x.shape[d:])
-
-
-def _squeeze(x: Any, dim: Any = None) -> Tensor:
-    x = _tensor(x, "squeeze")
-    dims = range(x.ndim) if dim is None else [dim] if isinstance(dim, int) else list(dim)
-    drop = {d % x.ndim for d in dims if x.shape[d % x.ndim] == 1}
-    return x.reshape(tuple(s for i, s in enumerate(x.shape) if i not in drop))
-
-
-def _dropout(x: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
-    if training and p > 0:
-        raise UnsupportedOpError(f"dropout(p={p}) in training mode (call .eval())")
-    return _tensor(x, "dropout")
-
-
-def _identity(x: Any, *args: Any, **kwargs: Any) -> Tensor:
-    return _tensor(x, "contiguous")
-
-
-# -- Python-level glue: shapes, attributes, indexing ----------------------------------------
-def _getattr(obj: Any, name: str) -> Any:
-    if not isinstance(obj, Tensor):
-        return getattr(obj, name)
-    if name == "T":
-        return obj.transpose(tuple(range(obj.ndim))[::-1])  # torch: reverse every axis
-    if name == "mT":
-        return obj.transpose(_perm_swap(obj.ndim, -1, -2))
-    if name == "shape":
-        return torch.Size(obj.shape)
-    if name == "ndim":
-        return obj.ndim
-    if name == "dtype":
-        return getattr(torch, obj.dtype)
-    raise UnsupportedOpError(f"tensor attribute .{name}")
-
-
-def _getitem(obj: Any, index: Any) -> Any:
-    if isinstance(obj, Tensor):
-        raise UnsupportedOpError("tensor indexing x[...]")
-    return obj[index]
-
-
-def _size(x: Any, dim: Any = None) -> Any:
-    shape = torch.Size(_tensor(x, "size").shape)
-    return shape if dim is None else shape[dim]
-
-
-def _dim(x: Any) -> int:
-    return _tensor(x, "dim").ndim
 
 
 FUNCTIONS = {
@@ -334,6 +301,9 @@ FUNCTIONS = {
     operator.neg: _neg, torch.neg: _neg, torch.negative: _neg,
     operator.pow: _pow, torch.pow: _pow,
     torch.exp: _unary(exp, "exp"), torch.sqrt: _unary(sqrt, "sqrt"),
+    torch.tanh: _unary(tanh, "tanh"), F.tanh: _unary(tanh, "tanh"), torch.erf: _unary(erf, "erf"),
+    F.gelu: _gelu, F.layer_norm: _layer_norm, torch.addmm: lambda *a, **k: _addmm(*a, **k),
+    torch.narrow: _narrow, torch.split: _split, torch.chunk: _chunk,
     torch.rsqrt: _unary(rsqrt, "rsqrt"), torch.relu: _unary(relu, "relu"),
     F.silu: _activation(silu, "silu"), F.relu: _activation(relu, "relu"),
     F.scaled_dot_product_attention: _sdpa,
@@ -358,6 +328,9 @@ METHODS = {
     "swapaxes": _transpose, "permute": _permute, "t": _t, "reshape": _reshape,
     "view": _reshape, "flatten": _flatten, "unsqueeze": _unsqueeze, "squeeze": _squeeze,
     "contiguous": _identity, "size": _size, "dim": _dim,
+    "tanh": FUNCTIONS[torch.tanh], "erf": FUNCTIONS[torch.erf], "to": _to,
+    "float": _cast_to("float32"), "half": _cast_to("float16"), "bfloat16": _cast_to("bfloat16"),
+    "type_as": _type_as, "narrow": _narrow, "split": _split, "chunk": _chunk, "expand": _expand,
 }
 
 
@@ -417,6 +390,12 @@ def _dropout_module(cv: Any, mod: nn.Dropout, path: str, x: Any) -> Tensor:
     return _dropout(x, mod.p, mod.training, mod.inplace)
 
 
+def _layer_norm_module(cv: Any, mod: nn.LayerNorm, path: str, x: Any) -> Tensor:
+    weight = cv.param(f"{path}.weight") if mod.weight is not None else None
+    bias = cv.param(f"{path}.bias") if mod.bias is not None else None
+    return _layer_norm(x, mod.normalized_shape, weight, bias, mod.eps)
+
+
 MODULES = {
     nn.Linear: _linear_module,
     nn.SiLU: lambda cv, mod, path, x: _activation(silu, "nn.SiLU")(x, mod.inplace),
@@ -425,4 +404,7 @@ MODULES = {
     nn.Identity: lambda cv, mod, path, x, *a, **k: _tensor(x, "nn.Identity"),
     nn.Dropout: _dropout_module,
     nn.RMSNorm: _rms_norm_module,
+    nn.LayerNorm: _layer_norm_module,
+    nn.GELU: lambda cv, mod, path, x: _gelu(x, mod.approximate),
+    nn.Tanh: lambda cv, mod, path, x: _unary(tanh, "nn.Tanh")(x),
 }

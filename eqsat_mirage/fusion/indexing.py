@@ -129,8 +129,16 @@ def index_fragment(graph: Graph) -> Indexing:
         if src.shape[sd] > 1 and src.shape[sd] == n.shape[d]:
             uf.union((id(src), sd), (id(n), d))
 
+    concats: set[int] = set()  # nodes computed from a concat in this fragment (split values)
     for n in nodes:
         r = len(n.shape)
+        if n.op is Op.CONCAT or any(id(x) in concats for x in n.srcs):
+            concats.add(id(n))
+        if n.op is Op.RESHAPE and id(n.srcs[0]) in concats and \
+                [d for d in n.shape if d > 1] != [d for d in n.srcs[0].shape if d > 1]:
+            raise ScheduleError(f"{n.describe()} merges or splits dims of a value computed "
+                                "from a concat in the kernel; the Triton backend keeps a "
+                                "concat as its parts, so the value goes through device memory")
         if n.op in UNARY:
             for d in range(r):
                 tie(n.srcs[0], d, n, d)
@@ -176,6 +184,20 @@ def index_fragment(graph: Graph) -> Indexing:
                       f"{fmt_shape(n.shape)}"
                 fixed.update({(id(src), d): why for d in gs})
                 fixed.update({(id(n), d): why for d in go})
+        elif n.op is Op.SLICE:
+            src, axis = n.srcs[0], n.arg[0]
+            if src.op is not Op.INPUT and src.op is not Op.CONCAT:
+                raise ScheduleError(f"{n.describe()} slices a value computed in the kernel; "
+                                    "the Triton backend slices tiles it loads (or a concat's "
+                                    "parts), so the value goes through device memory")
+            why = f"the sliced axis of {n.describe()}"
+            for d in range(r):
+                if d != axis:
+                    tie(src, d, n, d)
+            if src.shape[axis] > 1:
+                fixed[(id(src), axis)] = why
+            if n.shape[axis] > 1:
+                fixed[(id(n), axis)] = why
         elif n.op is Op.CONCAT:
             why = f"the concat axis of {n.describe()}"
             for s in n.srcs:

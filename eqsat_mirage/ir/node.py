@@ -45,16 +45,21 @@ class Op(Enum):
     WHERE = auto()  # (cond, a, b): a where the bool mask cond holds, else b (finite)
     MASK = auto()  # (cond, x): x where the bool mask cond holds, else -inf (masked softmax)
     CAUSAL = auto()  # arg: (rows, cols, offset); bool (rows, cols), True where col <= row + off
+    TANH = auto()  # opaque in the field, like silu (GPT-2's gelu_new)
+    ERF = auto()  # opaque in the field (gelu's exact form)
+    CAST = auto()  # arg: dtype name; rounds to it in float, the identity in the field
+    SLICE = auto()  # arg: (axis, start, stop); a static range of one axis (RoPE's halves)
 
 
 LEAF = frozenset({Op.INPUT, Op.CONST})
-UNARY = frozenset({Op.NEG, Op.EXP, Op.SQRT, Op.RSQRT, Op.SILU, Op.RELU})
+UNARY = frozenset({Op.NEG, Op.EXP, Op.SQRT, Op.RSQRT, Op.SILU, Op.RELU, Op.TANH, Op.ERF,
+                   Op.CAST})
 BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV})
 ELEMENTWISE = UNARY | BINARY
 REDUCE = frozenset({Op.SUM, Op.MEAN, Op.MAX})
-MOVEMENT = frozenset({Op.TRANSPOSE, Op.RESHAPE, Op.CONCAT})
+MOVEMENT = frozenset({Op.TRANSPOSE, Op.RESHAPE, Op.CONCAT, Op.SLICE})
 # Functions outside the Lax algebra: the verifier models them as random functions.
-OPAQUE = frozenset({Op.SQRT, Op.RSQRT, Op.SILU, Op.RELU})
+OPAQUE = frozenset({Op.SQRT, Op.RSQRT, Op.SILU, Op.RELU, Op.TANH, Op.ERF})
 # Ops whose field value is a random function keyed on the operand's Z_p part: the opaque
 # functions (per element) and max (per row: any consistent value, see docs/verifier.md).
 KEYED = OPAQUE | {Op.MAX}
@@ -236,10 +241,14 @@ def infer(op: Op, srcs: tuple[Node, ...], arg: Any) -> tuple[Shape, str]:
     if op in (Op.WHERE, Op.MASK):
         return _masking(op, srcs, where)
     if any(s.dtype == "bool" for s in srcs):
-        if op not in (Op.TRANSPOSE, Op.RESHAPE, Op.CONCAT) or any(
+        if op not in MOVEMENT or any(
                 s.dtype != "bool" for s in srcs):
             raise DTypeError(f"{where}: a bool mask can only be moved (transpose, reshape, "
-                             "concat) or used as the condition of em.where")
+                             "concat, slice) or used as the condition of em.where")
+    if op is Op.CAST:
+        if arg not in DTYPES:
+            raise DTypeError(f"{where}: cast to {arg!r}; expected one of {', '.join(DTYPES)}")
+        return srcs[0].shape, arg
     dtype = srcs[0].dtype if srcs else "float32"
     non_const = [s.dtype for s in srcs if s.op is not Op.CONST]
     if non_const:
@@ -288,10 +297,28 @@ def infer(op: Op, srcs: tuple[Node, ...], arg: Any) -> tuple[Shape, str]:
                 raise ShapeError(f"{where}: shapes differ outside axis {arg}")
         total = sum(s.shape[arg] for s in srcs)
         return ref[:arg] + (total,) + ref[arg + 1:], dtype
+    if op is Op.SLICE:
+        return _slice_shape(srcs[0].shape, arg, where), dtype
     raise ShapeError(f"unknown op {op!r}")
 
 
-ARITY = {**{op: 1 for op in UNARY | REDUCE | {Op.TRANSPOSE, Op.RESHAPE}},
+def slice_index(arg: tuple[int, int, int]) -> tuple:
+    """The NumPy (or torch) index of a SLICE node's ``(axis, start, stop)``."""
+    axis, start, stop = arg
+    return (slice(None),) * axis + (slice(start, stop),)
+
+
+def _slice_shape(shape: Shape, arg: Any, where: Any) -> Shape:
+    ok = isinstance(arg, tuple) and len(arg) == 3 and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in arg)
+    if not ok or not 0 <= arg[0] < len(shape) or not 0 <= arg[1] < arg[2] <= shape[arg[0]]:
+        raise ShapeError(f"{where}: a slice needs (axis, start, stop) with 0 <= start < stop <= "
+                         f"the axis's size, got {arg!r} for shape {fmt_shape(shape)}")
+    axis, start, stop = arg
+    return shape[:axis] + (stop - start,) + shape[axis + 1:]
+
+
+ARITY = {**{op: 1 for op in UNARY | REDUCE | {Op.TRANSPOSE, Op.RESHAPE, Op.SLICE}},
          **{op: 2 for op in BINARY | {Op.MATMUL, Op.MASK}}, Op.INPUT: 0, Op.CONST: 0,
          Op.CONCAT: None, Op.WHERE: 3, Op.CAUSAL: 0}
 

@@ -17,6 +17,10 @@ def _arg(node: Node) -> str:
         return f" {list(node.arg)}"
     if node.op is Op.CONCAT:
         return f" axis={node.arg}"
+    if node.op is Op.CAST:
+        return f" to={node.arg}"
+    if node.op is Op.SLICE:
+        return f" axis={node.arg[0]} [{node.arg[1]}:{node.arg[2]}]"
     if node.op is Op.CAUSAL:
         return f" rows={node.arg[0]} cols={node.arg[1]} offset={node.arg[2]}"
     return ""

@@ -110,7 +110,7 @@ FORMAT = "eqsat-mirage.mugraph"
 def _arg_json(node: Node) -> Any:
     if node.op in (Op.SUM, Op.MEAN, Op.MAX):
         return [list(node.arg[0]), bool(node.arg[1])]
-    if node.op in (Op.TRANSPOSE, Op.RESHAPE):
+    if node.op in (Op.TRANSPOSE, Op.RESHAPE, Op.SLICE, Op.CAUSAL):
         return list(node.arg)
     return node.arg
 
@@ -122,8 +122,10 @@ def _arg_load(op: Op, arg: Any) -> Any:
         return tuple(int(a) for a in arg)
     if op is Op.CONST:
         return float(arg)
-    if op is Op.CAUSAL:
+    if op in (Op.CAUSAL, Op.SLICE):
         return tuple(int(a) for a in arg)
+    if op is Op.CAST:
+        return str(arg)
     return int(arg) if op is Op.CONCAT else arg
 
 

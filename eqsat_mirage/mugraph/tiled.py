@@ -90,6 +90,8 @@ def vectorise(outputs: Mapping[str, Node], prefix: tuple[int, ...]) -> tuple[_Pr
             elif op is Op.CONCAT:
                 srcs = [_lift(s, prefix, len(node.shape), o) for s, o in zip(srcs, on)]
                 arg = arg + g
+            elif op is Op.SLICE:
+                arg = (arg[0] + g, arg[1], arg[2])
             elif op not in UNARY:
                 raise MuGraphError(f"block op {node.describe()} cannot be vectorised")
             v = make(op, tuple(srcs), arg, node.loc)

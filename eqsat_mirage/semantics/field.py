@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.errors import LaxError
-from ..ir.node import KEYED, Op
+from ..ir.node import KEYED, Op, slice_index
 from .modular import (  # noqa: F401  (re-exported: the field backend's arithmetic)
     _CHUNK,
     _EXACT_K,
@@ -300,6 +300,10 @@ FIELD_SEMANTICS = {
     Op.TRANSPOSE: _movement(lambda xs, perm: np.transpose(xs[0], perm)),
     Op.RESHAPE: _movement(lambda xs, shape: np.reshape(xs[0], shape)),
     Op.CONCAT: _movement(lambda xs, axis: np.concatenate(xs, axis=axis)),
+    Op.TANH: _opaque(Op.TANH),
+    Op.ERF: _opaque(Op.ERF),
+    Op.CAST: _movement(lambda xs, dtype: xs[0]),  # exact values: a cast only rounds floats
+    Op.SLICE: _movement(lambda xs, arg: np.asarray(xs[0])[slice_index(arg)]),
 }
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.node import Node, Op
+from ..ir.node import Node, Op, slice_index
 from .interp import check_inputs, run
 
 
@@ -119,6 +119,12 @@ def _matmul(ctx, n, a, b):
     return ctx.fix(n, np.matmul(a.astype(acc, copy=False), b.astype(acc, copy=False)))
 
 
+def _erf(x):
+    from scipy.special import erf
+
+    return erf(np.asarray(x, dtype=np.float64))  # scipy has no long-double erf
+
+
 def _elementwise(fn):
     """An elementwise entry; on ``uniform`` operands it computes one element and broadcasts."""
     def apply(ctx, n, *xs):
@@ -170,6 +176,10 @@ FLOAT_SEMANTICS = {
     Op.TRANSPOSE: lambda ctx, n, x: np.transpose(x, n.arg),
     Op.RESHAPE: lambda ctx, n, x: np.reshape(x, n.arg),
     Op.CONCAT: lambda ctx, n, *xs: np.concatenate(xs, axis=n.arg),
+    Op.TANH: _elementwise(np.tanh),
+    Op.ERF: _elementwise(lambda x: _erf(x)),
+    Op.CAST: _elementwise(lambda x: x),  # ctx.fix rounds to the cast's dtype (native)
+    Op.SLICE: lambda ctx, n, x: x[slice_index(n.arg)],
 }
 
 

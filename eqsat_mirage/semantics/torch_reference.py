@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..ir.errors import MirageError
-from ..ir.node import Op
+from ..ir.node import Op, slice_index
 
 
 def torch_reference(program) -> Callable:
@@ -27,7 +27,7 @@ def torch_reference(program) -> Callable:
 
     graph = program.reference() if hasattr(program, "kernels") else program
     unary = {Op.NEG: torch.neg, Op.EXP: torch.exp, Op.SQRT: torch.sqrt, Op.RSQRT: torch.rsqrt,
-             Op.SILU: F.silu, Op.RELU: torch.relu}
+             Op.SILU: F.silu, Op.RELU: torch.relu, Op.TANH: torch.tanh, Op.ERF: torch.erf}
     binary = {Op.ADD: torch.add, Op.SUB: torch.sub, Op.MUL: torch.mul, Op.DIV: torch.div}
     nodes = graph.nodes()
     outputs = dict(graph.outputs)
@@ -67,6 +67,10 @@ def torch_reference(program) -> Callable:
                 v = xs[0].reshape(*n.arg)
             elif n.op is Op.CONCAT:
                 v = torch.cat(cast(xs), dim=n.arg)
+            elif n.op is Op.CAST:
+                v = xs[0].to(getattr(torch, n.arg))
+            elif n.op is Op.SLICE:
+                v = xs[0][slice_index(n.arg)]
             elif n.op is Op.CAUSAL:
                 v = torch.ones(n.arg[:2], dtype=torch.bool).tril(n.arg[2])
             elif n.op is Op.WHERE:

@@ -182,8 +182,11 @@ def node_degree(node, ds: list[Degree]) -> Degree:
     if op is Op.CONST:
         nbits, dbits = const_bits(node.arg)
         return Degree(nbits=nbits, dbits=dbits)
-    if op is Op.NEG:
+    if op in (Op.NEG, Op.CAST):  # a cast is the identity on exact values
         return ds[0]
+    if op is Op.SLICE:  # a range of the operand: a denominator common along an axis stays so
+        a = ds[0]
+        return a if a.den == 0 else replace(a, inv=a.inv | unit_axes(node.shape))
     if op is Op.TRANSPOSE:
         a = ds[0]
         if a.den == 0:

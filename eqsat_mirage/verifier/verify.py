@@ -203,19 +203,19 @@ def _compare(out_a: dict, out_b: dict, drawn: str, rtol: float, domain: str,
 
     "strict": finite values must be close and non-finite ones equal; "finite": only where
     both are finite and not both below 1e-150 (float64 at large scales, where either side
-    may leave float64's range);
-    "a-finite" (the native-dtype check): wherever ``out_a`` is finite, ``out_b`` must be
-    finite and as close to ``ref`` (the float64 value) as ``out_a`` is, give or take the
-    tolerance: a candidate may be more accurate than the input, never overflow where it
-    does not. The tolerance is ``rtol * (scale + |a|)``, ``scale`` the largest finite
-    ``|a|`` of the output, at least ``floor`` (the largest input magnitude: rounding
-    errors scale with the operands, and a sum that cancels can be far smaller). Values of
-    ``out_a`` within rounding of ``limit`` (the dtype's largest) count as overflowed.
+    may leave float64's range); "finite-only": ``out_b`` finite wherever ``out_a`` is;
+    "a-finite" (native dtype): wherever ``out_a`` is finite, ``out_b`` must be finite and
+    as close to ``ref`` (the float64 value) as ``out_a`` is, give or take the tolerance
+    (more accurate is fine, overflowing where ``out_a`` does not is not). The tolerance is
+    ``rtol * (scale + |a|)``, ``scale`` the largest finite ``|a|`` of the output, at least
+    ``floor`` (the largest input magnitude: rounding errors scale with the operands, and a
+    sum that cancels can be far smaller). Values of ``out_a`` within rounding of ``limit``
+    (the dtype's largest) count as overflowed.
     """
     for name, x in out_a.items():
         y = out_b[name]
         fin_a, fin_b = np.isfinite(x), np.isfinite(y)
-        if rule == "a-finite":
+        if rule in ("a-finite", "finite-only"):
             fin_a &= np.abs(x) < limit * (1.0 - 2.0 * rtol)
         scale = max(float(np.max(np.abs(np.where(fin_a, x, 0)), initial=0.0)), floor) or 1.0
         with np.errstate(invalid="ignore", over="ignore"):
@@ -233,8 +233,8 @@ def _compare(out_a: dict, out_b: dict, drawn: str, rtol: float, domain: str,
             with np.errstate(invalid="ignore"):
                 tiny = (np.abs(x) < 1e-150) & (np.abs(y) < 1e-150)
             bad = fin_a & fin_b & ~close & ~tiny
-        else:
-            bad = fin_a & ~close
+        else:  # "a-finite", or "finite-only"
+            bad = fin_a & ~(fin_b if rule == "finite-only" else close)
         if np.any(bad):
             idx = tuple(int(i) for i in np.argwhere(bad)[0])
             what = "non-finite where the first program is finite" if not fin_b[idx] \
@@ -298,8 +298,8 @@ _DRAWN = {"signed": "N(0, s^2)", "folded": "|N(0, s^2)|", "constant": "every inp
 
 
 def _float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
-                  memo: dict | None = None, pool: Runner | None = None
-                  ) -> tuple[Counterexample | None, bool]:
+                  memo: dict | None = None, pool: Runner | None = None,
+                  constant_finite: bool = False) -> tuple[Counterexample | None, bool]:
     """float64 at ``FLOAT64_SCALES`` and both programs in their own dtypes at
     ``NATIVE_DRAWS`` (see docs/verifier.md, section 4).
 
@@ -310,14 +310,15 @@ def _float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
     first program is nowhere finite constrains nothing, and the second program is not
     run on it. Returns the first counterexample and whether the native check ran.
     ``memo`` (same ``a``, same ``rng`` seed) keeps ``a``'s outputs for the next call;
-    ``pool`` runs up to ``THREADS`` checks at once.
+    ``pool`` runs up to ``THREADS`` checks at once. ``constant_finite``: only finiteness
+    counts on the constant draws (``endtoend``: a layer norm's variance is 0 there).
     """
     draws = _Draws(a, rng, memo)
     pool = pool or Runner(None, Deadline(None))
     drawn = [("native", kind, s) for kind, s in NATIVE_DRAWS] if native else []
-    checks = ([c for c in drawn if c[1] == "constant"] + [(None, "signed", FLOAT64_SCALES[0])]
-              + [c for c in drawn if c[1] != "constant"]
-              + [(None, "signed", s) for s in FLOAT64_SCALES[1:]])
+    first, rest = ([c for c in drawn if (c[1] == "constant") == k] for k in (True, False))
+    checks = first + [(None, "signed", s) for s in FLOAT64_SCALES[:1]] + rest + [
+        (None, "signed", s) for s in FLOAT64_SCALES[1:]]
     if native:
         dts = _dtypes(a) | _dtypes(b)
         coarsest = max(NATIVE_RTOL.get(dt, 1e-4) for dt in dts)
@@ -337,8 +338,9 @@ def _float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
         if not any(np.any(np.isfinite(x) & (np.abs(x) < limit)) for x in xa.values()):
             return None  # "a-finite" asks nothing where the first program is not finite
         inputs = draws.rounded(kind, s)
+        rule = "finite-only" if constant_finite and kind == "constant" else "a-finite"
         return _compare(xa, evaluate(b, inputs, dtype="native", rounded=True), where,
-                        max(coarsest, rtol), "native dtype", inputs, i, "a-finite",
+                        max(coarsest, rtol), "native dtype", inputs, i, rule,
                         draws.largest(kind, s), limit, draws.out_a(None, kind, s, True))
 
     jobs = [functools.partial(check_one, i, *c) for i, c in enumerate(checks)]

@@ -122,8 +122,20 @@ def masked() -> em.Graph:
     return g
 
 
+def hf_ops() -> em.Graph:
+    """What Hugging Face layers add: casts, slices (RoPE's halves), tanh and erf (GELU)."""
+    g = em.Graph("hf_ops")
+    x = g.input("X", (2, 3, 8), dtype="float16")
+    h = x.astype("float32")
+    rot = em.concat([-h[..., 4:], h[..., :4]], axis=-1)
+    g.output((h * 0.5 + rot).astype("float16"), "rope")
+    g.output(em.gelu(h) + em.gelu(h[:, 1:], approximate="tanh").sum(axis=1, keepdims=True),
+             "gelu")
+    return g
+
+
 PROGRAMS = {f.__name__: f for f in (elementwise, reductions, transposes, concats, matmuls, masked,
-                                    reshapes, mixed)}
+                                    reshapes, mixed, hf_ops)}
 
 
 def test_programs_cover_every_op():

@@ -95,6 +95,29 @@ OPS = {
     "contiguous": (lambda a: a.transpose(0, 1).contiguous() * 2, [S2], False),
     "shape_arith": (lambda a: a * a.shape[-1] ** -0.5, [S3], False),
     "rms_norm": (lambda a, w: F.rms_norm(a, (4,), w, eps=1e-6), [S3, (4,)], False),
+    # issue 15: what Hugging Face's LLaMA and GPT-2 layers use
+    "layer_norm": (lambda a, w, b: F.layer_norm(a, (4,), w, b, eps=1e-5), [S3, (4,), (4,)],
+                   False),
+    "gelu_erf": (lambda a: F.gelu(a), [S3], False),
+    "gelu_tanh": (lambda a: F.gelu(a, approximate="tanh"), [S3], False),
+    "gelu_new": (lambda a: 0.5 * a * (1.0 + torch.tanh(0.7978845608 * (
+        a + 0.044715 * torch.pow(a, 3.0)))), [S3], False),
+    "tanh_erf": (lambda a: a.tanh() + torch.erf(a), [S2], False),
+    "pow4": (lambda a: a ** 4, [S2], False),
+    "to_float": (lambda a: a.to(torch.float32) * 2 + a.float(), [S2], False),
+    "softmax_dtype": (lambda a: F.softmax(a, dim=-1, dtype=torch.float32), [S3], False),
+    "addmm": (lambda b, x, w: torch.addmm(b, x, w), [(5,), (3, 4), (4, 5)], False),
+    "slice_last": (lambda a: a[..., :2] * a[..., 2:], [S3], False),
+    "slice_none": (lambda a: a[:, None, 1:3] + 1.0, [S2], False),
+    "rotate_half": (lambda a: torch.cat((-a[..., 2:], a[..., :2]), dim=-1) * a, [S3], False),
+    "narrow": (lambda a: a.narrow(1, 1, 2) * 2, [S3], False),
+    "chunk": (lambda a: a.chunk(2, dim=-1)[1] - a.chunk(2, dim=-1)[0], [S3], False),
+    "split": (lambda a: torch.split(a, [1, 3], dim=-1)[1] * 3, [S3], False),
+    "split_size": (lambda a: a.split(2, dim=-1)[0] * a.split(2, dim=-1)[1], [S3], False),
+    "repeat_kv": (lambda a: a[:, :, None, :].expand(2, 3, 2, 4).reshape(2, 6, 4), [S3], False),
+    "sdpa_gqa": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                enable_gqa=True),
+                 [(1, 4, 5, 8), (1, 2, 5, 8), (1, 2, 5, 8)], False),
 }
 
 
@@ -194,25 +217,51 @@ def test_unsupported_op_names_op_file_and_line():
     assert "torch.sort(y, dim=-1)" in msg and isinstance(err.value, em.MirageError)
 
 
-class _Gelu(nn.Module):
+def test_layer_norm_and_gelu_modules():
+    mod = nn.Sequential(nn.LayerNorm(8), nn.GELU(approximate="tanh"), nn.Linear(8, 4),
+                        nn.GELU(), nn.Tanh())
+    nn.init.normal_(mod[0].weight)
+    nn.init.normal_(mod[0].bias)
+    g = _check(mod, torch.randn(3, 8))
+    ops = {n.op for n in g.nodes()}
+    assert {em.Op.TANH, em.Op.ERF, em.Op.MEAN, em.Op.RSQRT} <= ops
+
+
+def test_half_casts_round_like_torch():
+    """HF's RMSNorm: upcast to fp32, normalize, cast back to the input's dtype."""
+    def rms(x, w):
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return w * h.to(x.dtype)
+
+    x, w = torch.randn(4, 16, dtype=torch.float16), torch.randn(16, dtype=torch.float16)
+    g = em.from_torch(rms, x, w)
+    casts = [n for n in g.nodes() if n.op is em.Op.CAST]
+    assert [c.arg for c in casts] == ["float32", "float16"]
+    assert g.outputs["out"].dtype == "float16"
+    got = em.evaluate(g, {"x": x.numpy(), "w": w.numpy()}, dtype="native")["out"]
+    np.testing.assert_array_equal(got, rms(x, w).double().numpy())  # the same roundings
+
+
+class _Mish(nn.Module):
     def __init__(self):
         super().__init__()
-        self.act = nn.GELU()
+        self.act = nn.Mish()
 
     def forward(self, x):
         return self.act(x) * 2
 
 
 def test_unsupported_module_and_arguments():
-    with pytest.raises(em.UnsupportedOpError, match=r"nn\.GELU \(module 'act'\)") as err:
-        em.from_torch(_Gelu(), torch.randn(2, 2))
-    assert f"test_torch_frontend.py:{inspect.getsourcelines(_Gelu.forward)[1] + 1}" in str(
+    with pytest.raises(em.UnsupportedOpError, match=r"nn\.Mish \(module 'act'\)") as err:
+        em.from_torch(_Mish(), torch.randn(2, 2))
+    assert f"test_torch_frontend.py:{inspect.getsourcelines(_Mish.forward)[1] + 1}" in str(
         err.value)
-    pow3 = r"operator\.pow at test_torch_frontend\.py:\d+.*exponent 3"
-    with pytest.raises(em.UnsupportedOpError, match=pow3):
-        em.from_torch(lambda x: x ** 3, torch.randn(2, 2))
-    with pytest.raises(em.UnsupportedOpError, match="Tensor.float"):
-        em.from_torch(lambda x: x.float() + 1, torch.randn(2, 2))
+    pow5 = r"operator\.pow at test_torch_frontend\.py:\d+.*exponent 5"
+    with pytest.raises(em.UnsupportedOpError, match=pow5):
+        em.from_torch(lambda x: x ** 5, torch.randn(2, 2))
+    with pytest.raises(em.UnsupportedOpError, match="Tensor.double"):
+        em.from_torch(lambda x: x.double() + 1, torch.randn(2, 2))
     with pytest.raises(em.UnsupportedOpError, match="indexing"):
         em.from_torch(lambda x: x[0] + 1, torch.randn(2, 2))
 

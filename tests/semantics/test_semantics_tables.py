@@ -16,6 +16,7 @@ from fractions import Fraction
 import galois
 import numpy as np
 import pytest
+import scipy.special
 
 import eqsat_mirage as em
 from eqsat_mirage.semantics import field
@@ -73,6 +74,11 @@ OP_CASES = {
                   lambda x, y, z: np.where(np.tri(2, 3, 1, dtype=bool), x, z)),
     em.Op.MASK: (lambda X, Y, Z: em.exp(em.where(X.graph.causal_mask(2, 3), X, float("-inf"))),
                  lambda x, y, z: np.exp(np.where(np.tri(2, 3, 0, dtype=bool), x, -np.inf))),
+    em.Op.TANH: (lambda X, Y, Z: em.tanh(X), lambda x, y, z: np.tanh(x)),
+    em.Op.ERF: (lambda X, Y, Z: em.erf(X), lambda x, y, z: scipy.special.erf(x)),
+    em.Op.CAST: (lambda X, Y, Z: X.astype("bfloat16" if X.dtype != "bfloat16" else "float32"),
+                 lambda x, y, z: x),
+    em.Op.SLICE: (lambda X, Y, Z: X[:, 1:3], lambda x, y, z: x[:, 1:3]),
 }
 OPS = sorted(em.Op, key=lambda o: o.value)
 IDS = [op.name.lower() for op in OPS]

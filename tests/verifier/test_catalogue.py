@@ -261,6 +261,16 @@ IDENTITIES = [
     Case("two-outputs", ins("A:4x8", "B:8x3"),
          lambda A, B: {"P": A @ B, "S": (A @ B).sum(axis=0)},
          lambda A, B: {"S": A.sum(axis=0) @ B, "P": A @ B}),
+    # issue 15: RoPE's halves, GELU's opaque functions, casts (exact in the field)
+    Case("rope-slices-of-a-matmul", ins("X:4x8", "W:8x6"),
+         lambda X, W: em.concat([-(X @ W)[:, 3:], (X @ W)[:, :3]], axis=1),
+         lambda X, W: em.concat([-(X @ W[:, 3:]), X @ W[:, :3]], axis=1)),
+    Case("gelu-tanh-commutes", ins("X:4x8", "W:8x6"),
+         lambda X, W: em.gelu(X @ W, approximate="tanh") + em.erf(X @ W),
+         lambda X, W: em.erf(X @ W) + em.gelu(X @ W, approximate="tanh")),
+    Case("cast-round-trip-fp16", ins("X:4x8", "W:8x6", dtype=F16),
+         lambda X, W: (X.astype(F32) @ W.astype(F32)).astype(F16),
+         lambda X, W: (X.astype(F32) @ W.astype(F32)).astype(F16) * 1.0),
 ]
 
 
@@ -296,6 +306,10 @@ MUTANTS = [
          lambda X: X.mean(axis=-1), lambda X: X.sum(axis=-1) * (1 / 6)),
     Case("mean-vs-sum-keepdims-fp16", ins("X:4x8", dtype=F16),
          lambda X: X.mean(axis=0, keepdims=True), lambda X: X.sum(axis=0, keepdims=True)),
+    Case("rope-halves-swapped", ins("X:4x8"),
+         lambda X: em.concat([-X[:, 4:], X[:, :4]], axis=1),
+         lambda X: em.concat([-X[:, :4], X[:, 4:]], axis=1)),
+    Case("tanh-for-erf", ins("X:4x8"), lambda X: em.tanh(X) * 2.0, lambda X: em.erf(X) * 2.0),
     Case("swapped-concat-order", ins("A:2x4", "B:2x4"),
          lambda A, B: em.concat([A, B], 0), lambda A, B: em.concat([B, A], 0)),
     Case("concat-wrong-axis", ins("A:2x4", "B:2x4"),

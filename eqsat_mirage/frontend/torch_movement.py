@@ -1,0 +1,195 @@
+"""Movement and Python-level glue of the torch support table (``torch_ops.py``).
+
+Handlers for ops that move or cut tensors (cat, transpose, permute, reshape/view,
+flatten, (un)squeeze, slicing ``x[a:b]``, narrow, split, chunk, expand) and for the
+Python values around them (``x.shape``, ``x.size(-1)``, ``getattr``, ``getitem``),
+plus the argument helpers every handler uses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..ir.errors import UnsupportedOpError
+from .graph import Tensor, concat
+
+
+def _tensor(x: Any, what: str) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise UnsupportedOpError(f"{what} of a {type(x).__name__} (expected a tensor)")
+    return x
+
+
+def _no(flag: Any, what: str) -> None:
+    if flag not in (None, False):
+        raise UnsupportedOpError(f"{what} is not supported")
+
+
+def _dims(x: Tensor, dims: Any) -> tuple[int, ...]:
+    if len(dims) == 1 and not isinstance(dims[0], int):
+        dims = tuple(dims[0])
+    return tuple(int(d) for d in dims)
+
+
+def _perm_swap(ndim: int, a: int, b: int) -> tuple[int, ...]:
+    perm = list(range(ndim))
+    a, b = a % ndim, b % ndim
+    perm[a], perm[b] = perm[b], perm[a]
+    return tuple(perm)
+
+
+# -- movement -------------------------------------------------------------------------------
+def _cat(tensors: Any, dim: int = 0, *, out: Any = None) -> Tensor:
+    _no(out, "out=")
+    return concat([_tensor(t, "cat") for t in tensors], axis=dim)
+
+
+def _transpose(x: Any, dim0: int, dim1: int) -> Tensor:
+    x = _tensor(x, "transpose")
+    return x.transpose(_perm_swap(x.ndim, dim0, dim1))
+
+
+def _permute(x: Any, *dims: Any, **kw: Any) -> Tensor:
+    x = _tensor(x, "permute")
+    return x.transpose(_dims(x, dims or (kw.pop("dims"),)))
+
+
+def _t(x: Any) -> Tensor:
+    x = _tensor(x, "t")
+    return x.transpose(1, 0) if x.ndim == 2 else x
+
+
+def _reshape(x: Any, *shape: Any, **kw: Any) -> Tensor:
+    x = _tensor(x, "reshape")
+    shape = shape or (kw.pop("shape"),)
+    if len(shape) == 1 and not isinstance(shape[0], int):
+        if not isinstance(shape[0], (tuple, list, torch.Size)):
+            raise UnsupportedOpError(f"view/reshape to {shape[0]!r} (a dtype view or a "
+                                     "non-shape argument)")
+    return x.reshape(_dims(x, shape))
+
+
+def _flatten(x: Any, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    x = _tensor(x, "flatten")
+    if x.ndim == 0:
+        return x.reshape((1,))
+    s, e = start_dim % x.ndim, end_dim % x.ndim
+    mid = 1
+    for d in x.shape[s:e + 1]:
+        mid *= d
+    return x.reshape(x.shape[:s] + (mid,) + x.shape[e + 1:])
+
+
+def _unsqueeze(x: Any, dim: int) -> Tensor:
+    x = _tensor(x, "unsqueeze")
+    d = dim % (x.ndim + 1)
+    return x.reshape(x.shape[:d] + (1,) + x.shape[d:])
+
+
+def _squeeze(x: Any, dim: Any = None) -> Tensor:
+    x = _tensor(x, "squeeze")
+    dims = range(x.ndim) if dim is None else [dim] if isinstance(dim, int) else list(dim)
+    drop = {d % x.ndim for d in dims if x.shape[d % x.ndim] == 1}
+    return x.reshape(tuple(s for i, s in enumerate(x.shape) if i not in drop))
+
+
+def _dropout(x: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+    if training and p > 0:
+        raise UnsupportedOpError(f"dropout(p={p}) in training mode (call .eval())")
+    return _tensor(x, "dropout")
+
+
+def _identity(x: Any, *args: Any, **kwargs: Any) -> Tensor:
+    return _tensor(x, "contiguous")
+
+
+def _narrow(x: Any, dim: int, start: int, length: int) -> Tensor:
+    x = _tensor(x, "narrow")
+    d = dim % x.ndim
+    start = start % x.shape[d] if start < 0 else start
+    return x[(slice(None),) * d + (slice(start, start + length),)]
+
+
+def _pieces(x: Tensor, sizes: list[int], dim: int) -> tuple[Tensor, ...]:
+    d, out, at = dim % x.ndim, [], 0
+    for n in sizes:
+        out.append(x[(slice(None),) * d + (slice(at, at + n),)])
+        at += n
+    return tuple(out)
+
+
+def _split(x: Any, split_size_or_sections: Any, dim: int = 0) -> tuple[Tensor, ...]:
+    x = _tensor(x, "split")
+    n = x.shape[dim % x.ndim]
+    if isinstance(split_size_or_sections, int):
+        k = split_size_or_sections
+        sizes = [min(k, n - i) for i in range(0, n, k)]
+    else:
+        sizes = [int(v) for v in split_size_or_sections]
+    return _pieces(x, sizes, dim)
+
+
+def _chunk(x: Any, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+    x = _tensor(x, "chunk")
+    n = x.shape[dim % x.ndim]
+    k = -(-n // chunks)
+    return _pieces(x, [min(k, n - i) for i in range(0, n, k)], dim)
+
+
+MAX_EXPAND = 64  # expand(...) of a size-1 dim becomes a concat of this many copies at most
+
+
+def _expand(x: Any, *sizes: Any) -> Tensor:
+    x = _tensor(x, "expand")
+    sizes = _dims(x, sizes)
+    if len(sizes) < x.ndim:
+        raise UnsupportedOpError(f"expand of a {x.ndim}-d tensor to {len(sizes)} dims")
+    lead = len(sizes) - x.ndim
+    y = x.reshape((1,) * lead + x.shape) if lead else x
+    for d, n in enumerate(sizes):
+        cur = y.shape[d]
+        if n in (-1, cur):
+            continue
+        if cur != 1 or n > MAX_EXPAND:
+            raise UnsupportedOpError(f"expand of dim {d} from {cur} to {n} (a size-1 dim is "
+                                     f"expanded to at most {MAX_EXPAND} copies)")
+        y = concat([y] * n, axis=d)
+    return y
+
+
+# -- Python-level glue: shapes, attributes, indexing ----------------------------------------
+def _getattr(obj: Any, name: str) -> Any:
+    if not isinstance(obj, Tensor):
+        return getattr(obj, name)
+    if name == "T":
+        return obj.transpose(tuple(range(obj.ndim))[::-1])  # torch: reverse every axis
+    if name == "mT":
+        return obj.transpose(_perm_swap(obj.ndim, -1, -2))
+    if name == "shape":
+        return torch.Size(obj.shape)
+    if name == "ndim":
+        return obj.ndim
+    if name == "dtype":
+        return getattr(torch, obj.dtype)
+    raise UnsupportedOpError(f"tensor attribute .{name}")
+
+
+def _getitem(obj: Any, index: Any) -> Any:
+    if isinstance(obj, Tensor):
+        items = index if isinstance(index, tuple) else (index,)
+        if any(isinstance(i, Tensor) or not (i is None or i is Ellipsis or isinstance(i, slice))
+               for i in items):
+            raise UnsupportedOpError(f"tensor indexing x[{index!r}] (supported: slices with "
+                                     "step 1, None and ...)")
+    return obj[index]
+
+
+def _size(x: Any, dim: Any = None) -> Any:
+    shape = torch.Size(_tensor(x, "size").shape)
+    return shape if dim is None else shape[dim]
+
+
+def _dim(x: Any) -> int:
+    return _tensor(x, "dim").ndim
