@@ -83,10 +83,28 @@ def trace(fn_or_module: Any) -> fx.GraphModule:
     try:
         graph = _Tracer().trace(fn_or_module)
     except Exception as exc:  # torch.fx raises TraceError, TypeError, RuntimeError, ...
-        raise UnsupportedOpError(f"from_torch: torch.fx cannot trace {what!r}: "
-                                 f"{type(exc).__name__}: {exc} (control flow that depends on "
-                                 "tensor values cannot be traced)") from exc
+        where = _traceback_line(exc)
+        raise UnsupportedOpError(
+            f"from_torch: torch.fx cannot trace {what!r}{where}: {type(exc).__name__}: {exc} "
+            "(torch.fx traces symbolically: Python control flow on tensor values, and calls "
+            "that need a concrete size, such as torch.ones(n, n) with n = x.shape[0], cannot "
+            "be traced; pass such tensors as inputs, or use torch.compile(fn, backend="
+            "em.backend), which sees concrete values)") from exc
     return fx.GraphModule(root, graph, what)
+
+
+def _traceback_line(exc: BaseException) -> str:
+    """`` at file.py:LINE (`code`)`` of the innermost user frame of ``exc``'s traceback."""
+    found = ""
+    tb = exc.__traceback__
+    while tb is not None:
+        fname = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        if not fname.startswith((_TORCH_DIR, _PKG_DIR)) and not fname.startswith("<"):
+            code = linecache.getline(fname, tb.tb_lineno).strip()
+            found = f" at {os.path.basename(fname)}:{tb.tb_lineno}" + (f" (`{code}`)" if code
+                                                                      else "")
+        tb = tb.tb_next
+    return found
 
 
 def op_name(node: fx.Node, root: torch.nn.Module | None = None) -> str:
@@ -269,16 +287,18 @@ class Converter:
         return [(prefix, value)]
 
 
-def from_torch(fn_or_module: Any, *example_inputs: Any, name: str | None = None) -> Graph:
-    """The ``em.Graph`` of a torch function or ``nn.Module`` called on ``example_inputs``.
+def from_torch(fn_or_module: Any, *example_inputs: Any, name: str | None = None,
+               **example_kwargs: Any) -> Graph:
+    """The ``em.Graph`` of a torch function or ``nn.Module`` called on ``example_inputs``
+    (positional) and ``example_kwargs`` (by argument name; ``name`` names the graph).
 
     Placeholders become inputs named after the function's arguments, with the
     example inputs' shapes and dtypes (float16, bfloat16 or float32; Python numbers
     are baked in as constants); parameters and buffers become inputs named after
     their path, made identifiers ("proj.weight" -> ``proj_weight``). Outputs: a
     single tensor is ``out``, a tuple/list ``out0``, ``out1``, ..., a dict keeps its
-    keys. ``graph.torch_sources`` maps each input name to ``("arg", i)`` or
-    ``("param", path)``; ``graph_inputs`` builds the input dict from it.
+    keys. ``graph.torch_sources`` maps each input name to ``("arg", i)``, ``("kwarg",
+    name)`` or ``("param", path)``; ``graph_inputs`` builds the input dict from it.
 
     Supported: see ``torch_ops.SUPPORTED``. ``softmax`` becomes ``em.softmax``
     (max-subtracted, as torch computes it). Raises
@@ -290,17 +310,26 @@ def from_torch(fn_or_module: Any, *example_inputs: Any, name: str | None = None)
     graph = Graph(name or default)
     cv = Converter(graph, gm, fallback=fn_or_module)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    if len(example_inputs) > len(placeholders) or any(
-            i >= len(example_inputs) and not n.args for i, n in enumerate(placeholders)):
-        names = ", ".join(str(n.target) for n in placeholders)
-        raise GraphError(f"from_torch({default}): {len(example_inputs)} example input(s) for "
-                         f"{len(placeholders)} argument(s) ({names})")
+    names = [str(n.target).lstrip("*") for n in placeholders]
+    unknown = sorted(set(example_kwargs) - set(names[len(example_inputs):]))
+    if len(example_inputs) > len(placeholders) or unknown or any(
+            i >= len(example_inputs) and names[i] not in example_kwargs and not n.args
+            for i, n in enumerate(placeholders)):
+        raise GraphError(f"from_torch({default}): {len(example_inputs)} positional and "
+                         f"{len(example_kwargs)} keyword example input(s)"
+                         + (f" (unknown or repeated: {', '.join(unknown)})" if unknown else "")
+                         + f" for {len(placeholders)} argument(s) ({', '.join(names)})")
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             i = placeholders.index(node)
-            value = example_inputs[i] if i < len(example_inputs) else node.args[0]
+            if i < len(example_inputs):
+                value, source = example_inputs[i], ("arg", i)
+            elif names[i] in example_kwargs:
+                value, source = example_kwargs[names[i]], ("kwarg", names[i])
+            else:
+                value, source = node.args[0], None
             if isinstance(value, torch.Tensor):
-                cv.env[node] = cv.tensor_input(str(node.target).lstrip("*"), value, ("arg", i))
+                cv.env[node] = cv.tensor_input(names[i], value, source)
             else:
                 cv.env[node] = value  # a Python value: folded as a constant
         elif node.op == "output":
@@ -316,10 +345,11 @@ def from_torch(fn_or_module: Any, *example_inputs: Any, name: str | None = None)
     return graph
 
 
-def graph_inputs(graph: Graph, fn_or_module: Any, *example_inputs: Any) -> dict[str, Any]:
+def graph_inputs(graph: Graph, fn_or_module: Any, *example_inputs: Any,
+                 **example_kwargs: Any) -> dict[str, Any]:
     """The ``{input name: torch tensor}`` dict that feeds ``graph`` (from ``from_torch``).
 
-    Takes the same module (for its parameters) and positional inputs as
+    Takes the same module (for its parameters) and positional and keyword inputs as
     ``from_torch``; the result goes to ``em.evaluate`` (as NumPy arrays) or to the
     compiled program.
     """
@@ -330,6 +360,8 @@ def graph_inputs(graph: Graph, fn_or_module: Any, *example_inputs: Any) -> dict[
     for name, (kind, ref) in sources.items():
         if kind == "arg":
             out[name] = example_inputs[ref]
+        elif kind == "kwarg":
+            out[name] = example_kwargs[ref]
         else:
             obj = fn_or_module
             for part in ref.split("."):

@@ -279,6 +279,16 @@ def _gelu(x: Any, approximate: str = "none") -> Tensor:
     return gelu(_tensor(x, "gelu"), approximate)
 
 
+def _python_math(fn):
+    """``math.sqrt(x.size(-1))``, ``x.shape[-1] // 2``: arithmetic on sizes, folded in Python."""
+    def h(*args: Any) -> Any:
+        if not all(isinstance(a, Real) for a in args):
+            raise UnsupportedOpError(f"{getattr(fn, '__name__', fn)} of a tensor (it takes "
+                                     "Python numbers such as sizes)")
+        return fn(*args)
+    return h
+
+
 # -- reductions -----------------------------------------------------------------------------
 def _reduce(kind: str):
     def h(x: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None,
@@ -304,6 +314,9 @@ FUNCTIONS = {
     torch.tanh: _unary(tanh, "tanh"), F.tanh: _unary(tanh, "tanh"), torch.erf: _unary(erf, "erf"),
     F.gelu: _gelu, F.layer_norm: _layer_norm, torch.addmm: lambda *a, **k: _addmm(*a, **k),
     torch.narrow: _narrow, torch.split: _split, torch.chunk: _chunk,
+    torch.rms_norm: _rms_norm, torch.layer_norm: _layer_norm,  # what F.* call (Dynamo inlines)
+    **{f: _python_math(f) for f in (math.sqrt, math.exp, math.log, math.pow, math.floor,
+                                    math.ceil, operator.floordiv, operator.mod)},
     torch.rsqrt: _unary(rsqrt, "rsqrt"), torch.relu: _unary(relu, "relu"),
     F.silu: _activation(silu, "silu"), F.relu: _activation(relu, "relu"),
     F.scaled_dot_product_attention: _sdpa,

@@ -65,6 +65,19 @@ def test_blocks_match_eager(cls):
     assert any("linear" in op for op in entry.ops)
 
 
+@pytest.mark.parametrize("norm", [nn.RMSNorm, nn.LayerNorm])
+def test_norm_modules_convert_as_in_from_torch(norm):
+    """Dynamo inlines F.rms_norm/F.layer_norm into torch.rms_norm/torch.layer_norm: the
+    backend converts those as from_torch converts the modules."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), norm(64), nn.Linear(64, 32)).eval()
+    x = torch.randn(8, 64)
+    em.from_torch(model, x)  # converts
+    be = _run(model, x, backend=em.backend(time_limit_s=10.0))
+    s = be.summary()
+    assert s["optimized_ops"] == s["ops"] == 3 and not be.unsupported, s
+
+
 def test_cpu_without_interpreter_runs_torch_program(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     be = _run(GatedMLP().eval(), torch.randn(4, 8))

@@ -266,6 +266,36 @@ def test_unsupported_module_and_arguments():
         em.from_torch(lambda x: x[0] + 1, torch.randn(2, 2))
 
 
+def test_size_arithmetic_and_keyword_inputs():
+    """math.sqrt(q.size(-1)) and x.shape[-1] // 2 fold in Python; inputs may be keywords."""
+    import math
+
+    def att(q, k, scale=None):
+        s = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
+        return torch.softmax(s[..., : s.shape[-1] // 2], -1)
+
+    q, k = torch.randn(4, 8), torch.randn(6, 8)
+    g = em.from_torch(att, q, k=k)
+    assert g.torch_sources == {"q": ("arg", 0), "k": ("kwarg", "k")}
+    feed = {n: t.double().numpy() for n, t in graph_inputs(g, att, q, k=k).items()}
+    np.testing.assert_allclose(em.evaluate(g, feed)["out"], att(q, k).double().numpy(),
+                               rtol=1e-5, atol=1e-6)
+    with pytest.raises(em.GraphError, match=r"unknown or repeated: v"):
+        em.from_torch(att, q, k=k, v=k)
+
+
+def test_concrete_size_constructor_says_what_to_do():
+    def ones(x):
+        n = x.shape[0]
+        return x * torch.ones(n, n)
+
+    with pytest.raises(em.UnsupportedOpError) as err:
+        em.from_torch(ones, torch.randn(4, 4))
+    text = str(err.value)
+    assert "test_torch_frontend.py" in text and "torch.ones(n, n)" in text
+    assert "torch.compile(fn, backend=em.backend)" in text
+
+
 def test_untraceable_control_flow():
     def branchy(x):
         return x * 2 if x.sum() > 0 else x
@@ -282,7 +312,8 @@ def test_bad_dtype(dtype):
 
 
 def test_wrong_number_of_inputs():
-    with pytest.raises(em.GraphError, match=r"1 example input\(s\) for 3 argument\(s\)"):
+    with pytest.raises(em.GraphError, match=r"1 positional and 0 keyword example input\(s\) "
+                       r"for 3 argument\(s\) \(Q, K, V\)"):
         em.from_torch(gqa, torch.ones(2, 2))
 
 
