@@ -43,6 +43,31 @@ def test_readme_optimize_many_example_runs():
     assert all(r.verified.equivalent for r in results)
 
 
+def test_readme_hugging_face_example_runs():
+    """The Hugging Face example runs as written, and its warning line is what it prints."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import warnings
+
+    torch._dynamo.reset()
+    namespace: dict = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exec(compile(_python_blocks()[3], "README.md", "exec"), namespace)  # noqa: S102
+    torch._dynamo.reset()
+    out, ref, s = namespace["out"], namespace["ref"], namespace["summary"]
+    out, ref = (v[0] if isinstance(v, tuple) else v for v in (out, ref))
+    assert torch.allclose(out, ref, rtol=1e-3, atol=1e-3)
+    shown = README.read_text().split("The warning, once per compiled graph:", 1)[1]
+    line = shown.split("```\n", 2)[1].strip()
+    m = re.match(r"eqsat-mirage: (\d+) of (\d+) ops in (\d+) optimized partitions", line)
+    assert m and (int(m[1]), int(m[2]), int(m[3])) == (
+        s["optimized_ops"], s["ops"], s["optimized_partitions"]), (line, s)
+    warned = [str(w.message) for w in caught if str(w.message).startswith("eqsat-mirage: ")]
+    assert len(warned) == 1 and warned[0].startswith(m[0]), warned
+    assert s["predicted_us"][1] < s["predicted_us"][0] and not s["eager"]
+
+
 def test_readme_opens_with_the_two_commands():
     head = README.read_text().splitlines()[:6]
     assert "make demo" in "\n".join(head) and "make test" in "\n".join(head)
