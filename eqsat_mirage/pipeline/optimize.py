@@ -191,7 +191,8 @@ def _check_input(graph, program, lax: bool, vopts):
     None when it is not Lax or the time limit has passed (``stats["note"]`` says which)."""
     if not lax or vopts[4].expired():
         return None
-    return _verify(graph, program, vopts, trials=1)
+    res = _verify(graph, program, vopts, trials=1)
+    return res if res.equivalent else None  # cut short by the deadline part way through
 
 
 def _verify(graph, program, vopts, trials: int | None = None):
