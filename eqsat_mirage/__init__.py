@@ -13,6 +13,7 @@ from .frontend.graph import (
     amax,
     causal_mask,
     concat,
+    cos,
     erf,
     exp,
     gelu,
@@ -22,6 +23,7 @@ from .frontend.graph import (
     rms_norm,
     rsqrt,
     silu,
+    sin,
     softmax,
     sqrt,
     tanh,
@@ -68,8 +70,8 @@ __all__ = [
     "DTypeError", "evaluate", "exp", "Graph", "GraphError", "InputError", "LaxError", "matmul",
     "max", "MirageError", "Node", "Op", "optimize", "optimize_many", "OptimizeResult", "relu",
     "rms_norm", "rsqrt", "RuleCheck", "RuleCheckReport", "RuleError", "ShapeError", "silu",
-    "softmax", "sqrt", "tanh", "erf", "gelu", "layer_norm", "Tensor", "TimeLimitError",
-    "transpose", "verify", "VerifyResult", "where",
+    "softmax", "sqrt", "tanh", "erf", "cos", "sin", "gelu", "layer_norm", "Tensor",
+    "TimeLimitError", "transpose", "verify", "VerifyResult", "where",
 ]
 
 # The torch front end and torch.compile backend load on first use: torch stays optional.

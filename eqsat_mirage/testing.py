@@ -93,6 +93,7 @@ class _Builder:
                   Op.SQRT: (math.sqrt(m), math.sqrt(max(lo, 0.0))), Op.SILU: (m, -0.3),
                   Op.RSQRT: (1 / math.sqrt(max(lo, 1e-12)), 1 / math.sqrt(m)),
                   Op.RELU: (m, max(lo, 0.0)), Op.SUM: (m * k, lo * k), Op.TANH: (1.0, -1.0),
+                  Op.COS: (1.0, -1.0), Op.SIN: (1.0, -1.0),
                   Op.ERF: (1.0, -1.0)}
         return self.add(node, e + (op is Op.EXP), *bounds.get(op, (m, lo)))
 
@@ -332,7 +333,7 @@ def equivalent_pairs(draw, max_ops: int = 8, max_inputs: int = 3, max_dim: int =
 _SWAPS = {Op.ADD: (Op.SUB, Op.MUL), Op.SUB: (Op.ADD,), Op.MUL: (Op.ADD, Op.DIV),
           Op.DIV: (Op.MUL,), Op.SQRT: (Op.RSQRT,), Op.RSQRT: (Op.SQRT,), Op.SILU: (Op.RELU,),
           Op.RELU: (Op.SILU,), Op.EXP: (Op.SILU,), Op.SUM: (Op.MEAN,), Op.MEAN: (Op.SUM,),
-          Op.TANH: (Op.ERF,), Op.ERF: (Op.TANH,)}
+          Op.TANH: (Op.ERF,), Op.ERF: (Op.TANH,), Op.COS: (Op.SIN,), Op.SIN: (Op.COS,)}
 
 
 def _mutations(graph: Graph) -> list[tuple[Node, Node]]:

@@ -47,7 +47,7 @@ __all__ = ["CodegenError", "compile_mugraph", "triton_source", "TRITON_API", "TR
 # Every ``tl.<name>`` the generator may emit: long-standing APIs, all in Triton 3.6.
 TRITON_API = frozenset({
     "program_id", "arange", "load", "store", "dot", "sum", "max", "exp", "exp2", "sqrt", "rsqrt",
-    "maximum", "erf",
+    "maximum", "erf", "cos", "sin",
     "where", "zeros", "full", "trans", "permute", "reshape", "constexpr", "float16", "bfloat16",
     "float32",
 })
@@ -159,7 +159,8 @@ def _torch_op(k: PredefinedKernel, var: dict[str, str]) -> str:
     op, xs = n.op, n.srcs
     unary = {Op.NEG: "torch.neg", Op.EXP: "torch.exp", Op.SQRT: "torch.sqrt",
              Op.RSQRT: "torch.rsqrt", Op.SILU: "torch.nn.functional.silu", Op.RELU: "torch.relu",
-             Op.TANH: "torch.tanh", Op.ERF: "torch.erf"}
+             Op.TANH: "torch.tanh", Op.ERF: "torch.erf", Op.COS: "torch.cos",
+             Op.SIN: "torch.sin"}
     if op in unary:
         return f"{unary[op]}({arg(xs[0])})"
     if op in BINARY:

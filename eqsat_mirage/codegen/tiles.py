@@ -275,6 +275,10 @@ class TileOps(ConcatOps):
             return f"1.0 - 2.0 / ({exp2('2.0 * ' + a)} + 1.0)", x.clean
         if op is Op.ERF:
             return f"tl.erf({a})", x.clean
+        if op is Op.COS:  # cos(0) = 1: the padding is no longer 0
+            return f"tl.cos({a})", False
+        if op is Op.SIN:
+            return f"tl.sin({a})", x.clean
         if op is Op.CAST:  # tiles compute in fp32: a cast to a half type rounds there
             if node.arg == "float32":
                 return a, x.clean

@@ -90,7 +90,7 @@ __all__ = ["GPUProfile", "KernelCost", "MuGraphCost", "Work", "kernel_cost", "ke
 MIN_MMA = 16  # tensor-core tile dims (tl.dot) are at least 16
 # per element: (CUDA-core FLOPs, SFU ops)
 _ELEM = {Op.EXP: (1, 1), Op.SQRT: (1, 1), Op.RSQRT: (1, 1), Op.DIV: (1, 1), Op.SILU: (3, 2),
-         Op.TANH: (4, 2), Op.ERF: (8, 1)}
+         Op.TANH: (4, 2), Op.ERF: (8, 1), Op.COS: (2, 1), Op.SIN: (2, 1)}
 
 
 # -- work: FLOPs by unit ----------------------------------------------------------------------

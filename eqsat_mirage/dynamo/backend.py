@@ -27,8 +27,11 @@ keywords only, ``backend(target="h100", time_limit_s=2, ...)`` returns a new
 Each compiled graph gets one warning, ``eqsat-mirage: N of M ops in K optimized
 partitions (predicted X us -> Y us); eager: op at file:line (reason), ...``;
 ``warn=False`` silences it, and ``Backend.summary()`` returns the same as a dict
-(totals, and one entry per graph). ``Backend.report`` lists a ``PartitionReport``
-per partition; ``Backend.unsupported`` names the ops that stayed eager and why.
+(totals, with ``compute_ops``: the ops computing a non-empty float tensor, and one
+entry per graph). ``Backend.report`` lists a ``PartitionReport`` per partition;
+``Backend.unsupported`` names the ops that stayed eager and why. Nodes that produce
+or read a zero-size tensor (an empty KV cache) stay eager with that reason; nodes that
+produce a tuple of tensors (``split``, ``chunk``) join partitions like any other.
 """
 
 from __future__ import annotations
@@ -91,6 +94,23 @@ def node_spec(node: fx.Node) -> tuple[tuple[int, ...], str, Any] | None:
     return shape, name, device
 
 
+def _empty(node: fx.Node) -> bool:
+    """Whether ``node`` produces a zero-size tensor (or a tuple holding one)."""
+    v = node.meta.get("example_value", node.meta.get("val"))
+    vals = v if isinstance(v, (tuple, list)) else [v]
+    return any(isinstance(t, torch.Tensor) and t.numel() == 0 for t in vals)
+
+
+def computes(node: fx.Node) -> bool:
+    """Whether a call node computes a float tensor with elements (or a tuple of them): the
+    ops that count as compute in ``summary()`` (not int position math, tensor creation of
+    empty caches, or Python glue)."""
+    v = node.meta.get("example_value", node.meta.get("val"))
+    vals = v if isinstance(v, (tuple, list)) else [v]
+    return node.op.startswith("call") and any(
+        isinstance(t, torch.Tensor) and t.numel() > 0 and t.is_floating_point() for t in vals)
+
+
 def tuple_specs(node: fx.Node) -> list[tuple[tuple[int, ...], str, Any]] | None:
     """The specs of a node that produces a tuple of float tensors (``split``, ``chunk``)."""
     v = node.meta.get("example_value", node.meta.get("val"))
@@ -136,6 +156,8 @@ class _Support(OperatorSupportBase):
             cv.lookup(node)
         except (MirageError, AttributeError):
             return "no eqsat-mirage form (unsupported op)"
+        if _empty(node) or any(_empty(src) for src in node.all_input_nodes):
+            return "a zero-size tensor (e.g. an empty KV cache): nothing to compute"
         want, several = node_spec(node), tuple_specs(node)
         if want is None and several is None:
             return "its result is not a float16/bfloat16/float32 tensor of static shape"
@@ -311,6 +333,7 @@ class Backend:
                 short = loc.split(" (`")[0]  # file:line, without the code
                 eager.append(name + (f" at {short}" if short else "") + f" ({why})")
         total = sum(n.op.startswith("call") for n in gm.graph.nodes)
+        total = (total, sum(computes(n) for n in gm.graph.nodes))
         if not parts:
             self._summarize(total, [], eager)
             return gm.forward
@@ -328,14 +351,17 @@ class Backend:
         self._summarize(total, entries, eager)
         return fused.forward
 
-    def _summarize(self, total: int, entries: list[PartitionReport], eager: list[str]) -> None:
-        """Record this graph's summary and warn once with it (unless ``warn=False``)."""
+    def _summarize(self, total: tuple[int, int], entries: list[PartitionReport],
+                   eager: list[str]) -> None:
+        """Record this graph's summary and warn once with it (unless ``warn=False``);
+        ``total``: the graph's call ops, and those of them that compute (``computes``)."""
+        total, compute = total
         done = [e for e in entries if e.status == "optimized"]
         before = sum(e.result.baseline_cost_us for e in done)
         after = sum(e.result.cost_us for e in done)
         small = [e for e in entries if e.status != "optimized"]
         eager = eager + [f"partition {e.name} of {len(e.ops)} ops ({e.reason})" for e in small]
-        graph = {"graph": self._graphs, "ops": total,
+        graph = {"graph": self._graphs, "ops": total, "compute_ops": compute,
                  "optimized_ops": sum(len(e.ops) for e in done),
                  "partitions": len(entries), "optimized_partitions": len(done),
                  "predicted_us": [before, after], "eager": eager}
@@ -347,11 +373,13 @@ class Backend:
 
     def summary(self) -> dict:
         """What ran optimized and what stayed eager and why, over every graph compiled so
-        far: the totals, and ``graphs``, one dict per graph as its warning said it."""
+        far: the totals (``ops``: call nodes; ``compute_ops``: those computing a non-empty
+        float tensor), and ``graphs``, one dict per graph as its warning said it."""
         graphs = list(self._summaries)
         before = sum(g["predicted_us"][0] for g in graphs)
         after = sum(g["predicted_us"][1] for g in graphs)
         return {"ops": sum(g["ops"] for g in graphs),
+                "compute_ops": sum(g["compute_ops"] for g in graphs),
                 "optimized_ops": sum(g["optimized_ops"] for g in graphs),
                 "optimized_partitions": sum(g["optimized_partitions"] for g in graphs),
                 "predicted_us": [before, after],

@@ -12,7 +12,8 @@ from ..frontend.graph import Graph
 from ..ir.node import Node, Op, make
 
 _UNARY = {Op.NEG: "Neg", Op.EXP: "Exp", Op.SQRT: "Sqrt", Op.RSQRT: "Rsqrt", Op.SILU: "Silu",
-          Op.RELU: "Relu", Op.TANH: "Tanh", Op.ERF: "Erf"}
+          Op.RELU: "Relu", Op.TANH: "Tanh", Op.ERF: "Erf",
+          Op.COS: "Cos", Op.SIN: "Sin"}
 _REDUCE = {Op.SUM: "Sum", Op.MEAN: "Mean", Op.MAX: "Max"}
 _BINARY = {Op.ADD: "Add", Op.SUB: "Sub", Op.MUL: "Mul", Op.DIV: "Div", Op.MATMUL: "MatMul",
            Op.MASK: "Mask"}

@@ -36,6 +36,7 @@ _ABS = {"Const": "(AConst)", "Exp": "(AExp {0})", "Sqrt": '(AFn "sqrt" {0})',
         "Where": '(AFn "where" (AAdd {0} (AAdd {1} {2})))',
         "Concat": "(ACat {0} {1})", "Neg": "{0}",
         "Swap": "{0}", "Reshape": "{0}", "Dev": "{0}", "Tanh": '(AFn "tanh" {0})',
+        "Cos": '(AFn "cos" {0})', "Sin": '(AFn "sin" {0})',
         "Erf": '(AFn "erf" {0})', "Cast": "{0}", "Slice": '(AFn "slice" {0})'}
 
 _ABS_CTORS = {"AVar", "AConst", "AAdd", "AMul", "ADiv", "AExp", "ASum", "AFn", "ACat"}

@@ -334,6 +334,16 @@ def tanh(x: Tensor) -> Tensor:
     return apply(Op.TANH, x)
 
 
+def cos(x: Tensor) -> Tensor:
+    """Elementwise cosine (an opaque function to the verifier)."""
+    return apply(Op.COS, x)
+
+
+def sin(x: Tensor) -> Tensor:
+    """Elementwise sine (an opaque function to the verifier)."""
+    return apply(Op.SIN, x)
+
+
 def erf(x: Tensor) -> Tensor:
     """Elementwise error function (an opaque function to the verifier)."""
     return apply(Op.ERF, x)

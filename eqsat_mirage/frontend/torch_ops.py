@@ -25,6 +25,7 @@ from ..ir.errors import DTypeError, UnsupportedOpError
 from ..ir.node import canonical_dtype
 from .graph import (
     Tensor,
+    cos,
     erf,
     exp,
     gelu,
@@ -33,6 +34,7 @@ from .graph import (
     rms_norm,
     rsqrt,
     silu,
+    sin,
     softmax,
     sqrt,
     tanh,
@@ -61,15 +63,15 @@ from .torch_movement import (
     _unsqueeze,
 )
 
-SUPPORTED = ("matmul/bmm/mm/@, linear and nn.Linear, addmm, +, -, *, / (tensors or Python "
-             "numbers), exp, tanh, erf, sum, mean, amax, pow (integers -1..4, 0.5, -0.5), sqrt, "
-             "rsqrt, silu and nn.SiLU, relu and nn.ReLU, gelu and nn.GELU (erf or tanh), "
-             "softmax and nn.Softmax (dtype= too), scaled_dot_product_attention (causal or a "
-             "bool mask, GQA), where and masked_fill (bool masks, finite fills), rms_norm and "
-             "nn.RMSNorm, layer_norm and nn.LayerNorm, casts (.to(dtype), .float(), .half(), "
-             ".type_as), slicing x[a:b] and None, narrow, chunk, split, expand, cat, "
-             "transpose, permute, .T, .mT, t, neg, reshape, view, flatten, unsqueeze, squeeze, "
-             "contiguous, dropout in eval mode")
+SUPPORTED = (
+    "matmul/bmm/mm/@, linear and nn.Linear, addmm, +, -, *, / (tensors or Python numbers), "
+    "exp, tanh, erf, cos, sin, sum, mean, amax, pow (integers -1..4, 0.5, -0.5), sqrt, rsqrt, "
+    "silu and nn.SiLU, relu and nn.ReLU, gelu and nn.GELU (erf or tanh), softmax and "
+    "nn.Softmax (dtype= too), scaled_dot_product_attention (causal or a bool mask, GQA), "
+    "where and masked_fill (bool masks, finite fills), rms_norm and nn.RMSNorm, layer_norm and "
+    "nn.LayerNorm, casts (.to(dtype), .float(), .half(), .type_as), slicing x[a:b] and None, "
+    "narrow, chunk, split, expand, cat, transpose, permute, .T, .mT, t, neg, reshape, view, "
+    "flatten, unsqueeze, squeeze, contiguous, dropout in eval mode")
 
 
 def _as(x: Tensor, dtype: Any, what: str) -> Tensor:
@@ -312,6 +314,7 @@ FUNCTIONS = {
     operator.pow: _pow, torch.pow: _pow,
     torch.exp: _unary(exp, "exp"), torch.sqrt: _unary(sqrt, "sqrt"),
     torch.tanh: _unary(tanh, "tanh"), F.tanh: _unary(tanh, "tanh"), torch.erf: _unary(erf, "erf"),
+    torch.cos: _unary(cos, "cos"), torch.sin: _unary(sin, "sin"),
     F.gelu: _gelu, F.layer_norm: _layer_norm, torch.addmm: lambda *a, **k: _addmm(*a, **k),
     torch.narrow: _narrow, torch.split: _split, torch.chunk: _chunk,
     torch.rms_norm: _rms_norm, torch.layer_norm: _layer_norm,  # what F.* call (Dynamo inlines)
@@ -342,6 +345,7 @@ METHODS = {
     "view": _reshape, "flatten": _flatten, "unsqueeze": _unsqueeze, "squeeze": _squeeze,
     "contiguous": _identity, "size": _size, "dim": _dim,
     "tanh": FUNCTIONS[torch.tanh], "erf": FUNCTIONS[torch.erf], "to": _to,
+    "cos": FUNCTIONS[torch.cos], "sin": FUNCTIONS[torch.sin],
     "float": _cast_to("float32"), "half": _cast_to("float16"), "bfloat16": _cast_to("bfloat16"),
     "type_as": _type_as, "narrow": _narrow, "split": _split, "chunk": _chunk, "expand": _expand,
 }

@@ -49,17 +49,19 @@ class Op(Enum):
     ERF = auto()  # opaque in the field (gelu's exact form)
     CAST = auto()  # arg: dtype name; rounds to it in float, the identity in the field
     SLICE = auto()  # arg: (axis, start, stop); a static range of one axis (RoPE's halves)
+    COS = auto()  # opaque in the field (RoPE's rotary tables)
+    SIN = auto()  # opaque in the field
 
 
 LEAF = frozenset({Op.INPUT, Op.CONST})
 UNARY = frozenset({Op.NEG, Op.EXP, Op.SQRT, Op.RSQRT, Op.SILU, Op.RELU, Op.TANH, Op.ERF,
-                   Op.CAST})
+                   Op.CAST, Op.COS, Op.SIN})
 BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV})
 ELEMENTWISE = UNARY | BINARY
 REDUCE = frozenset({Op.SUM, Op.MEAN, Op.MAX})
 MOVEMENT = frozenset({Op.TRANSPOSE, Op.RESHAPE, Op.CONCAT, Op.SLICE})
 # Functions outside the Lax algebra: the verifier models them as random functions.
-OPAQUE = frozenset({Op.SQRT, Op.RSQRT, Op.SILU, Op.RELU, Op.TANH, Op.ERF})
+OPAQUE = frozenset({Op.SQRT, Op.RSQRT, Op.SILU, Op.RELU, Op.TANH, Op.ERF, Op.COS, Op.SIN})
 # Ops whose field value is a random function keyed on the operand's Z_p part: the opaque
 # functions (per element) and max (per row: any consistent value, see docs/verifier.md).
 KEYED = OPAQUE | {Op.MAX}

@@ -301,6 +301,8 @@ FIELD_SEMANTICS = {
     Op.RESHAPE: _movement(lambda xs, shape: np.reshape(xs[0], shape)),
     Op.CONCAT: _movement(lambda xs, axis: np.concatenate(xs, axis=axis)),
     Op.TANH: _opaque(Op.TANH),
+    Op.COS: _opaque(Op.COS),
+    Op.SIN: _opaque(Op.SIN),
     Op.ERF: _opaque(Op.ERF),
     Op.CAST: _movement(lambda xs, dtype: xs[0]),  # exact values: a cast only rounds floats
     Op.SLICE: _movement(lambda xs, arg: np.asarray(xs[0])[slice_index(arg)]),

@@ -177,6 +177,8 @@ FLOAT_SEMANTICS = {
     Op.RESHAPE: lambda ctx, n, x: np.reshape(x, n.arg),
     Op.CONCAT: lambda ctx, n, *xs: np.concatenate(xs, axis=n.arg),
     Op.TANH: _elementwise(np.tanh),
+    Op.COS: _elementwise(np.cos),
+    Op.SIN: _elementwise(np.sin),
     Op.ERF: _elementwise(lambda x: _erf(x)),
     Op.CAST: _elementwise(lambda x: x),  # ctx.fix rounds to the cast's dtype (native)
     Op.SLICE: lambda ctx, n, x: x[slice_index(n.arg)],

@@ -27,7 +27,8 @@ def torch_reference(program) -> Callable:
 
     graph = program.reference() if hasattr(program, "kernels") else program
     unary = {Op.NEG: torch.neg, Op.EXP: torch.exp, Op.SQRT: torch.sqrt, Op.RSQRT: torch.rsqrt,
-             Op.SILU: F.silu, Op.RELU: torch.relu, Op.TANH: torch.tanh, Op.ERF: torch.erf}
+             Op.SILU: F.silu, Op.RELU: torch.relu, Op.TANH: torch.tanh, Op.ERF: torch.erf,
+             Op.COS: torch.cos, Op.SIN: torch.sin}
     binary = {Op.ADD: torch.add, Op.SUB: torch.sub, Op.MUL: torch.mul, Op.DIV: torch.div}
     nodes = graph.nodes()
     outputs = dict(graph.outputs)

@@ -31,7 +31,7 @@ def _fresh_dynamo():
 def _meets_the_bar(r: dict, share: float = 0.9) -> None:
     assert r["finite"], r
     assert r["error"] <= TOLERANCE[r["dtype"]], r
-    assert r["optimized_ops"] >= share * r["ops"], (r["optimized_ops"], r["ops"], r["eager"])
+    assert r["optimized_ops"] >= share * r["compute_ops"], (r["optimized_ops"], r["eager"])
     assert 0 < r["after"] < r["before"], r  # the predicted speedup is reported, and real
 
 
@@ -50,17 +50,12 @@ def test_llama_parts(name, impl):
 
 
 def test_two_layer_llama_for_causal_lm():
-    """The whole model with its default KV cache (an empty one: zero-size tensors)."""
+    """The whole model with its default KV cache: an empty one (zero-size tensors) that the
+    first step concatenates to, and int position math, stay eager without breaking the
+    partitioner; compute ops are those producing non-empty float tensors."""
     r = run("llama_model", "float32", "sdpa")
-    assert r["finite"] and r["error"] <= TOLERANCE["float32"], r
-    compute = r["ops"] - _embedding_and_head(r)
-    assert r["optimized_ops"] >= 0.9 * compute, (r["optimized_ops"], r["ops"], r["eager"])
-    assert 0 < r["after"] < r["before"]
-
-
-def _embedding_and_head(r: dict) -> int:
-    """Ops the bar lets stay eager: the embedding lookup and the lm_head."""
-    return sum(("embedding" in e or "lm_head" in e) for e in r["eager"])
+    _meets_the_bar(r)
+    assert any("zero-size" in e for e in r["eager"]) and r["compute_ops"] < r["ops"]
 
 
 def test_summary_warning_names_the_partitions():

@@ -78,6 +78,22 @@ def test_norm_modules_convert_as_in_from_torch(norm):
     assert s["optimized_ops"] == s["ops"] == 3 and not be.unsupported, s
 
 
+def test_empty_cache_and_split_do_not_break_the_partitioner():
+    """An empty KV cache concatenated to (zero-size tensors) stays eager with its reason;
+    split's tuple of tensors joins a partition; the rest is optimized and equals eager."""
+    def step(x, w, cache):
+        k = torch.cat([cache, x @ w], dim=-2)  # cache: (1, 0, 16)
+        a, b = (k * 2.0).split(8, dim=-1)
+        return torch.softmax(a @ b.transpose(-1, -2), dim=-1) @ b
+
+    x, w = torch.randn(1, 6, 16), torch.randn(16, 16)
+    be = _run(step, x, w, torch.zeros(1, 0, 16), backend=em.backend(time_limit_s=10.0))
+    s = be.summary()
+    # everything after the cat: the mul, split and its two halves, attention (8 of 10 ops)
+    assert s["optimized_partitions"] == 1 and s["optimized_ops"] == 8, s
+    assert any("torch.cat" in e and "zero-size" in e for e in s["eager"]), s["eager"]
+
+
 def test_cpu_without_interpreter_runs_torch_program(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     be = _run(GatedMLP().eval(), torch.randn(4, 8))

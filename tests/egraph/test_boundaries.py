@@ -53,7 +53,7 @@ def _op_edges(graph) -> set[tuple[int, int]]:
 def test_tiling_rules_load_with_one_comment_each():
     rulesets, rules = parse_rules(TILING.read_text(), str(TILING))
     assert rulesets == ["tiling"]
-    assert len(rules) == 32  # one per operand of each op
+    assert len(rules) == 34  # one per operand of each op
     assert all(r.name and not r.name.startswith("tiling.egg:") for r in rules)
     assert all("Dev" in str(r.rhs) for r in rules)
 
@@ -61,7 +61,7 @@ def test_tiling_rules_load_with_one_comment_each():
 def test_tiling_rules_are_sound():
     report = check_rules([str(TILING)], instances=2)
     assert report.ok, str(report)
-    assert len(report.results) == 32
+    assert len(report.results) == 34
 
 
 def test_guards_apply_to_tiling_rules():

@@ -131,6 +131,7 @@ def hf_ops() -> em.Graph:
     g.output((h * 0.5 + rot).astype("float16"), "rope")
     g.output(em.gelu(h) + em.gelu(h[:, 1:], approximate="tanh").sum(axis=1, keepdims=True),
              "gelu")
+    g.output(em.cos(h) * em.sin(h), "rotary")
     return g
 
 

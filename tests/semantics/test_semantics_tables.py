@@ -75,6 +75,8 @@ OP_CASES = {
     em.Op.MASK: (lambda X, Y, Z: em.exp(em.where(X.graph.causal_mask(2, 3), X, float("-inf"))),
                  lambda x, y, z: np.exp(np.where(np.tri(2, 3, 0, dtype=bool), x, -np.inf))),
     em.Op.TANH: (lambda X, Y, Z: em.tanh(X), lambda x, y, z: np.tanh(x)),
+    em.Op.COS: (lambda X, Y, Z: em.cos(X), lambda x, y, z: np.cos(x)),
+    em.Op.SIN: (lambda X, Y, Z: em.sin(X), lambda x, y, z: np.sin(x)),
     em.Op.ERF: (lambda X, Y, Z: em.erf(X), lambda x, y, z: scipy.special.erf(x)),
     em.Op.CAST: (lambda X, Y, Z: X.astype("bfloat16" if X.dtype != "bfloat16" else "float32"),
                  lambda x, y, z: x),

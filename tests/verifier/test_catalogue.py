@@ -262,6 +262,8 @@ IDENTITIES = [
          lambda A, B: {"P": A @ B, "S": (A @ B).sum(axis=0)},
          lambda A, B: {"S": A.sum(axis=0) @ B, "P": A @ B}),
     # issue 15: RoPE's halves, GELU's opaque functions, casts (exact in the field)
+    Case("rotary-tables-commute", ins("X:4x8", "P:4x8"),
+         lambda X, P: X * em.cos(P) + X * em.sin(P), lambda X, P: (em.sin(P) + em.cos(P)) * X),
     Case("rope-slices-of-a-matmul", ins("X:4x8", "W:8x6"),
          lambda X, W: em.concat([-(X @ W)[:, 3:], (X @ W)[:, :3]], axis=1),
          lambda X, W: em.concat([-(X @ W[:, 3:]), X @ W[:, :3]], axis=1)),
@@ -310,6 +312,8 @@ MUTANTS = [
          lambda X: em.concat([-X[:, 4:], X[:, :4]], axis=1),
          lambda X: em.concat([-X[:, :4], X[:, 4:]], axis=1)),
     Case("tanh-for-erf", ins("X:4x8"), lambda X: em.tanh(X) * 2.0, lambda X: em.erf(X) * 2.0),
+    Case("sin-for-cos", ins("X:4x8", "C:4x8"), lambda X, C: X * em.cos(C),
+         lambda X, C: X * em.sin(C)),
     Case("swapped-concat-order", ins("A:2x4", "B:2x4"),
          lambda A, B: em.concat([A, B], 0), lambda A, B: em.concat([B, A], 0)),
     Case("concat-wrong-axis", ins("A:2x4", "B:2x4"),
