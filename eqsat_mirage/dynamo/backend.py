@@ -186,7 +186,9 @@ class _Support(OperatorSupportBase):
 
 
 _INPLACE = frozenset({operator.iadd, operator.isub, operator.imul, operator.itruediv,
-                      operator.ipow, operator.imatmul, operator.setitem})
+                      operator.ipow, operator.imatmul, operator.setitem, operator.iand,
+                      operator.ior, operator.ixor, operator.ifloordiv, operator.imod,
+                      operator.ilshift, operator.irshift})
 
 
 def mutation(gm: fx.GraphModule) -> fx.Node | None:
@@ -199,6 +201,8 @@ def mutation(gm: fx.GraphModule) -> fx.Node | None:
                 return n
             if isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable:
                 return n
+            if getattr(n.target, "__module__", None) in ("_operator", "operator"):
+                continue  # operator.and_, or_, not_ ... are pure; their in-place forms are above
             name = getattr(n.target, "__name__", "")
         elif n.op == "call_module":
             mod = gm.get_submodule(n.target)

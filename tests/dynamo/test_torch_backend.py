@@ -243,6 +243,30 @@ def test_in_place_mutation_keeps_the_graph_eager():
     assert be.report == []
 
 
+def test_operator_and_is_not_in_place():
+    """transformers' mask code uses operator.and_ on bool tensors: a pure op (its name ends
+    in "_"), so the graph is partitioned as usual; x &= m (operator.iand) mutates."""
+    import operator
+
+    def masked(x, m1, m2):
+        keep = operator.and_(m1, m2)
+        s = torch.exp(x) * 2.0 + x
+        return torch.where(keep, s, 0.0) + s * s
+
+    from torch import fx
+
+    gm = fx.symbolic_trace(masked)
+    assert torch_backend.mutation(gm) is None
+    graph = fx.Graph()
+    a, b = graph.placeholder("a"), graph.placeholder("b")
+    graph.output(graph.call_function(operator.iand, (a, b)))
+    assert torch_backend.mutation(fx.GraphModule(torch.nn.Module(), graph)) is not None
+    x, m1, m2 = torch.randn(3, 4), torch.rand(3, 4) > 0.3, torch.rand(3, 4) > 0.3
+    be = _run(masked, x, m1, m2, backend=em.backend(time_limit_s=10.0))
+    s = be.summary()
+    assert s["optimized_partitions"] >= 1 and s["optimized_ops"] >= 4, s
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_runs_the_triton_program():
