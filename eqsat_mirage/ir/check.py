@@ -64,7 +64,7 @@ def check_lax(program, what: str = "program") -> None:
 
     That is what the finite-field theorem needs: exp maps the Z_q part into
     Z_p and drops it, so a second exp on a path has nothing to act on. Opaque
-    functions (sqrt, rsqrt, silu, relu) are allowed anywhere; paths through
+    functions (sqrt, rsqrt, silu, relu, tanh, erf, cos, sin) are allowed anywhere; paths through
     them are counted too, which is conservative.
     """
     depth = exp_depth(program)

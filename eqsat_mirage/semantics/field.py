@@ -4,7 +4,7 @@ A value is a pair of int64 arrays ``(p_part, q_part)``. Add, sub, mul, div and
 matmul act on both parts (div by modular inverse). ``exp`` maps a value to
 ``omega ** q_part mod p`` for an ``omega`` of multiplicative order q, and drops
 the q part (``None``), which is why a Lax program takes exp at most once on a
-path. Opaque functions (sqrt, silu, relu) are random functions of their
+path. Opaque functions (sqrt, silu, relu, tanh, erf, cos, sin) are random functions of their
 argument, drawn per trial; ``rsqrt`` is ``1 / sqrt`` so that identity holds.
 
 The exact modular arithmetic (matmuls by float64 BLAS) is in ``modular.py``.
