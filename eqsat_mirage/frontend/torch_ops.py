@@ -69,9 +69,9 @@ SUPPORTED = (
     "silu and nn.SiLU, relu and nn.ReLU, gelu and nn.GELU (erf or tanh), softmax and "
     "nn.Softmax (dtype= too), scaled_dot_product_attention (causal or a bool mask, GQA), "
     "where and masked_fill (bool masks, finite fills), rms_norm and nn.RMSNorm, layer_norm and "
-    "nn.LayerNorm, casts (.to(dtype), .float(), .half(), .type_as), slicing x[a:b] and None, "
-    "narrow, chunk, split, expand, cat, transpose, permute, .T, .mT, t, neg, reshape, view, "
-    "flatten, unsqueeze, squeeze, contiguous, dropout in eval mode")
+    "nn.LayerNorm, casts (.to(dtype), .float(), .half(), .type(dtype), .type_as), slicing "
+    "x[a:b] and None, narrow, chunk, split, expand, cat, transpose, permute, .T, .mT, t, neg, "
+    "reshape, view, flatten, unsqueeze, squeeze, contiguous, dropout in eval mode")
 
 
 def _as(x: Tensor, dtype: Any, what: str) -> Tensor:
@@ -107,6 +107,12 @@ def _cast_to(dtype: Any):
     def h(x: Any, *args: Any, **kwargs: Any) -> Tensor:
         return _as(_tensor(x, "cast"), dtype, "cast")
     return h
+
+
+def _type(x: Any, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Tensor:
+    if not isinstance(dtype, torch.dtype):
+        raise UnsupportedOpError(f"type({dtype!r}) (a torch.dtype is supported)")
+    return _as(_tensor(x, "type"), dtype, "type")
 
 
 def _type_as(x: Any, other: Any) -> Tensor:
@@ -347,7 +353,8 @@ METHODS = {
     "tanh": FUNCTIONS[torch.tanh], "erf": FUNCTIONS[torch.erf], "to": _to,
     "cos": FUNCTIONS[torch.cos], "sin": FUNCTIONS[torch.sin],
     "float": _cast_to("float32"), "half": _cast_to("float16"), "bfloat16": _cast_to("bfloat16"),
-    "type_as": _type_as, "narrow": _narrow, "split": _split, "chunk": _chunk, "expand": _expand,
+    "type_as": _type_as, "type": _type, "narrow": _narrow, "split": _split, "chunk": _chunk,
+    "expand": _expand,
 }
 
 
