@@ -164,6 +164,10 @@ def _rebuild(graph: Graph, leaves: Mapping[str, Node]) -> dict[str, Node]:
 def _untile(k: CustomKernel, env: Mapping[str, Node]) -> dict[str, Node]:
     """The block graph with every tile replaced by its whole tensor (for kernels without source)."""
     tiles = {bi.name: env[bi.tensor] for bi in k.inputs.values()}
+    if k.running_inputs():  # an online softmax's m_run: a value of the iteration, not a tile
+        raise MuGraphError(f"kernel {k.name!r} has no source and its block graph reads the "
+                           f"running maxima {sorted(k.running_inputs())}, which do not untile; "
+                           "give the kernel a source Graph")
     try:
         loop = _rebuild(k.loop, tiles)
         post = _rebuild(k.post, {**tiles, **{a: loop[a] for a in k.accumulators}})
