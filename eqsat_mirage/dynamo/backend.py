@@ -94,21 +94,24 @@ def node_spec(node: fx.Node) -> tuple[tuple[int, ...], str, Any] | None:
     return shape, name, device
 
 
+def _example(node: fx.Node) -> list:
+    """The value(s) Dynamo recorded for ``node``: a tuple's items, else the one value."""
+    v = node.meta.get("example_value", node.meta.get("val"))
+    return list(v) if isinstance(v, (tuple, list)) else [v]
+
+
 def _empty(node: fx.Node) -> bool:
     """Whether ``node`` produces a zero-size tensor (or a tuple holding one)."""
-    v = node.meta.get("example_value", node.meta.get("val"))
-    vals = v if isinstance(v, (tuple, list)) else [v]
-    return any(isinstance(t, torch.Tensor) and t.numel() == 0 for t in vals)
+    return any(isinstance(t, torch.Tensor) and t.numel() == 0 for t in _example(node))
 
 
 def computes(node: fx.Node) -> bool:
     """Whether a call node computes a float tensor with elements (or a tuple of them): the
     ops that count as compute in ``summary()`` (not int position math, tensor creation of
     empty caches, or Python glue)."""
-    v = node.meta.get("example_value", node.meta.get("val"))
-    vals = v if isinstance(v, (tuple, list)) else [v]
     return node.op.startswith("call") and any(
-        isinstance(t, torch.Tensor) and t.numel() > 0 and t.is_floating_point() for t in vals)
+        isinstance(t, torch.Tensor) and t.numel() > 0 and t.is_floating_point()
+        for t in _example(node))
 
 
 def tuple_specs(node: fx.Node) -> list[tuple[tuple[int, ...], str, Any]] | None:

@@ -310,6 +310,27 @@ def slice_index(arg: tuple[int, int, int]) -> tuple:
     return (slice(None),) * axis + (slice(start, stop),)
 
 
+def tile_split(shape: Shape, imap: Any, fmap: int | None, grid: tuple[int, ...],
+               forloop: int) -> tuple[list[int], dict[int, int], int | None, list[int]]:
+    """How a tensor of ``shape`` is cut into tiles (the tiled interpreters' layout): the
+    split shape (each dim as [grid part,] [loop part,] tile), where each grid axis and the
+    loop axis sit in it, and where each tile dim sits. A dim in both maps is cut by the grid
+    first, then each block's part by the loop."""
+    split, grid_pos, loop_pos, tile_pos = [], {}, None, []
+    for d, size in enumerate(shape):
+        if d in imap:
+            grid_pos[imap[d]] = len(split)
+            split.append(grid[imap[d]])
+            size //= grid[imap[d]]
+        if d == fmap:
+            loop_pos = len(split)
+            split += [forloop, size // forloop]
+        else:
+            split.append(size)
+        tile_pos.append(len(split) - 1)
+    return split, grid_pos, loop_pos, tile_pos
+
+
 def _slice_shape(shape: Shape, arg: Any, where: Any) -> Shape:
     ok = isinstance(arg, tuple) and len(arg) == 3 and all(
         isinstance(v, int) and not isinstance(v, bool) for v in arg)

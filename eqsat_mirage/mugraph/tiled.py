@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.node import BINARY, REDUCE, UNARY, Node, Op, make, toposort
+from ..ir.node import BINARY, REDUCE, UNARY, Node, Op, make, tile_split, toposort
 from ..semantics.field import FIELD_SEMANTICS, MaskedPair, back_p
 from ..semantics.floating import FLOAT_SEMANTICS, float_ctx, round_to, uniform
 from ..semantics.interp import Table, run
@@ -119,18 +119,7 @@ def cut(x: np.ndarray, imap: Mapping[int, int], fmap: int | None, grid: tuple[in
         forloop: int) -> np.ndarray:
     """Tiles of ``x`` for every block: shape ([F,] *grid, *tile), iteration axis first."""
     x = np.asarray(x)
-    split, grid_pos, loop_pos, tile_pos = [], {}, None, []
-    for d, size in enumerate(x.shape):
-        if d in imap:  # grid first; with an fmap too, each block's part is cut by the loop
-            grid_pos[imap[d]] = len(split)
-            split.append(grid[imap[d]])
-            size //= grid[imap[d]]
-        if d == fmap:
-            loop_pos = len(split)
-            split += [forloop, size // forloop]
-        else:
-            split.append(size)
-        tile_pos.append(len(split) - 1)
+    split, grid_pos, loop_pos, tile_pos = tile_split(x.shape, imap, fmap, grid, forloop)
     lead = [loop_pos] if loop_pos is not None else []
     y = x.reshape(split).transpose(lead + [grid_pos[a] for a in sorted(grid_pos)] + tile_pos)
     loop = (forloop,) if loop_pos is not None else ()

@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable, Mapping
 
 from ..ir.errors import MirageError
-from ..ir.node import Op, slice_index, toposort
+from ..ir.node import Op, slice_index, tile_split, toposort
 
 
 def torch_reference(program) -> Callable:
@@ -145,18 +145,7 @@ def _cut(x, imap: Mapping[int, int], fmap: int | None, grid: tuple[int, ...], fo
     """The tiles of ``x`` for every block: shape (*grid, [F,] *tile). A dim in both maps is
     cut by the grid first, then each block's part by the loop; a grid axis that ``x`` is
     not cut along is broadcast (every block reads the same tile)."""
-    split, grid_pos, loop_pos, tile_pos = [], {}, None, []
-    for d, size in enumerate(x.shape):
-        if d in imap:
-            grid_pos[imap[d]] = len(split)
-            split.append(grid[imap[d]])
-            size //= grid[imap[d]]
-        if d == fmap:
-            loop_pos = len(split)
-            split += [forloop, size // forloop]
-        else:
-            split.append(size)
-        tile_pos.append(len(split) - 1)
+    split, grid_pos, loop_pos, tile_pos = tile_split(tuple(x.shape), imap, fmap, grid, forloop)
     order = [grid_pos[a] for a in sorted(grid_pos)] + (
         [loop_pos] if loop_pos is not None else []) + tile_pos
     y = x.reshape(split).permute(order)
