@@ -26,6 +26,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 import eqsat_mirage as em  # noqa: E402
 from bench.programs import cases, program  # noqa: E402
 from bench.results_md import replace_section  # noqa: E402
+from eqsat_mirage.cost.gpucost import mugraph_cost  # noqa: E402
 from eqsat_mirage.ir.node import Op
 from eqsat_mirage.semantics.torch_reference import torch_reference
 
@@ -98,7 +99,7 @@ def run_case(name: str, batch: int, reps: int, prof, optimize_kw: dict) -> dict:
 
     graph = program(name, batch)
     res = em.optimize(graph, **optimize_kw)
-    ours = res.compile()
+    ours, graphed = res.compile(), res.compile(cuda_graph=True)
     ref = torch_reference(graph)
     inputs = make_inputs(graph)
     compiled = torch.compile(ref)
@@ -108,7 +109,9 @@ def run_case(name: str, batch: int, reps: int, prof, optimize_kw: dict) -> dict:
     row = {"case": f"{name} b={batch}", "predicted": res.cost_us, "rel_err": err,
            "eager": time_us(lambda: ref(**inputs), reps),
            "compile": time_us(lambda: compiled(**inputs), reps),
-           "ours": time_us(lambda: ours(**inputs), reps), "sdpa": None}
+           "ours": time_us(lambda: ours(**inputs), reps),
+           "ours_graph": time_us(lambda: graphed(**inputs), reps), "sdpa": None,
+           "cost": mugraph_cost(res.program, prof) if hasattr(res.program, "kernels") else None}
     sdpa = _sdpa(name, inputs)
     if sdpa is not None:
         row["sdpa"] = time_us(sdpa, reps)
@@ -158,15 +161,17 @@ def write_section(path: Path, text: str) -> None:
     replace_section(path, SECTION, text)
 
 
-def write_calibration(path: Path, rows: list[dict], device: str) -> None:
-    """Measured vs predicted time of each chosen program (a TOML table per case)."""
-    lines = [f"# measured vs predicted time of the chosen programs on {device}",
-             f'device = "{device}"', ""]
-    for r in rows:
-        lines += [f'[cases."{r["case"]}"]', f"predicted_us = {r['predicted']:.3f}",
-                  f"measured_us = {r['ours']:.3f}", f"ratio = {r['ours'] / r['predicted']:.3f}",
-                  ""]
-    path.write_text("\n".join(lines), encoding="utf-8")
+def write_calibration(path: Path, rows: list[dict], device: str, prof) -> None:
+    """Fit the cost model to the measured times (``cost.calibrate``: CUDA-graph replays and
+    plain launches of the chosen programs) and write ``path``, the profile's
+    ``<gpu>_measured.toml`` that ``GPUProfile.load`` reads."""
+    from eqsat_mirage.cost.calibrate import Sample, fit, write_measured
+
+    samples = [Sample(r["case"], r["cost"], r["ours_graph"], r["ours"]) for r in rows
+               if r.get("cost") is not None]
+    fitted = fit(samples, prof)
+    write_measured(path, fitted, device)
+    print(f"calibration: {fitted.residual:.1%} rms error of the fit; {fitted.figures}")
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -185,7 +190,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--write", type=Path, default=None, metavar="FILE",
                         help="replace FILE's GPU timings section with the table")
     parser.add_argument("--calibration", type=Path, default=None, metavar="FILE",
-                        help="write measured vs predicted times to FILE (TOML)")
+                        help="fit the cost model to the measured times and write FILE "
+                             "(extract/<gpu>_measured.toml, read by the cost model)")
     return parser
 
 
@@ -219,7 +225,7 @@ def run(args: argparse.Namespace, command: str) -> int:
         write_section(args.write, section(rows, device, command, args.reps))
         print(f"\nwrote the GPU timings section of {args.write}")
     if args.calibration is not None:
-        write_calibration(args.calibration, rows, device)
+        write_calibration(args.calibration, rows, device, prof)
         print(f"wrote {args.calibration}")
     return 0
 

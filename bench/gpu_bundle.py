@@ -30,7 +30,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import eqsat_mirage as em  # noqa: E402
-from bench.gpu_bench import roofline, section, write_calibration, write_section  # noqa: E402
+from bench.gpu_bench import roofline, section, write_section  # noqa: E402
 from bench.programs import BATCHES, SAFE, cases, program  # noqa: E402
 from eqsat_mirage.codegen.source import triton_source  # noqa: E402
 from eqsat_mirage.cost.profile import GPUProfile  # noqa: E402
@@ -64,6 +64,8 @@ def export_case(folder: Path, case_id: str, label: str, graph, res, prof,
             "predicted_us": res.cost_us, "baseline_us": res.baseline_cost_us,
             "roofline_us": res.roofline_us, "min_bytes": moved, "flops": flops,
             "memory_bound": mem_bound, "kernels": len(res.program.kernels),
+            "mugraph": json.loads(res.program.to_json()) if hasattr(res.program, "to_json")
+            else None,  # data: the calibration re-prices it (cost/calibrate.py)
             "sdpa": ["Q", "K", "V"] if sdpa and {"Q", "K", "V"} <= names else None}
 
 
@@ -111,6 +113,27 @@ def rows_from(manifest: dict, results: dict, bandwidth_GBps: float) -> list[dict
     return rows
 
 
+def calibration(manifest: dict, results: dict, prof, device: str, path: Path):
+    """Fit the cost model to the measured CUDA-graph and plain times
+    (``cost.calibrate``) and write ``path`` (``extract/<gpu>_measured.toml``)."""
+    from eqsat_mirage.cost.calibrate import Sample, fit, write_measured
+    from eqsat_mirage.cost.gpucost import mugraph_cost
+    from eqsat_mirage.mugraph.program import MuGraph
+
+    by_case = {c["case"]: c for c in manifest["cases"]}
+    samples = []
+    for r in results["cases"]:
+        c = by_case[r["case"]]
+        if c.get("mugraph") is None or not r.get("ok") or "ours_us" not in r:
+            continue
+        mg = MuGraph.from_json(json.dumps(c["mugraph"]))
+        samples.append(Sample(r["case"], mugraph_cost(mg, prof), r["ours_us"],
+                              r.get("ours_plain_us")))
+    fitted = fit(samples, prof)
+    write_measured(path, fitted, device)
+    return fitted
+
+
 def main(argv: list[str] | None = None) -> int:
     """``export`` or ``ingest`` (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -146,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         write_section(args.write, section(rows, device, "bench/gpu_bundle.py export + "
                                           "gpu_runner.py (CUDA-graph replays) + ingest", 200))
     if args.calibration:
-        write_calibration(args.calibration, rows, device)
+        fitted = calibration(manifest, results, prof, device, args.calibration)
+        print(f"calibration: {fitted.residual:.1%} rms error of the fit; {fitted.figures}")
     for r in rows:
         print(f"{r['case']}: ours {r['ours']:.1f} us, predicted {r['predicted']:.1f} us, "
               f"eager {r['eager']:.1f}, compile {r['compile']:.1f}")

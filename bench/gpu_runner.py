@@ -12,9 +12,9 @@ here, plus ``manifest.json``. For every case this script:
 - checks correctness on each set against the reference recomputed in float64:
   any non-finite output where the reference is finite, or a relative error
   ``|out - ref| / |ref|`` above 2e-3, fails the case (and the exit code is 1);
-- poisons every buffer the module allocates with ``torch.empty`` (its outputs
-  and intermediates) with NaN during the checked runs, so an element no kernel
-  writes shows as non-finite;
+- poisons every buffer the module allocates with ``torch.empty`` or
+  ``Tensor.new_empty`` (its outputs and intermediates) with NaN during the
+  checked runs, so an element no kernel writes shows as non-finite;
 - times eager, ``torch.compile`` of the eager module (and max-autotune with the
   flag), ours, and SDPA where the manifest names Q, K, V: every contestant as
   CUDA-graph replays timed with CUDA events (median over ``--reps``, rotating
@@ -30,6 +30,7 @@ eqsat_mirage, and it executes only the bundle's modules, which this project gene
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import statistics
@@ -69,6 +70,24 @@ class _Poisoned:
 
     def empty(self, *args, **kwargs):
         return self._torch.empty(*args, **kwargs).fill_(float("nan"))
+
+
+@contextlib.contextmanager
+def poisoned(module):
+    """``module``'s allocations (``torch.empty`` in it, ``Tensor.new_empty`` anywhere) filled
+    with NaN for the duration."""
+    import torch
+
+    new_empty = torch.Tensor.new_empty
+
+    def poisoned_new_empty(self, *args, **kwargs):
+        return new_empty(self, *args, **kwargs).fill_(float("nan"))
+
+    module.torch, torch.Tensor.new_empty = _Poisoned(torch), poisoned_new_empty
+    try:
+        yield
+    finally:
+        module.torch, torch.Tensor.new_empty = torch, new_empty
 
 
 def reference64(ref, inputs: dict) -> dict:
@@ -143,11 +162,11 @@ def run_case(folder: Path, case: dict, device: str, args) -> dict:
     ref = load(folder / case["ref"], f"ref_{case['id']}")
     sets = [draw(case, device, seed) for seed in range(args.sets)]
     row = {"case": case["case"], "rel_err": 0.0, "nonfinite": 0}
-    ours.torch = _Poisoned(torch)
     for inputs in sets:
-        err, bad = check(ours.run(**inputs), reference64(ref, inputs))
+        with poisoned(ours):
+            got = ours.run(**inputs)
+        err, bad = check(got, reference64(ref, inputs))
         row["rel_err"], row["nonfinite"] = max(row["rel_err"], err), row["nonfinite"] + bad
-    ours.torch = torch
     row["ok"] = row["nonfinite"] == 0 and row["rel_err"] <= TOLERANCE
     if device != "cuda":
         return row

@@ -1,5 +1,7 @@
 """Make the repository root (tests `import bench`) and tests/ (shared helpers such as
-`torch_models` and `mugraph_examples`) importable; keep results caches in tmp."""
+`torch_models` and `mugraph_examples`) importable; keep results caches in tmp; leave
+optimize's compile check (seconds per candidate, sm_90a builds) to the tests that ask for it
+with ``compile_check=True``."""
 
 import os
 import sys
@@ -18,7 +20,8 @@ def _session_results_cache(tmp_path_factory):
     """Keep every test, session- and module-scoped fixtures included, off the user's cache
     and key."""
     made = {"EQSAT_MIRAGE_CACHE_DIR": str(tmp_path_factory.mktemp("results-cache")),
-            "EQSAT_MIRAGE_CONFIG_DIR": str(tmp_path_factory.mktemp("config"))}  # the tag key
+            "EQSAT_MIRAGE_CONFIG_DIR": str(tmp_path_factory.mktemp("config")),  # the tag key
+            "EQSAT_MIRAGE_COMPILE_CHECK": "0"}
     old = {k: os.environ.get(k) for k in made}
     os.environ.update(made)
     yield

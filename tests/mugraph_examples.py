@@ -131,3 +131,20 @@ def online_attention(mistake=None, dtype="float32"):
     k.output(o / lse, "O", omap={0: 0, 1: 1})
     mg.output("O")
     return g, mg
+
+
+def attention_tiles(rows: int, keys: int = 128):
+    """Attention's numerator and denominator in one lowered kernel: ``rows`` query rows per
+    block and ``keys`` keys per loop iteration (GQA b=1 shapes; for register and warp tests)."""
+    from eqsat_mirage.fusion.lower import lower
+    from eqsat_mirage.fusion.schedule import Schedule
+
+    g = em.Graph("attn")
+    q = g.input("Q", (2, 256, 64), "float16")
+    k = g.input("K", (2, 64, 4096), "float16")
+    v = g.input("V", (2, 4096, 64), "float16")
+    a = em.exp(q @ k)
+    g.output(a @ v, "N")
+    g.output(a.sum(axis=2, keepdims=True), "D")
+    return lower(g, Schedule(grid=(("a", 2), ("b", 256 // rows)), loop="d",
+                             forloop=4096 // keys))

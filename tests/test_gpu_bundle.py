@@ -69,6 +69,19 @@ def test_the_runner_fails_a_wrong_program(tmp_path):
     assert results["cases"][0]["rel_err"] > 5e-3
 
 
+def test_the_runner_poisons_what_the_module_allocates(tmp_path):
+    """An output no kernel writes (here a fresh ``new_empty``, the launcher's allocation)
+    reads as NaN in the checked runs."""
+    folder = bundle(tmp_path)
+    case = json.loads((folder / "manifest.json").read_text())["cases"][0]
+    path = folder / case["ours"]
+    text = path.read_text()
+    assert ".new_empty(" in text
+    path.write_text(text.replace('return {"Y": Y}', 'return {"Y": Y.new_empty(Y.shape)}'))
+    rc, results, log = run_runner(folder)
+    assert rc == 1 and results["cases"][0]["nonfinite"] > 0, log
+
+
 def test_ingest_turns_timings_into_rows():
     manifest = {"cases": [{"case": "x b=1", "predicted_us": 10.0, "min_bytes": 3e6,
                            "memory_bound": True}]}

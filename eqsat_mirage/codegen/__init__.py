@@ -1,11 +1,13 @@
 """Stage 7, lower: a ``MuGraph`` to a Python module of ``@triton.jit`` kernels and a launcher.
 
-``source.py``: ``triton_source`` and ``compile_mugraph``. ``kernel.py``: one custom
-kernel's body. ``tiles.py``: tile expressions (``tl.dot``, reductions, masks).
-``concat.py``: concatenation and the code generator's errors. ``compiled.py``:
-``compile_report``, each generated kernel compiled for the real target (sm_90a)
-without a GPU, with its registers, spills and shared memory. ``graphs.py``:
-``GraphRunner``, CUDA-graph capture once per input signature and replay.
+``source.py``: ``triton_source`` and ``compile_mugraph``. ``host.py``: the launcher's
+input checks once per input signature, constexpr strides, output buffers
+(``reuse_outputs``). ``kernel.py``: one custom kernel's body. ``tiles.py``: tile
+expressions (``tl.dot``, reductions, masks). ``concat.py``: concatenation and the code
+generator's errors. ``compiled.py``: ``compile_report``, each generated kernel compiled
+for the real target (sm_90a) without a GPU, with its registers, spills and shared
+memory. ``graphs.py``: ``GraphRunner``, CUDA-graph capture once per input signature and
+replay.
 
 Takes: a validated ``MuGraph``.
 Gives: Triton source text, a callable on torch tensors, compiled kernels' resources.

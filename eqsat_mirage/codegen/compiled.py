@@ -5,8 +5,8 @@ Triton's compiler runs on a CPU when it is given an explicit target
 uses the ptxas that ships in the triton wheel. ``compile_report``
 takes a generated module's source (``triton_source``), records each kernel
 launch of its ``run`` with the launches stubbed and meta tensors as inputs (so
-the argument types, the constexpr block sizes and the launch options are the
-launcher's own), compiles each kernel for the target and reads the resources
+the argument types, the constexpr strides and block sizes and the launch options
+are the launcher's own), compiles each kernel for the target and reads the resources
 back: registers, spill stores and stack frame (the wheel's ``ptxas -v``) and
 shared memory (Triton's metadata).
 Results are cached in memory by (source, target).
@@ -109,8 +109,11 @@ def _signature(fn, args: tuple, kwargs: dict) -> tuple[dict, dict, dict]:
 
     sig, consts, options = {}, {}, {}
     names = list(fn.arg_names)
+    constexpr = {p.name for p in getattr(fn, "params", ()) if p.is_constexpr}
     for name, a in zip(names, args):
-        if isinstance(a, torch.Tensor):
+        if name in constexpr:  # e.g. the strides, passed by position
+            sig[name], consts[name] = "constexpr", a
+        elif isinstance(a, torch.Tensor):
             sig[name] = "*" + _DTYPES[str(a.dtype)]
         elif isinstance(a, bool):
             sig[name] = "i1"

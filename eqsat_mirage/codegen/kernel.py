@@ -18,8 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from ..cost.gpucost import warps_for
-from ..cost.profile import NUM_STAGES
+from ..cost.tiles import stages_for, warps_for
 from ..ir.node import Node, Op, Shape, fmt_shape
 from ..ir.printing import _short
 from ..mugraph.kernels import CustomKernel, TensorSpec, axis_name, fmt_map
@@ -353,7 +352,7 @@ class KernelWriter(TileOps):
         self.body()
         tensors = self.reads + self.writes
         args = [[self.ptr[t] for t in tensors],
-                [s for t in tensors for s in self.stride[t]],
+                [f"{s}: tl.constexpr" for t in tensors for s in self.stride[t]],
                 [f"{self.block_name[n]}: tl.constexpr" for n in sorted(self.block_name)]]
         out = ["@triton.jit", f"def {self.fn_name}("]
         for group in args:
@@ -384,14 +383,16 @@ class KernelWriter(TileOps):
         out += fit(self.post, "    ")
         return "\n".join(out) + "\n"
 
-    def launch(self, var: Mapping[str, str]) -> list[str]:
-        """Host lines launching the kernel; ``var`` maps device tensors to Python variables."""
+    def launch(self, var: Mapping[str, str], strides: Mapping[str, list[str]]) -> list[str]:
+        """Host lines launching the kernel; ``var`` maps device tensors to Python variables,
+        ``strides`` each tensor to its strides' expressions (the kernel's constexpr strides:
+        literals, or variables of the launcher)."""
         tensors = self.reads + self.writes
         grid = ", ".join(str(g) for g in self.k.grid) + ("," if len(self.k.grid) == 1 else "")
         args = [[var[t] for t in tensors],
-                [f"{var[t]}.stride({d})" for t in tensors for d in range(len(self.stride[t]))],
+                [strides[t][d] for t in tensors for d in range(len(self.stride[t]))],
                 [f"{self.block_name[n]}={self.block[n]}" for n in sorted(self.block_name)]
-                + [f"num_warps={warps_for(self.k)}", f"num_stages={NUM_STAGES}"]]
+                + [f"num_warps={warps_for(self.k) or 16}", f"num_stages={stages_for(self.k)}"]]
         lines = [f"{self.fn_name}[({grid})]("]
         for group in args:
             lines += wrap(group, "    ", ",")

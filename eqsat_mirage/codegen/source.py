@@ -1,14 +1,16 @@
 """Lowering a MuGraph to Triton: one Python module, and that module compiled to a callable.
 
-``triton_source(mg, header)`` returns the source of one Python module:
+``triton_source(mg, header, reuse_outputs)`` returns the source of one Python module:
 
 - a header comment: the MuGraph's listing, and ``header`` (e.g. the predicted cost);
-- ``INPUTS`` / ``OUTPUTS``: name -> (shape, torch dtype);
-- one ``@triton.jit`` kernel per custom kernel (``kernel.py``);
-- ``run(*tensors, **by_name)``: checks the inputs (a ``ValueError`` naming the input,
-  expected and actual shape, dtype or device), allocates every kernel output, runs the
-  kernels in order (pre-defined kernels as torch ops, custom kernels as Triton launches
-  over their grid) and returns ``{output name: tensor}``.
+- ``INPUTS`` / ``OUTPUTS``: name -> (shape, torch dtype); ``REUSE_OUTPUTS``;
+- one ``@triton.jit`` kernel per custom kernel (``kernel.py``), its strides ``tl.constexpr``;
+- ``run(*tensors, **by_name)``: checks the inputs once per input signature (a
+  ``ValueError`` naming the input, expected and actual shape, dtype or device),
+  allocates every kernel output (or, with ``REUSE_OUTPUTS``, takes the buffers kept
+  for that signature), runs the kernels in order (pre-defined kernels as torch ops,
+  custom kernels as Triton launches over their grid) and returns ``{output name:
+  tensor}``. The launcher's runtime (``_bind``, ``_check``, strides, buffers): ``host.py``.
 
 ``compile_mugraph(mg)`` writes that module to a file (``@triton.jit`` reads its
 function's source), imports it and returns its ``run``. On a machine without a
@@ -39,6 +41,7 @@ from ..ir.printing import _short
 from ..mugraph.kernels import CustomKernel, PredefinedKernel, TensorSpec
 from ..mugraph.program import MuGraph
 from .concat import CodegenError
+from .host import bind_source, contiguous_strides, unpack
 from .kernel import KernelWriter, fit, wrap
 from .tiles import Names, identifier, literal
 
@@ -62,68 +65,9 @@ TRITON_DENYLIST = ("tl.make_tensor_descriptor", "TensorDescriptor", "_experiment
 TORCH_DTYPE = {"float16": "torch.float16", "bfloat16": "torch.bfloat16",
                "float32": "torch.float32", "bool": "torch.bool"}
 _HOST_RESERVED = frozenset({"torch", "triton", "tl", "os", "device", "args", "kwargs", "run",
-                            "INPUTS", "OUTPUTS", "NEEDS_TRITON", "_bind"})
-
-_BIND = '''
-_CHECKED = {}  # (shape, dtype, device) per input, in order -> device: signatures that passed
-
-
-def _bind(args, kwargs):
-    """The input tensors in INPUTS order, checked (once per signature), and their device."""
-    if not kwargs and len(args) == len(INPUTS) and all(isinstance(x, torch.Tensor)
-                                                       for x in args):
-        device = _CHECKED.get(tuple((x.shape, x.dtype, x.device) for x in args))
-        if device is not None and (device.type == "cuda" or not NEEDS_TRITON
-                                   or os.environ.get("TRITON_INTERPRET") == "1"):
-            return args, device
-    tensors, device = _check(args, kwargs)
-    if len(_CHECKED) < 64:
-        _CHECKED[tuple((x.shape, x.dtype, x.device) for x in tensors)] = device
-    return tensors, device
-
-
-def _check(args, kwargs):
-    """The input tensors in INPUTS order, checked, and their device."""
-    names = list(INPUTS)
-    if len(args) == 1 and isinstance(args[0], dict) and not kwargs:
-        args, kwargs = (), dict(args[0])
-    if len(args) > len(names):
-        raise ValueError(f"run() takes {len(names)} inputs ({', '.join(names)}); "
-                         f"got {len(args)} positional arguments")
-    given = dict(zip(names, args))
-    for name in kwargs:
-        if name not in INPUTS:
-            raise ValueError(f"unknown input {name!r} (inputs: {', '.join(names)})")
-        if name in given:
-            raise ValueError(f"input {name!r} given both by position and by name")
-    given.update(kwargs)
-    missing = [name for name in names if name not in given]
-    if missing:
-        raise ValueError(f"missing input(s) {', '.join(map(repr, missing))} "
-                         f"(inputs: {', '.join(names)})")
-    tensors, device = [], None
-    for name, (shape, dtype) in INPUTS.items():
-        x = given[name]
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"input {name!r}: expected a torch.Tensor of shape {shape} and "
-                             f"dtype {dtype}, got {type(x).__name__}")
-        if tuple(x.shape) != shape:
-            raise ValueError(f"input {name!r}: expected shape {shape}, got {tuple(x.shape)}")
-        if x.dtype != dtype:
-            raise ValueError(f"input {name!r}: expected dtype {dtype}, got {x.dtype}")
-        if device is None:
-            device = x.device
-        elif x.device != device:
-            raise ValueError(f"input {name!r}: expected device {device} (the device of "
-                             f"{names[0]!r}), got {x.device}")
-        tensors.append(x)
-    if device is None:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if NEEDS_TRITON and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"inputs are on device {device}: the Triton kernels need a CUDA "
-                         "device, or TRITON_INTERPRET=1 set before triton is imported")
-    return tensors, device
-'''
+                            "entry", "key", "tensors", "INPUTS", "OUTPUTS", "NEEDS_TRITON",
+                            "REUSE_OUTPUTS", "_bind", "_check", "_signature", "_buffers",
+                            "_CHECKED"})
 
 
 def _shape(shape: tuple[int, ...]) -> str:
@@ -195,11 +139,24 @@ def _torch_op(k: PredefinedKernel, var: dict[str, str]) -> str:
     raise CodegenError(f"{who}: {n.describe()} has no torch form")
 
 
-def triton_source(mugraph: MuGraph, header: str = "") -> str:
+def _alloc(spec: TensorSpec, first: tuple[str, str] | None) -> str:
+    """Allocation of a tensor a kernel writes: ``first`` is the first input's (variable,
+    dtype), whose ``new_empty`` is the cheapest way to a tensor on its device."""
+    if first is None:
+        return f"torch.empty({_shape(spec.shape)}, dtype={TORCH_DTYPE[spec.dtype]}, " \
+               "device=device)"
+    dtype = "" if spec.dtype == first[1] else f", dtype={TORCH_DTYPE[spec.dtype]}"
+    return f"{first[0]}.new_empty({_shape(spec.shape)}{dtype})"
+
+
+def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = False) -> str:
     """The Python module (source text) running ``mugraph`` with Triton kernels and torch.
 
     ``header`` (e.g. the predicted cost) is added to the module's header comment.
-    Raises ``CodegenError`` for a block graph the backend cannot lower.
+    ``reuse_outputs``: the tensors the Triton kernels write (outputs and intermediates) are
+    allocated once per input signature and reused by every later call with it, so a call's
+    outputs are overwritten by the next call (``REUSE_OUTPUTS = True`` in the module; see
+    ``host.py``). Raises ``CodegenError`` for a block graph the backend cannot lower.
     """
     mg = mugraph.validate()
     specs = mg.tensors
@@ -212,6 +169,15 @@ def triton_source(mugraph: MuGraph, header: str = "") -> str:
                for k in custom}
     host = Names(_HOST_RESERVED | fn_names.used)
     var = {name: host(name) for name in specs}
+    names = list(mg.inputs)
+    # the kernels' constexpr strides: an input's from its signature's entry, a torch op's
+    # result's asked once, and literals for the contiguous tensors the launcher allocates
+    strides = {n: [host(f"{var[n]}_s{d}") for d in range(len(specs[n].shape))] for n in names}
+    written = {t: spec for k in custom for t, spec in k.output_specs().items()}
+    strides.update({t: [str(s) for s in contiguous_strides(spec.shape)]
+                    for t, spec in written.items()})
+    pointed = {t for k in custom for t in writers[id(k)].reads}
+    first = (var[names[0]], specs[names[0]].dtype) if names else None
     lines = [f"# Generated by eqsat-mirage from MuGraph {mg.name!r}: {len(mg.kernels)} kernel(s),",
              f"# {len(custom)} custom (Triton), {len(mg.kernels) - len(custom)} pre-defined "
              "(torch)."]
@@ -222,18 +188,42 @@ def triton_source(mugraph: MuGraph, header: str = "") -> str:
     lines += ["import triton", "import triton.language as tl"] if custom else []
     lines += ["", "INPUTS = {"] + _specs({n: specs[n] for n in mg.inputs}) + ["}"]
     lines += ["OUTPUTS = {"] + _specs(mg.outputs) + ["}"]
-    lines += [f"NEEDS_TRITON = {bool(custom)}"]
+    lines += [f"NEEDS_TRITON = {bool(custom)}",
+              f"REUSE_OUTPUTS = {bool(reuse_outputs)}  # "
+              + ("outputs allocated once per input signature, overwritten by the next call"
+                 if reuse_outputs else "every call allocates its outputs")]
     for k in custom:
         lines += ["", "", writers[id(k)].text.rstrip("\n")]
-    lines += ["", _BIND.rstrip("\n"), "", ""]
-    names = list(mg.inputs)
+    lines += ["", "", bind_source([var[n] for n in names], reuse_outputs).rstrip("\n")]
+    buffers = [var[t] for t in written] if reuse_outputs else []
+    if reuse_outputs:
+        params = ", ".join(["device"] + [var[n] for n in names])
+        lines += ["", "", f"def _buffers({params}):",
+                  '    """The tensors the kernels write, allocated once per input signature '
+                  "(REUSE_OUTPUTS):\n    every call with that signature writes and returns "
+                  'these same tensors."""']
+        lines += [f"    {var[t]} = {_alloc(spec, first)}" for t, spec in written.items()]
+        lines.append(f"    return ({', '.join(buffers)}{',' if len(buffers) == 1 else ''})")
     outs = ", ".join(mg.output_tensors)
     doc = textwrap.wrap(f"Inputs {', '.join(names) or '(none)'}: torch tensors by position, by "
                         f"name, or as one dict. Returns a dict of torch tensors: {outs}.", 92)
-    lines += ["def run(*args, **kwargs):", f'    """Run MuGraph {mg.name!r}.', ""]
+    if reuse_outputs:
+        doc += textwrap.wrap("REUSE_OUTPUTS: the tensors returned are the same at every call "
+                             "with the same input signature, overwritten by the next call "
+                             "(clone() them to keep them).", 92)
+    lines += ["", "", "def run(*args, **kwargs):", f'    """Run MuGraph {mg.name!r}.', ""]
     lines += [f"    {line}" for line in doc] + ['    """']
-    unpack = "(" + ", ".join(var[n] for n in names) + ("," if len(names) == 1 else "") + ")"
-    lines.append(f"    {unpack if names else '_'}, device = _bind(args, kwargs)")
+    ins = "(" + ", ".join(var[n] for n in names) + ("," if len(names) == 1 else "") + ")"
+    ins = ins if names else "_"
+    entry = ["device"] + [s if n in pointed else "_" for n in names for s in strides[n]] + buffers
+    one = f"    {ins}, ({', '.join(entry)}{',' if len(entry) == 1 else ''}) = _bind(args, kwargs)"
+    if len(one) <= 100:
+        lines.append(one)
+    elif len(f"    {ins}, entry = _bind(args, kwargs)") <= 100:
+        lines += [f"    {ins}, entry = _bind(args, kwargs)"] + unpack(entry, "entry")
+    else:
+        lines += ["    tensors, entry = _bind(args, kwargs)"]
+        lines += unpack([var[n] for n in names], "tensors") + unpack(entry, "entry")
     read = set(mg.output_tensors.values()) | {s.arg for k in mg.kernels if k.kind == "predefined"
                                               for s in k.node.srcs if s.op is Op.INPUT}
     for k in mg.kernels:
@@ -245,13 +235,17 @@ def triton_source(mugraph: MuGraph, header: str = "") -> str:
                 continue
             lines += fit([f"{var[k.output]} = {_torch_op(k, var)}  # kernel {k.name}: "
                           f"{n.op.name.lower()} -> {_short(n.dtype)}{list(n.shape)}"], "    ")
+            if k.output in pointed and n.shape:  # a torch op's result: any strides
+                strides[k.output] = [host(f"{var[k.output]}_s{d}") for d in range(len(n.shape))]
+                lines += unpack(strides[k.output], f"{var[k.output]}.stride()")
             continue
         grid = ", ".join(str(g) for g in k.grid)
-        lines.append(f"    # kernel {k.name}: custom, grid ({grid}), forloop {k.forloop}")
-        for t, spec in k.output_specs().items():
-            lines.append(f"    {var[t]} = torch.empty({_shape(spec.shape)}, "
-                         f"dtype={TORCH_DTYPE[spec.dtype]}, device=device)")
-        lines += ["    " + line for line in writers[id(k)].launch(var)]
+        lines.append(f"    # kernel {k.name}: custom, grid ({grid}), forloop {k.forloop}"
+                     + (" (into reused buffers)" if reuse_outputs else ""))
+        if not reuse_outputs:
+            lines += [f"    {var[t]} = {_alloc(spec, first)}"
+                      for t, spec in k.output_specs().items()]
+        lines += ["    " + line for line in writers[id(k)].launch(var, strides)]
     result = [f'"{o}": {var[t]}' for o, t in mg.output_tensors.items()]
     ret = wrap(result, "    ", ",")
     if len(ret) == 1:
@@ -288,17 +282,21 @@ def private_folder(directory: str | os.PathLike | None = None) -> Path:
 
 
 def compile_mugraph(mugraph: MuGraph, header: str = "",
-                    directory: str | os.PathLike | None = None) -> Callable:
+                    directory: str | os.PathLike | None = None,
+                    reuse_outputs: bool = False) -> Callable:
     """Generate, write and import the module of ``mugraph``; returns its ``run``.
 
     ``run(*tensors, **by_name)`` takes torch tensors (positionally in input order, by
-    name, or one dict) and returns ``{output name: tensor}``. The module is written to
+    name, or one dict) and returns ``{output name: tensor}``. With ``reuse_outputs``
+    those tensors (and the intermediates between kernels) are allocated once per input
+    signature and returned again by every later call with it: the next call overwrites
+    them, so ``clone()`` what must be kept (off by default). The module is written to
     ``directory`` (default: a private per-user folder in the system's temp directory, see
     ``private_folder``) under a name derived from its content; ``run.source`` and
     ``run.path`` give the text and the file.
     Triton is imported here: on a CPU, set ``TRITON_INTERPRET=1`` before that.
     """
-    source = triton_source(mugraph, header)
+    source = triton_source(mugraph, header, reuse_outputs)
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     path = private_folder(directory) / f"mugraph_{digest}.py"
     if not path.exists() or path.read_text() != source:

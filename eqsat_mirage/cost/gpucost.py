@@ -28,13 +28,16 @@ Custom kernel (B = prod(grid) blocks, F = forloop range, tiles as Triton holds t
 dim padded to a power of two; a matmul's M and N padded to >= 16 with masks, its K not
 padded: K < 16 is INFEASIBLE, since tensor-core tiles need K >= 16)::
 
-    smem/block = sum(2 x tile bytes of inputs with an fmap, double-buffered when F > 1)
+    smem/block = sum(S x tile bytes of inputs with an fmap when F > 1; S = stages_for(k))
                + sum(tile bytes of loop-invariant inputs, loaded once before the loop)
                + sum(accumulators at 4 bytes) + sum(post-stage tiles, except thread-chain
                  interiors, which stay in registers); loop-stage values live in registers
     INFEASIBLE when smem/block > smem_per_block_KiB
-    bps   = min(smem_per_sm // smem/block, max_blocks_per_sm, max_threads_per_sm // 128,
-                registers_per_sm // (128 x 128))   # 4 warps, 128 registers per thread
+    warps = tiles.warps_for(k): 4, 8 or 16 by the registers the live tiles take, or the
+            count the compile check pinned; INFEASIBLE when none holds them (ptxas spills),
+            or when the compile check refused the schedule (tiles.refusing)
+    bps   = min(smem_per_sm // smem/block, max_blocks_per_sm, max_threads_per_sm // T,
+                registers_per_sm // (T x 128))   # T = 32 x warps, 128 registers per thread
     DRAM  = sum over inputs: tensor bytes x (1 + (R - 1) x r_f)
               R = tile bytes x B x (F if fmap else 1) / tensor bytes (the replication),
               r_f = replicated_read_dram_fraction if the tensor fits in L2, else 1
@@ -50,8 +53,13 @@ L2 bandwidth (l2_bandwidth_GBps): every load, hit or miss, passes through L2. A 
 larger than L2 pays every re-read at DRAM. Waves: slots = SMs x bps, waves = ceil(B /
 slots). A wave of n blocks costs max(memory, compute)::
 
-    memory(n)  = max(n x DRAM/B / min(BW x f_bw, cap(n)), n x (DRAM + L2)/B / min(L2BW, cap(n)))
+    memory(n)  = max(n x DRAM/B / min(BW x f_bw, lat(n)), n x (DRAM + L2)/B / min(L2BW, cap(n)))
                  cap(n) = min(n, SMs) x sm_dram_bandwidth_GBps   (what n SMs can keep in flight)
+                 lat(n) = min(n, SMs) x min(sm_dram_bandwidth_GBps,
+                                            ceil(n / SMs) x flight / dram_latency_ns)
+                 flight = in_flight_bytes(k): (stages - 1) loop iterations' tiles per block
+                          (Little's law: latency and occupancy; a loop of small tiles on
+                          few blocks waits a latency per iteration)
     compute(n) = ceil(n / SMs) x c_b,  c_b = compute x SMs / B  (one block alone on an SM)
     time = launch + (B // slots) x max(memory(slots), compute(slots))
                   + [B % slots > 0] x max(memory(r), compute(r)),  r = B % slots
@@ -82,12 +90,24 @@ from ..ir.node import ELEMENTWISE, ITEMSIZE, REDUCE, Node, Op, numel
 from ..mugraph.kernels import CustomKernel, Kernel, PredefinedKernel
 from ..mugraph.online import causal_skip, kept_iterations
 from ..mugraph.program import MuGraph
-from .profile import NUM_WARPS, GPUProfile
+from .profile import GPUProfile
+from .tiles import (
+    MIN_MMA,
+    REGISTER_BUDGET,
+    _p2,
+    live_registers,
+    padded_shapes,
+    refusal,
+    refusing,
+    stages_for,
+    tile_key,
+    warps_for,
+)
 
 __all__ = ["GPUProfile", "KernelCost", "MuGraphCost", "Work", "kernel_cost", "kept_fraction",
-           "mugraph_cost", "roofline_us", "smem_bytes"]  # transfers: transfers.py
+           "mugraph_cost", "refusing", "roofline_us", "smem_bytes", "tile_key",
+           "warps_for"]  # transfers: transfers.py
 
-MIN_MMA = 16  # tensor-core tile dims (tl.dot) are at least 16
 # per element: (CUDA-core FLOPs, SFU ops)
 _ELEM = {Op.EXP: (1, 1), Op.SQRT: (1, 1), Op.RSQRT: (1, 1), Op.DIV: (1, 1), Op.SILU: (3, 2),
          Op.TANH: (4, 2), Op.ERF: (8, 1), Op.COS: (2, 1), Op.SIN: (2, 1)}
@@ -206,22 +226,6 @@ def _bytes(shape, dtype: str) -> int:
     return numel(shape) * ITEMSIZE[dtype]
 
 
-def _p2(d: int) -> int:
-    return 1 << max(0, int(d) - 1).bit_length()
-
-
-def padded_shapes(graph: Graph) -> dict[int, tuple[int, ...]]:
-    """Tile shapes as Triton holds them: dims to powers of two, matmul M and N to >= 16."""
-    pad = {id(n): tuple(_p2(d) for d in n.shape) for n in graph.nodes()}
-    for n in graph.nodes():
-        if n.op is Op.MATMUL:
-            for node, dim in ((n.srcs[0], -2), (n.srcs[1], -1), (n, -2), (n, -1)):
-                s = list(pad[id(node)])
-                s[dim] = max(MIN_MMA, s[dim])
-                pad[id(node)] = tuple(s)
-    return pad
-
-
 def _chain_interiors(k: CustomKernel) -> set[int]:
     return {id(n) for _, chain in k.threads for n in chain[:-1]}
 
@@ -257,12 +261,13 @@ def _tile_node(k: CustomKernel, name: str) -> Node:
 def smem_bytes(k: CustomKernel) -> int:
     """Shared memory one block of ``k`` holds (see the module docstring)."""
     pad_loop, pad_post = padded_shapes(k.loop), padded_shapes(k.post)
-    total = 0
+    total, stages = 0, stages_for(k)
     for bi in k.inputs.values():
         node, post = _tile_node(k, bi.name), k.post.inputs.get(bi.name)
         pad = pad_loop.get(id(node)) or (post is not None and pad_post.get(id(post))) or \
             tuple(_p2(d) for d in node.shape)
-        total += _bytes(pad, node.dtype) * (2 if bi.fmap is not None and k.forloop > 1 else 1)
+        total += _bytes(pad, node.dtype) * (stages if bi.fmap is not None and k.forloop > 1
+                                             else 1)
     total += sum(numel(pad_loop[id(k.loop.outputs[a])]) * 4 for a in k.accumulators)
     inner = _chain_interiors(k)
     for n in k.post.nodes():
@@ -303,15 +308,15 @@ def _custom_reads(k: CustomKernel, mg: MuGraph, frac: float = 1.0) -> list[tuple
     return out
 
 
-def warps_for(k: CustomKernel) -> int:
-    """Warps per block of custom kernel ``k`` (emitted by codegen, priced here): ``NUM_WARPS``,
-    doubled up to 16 while the largest padded tile holds more than 64 values per thread
-    (past that ptxas spills: bench/compile_report.py)."""
-    tiles = [numel(s) for stage in (k.loop, k.post) for s in padded_shapes(stage).values()]
-    warps = NUM_WARPS
-    while warps < 16 and max(tiles, default=0) > 64 * 32 * warps:
-        warps *= 2
-    return warps
+def in_flight_bytes(k: CustomKernel, mg: MuGraph) -> int:
+    """Bytes one block of ``k`` keeps in flight from device memory: ``stages - 1`` loop
+    iterations' tiles (a 2-stage pipeline loads iteration i + 1 during iteration i; see
+    ``stages_for``), or every input tile for a kernel without a loop."""
+    specs = mg.tensors
+    looped = [bi for bi in k.inputs.values() if bi.fmap is not None]
+    ahead = stages_for(k) - 1 if looped else 1
+    return ahead * sum(_bytes(_tile_node(k, bi.name).shape, specs[bi.tensor].dtype)
+                       for bi in (looped or k.inputs.values()) if bi.tensor in specs)
 
 
 def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile) -> KernelCost:
@@ -328,6 +333,13 @@ def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile) -> KernelCost:
         reasons.append(f"needs {smem / 1024:.1f} KiB of shared memory per block, more than "
                        f"the {prof.smem_per_block_KiB:g} KiB {prof.name} allows (inputs with "
                        "an fmap count twice, double-buffered; accumulators at 4 bytes)")
+    if refusal(k):
+        reasons.append(refusal(k))
+    warps = warps_for(k)
+    if warps is None:
+        reasons.append(f"its tiles keep {live_registers(k):.0f} registers live per block, more "
+                       f"than 16 warps hold ({REGISTER_BUDGET[16]} per thread): ptxas would "
+                       "spill; smaller tiles")
     if reasons:
         return KernelCost(k.name, k.kind, math.inf, launch, blocks=blocks, smem_bytes=smem,
                           reason="; ".join(reasons))
@@ -353,7 +365,7 @@ def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile) -> KernelCost:
         work.cuda, work.sfu = work.cuda + 2 * size, work.sfu + size
     for n in k.post.nodes():
         work.add_node(n, blocks, lambda m: pad_post[id(m)])
-    bps = prof.blocks_per_sm_cap(32 * warps_for(k))
+    bps = prof.blocks_per_sm_cap(32 * warps)
     if smem:
         bps = min(bps, int(prof.smem_per_sm_KiB * 1024 // smem))
     slots = prof.sms * bps
@@ -361,10 +373,16 @@ def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile) -> KernelCost:
     c_b = work.us(prof) * prof.sms / blocks
     bw_all = prof.dram_bandwidth_GBps * 1e3 * prof.dram_achievable_fraction
 
+    flight = in_flight_bytes(k, mg)
+
     def wave(n: int) -> tuple[float, float]:
         cap = min(n, prof.sms) * prof.sm_dram_bandwidth_GBps * 1e3
+        # Little's law: an SM pulls at most its resident blocks' bytes in flight per latency
+        per_sm = min(prof.sm_dram_bandwidth_GBps * 1e3,
+                     math.ceil(n / prof.sms) * flight / prof.dram_latency_ns * 1e3)
         l2_bw = min(prof.l2_bandwidth_GBps * 1e3, cap)
-        memory = max(n * dram / blocks / min(bw_all, cap), n * (dram + hits) / blocks / l2_bw)
+        memory = max(n * dram / blocks / min(bw_all, min(n, prof.sms) * per_sm),
+                     n * (dram + hits) / blocks / l2_bw)
         return memory, math.ceil(n / prof.sms) * c_b
 
     mem = comp = body = 0.0

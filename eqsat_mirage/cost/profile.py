@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
 
@@ -23,6 +23,8 @@ NUM_WARPS = THREADS_PER_BLOCK // 32
 NUM_STAGES = 2  # software-pipelining depth emitted in every launch: gpucost counts an fmap
                 # input tile twice (double-buffered), so Triton must not keep three
 REGS_PER_THREAD = 128  # assumption: a tensor-core Triton kernel uses ~128 registers per thread
+LAUNCH_MODES = ("plain", "graph")
+MEASURED_SUFFIX = "_measured"  # extract/<gpu>_measured.toml: calibration fitted on that GPU
 _FRACTIONS = ("dram_achievable_fraction", "tensor_achievable_fraction",
               "replicated_read_dram_fraction")
 
@@ -44,7 +46,8 @@ def profile_path(target: str | Path) -> Path:
     if path.suffix != ".toml":
         path = profiles_dir() / f"{target}.toml"
     if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in profiles_dir().glob("*.toml")))
+        known = ", ".join(sorted(p.stem for p in profiles_dir().glob("*.toml")
+                                 if not p.stem.endswith(MEASURED_SUFFIX)))
         raise MirageError(f"unknown target {str(target)!r}: no profile {path} "
                           f"(built-in targets: {known})")
     return path
@@ -68,9 +71,11 @@ class GPUProfile:
     max_threads_per_sm: int
     max_blocks_per_sm: int
     launch_overhead_us: float
+    graph_launch_us: float
     dram_achievable_fraction: float
     tensor_achievable_fraction: float
     sm_dram_bandwidth_GBps: float  # noqa: N815
+    dram_latency_ns: float
     replicated_read_dram_fraction: float
     l2_bandwidth_GBps: float  # noqa: N815
     name: str = "gpu"
@@ -78,6 +83,7 @@ class GPUProfile:
     path: str = ""
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     calibrated: tuple[str, ...] = ()
+    launch_mode: str = "plain"
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -90,21 +96,25 @@ class GPUProfile:
         if isinstance(target, GPUProfile):
             return target
         path = profile_path(target)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise MirageError(f"{path}: a hardware profile must be UTF-8 TOML text (byte "
-                              f"{exc.object[exc.start]:#04x} at offset {exc.start})") from None
-        except OSError as exc:
-            raise MirageError(f"{path}: cannot read ({exc.strerror})") from None
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise MirageError(f"{path}: malformed hardware profile: {exc}") from None
+        text, data = _read(path)
         figs, calib = data.get("figures"), data.get("calibration", {})
         if not isinstance(figs, dict) or not isinstance(calib, dict):
             raise MirageError(f"{path}: a hardware profile needs a [figures] table (and "
                               "optionally a [calibration] table)")
+        sources = _sources(text)
+        measured = path.with_name(f"{path.stem}{MEASURED_SUFFIX}.toml")
+        if measured.is_file():  # fitted on a real GPU (cost/calibrate.py): overrides the rest
+            mtext, mdata = _read(measured)
+            fitted = mdata.get("calibration", {})
+            if not isinstance(fitted, dict):
+                raise MirageError(f"{measured}: [calibration] must be a table of figures")
+            bad = [k for k in fitted if k not in cls.keys()]
+            if bad:
+                raise MirageError(f"{measured}: [calibration] key {bad[0]!r} is not a figure "
+                                  f"(figures: {', '.join(cls.keys())})")
+            calib = {**calib, **fitted}
+            sources.update({k: f"measured ({measured.name}): {v}"
+                            for k, v in _sources(mtext, "calibration").items() if k in fitted})
         keys = cls.keys()
         for key in calib:
             if key not in keys:
@@ -126,7 +136,20 @@ class GPUProfile:
             values[f.name] = int(v) if f.type == "int" else float(v)
         return cls(**values, name=str(data.get("name", path.stem)),
                    description=str(data.get("description", "")), path=str(path),
-                   sources=_sources(text), calibrated=tuple(calib))
+                   sources=sources, calibrated=tuple(calib))
+
+    def for_launch(self, mode: str) -> GPUProfile:
+        """This profile priced for launch ``mode``: "plain" (a launch from Python,
+        ``launch_overhead_us``) or "graph" (replayed from a CUDA graph, ``graph_launch_us``,
+        which then is the ``launch_overhead_us`` every kernel pays)."""
+        if mode not in LAUNCH_MODES:
+            raise MirageError(f"launch must be one of {', '.join(LAUNCH_MODES)}, got {mode!r}")
+        if mode == self.launch_mode:
+            return self
+        base = self if self.launch_mode == "plain" else GPUProfile.load(self.path or self.name)
+        if mode == "plain":
+            return base
+        return replace(base, launch_overhead_us=base.graph_launch_us, launch_mode=mode)
 
     def tensor_peak(self, dtype: str) -> float:
         """Dense tensor-core peak for ``dtype`` in FLOPs per microsecond."""
@@ -139,8 +162,23 @@ class GPUProfile:
                           self.registers_per_sm // (threads * REGS_PER_THREAD)))
 
 
-def _sources(text: str) -> dict[str, str]:
-    """The comment lines right above each ``key = value`` of [figures]."""
+def _read(path: Path) -> tuple[str, dict]:
+    """The text and parsed TOML of a profile file (a MirageError naming it when bad)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise MirageError(f"{path}: a hardware profile must be UTF-8 TOML text (byte "
+                          f"{exc.object[exc.start]:#04x} at offset {exc.start})") from None
+    except OSError as exc:
+        raise MirageError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        return text, tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise MirageError(f"{path}: malformed hardware profile: {exc}") from None
+
+
+def _sources(text: str, wanted: str = "figures") -> dict[str, str]:
+    """The comment lines right above each ``key = value`` of table ``wanted``."""
     out, notes, table = {}, [], ""
     for raw in text.splitlines():
         line = raw.strip()
@@ -148,7 +186,7 @@ def _sources(text: str) -> dict[str, str]:
             table, notes = line.strip("[] "), []
         elif line.startswith("#"):
             notes.append(line.lstrip("# "))
-        elif "=" in line and table == "figures":
+        elif "=" in line and table == wanted:
             out[line.split("=")[0].strip()], notes = " ".join(notes), []
         elif not line:
             notes = []

@@ -115,7 +115,8 @@ class FusionPlan:
     def report(self) -> str:
         """Readable: each op, then each region with why it was (not) fused."""
         lines = [f"fusion plan for {self.graph.name!r}: {len(self.mugraph.kernels)} kernels, "
-                 f"{self.cost_us:.2f} us (one kernel per op: {self.baseline_us:.2f} us); "
+                 f"{self.cost_us:.2f} us (this candidate's ops one kernel each: "
+                 f"{self.baseline_us:.2f} us); "
                  f"{self.evaluations} fragments priced in {self.seconds:.2f} s"]
         lines += [f"  op {i}: {n.describe()} {fmt_shape(n.shape)}" for i, n in enumerate(self.ops)]
         for r in self.regions:

@@ -238,8 +238,10 @@ def _split_variants(ix: Indexing, s: Schedule, strategy: Strategy,
                     and i not in dict(kept) and late and all(i in ix.of(n) for n in late)]
             memo[idx, kept] = _grids(ix, free, strategy, kept)
         default = tuple((i, b) for i, b in s.grid if i != idx)
-        finer = [g for g in memo[idx, kept]
-                 if sorted(g) != sorted(default) and _total(g) > _total(default)]
+        finer = sorted((g for g in memo[idx, kept]  # the most blocks first: a reduce kernel
+                        if sorted(g) != sorted(default) and _total(g) > _total(default)),
+                       key=lambda g: -_total(g))  # is latency-bound with few
+
         reduce += finer[:strategy.reduce_grids]
     first = [(loops[0], reduce[1] if len(reduce) > 1 else None)] if loops else []
     combos = first + [((None, 1), None)] + [

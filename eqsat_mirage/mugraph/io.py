@@ -51,7 +51,9 @@ def _fmt_custom(k: CustomKernel, specs: Mapping[str, TensorSpec]) -> list[str]:
     blocks = 1
     for g in k.grid:
         blocks *= g
-    lines = [f"  kernel {k.name}: custom grid=({grid}) [{blocks} blocks] forloop={k.forloop}"]
+    warps = f" warps={k.num_warps}" if k.num_warps else ""
+    lines = [f"  kernel {k.name}: custom grid=({grid}) [{blocks} blocks] forloop={k.forloop}"
+             f"{warps}"]
     for bi in k.inputs.values():
         node, spec = k.loop.inputs[bi.name], specs.get(bi.tensor)
         src = f"{bi.tensor}{list(spec.shape)}" if spec else bi.tensor
@@ -192,7 +194,8 @@ def to_dict(mg: KernelGraph) -> dict:
                         for t, o in k.outputs.items()],
             "threads": [{"stage": st, "nodes": [pos[st].get(id(n), -1) for n in chain]}
                         for st, chain in k.threads],
-            "source": graph_to_dict(k.source) if k.source is not None else None})
+            "source": graph_to_dict(k.source) if k.source is not None else None,
+            **({"num_warps": k.num_warps} if k.num_warps else {})})
     return {"format": FORMAT, "version": 1, "name": mg.name,
             "inputs": [{"name": n, "shape": list(v.shape), "dtype": v.dtype}
                        for n, v in mg.inputs.items()],
@@ -208,6 +211,11 @@ def _custom_from_dict(d: Mapping) -> CustomKernel:
     k.loop, k.post = graph_from_dict(d["loop"]), graph_from_dict(d["post"])
     k.accumulators = list(d["accumulators"])
     k.maxima = [str(a) for a in d.get("maxima", [])]
+    if d.get("num_warps") is not None:
+        if d["num_warps"] not in (1, 2, 4, 8, 16, 32):
+            raise MuGraphError(f"kernel {d['name']!r}: num_warps must be a power of two "
+                               f"from 1 to 32, got {d['num_warps']!r}")
+        k.num_warps = int(d["num_warps"])
     for o in d["outputs"]:
         k.outputs[o["tensor"]] = BlockOutput(o["tensor"], o["stage"],
                                              {int(x): int(a) for x, a in o["omap"]}, o["fmap"],

@@ -129,6 +129,7 @@ class CustomKernel:
         self.outputs: dict[str, BlockOutput] = {}
         self.threads: list[tuple[str, tuple[Node, ...]]] = []
         self.source = source
+        self.num_warps: int | None = None  # set by the compile check; None: the cost model's
         self._owner = None  # the MuGraph building it (MuGraph.custom_kernel sets it)
 
     # -- building ---------------------------------------------------------------------------

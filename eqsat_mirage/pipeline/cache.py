@@ -414,8 +414,8 @@ def store_result(store: ResultCache, key: str, res, name: str | None = None) -> 
     """Mark ``res`` as a cache miss and store it under ``key`` (not a result cut short by
     the time limit); warn if the file cannot be written."""
     res.stats.update(cache="miss", cache_key=key[:12])
-    if "time limit" in res.stats.get("note", ""):  # depends on the machine's load: not kept
-        return
+    if res.stats.get("time_limited") or "time limit" in res.stats.get("note", ""):
+        return  # cut short by the time limit (a pass ran out): depends on the machine's load
     try:
         store.put(key, res, name=name)
     except (sqlite3.Error, OSError, CacheError) as exc:
@@ -464,6 +464,8 @@ def cached_optimize(graph, store: ResultCache, progress, options: dict, search,
     res = search(graph, cache=False, progress=progress, **options)
     if store is not None:
         store_result(store, key, res, name)
+        if res.stats.get("time_limited") and progress:
+            progress(f"not cached: {name}'s search was cut short by its time limit")
     return res
 
 

@@ -30,6 +30,7 @@ from ..ir.errors import LaxError, MirageError, TimeLimitError
 from ..ir.limits import Deadline, check_memory
 from ..verifier.runner import THREADS, footprint
 from ..verifier.verify import verify
+from .build import Builder
 from .result import OptimizeResult
 
 LEVELS = ("mugraph", "kernel")
@@ -59,7 +60,8 @@ def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool 
              k: int = 4, trials: int = 3, seed: int = 0, split_factors=DEFAULT_SPLITS,
              progress: Callable[[str], None] | None = None, level: str = "mugraph",
              strategy=None, cache=True, max_bound: float = 1e-9,
-             allow_unchecked_rules: bool = False) -> OptimizeResult:
+             allow_unchecked_rules: bool = False,
+             compile_check: bool | None = None, launch: str = "plain") -> OptimizeResult:
     """Superoptimize ``graph`` for ``target``; returns the best verified program.
 
     ``rules`` lists rule files and folders ("rules" is the built-in set); user
@@ -82,12 +84,25 @@ def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool 
     ``trials`` trials, more until the bound holds); an inconclusive candidate is
     never returned.
 
+    ``compile_check``: before a MuGraph is verified, build its Triton kernels for the target
+    (``codegen.tune``: sm_90a for h100/h200, sm_80 for a100; no GPU needed); a kernel that
+    spills is rebuilt at other warp counts, and one that cannot build cleanly sends its
+    candidate back to the planner with that schedule refused (``res.stats["compiled"]``).
+    None (the default): on for a built-in target with Triton's NVIDIA compiler installed,
+    unless ``$EQSAT_MIRAGE_COMPILE_CHECK`` is "0".
+
+    ``launch``: how the program will be launched, which sets the price of every kernel
+    launch: "plain" (from Python, the default) or "graph" (replayed from a CUDA graph, as
+    ``res.compile(cuda_graph=True)`` does: more, smaller kernels can pay off).
+
     ``cache`` is True (the default results cache, see ``cache.py``), a path,
     a ``cache.ResultCache``, or False/None (no cache); ``res.stats["cache"]``
     says "hit", "miss" or "off". A hit returns the stored result at once.
     """
     options = dict(locals())  # every keyword that can change the result: the cache key
     del options["graph"], options["progress"], options["cache"]
+    if compile_check is None:
+        compile_check = options["compile_check"] = _compile_check_default(target)
     if level not in LEVELS:
         raise MirageError(f"optimize: level must be one of {', '.join(LEVELS)}, got {level!r}")
     _check_limits(time_limit_s=time_limit_s, node_limit=node_limit, iter_limit=iter_limit, k=k,
@@ -103,7 +118,7 @@ def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool 
     check(graph)
     check_memory(footprint(graph), 16 * THREADS, f"verifying {graph.name!r}")
     _check_splits(split_factors)
-    prof = GPUProfile.load(target)  # read and validated once; both cost models use it
+    prof = GPUProfile.load(target).for_launch(launch)  # read once; both cost models use it
     hw = Hardware.load(prof)
     user = [p for p in rule_paths(rules) if p.parent != builtin_rules_dir()]
     if user:
@@ -134,13 +149,18 @@ def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool 
         from ..egraph.boundaries import Boundaries
 
         res = _mugraph_level(graph, cands, Boundaries(data, ctors) if data else None, prof,
-                             strategy, lax, (trials, seed, max_bound, {}, deadline), progress,
-                             stats)
+                             (strategy, compile_check), lax,
+                             (trials, seed, max_bound, {}, deadline), progress, stats)
     stats["phase_seconds"] = {"saturate": stats.get("saturate_seconds", 0.0),
                               "extract": stats.get("extract_seconds", 0.0),
                               "fusion": stats.get("fusion_seconds", 0.0),
                               "verify": stats.get("verify_seconds", 0.0)}
     stats["seconds"] = time.perf_counter() - t0
+    compiled = stats.get("compiled") or {}
+    # a search the time limit cut short is not the search's answer: the cache keeps none
+    stats["time_limited"] = bool(deadline.expired() or stats.get("fusion_skipped")
+                                 or compiled.get("skipped") or "time limit" in
+                                 stats.get("note", ""))
     if not lax:
         stats["note"] = "not a Lax program: the verifier cannot check rewrites, input returned"
     return res
@@ -173,6 +193,15 @@ def _search(graph, rulesets, rule_list, level, guards, hw, stats, counts, deadli
                             deadline=deadline.part(0.7))
     stats.update(xstats)
     return cands, data, sat.ctors
+
+
+def _compile_check_default(target) -> bool:
+    """Whether optimize builds the chosen kernels for ``target`` when not told (see there)."""
+    import os
+
+    from ..codegen.tune import can_tune
+
+    return os.environ.get("EQSAT_MIRAGE_COMPILE_CHECK", "1") != "0" and can_tune(str(target))
 
 
 def _check_splits(split_factors) -> None:
@@ -257,13 +286,15 @@ def _plan_key(mg) -> str:
     return "\n".join(line for line in lines if not line.lstrip().startswith("source:"))
 
 
-def _mugraph_level(graph, cands, bounds, prof, strategy, lax, vopts, progress,
+def _mugraph_level(graph, cands, bounds, prof, how_to, lax, vopts, progress,
                    stats) -> OptimizeResult:
-    """Plan every candidate and the input into MuGraphs; the cheapest that verifies wins."""
+    """Plan every candidate and the input into MuGraphs; the cheapest that builds cleanly for
+    the target (``how_to``: the strategy, and whether to compile-check) and verifies wins."""
     from ..cost.gpucost import mugraph_cost, roofline_us
     from ..fusion.planner import plan
     from ..mugraph.program import from_graph
 
+    strategy, check = how_to
     base_mg = from_graph(graph)
     baseline = mugraph_cost(base_mg, prof).total_us
     t = time.perf_counter()
@@ -275,7 +306,10 @@ def _mugraph_level(graph, cands, bounds, prof, strategy, lax, vopts, progress,
     allowed = {}
     for i, (how, g, cuts) in enumerate(todo):
         canon = _canonical(g)
-        if canon in distinct or (plans and late.expired()):
+        if canon in distinct:
+            continue
+        if plans and late.expired():  # planned in time: the rest are dropped (and counted)
+            stats["fusion_skipped"] = stats.get("fusion_skipped", 0) + 1
             continue
         distinct.add(canon)
         edges = {(id(s), id(n)) for n in g.nodes() for s in n.srcs if n.srcs and s.srcs}
@@ -295,7 +329,9 @@ def _mugraph_level(graph, cands, bounds, prof, strategy, lax, vopts, progress,
         stats["fusion_errors"] = errors
     t = time.perf_counter()
     chosen, result, tried, summary = None, None, 0, []
-    for cost, i, how, p in plans:
+    builder = Builder(prof, strategy, todo, vopts[4].part(0.7), progress) if check else None
+    while plans:
+        cost, i, how, p = plans.pop(0)
         entry = {"how": how, "cost_us": cost, "kernels": len(p.mugraph.kernels), "verified": None,
                  "boundaries": allowed[i]}  # op edges where rules/tiling.egg allows a cut
         summary.append(entry)
@@ -303,6 +339,8 @@ def _mugraph_level(graph, cands, bounds, prof, strategy, lax, vopts, progress,
             continue
         if vopts[4].expired():
             stats["note"] = "time limit reached before a candidate verified; input returned"
+            continue
+        if builder is not None and not builder.clean(p, i, how, entry, plans):
             continue
         tried += 1
         res = _verify(graph, p.mugraph, vopts)
@@ -313,6 +351,8 @@ def _mugraph_level(graph, cands, bounds, prof, strategy, lax, vopts, progress,
             chosen, result = p, res
         elif progress:
             progress(f"MuGraph from {how} rejected by the verifier: {res.reason}")
+    if builder is not None:
+        stats["compiled"] = builder.report()
     stats["candidates_tried"] = tried
     stats["plans"] = summary
     if chosen is None:  # nothing verified (or not Lax): the input, one kernel per op
@@ -322,7 +362,7 @@ def _mugraph_level(graph, cands, bounds, prof, strategy, lax, vopts, progress,
             stats["note"] = "time limit reached before a candidate verified; input returned"
         stats["regions"] = []
     else:
-        program, cost = chosen.mugraph, chosen.cost_us
+        program, cost = chosen.mugraph, mugraph_cost(chosen.mugraph, prof).total_us
         program.name = f"{graph.name}_opt"
         stats["regions"] = [str(r) for r in chosen.regions]
     stats["verify_seconds"] = time.perf_counter() - t

@@ -49,23 +49,29 @@ class OptimizeResult:
                 f"predicted {self.cost_us:.2f} us (one kernel per op: "
                 f"{self.baseline_cost_us:.2f} us); verified: {self.verified}")
 
-    def triton_source(self) -> str:
-        """A Python module with one @triton.jit kernel per custom kernel and a ``run`` launcher."""
+    def triton_source(self, reuse_outputs: bool = False) -> str:
+        """A Python module with one @triton.jit kernel per custom kernel and a ``run`` launcher
+        (``reuse_outputs``: as in ``compile``)."""
         from ..codegen.source import triton_source
 
-        return triton_source(self._mugraph(), header=self._header())
+        return triton_source(self._mugraph(), header=self._header(), reuse_outputs=reuse_outputs)
 
-    def compile(self, cuda_graph: bool = False):
+    def compile(self, cuda_graph: bool = False, reuse_outputs: bool = False):
         """The chosen program as a callable on torch tensors (by position or by input name).
 
-        On a CPU, set ``TRITON_INTERPRET=1`` before triton is imported. ``cuda_graph``:
-        on CUDA inputs, capture the launches once per input signature and replay them
+        On a CPU, set ``TRITON_INTERPRET=1`` before triton is imported. ``reuse_outputs``:
+        the output tensors (and the intermediates between kernels) are allocated once per
+        input signature and every later call with that signature writes and returns the
+        same tensors, overwriting what the previous call returned (``clone()`` them to keep
+        them); it saves the allocations' host time. ``cuda_graph``: on CUDA inputs, capture
+        the launches once per input signature and replay them
         (``codegen.graphs.GraphRunner``; the returned outputs are then reused buffers,
         overwritten by the next call).
         """
         from ..codegen.source import compile_mugraph
 
-        run = compile_mugraph(self._mugraph(), header=self._header())
+        run = compile_mugraph(self._mugraph(), header=self._header(),
+                              reuse_outputs=reuse_outputs)
         if not cuda_graph:
             return run
         from ..codegen.graphs import GraphRunner

@@ -479,7 +479,9 @@ def test_positional_errors(matmul_fn):
         matmul_fn(a, A=a)
 
 
-def test_cpu_without_interpreter_refused(matmul_fn, monkeypatch):
+def test_cpu_without_interpreter_refused(monkeypatch):
+    g = matmul(dtype="float32")  # a new module: the check runs at a signature's first call
+    matmul_fn = compile_mugraph(lower(g, Schedule(grid={"a": 2, "c": 3}, loop="b", forloop=4)))
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(ValueError, match="need a CUDA device, or TRITON_INTERPRET=1"):
         matmul_fn(torch.randn(32, 64), torch.randn(64, 48))

@@ -321,12 +321,13 @@ def gqa_post_division(batch):
     return g
 
 
-@pytest.mark.parametrize("batch, want", [(1, 8.81), (8, 17.32)])
+@pytest.mark.parametrize("batch, want", [(1, 10.13), (8, 19.16)])
 def test_gqa_plan_splits_the_keys_with_a_finer_reduce_kernel(batch, want):
-    """The fusion plan of GQA (h100): 64 (b=1) or 128 (b=8) blocks, each reducing a part of
+    """The fusion plan of GQA (h100): 64 (b=1) or 256 (b=8) blocks, each reducing a part of
     the 4096 keys with a loop inside each part, then the parts (float32: 4 bytes each)
-    summed by a reduce kernel on at least 32 blocks. (With float16 partials the
-    exhaustive optimum was 8.28 / 16.61 us on 128 blocks.)"""
+    summed by a reduce kernel on at least 32 blocks. (Before the register budget, the
+    latency term and 4-stage reduce loops, the model priced 8.81 / 17.32 us with 128 x 256
+    score tiles at b=8, which ptxas spills.)"""
     from eqsat_mirage.cost.gpucost import Work
     from eqsat_mirage.fusion.planner import plan
 
@@ -335,7 +336,7 @@ def test_gqa_plan_splits_the_keys_with_a_finer_reduce_kernel(batch, want):
     cost = mugraph_cost(mg)
     assert cost.total_us == pytest.approx(want, abs=0.01)
     part, red = mg.kernels
-    assert math.prod(part.grid) == {1: 64, 8: 128}[batch] and math.prod(red.grid) >= 32
+    assert math.prod(part.grid) == {1: 64, 8: 256}[batch] and math.prod(red.grid) >= 32
     assert red.forloop == part.grid[part.inputs["K"].imap[2]]  # one iteration per part
     assert part.forloop > 1 and part.inputs["K"].fmap == 2 and 2 in part.inputs["K"].imap
     assert all(spec.dtype == "float32" for t, spec in mg.tensors.items() if "_part" in t)

@@ -24,7 +24,7 @@ def test_split_attention_runs_optimized_on_the_torch_path(monkeypatch):
         return torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v
 
     torch.manual_seed(0)
-    q, k, v = torch.randn(1, 16, 64), torch.randn(1, 2048, 64), torch.randn(1, 2048, 64)
+    q, k, v = torch.randn(1, 32, 64), torch.randn(1, 4096, 64), torch.randn(1, 4096, 64)
     be = em.backend(time_limit_s=20.0)
     with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

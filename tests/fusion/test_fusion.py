@@ -127,7 +127,9 @@ def test_ntrans_fused_into_one_kernel(optimized):
     res = optimized("ntrans")
     assert_verified("ntrans", res)
     assert len(res.program.kernels) == 1 and custom_kernels(res.program)
-    assert res.cost_us < 1.2 * res.roofline_us
+    # 8 rows: 8 blocks, each with its 24 KiB in flight for one DRAM latency (the roofline
+    # has no latency term)
+    assert res.cost_us < 1.3 * res.roofline_us
 
 
 # ---------------------------------------------------------------- broken tilings

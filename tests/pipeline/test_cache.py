@@ -333,3 +333,14 @@ def test_worker_pickles_keep_dag_sharing():
     back = many.loads(many.dumps(g))
     assert len(back.nodes()) == len(g.nodes())
     assert back.outputs["O"] == g.outputs["O"] and hash(back.outputs["O"]) == hash(g.outputs["O"])
+
+
+def test_a_search_cut_short_by_its_time_limit_is_not_cached(tmp_path):
+    path = tmp_path / "cut.sqlite"
+    lines: list[str] = []
+    res = em.optimize(tiny("cut"), cache=path, time_limit_s=0.01, progress=lines.append)
+    assert res.stats["time_limited"]
+    assert ResultCache(path).entries() == []
+    assert any("not cached: cut's search was cut short" in line for line in lines), lines
+    full = em.optimize(tiny("cut"), cache=path)
+    assert not full.stats["time_limited"] and len(ResultCache(path).entries()) == 1

@@ -156,8 +156,10 @@ def test_graphviz_backend_with_dot(planned, tmp_path, monkeypatch):
     out = render(mg, tmp_path / "dot.svg", source=g, cost="h100")  # auto picks graphviz
     assert out.read_bytes() == b"<svg>drawn by dot</svg>" and seen["format"] == "svg"
     src = seen["source"]
-    assert src.count("subgraph cluster_") >= 5 and "forloop x64" in src and "thread graph" in src
-    assert "grid=(x=32) [32 blocks]" in src and "shared-memory tile" in src
+    (k,) = [k for k in mg.kernels if k.kind == "custom"]
+    assert src.count("subgraph cluster_") >= 5 and f"forloop x{k.forloop}" in src
+    assert "thread graph" in src and "shared-memory tile" in src
+    assert f"grid=(x={k.grid[0]}) [{k.grid[0]} blocks]" in src
 
 
 def test_to_dot_needs_no_dot(planned):

@@ -85,7 +85,7 @@ def test_split_attention_program_runs_on_torch():
     into a kernel writing float32 partials and one combining them, neither with a source
     (their block graphs do not untile), so ``reference()`` cannot give a kernel-level
     Graph; ``torch_reference`` runs them by their tiles and equals the program."""
-    g = safe_attention_graph(b=1, m=16, d=64, n=2048)
+    g = safe_attention_graph(b=1, m=32, d=64, n=4096)
     res = em.optimize(g, time_limit_s=20)
     mg = res.program
     assert isinstance(mg, em.MuGraph) and res.verified.equivalent

@@ -1,0 +1,144 @@
+"""The host side of a generated module: binding and checking the inputs, allocating outputs.
+
+``run`` of a generated module (``source.py``) starts with ``_bind(args, kwargs)``,
+which returns the input tensors in ``INPUTS`` order and their signature's entry
+``(device, every input's strides, flattened[, the reused buffers])``. The first
+call with an input signature (class, shape, dtype, device and strides of every
+input) runs the full ``_check`` (a ``ValueError`` naming the input, what was
+expected and what was given); the signature is then remembered in
+``_CHECKED`` (64 at most) and later calls with it are one dictionary look-up.
+
+Strides reach the kernels as ``tl.constexpr`` values: the tensors the launcher
+allocates are contiguous, so their strides are literals written here
+(``contiguous_strides``); an input's come from its signature's entry (a
+differently strided input is another signature, and Triton compiles another
+variant of the kernel); a torch op's result is asked for its ``stride()`` once.
+
+Outputs are allocated with ``first_input.new_empty(shape)`` (``torch.empty`` when
+the program has no inputs). With ``reuse_outputs`` (``REUSE_OUTPUTS = True`` in
+the module) every tensor the kernels write is allocated once per input
+signature by ``_buffers`` and kept in the entry: each call writes and returns
+the same tensors, which the next call with that signature overwrites.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .kernel import wrap
+
+MAX_SIGNATURES = 64  # input signatures remembered per module
+
+_CHECK = '''
+
+def _signature(tensors):
+    """The key of ``tensors`` in _CHECKED: class, shape, dtype, device and strides of each."""
+    return tuple(v for x in tensors for v in (x.__class__, x.shape, x.dtype, x.device,
+                                              x.stride()))
+
+
+def _check(args, kwargs):
+    """The input tensors in INPUTS order, checked, and their device."""
+    names = list(INPUTS)
+    if len(args) == 1 and isinstance(args[0], dict) and not kwargs:
+        args, kwargs = (), dict(args[0])
+    if len(args) > len(names):
+        raise ValueError(f"run() takes {len(names)} inputs ({', '.join(names)}); "
+                         f"got {len(args)} positional arguments")
+    given = dict(zip(names, args))
+    for name in kwargs:
+        if name not in INPUTS:
+            raise ValueError(f"unknown input {name!r} (inputs: {', '.join(names)})")
+        if name in given:
+            raise ValueError(f"input {name!r} given both by position and by name")
+    given.update(kwargs)
+    missing = [name for name in names if name not in given]
+    if missing:
+        raise ValueError(f"missing input(s) {', '.join(map(repr, missing))} "
+                         f"(inputs: {', '.join(names)})")
+    tensors, device = [], None
+    for name, (shape, dtype) in INPUTS.items():
+        x = given[name]
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"input {name!r}: expected a torch.Tensor of shape {shape} and "
+                             f"dtype {dtype}, got {type(x).__name__}")
+        if tuple(x.shape) != shape:
+            raise ValueError(f"input {name!r}: expected shape {shape}, got {tuple(x.shape)}")
+        if x.dtype != dtype:
+            raise ValueError(f"input {name!r}: expected dtype {dtype}, got {x.dtype}")
+        if device is None:
+            device = x.device
+        elif x.device != device:
+            raise ValueError(f"input {name!r}: expected device {device} (the device of "
+                             f"{names[0]!r}), got {x.device}")
+        tensors.append(x)
+    if device is None:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if NEEDS_TRITON and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"inputs are on device {device}: the Triton kernels need a CUDA "
+                         "device, or TRITON_INTERPRET=1 set before triton is imported")
+    return tensors, device
+'''
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """The strides (in elements) of a contiguous row-major tensor of ``shape``, as torch
+    gives them (a dim of size 1 included)."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(int(size), 1)
+    return tuple(reversed(strides))
+
+
+def bind_source(inputs: Sequence[str], reuse: bool) -> str:
+    """``_CHECKED``, ``_bind``, ``_signature`` and ``_check`` of a module whose inputs are
+    the host variables ``inputs`` (in INPUTS order); ``reuse``: entries carry the
+    buffers of ``_buffers``."""
+    n = len(inputs)
+    buffers = "[, the buffers _buffers allocated]" if reuse else ""
+    out = ["# input signature -> (device, the inputs' strides, flattened"
+           f"{buffers}): the signatures _check passed",
+           "_CHECKED = {}", "", "",
+           "def _bind(args, kwargs):",
+           '    """The input tensors in INPUTS order and their signature\'s entry in _CHECKED '
+           "(checked\n    by _check on the first call with that signature, looked up after).\"\"\"",
+           f"    if not kwargs and len(args) == {n}:"]
+    if n:
+        key = [f"{x}.{a}" for x in inputs for a in ("__class__", "shape", "dtype", "device",
+                                                     "stride()")]
+        out += unpack(inputs, "args", " " * 8)
+        out.append("        try:")
+        lines = wrap(key, "", ",", 100 - 36)
+        lines[-1] = lines[-1].rstrip(",")
+        out.append(f"            return args, _CHECKED[{lines[0]}")
+        out += [" " * 34 + line for line in lines[1:]]  # under the first key
+        out[-1] += "]"
+        out += ["        except (AttributeError, KeyError, TypeError):  # not tensors, or new",
+                "            pass"]
+    else:
+        out += ["        entry = _CHECKED.get(())", "        if entry is not None:",
+                "            return args, entry"]
+    out += ["    tensors, device = _check(args, kwargs)",
+            "    key = _signature(tensors)",
+            "    entry = _CHECKED.get(key)",
+            "    if entry is None:",
+            "        entry = (device,) + tuple(s for x in tensors for s in x.stride())"]
+    if reuse:
+        out.append("        entry += _buffers(device, *tensors)")
+    out += [f"        if len(_CHECKED) < {MAX_SIGNATURES}:",
+            "            _CHECKED[key] = entry",
+            "    return tensors, entry"]
+    return "\n".join(out) + "\n" + _CHECK
+
+
+def unpack(names: Sequence[str], value: str, indent: str = "    ") -> list[str]:
+    """``names = value`` as lines of at most 100 characters (a tuple target)."""
+    one = f"{indent}{', '.join(names)}{',' if len(names) == 1 else ''} = {value}"
+    if len(one) <= 100:
+        return [one]
+    lines = wrap(list(names), "", ",", 100 - len(indent) - 1)
+    lines[-1] = lines[-1].rstrip(",")
+    out = [f"{indent}({lines[0]}"] + [f"{indent} {line}" for line in lines[1:]]
+    out[-1] += f") = {value}"
+    return out

@@ -1,0 +1,114 @@
+"""The compile check (pipeline step 8 without a GPU): the chosen kernels built for the target.
+
+``tune(mugraph, target)`` compiles every custom kernel of ``mugraph`` for the target's
+architecture (``compiled.compile_report``: Triton with an explicit ``GPUTarget`` and the
+ptxas in its wheel). A kernel that spills registers, or needs more shared memory than the
+target allows, is compiled again at the other warp counts (4, 8, 16; the cost model's choice
+first); the first clean build wins and is pinned on the kernel (``CustomKernel.num_warps``,
+which codegen emits and the cost model prices). A kernel with no clean build is refused: its
+tile key (``gpucost.tile_key``) goes into ``TuneResult.refused`` with the reason, and the
+planner, run again under ``gpucost.refusing(...)``, prices that schedule as infeasible and
+picks smaller tiles.
+
+Every compile is cached by source (``compile_report``) and by Triton's own cache on disk.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ..cost.profile import GPUProfile
+from ..cost.tiles import tile_key, warps_for
+from ..mugraph.kernels import CustomKernel
+from ..mugraph.program import MuGraph
+from .compiled import ARCH, KernelResources, compile_report
+from .source import triton_source
+
+WARPS = (4, 8, 16)
+
+
+@dataclass
+class TuneResult:
+    """What the compile check found: each custom kernel's clean build, and what it refused."""
+
+    target: str
+    kernels: dict[str, KernelResources] = field(default_factory=dict)  # kernel name -> build
+    refused: dict[tuple, str] = field(default_factory=dict)  # tile key -> reason
+    retuned: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (from, to) warps
+    compiles: int = 0
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """Every custom kernel built without spills and within shared memory."""
+        return not self.refused
+
+    def summary(self) -> str:
+        """One line: kernels built, warps changed, refusals, seconds."""
+        parts = [f"{len(self.kernels)} kernel(s) compiled for {self.target} "
+                 f"({self.compiles} builds, {self.seconds:.1f} s)"]
+        parts += [f"{n}: {a} -> {b} warps (ptxas spilled at {a})"
+                  for n, (a, b) in self.retuned.items()]
+        parts += [f"refused: {why}" for why in self.refused.values()]
+        return "; ".join(parts)
+
+
+def _problem(r: KernelResources, smem_limit: float) -> str:
+    if r.spill_bytes:
+        return f"{r.spill_bytes} B spilled at {r.num_warps} warps ({r.registers} registers)"
+    if r.shared_bytes > smem_limit:
+        return f"{r.shared_bytes / 1024:.1f} KiB of shared memory (limit {smem_limit / 1024:g})"
+    return ""
+
+
+def tune(mugraph: MuGraph, target: str = "h100") -> TuneResult:
+    """Compile ``mugraph``'s custom kernels for ``target``; pin clean warp counts, refuse the
+    rest (see the module docstring). ``target`` is a built-in profile name (``ARCH``)."""
+    t0 = time.perf_counter()
+    out = TuneResult(target)
+    limit = GPUProfile.load(target).smem_per_block_KiB * 1024
+    custom = [k for k in mugraph.kernels if isinstance(k, CustomKernel)]
+    if not custom:
+        return out
+    builds = compile_report(triton_source(mugraph), target)
+    out.compiles += 1
+    for k, r in zip(custom, builds):
+        why = _problem(r, limit)
+        if not why:
+            out.kernels[k.name] = r
+            continue
+        first, tried = r.num_warps, [why]
+        for w in (w for w in WARPS if w != first):
+            k.num_warps = w
+            again = compile_report(triton_source(mugraph), target)
+            out.compiles += 1
+            r2 = again[custom.index(k)]
+            problem = _problem(r2, limit)
+            if not problem:
+                out.kernels[k.name], out.retuned[k.name] = r2, (first, w)
+                break
+            tried.append(problem)
+        else:
+            k.num_warps = None
+            arch = f"sm_{ARCH[target]}" + ("a" if ARCH[target] == 90 else "")
+            out.refused[tile_key(k)] = (f"kernel {k.name} does not build cleanly for {target} "
+                                        f"({arch}): " + "; ".join(tried))
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def can_tune(target: str) -> bool:
+    """Whether ``tune`` can build for ``target``: a built-in architecture and a Triton whose
+    compiler and NVIDIA backend (with ptxas) are installed."""
+    if target not in ARCH:
+        return False
+    try:
+        import triton.backends.nvidia as nv  # noqa: F401
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+__all__ = ["TuneResult", "can_tune", "tune", "warps_for"]

@@ -1,0 +1,146 @@
+"""Calibration: the cost model's figures fitted to times measured on a real GPU.
+
+A sample is one program as the model prices it (a ``MuGraphCost``: launch, memory and
+compute time of every kernel) and its measured times: ``graph_us`` replayed from a CUDA
+graph (what ``bench/gpu_runner.py`` reports for every contestant) and, optionally,
+``plain_us`` launched from Python. The model of a measured replay is::
+
+    graph_us = kernels x G + a x (memory time of the memory-bound kernels)
+                           + c x (compute time of the compute-bound kernels)
+
+fitted by non-negative least squares over all samples (``fit``). ``G`` is the replay
+cost per kernel (``graph_launch_us``); ``a`` and ``c`` scale the profile's bandwidths and
+throughputs (every bandwidth divided by ``a``, every throughput by ``c``, so predicted
+memory and compute times scale by exactly ``a`` and ``c``). Plain launches add
+``launch_overhead_us - G`` per kernel, the mean of ``(plain_us - graph_us) / kernels``.
+
+``write_measured(path, ...)`` writes the fitted figures as the ``[calibration]`` table of
+``extract/<gpu>_measured.toml`` (each with its fit as the comment above it, and every
+sample's measured and predicted time); ``GPUProfile.load("<gpu>")`` reads that file when it
+is there, so the next search prices kernels with the measured figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..ir.errors import MirageError
+from .gpucost import MuGraphCost
+from .profile import GPUProfile
+
+MEMORY_KEYS = ("dram_achievable_fraction", "sm_dram_bandwidth_GBps", "l2_bandwidth_GBps")
+COMPUTE_KEYS = ("tensor_achievable_fraction", "fp32_cuda_TFLOPs", "sfu_TOPs")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measured program: the model's breakdown and the times measured on the GPU."""
+
+    case: str
+    cost: MuGraphCost
+    graph_us: float
+    plain_us: float | None = None
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The fitted parameters, the figures they give, and how well they explain the samples."""
+
+    graph_launch_us: float
+    memory_scale: float
+    compute_scale: float
+    launch_overhead_us: float | None
+    figures: dict[str, float]
+    residual: float  # root-mean-square relative error of the fitted times
+    samples: tuple[Sample, ...]
+
+    def predict(self, s: Sample) -> float:
+        """The fitted model's time for sample ``s`` (CUDA-graph replay)."""
+        scales = (self.memory_scale, self.compute_scale)
+        return float(_row(s.cost, scales) @ np.array([self.graph_launch_us, *scales]))
+
+
+def _row(cost: MuGraphCost, scales: tuple[float, float] = (1.0, 1.0)) -> np.ndarray:
+    """(launches, memory time of memory-bound kernels, compute time of compute-bound ones),
+    each kernel's bound judged with its times scaled by ``scales`` (memory, compute)."""
+    a, c = scales
+    launches = sum(k.launch_us > 0 for k in cost.kernels)
+    mem = sum(k.memory_us for k in cost.kernels if a * k.memory_us >= c * k.compute_us)
+    comp = sum(k.compute_us for k in cost.kernels if c * k.compute_us > a * k.memory_us)
+    return np.array([launches, mem, comp], dtype=float)
+
+
+def fit(samples: list[Sample], profile: GPUProfile | str | Path = "h100") -> Fit:
+    """Fit ``graph_launch_us`` and the memory and compute scales to ``samples`` (see the
+    module docstring); the figures are ``profile``'s, rescaled. At least three samples with
+    finite, positive times are needed, or a ``MirageError`` says what is missing."""
+    from scipy.optimize import nnls
+
+    prof = GPUProfile.load(profile).for_launch("plain")
+    good = [s for s in samples if np.isfinite(s.graph_us) and s.graph_us > 0
+            and np.isfinite(s.cost.total_us)]
+    if len(good) < 3:
+        raise MirageError(f"calibration needs at least 3 measured programs with finite times, "
+                          f"got {len(good)} of {len(samples)}")
+    y = np.array([s.graph_us for s in good])
+    w = 1.0 / y  # relative error: a 3 us kernel counts as much as a 300 us one
+    scales = (1.0, 1.0)
+    for _ in range(8):  # a kernel's bound may change with the scales: refit until it does not
+        a = np.stack([_row(s.cost, scales) for s in good])
+        coef, _ = nnls(a * w[:, None], y * w)
+        g, mem, comp = (float(x) for x in coef)
+        new = (mem if mem > 0 else 1.0, comp if comp > 0 else 1.0)
+        if new == scales:
+            break
+        scales = new
+    if mem <= 0 or (comp <= 0 and a[:, 2].any()):
+        raise MirageError("calibration: the measured times do not determine the memory and "
+                          "compute scales (need memory-bound and compute-bound programs)")
+    comp = comp if comp > 0 else 1.0  # no compute-bound sample: leave throughputs alone
+    figures = {"graph_launch_us": g}
+    figures.update({k: getattr(prof, k) / mem for k in MEMORY_KEYS})
+    figures.update({k: getattr(prof, k) / comp for k in COMPUTE_KEYS})
+    for frac, peaks in (("dram_achievable_fraction", ("dram_bandwidth_GBps",)),
+                        ("tensor_achievable_fraction", ("fp16_tensor_TFLOPs",
+                                                        "bf16_tensor_TFLOPs"))):
+        if figures[frac] > 1.0:  # a fraction stays <= 1: the rest goes into the peak
+            figures.update({k: getattr(prof, k) * figures[frac] for k in peaks})
+            figures[frac] = 1.0
+    gaps = [(s.plain_us - s.graph_us) / max(1, _row(s.cost)[0]) for s in good
+            if s.plain_us is not None and np.isfinite(s.plain_us)]
+    launch = g + float(np.mean(gaps)) if gaps else None
+    if launch is not None:
+        figures["launch_overhead_us"] = max(launch, g)
+    fitted = a @ coef
+    residual = float(np.sqrt(np.mean(((fitted - y) / y) ** 2)))
+    return Fit(g, mem, comp, launch, figures, residual, tuple(good))
+
+
+def write_measured(path: str | Path, result: Fit, device: str, when: str = "") -> Path:
+    """Write ``result`` as a measured-calibration file (``extract/<gpu>_measured.toml``)."""
+    path = Path(path)
+    n = len(result.samples)
+    how = (f"fitted by eqsat_mirage.cost.calibrate on {n} programs measured on {device}"
+           f"{' ' + when if when else ''}; rms relative error of the fit {result.residual:.1%}")
+    lines = [f"# {how}", f'device = "{device}"', "", "[calibration]"]
+    notes = {"graph_launch_us": "per kernel replayed from a CUDA graph",
+             "launch_overhead_us": "per kernel launched from Python: graph replay plus the "
+                                   "mean measured gap per kernel"}
+    for key, value in result.figures.items():
+        why = notes.get(key) or (
+            f"x 1/{result.memory_scale:.3f}: measured memory time over predicted"
+            if key in (*MEMORY_KEYS, "dram_bandwidth_GBps") else
+            f"x 1/{result.compute_scale:.3f}: measured compute time over predicted")
+        lines += [f"# {why}", f"{key} = {value:.6g}"]
+    lines.append("")
+    for s in result.samples:
+        lines += [f'[cases."{s.case}"]', f"kernels = {len(s.cost.kernels)}",
+                  f"predicted_us = {s.cost.total_us:.3f}", f"measured_graph_us = {s.graph_us:.3f}"]
+        if s.plain_us is not None:
+            lines.append(f"measured_plain_us = {s.plain_us:.3f}")
+        lines += [f"fitted_us = {result.predict(s):.3f}", ""]
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path

@@ -1,0 +1,143 @@
+"""Tiles as Triton holds them, the registers they take, and the warps a block needs.
+
+``padded_shapes`` pads every tile dim to a power of two (a matmul's M and N to at least 16);
+``live_registers`` counts the 32-bit registers one block's live tiles take; ``warps_for``
+picks 4, 8 or 16 warps from that (or the count the compile check pinned), or None when no
+count holds them without spilling. ``refusing`` feeds the compile check's refusals
+(``codegen.tune``) back into the cost model, keyed by ``tile_key``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+from ..frontend.graph import Graph
+from ..ir.node import ITEMSIZE, Op, numel
+from ..mugraph.kernels import CustomKernel
+from .profile import NUM_STAGES
+
+MIN_MMA = 16  # tensor-core tile dims (tl.dot) are at least 16
+DEEP_STAGES = 4  # pipelining depth for loops of small tiles (stages_for)
+SMALL_ITERATION_BYTES = 16 * 1024
+
+
+def _p2(d: int) -> int:
+    return 1 << max(0, int(d) - 1).bit_length()
+
+
+def padded_shapes(graph: Graph) -> dict[int, tuple[int, ...]]:
+    """Tile shapes as Triton holds them: dims to powers of two, matmul M and N to >= 16."""
+    pad = {id(n): tuple(_p2(d) for d in n.shape) for n in graph.nodes()}
+    for n in graph.nodes():
+        if n.op is Op.MATMUL:
+            for node, dim in ((n.srcs[0], -2), (n.srcs[1], -1), (n, -2), (n, -1)):
+                s = list(pad[id(node)])
+                s[dim] = max(MIN_MMA, s[dim])
+                pad[id(node)] = tuple(s)
+    return pad
+
+
+# 32-bit registers per thread that a block's live tiles may take at each warp count: ptxas
+# allows 255 registers per thread up to 8 warps and 128 at 16 (65536 per SM); the rest holds
+# addresses, offsets, masks and layout conversions. Fitted on sm_90a builds (triton 3.8) of
+# attention kernels with 16 to 128 query rows and 64 to 256 keys per block at 4, 8 and 16
+# warps: it keeps the counts that built cleanly for the 128 x 128 tiles and refuses 128 x 256
+# at every count, as ptxas does. It is a prior, not the truth: 64 x 256 fits it and spills,
+# which the compile check (``codegen.tune``) catches and refuses.
+REGISTER_BUDGET = {4: 150, 8: 170, 16: 72}
+MAX_TILE_PER_THREAD = 64  # values of one computed tile per thread past which ptxas spills
+WGMMA_M = 64  # Hopper's warpgroup MMA: M >= 64 rows, operand B (and a loaded A) from shared
+              # memory; smaller dots run as mma.sync with both operands in registers
+
+
+def live_registers(k: CustomKernel) -> float:
+    """32-bit registers the tiles of one block of ``k`` hold at its busiest point.
+
+    The accumulators (fp32), plus, in the busier stage, every matmul operand and result
+    tile (a ``tl.dot``'s operands and result are all live around it; 16-bit values pack two
+    to a register, results are fp32; a loaded operand of a dot with M >= 64 stays in shared
+    memory) and the largest other tile (fp32, as the generated code computes).
+    """
+    pad_loop = padded_shapes(k.loop)
+    acc = sum(numel(pad_loop[id(k.loop.outputs[a])]) for a in k.accumulators)
+    busiest = 0.0
+    for stage in (k.loop, k.post):
+        pad = padded_shapes(stage)
+        dots: dict[int, float] = {}
+        for n in stage.nodes():
+            if n.op is Op.MATMUL:
+                dots[id(n)] = numel(pad[id(n)])
+                wgmma = pad[id(n)][-2] >= WGMMA_M
+                for m in n.srcs:  # wgmma reads a loaded operand from shared memory
+                    held = not (wgmma and m.op is Op.INPUT)
+                    dots[id(m)] = max(dots.get(id(m), 0.0),
+                                      numel(pad[id(m)]) * ITEMSIZE[m.dtype] / 4 * held)
+        other = max((numel(pad[id(n)]) for n in stage.nodes()
+                     if id(n) not in dots and n.op is not Op.CONST), default=0)
+        busiest = max(busiest, sum(dots.values()) + other)
+    return acc + busiest
+
+
+def stages_for(k: CustomKernel) -> int:
+    """Software-pipelining depth emitted for ``k`` (``num_stages``): ``NUM_STAGES`` (double
+    buffering: one iteration's loads in flight), or ``DEEP_STAGES`` when the loop has at
+    least that many iterations and one iteration loads at most ``SMALL_ITERATION_BYTES``:
+    a loop of small tiles waits a memory latency per iteration, and three in flight cut
+    that wait threefold for little shared memory."""
+    if k.forloop < DEEP_STAGES:
+        return NUM_STAGES
+    per_iteration = sum(numel(k.loop.inputs[bi.name].shape) * ITEMSIZE[k.loop.inputs[bi.name].dtype]
+                        for bi in k.inputs.values() if bi.fmap is not None)
+    return DEEP_STAGES if 0 < per_iteration <= SMALL_ITERATION_BYTES else NUM_STAGES
+
+
+def tile_key(k: CustomKernel) -> tuple:
+    """What a compiled build of ``k`` depends on, without names: its grid, loop range, and
+    each stage's ops, tile shapes and dtypes in order."""
+    stages = tuple(tuple((n.op.name, n.shape, n.dtype, n.arg if n.op is not Op.INPUT else None)
+                         for n in st.nodes()) for st in (k.loop, k.post))
+    return (k.grid, k.forloop, stages)
+
+
+_REFUSED: ContextVar[dict | None] = ContextVar("refused", default=None)
+
+
+def refusal(k: CustomKernel) -> str:
+    """Why the compile check refused ``k``'s schedule ("" when it did not)."""
+    refused = _REFUSED.get()
+    return refused.get(tile_key(k), "") if refused else ""
+
+
+@contextmanager
+def refusing(refused: dict) -> Iterator[None]:
+    """Price the kernels whose ``tile_key`` is in ``refused`` (key -> reason) as infeasible
+    inside the block: the compile check's findings, fed back to the planner."""
+    token = _REFUSED.set({**(_REFUSED.get() or {}), **refused})
+    try:
+        yield
+    finally:
+        _REFUSED.reset(token)
+
+
+def warps_for(k: CustomKernel) -> int | None:
+    """Warps per block of custom kernel ``k`` (emitted by codegen, priced here).
+
+    ``k.num_warps`` when the compile check set it; else the fewest of 4, 8 and 16 whose
+    threads hold ``live_registers(k)`` within ``REGISTER_BUDGET`` and every tile within
+    ``MAX_TILE_PER_THREAD`` values each; None when none does (ptxas would spill: the
+    schedule is refused, and the planner looks for smaller tiles).
+    """
+    if k.num_warps:
+        return k.num_warps
+    live = live_registers(k)
+    tiles = 0  # the largest computed tile (loaded ones are counted in live_registers)
+    for stage in (k.loop, k.post):
+        pad = padded_shapes(stage)
+        tiles = max([tiles] + [numel(pad[id(n)]) for n in stage.nodes() if n.op is not Op.INPUT])
+    for warps in (4, 8, 16):
+        threads = 32 * warps
+        if live <= REGISTER_BUDGET[warps] * threads and tiles <= MAX_TILE_PER_THREAD * threads:
+            return warps
+    return None

@@ -1,0 +1,83 @@
+"""optimize's compile check: each candidate MuGraph built for the target before it is verified.
+
+``Builder.clean(plan, ...)`` runs ``codegen.tune`` on the plan's MuGraph (every custom
+kernel compiled for the target; spilling kernels rebuilt at other warp counts). A plan
+with a kernel that cannot build cleanly is dropped, and its candidate program is planned
+again with every refused schedule priced as infeasible (``gpucost.refusing``); the new
+plan joins the queue in cost order. Past its deadline (optimize gives it until 70% of the
+time limit) a plan is verified without being built, and counted as skipped. ``report()`` is
+``res.stats["compiled"]``.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from ..codegen.tune import TuneResult, tune
+from ..cost.gpucost import mugraph_cost, refusing
+from ..cost.tiles import tile_key
+from ..ir.errors import MirageError
+
+MAX_REPLANS = 4  # re-plans per optimize call after refusals (each re-prices the candidate)
+
+
+class Builder:
+    """The compile check of one optimize call (see the module docstring)."""
+
+    def __init__(self, prof, strategy, todo: list, deadline, progress=None) -> None:
+        self.prof, self.strategy, self.todo = prof, strategy, todo
+        self.deadline, self.progress = deadline, progress
+        self.refused: dict = {}
+        self.replans = 0
+        self.builds: list[str] = []
+        self.compiles, self.seconds, self.skipped = 0, 0.0, 0
+
+    def clean(self, p, i: int, how: str, entry: dict, queue: list) -> bool:
+        """Whether plan ``p`` (candidate ``i``) builds cleanly; pins retuned warps on it and
+        fixes its cost. When not, queues a re-plan of the candidate and returns False."""
+        from ..fusion.planner import plan
+
+        if self.deadline.expired():  # past its share of the time limit: verify unbuilt
+            entry["compiled"] = "not built: the compile check's share of the time limit ran out"
+            self.skipped += 1
+            return True
+        keys = [tile_key(k) for k in p.mugraph.kernels if k.kind == "custom"]
+        known = {key: self.refused[key] for key in keys if key in self.refused}
+        if known:  # a schedule refused before: no need to build it again
+            result = TuneResult(self.prof.name, refused=known)
+        else:
+            result = tune(p.mugraph, self.prof.name)
+        self.compiles, self.seconds = self.compiles + result.compiles, self.seconds + result.seconds
+        if result.ok:
+            entry["compiled"] = result.summary()
+            if result.retuned:
+                p.cost_us = entry["cost_us"] = mugraph_cost(p.mugraph, self.prof).total_us
+            self.builds.append(f"{how}: {result.summary()}")
+            return True
+        self.refused.update(result.refused)
+        entry["compiled"] = "; ".join(result.refused.values())
+        if self.progress:
+            self.progress(f"MuGraph from {how} refused by the compile check: "
+                          f"{entry['compiled']}")
+        if self.replans >= MAX_REPLANS or self.deadline.expired():
+            return False
+        self.replans += 1
+        _, graph, cuts = self.todo[i]
+        try:
+            with refusing(self.refused):
+                again = plan(graph, self.prof, self.strategy, cuts=cuts, shared=None,
+                             deadline=self.deadline)
+        except (MirageError, ValueError, KeyError) as exc:
+            entry["compiled"] += f"; re-planning failed: {exc}"
+            return False
+        if again.cost_us < float("inf"):
+            bisect.insort(queue, (again.cost_us, i, f"{how} (re-planned)", again),
+                          key=lambda x: (x[0], x[1]))
+        return False
+
+    def report(self) -> dict:
+        """What the check did: builds, refusals, re-plans, compiles and seconds."""
+        return {"target": self.prof.name, "builds": self.builds,
+                "refused": list(self.refused.values()), "replans": self.replans,
+                "compiles": self.compiles, "seconds": round(self.seconds, 2),
+                "skipped": self.skipped}

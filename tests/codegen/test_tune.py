@@ -1,0 +1,107 @@
+"""The compile check: kernels built for sm_90a, spills retuned or refused, refusals re-planned."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from mugraph_examples import attention_tiles
+
+import eqsat_mirage as em
+from eqsat_mirage.codegen.source import triton_source
+from eqsat_mirage.codegen.tune import TuneResult, can_tune, tune
+from eqsat_mirage.cost.gpucost import kernel_cost, mugraph_cost, refusing
+from eqsat_mirage.cost.tiles import tile_key, warps_for
+from eqsat_mirage.mugraph.program import MuGraph
+from eqsat_mirage.pipeline import build
+
+needs_compiler = pytest.mark.skipif(not can_tune("h100"), reason="no Triton NVIDIA compiler")
+
+
+def _custom(mg):
+    return [k for k in mg.kernels if k.kind == "custom"]
+
+
+def test_pinned_warps_are_emitted_priced_and_kept_in_json():
+    mg = attention_tiles(32, 64)
+    (k,) = _custom(mg)
+    assert warps_for(k) == 4 and "num_warps=4" in triton_source(mg)
+    k.num_warps = 16
+    assert warps_for(k) == 16 and "num_warps=16" in triton_source(mg)
+    assert "warps=16" in str(mg)
+    back = MuGraph.from_json(mg.to_json())
+    assert _custom(back)[0].num_warps == 16
+    bad = mg.to_json().replace('"num_warps": 16', '"num_warps": 3')
+    with pytest.raises(em.MirageError, match="num_warps"):
+        MuGraph.from_json(bad)
+
+
+def test_a_refused_schedule_costs_infinity_with_the_reason():
+    mg = attention_tiles(32, 64)
+    (k,) = _custom(mg)
+    assert math.isfinite(kernel_cost(k, mg).time_us)
+    with refusing({tile_key(k): "kernel k0 spilled"}):
+        cost = kernel_cost(k, mg)
+        assert math.isinf(cost.time_us) and "spilled" in cost.reason
+    assert math.isfinite(kernel_cost(k, mg).time_us)  # only inside the block
+
+
+@needs_compiler
+def test_a_spilling_warp_count_is_retuned():
+    mg = attention_tiles(128, 128)  # ptxas spills these tiles at 4 warps, not at 8
+    (k,) = _custom(mg)
+    k.num_warps = 4
+    result = tune(mg, "h100")
+    assert result.ok and result.retuned == {k.name: (4, 8)}, result.summary()
+    assert k.num_warps == 8 and result.kernels[k.name].spill_bytes == 0
+    assert "4 -> 8 warps" in result.summary()
+
+
+@needs_compiler
+def test_tiles_no_warp_count_holds_are_refused():
+    mg = attention_tiles(128, 256)
+    (k,) = _custom(mg)
+    result = tune(mg, "h100")
+    assert not result.ok and k.num_warps is None
+    (why,) = result.refused.values()
+    assert tile_key(k) in result.refused and "sm_90a" in why and "spilled" in why
+    assert result.compiles == 3
+
+
+def test_optimize_replans_a_refused_candidate(monkeypatch):
+    g = em.Graph("rmslin")
+    x = g.input("X", (16, 256), dtype="float16")
+    w = g.input("W", (256, 512), dtype="float16")
+    g.output(em.rms_norm(x) @ w, "Y")
+    first = em.optimize(g, cache=False)
+    (k0,) = _custom(first.program)
+    seen = []
+
+    def fake_tune(mg, target):  # refuse the first plan's kernel, accept the rest
+        seen.append([tile_key(k) for k in _custom(mg)])
+        keys = seen[-1]
+        if tile_key(k0) in keys:
+            return TuneResult(target, refused={tile_key(k0): "kernel k0 spilled (test)"})
+        return TuneResult(target)
+
+    monkeypatch.setattr(build, "tune", fake_tune)
+    res = em.optimize(g, cache=False, compile_check=True)
+    assert res.verified.equivalent
+    assert tile_key(k0) not in [tile_key(k) for k in _custom(res.program)]
+    st = res.stats["compiled"]
+    assert st["replans"] >= 1 and st["refused"] == ["kernel k0 spilled (test)"]
+    assert any("re-planned" in p["how"] for p in res.stats["plans"])
+    assert res.cost_us == pytest.approx(mugraph_cost(res.program).total_us)
+    assert res.cost_us >= first.cost_us
+
+
+@needs_compiler
+def test_optimize_builds_the_chosen_kernels_for_the_target():
+    g = em.Graph("rmslin")
+    x = g.input("X", (4, 64), dtype="float16")
+    w = g.input("W", (64, 32), dtype="float16")
+    g.output(em.rms_norm(x) @ w, "Y")
+    res = em.optimize(g, cache=False, compile_check=True)
+    st = res.stats["compiled"]
+    assert st["target"] == "h100" and st["compiles"] >= 1 and not st["refused"]
+    assert "compiled for h100" in st["builds"][0]

@@ -1,0 +1,131 @@
+"""Calibration: figures fitted to measured times, written to <gpu>_measured.toml, read back."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+import eqsat_mirage as em
+from eqsat_mirage.cost.calibrate import Sample, fit, write_measured
+from eqsat_mirage.cost.gpucost import mugraph_cost
+from eqsat_mirage.cost.profile import GPUProfile, profiles_dir
+from eqsat_mirage.fusion.lower import lower
+from eqsat_mirage.fusion.schedule import Schedule
+from eqsat_mirage.mugraph.program import from_graph
+
+TRUE = {"graph_launch_us": 1.5, "memory": 1.25, "compute": 1.6, "gap_us": 2.0}
+
+
+def _programs():
+    """Memory-bound and compute-bound MuGraphs of several sizes: predefined ops and fused
+    kernels."""
+    out = []
+    for n in (512, 2048, 8192):
+        g = em.Graph(f"mm{n}")
+        a = g.input("A", (n, 1024), "float16")
+        b = g.input("B", (1024, 1024), "float16")
+        g.output(em.silu(a @ b) * 2.0, "Y")
+        out.append((f"mm{n}", from_graph(g)))
+    for rows in (16, 256):
+        g = em.Graph(f"rmslin{rows}")
+        x = g.input("X", (rows, 4096), "float16")
+        w = g.input("W", (4096, 4096), "float16")
+        g.output(em.rms_norm(x) @ w, "Y")
+        out.append((f"rmslin{rows}", from_graph(g)))
+    g = em.Graph("tiled")
+    a = g.input("A", (4096, 4096), "float16")
+    b = g.input("B", (4096, 4096), "float16")
+    g.output(a @ b, "C")
+    out.append(("tiled", lower(g, Schedule(grid=(("a", 32), ("c", 32)), loop="b", forloop=64))))
+    return out
+
+
+def _measured(prof):
+    """What a GPU following the fitted model's form exactly (TRUE) would measure."""
+    samples = []
+    for name, mg in _programs():
+        cost = mugraph_cost(mg, prof)
+        n = sum(k.launch_us > 0 for k in cost.kernels)  # reshapes are free views
+        graph = n * TRUE["graph_launch_us"] + sum(
+            max(TRUE["memory"] * k.memory_us, TRUE["compute"] * k.compute_us)
+            for k in cost.kernels)
+        samples.append(Sample(name, cost, graph, graph + n * TRUE["gap_us"]))
+    return samples
+
+
+def test_the_fit_recovers_the_launch_cost_and_the_scales():
+    prof = GPUProfile.load("h100")
+    samples = _measured(prof)
+    assert {s.cost.kernels[0].memory_us >= s.cost.kernels[0].compute_us for s in samples} == {
+        True, False}  # both kinds of kernel are in the sample
+    result = fit(samples, prof)
+    assert result.graph_launch_us == pytest.approx(TRUE["graph_launch_us"], rel=1e-6)
+    assert result.memory_scale == pytest.approx(TRUE["memory"], rel=1e-6)
+    assert result.compute_scale == pytest.approx(TRUE["compute"], rel=1e-6)
+    assert result.launch_overhead_us == pytest.approx(3.5, rel=1e-6)
+    assert result.residual < 1e-6
+    f = result.figures
+    assert f["dram_achievable_fraction"] == pytest.approx(prof.dram_achievable_fraction / 1.25)
+    assert f["sm_dram_bandwidth_GBps"] == pytest.approx(prof.sm_dram_bandwidth_GBps / 1.25)
+    assert f["tensor_achievable_fraction"] == pytest.approx(prof.tensor_achievable_fraction / 1.6)
+
+
+def test_the_measured_file_is_what_the_cost_model_reads(tmp_path):
+    shutil.copy(profiles_dir() / "h100.toml", tmp_path / "h100.toml")
+    prof = GPUProfile.load(tmp_path / "h100.toml")
+    samples = _measured(prof)
+    path = write_measured(tmp_path / "h100_measured.toml", fit(samples, prof), "test GPU")
+    assert path.name == "h100_measured.toml" and "[calibration]" in path.read_text()
+    tuned = GPUProfile.load(tmp_path / "h100.toml")
+    assert "graph_launch_us" in tuned.calibrated
+    assert tuned.sources["graph_launch_us"].startswith("measured (h100_measured.toml)")
+    assert tuned.launch_overhead_us == pytest.approx(3.5)
+    graph = tuned.for_launch("graph")
+    for s, (_, mg) in zip(samples, _programs()):  # the new figures price what was measured
+        assert mugraph_cost(mg, graph).total_us == pytest.approx(s.graph_us, rel=1e-6)
+        assert mugraph_cost(mg, tuned).total_us == pytest.approx(s.plain_us, rel=1e-6)
+    assert GPUProfile.load("h100").graph_launch_us == 1.2  # the built-in file is untouched
+
+
+def test_bad_measurements_get_a_clear_error(tmp_path):
+    prof = GPUProfile.load("h100")
+    samples = _measured(prof)
+    with pytest.raises(em.MirageError, match="at least 3"):
+        fit(samples[:2], prof)
+    shutil.copy(profiles_dir() / "h100.toml", tmp_path / "h100.toml")
+    (tmp_path / "h100_measured.toml").write_text("[calibration]\nwarp_speed = 9\n")
+    with pytest.raises(em.MirageError, match="warp_speed"):
+        GPUProfile.load(tmp_path / "h100.toml")
+
+
+def test_launch_modes_price_every_launch():
+    prof = GPUProfile.load("h100")
+    mg = _programs()[0][1]
+    plain, graph = mugraph_cost(mg, prof), mugraph_cost(mg, prof.for_launch("graph"))
+    n = len(mg.kernels)
+    assert plain.total_us - graph.total_us == pytest.approx(n * (3.0 - 1.2))
+    assert prof.for_launch("graph").for_launch("plain") == prof
+    with pytest.raises(em.MirageError, match="launch must be one of"):
+        prof.for_launch("stream")
+
+
+def test_the_gpu_bundle_ingest_fits_and_writes_the_measured_file(tmp_path):
+    """bench/gpu_bundle.py ingest --calibration: the manifest's MuGraph JSON re-priced, the
+    runner's CUDA-graph and plain times fitted, the file written where load() finds it."""
+    import json
+
+    from bench.gpu_bundle import calibration
+
+    shutil.copy(profiles_dir() / "h100.toml", tmp_path / "h100.toml")
+    prof = GPUProfile.load(tmp_path / "h100.toml")
+    samples = _measured(prof)
+    manifest = {"cases": [{"case": s.case, "mugraph": json.loads(mg.to_json())}
+                          for s, (_, mg) in zip(samples, _programs())]}
+    results = {"cases": [{"case": s.case, "ok": True, "ours_us": s.graph_us,
+                          "ours_plain_us": s.plain_us} for s in samples]}
+    results["cases"].append({"case": "broken", "ok": False, "ours_us": float("nan")})
+    manifest["cases"].append({"case": "broken", "mugraph": None})
+    fitted = calibration(manifest, results, prof, "test GPU", tmp_path / "h100_measured.toml")
+    assert len(fitted.samples) == len(samples) and fitted.residual < 1e-6
+    assert GPUProfile.load(tmp_path / "h100.toml").graph_launch_us == pytest.approx(1.5)
