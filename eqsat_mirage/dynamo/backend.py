@@ -94,6 +94,14 @@ def node_spec(node: fx.Node) -> tuple[tuple[int, ...], str, Any] | None:
     return shape, name, device
 
 
+def _symbolic(node: fx.Node) -> str:
+    """The shape of ``node``'s result when Dynamo made a size of it symbolic, else ""."""
+    for t in _example(node):
+        if isinstance(t, torch.Tensor) and not all(type(d) is int for d in t.shape):
+            return "[" + ", ".join(str(d) for d in t.shape) + "]"
+    return ""
+
+
 def _example(node: fx.Node) -> list:
     """The value(s) Dynamo recorded for ``node``: a tuple's items, else the one value."""
     v = node.meta.get("example_value", node.meta.get("val"))
@@ -162,6 +170,10 @@ class _Support(OperatorSupportBase):
         if _empty(node) or any(_empty(src) for src in node.all_input_nodes):
             return "a zero-size tensor (e.g. an empty KV cache): nothing to compute"
         want, several = node_spec(node), tuple_specs(node)
+        dynamic = _symbolic(node)
+        if dynamic:
+            return (f"its shape {dynamic} has a symbolic (dynamic) size: optimized programs "
+                    "have static shapes; torch.compile(..., dynamic=False) specializes them")
         if want is None and several is None:
             return "its result is not a float16/bfloat16/float32 tensor of static shape"
         for i, src in enumerate(node.all_input_nodes):
