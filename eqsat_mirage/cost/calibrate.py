@@ -10,8 +10,9 @@ graph (what ``bench/gpu_runner.py`` reports for every contestant) and, optionall
 
 fitted by non-negative least squares over all samples (``fit``). ``G`` is the replay
 cost per kernel (``graph_launch_us``); ``a`` and ``c`` scale the profile's bandwidths and
-throughputs (every bandwidth divided by ``a``, every throughput by ``c``, so predicted
-memory and compute times scale by exactly ``a`` and ``c``). Plain launches add
+throughputs (every bandwidth divided by ``a`` and the DRAM latency multiplied by it, every
+throughput divided by ``c``, so predicted memory and compute times scale by exactly ``a``
+and ``c``). Plain launches add
 ``launch_overhead_us - G`` per kernel, the mean of ``(plain_us - graph_us) / kernels``.
 
 ``write_measured(path, ...)`` writes the fitted figures as the ``[calibration]`` table of
@@ -22,7 +23,7 @@ is there, so the next search prices kernels with the measured figures.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,7 @@ from .gpucost import MuGraphCost
 from .profile import GPUProfile
 
 MEMORY_KEYS = ("dram_achievable_fraction", "sm_dram_bandwidth_GBps", "l2_bandwidth_GBps")
+LATENCY_KEYS = ("dram_latency_ns",)  # scaled up with the memory time, not down
 COMPUTE_KEYS = ("tensor_achievable_fraction", "fp32_cuda_TFLOPs", "sfu_TOPs")
 
 
@@ -100,8 +102,13 @@ def fit(samples: list[Sample], profile: GPUProfile | str | Path = "h100") -> Fit
         raise MirageError("calibration: the measured times do not determine the memory and "
                           "compute scales (need memory-bound and compute-bound programs)")
     comp = comp if comp > 0 else 1.0  # no compute-bound sample: leave throughputs alone
+    if g <= 0:
+        raise MirageError("calibration: the fit gives no launch cost per kernel (the measured "
+                          "times do not grow with the number of kernels); measure programs "
+                          "with different kernel counts")
     figures = {"graph_launch_us": g}
     figures.update({k: getattr(prof, k) / mem for k in MEMORY_KEYS})
+    figures.update({k: getattr(prof, k) * mem for k in LATENCY_KEYS})
     figures.update({k: getattr(prof, k) / comp for k in COMPUTE_KEYS})
     for frac, peaks in (("dram_achievable_fraction", ("dram_bandwidth_GBps",)),
                         ("tensor_achievable_fraction", ("fp16_tensor_TFLOPs",
@@ -114,9 +121,22 @@ def fit(samples: list[Sample], profile: GPUProfile | str | Path = "h100") -> Fit
     launch = g + float(np.mean(gaps)) if gaps else None
     if launch is not None:
         figures["launch_overhead_us"] = max(launch, g)
+    try:  # the figures must make a loadable profile before anything is written
+        replace(prof, **figures).for_launch("graph")
+        _check_figures(figures)
+    except (TypeError, ValueError) as exc:
+        raise MirageError(f"calibration: the fitted figures are not a valid profile: "
+                          f"{exc}") from None
     fitted = a @ coef
     residual = float(np.sqrt(np.mean(((fitted - y) / y) ** 2)))
     return Fit(g, mem, comp, launch, figures, residual, tuple(good))
+
+
+def _check_figures(figures: dict[str, float]) -> None:
+    """Every fitted figure positive and finite, fractions at most 1 (as ``load`` requires)."""
+    for key, v in figures.items():
+        if not (0 < v < float("inf")) or (key.endswith("_fraction") and v > 1):
+            raise ValueError(f"{key} = {v!r}")
 
 
 def write_measured(path: str | Path, result: Fit, device: str, when: str = "") -> Path:
@@ -133,6 +153,8 @@ def write_measured(path: str | Path, result: Fit, device: str, when: str = "") -
         why = notes.get(key) or (
             f"x 1/{result.memory_scale:.3f}: measured memory time over predicted"
             if key in (*MEMORY_KEYS, "dram_bandwidth_GBps") else
+            f"x {result.memory_scale:.3f}: measured memory time over predicted"
+            if key in LATENCY_KEYS else
             f"x 1/{result.compute_scale:.3f}: measured compute time over predicted")
         lines += [f"# {why}", f"{key} = {value:.6g}"]
     lines.append("")

@@ -332,7 +332,7 @@ def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile) -> KernelCost:
     if smem > prof.smem_per_block_KiB * 1024:
         reasons.append(f"needs {smem / 1024:.1f} KiB of shared memory per block, more than "
                        f"the {prof.smem_per_block_KiB:g} KiB {prof.name} allows (inputs with "
-                       "an fmap count twice, double-buffered; accumulators at 4 bytes)")
+                       "an fmap count once per pipeline stage; accumulators at 4 bytes)")
     if refusal(k):
         reasons.append(refusal(k))
     warps = warps_for(k)
@@ -373,7 +373,7 @@ def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile) -> KernelCost:
     c_b = work.us(prof) * prof.sms / blocks
     bw_all = prof.dram_bandwidth_GBps * 1e3 * prof.dram_achievable_fraction
 
-    flight = in_flight_bytes(k, mg)
+    flight = max(in_flight_bytes(k, mg), 1)  # a kernel that loads nothing waits on nothing
 
     def wave(n: int) -> tuple[float, float]:
         cap = min(n, prof.sms) * prof.sm_dram_bandwidth_GBps * 1e3

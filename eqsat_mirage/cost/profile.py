@@ -20,8 +20,8 @@ from ..ir.errors import MirageError
 
 THREADS_PER_BLOCK = 128  # num_warps=4, emitted in every launch (codegen/kernel.py)
 NUM_WARPS = THREADS_PER_BLOCK // 32
-NUM_STAGES = 2  # software-pipelining depth emitted in every launch: gpucost counts an fmap
-                # input tile twice (double-buffered), so Triton must not keep three
+NUM_STAGES = 2  # default software-pipelining depth (tiles.stages_for: 4 for loops of small
+                # tiles); gpucost counts an fmap input tile once per stage
 REGS_PER_THREAD = 128  # assumption: a tensor-core Triton kernel uses ~128 registers per thread
 LAUNCH_MODES = ("plain", "graph")
 MEASURED_SUFFIX = "_measured"  # extract/<gpu>_measured.toml: calibration fitted on that GPU

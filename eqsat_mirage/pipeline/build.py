@@ -12,7 +12,9 @@ time limit) a plan is verified without being built, and counted as skipped. ``re
 from __future__ import annotations
 
 import bisect
+import subprocess
 
+from ..codegen.concat import CodegenError
 from ..codegen.tune import TuneResult, tune
 from ..cost.gpucost import mugraph_cost, refusing
 from ..cost.tiles import tile_key
@@ -37,16 +39,20 @@ class Builder:
         fixes its cost. When not, queues a re-plan of the candidate and returns False."""
         from ..fusion.planner import plan
 
-        if self.deadline.expired():  # past its share of the time limit: verify unbuilt
+        custom = [k for k in p.mugraph.kernels if k.kind == "custom"]
+        known = {key: self.refused[key] for key in map(tile_key, custom) if key in self.refused}
+        if known:  # a schedule refused before: no need to build it again
+            result = TuneResult(self.prof.name, refused=known)
+        elif self.deadline.expired():  # past its share of the time limit: verify unbuilt
             entry["compiled"] = "not built: the compile check's share of the time limit ran out"
             self.skipped += 1
             return True
-        keys = [tile_key(k) for k in p.mugraph.kernels if k.kind == "custom"]
-        known = {key: self.refused[key] for key in keys if key in self.refused}
-        if known:  # a schedule refused before: no need to build it again
-            result = TuneResult(self.prof.name, refused=known)
         else:
-            result = tune(p.mugraph, self.prof.name)
+            try:
+                result = tune(p.mugraph, self.prof.name)
+            except (CodegenError, subprocess.SubprocessError, OSError) as exc:
+                why = f"the target's compiler failed on it: {exc}"[:500]
+                result = TuneResult(self.prof.name, refused={tile_key(k): why for k in custom})
         self.compiles, self.seconds = self.compiles + result.compiles, self.seconds + result.seconds
         if result.ok:
             entry["compiled"] = result.summary()

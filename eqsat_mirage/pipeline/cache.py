@@ -124,13 +124,18 @@ def rules_digest(rules) -> list[tuple[str, str]]:
 
 
 def target_digest(target) -> tuple[str, str]:
-    """(profile name, sha256 of its TOML bytes) for a target name or .toml path."""
-    from ..cost.profile import GPUProfile, profile_path
+    """(profile name, sha256 of its TOML bytes, and of its measured calibration file when
+    there is one: ``GPUProfile.load`` reads both) for a target name or .toml path."""
+    from ..cost.profile import MEASURED_SUFFIX, GPUProfile, profile_path
 
     if isinstance(target, GPUProfile):
         return target.name, _sha(repr(target).encode())
     path = profile_path(target)
-    return path.stem, _sha(path.read_bytes())
+    data = path.read_bytes()
+    measured = path.with_name(f"{path.stem}{MEASURED_SUFFIX}.toml")
+    if measured.is_file():
+        data += b"\0" + measured.read_bytes()
+    return path.stem, _sha(data)
 
 
 def make_key(graph, options: dict) -> str:

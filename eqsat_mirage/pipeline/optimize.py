@@ -15,6 +15,7 @@ verified) the input itself is returned, one kernel per op.
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -119,6 +120,13 @@ def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool 
     check_memory(footprint(graph), 16 * THREADS, f"verifying {graph.name!r}")
     _check_splits(split_factors)
     prof = GPUProfile.load(target).for_launch(launch)  # read once; both cost models use it
+    if compile_check:
+        from ..codegen.tune import can_tune
+
+        if not can_tune(prof.name):
+            raise MirageError(f"optimize: compile_check needs a built-in GPU target (h100, h200, "
+                              f"a100) and Triton's NVIDIA compiler; target {prof.name!r} "
+                              "cannot be built here (compile_check=False skips the check)")
     hw = Hardware.load(prof)
     user = [p for p in rule_paths(rules) if p.parent != builtin_rules_dir()]
     if user:
@@ -316,6 +324,8 @@ def _mugraph_level(graph, cands, bounds, prof, how_to, lax, vopts, progress,
         allowed[i] = f"{len(edges) if cuts is None else len(cuts & edges)}/{len(edges)}"
         try:
             p = plan(g, prof, strategy, cuts=cuts, shared=priced, deadline=late)
+            if late.expired():  # the planner may have left fragments unfused
+                stats["fusion_skipped"] = stats.get("fusion_skipped", 0) + 1
         except (MirageError, ValueError, KeyError) as exc:  # recorded in stats, skipped
             errors.append(f"{how}: {exc}")
             continue
@@ -341,6 +351,10 @@ def _mugraph_level(graph, cands, bounds, prof, how_to, lax, vopts, progress,
             stats["note"] = "time limit reached before a candidate verified; input returned"
             continue
         if builder is not None and not builder.clean(p, i, how, entry, plans):
+            continue
+        if plans and p.cost_us > max(cost, plans[0][0]):  # retuned warps cost more than the
+            summary.pop()                                # next plan: that one goes first
+            bisect.insort(plans, (p.cost_us, i, how, p), key=lambda x: (x[0], x[1]))
             continue
         tried += 1
         res = _verify(graph, p.mugraph, vopts)

@@ -60,8 +60,9 @@ class OptimizeResult:
         """The chosen program as a callable on torch tensors (by position or by input name).
 
         On a CPU, set ``TRITON_INTERPRET=1`` before triton is imported. ``reuse_outputs``:
-        the output tensors (and the intermediates between kernels) are allocated once per
-        input signature and every later call with that signature writes and returns the
+        the tensors the Triton kernels write (outputs and intermediates; a pre-defined torch
+        op's result is still new each call) are allocated once per input signature and every
+        later call with that signature writes and returns the
         same tensors, overwriting what the previous call returned (``clone()`` them to keep
         them); it saves the allocations' host time. ``cuda_graph``: on CUDA inputs, capture
         the launches once per input signature and replay them

@@ -105,3 +105,33 @@ def test_optimize_builds_the_chosen_kernels_for_the_target():
     st = res.stats["compiled"]
     assert st["target"] == "h100" and st["compiles"] >= 1 and not st["refused"]
     assert "compiled for h100" in st["builds"][0]
+
+
+def test_a_compiler_failure_refuses_the_plan_instead_of_failing_the_search(monkeypatch):
+    from eqsat_mirage.codegen.concat import CodegenError
+
+    def broken(mg, target):
+        raise CodegenError("kernel 'k0_kernel' does not compile for h100 (test)")
+
+    monkeypatch.setattr(build, "tune", broken)
+    g = em.Graph("rmslin")
+    x = g.input("X", (4, 64), dtype="float16")
+    w = g.input("W", (64, 32), dtype="float16")
+    g.output(em.rms_norm(x) @ w, "Y")
+    res = em.optimize(g, cache=False, compile_check=True)
+    st = res.stats["compiled"]
+    assert st["refused"] and "compiler failed" in st["refused"][0]
+    assert res.verified is not None and res.verified.equivalent  # the input, one op a kernel
+    assert all(k.kind == "predefined" for k in res.program.kernels)
+
+
+def test_compile_check_on_a_target_it_cannot_build_is_a_clear_error(tmp_path):
+    from eqsat_mirage.cost.profile import profiles_dir
+
+    text = (profiles_dir() / "h100.toml").read_text().replace('name = "h100"', 'name = "mygpu"')
+    (tmp_path / "mygpu.toml").write_text(text)
+    g = em.Graph("small")
+    x = g.input("X", (4, 64), dtype="float16")
+    g.output(em.exp(x), "Y")
+    with pytest.raises(em.MirageError, match="compile_check needs a built-in GPU target"):
+        em.optimize(g, target=tmp_path / "mygpu.toml", cache=False, compile_check=True)

@@ -69,6 +69,7 @@ def test_the_fit_recovers_the_launch_cost_and_the_scales():
     assert f["dram_achievable_fraction"] == pytest.approx(prof.dram_achievable_fraction / 1.25)
     assert f["sm_dram_bandwidth_GBps"] == pytest.approx(prof.sm_dram_bandwidth_GBps / 1.25)
     assert f["tensor_achievable_fraction"] == pytest.approx(prof.tensor_achievable_fraction / 1.6)
+    assert f["dram_latency_ns"] == pytest.approx(prof.dram_latency_ns * 1.25)
 
 
 def test_the_measured_file_is_what_the_cost_model_reads(tmp_path):
@@ -88,11 +89,24 @@ def test_the_measured_file_is_what_the_cost_model_reads(tmp_path):
     assert GPUProfile.load("h100").graph_launch_us == 1.2  # the built-in file is untouched
 
 
+def test_the_results_cache_key_changes_with_the_measured_file(tmp_path):
+    from eqsat_mirage.pipeline.cache import target_digest
+
+    shutil.copy(profiles_dir() / "h100.toml", tmp_path / "h100.toml")
+    before = target_digest(tmp_path / "h100.toml")
+    prof = GPUProfile.load(tmp_path / "h100.toml")
+    write_measured(tmp_path / "h100_measured.toml", fit(_measured(prof), prof), "test GPU")
+    assert target_digest(tmp_path / "h100.toml") != before
+
+
 def test_bad_measurements_get_a_clear_error(tmp_path):
     prof = GPUProfile.load("h100")
     samples = _measured(prof)
     with pytest.raises(em.MirageError, match="at least 3"):
         fit(samples[:2], prof)
+    flat = [Sample(s.case, s.cost, 5.0) for s in samples]  # no cost per launch in the times
+    with pytest.raises(em.MirageError, match="calibration: the"):
+        fit(flat, prof)
     shutil.copy(profiles_dir() / "h100.toml", tmp_path / "h100.toml")
     (tmp_path / "h100_measured.toml").write_text("[calibration]\nwarp_speed = 9\n")
     with pytest.raises(em.MirageError, match="warp_speed"):
