@@ -6,10 +6,11 @@ import eqsat_mirage as em
 EPS = 1e-6
 
 
-def matmul_graph():
+def matmul_graph(m=32, k=48, n=24, dtype="float32"):
+    """C = A @ B, a kernel-level Graph (A: m x k, B: k x n)."""
     g = em.Graph("matmul")
-    a = g.input("A", (32, 48), "float32")
-    b = g.input("B", (48, 24), "float32")
+    a = g.input("A", (m, k), dtype)
+    b = g.input("B", (k, n), dtype)
     g.output(a @ b, "C")
     return g
 

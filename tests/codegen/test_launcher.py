@@ -18,6 +18,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+from mugraph_examples import matmul_graph
+
 import eqsat_mirage as em
 from eqsat_mirage.codegen.graphs import GraphRunner
 from eqsat_mirage.codegen.host import contiguous_strides
@@ -26,12 +28,8 @@ from eqsat_mirage.fusion.lower import add_kernel, lower
 from eqsat_mirage.fusion.schedule import Schedule
 
 
-def matmul(m=32, k=64, n=48, dtype="float32"):
-    g = em.Graph("matmul")
-    a = g.input("A", (m, k), dtype)
-    b = g.input("B", (k, n), dtype)
-    g.output(a @ b, "C")
-    return g
+def matmul():
+    return matmul_graph(32, 64, 48)
 
 
 def matmul_mg():

@@ -18,6 +18,15 @@ from eqsat_mirage.pipeline import build
 needs_compiler = pytest.mark.skipif(not can_tune("h100"), reason="no Triton NVIDIA compiler")
 
 
+def _rmslin():
+    """A small fused RMSNorm + Linear program (one custom kernel once optimized)."""
+    g = em.Graph("rmslin")
+    x = g.input("X", (4, 64), dtype="float16")
+    w = g.input("W", (64, 32), dtype="float16")
+    g.output(em.rms_norm(x) @ w, "Y")
+    return g
+
+
 def _custom(mg):
     return [k for k in mg.kernels if k.kind == "custom"]
 
@@ -97,11 +106,7 @@ def test_optimize_replans_a_refused_candidate(monkeypatch):
 
 @needs_compiler
 def test_optimize_builds_the_chosen_kernels_for_the_target():
-    g = em.Graph("rmslin")
-    x = g.input("X", (4, 64), dtype="float16")
-    w = g.input("W", (64, 32), dtype="float16")
-    g.output(em.rms_norm(x) @ w, "Y")
-    res = em.optimize(g, cache=False, compile_check=True)
+    res = em.optimize(_rmslin(), cache=False, compile_check=True)
     st = res.stats["compiled"]
     assert st["target"] == "h100" and st["compiles"] >= 1 and not st["refused"]
     assert "compiled for h100" in st["builds"][0]
@@ -114,11 +119,7 @@ def test_a_compiler_failure_refuses_the_plan_instead_of_failing_the_search(monke
         raise CodegenError("kernel 'k0_kernel' does not compile for h100 (test)")
 
     monkeypatch.setattr(build, "tune", broken)
-    g = em.Graph("rmslin")
-    x = g.input("X", (4, 64), dtype="float16")
-    w = g.input("W", (64, 32), dtype="float16")
-    g.output(em.rms_norm(x) @ w, "Y")
-    res = em.optimize(g, cache=False, compile_check=True)
+    res = em.optimize(_rmslin(), cache=False, compile_check=True)
     st = res.stats["compiled"]
     assert st["refused"] and "compiler failed" in st["refused"][0]
     assert res.verified is not None and res.verified.equivalent  # the input, one op a kernel
