@@ -184,6 +184,11 @@ def summary(res) -> str:
         rows.append(f"kernels      {st['kernels']} ({st.get('custom_kernels', 0)} custom)")
     for line in (res.plan.report().splitlines() if getattr(res, "plan", None) else [])[:12]:
         rows.append(f"  {line}")
+    comp = st.get("compiled")
+    if comp:  # the compile check: the chosen plan's build, what it refused
+        chosen = next((b.split(": ", 1)[1] for b in reversed(comp["builds"])), "none built")
+        rows.append(f"compiled     {chosen}" + (f"; {len(comp['refused'])} schedule(s) refused "
+                                                f"and re-planned" if comp["refused"] else ""))
     rows.append(f"verified     {res.verified}")
     roof = getattr(res, "roofline_us", None)
     rows.append(f"cost         {res.baseline_cost_us:.2f} us (one kernel per op) -> "

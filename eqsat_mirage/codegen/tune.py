@@ -46,7 +46,9 @@ class TuneResult:
 
     def summary(self) -> str:
         """One line: kernels built, warps changed, refusals, seconds."""
-        parts = [f"{len(self.kernels)} kernel(s) compiled for {self.target} "
+        arch = f"sm_{ARCH[self.target]}" + ("a" if ARCH.get(self.target) == 90 else "")
+        spills = "no spills, shared memory within the limit" if self.ok else "not clean"
+        parts = [f"{len(self.kernels)} kernel(s) built for {self.target} ({arch}): {spills} "
                  f"({self.compiles} builds, {self.seconds:.1f} s)"]
         parts += [f"{n}: {a} -> {b} warps (ptxas spilled at {a})"
                   for n, (a, b) in self.retuned.items()]

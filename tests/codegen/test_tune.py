@@ -109,7 +109,7 @@ def test_optimize_builds_the_chosen_kernels_for_the_target():
     res = em.optimize(_rmslin(), cache=False, compile_check=True)
     st = res.stats["compiled"]
     assert st["target"] == "h100" and st["compiles"] >= 1 and not st["refused"]
-    assert "compiled for h100" in st["builds"][0]
+    assert "built for h100 (sm_90a): no spills" in st["builds"][0]
 
 
 def test_a_compiler_failure_refuses_the_plan_instead_of_failing_the_search(monkeypatch):
