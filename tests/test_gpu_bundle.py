@@ -57,14 +57,21 @@ def test_the_runner_checks_the_exported_program_against_float64(tmp_path):
     assert row["ok"] and row["nonfinite"] == 0 and 0 < row["rel_err"] < 2e-3
 
 
-def test_the_runner_fails_a_wrong_program(tmp_path):
+def run_edited(tmp_path, old: str, new: str, needs: str):
+    """The runner over a bundle whose first case's module has ``old`` replaced by ``new``
+    (the module must hold ``needs``)."""
     folder = bundle(tmp_path)
     case = json.loads((folder / "manifest.json").read_text())["cases"][0]
     path = folder / case["ours"]
     text = path.read_text()
-    assert 'return {"Y": Y}' in text
-    path.write_text(text.replace('return {"Y": Y}', 'return {"Y": Y * 1.01}'))
-    rc, results, log = run_runner(folder)
+    assert old in text and needs in text
+    path.write_text(text.replace(old, new))
+    return run_runner(folder)
+
+
+def test_the_runner_fails_a_wrong_program(tmp_path):
+    rc, results, log = run_edited(tmp_path, 'return {"Y": Y}', 'return {"Y": Y * 1.01}',
+                                  'return {"Y": Y}')
     assert rc == 1 and not results["cases"][0]["ok"], log
     assert results["cases"][0]["rel_err"] > 5e-3
 
@@ -72,13 +79,8 @@ def test_the_runner_fails_a_wrong_program(tmp_path):
 def test_the_runner_poisons_what_the_module_allocates(tmp_path):
     """An output no kernel writes (here a fresh ``new_empty``, the launcher's allocation)
     reads as NaN in the checked runs."""
-    folder = bundle(tmp_path)
-    case = json.loads((folder / "manifest.json").read_text())["cases"][0]
-    path = folder / case["ours"]
-    text = path.read_text()
-    assert ".new_empty(" in text
-    path.write_text(text.replace('return {"Y": Y}', 'return {"Y": Y.new_empty(Y.shape)}'))
-    rc, results, log = run_runner(folder)
+    rc, results, log = run_edited(tmp_path, 'return {"Y": Y}',
+                                  'return {"Y": Y.new_empty(Y.shape)}', ".new_empty(")
     assert rc == 1 and results["cases"][0]["nonfinite"] > 0, log
 
 

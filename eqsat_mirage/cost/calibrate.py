@@ -23,14 +23,14 @@ is there, so the next search prices kernels with the measured figures.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..ir.errors import MirageError
 from .gpucost import MuGraphCost
-from .profile import GPUProfile
+from .profile import GPUProfile, figure_error
 
 MEMORY_KEYS = ("dram_achievable_fraction", "sm_dram_bandwidth_GBps", "l2_bandwidth_GBps")
 LATENCY_KEYS = ("dram_latency_ns",)  # scaled up with the memory time, not down
@@ -121,22 +121,12 @@ def fit(samples: list[Sample], profile: GPUProfile | str | Path = "h100") -> Fit
     launch = g + float(np.mean(gaps)) if gaps else None
     if launch is not None:
         figures["launch_overhead_us"] = max(launch, g)
-    try:  # the figures must make a loadable profile before anything is written
-        replace(prof, **figures).for_launch("graph")
-        _check_figures(figures)
-    except (TypeError, ValueError) as exc:
-        raise MirageError(f"calibration: the fitted figures are not a valid profile: "
-                          f"{exc}") from None
+    bad = [f"{k} = {v!r} is not {why}" for k, v in figures.items() if (why := figure_error(k, v))]
+    if bad:  # the figures must make a loadable profile before anything is written
+        raise MirageError(f"calibration: the fitted figures are not a valid profile: {bad[0]}")
     fitted = a @ coef
     residual = float(np.sqrt(np.mean(((fitted - y) / y) ** 2)))
     return Fit(g, mem, comp, launch, figures, residual, tuple(good))
-
-
-def _check_figures(figures: dict[str, float]) -> None:
-    """Every fitted figure positive and finite, fractions at most 1 (as ``load`` requires)."""
-    for key, v in figures.items():
-        if not (0 < v < float("inf")) or (key.endswith("_fraction") and v > 1):
-            raise ValueError(f"{key} = {v!r}")
 
 
 def write_measured(path: str | Path, result: Fit, device: str, when: str = "") -> Path:

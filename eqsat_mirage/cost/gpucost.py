@@ -95,6 +95,7 @@ from .tiles import (
     MIN_MMA,
     REGISTER_BUDGET,
     _p2,
+    iteration_bytes,
     live_registers,
     padded_shapes,
     refusal,
@@ -312,11 +313,11 @@ def in_flight_bytes(k: CustomKernel, mg: MuGraph) -> int:
     """Bytes one block of ``k`` keeps in flight from device memory: ``stages - 1`` loop
     iterations' tiles (a 2-stage pipeline loads iteration i + 1 during iteration i; see
     ``stages_for``), or every input tile for a kernel without a loop."""
+    if any(bi.fmap is not None for bi in k.inputs.values()):
+        return (stages_for(k) - 1) * iteration_bytes(k)
     specs = mg.tensors
-    looped = [bi for bi in k.inputs.values() if bi.fmap is not None]
-    ahead = stages_for(k) - 1 if looped else 1
-    return ahead * sum(_bytes(_tile_node(k, bi.name).shape, specs[bi.tensor].dtype)
-                       for bi in (looped or k.inputs.values()) if bi.tensor in specs)
+    return sum(_bytes(_tile_node(k, bi.name).shape, specs[bi.tensor].dtype)
+               for bi in k.inputs.values() if bi.tensor in specs)
 
 
 def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile) -> KernelCost:
@@ -333,8 +334,8 @@ def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile) -> KernelCost:
         reasons.append(f"needs {smem / 1024:.1f} KiB of shared memory per block, more than "
                        f"the {prof.smem_per_block_KiB:g} KiB {prof.name} allows (inputs with "
                        "an fmap count once per pipeline stage; accumulators at 4 bytes)")
-    if refusal(k):
-        reasons.append(refusal(k))
+    if why := refusal(k):
+        reasons.append(why)
     warps = warps_for(k)
     if warps is None:
         reasons.append(f"its tiles keep {live_registers(k):.0f} registers live per block, more "

@@ -108,18 +108,12 @@ class GPUProfile:
             fitted = mdata.get("calibration", {})
             if not isinstance(fitted, dict):
                 raise MirageError(f"{measured}: [calibration] must be a table of figures")
-            bad = [k for k in fitted if k not in cls.keys()]
-            if bad:
-                raise MirageError(f"{measured}: [calibration] key {bad[0]!r} is not a figure "
-                                  f"(figures: {', '.join(cls.keys())})")
+            _check_keys(measured, fitted)
             calib = {**calib, **fitted}
             sources.update({k: f"measured ({measured.name}): {v}"
                             for k, v in _sources(mtext, "calibration").items() if k in fitted})
         keys = cls.keys()
-        for key in calib:
-            if key not in keys:
-                raise MirageError(f"{path}: [calibration] key {key!r} is not a figure "
-                                  f"(figures: {', '.join(keys)})")
+        _check_keys(path, calib)
         values = {}
         for f in fields(cls):
             if f.name not in keys:
@@ -128,10 +122,8 @@ class GPUProfile:
                 raise MirageError(f"{path}: [figures] lacks key {f.name!r}")
             table = "calibration" if f.name in calib else "figures"
             v = calib.get(f.name, figs[f.name])
-            ok = isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < math.inf \
-                and (f.type == "float" or float(v).is_integer())
-            if not ok or (f.name in _FRACTIONS and v > 1):
-                want = "a fraction in (0, 1]" if f.name in _FRACTIONS else f"a positive {f.type}"
+            want = figure_error(f.name, v)
+            if want:
                 raise MirageError(f"{path}: [{table}] key {f.name!r} = {v!r} is not {want}")
             values[f.name] = int(v) if f.type == "int" else float(v)
         return cls(**values, name=str(data.get("name", path.stem)),
@@ -160,6 +152,26 @@ class GPUProfile:
         for blocks of ``threads`` threads."""
         return max(1, min(self.max_blocks_per_sm, self.max_threads_per_sm // threads,
                           self.registers_per_sm // (threads * REGS_PER_THREAD)))
+
+
+def figure_error(key: str, value) -> str:
+    """What figure ``key`` must be when ``value`` is not that (a fraction in (0, 1], a
+    positive float, a positive int), else ""."""
+    kind = {f.name: f.type for f in fields(GPUProfile)}[key]
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and \
+        0 < value < math.inf and (kind == "float" or float(value).is_integer())
+    if not ok or (key in _FRACTIONS and value > 1):
+        return "a fraction in (0, 1]" if key in _FRACTIONS else f"a positive {kind}"
+    return ""
+
+
+def _check_keys(path: Path, calibration: dict) -> None:
+    """Every key of a [calibration] table read from ``path`` is a figure."""
+    keys = GPUProfile.keys()
+    for key in calibration:
+        if key not in keys:
+            raise MirageError(f"{path}: [calibration] key {key!r} is not a figure "
+                              f"(figures: {', '.join(keys)})")
 
 
 def _read(path: Path) -> tuple[str, dict]:

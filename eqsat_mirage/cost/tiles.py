@@ -52,19 +52,24 @@ WGMMA_M = 64  # Hopper's warpgroup MMA: M >= 64 rows, operand B (and a loaded A)
               # memory; smaller dots run as mma.sync with both operands in registers
 
 
-def live_registers(k: CustomKernel) -> float:
+def _stage_pads(k: CustomKernel) -> list[tuple[Graph, dict[int, tuple[int, ...]]]]:
+    return [(stage, padded_shapes(stage)) for stage in (k.loop, k.post)]
+
+
+def live_registers(k: CustomKernel, pads=None) -> float:
     """32-bit registers the tiles of one block of ``k`` hold at its busiest point.
 
     The accumulators (fp32), plus, in the busier stage, every matmul operand and result
     tile (a ``tl.dot``'s operands and result are all live around it; 16-bit values pack two
     to a register, results are fp32; a loaded operand of a dot with M >= 64 stays in shared
-    memory) and the largest other tile (fp32, as the generated code computes).
+    memory) and the largest other tile (fp32, as the generated code computes). ``pads``:
+    each stage with its ``padded_shapes``, when the caller has them.
     """
-    pad_loop = padded_shapes(k.loop)
+    pads = pads or _stage_pads(k)
+    pad_loop = pads[0][1]
     acc = sum(numel(pad_loop[id(k.loop.outputs[a])]) for a in k.accumulators)
     busiest = 0.0
-    for stage in (k.loop, k.post):
-        pad = padded_shapes(stage)
+    for stage, pad in pads:
         dots: dict[int, float] = {}
         for n in stage.nodes():
             if n.op is Op.MATMUL:
@@ -80,6 +85,12 @@ def live_registers(k: CustomKernel) -> float:
     return acc + busiest
 
 
+def iteration_bytes(k: CustomKernel) -> int:
+    """Bytes one block of ``k`` loads per loop iteration: its inputs with an fmap."""
+    return sum(numel(node.shape) * ITEMSIZE[node.dtype] for node in
+               (k.loop.inputs[bi.name] for bi in k.inputs.values() if bi.fmap is not None))
+
+
 def stages_for(k: CustomKernel) -> int:
     """Software-pipelining depth emitted for ``k`` (``num_stages``): ``NUM_STAGES`` (double
     buffering: one iteration's loads in flight), or ``DEEP_STAGES`` when the loop has at
@@ -88,9 +99,7 @@ def stages_for(k: CustomKernel) -> int:
     that wait threefold for little shared memory."""
     if k.forloop < DEEP_STAGES:
         return NUM_STAGES
-    per_iteration = sum(numel(k.loop.inputs[bi.name].shape) * ITEMSIZE[k.loop.inputs[bi.name].dtype]
-                        for bi in k.inputs.values() if bi.fmap is not None)
-    return DEEP_STAGES if 0 < per_iteration <= SMALL_ITERATION_BYTES else NUM_STAGES
+    return DEEP_STAGES if 0 < iteration_bytes(k) <= SMALL_ITERATION_BYTES else NUM_STAGES
 
 
 def tile_key(k: CustomKernel) -> tuple:
@@ -131,11 +140,10 @@ def warps_for(k: CustomKernel) -> int | None:
     """
     if k.num_warps:
         return k.num_warps
-    live = live_registers(k)
-    tiles = 0  # the largest computed tile (loaded ones are counted in live_registers)
-    for stage in (k.loop, k.post):
-        pad = padded_shapes(stage)
-        tiles = max([tiles] + [numel(pad[id(n)]) for n in stage.nodes() if n.op is not Op.INPUT])
+    pads = _stage_pads(k)
+    live = live_registers(k, pads)
+    tiles = max((numel(pad[id(n)]) for stage, pad in pads for n in stage.nodes()
+                 if n.op is not Op.INPUT), default=0)  # computed tiles (loaded: in live)
     for warps in (4, 8, 16):
         threads = 32 * warps
         if live <= REGISTER_BUDGET[warps] * threads and tiles <= MAX_TILE_PER_THREAD * threads:
