@@ -31,6 +31,7 @@ from .frontend.graph import (
     where,
 )
 from .ir.check import check, check_lax
+from .ir.dims import Dim, DynamicShapeError
 from .ir.errors import (
     BudgetError,
     DTypeError,
@@ -67,7 +68,8 @@ __all__ = [
     "check_rules", "concat",
     "Counterexample", "CustomKernel", "from_graph", "MuGraph", "MuGraphError", "PredefinedKernel",
     "TensorSpec", "TilingError", "UnknownTensorError",
-    "DTypeError", "evaluate", "exp", "Graph", "GraphError", "InputError", "LaxError", "matmul",
+    "Dim", "DynamicShapeError", "DTypeError", "evaluate", "exp",
+    "Graph", "GraphError", "InputError", "LaxError", "matmul",
     "max", "MirageError", "Node", "Op", "optimize", "optimize_many", "OptimizeResult", "relu",
     "rms_norm", "rsqrt", "RuleCheck", "RuleCheckReport", "RuleError", "ShapeError", "silu",
     "softmax", "sqrt", "tanh", "erf", "cos", "sin", "gelu", "layer_norm", "Tensor",

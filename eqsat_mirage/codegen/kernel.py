@@ -41,6 +41,9 @@ class KernelWriter(TileOps):
                  causal: Mapping[str, tuple] | None = None) -> None:
         self.k, self.specs, self.fn_name = k, specs, fn_name
         self.causal = dict(causal or {})  # tensor -> (rows, cols, offset): computed, not read
+        # a length mask's offset is "(seq_len - 1)", L a runtime argument (shape families)
+        self.runtime_length = any(isinstance(c[2], str) and t in k.reads()
+                                  for t, c in self.causal.items())
         names = Names()
         self.looped = k.forloop > 1
         # a causal mask's tiles are computed from positions: no pointer, no strides
@@ -351,7 +354,8 @@ class KernelWriter(TileOps):
                                    "Triton allows at most 65535 on axes y and z")
         self.body()
         tensors = self.reads + self.writes
-        args = [[self.ptr[t] for t in tensors],
+        runtime = ["seq_len"] if self.runtime_length else []  # a length mask's L: not constexpr
+        args = [[self.ptr[t] for t in tensors] + runtime,
                 [f"{s}: tl.constexpr" for t in tensors for s in self.stride[t]],
                 [f"{self.block_name[n]}: tl.constexpr" for n in sorted(self.block_name)]]
         out = ["@triton.jit", f"def {self.fn_name}("]
@@ -373,8 +377,9 @@ class KernelWriter(TileOps):
             rows, cols = k.loop.inputs[bi.name].shape[:2]
             row0 = f"{self.pid[bi.imap[0]]} * {rows}" if 0 in bi.imap else "0"
             col0 = f" - {self.pid[bi.imap[1]]} * {cols * k.forloop}" if 1 in bi.imap else ""
+            last = f"{rows - 1} + {off}" if isinstance(off, str) else rows - 1 + off
             out.append(f"    f_end = tl.minimum({k.forloop}, tl.maximum(0, ({row0} + "
-                       f"{rows - 1 + off}{col0}) // {cols} + 1))  # causal: skip masked tiles")
+                       f"{last}{col0}) // {cols} + 1))  # causal: skip masked tiles")
             out.append("    for f in range(0, f_end):")
         elif self.looped:
             out.append(f"    for f in range({k.forloop}):")
@@ -389,7 +394,7 @@ class KernelWriter(TileOps):
         literals, or variables of the launcher)."""
         tensors = self.reads + self.writes
         grid = ", ".join(str(g) for g in self.k.grid) + ("," if len(self.k.grid) == 1 else "")
-        args = [[var[t] for t in tensors],
+        args = [[var[t] for t in tensors] + (["SEQ_LEN"] if self.runtime_length else []),
                 [strides[t][d] for t in tensors for d in range(len(self.stride[t]))],
                 [f"{self.block_name[n]}={self.block[n]}" for n in sorted(self.block_name)]
                 + [f"num_warps={warps_for(self.k) or 16}", f"num_stages={stages_for(self.k)}"]]

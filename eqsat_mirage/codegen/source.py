@@ -149,7 +149,8 @@ def _alloc(spec: TensorSpec, first: tuple[str, str] | None) -> str:
     return f"{first[0]}.new_empty({_shape(spec.shape)}{dtype})"
 
 
-def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = False) -> str:
+def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = False,
+                  length_masks: frozenset[str] = frozenset()) -> str:
     """The Python module (source text) running ``mugraph`` with Triton kernels and torch.
 
     ``header`` (e.g. the predicted cost) is added to the module's header comment.
@@ -157,6 +158,9 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
     allocated once per input signature and reused by every later call with it, so a call's
     outputs are overwritten by the next call (``REUSE_OUTPUTS = True`` in the module; see
     ``host.py``). Raises ``CodegenError`` for a block graph the backend cannot lower.
+    ``length_masks``: causal mask tensors that are a shape family's length masks (True
+    where ``col < L``): the kernels take L as the runtime argument ``seq_len`` (the module's
+    ``SEQ_LEN``, set by the family's runner before each call), so one build serves every L.
     """
     mg = mugraph.validate()
     specs = mg.tensors
@@ -164,6 +168,9 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
     fn_names = Names(set())
     causal = {k.output: k.node.arg for k in mg.kernels  # masks computed from positions
               if k.kind == "predefined" and k.node.op is Op.CAUSAL}
+    for t in length_masks:
+        rows, cols, _ = causal[t]
+        causal[t] = (rows, cols, "(seq_len - 1)")
     writers = {id(k): KernelWriter.write(k, specs, fn_names(f"{identifier(k.name)}_kernel"),
                                          causal)
                for k in custom}
@@ -189,6 +196,8 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
     lines += ["", "INPUTS = {"] + _specs({n: specs[n] for n in mg.inputs}) + ["}"]
     lines += ["OUTPUTS = {"] + _specs(mg.outputs) + ["}"]
     lines += [f"NEEDS_TRITON = {bool(custom)}",
+              *(["SEQ_LEN = 1  # a shape family's size L: its runner sets it before each call"]
+                if length_masks else []),
               f"REUSE_OUTPUTS = {bool(reuse_outputs)}  # "
               + ("outputs allocated once per input signature, overwritten by the next call"
                  if reuse_outputs else "every call allocates its outputs")]
@@ -283,7 +292,8 @@ def private_folder(directory: str | os.PathLike | None = None) -> Path:
 
 def compile_mugraph(mugraph: MuGraph, header: str = "",
                     directory: str | os.PathLike | None = None,
-                    reuse_outputs: bool = False) -> Callable:
+                    reuse_outputs: bool = False,
+                    length_masks: frozenset[str] = frozenset()) -> Callable:
     """Generate, write and import the module of ``mugraph``; returns its ``run``.
 
     ``run(*tensors, **by_name)`` takes torch tensors (positionally in input order, by
@@ -296,7 +306,7 @@ def compile_mugraph(mugraph: MuGraph, header: str = "",
     ``run.path`` give the text and the file.
     Triton is imported here: on a CPU, set ``TRITON_INTERPRET=1`` before that.
     """
-    source = triton_source(mugraph, header, reuse_outputs)
+    source = triton_source(mugraph, header, reuse_outputs, length_masks)
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     path = private_folder(directory) / f"mugraph_{digest}.py"
     if not path.exists() or path.read_text() != source:

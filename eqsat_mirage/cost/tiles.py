@@ -113,10 +113,31 @@ def tile_key(k: CustomKernel) -> tuple:
 _REFUSED: ContextVar[dict | None] = ContextVar("refused", default=None)
 
 
+_DYNAMIC: ContextVar[dict | None] = ContextVar("dynamic", default=None)
+
+
 def refusal(k: CustomKernel) -> str:
-    """Why the compile check refused ``k``'s schedule ("" when it did not)."""
+    """Why ``k``'s schedule is refused ("" when it is not): the compile check refused it, or
+    it reads a dynamic (symbolic) dim whole, so its tile would grow with the size."""
+    dynamic = _DYNAMIC.get()
+    for bi in k.inputs.values() if dynamic else ():
+        for d in sorted(dynamic.get(bi.tensor, ())):
+            if d not in bi.imap and d != bi.fmap:
+                return (f"it reads dim {d} of {bi.tensor!r} whole, and that dim is a dynamic "
+                        "size: its tile would grow with it (one search serves every size)")
     refused = _REFUSED.get()
     return refused.get(tile_key(k), "") if refused else ""
+
+
+@contextmanager
+def dynamic_dims(axes: dict[str, set[int]]) -> Iterator[None]:
+    """Inside the block, refuse schedules that read a dynamic dim whole: ``axes`` maps
+    input tensors to their dynamic axes (a shape family's search)."""
+    token = _DYNAMIC.set(dict(axes))
+    try:
+        yield
+    finally:
+        _DYNAMIC.reset(token)
 
 
 @contextmanager

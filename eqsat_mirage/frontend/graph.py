@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from numbers import Integral, Real
 from typing import Any
 
+from ..ir.dims import Dim
 from ..ir.errors import GraphError, ShapeError
 from ..ir.node import (
     Node,
@@ -34,9 +35,18 @@ class Graph:
         self.name = name
         self.inputs: dict[str, Node] = {}
         self.outputs: dict[str, Node] = {}
+        self.dims: dict[str, Dim] = {}  # symbolic sizes by name (a shape family when any)
+        self.dynamic: dict[str, dict[int, str]] = {}  # input -> {axis: size name}
 
-    def input(self, name: str, shape: Sequence[int], dtype: Any = "float16") -> Tensor:
-        """Declare a named input tensor of ``shape`` and ``dtype``."""
+    def input(self, name: str, shape: Sequence[int | str | Dim],
+              dtype: Any = "float16") -> Tensor:
+        """Declare a named input tensor of ``shape`` and ``dtype``.
+
+        A dim may be symbolic: an ``em.Dim`` or a name (``(2, 64, "L")``; a name not yet
+        declared in this graph gets ``Dim(name)``'s default hint). The graph is then a
+        shape family, built at each size's hint; ``em.optimize`` searches it once for
+        every size.
+        """
         loc = user_location()
         if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
             raise GraphError(f"input name {name!r} (at {loc}) must be a Python identifier")
@@ -47,6 +57,7 @@ class Graph:
         except TypeError as exc:
             raise ShapeError(f"input {name!r} (at {loc}): shape {shape!r} is not a "
                              "sequence of ints") from exc
+        dims, symbolic = self._symbolic(name, dims, loc)
         if not all(isinstance(d, Integral) and not isinstance(d, bool) for d in dims):
             raise ShapeError(f"input {name!r} (at {loc}): shape {shape!r} is not a sequence of "
                              "ints (a dim such as 2.5 or '3' is not rounded or parsed)")
@@ -56,7 +67,38 @@ class Graph:
                              "non-positive dim")
         node = Node(Op.INPUT, (), name, shape, canonical_dtype(dtype), loc)
         self.inputs[name] = node
+        if symbolic:
+            self.dynamic[name] = symbolic
         return Tensor(node, self)
+
+    def _symbolic(self, name: str, dims: tuple, loc: str) -> tuple[tuple, dict[int, str]]:
+        """``dims`` with every symbolic entry at its hint, and {axis: size name}."""
+        out, symbolic = [], {}
+        for axis, d in enumerate(dims):
+            if isinstance(d, str):
+                d = self.dims.get(d) or Dim(d)
+            if isinstance(d, Dim):
+                known = self.dims.setdefault(d.name, d)
+                if known != d:
+                    raise ShapeError(f"input {name!r} (at {loc}): size {d} differs from the "
+                                     f"{known} declared earlier in graph {self.name!r}")
+                symbolic[axis] = d.name
+                d = d.hint
+            out.append(d)
+        return tuple(out), symbolic
+
+    @property
+    def is_family(self) -> bool:
+        """Whether some input size is symbolic (``em.Dim``): one program per size."""
+        return bool(self.dynamic)
+
+    def at(self, sizes: dict[str, int]) -> Graph:
+        """This family's program at concrete ``sizes`` ({size name: value}; a size left
+        out stays at its hint), a plain Graph; a ``DynamicShapeError`` names the node whose
+        shape rule or argument does not follow the size."""
+        from .family import instantiate
+
+        return instantiate(self, sizes)
 
     def output(self, tensor: Tensor, name: str | None = None) -> None:
         """Mark ``tensor`` as an output called ``name`` (default ``out{i}``)."""

@@ -54,7 +54,8 @@ def _lift(v: Node, prefix: tuple[int, ...], rank: int, gridded: bool) -> Node:
     tile = v.shape[g:] if gridded else v.shape
     if len(tile) >= rank or (not gridded and not v.shape):
         return v
-    return make(Op.RESHAPE, (v,), prefix + (1,) * (rank - len(tile)) + tile)
+    lead = prefix if gridded else (1,) * g  # a value computed without tiles: the same in all
+    return make(Op.RESHAPE, (v,), lead + (1,) * (rank - len(tile)) + tile)
 
 
 def vectorise(outputs: Mapping[str, Node], prefix: tuple[int, ...]) -> tuple[_Program, dict]:

@@ -61,6 +61,10 @@ def optimize(graph, *args, partition: bool | str = "auto", piece_ops: int = DEFA
     if partition not in (True, False, "auto"):
         raise MirageError(f"optimize: partition must be True, False or 'auto', got "
                           f"{partition!r}")
+    if getattr(graph, "is_family", False):  # symbolic sizes: one search for every size
+        from .family import optimize_family
+
+        return optimize_family(graph, *args, **kwargs)
     if partition is False:
         return optimize_piece(graph, *args, **kwargs)
     check(graph)

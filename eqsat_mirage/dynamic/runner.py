@@ -1,0 +1,91 @@
+"""Running a shape family's plan on torch tensors of any size.
+
+``FamilyRunner(family, scaling)`` reads the size L from its inputs' dynamic axes (they
+must agree, and L must be in the size's range), builds the Triton module of the plan at
+L's padded size once per padded size (the length masks take L as a runtime argument, so
+every L of a padded size shares one build), zero-pads the dynamic inputs to the padded
+size, runs it, and returns the outputs cut to L.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..ir.dims import DynamicShapeError
+from ..ir.errors import InputError
+from .scale import Scaling, is_length_mask
+
+
+class FamilyRunner:
+    """A callable running family ``family`` (planned as ``scaling``) at any size."""
+
+    def __init__(self, family, scaling: Scaling, reuse_outputs: bool = False) -> None:
+        self.family, self.scaling, self.reuse_outputs = family, scaling, reuse_outputs
+        self.dim = family.dims[scaling.dim]
+        self.names = list(family.inputs)
+        self.modules: dict[int, object] = {}  # padded size -> generated module's run
+
+    def _bind(self, args: tuple, kwargs: Mapping) -> dict:
+        if len(args) == 1 and not kwargs and isinstance(args[0], Mapping):
+            kwargs, args = dict(args[0]), ()
+        if len(args) > len(self.names):
+            raise InputError(f"{self.family.name!r} takes {len(self.names)} inputs "
+                             f"({', '.join(self.names)}), got {len(args)}")
+        bound = dict(zip(self.names, args))
+        for k, v in kwargs.items():
+            if k not in self.names or k in bound:
+                raise InputError(f"{self.family.name!r}: unexpected or repeated input {k!r} "
+                                 f"(inputs: {', '.join(self.names)})")
+            bound[k] = v
+        missing = [n for n in self.names if n not in bound]
+        if missing:
+            raise InputError(f"{self.family.name!r}: missing inputs {', '.join(missing)}")
+        return bound
+
+    def size(self, tensors: Mapping) -> int:
+        """The size L the inputs carry (their dynamic axes must agree)."""
+        seen = {f"{n}.shape[{a}]": int(tensors[n].shape[a])
+                for n, axes in self.family.dynamic.items() for a in axes}
+        values = set(seen.values())
+        if len(values) != 1:
+            raise DynamicShapeError(f"{self.family.name!r}: the inputs disagree on size "
+                                    f"{self.dim.name}: " + ", ".join(f"{k} = {v}"
+                                                                   for k, v in seen.items()))
+        return self.dim.check(values.pop(), f"{self.family.name!r}: ")
+
+    def module(self, length: int):
+        """The generated module's ``run`` serving ``length`` (built once per padded size)."""
+        from ..codegen.source import compile_mugraph
+
+        lp = self.scaling.padded(length)
+        if lp not in self.modules:
+            mg = self.scaling.at(lp)
+            masks = frozenset(k.output for k in mg.kernels if k.kind == "predefined"
+                              and is_length_mask(k.node, lp))
+            self.modules[lp] = compile_mugraph(
+                mg, header=f"shape family {self.family.name!r}: {self.dim} at padded size {lp}",
+                reuse_outputs=self.reuse_outputs, length_masks=masks)
+        return self.modules[lp]
+
+    def __call__(self, *args, **kwargs) -> dict:
+        from torch.nn.functional import pad as zero_pad
+
+        tensors = self._bind(args, kwargs)
+        length = self.size(tensors)
+        run = self.module(length)
+        lp = self.scaling.padded(length)
+        padded = {}
+        for name, x in tensors.items():
+            pad: list[int] = []
+            for a in reversed(range(x.dim())):
+                grow = lp - x.shape[a] if a in self.family.dynamic.get(name, {}) else 0
+                pad += [0, grow]
+            padded[name] = zero_pad(x, pad) if any(pad) else x
+        run.module.SEQ_LEN = length
+        out = run(**padded)
+        cut = {}
+        for name, t in self.scaling.mg.output_tensors.items():
+            axes = self.scaling.tensors.get(t, set())
+            cut[name] = out[name][tuple(slice(0, length) if a in axes else slice(None)
+                                        for a in range(out[name].dim()))]
+        return cut

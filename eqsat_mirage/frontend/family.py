@@ -1,0 +1,110 @@
+"""Shape families: a Graph with symbolic sizes, rebuilt at concrete sizes.
+
+``instantiate(g, {"L": 4099})`` rebuilds every node of ``g`` with its inputs' symbolic
+axes at the new sizes (every shape rule runs again, so a program that is only valid
+at the hint is caught). ``dynamic_axes`` finds, for every node, which axes follow
+which size: the program is rebuilt one size at a time at another value and the axes
+that moved are the dynamic ones. An axis whose size is derived from a symbolic one
+(``L + 1`` from a concat, ``2 L`` from a reshape) is refused: one search serves sizes
+that are the symbol itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..ir.dims import DynamicShapeError
+from ..ir.errors import ShapeError
+from ..ir.node import Node, Op, fmt_shape, make
+from .graph import Graph
+
+
+def _sizes(g: Graph, sizes: Mapping[str, int]) -> dict[str, int]:
+    unknown = sorted(set(sizes) - set(g.dims))
+    if unknown:
+        raise DynamicShapeError(f"graph {g.name!r} has no symbolic size named "
+                                f"{', '.join(unknown)} (it has: {', '.join(g.dims) or 'none'})")
+    return {n: d.check(sizes.get(n, d.hint), f"graph {g.name!r}: ") for n, d in g.dims.items()}
+
+
+def _remake(node: Node, srcs: tuple[Node, ...], old: Mapping[str, int],
+            new: Mapping[str, int]) -> Node:
+    try:
+        return make(node.op, srcs, node.arg, node.loc)
+    except ShapeError as exc:
+        first = exc
+    if node.op is Op.RESHAPE:  # an unsqueeze/view keeping a symbolic dim: the hint moves too
+        swap = {old[n]: new[n] for n in old if old[n] != new[n]}
+        arg = tuple(swap.get(a, a) for a in node.arg)
+        try:
+            return make(node.op, srcs, arg, node.loc)
+        except ShapeError:
+            pass
+    at = ", ".join(f"{n}={v}" for n, v in new.items())
+    raise DynamicShapeError(
+        f"{node.describe()} (at {node.loc or '?'}) does not follow the symbolic size at {at}: "
+        f"{first}; write it without fixed sizes on a dynamic axis, or make the size static")
+
+
+def rebuild(g: Graph, sizes: Mapping[str, int]) -> tuple[Graph, dict[int, Node]]:
+    """``g`` at ``sizes`` and the map id(old node) -> new node (see ``instantiate``)."""
+    new_sizes = _sizes(g, sizes)
+    old_sizes = {n: d.hint for n, d in g.dims.items()}
+    out = Graph(g.name)
+    new: dict[int, Node] = {}
+    for name, node in g.inputs.items():
+        shape = list(node.shape)
+        for axis, dim in g.dynamic.get(name, {}).items():
+            shape[axis] = new_sizes[dim]
+        out.inputs[name] = Node(Op.INPUT, (), name, tuple(shape), node.dtype, node.loc)
+        new[id(node)] = out.inputs[name]
+    for node in g.nodes():
+        if id(node) not in new:
+            new[id(node)] = node if node.op is Op.CONST else _remake(
+                node, tuple(new[id(s)] for s in node.srcs), old_sizes, new_sizes)
+    out.outputs = {n: new[id(v)] for n, v in g.outputs.items()}
+    return out, new
+
+
+def instantiate(g: Graph, sizes: Mapping[str, int]) -> Graph:
+    """The plain Graph of family ``g`` at ``sizes`` (missing sizes at their hints)."""
+    return rebuild(g, sizes)[0]
+
+
+def probe_value(dim) -> int:
+    """A second value of ``dim`` (hint + 1, or hint - 1 at the top of its range)."""
+    if dim.max is None or dim.hint < dim.max:
+        return dim.hint + 1
+    if dim.hint > dim.min:
+        return dim.hint - 1
+    raise DynamicShapeError(f"size {dim} takes one value: declare it as an int")
+
+
+def dynamic_axes(g: Graph) -> dict[int, dict[int, str]]:
+    """id(node) -> {axis: size name} for every node of family ``g`` with a dynamic axis.
+
+    Raises ``DynamicShapeError`` naming the node whose size is derived from a symbolic
+    one rather than equal to it (``L + 1``, ``2 L``).
+    """
+    axes: dict[int, dict[int, str]] = {}
+    nodes = g.nodes()
+    for name, dim in g.dims.items():
+        probe = probe_value(dim)
+        _, moved = rebuild(g, {name: probe})
+        for node in nodes:
+            after = moved[id(node)].shape
+            for axis, (a, b) in enumerate(zip(node.shape, after)):
+                if a == b:
+                    continue
+                if (a, b) != (dim.hint, probe):
+                    raise DynamicShapeError(
+                        f"{node.describe()} (at {node.loc or '?'}) has an axis of size "
+                        f"{a} at {name}={dim.hint} and {b} at {name}={probe}: a size derived "
+                        f"from {name} ({fmt_shape(node.shape)}) is not supported; only the "
+                        f"size {name} itself")
+                mine = axes.setdefault(id(node), {})
+                if axis in mine:
+                    raise DynamicShapeError(f"{node.describe()} (at {node.loc or '?'}): axis "
+                                            f"{axis} follows both {mine[axis]} and {name}")
+                mine[axis] = name
+    return axes

@@ -1,0 +1,148 @@
+"""``em.optimize`` on a shape family (a program with an ``em.Dim``): one search, every size.
+
+1. ``dynamic.padding``: the family as one padded, masked program at Lp0 (the hint rounded
+   up to a tile), length masks where reductions would see the padding.
+2. The usual search on it, with schedules that read a dynamic dim whole refused
+   (``cost.tiles.dynamic_dims``): their tiles would grow with the size.
+3. ``dynamic.scale``: which grids and loops of the chosen plan grow with the size.
+4. Verification at several sizes (the hint, hint +/- 1, a prime, one below a tile, the
+   largest tested): the plan at each, zero-padded and cut, against the family's program
+   at that size, finite-field trials and float checks each. A family that fails at any
+   size falls back to one kernel per op (verified the same way).
+5. ``FamilyResult``: the plan at the hint, its costs at several sizes, and ``compile()``,
+   a callable that reads the size from its inputs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from ..cost.gpucost import mugraph_cost
+from ..cost.tiles import dynamic_dims
+from ..dynamic.padding import padded_graph, plan_masks
+from ..dynamic.runner import FamilyRunner
+from ..dynamic.scale import FamilyMember, NotScalableError, Scaling, scaling
+from ..ir.dims import DynamicShapeError
+from ..mugraph.program import from_graph
+from ..verifier.verify import verify
+from .optimize import optimize as optimize_piece
+from .result import OptimizeResult
+
+PAD_QUANTUM = 64  # the hint is padded up to a multiple of this (16 below it)
+
+
+def padded_hint(hint: int) -> int:
+    """The padded size the search plans at: the hint rounded up to a tile."""
+    q = PAD_QUANTUM if hint >= PAD_QUANTUM else 16
+    return -(-hint // q) * q
+
+
+def _is_prime(n: int) -> bool:
+    return n > 1 and all(n % p for p in range(2, math.isqrt(n) + 1))
+
+
+def test_sizes(dim, granule: int) -> list[int]:
+    """The sizes a family is verified at: the hint, hint - 1 and + 1, a prime, one size
+    below a tile (the plan's granule), and the largest (``max``, or 2 hint + 1)."""
+    h = dim.hint
+    prime = next(p for p in range(h + 2, 4 * h + 8) if _is_prime(p))
+    top = dim.max if dim.max is not None else 2 * h + 1
+    small = max(dim.min, min(granule - 1, h) if granule > 1 else 1)
+    sizes = [h, h - 1, h + 1, prime, small, top]
+    return sorted({s for s in sizes if dim.min <= s and (dim.max is None or s <= dim.max)},
+                  key=sizes.index)
+
+
+def cost_sizes(dim) -> list[int]:
+    """Sizes the report prices the plan at: the hint and a few around and above it."""
+    h = dim.hint
+    sizes = [h, h + 1, h + h // 64 + 1, 2 * h]
+    return [s for s in dict.fromkeys(sizes) if dim.max is None or s <= dim.max]
+
+
+class FamilyResult(OptimizeResult):
+    """``em.optimize`` of a shape family: ``program`` is the plan at the hint, ``scaling``
+    serves every size, ``stats["family"]`` says which sizes were verified and the cost at
+    several; ``compile()`` runs any size."""
+
+    scaling: Scaling | None = None
+    family: object = None
+
+    def at(self, size: int):
+        """The plan (a MuGraph) serving size ``size``."""
+        return self.scaling.at(self.family.dims[self.scaling.dim].check(size))
+
+    def compile(self, cuda_graph: bool = False, reuse_outputs: bool = False):
+        """A callable on torch tensors of any size of the family (by position or name)."""
+        return FamilyRunner(self.family, self.scaling, reuse_outputs=reuse_outputs)
+
+
+def _verify_sizes(graph, sc: Scaling, dim, opts: dict) -> tuple[dict, object]:
+    verdicts, hint_verdict = {}, None
+    for size in test_sizes(dim, sc.granule):
+        ref = graph.at({dim.name: size})
+        member = FamilyMember(sc, size, ref.inputs, ref.outputs)
+        v = verify(ref, member, **opts)
+        verdicts[size] = v
+        if size == dim.hint:
+            hint_verdict = v
+        if not v.equivalent:
+            break
+    return verdicts, hint_verdict
+
+
+def optimize_family(graph, target="h100", progress=None, **kwargs) -> FamilyResult:
+    """``em.optimize`` of family ``graph`` (see the module docstring); the keywords are
+    ``optimize``'s."""
+    start = time.perf_counter()
+    say = progress or (lambda msg: None)
+    if len(graph.dims) != 1:
+        raise DynamicShapeError(f"graph {graph.name!r} has {len(graph.dims)} symbolic sizes "
+                                f"({', '.join(graph.dims)}); one per program is supported")
+    (dim,) = graph.dims.values()
+    plan = plan_masks(graph)
+    lp0 = padded_hint(dim.hint)
+    padded = padded_graph(plan, {dim.name: lp0}, {dim.name: dim.hint})
+    say(f"family {graph.name!r}: size {dim}, planned at {dim.name}={lp0} with "
+        f"{len(plan.masks)} length mask(s)")
+    axes = {n: {a for a, d in ax.items() if d == dim.name} for n, ax in graph.dynamic.items()}
+    with dynamic_dims(axes):
+        res = optimize_piece(padded, target=target, progress=progress, **kwargs)
+    fallback = ""
+    try:
+        sc = scaling(res.program if hasattr(res.program, "kernels") else from_graph(
+            res.program), graph.dynamic, dim.name, lp0)
+    except NotScalableError as exc:
+        fallback = f"the plan does not scale ({exc})"
+    opts = dict(trials=kwargs.get("trials", 3), seed=kwargs.get("seed", 0),
+                max_bound=kwargs.get("max_bound", 1e-9))
+    if not fallback:
+        verdicts, hint_v = _verify_sizes(graph, sc, dim, opts)
+        bad = [s for s, v in verdicts.items() if not v.equivalent]
+        if bad:
+            fallback = f"the plan fails at {dim.name}={bad[0]}: {verdicts[bad[0]]}"
+    if fallback:
+        say(f"family {graph.name!r}: {fallback}; one kernel per op instead")
+        sc = scaling(from_graph(padded), graph.dynamic, dim.name, lp0)
+        verdicts, hint_v = _verify_sizes(graph, sc, dim, opts)
+    costs = {s: mugraph_cost(sc.at(s), target).total_us for s in cost_sizes(dim)}
+    stats = dict(res.stats)
+    stats["family"] = {
+        "dim": str(dim), "planned_at": lp0, "granule": sc.granule,
+        "masks": len(plan.masks), "fallback": fallback,
+        "verified_sizes": {s: bool(v.equivalent) for s, v in verdicts.items()},
+        "bounds": {s: v.false_positive_bound for s, v in verdicts.items()},
+        "cost_us": costs,
+        "grows": {k: sorted(a) for k, a in sc.grid.items() if a} | {
+            k: ["loop"] for k in sc.loop},
+        "seconds": time.perf_counter() - start}
+    ok = all(v.equivalent for v in verdicts.values())
+    out = FamilyResult(sc.mg, costs[dim.hint], res.baseline_cost_us,
+                       hint_v if ok else next(v for v in verdicts.values() if not v.equivalent),
+                       stats, res.candidates, graph, res.roofline_us, res.plan)
+    out.scaling, out.family = sc, graph
+    say(f"family {graph.name!r}: verified at {dim.name} = "
+        f"{', '.join(str(s) for s in verdicts)}; cost " + ", ".join(
+            f"{c:.2f} us at {s}" for s, c in costs.items()))
+    return out

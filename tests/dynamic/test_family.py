@@ -1,0 +1,153 @@
+"""Shape families: em.Dim, the padded masked program, scaling, verification at sizes, and
+running any size through Triton (CPU interpreter)."""
+
+import numpy as np
+import pytest
+
+import eqsat_mirage as em
+from eqsat_mirage.dynamic.padding import padded_graph, plan_masks
+from eqsat_mirage.dynamic.scale import FamilyMember, NotScalableError, scaling
+from eqsat_mirage.frontend.family import dynamic_axes
+from eqsat_mirage.ir.node import Op
+from eqsat_mirage.mugraph.program import from_graph
+
+
+def attention(hint=256, safe=True, name="attn"):
+    g = em.Graph(name)
+    q = g.input("Q", (2, 32, 64))
+    k = g.input("K", (2, 64, em.Dim("L", hint=hint)))
+    v = g.input("V", (2, "L", 64))
+    if safe:
+        p = em.softmax(q @ k, axis=-1)
+    else:
+        a = em.exp(q @ k)
+        p = a / a.sum(axis=2, keepdims=True)
+    g.output(p @ v, "O")
+    return g
+
+
+def test_dim_declares_a_family_built_at_the_hint():
+    g = attention(300)
+    assert g.is_family and g.dims["L"].hint == 300
+    assert g.dynamic == {"K": {2: "L"}, "V": {1: "L"}}
+    assert g.inputs["K"].shape == (2, 64, 300)
+    at = g.at({"L": 7})
+    assert not at.is_family and at.inputs["V"].shape == (2, 7, 64)
+    assert at.outputs["O"].shape == (2, 32, 64)
+
+
+def test_dim_errors_name_the_problem():
+    with pytest.raises(em.ShapeError, match="min <= hint <= max"):
+        em.Dim("L", hint=10, max=5)
+    g = em.Graph("g")
+    g.input("A", (em.Dim("L", hint=8),))
+    with pytest.raises(em.ShapeError, match="differs"):
+        g.input("B", (em.Dim("L", hint=9),))
+    with pytest.raises(em.DynamicShapeError, match="outside the range"):
+        em.Dim("B", hint=4, max=8).check(9)
+    fam = attention()
+    with pytest.raises(em.DynamicShapeError, match="no symbolic size named"):
+        fam.at({"N": 3})
+
+
+def test_a_size_derived_from_the_dim_is_refused():
+    g = em.Graph("cat")
+    x = g.input("X", (4, em.Dim("L", hint=16)))
+    y = g.input("Y", (4, 1))
+    g.output(em.concat([x, y], axis=1), "O")
+    with pytest.raises(em.DynamicShapeError, match="derived"):
+        dynamic_axes(g)
+
+
+def test_a_mean_over_the_dynamic_size_is_refused():
+    g = em.Graph("mean")
+    x = g.input("X", (4, em.Dim("L", hint=16)))
+    g.output(x.mean(axis=1), "O")
+    with pytest.raises(em.DynamicShapeError, match="mean over the dynamic size"):
+        plan_masks(g)
+
+
+@pytest.mark.parametrize("safe", [True, False])
+def test_masks_go_on_the_scores_and_the_padded_program_is_exact(safe):
+    g = attention(safe=safe)
+    plan = plan_masks(g)
+    assert len(plan.masks) == 1  # Q @ K, to -inf: max, exp, sum and @ V then see nothing
+    padded = padded_graph(plan, {"L": 320}, {"L": 300})
+    causal = [n for n in padded.nodes() if n.op is Op.CAUSAL]
+    assert [n.arg for n in causal] == [(1, 320, 299)]
+    rng = np.random.default_rng(0)
+    ins = {"Q": rng.normal(size=(2, 32, 64)), "K": rng.normal(size=(2, 64, 300)),
+           "V": rng.normal(size=(2, 300, 64))}
+    want = em.evaluate(g.at({"L": 300}), ins)["O"]
+    pad = {"Q": ins["Q"], "K": np.pad(ins["K"], [(0, 0), (0, 0), (0, 20)]),
+           "V": np.pad(ins["V"], [(0, 0), (0, 20), (0, 0)])}
+    np.testing.assert_allclose(em.evaluate(padded, pad)["O"], want, rtol=1e-10)
+
+
+@pytest.fixture(scope="module")
+def family_result():
+    return em.optimize(attention(256), cache=False, time_limit_s=60)
+
+
+def test_one_search_serves_every_size(family_result):
+    res = family_result
+    fam = res.stats["family"]
+    assert not fam["fallback"]
+    sizes = fam["verified_sizes"]
+    assert {256, 255, 257} <= set(sizes) and all(sizes.values())
+    assert min(sizes) < fam["granule"]  # a size below one tile was verified
+    assert max(fam["bounds"].values()) <= 1e-9
+    assert res.verified.equivalent
+    # the loop (or the split's grid) grows with L, tiles do not
+    assert fam["grows"]
+    for n in (1, 255, 257, 1000):
+        mg = res.at(n)
+        assert mg.inputs["K"].shape[2] % fam["granule"] == 0 and mg.inputs["K"].shape[2] >= n
+
+
+def test_a_plan_without_its_length_mask_fails_verification(family_result):
+    sc = family_result.scaling
+    ref = attention(256).at({"L": 250})
+    member = FamilyMember(sc, 250, ref.inputs, ref.outputs)
+    assert em.verify(ref, member, trials=2, seed=1).equivalent
+    for k in member.program.kernels:  # an adversary moves the mask to the padded end
+        if k.kind == "predefined" and k.node.op is Op.CAUSAL:
+            rows, cols, _ = k.node.arg
+            k.node = type(k.node)(Op.CAUSAL, (), (rows, cols, cols - 1), k.node.shape, "bool")
+    assert not em.verify(ref, member, trials=2, seed=1).equivalent
+
+
+def test_a_plan_reading_the_dynamic_dim_whole_does_not_scale_and_the_search_avoids_it():
+    from eqsat_mirage.cost.tiles import dynamic_dims
+    from eqsat_mirage.fusion.planner import plan as fusion_plan
+
+    g = attention(64)
+    padded = padded_graph(plan_masks(g), {"L": 64}, {"L": 64})
+    whole = fusion_plan(padded).mugraph  # unconstrained: a 64-long L fits one tile
+    with pytest.raises(NotScalableError, match="whole"):
+        scaling(whole, g.dynamic, "L", 64)
+    with dynamic_dims({"K": {2}, "V": {1}}):  # a family's search refuses such schedules
+        tiled = fusion_plan(padded).mugraph
+    assert scaling(tiled, g.dynamic, "L", 64).granule <= 64
+    # one kernel per op always scales: predefined kernels run at any size
+    assert scaling(from_graph(padded), g.dynamic, "L", 64).granule == 1
+
+
+def test_compiled_family_runs_every_size_through_triton(family_result):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    fn = family_result.compile()
+    g = torch.Generator().manual_seed(0)
+    for n in (256, 257, 5, 300):
+        q = torch.randn(2, 32, 64, generator=g)
+        k = torch.randn(2, 64, n, generator=g)
+        v = torch.randn(2, n, 64, generator=g)
+        want = torch.softmax(q @ k, -1) @ v
+        got = fn(q.half(), k.half(), v.half())["O"].float()
+        assert got.shape == want.shape
+        assert torch.allclose(got, want, atol=2e-2, rtol=2e-2), n
+    # lengths in one padded size share one build: L is a runtime argument
+    assert len(fn.modules) == len({family_result.scaling.padded(n) for n in (256, 257, 5, 300)})
+    with pytest.raises(em.DynamicShapeError, match="disagree"):
+        fn(torch.randn(2, 32, 64).half(), torch.randn(2, 64, 9).half(),
+           torch.randn(2, 8, 64).half())
