@@ -121,7 +121,9 @@ def refusal(k: CustomKernel) -> str:
     it reads a dynamic (symbolic) dim whole, so its tile would grow with the size."""
     dynamic = _DYNAMIC.get()
     for bi in k.inputs.values() if dynamic else ():
-        for d in sorted(dynamic.get(bi.tensor, ())):
+        tile = k.loop.inputs[bi.name].shape  # an intermediate's dim as long as the padded size
+        derived = {d for d, n in enumerate(tile) if n == dynamic[""]}
+        for d in sorted(set(dynamic.get(bi.tensor, ())) | derived):
             if d not in bi.imap and d != bi.fmap:
                 return (f"it reads dim {d} of {bi.tensor!r} whole, and that dim is a dynamic "
                         "size: its tile would grow with it (one search serves every size)")
@@ -130,10 +132,11 @@ def refusal(k: CustomKernel) -> str:
 
 
 @contextmanager
-def dynamic_dims(axes: dict[str, set[int]]) -> Iterator[None]:
+def dynamic_dims(axes: dict[str, set[int]], size: int = 0) -> Iterator[None]:
     """Inside the block, refuse schedules that read a dynamic dim whole: ``axes`` maps
-    input tensors to their dynamic axes (a shape family's search)."""
-    token = _DYNAMIC.set(dict(axes))
+    input tensors to their dynamic axes (a shape family's search); an intermediate's dim
+    of ``size`` (the padded size, chosen unlike every static dim) is dynamic too."""
+    token = _DYNAMIC.set({**axes, "": size})
     try:
         yield
     finally:

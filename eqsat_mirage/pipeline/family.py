@@ -103,11 +103,15 @@ def optimize_family(graph, target="h100", progress=None, **kwargs) -> FamilyResu
     (dim,) = graph.dims.values()
     plan = plan_masks(graph)
     lp0 = padded_hint(dim.hint)
+    fixed = {n for node in graph.nodes() for a, n in enumerate(node.shape)
+             if a not in plan.axes.get(id(node), {})}
+    while lp0 in fixed:  # the padded size names the dynamic dims of intermediates
+        lp0 += PAD_QUANTUM if dim.hint >= PAD_QUANTUM else 16
     padded = padded_graph(plan, {dim.name: lp0}, {dim.name: dim.hint})
     say(f"family {graph.name!r}: size {dim}, planned at {dim.name}={lp0} with "
         f"{len(plan.masks)} length mask(s)")
     axes = {n: {a for a, d in ax.items() if d == dim.name} for n, ax in graph.dynamic.items()}
-    with dynamic_dims(axes):
+    with dynamic_dims(axes, lp0):
         res = optimize_piece(padded, target=target, progress=progress, **kwargs)
     fallback = ""
     try:
