@@ -17,8 +17,8 @@ MAX_LINES = 500
 
 # bottom to top: a module may import its own stage and the stages before it
 STAGES = ("version", "ir", "frontend", "semantics", "verifier", "mugraph", "partition", "cost",
-          "egraph", "fusion", "codegen", "render", "pipeline", "dynamo", "cli", "testing",
-          "__init__")
+          "egraph", "fusion", "codegen", "render", "dynamic", "pipeline", "dynamo", "cli",
+          "testing", "__init__")
 
 
 def module_name(path: Path, root: Path) -> str:

@@ -16,10 +16,9 @@ from collections.abc import Mapping
 from ..ir.dims import DynamicShapeError
 from ..ir.errors import ShapeError
 from ..ir.node import Node, Op, fmt_shape, make
-from .graph import Graph
 
 
-def _sizes(g: Graph, sizes: Mapping[str, int]) -> dict[str, int]:
+def _sizes(g, sizes: Mapping[str, int]) -> dict[str, int]:
     unknown = sorted(set(sizes) - set(g.dims))
     if unknown:
         raise DynamicShapeError(f"graph {g.name!r} has no symbolic size named "
@@ -46,11 +45,11 @@ def _remake(node: Node, srcs: tuple[Node, ...], old: Mapping[str, int],
         f"{first}; write it without fixed sizes on a dynamic axis, or make the size static")
 
 
-def rebuild(g: Graph, sizes: Mapping[str, int]) -> tuple[Graph, dict[int, Node]]:
+def rebuild(g, sizes: Mapping[str, int]) -> tuple[object, dict[int, Node]]:
     """``g`` at ``sizes`` and the map id(old node) -> new node (see ``instantiate``)."""
     new_sizes = _sizes(g, sizes)
     old_sizes = {n: d.hint for n, d in g.dims.items()}
-    out = Graph(g.name)
+    out = type(g)(g.name)  # a Graph (not imported here: graph.py's ``at`` imports this)
     new: dict[int, Node] = {}
     for name, node in g.inputs.items():
         shape = list(node.shape)
@@ -66,7 +65,7 @@ def rebuild(g: Graph, sizes: Mapping[str, int]) -> tuple[Graph, dict[int, Node]]
     return out, new
 
 
-def instantiate(g: Graph, sizes: Mapping[str, int]) -> Graph:
+def instantiate(g, sizes: Mapping[str, int]):
     """The plain Graph of family ``g`` at ``sizes`` (missing sizes at their hints)."""
     return rebuild(g, sizes)[0]
 
@@ -80,7 +79,7 @@ def probe_value(dim) -> int:
     raise DynamicShapeError(f"size {dim} takes one value: declare it as an int")
 
 
-def dynamic_axes(g: Graph) -> dict[int, dict[int, str]]:
+def dynamic_axes(g) -> dict[int, dict[int, str]]:
     """id(node) -> {axis: size name} for every node of family ``g`` with a dynamic axis.
 
     Raises ``DynamicShapeError`` naming the node whose size is derived from a symbolic

@@ -151,3 +151,49 @@ def test_compiled_family_runs_every_size_through_triton(family_result):
     with pytest.raises(em.DynamicShapeError, match="disagree"):
         fn(torch.randn(2, 32, 64).half(), torch.randn(2, 64, 9).half(),
            torch.randn(2, 8, 64).half())
+
+
+def test_mlp_with_a_dynamic_batch_one_search_every_batch():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    g = em.Graph("mlp")
+    x = g.input("X", (em.Dim("B", hint=16, max=64), 64))
+    w1 = g.input("W1", (64, 128))
+    w2 = g.input("W2", (64, 128))
+    g.output(em.silu(x @ w1) * (x @ w2), "O")
+    res = em.optimize(g, cache=False, time_limit_s=60)
+    fam = res.stats["family"]
+    assert all(fam["verified_sizes"].values()) and 64 in fam["verified_sizes"]
+    fn = res.compile()
+    gen = torch.Generator().manual_seed(1)
+    a, b = torch.randn(64, 128, generator=gen), torch.randn(64, 128, generator=gen)
+    for batch in (1, 7, 16, 17, 64):
+        xs = torch.randn(batch, 64, generator=gen)
+        want = torch.nn.functional.silu(xs @ a) * (xs @ b)
+        got = fn(xs.half(), a.half(), b.half())["O"].float()
+        assert got.shape == (batch, 128)
+        assert (got - want).abs().max() <= 1e-2 * want.abs().max(), batch  # fp16 products
+    with pytest.raises(em.DynamicShapeError, match="outside the range"):
+        fn(torch.randn(65, 64).half(), a.half(), b.half())
+
+
+def test_a_64_step_decode_loop_uses_one_search_and_matches_eager_every_step():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    g = em.Graph("decode")  # one query token per head, 4 query heads per KV head (GQA)
+    q = g.input("Q", (2, 4, 64))
+    k = g.input("K", (2, 64, em.Dim("L", hint=256)))
+    v = g.input("V", (2, "L", 64))
+    g.output(em.softmax(q @ k, axis=-1) @ v, "O")
+    res = em.optimize(g, cache=False, time_limit_s=60)
+    assert all(res.stats["family"]["verified_sizes"].values())
+    fn = res.compile()
+    gen = torch.Generator().manual_seed(2)
+    kc, vc = torch.randn(2, 64, 320, generator=gen), torch.randn(2, 320, 64, generator=gen)
+    for n in range(256, 320):  # the KV cache grows by one token per step
+        qs = torch.randn(2, 4, 64, generator=gen).half()
+        kk, vv = kc[:, :, :n].half().contiguous(), vc[:, :n].half().contiguous()
+        want = torch.softmax(qs.float() @ kk.float(), -1) @ vv.float()
+        got = fn(qs, kk, vv)["O"].float()
+        assert (got - want).abs().max() <= 1e-2, n
+    assert len(fn.modules) <= 2  # one build per padded size, not one per length
