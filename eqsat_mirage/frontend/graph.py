@@ -75,7 +75,7 @@ class Graph:
         """``dims`` with every symbolic entry at its hint, and {axis: size name}."""
         out, symbolic = [], {}
         for axis, d in enumerate(dims):
-            if isinstance(d, str):
+            if isinstance(d, str) and d.isidentifier():  # "3" is refused as not an int
                 d = self.dims.get(d) or Dim(d)
             if isinstance(d, Dim):
                 known = self.dims.setdefault(d.name, d)
