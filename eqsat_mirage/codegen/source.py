@@ -233,8 +233,7 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
     else:
         lines += ["    tensors, entry = _bind(args, kwargs)"]
         lines += unpack([var[n] for n in names], "tensors") + unpack(entry, "entry")
-    read = set(mg.output_tensors.values()) | {s.arg for k in mg.kernels if k.kind == "predefined"
-                                              for s in k.node.srcs if s.op is Op.INPUT}
+    read = mg.materialized()
     for k in mg.kernels:
         if isinstance(k, PredefinedKernel):
             n = k.node

@@ -400,18 +400,10 @@ def kernel_cost(kernel: Kernel, mugraph: MuGraph,
     """Predicted cost of one kernel of ``mugraph`` (``math.inf`` with a reason if infeasible)."""
     prof = GPUProfile.load(profile)
     if isinstance(kernel, PredefinedKernel):
-        if kernel.node.op is Op.CAUSAL and kernel.output not in _materialized(mugraph):
+        if kernel.node.op is Op.CAUSAL and kernel.output not in mugraph.materialized():
             return KernelCost(kernel.name, kernel.kind, 0.0)  # computed inside its readers
         return _predefined_cost(kernel, prof)
     return _custom_cost(kernel, mugraph, prof)
-
-
-def _materialized(mg: MuGraph) -> set[str]:
-    """Tensors that must exist in memory: outputs and what predefined (torch) kernels read
-    (a causal mask read only by custom kernels is computed from positions instead)."""
-    return set(mg.output_tensors.values()) | {s.arg for k in mg.kernels if k.kind ==
-                                              "predefined" for s in k.node.srcs
-                                              if s.op is Op.INPUT}
 
 
 def mugraph_cost(mugraph: MuGraph, profile: GPUProfile | str | Path = "h100") -> MuGraphCost:

@@ -113,17 +113,18 @@ def tile_key(k: CustomKernel) -> tuple:
 _REFUSED: ContextVar[dict | None] = ContextVar("refused", default=None)
 
 
-_DYNAMIC: ContextVar[dict | None] = ContextVar("dynamic", default=None)
+# a shape family's search: (input -> dynamic axes, the padded size); None outside one
+_DYNAMIC: ContextVar[tuple[dict, int] | None] = ContextVar("dynamic", default=None)
 
 
 def refusal(k: CustomKernel) -> str:
     """Why ``k``'s schedule is refused ("" when it is not): the compile check refused it, or
     it reads a dynamic (symbolic) dim whole, so its tile would grow with the size."""
-    dynamic = _DYNAMIC.get()
-    for bi in k.inputs.values() if dynamic else ():
+    axes, size = _DYNAMIC.get() or ({}, None)
+    for bi in k.inputs.values() if size is not None else ():
         tile = k.loop.inputs[bi.name].shape  # an intermediate's dim as long as the padded size
-        derived = {d for d, n in enumerate(tile) if n == dynamic[""]}
-        for d in sorted(set(dynamic.get(bi.tensor, ())) | derived):
+        derived = {d for d, n in enumerate(tile) if n == size}
+        for d in sorted(set(axes.get(bi.tensor, ())) | derived):
             if d not in bi.imap and d != bi.fmap:
                 return (f"it reads dim {d} of {bi.tensor!r} whole, and that dim is a dynamic "
                         "size: its tile would grow with it (one search serves every size)")
@@ -136,7 +137,7 @@ def dynamic_dims(axes: dict[str, set[int]], size: int = 0) -> Iterator[None]:
     """Inside the block, refuse schedules that read a dynamic dim whole: ``axes`` maps
     input tensors to their dynamic axes (a shape family's search); an intermediate's dim
     of ``size`` (the padded size, chosen unlike every static dim) is dynamic too."""
-    token = _DYNAMIC.set({**axes, "": size})
+    token = _DYNAMIC.set((dict(axes), size))
     try:
         yield
     finally:

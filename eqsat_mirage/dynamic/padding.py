@@ -64,7 +64,7 @@ def _binary(op: Op, a: str | None, b: str | None) -> str:
     return ANY
 
 
-def _state(node: Node, srcs: list[str | None], dyn: Mapping[int, dict]) -> str:
+def _state(node: Node, srcs: list[str | None]) -> str:
     op = node.op
     if op is Op.INPUT:
         return ZERO
@@ -116,12 +116,12 @@ def _states(g: Graph, axes, masks) -> dict[int, str | None]:
         if id(node) not in axes:
             out[id(node)] = None
             continue
-        s = _state(node, [out[id(x)] for x in node.srcs], axes)
+        s = _state(node, [out[id(x)] for x in node.srcs])
         out[id(node)] = {"mask": NEG_INF, "where": ZERO}.get(masks.get(id(node)), s)
     return out
 
 
-def _met(node: Node, need: str, states, axes) -> bool:
+def _met(node: Node, need: str, states) -> bool:
     s = states[id(node.srcs[0])]
     if need != "contract":
         return s == need
@@ -146,7 +146,7 @@ def plan_masks(g: Graph) -> MaskPlan:
     masks: dict[int, str] = {}
     for node in g.nodes():
         need = _need(node, axes)
-        if need is None or _met(node, need[0], _states(g, axes, masks), axes):
+        if need is None or _met(node, need[0], _states(g, axes, masks)):
             continue
         x = need[1]
         tries = [(_producer(x, axes), "mask"), (_producer(x, axes), "where"),
@@ -156,7 +156,7 @@ def plan_masks(g: Graph) -> MaskPlan:
             if last not in axes.get(id(cand), {}):
                 continue  # a length mask runs along the last axis only
             trial = {**masks, id(cand): kind}
-            if _met(node, need[0], _states(g, axes, trial), axes):
+            if _met(node, need[0], _states(g, axes, trial)):
                 masks = trial
                 break
         else:

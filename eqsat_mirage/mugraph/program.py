@@ -177,6 +177,13 @@ class MuGraph:
         """Validate, then raise ``LaxError`` if some path takes exp twice (tiles included)."""
         check_lax(self.validate(), what)
 
+    def materialized(self) -> set[str]:
+        """Tensors that must exist in device memory: the outputs and what predefined (library)
+        kernels read. A causal mask outside it is computed from positions by its readers."""
+        return set(self.output_tensors.values()) | {
+            s.arg for k in self.kernels if k.kind == "predefined" for s in k.node.srcs
+            if s.op is Op.INPUT}
+
     def footprint(self) -> list[tuple[str, int]]:
         """(description, element count) of every value the tiled interpreter holds: each
         device tensor, and each block value over all blocks of its kernel at once."""
