@@ -174,7 +174,8 @@ def test_float_and_field_agree_on_dependence(g, seed):
 def test_programs_cover_every_op():
     seen: set[em.Op] = set()
 
-    @settings(max_examples=200, deadline=None, database=None, phases=[Phase.generate])
+    @settings(max_examples=200, deadline=None, database=None, phases=[Phase.generate],
+              derandomize=True)  # the same 200 draws every run: coverage cannot flake
     @given(programs())
     def collect(g):
         seen.update(n.op for n in g.nodes())
