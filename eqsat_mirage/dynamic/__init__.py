@@ -6,5 +6,5 @@ the real sizes (what the verifier checks). ``runner.py``: running any size on to
 
 Takes: a family ``Graph`` (inputs with ``em.Dim``), a MuGraph planned at the padded hint.
 Gives: the padded program, a ``Scaling``, ``FamilyMember`` programs, a ``FamilyRunner``.
-May import: ir, frontend, mugraph, codegen.
+May import: ir, frontend, semantics, mugraph, codegen.
 """

@@ -4,7 +4,9 @@
 must agree, and L must be in the size's range), builds the Triton module of the plan at
 L's padded size once per padded size (the length masks take L as a runtime argument, so
 every L of a padded size shares one build), zero-pads the dynamic inputs to the padded
-size, runs it, and returns the outputs cut to L.
+size, runs it, and returns the outputs cut to L. With ``engine="torch"`` it runs the plan
+as torch ops instead (``semantics.torch_reference``: the Dynamo backend's CPU path),
+one build per size L, the last ``TORCH_BUILDS`` kept.
 """
 
 from __future__ import annotations
@@ -12,15 +14,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..ir.dims import DynamicShapeError
-from ..ir.errors import InputError
+from ..ir.errors import InputError, MirageError
 from .scale import Scaling, is_length_mask
+
+TORCH_BUILDS = 8  # torch-engine plans kept (one per size; each is a few torch closures)
 
 
 class FamilyRunner:
     """A callable running family ``family`` (planned as ``scaling``) at any size."""
 
-    def __init__(self, family, scaling: Scaling, reuse_outputs: bool = False) -> None:
+    def __init__(self, family, scaling: Scaling, reuse_outputs: bool = False,
+                 engine: str = "triton") -> None:
+        if engine not in ("triton", "torch"):
+            raise MirageError(f"FamilyRunner engine must be 'triton' or 'torch', got {engine!r}")
         self.family, self.scaling, self.reuse_outputs = family, scaling, reuse_outputs
+        self.engine = engine
         self.dim = family.dims[scaling.dim]
         self.names = list(family.inputs)
         self.modules: dict[int, object] = {}  # padded size -> generated module's run
@@ -58,6 +66,14 @@ class FamilyRunner:
         from ..codegen.source import compile_mugraph
 
         lp = self.scaling.padded(length)
+        if self.engine == "torch":  # the mask's offset is baked in: one build per size
+            if length not in self.modules:
+                from ..semantics.torch_reference import torch_reference
+
+                while len(self.modules) >= TORCH_BUILDS:
+                    self.modules.pop(next(iter(self.modules)))
+                self.modules[length] = torch_reference(self.scaling.at(length))
+            return self.modules[length]
         if lp not in self.modules:
             mg = self.scaling.at(lp)
             masks = frozenset(k.output for k in mg.kernels if k.kind == "predefined"
@@ -81,7 +97,8 @@ class FamilyRunner:
                 grow = lp - x.shape[a] if a in self.family.dynamic.get(name, {}) else 0
                 pad += [0, grow]
             padded[name] = zero_pad(x, pad) if any(pad) else x
-        run.module.SEQ_LEN = length
+        if self.engine == "triton":
+            run.module.SEQ_LEN = length
         out = run(**padded)
         cut = {}
         for name, t in self.scaling.mg.output_tensors.items():

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..frontend.family import remake
 from ..ir.dims import DynamicShapeError
 from ..ir.node import Node, Op, make
 from ..mugraph.kernels import CustomKernel, PredefinedKernel, tile_shape
@@ -86,7 +87,7 @@ def _remake(node: Node, specs, lp0: int, lp: int, length: int) -> Node:
     if is_length_mask(node, lp0):
         return make(Op.CAUSAL, (), (1, lp, length - 1))
     srcs = tuple(_remake(s, specs, lp0, lp, length) for s in node.srcs)
-    return make(node.op, srcs, node.arg, node.loc)
+    return remake(node, srcs, {"size": lp0}, {"size": lp})
 
 
 def _custom(k: CustomKernel, dyn: Mapping[str, set[int]]) -> tuple[set[int], bool]:

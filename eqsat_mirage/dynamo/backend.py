@@ -13,8 +13,16 @@ runs ``em.optimize`` on it and puts a callable in its place:
 
 Everything else runs as eager torch, and so does a whole graph that mutates a
 tensor in place (``x.add_(1)``, ``x += y``, ``inplace=True``): moving ops into a
-partition could move a read across the write. Shapes must be static: a node
-with a symbolic (dynamic) shape stays eager (``torch.compile(..., dynamic=False)``).
+partition could move a read across the write.
+
+Symbolic sizes (``dynamic=True``, or the sizes automatic dynamic shapes mark after a
+recompile) become shape families (``specs.SymbolicSizes``): the symbol with the largest
+hint is the family's ``em.Dim`` (one search serves every value), sizes that guards pin
+are numbers, and other symbols are specialized at their hint and checked on every call.
+A call that moves a specialized size searches once more with that size symbolic; a call
+the program still does not serve runs eagerly. A node whose size is a formula of a
+symbolic one (``s0 + 1`` from a ``torch.cat``) stays eager, and its consumers form the
+family at that size.
 A partition whose conversion, optimization or compilation fails (any exception,
 e.g. a ``MirageError`` or one from Triton) runs eagerly ("fallback"), and so does
 one for which the search found nothing better than its input ("unchanged"): only
@@ -37,7 +45,6 @@ produce a tuple of tensors (``split``, ``chunk``) join partitions like any other
 from __future__ import annotations
 
 import operator
-import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -51,9 +58,9 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from ..frontend.from_torch import Converter, op_name, source_line, unique_identifier
 from ..frontend.graph import Graph, Tensor
 from ..ir.errors import MirageError
-from ..ir.node import ALL_DTYPES
 from ..pipeline.whole import improved, optimize, unchanged_reason
-from ..semantics.torch_reference import torch_reference
+from .runtime import OptimizedPartition, uses_triton
+from .specs import SymbolicSizes, computes, empty, node_spec
 
 __all__ = ["Backend", "PartitionReport", "backend", "mutation", "node_spec"]
 
@@ -74,67 +81,8 @@ class PartitionReport:
     seconds: float = 0.0  # conversion + optimization (+ compilation)
     mode: str = ""  # "triton" or "torch" once it ran optimized
     calls: int = 0
-
-
-def node_spec(node: fx.Node) -> tuple[tuple[int, ...], str, Any] | None:
-    """(shape, dtype name, device) of the float tensor an fx node produces, else None."""
-    for key in ("example_value", "val"):
-        v = node.meta.get(key)
-        if isinstance(v, torch.Tensor):
-            shape, dtype, device = tuple(v.shape), v.dtype, v.device
-            break
-    else:
-        tm = node.meta.get("tensor_meta")
-        if tm is None or not hasattr(tm, "shape"):
-            return None
-        shape, dtype, device = tuple(tm.shape), tm.dtype, None
-    name = str(dtype).replace("torch.", "")
-    if name not in ALL_DTYPES or not all(type(d) is int for d in shape):
-        return None  # other dtypes, or symbolic (dynamic) shapes
-    return shape, name, device
-
-
-def _symbolic(node: fx.Node) -> str:
-    """The shape of ``node``'s result when Dynamo made a size of it symbolic, else ""."""
-    for t in _example(node):
-        if isinstance(t, torch.Tensor) and not all(type(d) is int for d in t.shape):
-            return "[" + ", ".join(str(d) for d in t.shape) + "]"
-    return ""
-
-
-def _example(node: fx.Node) -> list:
-    """The value(s) Dynamo recorded for ``node``: a tuple's items, else the one value."""
-    v = node.meta.get("example_value", node.meta.get("val"))
-    return list(v) if isinstance(v, (tuple, list)) else [v]
-
-
-def _empty(node: fx.Node) -> bool:
-    """Whether ``node`` produces a zero-size tensor (or a tuple holding one)."""
-    return any(isinstance(t, torch.Tensor) and t.numel() == 0 for t in _example(node))
-
-
-def computes(node: fx.Node) -> bool:
-    """Whether a call node computes a float tensor with elements (or a tuple of them): the
-    ops that count as compute in ``summary()`` (not int position math, tensor creation of
-    empty caches, or Python glue)."""
-    return node.op.startswith("call") and any(
-        isinstance(t, torch.Tensor) and t.numel() > 0 and t.is_floating_point()
-        for t in _example(node))
-
-
-def tuple_specs(node: fx.Node) -> list[tuple[tuple[int, ...], str, Any]] | None:
-    """The specs of a node that produces a tuple of float tensors (``split``, ``chunk``)."""
-    v = node.meta.get("example_value", node.meta.get("val"))
-    if not isinstance(v, (tuple, list)) or not v or not all(
-            isinstance(t, torch.Tensor) for t in v):
-        return None
-    specs = []
-    for t in v:
-        name = str(t.dtype).replace("torch.", "")
-        if name not in ALL_DTYPES or not all(type(d) is int for d in t.shape):
-            return None
-        specs.append((tuple(t.shape), name, t.device))
-    return specs
+    eager_calls: int = 0  # calls whose sizes the program does not serve (they ran eagerly)
+    replan: str = ""  # a second search, when a call moved a size Dynamo left symbolic
 
 
 def _spec_tensor(value: Tensor) -> tuple[tuple[int, ...], str]:
@@ -144,8 +92,8 @@ def _spec_tensor(value: Tensor) -> tuple[tuple[int, ...], str]:
 class _Support(OperatorSupportBase):
     """A node is supported when the Converter turns it into the shape and dtype Dynamo saw."""
 
-    def __init__(self, gm: fx.GraphModule) -> None:
-        self.gm = gm
+    def __init__(self, gm: fx.GraphModule, sizes: SymbolicSizes) -> None:
+        self.gm, self.sizes = gm, sizes
         self.reasons: dict[fx.Node, str | None] = {}
 
     def reason(self, node: fx.Node) -> str | None:
@@ -167,21 +115,24 @@ class _Support(OperatorSupportBase):
             cv.lookup(node)
         except (MirageError, AttributeError):
             return "no eqsat-mirage form (unsupported op)"
-        if _empty(node) or any(_empty(src) for src in node.all_input_nodes):
+        if empty(node) or any(empty(src) for src in node.all_input_nodes):
             return "a zero-size tensor (e.g. an empty KV cache): nothing to compute"
-        want, several = node_spec(node), tuple_specs(node)
-        dynamic = _symbolic(node)
-        if dynamic:
-            return (f"its shape {dynamic} has a symbolic (dynamic) size: optimized programs "
-                    "have static shapes; torch.compile(..., dynamic=False) specializes them")
+        sizes = self.sizes
+        why = sizes.reason(node)
+        if why:
+            return why
+        want, several = sizes.spec(node), sizes.tuple_spec(node)
         if want is None and several is None:
-            return "its result is not a float16/bfloat16/float32 tensor of static shape"
-        for i, src in enumerate(node.all_input_nodes):
-            spec, parts = node_spec(src), tuple_specs(src)
+            return "its result is not a float16/bfloat16/float32 tensor"
+        specs = [(sizes.spec(src), sizes.tuple_spec(src)) for src in node.all_input_nodes]
+        dims = sizes.dims([d for spec, parts in specs for sp in ([spec] if spec else parts or [])
+                           for d in sp[0]])
+        for i, (src, (spec, parts)) in enumerate(zip(node.all_input_nodes, specs)):
             if spec is None and parts is None:
-                return f"operand {src.name!r} is not a float tensor of static shape"
-            cv.env[src] = cv.input(f"x{i}", spec[0], spec[1], ("arg", i)) if spec else tuple(
-                cv.input(f"x{i}_{j}", p[0], p[1], ("arg", i)) for j, p in enumerate(parts))
+                return f"operand {src.name!r} is not a float tensor"
+            cv.env[src] = cv.input(f"x{i}", _served(spec[0], dims), spec[1], ("arg", i)) \
+                if spec else tuple(cv.input(f"x{i}_{j}", _served(p[0], dims), p[1], ("arg", i))
+                                   for j, p in enumerate(parts))
         try:
             value = cv.run(node)
         except MirageError as exc:
@@ -191,13 +142,20 @@ class _Support(OperatorSupportBase):
         if want is None:  # a tuple of tensors: each as torch gives it
             got = [_spec_tensor(v) if isinstance(v, Tensor) else None for v in value] \
                 if isinstance(value, (tuple, list)) else None
-            if got != [p[:2] for p in several]:
-                return f"converted to {got}, torch gives {[p[:2] for p in several]}"
+            torch_gives = [(sizes.concrete(p[0]), p[1]) for p in several]
+            if got != torch_gives:
+                return f"converted to {got}, torch gives {torch_gives}"
             return None
-        if not isinstance(value, Tensor) or _spec_tensor(value) != want[:2]:
+        torch_gives = (sizes.concrete(want[0]), want[1])
+        if not isinstance(value, Tensor) or _spec_tensor(value) != torch_gives:
             got = _spec_tensor(value) if isinstance(value, Tensor) else type(value).__name__
-            return f"converted to {got}, torch gives {want[:2]}"
+            return f"converted to {got}, torch gives {torch_gives}"
         return None
+
+
+def _served(shape: tuple, dims: dict) -> tuple:
+    """``shape`` (ints and family sizes) with each family size as its ``em.Dim``."""
+    return tuple(d if isinstance(d, int) else dims[d] for d in shape)
 
 
 _INPLACE = frozenset({operator.iadd, operator.isub, operator.imul, operator.itruediv,
@@ -229,60 +187,6 @@ def mutation(gm: fx.GraphModule) -> fx.Node | None:
         if name.endswith("_") and not name.startswith("__"):
             return n
     return None
-
-
-def _fetch(root: torch.nn.Module, path: str) -> Any:
-    obj = root
-    for part in path.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def _uses_triton(device: torch.device) -> bool:
-    """Whether a partition on ``device`` runs as Triton (CUDA, or the CPU interpreter)."""
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
-
-
-class _Optimized(torch.nn.Module):
-    """Runs one partition's optimized program in place of its eager submodule."""
-
-    def __init__(self, eager: fx.GraphModule, entry: PartitionReport, sources: dict,
-                 outs: list[tuple[str, str | None]], single: bool) -> None:
-        super().__init__()
-        self.eager, self.entry, self.sources = eager, entry, sources
-        self.outs, self.single = outs, single
-        self.failed = False
-        self._fns: dict[str, Any] = {}
-
-    def _fn(self, device: torch.device) -> Any:
-        triton = _uses_triton(device)
-        key = "triton" if triton else "torch"
-        if key not in self._fns:
-            res = self.entry.result
-            self._fns[key] = res.compile() if triton else torch_reference(res.program)
-        return key, self._fns[key]
-
-    def forward(self, *args: Any) -> Any:
-        feed = {}
-        for name, (kind, ref) in self.sources.items():
-            feed[name] = args[ref] if kind == "arg" else _fetch(self.eager, ref)
-        grad = torch.is_grad_enabled() and any(t.requires_grad for t in feed.values())
-        if self.failed or grad:
-            return self.eager(*args)
-        try:
-            device = next(iter(feed.values())).device
-            mode, fn = self._fn(device)
-            got = fn(**{n: t.contiguous() for n, t in feed.items()})
-        except Exception as exc:  # noqa: BLE001 - e.g. a Triton compilation error
-            self.failed = True
-            self.entry.status, self.entry.reason = "fallback", f"{type(exc).__name__}: {exc}"
-            warnings.warn(f"eqsat-mirage backend: partition {self.entry.name} runs eagerly: "
-                          f"running the optimized program failed: {self.entry.reason}",
-                          stacklevel=2)
-            return self.eager(*args)
-        self.entry.mode, self.entry.calls = mode, self.entry.calls + 1
-        vals = [got[name] if src is None else feed[src] for name, src in self.outs]
-        return vals[0] if self.single else tuple(vals)
 
 
 class Backend:
@@ -336,7 +240,8 @@ class Backend:
                        + (f" at {loc}" if loc else "") + "): it runs eagerly")
             return gm.forward
         self._ensure_specs(gm, example_inputs)
-        support = _Support(gm)
+        sizes = SymbolicSizes(gm)
+        support = _Support(gm, sizes)
         part = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
         try:
             parts = [p for p in part.propose_partitions() if len(p.nodes) >= self.min_ops]
@@ -354,7 +259,7 @@ class Backend:
         total = sum(n.op.startswith("call") for n in gm.graph.nodes)
         total = (total, sum(computes(n) for n in gm.graph.nodes))
         if not parts:
-            self._summarize(total, [], eager)
+            self._summarize(total, [], eager, sizes)
             return gm.forward
         prefix = f"{_PREFIX}{self._graphs}_"
         fused = part.fuse_partitions(parts, prefix=prefix)
@@ -362,16 +267,16 @@ class Backend:
         for node in list(fused.graph.nodes):
             if node.op == "call_module" and str(node.target).startswith(prefix):
                 sub = fused.get_submodule(node.target)
-                replacement = self._partition(str(node.target), sub)
+                replacement = self._partition(str(node.target), sub, sizes)
                 entries.append(self.report[-1])
                 if replacement is not None:
                     setattr(fused, node.target, replacement)
         fused.recompile()
-        self._summarize(total, entries, eager)
+        self._summarize(total, entries, eager, sizes)
         return fused.forward
 
     def _summarize(self, total: tuple[int, int], entries: list[PartitionReport],
-                   eager: list[str]) -> None:
+                   eager: list[str], sizes: SymbolicSizes) -> None:
         """Record this graph's summary and warn once with it (unless ``warn=False``);
         ``total``: the graph's call ops, and those of them that compute (``computes``)."""
         total, compute = total
@@ -383,11 +288,14 @@ class Backend:
         graph = {"graph": self._graphs, "ops": total, "compute_ops": compute,
                  "optimized_ops": sum(len(e.ops) for e in done),
                  "partitions": len(entries), "optimized_partitions": len(done),
-                 "predicted_us": [before, after], "eager": eager}
+                 "predicted_us": [before, after], "eager": eager,
+                 "sizes": sizes.describe() if sizes.dynamic else "static"}
         self._summaries.append(graph)
         shown = eager[:8] + ([f"... and {len(eager) - 8} more"] if len(eager) > 8 else [])
         self._warn(f"{graph['optimized_ops']} of {total} ops in {len(done)} optimized "
                    f"partitions (predicted {before:.2f} us -> {after:.2f} us)"
+                   + (f"; {graph['sizes']}, one search serves every value"
+                      if sizes.dynamic else "")
                    + (f"; eager: {', '.join(shown)}" if shown else ""), prefix="eqsat-mirage: ")
 
     def summary(self) -> dict:
@@ -416,14 +324,20 @@ class Backend:
         except Exception:  # noqa: BLE001 - unknown shapes just make nodes unsupported
             pass
 
-    def _partition(self, name: str, sub: fx.GraphModule) -> _Optimized | None:
-        """Convert, optimize and (where it will run on Triton) compile one partition."""
+    def _partition(self, name: str, sub: fx.GraphModule, sizes: SymbolicSizes,
+                   report: bool = True) -> OptimizedPartition | None:
+        """Convert, optimize and (where it will run on Triton) compile one partition.
+
+        With sizes Dynamo left symbolic but this program specialized, the module may search
+        once more, with the size a call moved as the family size (``OptimizedPartition._adopt``).
+        """
         ops = [op_name(n, sub) for n in sub.graph.nodes if n.op.startswith("call")]
         entry = PartitionReport(name, ops)
-        self.report.append(entry)
+        if report:
+            self.report.append(entry)
         t0 = time.perf_counter()
         try:
-            graph, cv, outs, single, device = self._convert(name, sub)
+            graph, cv, outs, single, device = self._convert(name, sub, sizes)
             entry.graph = graph
             if not graph.outputs:
                 entry.status, entry.reason = "eager", "no computation (identity ops only)"
@@ -433,8 +347,13 @@ class Backend:
                 entry.status, entry.reason = "unchanged", unchanged_reason(entry.result)
                 entry.seconds = time.perf_counter() - t0
                 return None
-            mod = _Optimized(sub, entry, dict(cv.sources), outs, single)
-            if device is not None and _uses_triton(device):
+            mod = OptimizedPartition(sub, entry, dict(cv.sources), outs, single)
+            places = [n for n in sub.graph.nodes if n.op == "placeholder"]
+            mod.held = {ident: sizes.held(places[ref]) for ident, (kind, ref)
+                        in cv.sources.items() if kind == "arg"}
+            if report and any(mod.held.values()):
+                mod.replan = lambda sym: self._partition(name, sub, sizes.focus(sym), False)
+            if device is not None and uses_triton(device):
                 mod._fn(device)  # compile now: codegen errors fall back here
         except Exception as exc:  # noqa: BLE001 - MirageError, Triton errors, ...: run eagerly
             entry.status, entry.reason = "fallback", f"{type(exc).__name__}: {exc}"
@@ -443,20 +362,22 @@ class Backend:
         entry.status, entry.seconds = "optimized", time.perf_counter() - t0
         return mod
 
-    def _convert(self, name: str, sub: fx.GraphModule) -> tuple:
+    def _convert(self, name: str, sub: fx.GraphModule, sizes: SymbolicSizes) -> tuple:
         """The em.Graph of a fused partition, its Converter, outputs and device."""
         cv = Converter(Graph(name), sub)
         placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+        specs = {n: sizes.spec(n) for n in placeholders}
+        dims = sizes.dims([d for spec in specs.values() if spec for d in spec[0]])
         device = None
         outs: list[tuple[str, str | None]] = []
         single = True
         for node in sub.graph.nodes:
             if node.op == "placeholder":
-                spec = node_spec(node)
+                spec = specs[node]
                 if spec is None:
-                    raise MirageError(f"input {node.name!r} has no static float tensor shape")
+                    raise MirageError(f"input {node.name!r} is not a float tensor")
                 device = device or spec[2]
-                cv.env[node] = cv.input(node.name, spec[0], spec[1],
+                cv.env[node] = cv.input(node.name, _served(spec[0], dims), spec[1],
                                         ("arg", placeholders.index(node)))
             elif node.op == "output":
                 value = fx.node.map_arg(node.args[0], cv.env.__getitem__)

@@ -26,8 +26,11 @@ def _sizes(g, sizes: Mapping[str, int]) -> dict[str, int]:
     return {n: d.check(sizes.get(n, d.hint), f"graph {g.name!r}: ") for n, d in g.dims.items()}
 
 
-def _remake(node: Node, srcs: tuple[Node, ...], old: Mapping[str, int],
-            new: Mapping[str, int]) -> Node:
+def remake(node: Node, srcs: tuple[Node, ...], old: Mapping[str, int],
+           new: Mapping[str, int]) -> Node:
+    """``node`` over new operands ``srcs`` whose symbolic sizes moved from ``old`` to
+    ``new`` (a reshape's literal sizes move with them); a ``DynamicShapeError`` naming
+    the node when it cannot follow."""
     try:
         return make(node.op, srcs, node.arg, node.loc)
     except ShapeError as exc:
@@ -59,7 +62,7 @@ def rebuild(g, sizes: Mapping[str, int]) -> tuple[object, dict[int, Node]]:
         new[id(node)] = out.inputs[name]
     for node in g.nodes():
         if id(node) not in new:
-            new[id(node)] = node if node.op is Op.CONST else _remake(
+            new[id(node)] = node if node.op is Op.CONST else remake(
                 node, tuple(new[id(s)] for s in node.srcs), old_sizes, new_sizes)
     out.outputs = {n: new[id(v)] for n, v in g.outputs.items()}
     return out, new

@@ -287,24 +287,3 @@ def test_aten_graphs_from_aot_autograd():
         torch.testing.assert_close(got, m(x), rtol=1e-4, atol=1e-5)
     assert [r.status for r in be.report] == ["optimized"]
     assert "aten.mm.default" in be.report[0].ops and be.report[0].calls == 1
-
-
-def test_dynamic_shapes_stay_eager_with_the_reason():
-    """dynamic=True makes sizes symbolic: every op stays eager, and the one warning says
-    which size is symbolic and how to get static shapes (issue 16 is the real fix)."""
-
-    def f(x, w):
-        return torch.nn.functional.silu(x @ w) * 2.0
-
-    be = em.backend(time_limit_s=5)
-    w = torch.randn(32, 64)
-    fast = torch.compile(f, backend=be, dynamic=True)
-    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for n in (4, 5):
-            x = torch.randn(n, 32)
-            torch.testing.assert_close(fast(x, w), f(x, w))
-    (msg,) = {str(c.message) for c in caught if "eqsat-mirage" in str(c.message)}
-    assert "0 of 3 ops" in msg and "symbolic (dynamic) size" in msg
-    assert "dynamic=False" in msg
-    assert be.summary()["optimized_ops"] == 0

@@ -1,0 +1,130 @@
+"""The module that runs one optimized partition in place of its eager fx submodule.
+
+It feeds the partition's inputs (graph arguments and the root's parameters) to the
+optimized program: Triton (``res.compile()``) on CUDA tensors and under
+``TRITON_INTERPRET=1``, else a torch implementation of the chosen program. A shape
+family (a partition with a size Dynamo left symbolic) reads the size from its inputs.
+Each call checks the static sizes first; a call the program does not serve runs
+eagerly, with one warning.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import torch
+from torch import fx
+
+from ..dynamic.runner import FamilyRunner
+from ..ir.dims import DynamicShapeError
+from ..semantics.torch_reference import torch_reference
+
+__all__ = ["OptimizedPartition", "uses_triton"]
+
+
+def _fetch(root: torch.nn.Module, path: str) -> Any:
+    obj = root
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def uses_triton(device: torch.device) -> bool:
+    """Whether a partition on ``device`` runs as Triton (CUDA, or the CPU interpreter)."""
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+class OptimizedPartition(torch.nn.Module):
+    """Runs one partition's optimized program in place of its eager submodule.
+
+    Each call checks the inputs' static sizes (a size Dynamo left symbolic but the
+    partition specialized may differ) and runs that call eagerly when the program does
+    not serve them; a shape family reads its size from the inputs."""
+
+    def __init__(self, eager: fx.GraphModule, entry: Any, sources: dict,
+                 outs: list[tuple[str, str | None]], single: bool) -> None:
+        super().__init__()
+        self.eager, self.entry, self.sources = eager, entry, sources
+        self.outs, self.single = outs, single
+        self.failed = False
+        self._fns: dict[str, Any] = {}
+        self.expect = {n: node.shape for n, node in entry.graph.inputs.items()}
+        self.held: dict[str, dict[int, Any]] = {}  # input -> {axis: specialized symbol}
+        self.replan: Any = None  # symbol -> an OptimizedPartition with it as the family size, once
+
+    def _adopt(self, symbol: Any, feed: dict) -> bool:
+        """A call moved specialized size ``symbol``: search again with it as the family
+        size (once per partition) and adopt that program; whether it serves ``feed``."""
+        replan, self.replan = self.replan, None
+        new = replan(symbol)
+        if new is None:
+            self.entry.replan = f"searching with {symbol} symbolic failed"
+            return False
+        held = self.entry.calls
+        self.entry.__dict__.update(new.entry.__dict__, calls=held, replan=f"symbolic {symbol}")
+        for key in ("sources", "outs", "single", "expect", "held"):
+            setattr(self, key, getattr(new, key))
+        self._fns = new._fns
+        return not self.unserved(feed)
+
+    def _fn(self, device: torch.device) -> Any:
+        triton = uses_triton(device)
+        key = "triton" if triton else "torch"
+        if key not in self._fns:
+            res = self.entry.result
+            if getattr(res, "scaling", None) is not None:  # a shape family
+                self._fns[key] = FamilyRunner(res.family, res.scaling, engine=key)
+            else:
+                self._fns[key] = res.compile() if triton else torch_reference(res.program)
+        return key, self._fns[key]
+
+    def unserved(self, feed: dict) -> str:
+        """Why the program does not serve these inputs (a static size differs), or ""."""
+        for name, t in feed.items():
+            want, dyn = self.expect[name], self.entry.graph.dynamic.get(name, {})
+            if t.dim() != len(want) or any(a not in dyn and t.shape[a] != w
+                                           for a, w in enumerate(want)):
+                served = ", ".join(dyn[a] if a in dyn else str(w) for a, w in enumerate(want))
+                return f"input {name!r} has shape {list(t.shape)}; the program serves [{served}]"
+        return ""
+
+    def _eager_call(self, why: str, args: tuple) -> Any:
+        self.entry.eager_calls += 1
+        if self.entry.eager_calls == 1:
+            warnings.warn(f"eqsat-mirage backend: partition {self.entry.name} runs eagerly "
+                          f"for calls it does not serve: {why}", stacklevel=3)
+        return self.eager(*args)
+
+    def forward(self, *args: Any) -> Any:
+        feed = {}
+        for name, (kind, ref) in self.sources.items():
+            feed[name] = args[ref] if kind == "arg" else _fetch(self.eager, ref)
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in feed.values())
+        if self.failed or grad:
+            return self.eager(*args)
+        why = self.unserved(feed)
+        if why and self.replan is not None:
+            moved = {sym for n, t in feed.items() for a, sym in self.held.get(n, {}).items()
+                     if a < t.dim() and t.shape[a] != self.expect[n][a]}
+            if len(moved) == 1 and self._adopt(moved.pop(), feed):
+                why = ""
+        if why:
+            return self._eager_call(why, args)
+        try:
+            device = next(iter(feed.values())).device
+            mode, fn = self._fn(device)
+            got = fn(**{n: t.contiguous() for n, t in feed.items()})
+        except DynamicShapeError as exc:  # sizes that should agree do not, or out of range
+            return self._eager_call(str(exc), args)
+        except Exception as exc:  # noqa: BLE001 - e.g. a Triton compilation error
+            self.failed = True
+            self.entry.status, self.entry.reason = "fallback", f"{type(exc).__name__}: {exc}"
+            warnings.warn(f"eqsat-mirage backend: partition {self.entry.name} runs eagerly: "
+                          f"running the optimized program failed: {self.entry.reason}",
+                          stacklevel=2)
+            return self.eager(*args)
+        self.entry.mode, self.entry.calls = mode, self.entry.calls + 1
+        vals = [got[name] if src is None else feed[src] for name, src in self.outs]
+        return vals[0] if self.single else tuple(vals)

@@ -1,0 +1,217 @@
+"""What Dynamo recorded about each fx node (shape, dtype, device), and Dynamo's symbolic
+sizes as shape families (``torch.compile(dynamic=True)``, and the
+sizes automatic dynamic shapes mark after a recompile).
+
+Dynamo records a symbolic size as a ``SymInt`` whose expression is a sympy symbol
+(``s77``), or a formula of symbols (``s77 + 1`` after a ``torch.cat``). One search serves
+one size per program (``em.Dim``), so ``SymbolicSizes`` picks, for a whole fx graph,
+the *family* sizes:
+
+- sizes Dynamo's guards pinned to a number (``s1 == 4096`` after a matmul with a
+  parameter) are that number;
+- the plain symbols with the largest hint are the family's size; symbols that share
+  that hint are taken as one size (Dynamo gives the lengths of K and V separate
+  symbols; the optimized program checks at run time that they agree);
+- every other symbol is *specialized*: the program is built at its hint and the
+  optimized partition checks it on every call, running eagerly when it differs.
+
+A node whose result has a size *derived* from a family size (``s77 + 1``), not read
+from its operands, stays eager: one search serves a size, not formulas of it. Its
+consumers still join a partition, where the derived size is a family size of its own.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import sympy
+import torch
+from torch import fx
+
+from ..ir.dims import Dim
+from ..ir.node import ALL_DTYPES
+
+__all__ = ["SymbolicSizes", "computes", "empty", "node_spec", "values"]
+
+
+def values(node: fx.Node) -> list:
+    """The value(s) Dynamo recorded for ``node``: a tuple's items, else the one value."""
+    v = node.meta.get("example_value", node.meta.get("val"))
+    return list(v) if isinstance(v, (tuple, list)) else [v]
+
+
+def node_spec(node: fx.Node) -> tuple[tuple[int, ...], str, Any] | None:
+    """(shape, dtype name, device) of the float tensor an fx node produces, else None
+    (other dtypes, or a symbolic size: ``SymbolicSizes.spec`` serves those)."""
+    for key in ("example_value", "val"):
+        v = node.meta.get(key)
+        if isinstance(v, torch.Tensor):
+            shape, dtype, device = tuple(v.shape), v.dtype, v.device
+            break
+    else:
+        tm = node.meta.get("tensor_meta")
+        if tm is None or not hasattr(tm, "shape"):
+            return None
+        shape, dtype, device = tuple(tm.shape), tm.dtype, None
+    name = str(dtype).replace("torch.", "")
+    if name not in ALL_DTYPES or not all(type(d) is int for d in shape):
+        return None
+    return shape, name, device
+
+
+def empty(node: fx.Node) -> bool:
+    """Whether ``node`` produces a zero-size tensor (or a tuple holding one)."""
+    return any(isinstance(t, torch.Tensor) and t.numel() == 0 for t in values(node))
+
+
+def computes(node: fx.Node) -> bool:
+    """Whether a call node computes a float tensor with elements (or a tuple of them): the
+    ops that count as compute in ``summary()`` (not int position math, tensor creation of
+    empty caches, or Python glue)."""
+    return node.op.startswith("call") and any(
+        isinstance(t, torch.Tensor) and t.numel() > 0 and t.is_floating_point()
+        for t in values(node))
+
+
+def dim_name(expr: Any) -> str:
+    """An identifier naming size ``expr`` (``s77``; ``s77 + 1`` -> ``s77_plus_1``)."""
+    text = str(expr).replace("+", " plus ").replace("*", " times ").replace("-", " minus ")
+    name = re.sub(r"\W+", "_", text).strip("_")
+    return name if name.isidentifier() else f"size_{name}"
+
+
+class SymbolicSizes:
+    """The symbolic sizes of one fx graph and how each is served (see the module doc)."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        self.values: dict[Any, int] = {}  # symbol -> its value in the example inputs
+        self.unbacked: set[Any] = set()
+        exprs: set[Any] = set()
+        for node in gm.graph.nodes:
+            for v in values(node):
+                if isinstance(v, torch.Tensor):
+                    exprs.update(self._record(d) for d in v.shape)
+        symbols = {s for e in exprs if e is not None for s in e.free_symbols
+                   if s in self.values}
+        top = max((self.values[s] for s in symbols), default=None)
+        self.family = {s for s in symbols if self.values[s] == top}
+        self.specialized = {s: self.values[s] for s in symbols if s not in self.family}
+
+    def _record(self, d: Any) -> Any:
+        if isinstance(d, int):
+            return None
+        env = d.node.shape_env
+        expr = env.simplify(d.node.expr)
+        if expr.is_number:
+            return None
+        for s in expr.free_symbols:
+            value = env.var_to_val.get(s)
+            if value is None:
+                self.unbacked.add(s)
+            else:
+                self.values[s] = int(value)
+        return expr
+
+    def focus(self, symbol: Any) -> SymbolicSizes:
+        """These sizes with ``symbol`` (and the symbols sharing its value) as the family
+        and every other symbol specialized."""
+        out = copy.copy(self)
+        out.family = {s for s, v in self.values.items() if v == self.values[symbol]}
+        out.specialized = {s: v for s, v in self.values.items() if s not in out.family}
+        return out
+
+    def held(self, node: fx.Node) -> dict[int, Any]:
+        """{axis: symbol} of the axes of ``node``'s tensor that are a specialized symbol."""
+        v = node.meta.get("example_value", node.meta.get("val"))
+        if not isinstance(v, torch.Tensor):
+            return {}
+        out = {}
+        for axis, d in enumerate(v.shape):
+            if not isinstance(d, int):
+                expr = d.node.shape_env.simplify(d.node.expr)
+                if expr in self.specialized:
+                    out[axis] = expr
+        return out
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether the graph has any symbolic size at all."""
+        return bool(self.values or self.unbacked)
+
+    def size(self, d: Any) -> Any:
+        """A size as served: an int (static, pinned or specialized), or the expression of
+        family sizes it is (a sympy expression)."""
+        if isinstance(d, int):
+            return d
+        expr = d.node.shape_env.simplify(d.node.expr)
+        if not expr.free_symbols & self.unbacked:
+            expr = sympy.sympify(expr.xreplace(self.specialized))
+        return int(expr) if expr.is_number else expr
+
+    def shape(self, t: torch.Tensor) -> tuple:
+        """The shape of (fake) tensor ``t`` as served (``size`` of each dim)."""
+        return tuple(self.size(d) for d in t.shape)
+
+    def spec(self, node: fx.Node) -> tuple[tuple, str, Any] | None:
+        """(shape as served, dtype name, device) of the float tensor ``node`` produces."""
+        v = node.meta.get("example_value", node.meta.get("val"))
+        if not isinstance(v, torch.Tensor):
+            return node_spec(node) if "tensor_meta" in node.meta else None
+        name = str(v.dtype).replace("torch.", "")
+        return (self.shape(v), name, v.device) if name in ALL_DTYPES else None
+
+    def tuple_spec(self, node: fx.Node) -> list[tuple[tuple, str, Any]] | None:
+        """The specs of a node producing a tuple of float tensors (``split``, ``chunk``)."""
+        v = node.meta.get("example_value", node.meta.get("val"))
+        if not isinstance(v, (tuple, list)) or not v or not all(
+                isinstance(t, torch.Tensor) for t in v):
+            return None
+        names = [str(t.dtype).replace("torch.", "") for t in v]
+        if not all(n in ALL_DTYPES for n in names):
+            return None
+        return [(self.shape(t), n, t.device) for t, n in zip(v, names)]
+
+    def hint(self, expr: Any) -> int:
+        """The hint of a size as served (an int is its own hint)."""
+        return expr if isinstance(expr, int) else int(sympy.sympify(expr.xreplace(self.values)))
+
+    def concrete(self, shape: tuple) -> tuple[int, ...]:
+        """``shape`` with every family size at its hint (for comparisons with a Graph)."""
+        return tuple(self.hint(d) for d in shape)
+
+    def reason(self, node: fx.Node) -> str | None:
+        """Why ``node``'s sizes keep it eager (unbacked, or derived from a family size),
+        else None."""
+        outs = {e for v in values(node) if isinstance(v, torch.Tensor)
+                for e in self.shape(v) if not isinstance(e, int)}
+        ins = {e for src in node.all_input_nodes for v in values(src)
+               if isinstance(v, torch.Tensor) for e in self.shape(v) if not isinstance(e, int)}
+        data = sorted((e for e in outs | ins if e.free_symbols & self.unbacked), key=str)
+        if data:
+            return f"its size {data[0]} depends on data (an unbacked symbolic size)"
+        derived = sorted((e for e in outs if not e.is_Symbol and e not in ins), key=str)
+        if derived:
+            return (f"its size {derived[0]} is computed from the symbolic size "
+                    f"{sorted(map(str, derived[0].free_symbols))[0]}: one search serves a "
+                    "size, not formulas of it (the ops after it can still be optimized)")
+        return None
+
+    def dims(self, exprs: list) -> dict[Any, Dim]:
+        """One ``em.Dim`` per family size among ``exprs``: sizes that share a hint are
+        one Dim (named after the first), whose hint is theirs."""
+        by_hint: dict[int, Dim] = {}
+        out = {}
+        for e in exprs:
+            if isinstance(e, int) or e in out:
+                continue
+            h = self.hint(e)
+            out[e] = by_hint.setdefault(h, Dim(dim_name(e), hint=h))
+        return out
+
+    def describe(self) -> str:
+        """One line: the family size(s) and the specialized ones, for warnings."""
+        fam = ", ".join(f"{e}={self.values[e]}" for e in sorted(self.family, key=str))
+        spec = ", ".join(f"{e}={h}" for e, h in sorted(self.specialized.items(), key=str))
+        return f"symbolic size {fam}" + (f"; specialized at {spec}" if spec else "")

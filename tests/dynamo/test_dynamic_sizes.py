@@ -1,0 +1,133 @@
+"""Dynamo's symbolic sizes as shape families: dynamic=True and automatic dynamic shapes."""
+
+import os
+import warnings
+
+import pytest
+
+import eqsat_mirage as em
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def decode_step(q, k, v, wo):
+    """One decode step: 8 query heads over 2 KV heads (GQA), then the output projection."""
+    o = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # (1, 8, 1, 64)
+    return o.reshape(1, 512) @ wo
+
+
+def _runners(be):
+    """The FamilyRunner of each optimized family partition (its builds per padded size)."""
+    out = []
+    for e in be.report:
+        if getattr(e.result, "scaling", None) is not None and e.status == "optimized":
+            out.append(e)
+    return out
+
+
+@pytest.mark.parametrize("dynamic", [True, None], ids=["dynamic=True", "automatic"])
+def test_a_64_step_decode_loop_through_torch_compile(dynamic):
+    """The KV cache grows by one token per step. dynamic=True: one search (a family from
+    the first call). Dynamo's defaults: the first length compiles static, the second
+    recompiles with the length symbolic; that family serves every later step."""
+    dt = torch.float16 if INTERPRET else torch.float32
+    gen = torch.Generator().manual_seed(0)
+    kc = torch.randn(1, 2, 192, 64, generator=gen).to(dt)
+    vc = torch.randn(1, 2, 192, 64, generator=gen).to(dt)
+    wo = (torch.randn(512, 512, generator=gen) / 20).to(dt)
+    be = em.backend(time_limit_s=30, warn=False)
+    fast = torch.compile(decode_step, backend=be, dynamic=dynamic)
+    with torch.no_grad():
+        for n in range(128, 192):
+            q = torch.randn(1, 8, 1, 64, generator=gen).to(dt)
+            k, v = kc[:, :, :n], vc[:, :, :n]
+            got = fast(q, k, v, wo)
+            want = decode_step(q.float(), k.float(), v.float(), wo.float())
+            eager = decode_step(q, k, v, wo).float()
+            tol = 2 * (eager - want).abs().max().item() + 1e-5  # eager's own rounding, twice
+            assert (got.float() - want).abs().max().item() <= tol, n
+    searches = [e for e in be.report if e.status == "optimized"]
+    fams = _runners(be)
+    assert len(fams) == 1 and fams[0].result.stats["family"]["verified_sizes"]
+    assert all(fams[0].result.stats["family"]["verified_sizes"].values())
+    assert len(searches) == (1 if dynamic else 2)  # defaults: the static first length too
+    assert fams[0].calls == (64 if dynamic else 63) and fams[0].eager_calls == 0
+    sizes = [g["sizes"] for g in be.summary()["graphs"]]
+    assert sizes[-1].startswith("symbolic size s") and sizes[:-1] == (
+        [] if dynamic else ["static"])
+
+
+def test_a_batch_that_moves_a_specialized_size_searches_once_more():
+    """dynamic=True makes every size of f(x, w) symbolic; the largest (w's columns) is
+    planned as the family and the batch specialized. A call with another batch searches
+    once more with the batch symbolic; every later batch is served by that family."""
+
+    def f(x, w):
+        return F.silu(x @ w) * 2.0
+
+    be = em.backend(time_limit_s=10, warn=False)
+    w = torch.randn(32, 64)
+    fast = torch.compile(f, backend=be, dynamic=True)
+    with torch.no_grad():
+        for n in (4, 5, 9, 16, 3):
+            x = torch.randn(n, 32)
+            torch.testing.assert_close(fast(x, w), f(x, w), rtol=1e-4, atol=1e-4)
+    (entry,) = be.report
+    assert entry.status == "optimized" and entry.eager_calls == 0
+    assert entry.replan.startswith("symbolic s")  # the batch's symbol
+    assert entry.graph.is_family and entry.calls == 5
+
+
+def test_a_call_moving_two_specialized_sizes_runs_eagerly_with_a_warning():
+    def f(x, w):
+        return F.silu(x @ w) * 2.0
+
+    be = em.backend(time_limit_s=10, warn=False)
+    fast = torch.compile(f, backend=be, dynamic=True)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x, w = torch.randn(4, 32), torch.randn(32, 64)
+        torch.testing.assert_close(fast(x, w), f(x, w), rtol=1e-4, atol=1e-4)
+        x, w = torch.randn(6, 48), torch.randn(48, 64)  # batch and inner size both move
+        torch.testing.assert_close(fast(x, w), f(x, w), rtol=1e-4, atol=1e-4)
+    (entry,) = be.report
+    assert entry.eager_calls == 1 and entry.calls == 1
+    msgs = [str(c.message) for c in caught if "calls it does not serve" in str(c.message)]
+    assert len(msgs) == 1 and "shape [6, 48]" in msgs[0]
+
+
+def test_a_cache_concat_stays_eager_and_attention_is_a_family_at_its_length():
+    """torch.cat of the cache and the new token gives length s + 1, a formula of the
+    symbolic size: the cat runs eagerly (with that reason) and the attention after it is
+    a family at s + 1."""
+
+    def step(q, kc, vc, kn, vn, wo):
+        k, v = torch.cat([kc, kn], 2), torch.cat([vc, vn], 2)
+        return decode_step(q, k, v, wo)
+
+    gen = torch.Generator().manual_seed(1)
+    wo = torch.randn(512, 512, generator=gen) / 20
+    be = em.backend(time_limit_s=30)
+    fast = torch.compile(step, backend=be)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (100, 101, 102, 140):
+            args = (torch.randn(1, 8, 1, 64, generator=gen), torch.randn(1, 2, n, 64, generator=gen),
+                    torch.randn(1, 2, n, 64, generator=gen), torch.randn(1, 2, 1, 64, generator=gen),
+                    torch.randn(1, 2, 1, 64, generator=gen), wo)
+            torch.testing.assert_close(fast(*args), step(*args), rtol=1e-4, atol=1e-4)
+    text = " ".join(str(c.message) for c in caught)
+    assert "is computed from the symbolic size" in text and "torch.cat" in text
+    fams = _runners(be)
+    assert len(fams) == 1 and fams[0].graph.dims  # the family at s + 1
+    assert "plus_1" in next(iter(fams[0].graph.dims)) and fams[0].calls == 3
