@@ -122,9 +122,8 @@ def test_a_cache_concat_stays_eager_and_attention_is_a_family_at_its_length():
     with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for n in (100, 101, 102, 140):
-            args = (torch.randn(1, 8, 1, 64, generator=gen), torch.randn(1, 2, n, 64, generator=gen),
-                    torch.randn(1, 2, n, 64, generator=gen), torch.randn(1, 2, 1, 64, generator=gen),
-                    torch.randn(1, 2, 1, 64, generator=gen), wo)
+            shapes = [(1, 8, 1, 64), (1, 2, n, 64), (1, 2, n, 64), (1, 2, 1, 64), (1, 2, 1, 64)]
+            args = (*(torch.randn(s, generator=gen) for s in shapes), wo)
             torch.testing.assert_close(fast(*args), step(*args), rtol=1e-4, atol=1e-4)
     text = " ".join(str(c.message) for c in caught)
     assert "is computed from the symbolic size" in text and "torch.cat" in text
