@@ -195,6 +195,13 @@ class MuGraph:
                 out += [(f"kernel {k.name!r}: block value {fmt_shape(n.shape)} x {blocks} blocks",
                          blocks * math.prod(n.shape))
                         for stage in (k.loop, k.post) for n in stage.nodes()]
+                if k.forloop > 1:  # a summed loop matmul's operands, kept for every iteration
+                    out += [(f"kernel {k.name!r}: matmul operands {fmt_shape(m.srcs[0].shape)} "
+                             f"and {fmt_shape(m.srcs[1].shape)} x {blocks} blocks x "
+                             f"{k.forloop} iterations", 4 * blocks * k.forloop * sum(
+                                 math.prod(s.shape) for s in m.srcs))
+                            for a in k.accumulators
+                            if (m := k.loop.outputs.get(a)) is not None and m.op is Op.MATMUL]
         return out
 
     def degrees(self) -> dict:

@@ -8,7 +8,9 @@
 4. Verification at several sizes (the hint, hint +/- 1, a prime, one below a tile, the
    largest tested): the plan at each, zero-padded and cut, against the family's program
    at that size, finite-field trials and float checks each. A family that fails at any
-   size falls back to one kernel per op (verified the same way).
+   size falls back to one kernel per op (verified the same way). When the memory budget
+   refuses the largest size, the largest verified moves halfway to the hint until it fits
+   (``stats["family"]["over_budget"]`` names each refused size).
 5. ``FamilyResult``: the plan at the hint, its costs at several sizes, and ``compile()``,
    a callable that reads the size from its inputs.
 """
@@ -24,6 +26,7 @@ from ..dynamic.padding import padded_graph, plan_masks
 from ..dynamic.runner import FamilyRunner
 from ..dynamic.scale import FamilyMember, NotScalableError, Scaling, scaling
 from ..ir.dims import DynamicShapeError
+from ..ir.errors import BudgetError
 from ..mugraph.program import from_graph
 from ..verifier.verify import verify
 from .optimize import optimize as optimize_piece
@@ -78,12 +81,25 @@ class FamilyResult(OptimizeResult):
         return FamilyRunner(self.family, self.scaling, reuse_outputs=reuse_outputs)
 
 
-def _verify_sizes(graph, sc: Scaling, dim, opts: dict) -> tuple[dict, object]:
+def _verify_sizes(graph, sc: Scaling, dim, opts: dict, refused: dict) -> tuple[dict, object]:
+    """Verify the plan at each of ``test_sizes``; the largest, when the memory budget
+    refuses it, moves halfway to the hint until it fits (``refused`` records each)."""
     verdicts, hint_verdict = {}, None
-    for size in test_sizes(dim, sc.granule):
-        ref = graph.at({dim.name: size})
-        member = FamilyMember(sc, size, ref.inputs, ref.outputs)
-        v = verify(ref, member, **opts)
+    sizes = test_sizes(dim, sc.granule)
+    top = max(sizes)
+    for size in sizes:
+        while True:
+            ref = graph.at({dim.name: size})
+            member = FamilyMember(sc, size, ref.inputs, ref.outputs)
+            try:
+                v = verify(ref, member, **opts)
+                break
+            except BudgetError as exc:
+                lower = (size + dim.hint) // 2
+                if size != top or lower <= dim.hint + 1:
+                    raise
+                refused[size] = str(exc)
+                size = top = lower
         verdicts[size] = v
         if size == dim.hint:
             hint_verdict = v
@@ -121,15 +137,17 @@ def optimize_family(graph, target="h100", progress=None, **kwargs) -> FamilyResu
         fallback = f"the plan does not scale ({exc})"
     opts = dict(trials=kwargs.get("trials", 3), seed=kwargs.get("seed", 0),
                 max_bound=kwargs.get("max_bound", 1e-9))
+    refused: dict[int, str] = {}
     if not fallback:
-        verdicts, hint_v = _verify_sizes(graph, sc, dim, opts)
+        verdicts, hint_v = _verify_sizes(graph, sc, dim, opts, refused)
         bad = [s for s, v in verdicts.items() if not v.equivalent]
         if bad:
             fallback = f"the plan fails at {dim.name}={bad[0]}: {verdicts[bad[0]]}"
     if fallback:
         say(f"family {graph.name!r}: {fallback}; one kernel per op instead")
         sc = scaling(from_graph(padded), graph.dynamic, dim.name, lp0)
-        verdicts, hint_v = _verify_sizes(graph, sc, dim, opts)
+        refused.clear()
+        verdicts, hint_v = _verify_sizes(graph, sc, dim, opts, refused)
     costs = {s: mugraph_cost(sc.at(s), target).total_us for s in cost_sizes(dim)}
     stats = dict(res.stats)
     stats["family"] = {
@@ -137,6 +155,7 @@ def optimize_family(graph, target="h100", progress=None, **kwargs) -> FamilyResu
         "masks": len(plan.masks), "fallback": fallback,
         "verified_sizes": {s: bool(v.equivalent) for s, v in verdicts.items()},
         "bounds": {s: v.false_positive_bound for s, v in verdicts.items()},
+        "over_budget": dict(refused),  # sizes the memory budget refused (a smaller one ran)
         "cost_us": costs,
         "grows": {k: sorted(a) for k, a in sc.grid.items() if a} | {
             k: ["loop"] for k in sc.loop},
