@@ -38,20 +38,27 @@ class KernelWriter(TileOps):
 
     def __init__(self, k: CustomKernel, specs: Mapping[str, TensorSpec], fn_name: str,
                  block: dict[int, int] | None = None,
-                 causal: Mapping[str, tuple] | None = None) -> None:
+                 causal: Mapping[str, tuple] | None = None,
+                 family: tuple[Mapping[str, set], bool] | None = None) -> None:
         self.k, self.specs, self.fn_name = k, specs, fn_name
         self.causal = dict(causal or {})  # tensor -> (rows, cols, offset): computed, not read
         # a length mask's offset is "(seq_len - 1)", L a runtime argument (shape families)
         self.runtime_length = any(isinstance(c[2], str) and t in k.reads()
                                   for t, c in self.causal.items())
+        # a shape family's kernel: the strides of tensors with a dynamic axis and a loop that
+        # grows with the size are runtime arguments, so every padded size runs one binary
+        dynamic, grows = family or ({}, False)
+        self.family, self.dynamic = family is not None, dynamic
+        self.looped = k.forloop > 1 or grows
+        self.f_count = "n_iter" if grows else str(k.forloop)
         names = Names()
-        self.looped = k.forloop > 1
         # a causal mask's tiles are computed from positions: no pointer, no strides
         self.reads = [t for t in k.reads() if t not in self.causal]
         self.writes = list(k.outputs)
         self.ptr = {t: names(f"{t}_ptr") for t in self.reads + self.writes}
         self.stride = {t: [names(f"stride_{t}_{d}") for d in range(len(specs[t].shape))]
                        for t in self.reads + self.writes}
+        self.runtime_strides = [t for t in self.reads + self.writes if dynamic.get(t)]
         super().__init__(f"kernel {k.name!r}", names, block)
         self.pid = {a: names(f"pid_{axis_name(a)}") for a in range(len(k.grid))}
         self.pre: list[str] = []  # before the loop (or the whole body when F is 1)
@@ -64,14 +71,17 @@ class KernelWriter(TileOps):
 
     @classmethod
     def write(cls, k: CustomKernel, specs: Mapping[str, TensorSpec],
-              fn_name: str, causal: Mapping[str, tuple] | None = None) -> KernelWriter:
+              fn_name: str, causal: Mapping[str, tuple] | None = None,
+              family: tuple[Mapping[str, set], bool] | None = None) -> KernelWriter:
         """A writer whose ``text`` is the kernel's source (``launch`` gives its launch);
-        tiles of the ``causal`` tensors are computed from their positions, not loaded."""
-        writer = cls(k, specs, fn_name, causal=causal)
+        tiles of the ``causal`` tensors are computed from their positions, not loaded.
+        ``family``: ({tensor: dynamic axes}, whether this kernel's loop grows) for a shape
+        family's kernel, whose source is then the same at every padded size."""
+        writer = cls(k, specs, fn_name, causal=causal, family=family)
         writer.text = writer.source()
         block = writer.bumped()
         if block is not None:
-            writer = cls(k, specs, fn_name, block, causal)
+            writer = cls(k, specs, fn_name, block, causal, family)
             writer.text = writer.source()
         return writer
 
@@ -95,8 +105,8 @@ class KernelWriter(TileOps):
         for d, size in enumerate(shape):
             stride = self.stride[tensor][d]
             # a dim in both imap and fmap: each block's part is F tiles long
-            step = full[d] * (self.k.forloop if d == fmap else 1)
-            base = ([f"{self.pid[imap[d]]} * {step}" if step > 1 else self.pid[imap[d]]]
+            step = self._step(full[d], d == fmap)
+            base = ([f"{self.pid[imap[d]]} * {step}" if step != "1" else self.pid[imap[d]]]
                     if d in imap else []) + ([str(shift[d])] if shift.get(d) else [])
             if size > 1:
                 offs = self.names(f"offs_{tile}_{d}")
@@ -118,6 +128,21 @@ class KernelWriter(TileOps):
             self.advance.append(f"{ptrs} += {full[fmap]} * {self.stride[tensor][fmap]}")
         return ptrs
 
+    def shown(self, tensor: str) -> str:
+        """``tensor``'s shape for a comment: a shape family's dynamic axes read ``Lp`` (the
+        padded size), so the kernel's text is the same at every padded size."""
+        axes = self.dynamic.get(tensor, ())
+        return "[" + ", ".join("Lp" if a in axes else str(n)
+                               for a, n in enumerate(self.specs[tensor].shape)) + "]"
+
+    def _step(self, tile: int, looped_dim: bool) -> str:
+        """A block's part along a dim: one tile, or F tiles for a dim the loop walks."""
+        if not looped_dim or self.f_count == "1":
+            return str(tile)
+        if self.f_count.isdigit():
+            return str(tile * int(self.f_count))
+        return f"{tile} * {self.f_count}" if tile > 1 else self.f_count
+
     def tile(self, name: str, in_loop: bool) -> Val:
         """The tile of block input ``name``, loaded where it is first needed."""
         if name in self.tiles:
@@ -131,7 +156,7 @@ class KernelWriter(TileOps):
         load = (self.loop if self.looped else self.pre) if bi.fmap is not None else setup
         ptrs = self._pointers(setup, name, bi.tensor, node.shape, bi.imap, bi.fmap,
                               f"in {name}: {_short(node.dtype)}{list(node.shape)} <- "
-                              f"{bi.tensor}{list(spec.shape)}")
+                              f"{bi.tensor}{self.shown(bi.tensor)}")
         var = self.names(name)
         mask = self.full_mask(squeezed(node.shape))
         other = "0" if node.dtype == "bool" else "0.0"
@@ -170,11 +195,10 @@ class KernelWriter(TileOps):
         if key in self.tiles:
             return self.tiles[key]
         label = label or self.label(node)
-        spec = self.specs[bi.tensor]
         setup = self.pre if in_loop else self.post
         load = (self.loop if self.looped else self.pre) if bi.fmap is not None else setup
         ptrs = self._pointers(setup, f"{src.arg}_s{start}", bi.tensor, node.shape, bi.imap,
-                              bi.fmap, f"{label}: {bi.tensor}{list(spec.shape)} at offset "
+                              bi.fmap, f"{label}: {bi.tensor}{self.shown(bi.tensor)} at offset "
                               f"{start} of axis {axis}", full=src.shape, shift={axis: start})
         var = self.names(f"{src.arg}_s{start}")
         mask = self.full_mask(squeezed(node.shape))
@@ -189,7 +213,7 @@ class KernelWriter(TileOps):
         rows, cols, off = self.causal[bi.tensor]
         dims, pos, r = squeezed(node.shape), [], 0
         for d, size in enumerate(node.shape):
-            step = size * (self.k.forloop if d == bi.fmap else 1)
+            step = self._step(size, d == bi.fmap)
             terms = [f"{self.pid[bi.imap[d]]} * {step}"] if d in bi.imap else []
             if d == bi.fmap and self.looped:
                 terms.append(f"f * {size}")
@@ -200,7 +224,9 @@ class KernelWriter(TileOps):
         load = (self.loop if self.looped else self.pre) if bi.fmap is not None else self.pre
         var = self.names(name)
         self.emit(load, var, f"{pos[0]} + {off} >= {pos[1]}",
-                  f"in {name}: causal mask {rows}x{cols} from positions (not loaded)")
+                  f"in {name}: " + (f"causal mask {rows}x{cols}" if not isinstance(off, str)
+                                    else "length mask (col < seq_len)")
+                  + " from positions (not loaded)")
         self.tiles[name] = Val(var, node.shape, "bool")
         return self.tiles[name]
 
@@ -208,7 +234,7 @@ class KernelWriter(TileOps):
         """Write tile ``v`` (of block output ``tensor``) by its omap and fmap."""
         bo, spec = self.k.outputs[tensor], self.specs[tensor]
         src = self.listed.get(id(node), node.arg)
-        comment = f"out {tensor}{list(spec.shape)} <- {bo.stage} {src} " \
+        comment = f"out {tensor}{self.shown(tensor)} <- {bo.stage} {src} " \
                   f"{_short(node.dtype)}{list(node.shape)}"
         offset, parts = 0, v.parts or (v,)
         for i, part in enumerate(parts):
@@ -355,34 +381,39 @@ class KernelWriter(TileOps):
         self.body()
         tensors = self.reads + self.writes
         runtime = ["seq_len"] if self.runtime_length else []  # a length mask's L: not constexpr
+        runtime += ["n_iter"] if self.f_count == "n_iter" else []
+        runtime += [s for t in self.runtime_strides for s in self.stride[t]]
         args = [[self.ptr[t] for t in tensors] + runtime,
-                [f"{s}: tl.constexpr" for t in tensors for s in self.stride[t]],
+                [f"{s}: tl.constexpr" for t in tensors if t not in self.runtime_strides
+                 for s in self.stride[t]],
                 [f"{self.block_name[n]}: tl.constexpr" for n in sorted(self.block_name)]]
         out = ["@triton.jit", f"def {self.fn_name}("]
         for group in args:
             out += wrap(group, "    ", ",")
         out.append("):")
         grid = ", ".join(str(g) for g in k.grid)
-        out.append(f'    """Custom kernel {k.name}: grid ({grid}), forloop {k.forloop}; writes '
-                   f'{", ".join(self.writes)}."""')
+        shape = f"grid ({grid}), forloop {k.forloop}" if not self.family else \
+            "grid and loop count set at launch (a shape family)"
+        out.append(f'    """Custom kernel {k.name}: {shape}; writes {", ".join(self.writes)}."""')
         text = "\n".join(self.pre + self.loop + self.post + self.advance)
         head = [f"{self.pid[a]} = tl.program_id({a})" for a in range(len(k.grid))
                 if re.search(rf"\b{self.pid[a]}\b", text)]
         head += [f"{m} = tl.arange(0, {self.bname(n)}) < {n}"
                  for n, m in sorted(self.masks.items())]
         out += fit(head + self.pre, "    ")
-        skip = causal_skip(k, self.causal) if self.looped else None
+        skip = causal_skip(k, self.causal, self.f_count == "n_iter") if self.looped else None
         if skip is not None:  # tiles past the last one the causal mask keeps change nothing
             bi, (_, _, off) = skip
             rows, cols = k.loop.inputs[bi.name].shape[:2]
             row0 = f"{self.pid[bi.imap[0]]} * {rows}" if 0 in bi.imap else "0"
-            col0 = f" - {self.pid[bi.imap[1]]} * {cols * k.forloop}" if 1 in bi.imap else ""
+            col0 = f" - {self.pid[bi.imap[1]]} * {self._step(cols, True)}" if 1 in bi.imap \
+                else ""
             last = f"{rows - 1} + {off}" if isinstance(off, str) else rows - 1 + off
-            out.append(f"    f_end = tl.minimum({k.forloop}, tl.maximum(0, ({row0} + "
+            out.append(f"    f_end = tl.minimum({self.f_count}, tl.maximum(0, ({row0} + "
                        f"{last}{col0}) // {cols} + 1))  # causal: skip masked tiles")
             out.append("    for f in range(0, f_end):")
         elif self.looped:
-            out.append(f"    for f in range({k.forloop}):")
+            out.append(f"    for f in range({self.f_count}):")
         if self.looped:
             out += fit(self.loop + self.advance, "        ")
         out += fit(self.post, "    ")
@@ -394,8 +425,12 @@ class KernelWriter(TileOps):
         literals, or variables of the launcher)."""
         tensors = self.reads + self.writes
         grid = ", ".join(str(g) for g in self.k.grid) + ("," if len(self.k.grid) == 1 else "")
-        args = [[var[t] for t in tensors] + (["SEQ_LEN"] if self.runtime_length else []),
-                [strides[t][d] for t in tensors for d in range(len(self.stride[t]))],
+        runtime = (["SEQ_LEN"] if self.runtime_length else []) + (
+            [str(self.k.forloop)] if self.f_count == "n_iter" else []) + [
+            strides[t][d] for t in self.runtime_strides for d in range(len(self.stride[t]))]
+        args = [[var[t] for t in tensors] + runtime,
+                [strides[t][d] for t in tensors if t not in self.runtime_strides
+                 for d in range(len(self.stride[t]))],
                 [f"{self.block_name[n]}={self.block[n]}" for n in sorted(self.block_name)]
                 + [f"num_warps={warps_for(self.k) or 16}", f"num_stages={stages_for(self.k)}"]]
         lines = [f"{self.fn_name}[({grid})]("]

@@ -31,7 +31,7 @@ import os
 import sys
 import tempfile
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -150,7 +150,8 @@ def _alloc(spec: TensorSpec, first: tuple[str, str] | None) -> str:
 
 
 def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = False,
-                  length_masks: frozenset[str] = frozenset()) -> str:
+                  length_masks: frozenset[str] = frozenset(),
+                  family: tuple[Mapping[str, set], frozenset[str]] | None = None) -> str:
     """The Python module (source text) running ``mugraph`` with Triton kernels and torch.
 
     ``header`` (e.g. the predicted cost) is added to the module's header comment.
@@ -161,6 +162,9 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
     ``length_masks``: causal mask tensors that are a shape family's length masks (True
     where ``col < L``): the kernels take L as the runtime argument ``seq_len`` (the module's
     ``SEQ_LEN``, set by the family's runner before each call), so one build serves every L.
+    ``family``: ({tensor: dynamic axes}, kernels whose loop grows) of a shape family's
+    plan: those tensors' strides and those loops' counts are runtime kernel arguments, so
+    the kernels' source (and Triton's binary) is the same at every padded size.
     """
     mg = mugraph.validate()
     specs = mg.tensors
@@ -171,9 +175,9 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
     for t in length_masks:
         rows, cols, _ = causal[t]
         causal[t] = (rows, cols, "(seq_len - 1)")
-    writers = {id(k): KernelWriter.write(k, specs, fn_names(f"{identifier(k.name)}_kernel"),
-                                         causal)
-               for k in custom}
+    writers = {id(k): KernelWriter.write(
+        k, specs, fn_names(f"{identifier(k.name)}_kernel"), causal,
+        None if family is None else (family[0], k.name in family[1])) for k in custom}
     host = Names(_HOST_RESERVED | fn_names.used)
     var = {name: host(name) for name in specs}
     names = list(mg.inputs)
@@ -292,7 +296,8 @@ def private_folder(directory: str | os.PathLike | None = None) -> Path:
 def compile_mugraph(mugraph: MuGraph, header: str = "",
                     directory: str | os.PathLike | None = None,
                     reuse_outputs: bool = False,
-                    length_masks: frozenset[str] = frozenset()) -> Callable:
+                    length_masks: frozenset[str] = frozenset(),
+                    family: tuple[Mapping[str, set], frozenset[str]] | None = None) -> Callable:
     """Generate, write and import the module of ``mugraph``; returns its ``run``.
 
     ``run(*tensors, **by_name)`` takes torch tensors (positionally in input order, by
@@ -302,10 +307,11 @@ def compile_mugraph(mugraph: MuGraph, header: str = "",
     them, so ``clone()`` what must be kept (off by default). The module is written to
     ``directory`` (default: a private per-user folder in the system's temp directory, see
     ``private_folder``) under a name derived from its content; ``run.source`` and
-    ``run.path`` give the text and the file.
+    ``run.path`` give the text and the file. ``length_masks`` and ``family``: see
+    ``triton_source``.
     Triton is imported here: on a CPU, set ``TRITON_INTERPRET=1`` before that.
     """
-    source = triton_source(mugraph, header, reuse_outputs, length_masks)
+    source = triton_source(mugraph, header, reuse_outputs, length_masks, family)
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     path = private_folder(directory) / f"mugraph_{digest}.py"
     if not path.exists() or path.read_text() != source:

@@ -3,10 +3,12 @@
 ``FamilyRunner(family, scaling)`` reads the size L from its inputs' dynamic axes (they
 must agree, and L must be in the size's range), builds the Triton module of the plan at
 L's padded size once per padded size (the length masks take L as a runtime argument, so
-every L of a padded size shares one build), zero-pads the dynamic inputs to the padded
-size, runs it, and returns the outputs cut to L. With ``engine="torch"`` it runs the plan
-as torch ops instead (``semantics.torch_reference``: the Dynamo backend's CPU path),
-one build per size L, the last ``TORCH_BUILDS`` kept.
+every L of a padded size shares one build; the kernels' source is the same at every padded
+size, with strides and loop counts as runtime arguments, so Triton compiles each kernel
+once per family and a new padded size costs a new launcher only), zero-pads the dynamic
+inputs to the padded size, runs it, and returns the outputs cut to L. With
+``engine="torch"`` it runs the plan as torch ops instead (``semantics.torch_reference``:
+the Dynamo backend's CPU path), one build per size L, the last ``TORCH_BUILDS`` kept.
 """
 
 from __future__ import annotations
@@ -78,9 +80,10 @@ class FamilyRunner:
             mg = self.scaling.at(lp)
             masks = frozenset(k.output for k in mg.kernels if k.kind == "predefined"
                               and is_length_mask(k.node, lp))
+            grows = (self.scaling.tensors, frozenset(self.scaling.loop))
             self.modules[lp] = compile_mugraph(
                 mg, header=f"shape family {self.family.name!r}: {self.dim} at padded size {lp}",
-                reuse_outputs=self.reuse_outputs, length_masks=masks)
+                reuse_outputs=self.reuse_outputs, length_masks=masks, family=grows)
         return self.modules[lp]
 
     def __call__(self, *args, **kwargs) -> dict:

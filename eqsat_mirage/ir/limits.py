@@ -91,3 +91,11 @@ def check_memory(values: Iterable[tuple[str, int]], bytes_per_element: int, what
                           f"with {n} elements ({fmt_bytes(n * bytes_per_element)} at "
                           f"{bytes_per_element} bytes per element)")
     return total
+
+
+def matmul_scratch(n, blocks: int = 1) -> int:
+    """Elements a finite-field matmul holds beside its operands and result: the float64
+    copy of both operands and one digit-product result per digit (3 at most below
+    2**15 terms; ``semantics.modular.matmul_mod``), over ``blocks`` blocks."""
+    return blocks * (sum(math.prod(s.shape) for s in n.srcs) + 3 * math.prod(n.shape) +
+                     3 * min(math.prod(s.shape) for s in n.srcs))

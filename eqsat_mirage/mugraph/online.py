@@ -135,13 +135,16 @@ def running_nodes(k, loop) -> list[Node]:
 _KEEPS_ZERO = (Op.TRANSPOSE, Op.RESHAPE)
 
 
-def causal_skip(k, causal: Mapping[str, tuple]) -> tuple[Any, tuple] | None:
+def causal_skip(k, causal: Mapping[str, tuple],
+                runtime_loop: bool = False) -> tuple[Any, tuple] | None:
     """(block input, (rows, cols, offset)) when kernel ``k`` may stop its loop at the last
     tile its causal mask keeps anything of: the mask's columns are the loop (fmap 1), its
     rows are not, and every accumulator's loop value is 0 (a sum) or -inf (a max) wherever
     the mask holds nowhere, so a fully masked tile changes nothing (a max stays, alpha is 1).
-    None otherwise. ``causal`` maps the causal mask tensors to their (rows, cols, offset)."""
-    if k.forloop < 2 or any(bo.stage == "loop" for bo in k.outputs.values()):
+    None otherwise. ``causal`` maps the causal mask tensors to their (rows, cols, offset);
+    ``runtime_loop``: the loop count is a launch argument (a shape family's kernel), so a
+    loop of one iteration at this size still gets the skip."""
+    if (k.forloop < 2 and not runtime_loop) or any(bo.stage == "loop" for bo in k.outputs.values()):
         return None
     found = [bi for bi in k.inputs.values() if bi.tensor in causal]
     if len(found) != 1 or found[0].fmap != 1:

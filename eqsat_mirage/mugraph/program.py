@@ -42,6 +42,7 @@ from typing import Any
 from ..frontend.graph import Graph
 from ..ir.check import check
 from ..ir.errors import MirageError, ShapeError
+from ..ir.limits import matmul_scratch
 from ..ir.node import Node, Op, canonical_dtype, fmt_shape, make, toposort
 from .facts import check_lax, degrees, reference
 from .io import FORMAT, _custom_from_dict, format_mugraph, graph_from_dict, to_dict
@@ -195,6 +196,10 @@ class MuGraph:
                 out += [(f"kernel {k.name!r}: block value {fmt_shape(n.shape)} x {blocks} blocks",
                          blocks * math.prod(n.shape))
                         for stage in (k.loop, k.post) for n in stage.nodes()]
+                out += [(f"kernel {k.name!r}: matmul {fmt_shape(n.shape)} x {blocks} blocks: "
+                         "exact digit products", matmul_scratch(n, blocks))
+                        for stage in (k.loop, k.post) for n in stage.nodes()
+                        if n.op is Op.MATMUL]
                 if k.forloop > 1:  # a summed loop matmul's operands, kept for every iteration
                     out += [(f"kernel {k.name!r}: matmul operands {fmt_shape(m.srcs[0].shape)} "
                              f"and {fmt_shape(m.srcs[1].shape)} x {blocks} blocks x "

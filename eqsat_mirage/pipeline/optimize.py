@@ -27,10 +27,10 @@ from ..egraph.extract import extract
 from ..egraph.rulefiles import builtin_rules_dir, load_rules, rule_paths
 from ..egraph.saturate import DEFAULT_PHASES, Limits, Saturator
 from ..ir.check import check, check_lax
-from ..ir.errors import LaxError, MirageError, TimeLimitError
+from ..ir.errors import BudgetError, LaxError, MirageError, TimeLimitError
 from ..ir.limits import Deadline, check_memory
 from ..verifier.runner import THREADS, footprint
-from ..verifier.verify import verify
+from ..verifier.verify import VerifyResult, verify
 from .build import Builder
 from .result import OptimizeResult
 
@@ -235,8 +235,12 @@ def _check_input(graph, program, lax: bool, vopts):
 def _verify(graph, program, vopts, trials: int | None = None):
     """``em.verify`` with optimize's trials (at least), seed, ``max_bound`` and deadline."""
     t, seed, max_bound, memo, deadline = vopts  # memo: the input program's outputs, once
-    return verify(graph, program, trials=t if trials is None else trials, seed=seed,
-                  max_bound=max_bound, memo=memo, float_first=True, time_limit_s=deadline)
+    try:
+        return verify(graph, program, trials=t if trials is None else trials, seed=seed,
+                      max_bound=max_bound, memo=memo, float_first=True, time_limit_s=deadline)
+    except BudgetError as exc:  # this candidate is too large to check: the next one may fit
+        return VerifyResult(False, 1.0, reason=f"not checked: {exc}", inconclusive=True,
+                            max_bound=max_bound)
 
 
 def _kernel_level(graph, cands, hw, lax, vopts, progress, stats) -> OptimizeResult:

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from ..ir.errors import TimeLimitError
-from ..ir.limits import Deadline
+from ..ir.limits import Deadline, matmul_scratch
 from ..ir.node import fmt_shape
 
 THREADS = max(1, min(4, os.cpu_count() or 1))  # field trials / float evaluations at once
@@ -70,5 +70,8 @@ def footprint(program) -> list[tuple[str, int]]:
     as the tiled interpreter holds them) of a MuGraph."""
     if hasattr(program, "footprint"):
         return program.footprint()
-    return [(f"node {n.op.name.lower()} {fmt_shape(n.shape)}" + (f" {n.arg!r}" if
-             n.op.name == "INPUT" else ""), math.prod(n.shape)) for n in program.nodes()]
+    out = [(f"node {n.op.name.lower()} {fmt_shape(n.shape)}" + (f" {n.arg!r}" if
+            n.op.name == "INPUT" else ""), math.prod(n.shape)) for n in program.nodes()]
+    return out + [(f"matmul {fmt_shape(n.shape)}: exact digit products", matmul_scratch(n))
+                  for n in program.nodes() if n.op.name == "MATMUL"]
+

@@ -133,6 +133,12 @@ def test_a_plan_reading_the_dynamic_dim_whole_does_not_scale_and_the_search_avoi
     assert scaling(from_graph(padded), g.dynamic, "L", 64).granule == 1
 
 
+def _kernels(source: str) -> str:
+    """The @triton.jit functions of a generated module (everything up to its launcher)."""
+    start = source.index("@triton.jit")
+    return source[start:source.index("\ndef _bind", start)]
+
+
 def test_compiled_family_runs_every_size_through_triton(family_result):
     torch = pytest.importorskip("torch")
     pytest.importorskip("triton")
@@ -148,6 +154,10 @@ def test_compiled_family_runs_every_size_through_triton(family_result):
         assert torch.allclose(got, want, atol=2e-2, rtol=2e-2), n
     # lengths in one padded size share one build: L is a runtime argument
     assert len(fn.modules) == len({family_result.scaling.padded(n) for n in (256, 257, 5, 300)})
+    # and every padded size runs the same kernels: strides and loop counts are arguments
+    kernels = {lp: _kernels(run.source) for lp, run in fn.modules.items()}
+    assert len(kernels) >= 2 and len(set(kernels.values())) == 1, kernels
+    assert "n_iter" in next(iter(kernels.values())) or not family_result.scaling.loop
     with pytest.raises(em.DynamicShapeError, match="disagree"):
         fn(torch.randn(2, 32, 64).half(), torch.randn(2, 64, 9).half(),
            torch.randn(2, 8, 64).half())
