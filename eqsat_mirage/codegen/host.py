@@ -91,10 +91,17 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def bind_source(inputs: Sequence[str], reuse: bool) -> str:
+_SAME = "        if tuple(x.shape) != shape:\n"
+_SHORT = ("        if len(x.shape) != len(shape) or any(\n"
+          "                g != w and not (a in SHORT.get(name, ()) and 0 < g <= w)\n"
+          "                for a, (g, w) in enumerate(zip(x.shape, shape))):\n")
+
+
+def bind_source(inputs: Sequence[str], reuse: bool, short: bool = False) -> str:
     """``_CHECKED``, ``_bind``, ``_signature`` and ``_check`` of a module whose inputs are
     the host variables ``inputs`` (in INPUTS order); ``reuse``: entries carry the
-    buffers of ``_buffers``."""
+    buffers of ``_buffers``; ``short``: inputs may be shorter along the axes ``SHORT``
+    names (a shape family's inputs, read masked)."""
     n = len(inputs)
     buffers = "[, the buffers _buffers allocated]" if reuse else ""
     out = ["# input signature -> (device, the inputs' strides, flattened"
@@ -129,7 +136,7 @@ def bind_source(inputs: Sequence[str], reuse: bool) -> str:
     out += [f"        if len(_CHECKED) < {MAX_SIGNATURES}:",
             "            _CHECKED[key] = entry",
             "    return tensors, entry"]
-    return "\n".join(out) + "\n" + _CHECK
+    return "\n".join(out) + "\n" + (_CHECK.replace(_SAME, _SHORT) if short else _CHECK)
 
 
 def unpack(names: Sequence[str], value: str, indent: str = "    ") -> list[str]:

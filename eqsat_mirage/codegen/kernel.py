@@ -39,7 +39,7 @@ class KernelWriter(TileOps):
     def __init__(self, k: CustomKernel, specs: Mapping[str, TensorSpec], fn_name: str,
                  block: dict[int, int] | None = None,
                  causal: Mapping[str, tuple] | None = None,
-                 family: tuple[Mapping[str, set], bool] | None = None) -> None:
+                 family: tuple[Mapping[str, set], bool, frozenset] | None = None) -> None:
         self.k, self.specs, self.fn_name = k, specs, fn_name
         self.causal = dict(causal or {})  # tensor -> (rows, cols, offset): computed, not read
         # a length mask's offset is "(seq_len - 1)", L a runtime argument (shape families)
@@ -47,8 +47,11 @@ class KernelWriter(TileOps):
                                   for t, c in self.causal.items())
         # a shape family's kernel: the strides of tensors with a dynamic axis and a loop that
         # grows with the size are runtime arguments, so every padded size runs one binary
-        dynamic, grows = family or ({}, False)
+        dynamic, grows, short = family or ({}, False, frozenset())
         self.family, self.dynamic = family is not None, dynamic
+        self.short = set(short) & set(k.reads())  # inputs read unpadded, masked at L
+        self.bounds: dict[str, str] = {}  # pointers -> positions-below-L condition
+        self.runtime_length = self.runtime_length or bool(self.short)
         self.looped = k.forloop > 1 or grows
         self.f_count = "n_iter" if grows else str(k.forloop)
         names = Names()
@@ -72,11 +75,12 @@ class KernelWriter(TileOps):
     @classmethod
     def write(cls, k: CustomKernel, specs: Mapping[str, TensorSpec],
               fn_name: str, causal: Mapping[str, tuple] | None = None,
-              family: tuple[Mapping[str, set], bool] | None = None) -> KernelWriter:
+              family: tuple[Mapping[str, set], bool, frozenset] | None = None) -> KernelWriter:
         """A writer whose ``text`` is the kernel's source (``launch`` gives its launch);
         tiles of the ``causal`` tensors are computed from their positions, not loaded.
-        ``family``: ({tensor: dynamic axes}, whether this kernel's loop grows) for a shape
-        family's kernel, whose source is then the same at every padded size."""
+        ``family``: ({tensor: dynamic axes}, whether this kernel's loop grows, the inputs
+        read unpadded) for a shape family's kernel, whose source is then the same at every
+        padded size; loads of an unpadded input are masked past L (``seq_len``)."""
         writer = cls(k, specs, fn_name, causal=causal, family=family)
         writer.text = writer.source()
         block = writer.bumped()
@@ -101,23 +105,33 @@ class KernelWriter(TileOps):
                                                              else "")
         section.append(f"# {comment} {maps}".rstrip())
         dims = squeezed(shape)
-        terms, r = [], 0
+        terms, r, bounds = [], 0, []
+        short = self.dynamic.get(tensor, ()) if tensor in self.short else ()
         for d, size in enumerate(shape):
             stride = self.stride[tensor][d]
             # a dim in both imap and fmap: each block's part is F tiles long
             step = self._step(full[d], d == fmap)
             base = ([f"{self.pid[imap[d]]} * {step}" if step != "1" else self.pid[imap[d]]]
                     if d in imap else []) + ([str(shift[d])] if shift.get(d) else [])
+            walk = [f"f * {full[d]}"] if d == fmap and self.looped else []
             if size > 1:
                 offs = self.names(f"offs_{tile}_{d}")
                 start = "".join(f"{b} + " for b in base)
                 self.emit(section, offs, f"{start}tl.arange(0, {self.bname(size)})")
                 terms.append(f"{offs}{index(r, len(dims))} * {stride}")
+                pos = [f"{offs}{index(r, len(dims))}"]
                 r += 1
-            elif base:
-                start = " + ".join(base)
-                terms.append(f"({start}) * {stride}" if len(base) > 1 else f"{start} * {stride}")
+            else:
+                pos = base or ["0"]
+                if base:
+                    start = " + ".join(base)
+                    terms.append(f"({start}) * {stride}" if len(base) > 1 else
+                                 f"{start} * {stride}")
+            if d in short:  # read unpadded: positions at or past L read as 0
+                bounds.append(f"({' + '.join(pos + walk)} < seq_len)")
         ptrs = self.names(f"{tile}_ptrs")
+        if bounds:
+            self.bounds[ptrs] = " & ".join(bounds)
         line = f"{ptrs} = " + " + ".join([self.ptr[tensor]] + terms)
         if len(line) > 96:  # one term per line, tutorial style
             pad = " " * (len(ptrs) + 4)
@@ -158,12 +172,18 @@ class KernelWriter(TileOps):
                               f"in {name}: {_short(node.dtype)}{list(node.shape)} <- "
                               f"{bi.tensor}{self.shown(bi.tensor)}")
         var = self.names(name)
-        mask = self.full_mask(squeezed(node.shape))
+        mask = self._load_mask(ptrs, squeezed(node.shape))
         other = "0" if node.dtype == "bool" else "0.0"
         expr = f"tl.load({ptrs}, mask={mask}, other={other})" if mask else f"tl.load({ptrs})"
         self.emit(load, var, expr)
         self.tiles[name] = Val(var, node.shape, node.dtype)
         return self.tiles[name]
+
+    def _load_mask(self, ptrs: str, dims: tuple[int, ...]) -> str | None:
+        """A load's mask: the block's padding lanes, and the positions past L of a shape
+        family's input read unpadded."""
+        parts = [m for m in (self.full_mask(dims), self.bounds.get(ptrs)) if m]
+        return " & ".join(parts) or None
 
     def split_input(self, src: Node, axis: int, sizes: list[int]) -> Val | None:
         """Block input ``src`` loaded part by part, each at its offset along ``axis``."""
@@ -201,7 +221,7 @@ class KernelWriter(TileOps):
                               bi.fmap, f"{label}: {bi.tensor}{self.shown(bi.tensor)} at offset "
                               f"{start} of axis {axis}", full=src.shape, shift={axis: start})
         var = self.names(f"{src.arg}_s{start}")
-        mask = self.full_mask(squeezed(node.shape))
+        mask = self._load_mask(ptrs, squeezed(node.shape))
         expr = f"tl.load({ptrs}, mask={mask}, other=0.0)" if mask else f"tl.load({ptrs})"
         self.emit(load, var, expr)
         self.tiles[key] = Val(var, node.shape, node.dtype)

@@ -151,7 +151,8 @@ def _alloc(spec: TensorSpec, first: tuple[str, str] | None) -> str:
 
 def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = False,
                   length_masks: frozenset[str] = frozenset(),
-                  family: tuple[Mapping[str, set], frozenset[str]] | None = None) -> str:
+                  family: tuple[Mapping[str, set], frozenset[str], frozenset[str]] | None = None
+                  ) -> str:
     """The Python module (source text) running ``mugraph`` with Triton kernels and torch.
 
     ``header`` (e.g. the predicted cost) is added to the module's header comment.
@@ -162,9 +163,11 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
     ``length_masks``: causal mask tensors that are a shape family's length masks (True
     where ``col < L``): the kernels take L as the runtime argument ``seq_len`` (the module's
     ``SEQ_LEN``, set by the family's runner before each call), so one build serves every L.
-    ``family``: ({tensor: dynamic axes}, kernels whose loop grows) of a shape family's
-    plan: those tensors' strides and those loops' counts are runtime kernel arguments, so
-    the kernels' source (and Triton's binary) is the same at every padded size.
+    ``family``: ({tensor: dynamic axes}, kernels whose loop grows, inputs read unpadded)
+    of a shape family's plan: those tensors' strides and those loops' counts are runtime
+    kernel arguments, so the kernels' source (and Triton's binary) is the same at every
+    padded size; the unpadded inputs may be shorter than the plan's padded size along
+    their dynamic axes (``SHORT``), and the kernels' loads past L read 0.
     """
     mg = mugraph.validate()
     specs = mg.tensors
@@ -177,7 +180,10 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
         causal[t] = (rows, cols, "(seq_len - 1)")
     writers = {id(k): KernelWriter.write(
         k, specs, fn_names(f"{identifier(k.name)}_kernel"), causal,
-        None if family is None else (family[0], k.name in family[1])) for k in custom}
+        None if family is None else (family[0], k.name in family[1], family[2]))
+        for k in custom}
+    short = {n: tuple(sorted(family[0][n])) for n in (family[2] if family else ())
+             if n in mg.inputs}
     host = Names(_HOST_RESERVED | fn_names.used)
     var = {name: host(name) for name in specs}
     names = list(mg.inputs)
@@ -201,13 +207,16 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
     lines += ["OUTPUTS = {"] + _specs(mg.outputs) + ["}"]
     lines += [f"NEEDS_TRITON = {bool(custom)}",
               *(["SEQ_LEN = 1  # a shape family's size L: its runner sets it before each call"]
-                if length_masks else []),
+                if length_masks or short else []),
+              *([f"SHORT = {short!r}  # input -> axes it may be shorter along (read masked)"]
+                if short else []),
               f"REUSE_OUTPUTS = {bool(reuse_outputs)}  # "
               + ("outputs allocated once per input signature, overwritten by the next call"
                  if reuse_outputs else "every call allocates its outputs")]
     for k in custom:
         lines += ["", "", writers[id(k)].text.rstrip("\n")]
-    lines += ["", "", bind_source([var[n] for n in names], reuse_outputs).rstrip("\n")]
+    lines += ["", "", bind_source([var[n] for n in names], reuse_outputs,
+                                  bool(short)).rstrip("\n")]
     buffers = [var[t] for t in written] if reuse_outputs else []
     if reuse_outputs:
         params = ", ".join(["device"] + [var[n] for n in names])
@@ -297,7 +306,8 @@ def compile_mugraph(mugraph: MuGraph, header: str = "",
                     directory: str | os.PathLike | None = None,
                     reuse_outputs: bool = False,
                     length_masks: frozenset[str] = frozenset(),
-                    family: tuple[Mapping[str, set], frozenset[str]] | None = None) -> Callable:
+                    family: tuple[Mapping[str, set], frozenset[str], frozenset[str]] | None = None
+                    ) -> Callable:
     """Generate, write and import the module of ``mugraph``; returns its ``run``.
 
     ``run(*tensors, **by_name)`` takes torch tensors (positionally in input order, by

@@ -5,8 +5,9 @@ must agree, and L must be in the size's range), builds the Triton module of the 
 L's padded size once per padded size (the length masks take L as a runtime argument, so
 every L of a padded size shares one build; the kernels' source is the same at every padded
 size, with strides and loop counts as runtime arguments, so Triton compiles each kernel
-once per family and a new padded size costs a new launcher only), zero-pads the dynamic
-inputs to the padded size, runs it, and returns the outputs cut to L. With
+once per family and a new padded size costs a new launcher only), runs it on the inputs
+as they are (the kernels' loads past L read 0; an input a torch op reads is zero-padded
+to the padded size by a copy first), and returns the outputs cut to L. With
 ``engine="torch"`` it runs the plan as torch ops instead (``semantics.torch_reference``:
 the Dynamo backend's CPU path), one build per size L, the last ``TORCH_BUILDS`` kept.
 """
@@ -34,6 +35,12 @@ class FamilyRunner:
         self.dim = family.dims[scaling.dim]
         self.names = list(family.inputs)
         self.modules: dict[int, object] = {}  # padded size -> generated module's run
+        # dynamic inputs only custom kernels read go in unpadded (their loads are masked
+        # at L); one a torch op reads is zero-padded by a copy first
+        torch_reads = {t for k in scaling.mg.kernels if k.kind == "predefined"
+                       for t in k.reads()}
+        self.short = frozenset(n for n in family.dynamic if n not in torch_reads) \
+            if engine == "triton" else frozenset()
 
     def _bind(self, args: tuple, kwargs: Mapping) -> dict:
         if len(args) == 1 and not kwargs and isinstance(args[0], Mapping):
@@ -80,7 +87,7 @@ class FamilyRunner:
             mg = self.scaling.at(lp)
             masks = frozenset(k.output for k in mg.kernels if k.kind == "predefined"
                               and is_length_mask(k.node, lp))
-            grows = (self.scaling.tensors, frozenset(self.scaling.loop))
+            grows = (self.scaling.tensors, frozenset(self.scaling.loop), self.short)
             self.modules[lp] = compile_mugraph(
                 mg, header=f"shape family {self.family.name!r}: {self.dim} at padded size {lp}",
                 reuse_outputs=self.reuse_outputs, length_masks=masks, family=grows)
@@ -95,6 +102,9 @@ class FamilyRunner:
         lp = self.scaling.padded(length)
         padded = {}
         for name, x in tensors.items():
+            if name in self.short:
+                padded[name] = x
+                continue
             pad: list[int] = []
             for a in reversed(range(x.dim())):
                 grow = lp - x.shape[a] if a in self.family.dynamic.get(name, {}) else 0

@@ -1,6 +1,8 @@
 """Shape families: em.Dim, the padded masked program, scaling, verification at sizes, and
 running any size through Triton (CPU interpreter)."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -158,6 +160,10 @@ def test_compiled_family_runs_every_size_through_triton(family_result):
     kernels = {lp: _kernels(run.source) for lp, run in fn.modules.items()}
     assert len(kernels) >= 2 and len(set(kernels.values())) == 1, kernels
     assert "n_iter" in next(iter(kernels.values())) or not family_result.scaling.loop
+    # K and V go in as they are (no padding copy): their loads are masked at L
+    assert fn.short == {"K", "V"}
+    assert re.search(r"tl\.load\(K_ptrs, mask=\(offs_K_\d+\[None, :\] \+ f \* \d+ < seq_len\)",
+                     next(iter(kernels.values())))
     with pytest.raises(em.DynamicShapeError, match="disagree"):
         fn(torch.randn(2, 32, 64).half(), torch.randn(2, 64, 9).half(),
            torch.randn(2, 8, 64).half())
