@@ -117,6 +117,41 @@ def run(name: str, dtype: str = "float32", impl: str = "sdpa", time_limit_s: flo
             "eager": s["eager"], "backend": be}
 
 
+def decode(steps: int = 4, dynamic=None, time_limit_s: float = 30.0, cache=None) -> dict:
+    """A 2-layer LlamaForCausalLM decoding ``steps`` tokens through torch.compile after an
+    eager 64-token prefill: its DynamicCache grows by one per step (torch.cat, a size
+    formula Dynamo computes as s + 1). Each step's logits against eager's on a copy of
+    the cache; the figures of one row."""
+    import copy
+
+    import torch
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    mod = LlamaForCausalLM(llama_config("sdpa")).eval()
+    torch._dynamo.reset()
+    be = em.backend(time_limit_s=time_limit_s, warn=False,
+                    **({"cache": cache} if cache is not None else {}))
+    step = torch.compile(lambda i, c: mod(i, past_key_values=c).logits, backend=be,
+                         dynamic=dynamic)
+    errors, seconds = [], []
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = mod(torch.randint(0, VOCAB, (1, SEQ)), use_cache=True)
+        mine, theirs = copy.deepcopy(out.past_key_values), out.past_key_values
+        token = out.logits[:, -1:].argmax(-1)
+        for _ in range(steps):
+            t = time.perf_counter()
+            got = step(token, mine)
+            seconds.append(time.perf_counter() - t)
+            want = mod(token, past_key_values=theirs).logits
+            errors.append(float((got - want).abs().max() / want.abs().max()))
+            token = want[:, -1:].argmax(-1)
+    fams = [e for e in be.report if e.graph is not None and e.graph.is_family]
+    return {"errors": errors, "seconds": seconds, "summary": be.summary(), "families": fams,
+            "report": be.report}
+
+
 CASES = [("llama_layer", "float32", "sdpa"), ("llama_layer", "float16", "sdpa"),
          ("llama_layer", "float32", "eager"), ("gpt2_block", "float32", "sdpa"),
          ("gpt2_block", "float16", "eager"), ("llama_model", "float32", "sdpa")]

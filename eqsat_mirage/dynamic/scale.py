@@ -79,15 +79,24 @@ class Scaling:
         return mg.validate()
 
 
-def _remake(node: Node, specs, lp0: int, lp: int, length: int) -> Node:
+def _remake(node: Node, specs, lp0: int, lp: int, length: int,
+            memo: dict | None = None) -> Node:
+    """``node`` (a predefined kernel's op) at padded size ``lp``: operands at their new
+    shapes (one node per operand tensor), the length mask at ``length - 1``."""
+    memo = {} if memo is None else memo
+    if id(node) in memo:
+        return memo[id(node)]
     if node.op is Op.INPUT:
-        return Node(Op.INPUT, (), node.arg, specs[node.arg].shape, node.dtype, node.loc)
-    if node.op is Op.CONST:
-        return node
-    if is_length_mask(node, lp0):
-        return make(Op.CAUSAL, (), (1, lp, length - 1))
-    srcs = tuple(_remake(s, specs, lp0, lp, length) for s in node.srcs)
-    return remake(node, srcs, {"size": lp0}, {"size": lp})
+        out = Node(Op.INPUT, (), node.arg, specs[node.arg].shape, node.dtype, node.loc)
+    elif node.op is Op.CONST:
+        out = node
+    elif is_length_mask(node, lp0):
+        out = make(Op.CAUSAL, (), (1, lp, length - 1))
+    else:
+        srcs = tuple(_remake(s, specs, lp0, lp, length, memo) for s in node.srcs)
+        out = remake(node, srcs, {"size": lp0}, {"size": lp})
+    memo[id(node)] = out
+    return out
 
 
 def _custom(k: CustomKernel, dyn: Mapping[str, set[int]]) -> tuple[set[int], bool]:

@@ -60,7 +60,7 @@ from ..frontend.graph import Graph, Tensor
 from ..ir.errors import MirageError
 from ..pipeline.whole import improved, optimize, unchanged_reason
 from .runtime import OptimizedPartition, uses_triton
-from .specs import SymbolicSizes, computes, empty, node_spec
+from .specs import SymbolicSizes, computes, empty, node_spec, split_runs
 
 __all__ = ["Backend", "PartitionReport", "backend", "mutation", "node_spec"]
 
@@ -244,7 +244,11 @@ class Backend:
         support = _Support(gm, sizes)
         part = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
         try:
-            parts = [p for p in part.propose_partitions() if len(p.nodes) >= self.min_ops]
+            parts = part.propose_partitions()
+            if sizes.family:  # the ops touching the symbolic size: families of their own
+                parts = split_runs(parts, gm, sizes.touches)
+            parts = [p for p in parts if len(p.nodes) >= self.min_ops
+                     or (sizes.family and sizes.touches(next(iter(p.nodes))))]
         except Exception as exc:  # noqa: BLE001 - the partitioner failed: the graph runs eagerly
             self._warn(f"partitioning failed ({type(exc).__name__}: {exc}): the graph runs "
                        "eagerly")

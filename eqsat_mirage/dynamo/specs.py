@@ -33,7 +33,7 @@ from torch import fx
 from ..ir.dims import Dim
 from ..ir.node import ALL_DTYPES
 
-__all__ = ["SymbolicSizes", "computes", "empty", "node_spec", "values"]
+__all__ = ["SymbolicSizes", "computes", "empty", "node_spec", "split_runs", "values"]
 
 
 def values(node: fx.Node) -> list:
@@ -80,6 +80,27 @@ def dim_name(expr: Any) -> str:
     text = str(expr).replace("+", " plus ").replace("*", " times ").replace("-", " minus ")
     name = re.sub(r"\W+", "_", text).strip("_")
     return name if name.isidentifier() else f"size_{name}"
+
+
+def split_runs(parts: list, gm: fx.GraphModule, kind) -> list:
+    """Each partition of ``parts`` cut into runs of consecutive nodes (in ``gm``'s order)
+    of equal ``kind(node)``. The runs of a partition follow each other in topological
+    order, so no path leads from a later run back to an earlier one: the fused graph
+    stays acyclic."""
+    from torch.fx.passes.infra.partitioner import Partition
+
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    out = []
+    for p in parts:
+        runs: list[tuple[bool, list]] = []
+        for n in sorted(p.nodes, key=order.__getitem__):
+            k = kind(n)
+            if runs and runs[-1][0] == k:
+                runs[-1][1].append(n)
+            else:
+                runs.append((k, [n]))
+        out += [Partition(id=len(out) + i, nodes=ns) for i, (_, ns) in enumerate(runs)]
+    return out
 
 
 class SymbolicSizes:
@@ -209,6 +230,13 @@ class SymbolicSizes:
             h = self.hint(e)
             out[e] = by_hint.setdefault(h, Dim(dim_name(e), hint=h))
         return out
+
+    def touches(self, node: fx.Node) -> bool:
+        """Whether ``node`` reads or produces a tensor with a family size."""
+        vals = values(node) + [v for src in node.all_input_nodes for v in values(src)]
+        return any(isinstance(v, torch.Tensor) and not all(isinstance(e, int)
+                                                           for e in self.shape(v))
+                   for v in vals)
 
     def describe(self) -> str:
         """One line: the family size(s) and the specialized ones, for warnings."""

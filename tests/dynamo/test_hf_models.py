@@ -73,3 +73,22 @@ def test_summary_warning_names_the_partitions():
     with torch.no_grad():
         want = first(fn(*args))
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_llama_decoding_with_a_growing_cache_through_automatic_dynamic_shapes():
+    """Dynamo's defaults: the first decode step compiles static, the second recompiles with
+    the cache length symbolic. The cache's torch.cat (length s + 1) stays eager; each
+    layer's attention over the cache is a family of its own (one search), the projections
+    and MLP around it static programs; every step equals eager."""
+    from bench.hf_models import decode
+
+    r = decode(steps=4)
+    assert max(r["errors"]) <= TOLERANCE["float32"], r["errors"]
+    graphs = r["summary"]["graphs"]
+    assert [g["sizes"].startswith("symbolic size") for g in graphs] == [False, True]
+    dyn = graphs[1]
+    assert dyn["optimized_ops"] >= 0.85 * dyn["compute_ops"], dyn["eager"]
+    assert any("is computed from the symbolic size" in e for e in dyn["eager"])  # the cat
+    fams = [e for e in r["families"] if e.status == "optimized"]
+    assert len(fams) == 2 and all(e.calls == 3 and e.eager_calls == 0 for e in fams)
+    assert all(all(e.result.stats["family"]["verified_sizes"].values()) for e in fams)

@@ -134,7 +134,9 @@ def test_runtime_failure_falls_back_with_warning(monkeypatch):
             raise RuntimeError("kernel exploded")
         return fn
 
-    monkeypatch.setattr(torch_backend, "torch_reference", broken)
+    from eqsat_mirage.dynamo import runtime
+
+    monkeypatch.setattr(runtime, "torch_reference", broken)
     torch.manual_seed(0)
     with pytest.warns(UserWarning, match="kernel exploded"):
         be = _run(LoRALinear().eval(), torch.randn(2, 8))

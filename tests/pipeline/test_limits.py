@@ -77,8 +77,8 @@ def test_a_huge_matmul_is_refused_before_anything_is_allocated():
     g.output(x @ w, "y")
     t = time.perf_counter()
     for run in (lambda: em.verify(g, g), lambda: em.optimize(g, cache=False)):
-        with pytest.raises(em.BudgetError, match=r"input \(30000, 30000\) 'x'.*900000000 "
-                                                 r"elements"):
+        with pytest.raises(em.BudgetError, match=r"over the memory budget.*the largest value "
+                                                 r"is (node input|matmul) \(30000, 30000\)"):
             run()
     assert time.perf_counter() - t < 5.0  # refused up front, not after a search
 
