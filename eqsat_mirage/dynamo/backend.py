@@ -240,7 +240,12 @@ class Backend:
                        + (f" at {loc}" if loc else "") + "): it runs eagerly")
             return gm.forward
         self._ensure_specs(gm, example_inputs)
-        sizes = SymbolicSizes(gm)
+        try:
+            sizes = SymbolicSizes(gm)
+        except Exception as exc:  # noqa: BLE001 - Dynamo's shape environment changed shape
+            self._warn(f"reading the graph's symbolic sizes failed ({type(exc).__name__}: "
+                       f"{exc}): the graph runs eagerly")
+            return gm.forward
         support = _Support(gm, sizes)
         part = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
         try:

@@ -56,18 +56,25 @@ class OptimizedPartition(torch.nn.Module):
 
     def _adopt(self, symbol: Any, feed: dict) -> bool:
         """A call moved specialized size ``symbol``: search again with it as the family
-        size (once per partition) and adopt that program; whether it serves ``feed``."""
+        size (once per partition) and adopt that program if it serves ``feed`` (it holds
+        the other sizes at their first values; when this call moved one of those too, the
+        program found first stays). Returns whether the program now serves ``feed``."""
         replan, self.replan = self.replan, None
         new = replan(symbol)
         if new is None:
             self.entry.replan = f"searching with {symbol} symbolic failed"
             return False
-        held = self.entry.calls
-        self.entry.__dict__.update(new.entry.__dict__, calls=held, replan=f"symbolic {symbol}")
+        why = new.unserved(feed)
+        if why:
+            self.entry.replan = f"the search with {symbol} symbolic does not serve it ({why})"
+            return False
+        keep = {k: getattr(self.entry, k) for k in ("calls", "eager_calls")}
+        keep["seconds"] = self.entry.seconds + new.entry.seconds
+        self.entry.__dict__.update(new.entry.__dict__, **keep, replan=f"symbolic {symbol}")
         for key in ("sources", "outs", "single", "expect", "held"):
             setattr(self, key, getattr(new, key))
         self._fns = new._fns
-        return not self.unserved(feed)
+        return True
 
     def _fn(self, device: torch.device) -> Any:
         triton = uses_triton(device)

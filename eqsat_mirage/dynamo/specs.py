@@ -127,8 +127,10 @@ class SymbolicSizes:
         expr = env.simplify(d.node.expr)
         if expr.is_number:
             return None
+        known = getattr(env, "backed_var_to_val", None)
+        known = env.var_to_val if known is None else known
         for s in expr.free_symbols:
-            value = env.var_to_val.get(s)
+            value = known.get(s)
             if value is None:
                 self.unbacked.add(s)
             else:

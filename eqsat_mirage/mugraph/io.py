@@ -146,6 +146,13 @@ def graph_to_dict(graph: Graph) -> dict:
 
 def graph_from_dict(data: Mapping) -> Graph:
     """Rebuild a Graph from ``graph_to_dict`` output, re-inferring every shape."""
+    return _graph_and_nodes(data)[0]
+
+
+def _graph_and_nodes(data: Mapping) -> tuple[Graph, list[Node]]:
+    """The Graph of ``graph_to_dict`` output and its nodes in the order they were written
+    (what node indices such as a thread chain's refer to: the graph's own ``nodes()``
+    order follows its outputs' order, which a JSON store with sorted keys changes)."""
     g = Graph(data["name"])
     for inp in data["inputs"]:
         g.input(inp["name"], inp["shape"], inp["dtype"])
@@ -164,7 +171,7 @@ def graph_from_dict(data: Mapping) -> Graph:
                                f"{node.dtype}{fmt_shape(node.shape)}")
         nodes.append(node)
     g.outputs = {name: nodes[i] for name, i in data["outputs"].items()}
-    return g
+    return g, nodes
 
 
 def _map_json(m: Mapping[int, int]) -> list[list[int]]:
@@ -208,7 +215,8 @@ def _custom_from_dict(d: Mapping) -> CustomKernel:
     for b in d["inputs"]:
         k.inputs[b["name"]] = BlockInput(b["name"], b["tensor"], {int(x): int(a) for x, a in
                                                                   b["imap"]}, b["fmap"])
-    k.loop, k.post = graph_from_dict(d["loop"]), graph_from_dict(d["post"])
+    (k.loop, loop_nodes), (k.post, post_nodes) = (_graph_and_nodes(d[st])
+                                                  for st in ("loop", "post"))
     k.accumulators = list(d["accumulators"])
     k.maxima = [str(a) for a in d.get("maxima", [])]
     if d.get("num_warps") is not None:
@@ -221,6 +229,6 @@ def _custom_from_dict(d: Mapping) -> CustomKernel:
                                              {int(x): int(a) for x, a in o["omap"]}, o["fmap"],
                                              o.get("dtype"))
     for th in d.get("threads", []):
-        nodes = k.stage(th["stage"]).nodes()
+        nodes = {"loop": loop_nodes, "post": post_nodes}.get(th["stage"], [])
         k.threads.append((th["stage"], tuple(nodes[i] for i in th["nodes"])))
     return k

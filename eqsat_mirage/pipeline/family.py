@@ -12,11 +12,14 @@
    refuses the largest size, the largest verified moves halfway to the hint until it fits
    (``stats["family"]["over_budget"]`` names each refused size).
 5. ``FamilyResult``: the plan at the hint, its costs at several sizes, and ``compile()``,
-   a callable that reads the size from its inputs.
+   a callable that reads the size from its inputs. It is stored in the results cache
+   under the family's own key (its program, sizes and options); a hit tagged by this
+   user skips the search and the verification at sizes, as a static program's hit does.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 
@@ -29,6 +32,7 @@ from ..ir.dims import DynamicShapeError
 from ..ir.errors import BudgetError
 from ..mugraph.program import from_graph
 from ..verifier.verify import verify
+from .cache import lookup, make_key, open_cache, program_text, store_result
 from .optimize import optimize as optimize_piece
 from .result import OptimizeResult
 
@@ -108,6 +112,39 @@ def _verify_sizes(graph, sc: Scaling, dim, opts: dict, refused: dict) -> tuple[d
     return verdicts, hint_verdict
 
 
+def _family_entry(graph, padded, target, kwargs: dict) -> tuple:
+    """The results cache and this family's key in it (None, None: no cache). The key
+    covers the padded program (so the padded size and the masks), the family's own
+    program and sizes, and every option."""
+    cache = kwargs.get("cache", True)
+    store = open_cache(cache) if cache is not None and cache is not False else None
+    if store is None:
+        return None, None
+    opts = {k: v for k, v in kwargs.items() if k not in ("cache", "progress")}
+    opts.update(target=target, family=program_text(graph), dims=[
+        str(d) for d in graph.dims.values()], dynamic=sorted(
+            (n, sorted(ax.items())) for n, ax in graph.dynamic.items()))
+    return store, make_key(padded, opts)
+
+
+def _from_hit(hit, graph, dim, lp0: int) -> FamilyResult | None:
+    """The FamilyResult of a cache hit (the stored plan at ``lp0`` and its family record;
+    JSON made the sizes strings), or None when the record does not fit."""
+    fam = dict(hit.stats["family"])
+    try:
+        for name in ("verified_sizes", "bounds", "cost_us", "over_budget"):
+            fam[name] = {int(k): v for k, v in fam.get(name, {}).items()}
+        sc = scaling(hit.program, graph.dynamic, dim.name, lp0)
+    except (ValueError, TypeError, AttributeError, DynamicShapeError):
+        return None
+    if not fam["verified_sizes"] or not all(fam["verified_sizes"].values()):
+        return None
+    out = FamilyResult(sc.mg, hit.cost_us, hit.baseline_cost_us, hit.verified,
+                       {**hit.stats, "family": fam}, [], graph, hit.roofline_us)
+    out.scaling, out.family = sc, graph
+    return out
+
+
 def optimize_family(graph, target="h100", progress=None, **kwargs) -> FamilyResult:
     """``em.optimize`` of family ``graph`` (see the module docstring); the keywords are
     ``optimize``'s."""
@@ -126,6 +163,15 @@ def optimize_family(graph, target="h100", progress=None, **kwargs) -> FamilyResu
     padded = padded_graph(plan, {dim.name: lp0}, {dim.name: dim.hint})
     say(f"family {graph.name!r}: size {dim}, planned at {dim.name}={lp0} with "
         f"{len(plan.masks)} length mask(s)")
+    store, key = _family_entry(graph, padded, target, kwargs)
+    if store is not None:
+        hit = lookup(store, padded, key)  # an entry not tagged by this user is dropped
+        if hit is not None and "family" in hit.stats:
+            out = _from_hit(hit, graph, dim, lp0)
+            if out is not None:
+                say(f"family {graph.name!r}: cache hit ({key[:12]}), verified at "
+                    f"{', '.join(str(s) for s in out.stats['family']['verified_sizes'])}")
+                return out
     axes = {n: {a for a, d in ax.items() if d == dim.name} for n, ax in graph.dynamic.items()}
     with dynamic_dims(axes, lp0):
         res = optimize_piece(padded, target=target, progress=progress, **kwargs)
@@ -165,6 +211,13 @@ def optimize_family(graph, target="h100", progress=None, **kwargs) -> FamilyResu
                        hint_v if ok else next(v for v in verdicts.values() if not v.equivalent),
                        stats, res.candidates, graph, res.roofline_us, res.plan)
     out.scaling, out.family = sc, graph
+    if store is not None and ok:  # JSON keys are text: the sizes are written as such
+        stored = copy.copy(out)
+        stored.stats = {**out.stats, "family": {k: {str(s): x for s, x in v.items()} if
+                                                 isinstance(v, dict) and k != "grows" else v
+                                                 for k, v in stats["family"].items()}}
+        store_result(store, key, stored, graph.name)
+        out.stats.update(cache="miss", cache_key=key[:12])
     say(f"family {graph.name!r}: verified at {dim.name} = "
         f"{', '.join(str(s) for s in verdicts)}; cost " + ", ".join(
             f"{c:.2f} us at {s}" for s, c in costs.items()))

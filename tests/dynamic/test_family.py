@@ -213,3 +213,18 @@ def test_a_64_step_decode_loop_uses_one_search_and_matches_eager_every_step():
         got = fn(qs, kk, vv)["O"].float()
         assert (got - want).abs().max() <= 1e-2, n
     assert len(fn.modules) <= 2  # one build per padded size, not one per length
+
+
+def test_a_family_is_cached_whole_and_a_hit_skips_search_and_verification(tmp_path):
+    path = tmp_path / "c.sqlite"
+    first = em.optimize(attention(name="cached"), cache=path)
+    said = []
+    again = em.optimize(attention(name="cached"), cache=path, progress=said.append)
+    assert first.stats["cache"] == "miss" and again.stats["cache"] == "hit"
+    assert any("cache hit" in m for m in said) and not any("iteration" in m for m in said)
+    assert again.stats["family"]["verified_sizes"] == first.stats["family"]["verified_sizes"]
+    assert again.scaling.granule == first.scaling.granule and again.cost_us == first.cost_us
+    x = {n: np.random.default_rng(0).standard_normal(v.shape) for n, v in
+         again.at(300).inputs.items()}
+    np.testing.assert_allclose(em.evaluate(again.at(300), x)["O"],
+                               em.evaluate(first.at(300), x)["O"])

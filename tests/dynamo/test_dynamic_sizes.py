@@ -130,3 +130,24 @@ def test_a_cache_concat_stays_eager_and_attention_is_a_family_at_its_length():
     fams = _runners(be)
     assert len(fams) == 1 and fams[0].graph.dims  # the family at s + 1
     assert "plus_1" in next(iter(fams[0].graph.dims)) and fams[0].calls == 3
+
+
+def test_a_second_search_that_would_not_serve_the_call_keeps_the_first_program():
+    """x (b, 32) @ y (32, n) with dynamic=True: n (the largest) is the family, b
+    specialized. A call moving b and n at once searches with b symbolic, holding n at its
+    first value; that program would not serve the call, so the first one stays: the call
+    runs eagerly and later calls with the first batch are served again."""
+
+    def f(x, y):
+        return F.silu(x @ y) * 2.0
+
+    be = em.backend(time_limit_s=10, warn=False)
+    fast = torch.compile(f, backend=be, dynamic=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for b, n in ((4, 64), (4, 80), (5, 80), (4, 80), (4, 96)):
+            x, y = torch.randn(b, 32), torch.randn(32, n)
+            torch.testing.assert_close(fast(x, y), f(x, y), rtol=1e-4, atol=1e-4)
+    (entry,) = be.report
+    assert entry.status == "optimized" and (entry.calls, entry.eager_calls) == (4, 1)
+    assert "does not serve" in entry.replan

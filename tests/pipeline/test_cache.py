@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import eqsat_mirage as em
@@ -344,3 +345,31 @@ def test_a_search_cut_short_by_its_time_limit_is_not_cached(tmp_path):
     assert any("not cached: cut's search was cut short" in line for line in lines), lines
     full = em.optimize(tiny("cut"), cache=path)
     assert not full.stats["time_limited"] and len(ResultCache(path).entries()) == 1
+
+
+def test_an_online_softmax_plan_is_a_hit_the_second_time(tmp_path):
+    """The store writes JSON with sorted keys, which reorders a block stage's outputs;
+    a thread chain's node indices refer to the order the nodes were written in, so the
+    plan (running maxima and thread chains) loads back and the second call is a hit."""
+    import warnings
+
+    def safe_attention():
+        g = em.Graph("safe_attn")
+        q, k = g.input("Q", (2, 32, 64)), g.input("K", (2, 64, 512))
+        v = g.input("V", (2, 512, 64))
+        g.output(em.softmax(q @ k, axis=-1) @ v, "O")
+        return g
+
+    path = tmp_path / "c.sqlite"
+    first = em.optimize(safe_attention(), cache=path)
+    assert any(k.threads for k in first.program.kernels if k.kind == "custom")
+    loaded = em.MuGraph.from_json(json.dumps(first.program.to_dict(), sort_keys=True))
+    rng = np.random.default_rng(0)
+    x = {n: rng.standard_normal(v.shape) for n, v in first.program.inputs.items()}
+    np.testing.assert_allclose(em.evaluate(loaded, x)["O"], em.evaluate(first.program, x)["O"])
+    assert sum(len(k.threads) for k in loaded.kernels if k.kind == "custom") == sum(
+        len(k.threads) for k in first.program.kernels if k.kind == "custom")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a dropped entry warns
+        again = em.optimize(safe_attention(), cache=path)
+    assert again.stats["cache"] == "hit" and again.cost_us == first.cost_us
