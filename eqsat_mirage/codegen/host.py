@@ -97,11 +97,26 @@ _SHORT = ("        if len(x.shape) != len(shape) or any(\n"
           "                for a, (g, w) in enumerate(zip(x.shape, shape))):\n")
 
 
-def bind_source(inputs: Sequence[str], reuse: bool, short: bool = False) -> str:
+def _key(x: str, short: tuple[int, tuple[int, ...]] | None) -> list[str]:
+    """The signature parts of input ``x``; a shape family's input read masked
+    (``short``: its rank and the axes it may be shorter along) is keyed without those
+    sizes and its strides (the launcher reads them at every call): every length of a
+    padded size shares one signature."""
+    if short is None:
+        return [f"{x}.{a}" for a in ("__class__", "shape", "dtype", "device", "stride()")]
+    rank, axes = short
+    return [f"{x}.{a}" for a in ("__class__", "dtype", "device")] + [
+        f"{x}.shape[{d}]" for d in range(rank) if d not in axes]
+
+
+def bind_source(inputs: Sequence[str], reuse: bool,
+                short: dict[int, tuple[int, tuple[int, ...]]] | None = None) -> str:
     """``_CHECKED``, ``_bind``, ``_signature`` and ``_check`` of a module whose inputs are
     the host variables ``inputs`` (in INPUTS order); ``reuse``: entries carry the
-    buffers of ``_buffers``; ``short``: inputs may be shorter along the axes ``SHORT``
-    names (a shape family's inputs, read masked)."""
+    buffers of ``_buffers``; ``short``: input position -> (rank, axes) of the inputs that
+    may be shorter along the axes ``SHORT`` names (a shape family's inputs, read masked;
+    see ``_key``)."""
+    short = short or {}
     n = len(inputs)
     buffers = "[, the buffers _buffers allocated]" if reuse else ""
     out = ["# input signature -> (device, the inputs' strides, flattened"
@@ -112,8 +127,7 @@ def bind_source(inputs: Sequence[str], reuse: bool, short: bool = False) -> str:
            "(checked\n    by _check on the first call with that signature, looked up after).\"\"\"",
            f"    if not kwargs and len(args) == {n}:"]
     if n:
-        key = [f"{x}.{a}" for x in inputs for a in ("__class__", "shape", "dtype", "device",
-                                                     "stride()")]
+        key = [k for i, x in enumerate(inputs) for k in _key(x, short.get(i))]
         out += unpack(inputs, "args", " " * 8)
         out.append("        try:")
         lines = wrap(key, "", ",", 100 - 36)
@@ -126,8 +140,14 @@ def bind_source(inputs: Sequence[str], reuse: bool, short: bool = False) -> str:
     else:
         out += ["        entry = _CHECKED.get(())", "        if entry is not None:",
                 "            return args, entry"]
-    out += ["    tensors, device = _check(args, kwargs)",
-            "    key = _signature(tensors)",
+    if short:
+        parts = [k for i in range(n) for k in _key(f"tensors[{i}]", short.get(i))]
+        signature = ["    key = (" + wrap(parts, "", ",", 88)[0]] + [
+            " " * 11 + line for line in wrap(parts, "", ",", 88)[1:]]
+        signature[-1] = signature[-1].rstrip(",") + ")"
+    else:
+        signature = ["    key = _signature(tensors)"]
+    out += ["    tensors, device = _check(args, kwargs)", *signature,
             "    entry = _CHECKED.get(key)",
             "    if entry is None:",
             "        entry = (device,) + tuple(s for x in tensors for s in x.stride())"]

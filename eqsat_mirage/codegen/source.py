@@ -215,8 +215,9 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
                  if reuse_outputs else "every call allocates its outputs")]
     for k in custom:
         lines += ["", "", writers[id(k)].text.rstrip("\n")]
-    lines += ["", "", bind_source([var[n] for n in names], reuse_outputs,
-                                  bool(short)).rstrip("\n")]
+    lines += ["", "", bind_source([var[n] for n in names], reuse_outputs, {
+        names.index(n): (len(specs[n].shape), axes) for n, axes in short.items()}
+    ).rstrip("\n")]
     buffers = [var[t] for t in written] if reuse_outputs else []
     if reuse_outputs:
         params = ", ".join(["device"] + [var[n] for n in names])
@@ -237,7 +238,8 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
     lines += [f"    {line}" for line in doc] + ['    """']
     ins = "(" + ", ".join(var[n] for n in names) + ("," if len(names) == 1 else "") + ")"
     ins = ins if names else "_"
-    entry = ["device"] + [s if n in pointed else "_" for n in names for s in strides[n]] + buffers
+    entry = ["device"] + [s if n in pointed and n not in short else "_" for n in names
+                          for s in strides[n]] + buffers
     one = f"    {ins}, ({', '.join(entry)}{',' if len(entry) == 1 else ''}) = _bind(args, kwargs)"
     if len(one) <= 100:
         lines.append(one)
@@ -246,6 +248,9 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
     else:
         lines += ["    tensors, entry = _bind(args, kwargs)"]
         lines += unpack([var[n] for n in names], "tensors") + unpack(entry, "entry")
+    for n in short:  # a family's input read masked: its strides change with L
+        if n in pointed:
+            lines += unpack(strides[n], f"{var[n]}.stride()")
     read = mg.materialized()
     for k in mg.kernels:
         if isinstance(k, PredefinedKernel):
