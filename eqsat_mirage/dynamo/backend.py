@@ -129,7 +129,11 @@ class _Support(OperatorSupportBase):
                            for d in sp[0]])
         for i, (src, (spec, parts)) in enumerate(zip(node.all_input_nodes, specs)):
             if spec is None and parts is None:
-                return f"operand {src.name!r} is not a float tensor"
+                scalar = sizes.scalar(src)  # a float Dynamo made symbolic: a constant here
+                if scalar is None:
+                    return f"operand {src.name!r} is not a float tensor"
+                cv.env[src] = scalar
+                continue
             cv.env[src] = cv.input(f"x{i}", _served(spec[0], dims), spec[1], ("arg", i)) \
                 if spec else tuple(cv.input(f"x{i}_{j}", _served(p[0], dims), p[1], ("arg", i))
                                    for j, p in enumerate(parts))
@@ -357,6 +361,7 @@ class Backend:
                 entry.seconds = time.perf_counter() - t0
                 return None
             mod = OptimizedPartition(sub, entry, dict(cv.sources), outs, single)
+            mod.scalars = cv.scalars
             places = [n for n in sub.graph.nodes if n.op == "placeholder"]
             mod.held = {ident: sizes.held(places[ref]) for ident, (kind, ref)
                         in cv.sources.items() if kind == "arg"}
@@ -374,6 +379,7 @@ class Backend:
     def _convert(self, name: str, sub: fx.GraphModule, sizes: SymbolicSizes) -> tuple:
         """The em.Graph of a fused partition, its Converter, outputs and device."""
         cv = Converter(Graph(name), sub)
+        cv.scalars = {}  # placeholder position -> the float it is held at (checked per call)
         placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
         specs = {n: sizes.spec(n) for n in placeholders}
         dims = sizes.dims([d for spec in specs.values() if spec for d in spec[0]])
@@ -383,6 +389,9 @@ class Backend:
         for node in sub.graph.nodes:
             if node.op == "placeholder":
                 spec = specs[node]
+                if spec is None and sizes.scalar(node) is not None:
+                    cv.env[node] = cv.scalars[placeholders.index(node)] = sizes.scalar(node)
+                    continue
                 if spec is None:
                     raise MirageError(f"input {node.name!r} is not a float tensor")
                 device = device or spec[2]

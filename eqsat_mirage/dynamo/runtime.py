@@ -53,6 +53,7 @@ class OptimizedPartition(torch.nn.Module):
         self.expect = {n: node.shape for n, node in entry.graph.inputs.items()}
         self.held: dict[str, dict[int, Any]] = {}  # input -> {axis: specialized symbol}
         self.replan: Any = None  # symbol -> an OptimizedPartition with it as the family size, once
+        self.scalars: dict[int, float] = {}  # argument position -> the float it is held at
 
     def _adopt(self, symbol: Any, feed: dict) -> bool:
         """A call moved specialized size ``symbol``: search again with it as the family
@@ -111,6 +112,10 @@ class OptimizedPartition(torch.nn.Module):
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in feed.values())
         if self.failed or grad:
             return self.eager(*args)
+        why = next((f"argument {i} is {float(args[i])!r}; the program holds it at {v!r}"
+                    for i, v in self.scalars.items() if float(args[i]) != v), "")
+        if why:
+            return self._eager_call(why, args)
         why = self.unserved(feed)
         if why and self.replan is not None:
             moved = {sym for n, t in feed.items() for a, sym in self.held.get(n, {}).items()

@@ -196,6 +196,16 @@ class SymbolicSizes:
             return None
         return [(self.shape(t), n, t.device) for t, n in zip(v, names)]
 
+    @staticmethod
+    def scalar(node: fx.Node) -> float | None:
+        """The example value of a float Dynamo made symbolic (a ``SymFloat``, e.g. a
+        module's eps read with ``.item()`` under ``dynamic=True``), else None."""
+        v = node.meta.get("example_value", node.meta.get("val"))
+        if isinstance(v, torch.SymFloat):
+            hint = getattr(v.node, "hint", None)
+            return None if hint is None else float(hint)
+        return None
+
     def hint(self, expr: Any) -> int:
         """The hint of a size as served (an int is its own hint)."""
         return expr if isinstance(expr, int) else int(sympy.sympify(expr.xreplace(self.values)))

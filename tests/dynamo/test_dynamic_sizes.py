@@ -153,3 +153,31 @@ def test_a_second_search_that_would_not_serve_the_call_keeps_the_first_program()
     (entry,) = be.report
     assert entry.status == "optimized" and (entry.calls, entry.eager_calls) == (4, 1)
     assert "does not serve" in entry.replan
+
+
+def test_a_float_dynamo_made_symbolic_is_a_constant_checked_at_every_call():
+    """dynamic=True turns a module's float attribute (an RMSNorm's eps) into a tensor read
+    with .item(): the program holds it at its value, and a call with another value runs
+    eagerly (still correct)."""
+
+    class Norm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.eps, self.w = 1e-6, torch.nn.Parameter(torch.rand(64) + 0.5)
+
+        def forward(self, x):
+            v = x.pow(2).mean(-1, keepdim=True)
+            return x * torch.rsqrt(v + self.eps) * self.w
+
+    m = Norm().eval()
+    be = em.backend(time_limit_s=10, warn=False)
+    fast = torch.compile(m, backend=be, dynamic=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for n, eps in ((4, 1e-6), (6, 1e-6), (6, 0.5)):
+            m.eps = eps
+            x = torch.randn(n, 64)
+            torch.testing.assert_close(fast(x), m(x), rtol=1e-4, atol=1e-4)
+    (entry,) = be.report  # one graph, no recompile: eps is an input of it
+    assert entry.status == "optimized" and (entry.calls, entry.eager_calls) == (2, 1)
+    assert len(be.summary()["graphs"]) == 1
