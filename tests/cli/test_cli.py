@@ -208,3 +208,22 @@ def test_verify_accepts_an_emitted_mugraph(tmp_path, capsys):
     bad.write_text('{"kernels": 3}')
     assert main(["verify", str(path), str(bad)]) == 2
     assert "not a MuGraph JSON file" in capsys.readouterr().err
+
+
+FAMILY = """
+import eqsat_mirage as em
+program = em.Graph("decode_attention")
+q = program.input("Q", (2, 4, 64))
+k = program.input("K", (2, 64, em.Dim("L", hint=256)))
+v = program.input("V", (2, "L", 64))
+program.output(em.softmax(q @ k, axis=-1) @ v, "O")
+"""
+
+
+def test_optimize_reports_a_shape_family(tmp_path, capsys):
+    path = tmp_path / "family.py"
+    path.write_text(FAMILY)
+    assert main(["optimize", str(path), "--quiet", "--no-cache"]) == 0
+    out = capsys.readouterr().out
+    assert "family       L(hint=256): planned at L = 256" in out
+    assert "verified at L = 256, 255, 257, 263" in out and "cost at    L = 256:" in out
