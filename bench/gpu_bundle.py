@@ -6,7 +6,9 @@
     python bench/gpu_bundle.py ingest gpu_bundle gpu.json --write bench/RESULTS.md \\
         --calibration extract/h100_measured.toml
 
-``export`` optimizes every selected benchmark case here (the results cache
+``export`` optimizes every selected benchmark case here (and, unless ``--no-decode``,
+the decode family: GQA over a KV cache growing 4096..4159, one Triton module per padded
+size) (the results cache
 makes a rerun fast), writes the chosen program's Triton module and the input
 program's one-kernel-per-op torch module for each, a ``manifest.json`` with the
 inputs (shape, dtype, scale), the predicted, baseline and roofline times and
@@ -69,7 +71,48 @@ def export_case(folder: Path, case_id: str, label: str, graph, res, prof,
             "sdpa": ["Q", "K", "V"] if sdpa and {"Q", "K", "V"} <= names else None}
 
 
-def export(folder: Path, selected, target: str, time_limit_s: float) -> dict:
+DECODE = (4, 4, 64, 4096, 64)  # KV heads, query heads per KV head, head dim, first L, steps
+
+
+def decode_family(kv: int = 4, group: int = 4, d: int = 64, hint: int = 4096):
+    """The decode step of GQA as a shape family: one query token per head, ``group`` query
+    heads per KV head, a KV cache of length L (em.Dim), safe softmax scaled by d^-1/2."""
+    g = em.Graph("decode_gqa")
+    q = g.input("Q", (1, kv, group, d))
+    k = g.input("K", (1, kv, d, em.Dim("L", hint=hint)))
+    v = g.input("V", (1, kv, "L", d))
+    g.output(em.softmax(q @ k * d ** -0.5, axis=-1) @ v, "O")
+    return g
+
+
+def export_family(folder: Path, target: str, time_limit_s: float, first: int = DECODE[3],
+                  steps: int = DECODE[4]) -> dict:
+    """The decode family's Triton modules for every padded size L = first .. first + steps
+    - 1 needs, and its manifest entry (the runner walks L one step at a time)."""
+    from eqsat_mirage.dynamic.runner import FamilyRunner
+
+    kv, group, d = DECODE[:3]
+    graph = decode_family(kv, group, d, first)
+    res = em.optimize(graph, target=target, time_limit_s=time_limit_s)
+    runner = FamilyRunner(res.family, res.scaling)
+    lengths = range(first, first + steps)
+    modules = {}
+    for lp in sorted({res.scaling.padded(n) for n in lengths}):
+        name = f"decode_family_{lp}.py"
+        (folder / name).write_text(runner.source(lp), encoding="utf-8")
+        modules[str(lp)] = name
+    fam = res.stats["family"]
+    return {"id": "decode_family", "case": f"decode GQA family, L {first}..{lengths[-1]}",
+            "modules": modules, "granule": res.scaling.granule, "first": first,
+            "steps": steps, "scale": d ** -0.5, "short": sorted(runner.short),
+            "inputs": {"Q": [1, kv, group, d], "K": [1, kv, d, lengths[-1]],
+                       "V": [1, kv, lengths[-1], d]},
+            "predicted_us": {str(n): c for n, c in fam["cost_us"].items()},
+            "verified": [n for n, ok in fam["verified_sizes"].items() if ok]}
+
+
+def export(folder: Path, selected, target: str, time_limit_s: float,
+           decode: bool = True) -> dict:
     """Optimize and write every selected (name, batch) case; returns the manifest."""
     folder.mkdir(parents=True, exist_ok=True)
     prof = GPUProfile.load(target)
@@ -89,8 +132,9 @@ def export(folder: Path, selected, target: str, time_limit_s: float) -> dict:
                                 text=True, cwd=Path(__file__).parent).stdout.strip()
     except OSError:
         commit = ""
+    families = [export_family(folder, target, time_limit_s)] if decode else []
     manifest = {"made": {"commit": commit, "target": target, "version": em.__version__},
-                "cases": entries}
+                "cases": entries, "families": families}
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
     shutil.copy(RUNNER, folder / "gpu_runner.py")
     return manifest
@@ -134,6 +178,15 @@ def calibration(manifest: dict, results: dict, prof, device: str, path: Path):
     return fitted
 
 
+def family_lines(results: dict) -> list[str]:
+    """One line per family the runner ran: correctness and the median time per step."""
+    nan = float("nan")
+    return [f"{f['case']}: {'ok' if f['ok'] else 'FAILED'}, max rel. error "
+            f"{f['rel_err']:.1e}; median per step (plain launches) ours "
+            f"{f.get('ours_us', nan):.1f} us, eager {f.get('eager_us', nan):.1f} us, "
+            f"SDPA {f.get('sdpa_us', nan):.1f} us" for f in results.get("families", [])]
+
+
 def main(argv: list[str] | None = None) -> int:
     """``export`` or ``ingest`` (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -144,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--batch", type=int, action="append")
     ex.add_argument("--target", default="h100")
     ex.add_argument("--time-limit", type=float, default=120.0)
+    ex.add_argument("--no-decode", action="store_true",
+                    help="leave out the decode family (64 steps of a growing KV cache)")
     ing = sub.add_parser("ingest")
     ing.add_argument("folder", type=Path)
     ing.add_argument("results", type=Path)
@@ -154,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         every = list(cases()) + [(n, b) for n in SAFE for b in BATCHES]
         selected = [(n, b) for n, b in every if (not args.bench or n in args.bench)
                     and (not args.batch or b in args.batch)]
-        manifest = export(args.folder, selected, args.target, args.time_limit)
+        manifest = export(args.folder, selected, args.target, args.time_limit,
+                          not args.no_decode)
         print(f"wrote {len(manifest['cases'])} cases to {args.folder}")
         return 0
     manifest = json.loads((args.folder / "manifest.json").read_text())
@@ -166,14 +222,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cases that failed the correctness check: {bad}", file=sys.stderr)
     device = f"{results['device']} (torch {results['torch']}, triton {results['triton']})"
     if args.write:
-        write_section(args.write, section(rows, device, "bench/gpu_bundle.py export + "
-                                          "gpu_runner.py (CUDA-graph replays) + ingest", 200))
+        text = section(rows, device, "bench/gpu_bundle.py export + gpu_runner.py (CUDA-graph "
+                       "replays) + ingest", 200)
+        fams = family_lines(results)
+        write_section(args.write, text.rstrip("\n") + ("\n\n" + "\n".join(fams) + "\n"
+                                                       if fams else "\n"))
     if args.calibration:
         fitted = calibration(manifest, results, prof, device, args.calibration)
         print(f"calibration: {fitted.residual:.1%} rms error of the fit; {fitted.figures}")
     for r in rows:
         print(f"{r['case']}: ours {r['ours']:.1f} us, predicted {r['predicted']:.1f} us, "
               f"eager {r['eager']:.1f}, compile {r['compile']:.1f}")
+    for line in family_lines(results):
+        print(line)
     return 1 if bad else 0
 
 

@@ -92,3 +92,21 @@ def test_ingest_turns_timings_into_rows():
     (row,) = rows_from(manifest, results, 3000.0)
     assert row["ours"] == 5.0 and row["sdpa"] is None
     assert abs(row["dram_frac"] - 3e6 / 5e-6 / 3e12) < 1e-12
+
+
+def test_the_decode_family_runs_step_by_step_through_its_padded_modules(tmp_path):
+    """The bundle's decode family: one module per padded size the steps need, each step
+    with SEQ_LEN set and K, V cut to L (views), checked against float64 by the runner."""
+    from bench.gpu_bundle import export_family
+
+    entry = export_family(tmp_path, "h100", 60.0, first=126, steps=6)
+    assert len(entry["modules"]) >= 2 and entry["short"] == ["K", "V"]
+    for name in entry["modules"].values():
+        text = (tmp_path / name).read_text()
+        assert "import eqsat_mirage" not in text and "SEQ_LEN" in text
+    (tmp_path / "manifest.json").write_text(json.dumps({"made": {"target": "h100"},
+                                                        "cases": [], "families": [entry]}))
+    rc, results, log = run_runner(tmp_path)
+    assert rc == 0, log
+    (row,) = results["families"]
+    assert row["ok"] and row["nonfinite"] == 0 and row["rel_err"] < 1e-2, row

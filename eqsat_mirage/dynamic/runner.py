@@ -84,14 +84,25 @@ class FamilyRunner:
                 self.modules[length] = torch_reference(self.scaling.at(length))
             return self.modules[length]
         if lp not in self.modules:
-            mg = self.scaling.at(lp)
-            masks = frozenset(k.output for k in mg.kernels if k.kind == "predefined"
-                              and is_length_mask(k.node, lp))
-            grows = (self.scaling.tensors, frozenset(self.scaling.loop), self.short)
-            self.modules[lp] = compile_mugraph(
-                mg, header=f"shape family {self.family.name!r}: {self.dim} at padded size {lp}",
-                reuse_outputs=self.reuse_outputs, length_masks=masks, family=grows)
+            self.modules[lp] = compile_mugraph(*self._build(lp))
         return self.modules[lp]
+
+    def _build(self, lp: int) -> tuple:
+        """``compile_mugraph``'s arguments for padded size ``lp``."""
+        mg = self.scaling.at(lp)
+        masks = frozenset(k.output for k in mg.kernels if k.kind == "predefined"
+                          and is_length_mask(k.node, lp))
+        grows = (self.scaling.tensors, frozenset(self.scaling.loop), self.short)
+        return (mg, f"shape family {self.family.name!r}: {self.dim} at padded size {lp}",
+                None, self.reuse_outputs, masks, grows)
+
+    def source(self, length: int) -> str:
+        """The Triton module's source serving ``length`` (run it with ``SEQ_LEN`` set to
+        the length and the inputs named in its ``SHORT`` unpadded)."""
+        from ..codegen.source import triton_source
+
+        mg, header, _, reuse, masks, grows = self._build(self.scaling.padded(length))
+        return triton_source(mg, header, reuse, masks, grows)
 
     def __call__(self, *args, **kwargs) -> dict:
         from torch.nn.functional import pad as zero_pad
