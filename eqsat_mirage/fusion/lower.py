@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..frontend.graph import Graph, Tensor
-from ..ir.node import Node, Op, make, numel
+from ..ir.node import Node, Op, make, numel, toposort
 from ..mugraph.kernels import CustomKernel
 from ..mugraph.program import MuGraph
 from .schedule import Indexing, Plan, Schedule, ScheduleError, check_schedule, index_fragment
@@ -215,6 +215,12 @@ def _add_split(mg: MuGraph, fragment: Graph, plan: Plan, name: str | None) -> li
                                   omap=omap, dtype="float32"), lost)  # fp32 partials
     for oname, out in fragment.outputs.items():
         if kind[id(out)] == "loop":  # split without a loop only (check_schedule)
+            partial = next((m for m in toposort([out])[:-1]
+                            if kind.get(id(m)) in ("red", "max")), None)
+            if partial is not None:  # it would hold its part's maximum or sum, not the whole's
+                raise ScheduleError(f"a split writes output {oname!r} from "
+                                    f"{partial.describe()} of its own part, which only the "
+                                    "reduce kernel combines")
             k1.output(Tensor(stage1(out), k1.post), oname, omap=_maps(ix, out, axes, None)[0])
     late = {o: n for o, n in fragment.outputs.items() if kind[id(n)] != "loop"}
     if not late:
@@ -276,8 +282,6 @@ def _add_split(mg: MuGraph, fragment: Graph, plan: Plan, name: str | None) -> li
 
 def _maxima_read(n: Node, kind: dict[int, str]) -> list[Node]:
     """The running maxima (kind "max") that reduction ``n``'s partials are relative to."""
-    from ..ir.node import toposort
-
     found = [m for m in toposort([n])[:-1] if kind.get(id(m)) == "max"]
     if len(found) > 1:
         raise ScheduleError(f"{n.describe()} reads {len(found)} running maxima; a split "

@@ -368,6 +368,8 @@ def _run_custom(plan: _Plan, table: Table, ctx: Any, env: Mapping[str, Any],
             parts = written[t]
             value = tuple(None if parts[0][i] is None else np.stack([p[i] for p in parts])
                           for i in (0, 1)) if pairs else np.stack(parts)
+            if pairs and isinstance(parts[0], MaskedPair):  # a masked tile stays masked
+                value = MaskedPair.of(*value, np.stack([p.keep for p in parts]))
         out[t] = _each(value, lambda x, bo=bo, t=t: place(
             x, bo.omap, bo.fmap, grid, f_range, specs[t].shape), pairs)
         if native:

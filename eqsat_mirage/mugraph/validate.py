@@ -157,6 +157,7 @@ def _validate_running(k: CustomKernel, runs: Mapping[str, str]) -> None:
         if any(id(n) in ids for n in _ancestors(node)):
             raise MuGraphError(f"{who}: max accumulator {a!r} reads a running maximum; its "
                                "value must come from the tiles alone")
+    validate_running_outputs(k)
     for acc, m in k.rescaled().items():
         shape, mshape = k.loop.outputs[acc].shape, k.loop.outputs[m].shape
         if len(mshape) > len(shape) or any(
@@ -164,6 +165,22 @@ def _validate_running(k: CustomKernel, runs: Mapping[str, str]) -> None:
             raise TilingError(f"{who}: running maximum {m!r} {fmt_shape(mshape)} does not "
                               f"broadcast to accumulator {acc!r} {fmt_shape(shape)}, which it "
                               "rescales")
+
+
+def validate_running_outputs(k: CustomKernel) -> None:
+    """A tile written during the loop (a loop-stage output) must not read a running
+    maximum: it would see the maximum so far, not the final one (``TilingError``)."""
+    ids = {id(k.loop.inputs[r]): a for r, a in k.running_inputs().items()}
+    if not ids:
+        return
+    for t, bo in k.outputs.items():
+        if bo.stage == "loop" and t not in k.accumulators:
+            read = next((ids[id(n)] for n in _ancestors(k.loop.outputs[t]) if id(n) in ids),
+                        None)
+            if read is not None:
+                raise TilingError(f"kernel {k.name!r}: loop-stage output {t!r} reads the "
+                                  f"running maximum {read!r}: a tile written during the loop "
+                                  "would see the maximum so far, not the final one")
 
 
 def _ancestors(node: Node) -> list[Node]:

@@ -235,3 +235,19 @@ def test_a_family_is_cached_whole_and_a_hit_skips_search_and_verification(tmp_pa
          again.at(300).inputs.items()}
     np.testing.assert_allclose(em.evaluate(again.at(300), x)["O"],
                                em.evaluate(first.at(300), x)["O"])
+
+
+def test_an_fp32_family_whose_plans_store_masked_scores_is_optimized():
+    """fp32 attention at L hint 3000 (planned at 3008): the schedules left once L may not be
+    read whole store the masked scores to device memory between kernels. The field
+    interpreter keeps such a tensor masked (it used to drop the mask, so every correct plan
+    was rejected), and plans whose loop or split part writes values relative to a partial
+    maximum are refused by the planner (they used to be built, then rejected)."""
+    g = em.Graph("a32")
+    q = g.input("Q", (2, 8, 32), dtype="float32")
+    k = g.input("K", (2, 32, em.Dim("L", hint=3000)), dtype="float32")
+    v = g.input("V", (2, "L", 32), dtype="float32")
+    g.output(em.softmax(q @ k, axis=-1) @ v, "O")
+    res = em.optimize(g, time_limit_s=60, cache=False)
+    assert res.verified.equivalent and res.cost_us < 0.8 * res.baseline_cost_us, res
+    assert all(res.stats["family"]["verified_sizes"].values())
