@@ -182,7 +182,7 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
         k, specs, fn_names(f"{identifier(k.name)}_kernel"), causal,
         None if family is None else (family[0], k.name in family[1], family[2]))
         for k in custom}
-    short = {n: tuple(sorted(family[0][n])) for n in (family[2] if family else ())
+    short = {n: tuple(sorted(family[0][n])) for n in sorted(family[2] if family else ())
              if n in mg.inputs}
     host = Names(_HOST_RESERVED | fn_names.used)
     var = {name: host(name) for name in specs}
@@ -206,7 +206,7 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
     lines += ["", "INPUTS = {"] + _specs({n: specs[n] for n in mg.inputs}) + ["}"]
     lines += ["OUTPUTS = {"] + _specs(mg.outputs) + ["}"]
     lines += [f"NEEDS_TRITON = {bool(custom)}",
-              *(["SEQ_LEN = 1  # a shape family's size L: its runner sets it before each call"]
+              *(["SEQ_LEN = None  # a shape family's size L: set it before each call"]
                 if length_masks or short else []),
               *([f"SHORT = {short!r}  # input -> axes it may be shorter along (read masked)"]
                 if short else []),
@@ -248,6 +248,10 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
     else:
         lines += ["    tensors, entry = _bind(args, kwargs)"]
         lines += unpack([var[n] for n in names], "tensors") + unpack(entry, "entry")
+    if length_masks or short:
+        lines += ["    if SEQ_LEN is None:",
+                  '        raise ValueError("SEQ_LEN (the shape family\'s size L) is not set: "',
+                  '                         "set module.SEQ_LEN = L before run()")']
     for n in short:  # a family's input read masked: its strides change with L
         if n in pointed:
             lines += unpack(strides[n], f"{var[n]}.stride()")

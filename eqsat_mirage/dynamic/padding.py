@@ -92,7 +92,7 @@ def _need(node: Node, dyn: Mapping[int, dict]) -> tuple[str, Node] | None:
         if not hit:
             return None
         if node.op is Op.MEAN:
-            raise DynamicShapeError(f"{node.describe()} (at {node.loc or '?'}): a mean over the "
+            raise DynamicShapeError(f"{node.describe()}: a mean over the "
                                     f"dynamic size {dyn[id(src)][hit[0]]} divides by it; write "
                                     "it as a sum times a 1/size input")
         return (NEG_INF if node.op is Op.MAX else ZERO), src
@@ -161,7 +161,7 @@ def plan_masks(g: Graph) -> MaskPlan:
                 break
         else:
             raise DynamicShapeError(
-                f"{node.describe()} (at {node.loc or '?'}) reduces over a dynamic size whose "
+                f"{node.describe()} reduces over a dynamic size whose "
                 "padding no length mask along the last axis can hide; make that size static")
     return MaskPlan(g, axes, masks)
 

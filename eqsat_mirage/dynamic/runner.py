@@ -59,6 +59,25 @@ class FamilyRunner:
             raise InputError(f"{self.family.name!r}: missing inputs {', '.join(missing)}")
         return bound
 
+    def _check(self, tensors: Mapping) -> None:
+        """Each input a torch tensor of the family's rank, static sizes and dtype (an
+        ``InputError`` naming the input and the shape with its symbolic size otherwise)."""
+        import torch
+
+        for name, x in tensors.items():
+            node, dyn = self.family.inputs[name], self.family.dynamic.get(name, {})
+            shown = "(" + ", ".join(dyn.get(a, str(n)) for a, n in enumerate(node.shape)) + ")"
+            where = f"{self.family.name!r}: input {name!r}"
+            if not isinstance(x, torch.Tensor):
+                raise InputError(f"{where} must be a torch.Tensor of shape {shown} and dtype "
+                                 f"{node.dtype}, got {type(x).__name__}")
+            if x.dim() != len(node.shape) or any(
+                    a not in dyn and x.shape[a] != n for a, n in enumerate(node.shape)):
+                raise InputError(f"{where}: expected shape {shown}, got {tuple(x.shape)}")
+            if str(x.dtype).replace("torch.", "") != node.dtype:
+                raise InputError(f"{where}: expected dtype {node.dtype}, got "
+                                 f"{str(x.dtype).replace('torch.', '')}")
+
     def size(self, tensors: Mapping) -> int:
         """The size L the inputs carry (their dynamic axes must agree)."""
         seen = {f"{n}.shape[{a}]": int(tensors[n].shape[a])
@@ -108,6 +127,7 @@ class FamilyRunner:
         from torch.nn.functional import pad as zero_pad
 
         tensors = self._bind(args, kwargs)
+        self._check(tensors)
         length = self.size(tensors)
         run = self.module(length)
         lp = self.scaling.padded(length)

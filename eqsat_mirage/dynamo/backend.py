@@ -47,7 +47,7 @@ from __future__ import annotations
 import operator
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -65,6 +65,8 @@ from .specs import SymbolicSizes, computes, empty, node_spec, split_runs
 __all__ = ["Backend", "PartitionReport", "backend", "mutation", "node_spec"]
 
 _PREFIX = "eqsat_mirage_part_"
+# one fx node that is a whole attention: worth a partition of its own (min_ops aside)
+_COMPOSITE = frozenset({torch.nn.functional.scaled_dot_product_attention})
 
 
 @dataclass
@@ -76,8 +78,8 @@ class PartitionReport:
     status: str = "pending"  # "optimized"; else it runs eagerly (see reason): "unchanged"
     # (the search found nothing better), "fallback" (something failed) or "eager"
     reason: str = ""
-    graph: Graph | None = None
-    result: Any = None  # the OptimizeResult
+    graph: Graph | None = field(default=None, repr=False)
+    result: Any = field(default=None, repr=False)  # the OptimizeResult
     seconds: float = 0.0  # conversion + optimization (+ compilation)
     mode: str = ""  # "triton" or "torch" once it ran optimized
     calls: int = 0
@@ -256,13 +258,14 @@ class Backend:
             parts = part.propose_partitions()
             if sizes.family:  # the ops touching the symbolic size: families of their own
                 parts = split_runs(parts, gm, sizes.touches)
-            parts = [p for p in parts if len(p.nodes) >= self.min_ops
-                     or (sizes.family and sizes.touches(next(iter(p.nodes))))]
+            small = [p for p in parts if not self._worth(p, sizes)]
+            parts = [p for p in parts if self._worth(p, sizes)]
         except Exception as exc:  # noqa: BLE001 - the partitioner failed: the graph runs eagerly
             self._warn(f"partitioning failed ({type(exc).__name__}: {exc}): the graph runs "
                        "eagerly")
             return gm.forward
-        eager = []
+        eager = [f"{op_name(n, gm)} (a partition of {len(p.nodes)} op(s), below min_ops="
+                 f"{self.min_ops})" for p in small for n in p.nodes if n.op.startswith("call")]
         for node in gm.graph.nodes:
             if node.op.startswith("call") and support.reason(node) is not None:
                 name, loc, why = op_name(node, gm), source_line(node), support.reason(node)
@@ -287,6 +290,14 @@ class Backend:
         fused.recompile()
         self._summarize(total, entries, eager, sizes)
         return fused.forward
+
+    def _worth(self, part, sizes: SymbolicSizes) -> bool:
+        """Whether a proposed partition is optimized: ``min_ops`` ops or more, or one op that
+        is a whole computation of its own (an SDPA), or ops touching a symbolic size."""
+        nodes = list(part.nodes)
+        return len(nodes) >= self.min_ops or any(
+            n.target in _COMPOSITE or str(n.target).endswith("scaled_dot_product_attention")
+            for n in nodes) or bool(sizes.family and sizes.touches(nodes[0]))
 
     def _summarize(self, total: tuple[int, int], entries: list[PartitionReport],
                    eager: list[str], sizes: SymbolicSizes) -> None:
@@ -338,14 +349,15 @@ class Backend:
             pass
 
     def _partition(self, name: str, sub: fx.GraphModule, sizes: SymbolicSizes,
-                   report: bool = True) -> OptimizedPartition | None:
+                   report: bool = True, entry: PartitionReport | None = None
+                   ) -> OptimizedPartition | None:
         """Convert, optimize and (where it will run on Triton) compile one partition.
 
         With sizes Dynamo left symbolic but this program specialized, the module may search
         once more, with the size a call moved as the family size (``OptimizedPartition._adopt``).
         """
         ops = [op_name(n, sub) for n in sub.graph.nodes if n.op.startswith("call")]
-        entry = PartitionReport(name, ops)
+        entry = entry or PartitionReport(name, ops)
         if report:
             self.report.append(entry)
         t0 = time.perf_counter()
@@ -366,7 +378,11 @@ class Backend:
             mod.held = {ident: sizes.held(places[ref]) for ident, (kind, ref)
                         in cv.sources.items() if kind == "arg"}
             if report and any(mod.held.values()):
-                mod.replan = lambda sym: self._partition(name, sub, sizes.focus(sym), False)
+                def replan(sym, name=name, sub=sub, sizes=sizes):
+                    again = PartitionReport(name, ops)
+                    return self._partition(name, sub, sizes.focus(sym), False, again), \
+                        again.reason
+                mod.replan = replan
             if device is not None and uses_triton(device):
                 mod._fn(device)  # compile now: codegen errors fall back here
         except Exception as exc:  # noqa: BLE001 - MirageError, Triton errors, ...: run eagerly

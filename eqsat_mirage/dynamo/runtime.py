@@ -61,9 +61,12 @@ class OptimizedPartition(torch.nn.Module):
         the other sizes at their first values; when this call moved one of those too, the
         program found first stays). Returns whether the program now serves ``feed``."""
         replan, self.replan = self.replan, None
-        new = replan(symbol)
+        new, reason = replan(symbol)
         if new is None:
-            self.entry.replan = f"searching with {symbol} symbolic failed"
+            self.entry.replan = f"searching with {symbol} symbolic failed: {reason}"
+            warnings.warn(f"eqsat-mirage backend: partition {self.entry.name}: a call moved "
+                          f"size {symbol}, and searching with it symbolic failed ({reason})",
+                          stacklevel=3)
             return False
         why = new.unserved(feed)
         if why:

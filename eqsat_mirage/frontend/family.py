@@ -44,7 +44,7 @@ def remake(node: Node, srcs: tuple[Node, ...], old: Mapping[str, int],
             pass
     at = ", ".join(f"{n}={v}" for n, v in new.items())
     raise DynamicShapeError(
-        f"{node.describe()} (at {node.loc or '?'}) does not follow the symbolic size at {at}: "
+        f"{node.describe()} does not follow the symbolic size at {at}: "
         f"{first}; write it without fixed sizes on a dynamic axis, or make the size static")
 
 
@@ -100,13 +100,13 @@ def dynamic_axes(g) -> dict[int, dict[int, str]]:
                     continue
                 if (a, b) != (dim.hint, probe):
                     raise DynamicShapeError(
-                        f"{node.describe()} (at {node.loc or '?'}) has an axis of size "
+                        f"{node.describe()} has an axis of size "
                         f"{a} at {name}={dim.hint} and {b} at {name}={probe}: a size derived "
                         f"from {name} ({fmt_shape(node.shape)}) is not supported; only the "
                         f"size {name} itself")
                 mine = axes.setdefault(id(node), {})
                 if axis in mine:
-                    raise DynamicShapeError(f"{node.describe()} (at {node.loc or '?'}): axis "
+                    raise DynamicShapeError(f"{node.describe()}: axis "
                                             f"{axis} follows both {mine[axis]} and {name}")
                 mine[axis] = name
     return axes

@@ -80,6 +80,16 @@ class FamilyResult(OptimizeResult):
         """The plan (a MuGraph) serving size ``size``."""
         return self.scaling.at(self.family.dims[self.scaling.dim].check(size))
 
+    def triton_source(self, length: int | None = None) -> str:
+        """The Triton module serving ``length`` (default: the hint): its kernels serve every
+        size (L, strides and loop counts are kernel arguments), its launcher the lengths of
+        one padded size. Set the module's ``SEQ_LEN`` to L and pass the inputs named in its
+        ``SHORT`` at length L (the others zero-padded to the padded size) before ``run``;
+        ``compile()`` does all of this for any size."""
+        dim = self.family.dims[self.scaling.dim]
+        length = dim.check(dim.hint if length is None else length)
+        return FamilyRunner(self.family, self.scaling).source(length)
+
     def compile(self, cuda_graph: bool = False, reuse_outputs: bool = False):
         """A callable on torch tensors of any size of the family (by position or name)."""
         return FamilyRunner(self.family, self.scaling, reuse_outputs=reuse_outputs)

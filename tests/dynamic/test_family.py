@@ -171,6 +171,13 @@ def test_compiled_family_runs_every_size_through_triton(family_result):
         assert built and all(k.spill_bytes == 0 for k in built), built
     assert re.search(r"tl\.load\(K_ptrs, mask=\(offs_K_\d+\[None, :\] \+ f \* \d+ < seq_len\)",
                      next(iter(kernels.values())))
+    with pytest.raises(em.MirageError, match=r"input 'K': expected shape \(2, 64, L\), got"):
+        fn(torch.randn(2, 32, 64).half(), torch.randn(64, 100).half(),
+           torch.randn(2, 100, 64).half())
+    with pytest.raises(em.MirageError, match="must be a torch.Tensor of shape"):
+        fn(torch.randn(2, 32, 64).half(), np.zeros((2, 64, 9)), torch.randn(2, 9, 64).half())
+    with pytest.raises(em.MirageError, match="expected dtype float16, got float32"):
+        fn(torch.randn(2, 32, 64), torch.randn(2, 64, 9).half(), torch.randn(2, 9, 64).half())
     with pytest.raises(em.DynamicShapeError, match="disagree"):
         fn(torch.randn(2, 32, 64).half(), torch.randn(2, 64, 9).half(),
            torch.randn(2, 8, 64).half())
