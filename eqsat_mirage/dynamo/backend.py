@@ -264,14 +264,15 @@ class Backend:
             self._warn(f"partitioning failed ({type(exc).__name__}: {exc}): the graph runs "
                        "eagerly")
             return gm.forward
-        eager = [f"{op_name(n, gm)} (a partition of {len(p.nodes)} op(s), below min_ops="
-                 f"{self.min_ops})" for p in small for n in p.nodes if n.op.startswith("call")]
+        eager = []
         for node in gm.graph.nodes:
             if node.op.startswith("call") and support.reason(node) is not None:
                 name, loc, why = op_name(node, gm), source_line(node), support.reason(node)
                 self.unsupported.append(name + (f" at {loc}" if loc else "") + f": {why}")
                 short = loc.split(" (`")[0]  # file:line, without the code
                 eager.append(name + (f" at {short}" if short else "") + f" ({why})")
+        eager += [f"{op_name(n, gm)} (a partition of {len(p.nodes)} op(s), below min_ops="
+                  f"{self.min_ops})" for p in small for n in p.nodes if n.op.startswith("call")]
         total = sum(n.op.startswith("call") for n in gm.graph.nodes)
         total = (total, sum(computes(n) for n in gm.graph.nodes))
         if not parts:

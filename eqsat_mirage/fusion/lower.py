@@ -33,6 +33,7 @@ from ..frontend.graph import Graph, Tensor
 from ..ir.node import Node, Op, make, numel, toposort
 from ..mugraph.kernels import CustomKernel
 from ..mugraph.program import MuGraph
+from ..mugraph.validate import validate_running_outputs
 from .schedule import Indexing, Plan, Schedule, ScheduleError, check_schedule, index_fragment
 
 Leaf = Callable[[Node], "Node | None"]
@@ -97,7 +98,8 @@ def add_kernel(mg: MuGraph, fragment: Graph, schedule: Schedule, name: str | Non
 
     The fragment's inputs must be device tensors of ``mg`` with the same names;
     its outputs become new device tensors of the same names. Returns the new
-    kernels (one; two for a split schedule). Raises ``ScheduleError``.
+    kernels (one; two for a split schedule). Raises ``ScheduleError`` (``TilingError``
+    for a tile written in the loop that reads a running maximum).
     """
     ix = indexing or index_fragment(fragment)
     plan = check_schedule(ix, schedule)
@@ -153,6 +155,7 @@ def add_kernel(mg: MuGraph, fragment: Graph, schedule: Schedule, name: str | Non
             k.output(Tensor(loop(out), k.loop), oname, omap=omap, fmap=fmap)
         else:
             k.output(Tensor(post(out), k.post), oname, omap=omap)
+    validate_running_outputs(k)  # a tile written in the loop may not read a running max
     return [k]
 
 
