@@ -124,10 +124,15 @@ class FamilyRunner:
         return triton_source(mg, header, reuse, masks, grows)
 
     def __call__(self, *args, **kwargs) -> dict:
+        import torch
         from torch.nn.functional import pad as zero_pad
 
         tensors = self._bind(args, kwargs)
         self._check(tensors)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors.values()):
+            raise InputError(f"{self.family.name!r}: an input requires grad, and the generated "
+                             "kernels have no backward: call under torch.no_grad() or "
+                             "torch.inference_mode(), or detach() the inputs")
         length = self.size(tensors)
         run = self.module(length)
         lp = self.scaling.padded(length)

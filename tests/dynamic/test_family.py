@@ -178,6 +178,9 @@ def test_compiled_family_runs_every_size_through_triton(family_result):
         fn(torch.randn(2, 32, 64).half(), np.zeros((2, 64, 9)), torch.randn(2, 9, 64).half())
     with pytest.raises(em.MirageError, match="expected dtype float16, got float32"):
         fn(torch.randn(2, 32, 64), torch.randn(2, 64, 9).half(), torch.randn(2, 9, 64).half())
+    with pytest.raises(em.MirageError, match="requires grad"):  # no silent loss of grads
+        fn(torch.randn(2, 32, 64).half().requires_grad_(), torch.randn(2, 64, 9).half(),
+           torch.randn(2, 9, 64).half())
     with pytest.raises(em.DynamicShapeError, match="disagree"):
         fn(torch.randn(2, 32, 64).half(), torch.randn(2, 64, 9).half(),
            torch.randn(2, 8, 64).half())
