@@ -39,19 +39,20 @@ class KernelWriter(TileOps):
     def __init__(self, k: CustomKernel, specs: Mapping[str, TensorSpec], fn_name: str,
                  block: dict[int, int] | None = None,
                  causal: Mapping[str, tuple] | None = None,
-                 family: tuple[Mapping[str, set], bool, frozenset] | None = None) -> None:
+                 family: tuple[Mapping[str, set], frozenset, frozenset] | None = None) -> None:
         self.k, self.specs, self.fn_name = k, specs, fn_name
         self.causal = dict(causal or {})  # tensor -> (rows, cols, offset): computed, not read
-        # a length mask's offset is "(seq_len - 1)", L a runtime argument (shape families)
-        self.runtime_length = any(isinstance(c[2], str) and t in k.reads()
-                                  for t, c in self.causal.items())
         # a shape family's kernel: the strides of tensors with a dynamic axis and a loop that
         # grows with the size are runtime arguments, so every padded size runs one binary
-        dynamic, grows, short = family or ({}, False, frozenset())
+        dynamic, loops, short = family or ({}, frozenset(), frozenset())
         self.family, self.dynamic = family is not None, dynamic
         self.short = set(short) & set(k.reads())  # inputs read unpadded, masked at L
         self.bounds: dict[str, str] = {}  # pointers -> positions-below-L condition
-        self.runtime_length = self.runtime_length or bool(self.short)
+        # L is the runtime argument seq_len: a length mask's offset "(seq_len - 1)", or
+        # the bound of an input read unpadded
+        self.runtime_length = bool(self.short) or any(
+            isinstance(c[2], str) and t in k.reads() for t, c in self.causal.items())
+        grows = k.name in loops
         self.looped = k.forloop > 1 or grows
         self.f_count = "n_iter" if grows else str(k.forloop)
         names = Names()
@@ -75,12 +76,14 @@ class KernelWriter(TileOps):
     @classmethod
     def write(cls, k: CustomKernel, specs: Mapping[str, TensorSpec],
               fn_name: str, causal: Mapping[str, tuple] | None = None,
-              family: tuple[Mapping[str, set], bool, frozenset] | None = None) -> KernelWriter:
+              family: tuple[Mapping[str, set], frozenset, frozenset] | None = None
+              ) -> KernelWriter:
         """A writer whose ``text`` is the kernel's source (``launch`` gives its launch);
         tiles of the ``causal`` tensors are computed from their positions, not loaded.
-        ``family``: ({tensor: dynamic axes}, whether this kernel's loop grows, the inputs
-        read unpadded) for a shape family's kernel, whose source is then the same at every
-        padded size; loads of an unpadded input are masked past L (``seq_len``)."""
+        ``family``: ({tensor: dynamic axes}, the kernels whose loop grows, the inputs read
+        unpadded) of a shape family's plan (``triton_source``'s): the kernel's source is
+        then the same at every padded size; loads of an unpadded input are masked past L
+        (``seq_len``)."""
         writer = cls(k, specs, fn_name, causal=causal, family=family)
         writer.text = writer.source()
         block = writer.bumped()

@@ -178,10 +178,9 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
     for t in length_masks:
         rows, cols, _ = causal[t]
         causal[t] = (rows, cols, "(seq_len - 1)")
-    writers = {id(k): KernelWriter.write(
-        k, specs, fn_names(f"{identifier(k.name)}_kernel"), causal,
-        None if family is None else (family[0], k.name in family[1], family[2]))
-        for k in custom}
+    writers = {id(k): KernelWriter.write(k, specs, fn_names(f"{identifier(k.name)}_kernel"),
+                                         causal, family)
+               for k in custom}
     short = {n: tuple(sorted(family[0][n])) for n in sorted(family[2] if family else ())
              if n in mg.inputs}
     host = Names(_HOST_RESERVED | fn_names.used)

@@ -405,9 +405,9 @@ class Backend:
         single = True
         for node in sub.graph.nodes:
             if node.op == "placeholder":
-                spec = specs[node]
-                if spec is None and sizes.scalar(node) is not None:
-                    cv.env[node] = cv.scalars[placeholders.index(node)] = sizes.scalar(node)
+                spec, scalar = specs[node], sizes.scalar(node)
+                if spec is None and scalar is not None:
+                    cv.env[node] = cv.scalars[placeholders.index(node)] = scalar
                     continue
                 if spec is None:
                     raise MirageError(f"input {node.name!r} is not a float tensor")

@@ -36,10 +36,26 @@ from ..ir.node import ALL_DTYPES
 __all__ = ["SymbolicSizes", "computes", "empty", "node_spec", "split_runs", "values"]
 
 
+def recorded(node: fx.Node) -> Any:
+    """The value Dynamo recorded for ``node`` (a fake tensor, a tuple of them, a SymInt...)."""
+    return node.meta.get("example_value", node.meta.get("val"))
+
+
 def values(node: fx.Node) -> list:
     """The value(s) Dynamo recorded for ``node``: a tuple's items, else the one value."""
-    v = node.meta.get("example_value", node.meta.get("val"))
+    v = recorded(node)
     return list(v) if isinstance(v, (tuple, list)) else [v]
+
+
+def _float_name(dtype: Any) -> str | None:
+    """The dtype name of a float16/bfloat16/float32 (or bool) torch dtype, else None."""
+    name = str(dtype).replace("torch.", "")
+    return name if name in ALL_DTYPES else None
+
+
+def _expr(d: Any) -> Any:
+    """The simplified sympy expression of a SymInt (Dynamo's guards applied)."""
+    return d.node.shape_env.simplify(d.node.expr)
 
 
 def node_spec(node: fx.Node) -> tuple[tuple[int, ...], str, Any] | None:
@@ -55,8 +71,8 @@ def node_spec(node: fx.Node) -> tuple[tuple[int, ...], str, Any] | None:
         if tm is None or not hasattr(tm, "shape"):
             return None
         shape, dtype, device = tuple(tm.shape), tm.dtype, None
-    name = str(dtype).replace("torch.", "")
-    if name not in ALL_DTYPES or not all(type(d) is int for d in shape):
+    name = _float_name(dtype)
+    if name is None or not all(type(d) is int for d in shape):
         return None
     return shape, name, device
 
@@ -124,7 +140,7 @@ class SymbolicSizes:
         if isinstance(d, int):
             return None
         env = d.node.shape_env
-        expr = env.simplify(d.node.expr)
+        expr = _expr(d)
         if expr.is_number:
             return None
         known = getattr(env, "backed_var_to_val", None)
@@ -147,16 +163,11 @@ class SymbolicSizes:
 
     def held(self, node: fx.Node) -> dict[int, Any]:
         """{axis: symbol} of the axes of ``node``'s tensor that are a specialized symbol."""
-        v = node.meta.get("example_value", node.meta.get("val"))
+        v = recorded(node)
         if not isinstance(v, torch.Tensor):
             return {}
-        out = {}
-        for axis, d in enumerate(v.shape):
-            if not isinstance(d, int):
-                expr = d.node.shape_env.simplify(d.node.expr)
-                if expr in self.specialized:
-                    out[axis] = expr
-        return out
+        exprs = ((axis, _expr(d)) for axis, d in enumerate(v.shape) if not isinstance(d, int))
+        return {axis: e for axis, e in exprs if e in self.specialized}
 
     @property
     def dynamic(self) -> bool:
@@ -168,7 +179,7 @@ class SymbolicSizes:
         family sizes it is (a sympy expression)."""
         if isinstance(d, int):
             return d
-        expr = d.node.shape_env.simplify(d.node.expr)
+        expr = _expr(d)
         if not expr.free_symbols & self.unbacked:
             expr = sympy.sympify(expr.xreplace(self.specialized))
         return int(expr) if expr.is_number else expr
@@ -179,20 +190,20 @@ class SymbolicSizes:
 
     def spec(self, node: fx.Node) -> tuple[tuple, str, Any] | None:
         """(shape as served, dtype name, device) of the float tensor ``node`` produces."""
-        v = node.meta.get("example_value", node.meta.get("val"))
+        v = recorded(node)
         if not isinstance(v, torch.Tensor):
             return node_spec(node) if "tensor_meta" in node.meta else None
-        name = str(v.dtype).replace("torch.", "")
-        return (self.shape(v), name, v.device) if name in ALL_DTYPES else None
+        name = _float_name(v.dtype)
+        return None if name is None else (self.shape(v), name, v.device)
 
     def tuple_spec(self, node: fx.Node) -> list[tuple[tuple, str, Any]] | None:
         """The specs of a node producing a tuple of float tensors (``split``, ``chunk``)."""
-        v = node.meta.get("example_value", node.meta.get("val"))
+        v = recorded(node)
         if not isinstance(v, (tuple, list)) or not v or not all(
                 isinstance(t, torch.Tensor) for t in v):
             return None
-        names = [str(t.dtype).replace("torch.", "") for t in v]
-        if not all(n in ALL_DTYPES for n in names):
+        names = [_float_name(t.dtype) for t in v]
+        if None in names:
             return None
         return [(self.shape(t), n, t.device) for t, n in zip(v, names)]
 
@@ -200,7 +211,7 @@ class SymbolicSizes:
     def scalar(node: fx.Node) -> float | None:
         """The example value of a float Dynamo made symbolic (a ``SymFloat``, e.g. a
         module's eps read with ``.item()`` under ``dynamic=True``), else None."""
-        v = node.meta.get("example_value", node.meta.get("val"))
+        v = recorded(node)
         if isinstance(v, torch.SymFloat):
             hint = getattr(v.node, "hint", None)
             return None if hint is None else float(hint)

@@ -193,13 +193,13 @@ class MuGraph:
         for k in self.kernels:
             if k.kind == "custom":
                 blocks = math.prod(k.grid)
-                out += [(f"kernel {k.name!r}: block value {fmt_shape(n.shape)} x {blocks} blocks",
-                         blocks * math.prod(n.shape))
-                        for stage in (k.loop, k.post) for n in stage.nodes()]
-                out += [(f"kernel {k.name!r}: matmul {fmt_shape(n.shape)} x {blocks} blocks: "
-                         "exact digit products", matmul_scratch(n, blocks))
-                        for stage in (k.loop, k.post) for n in stage.nodes()
-                        if n.op is Op.MATMUL]
+                for n in (n for stage in (k.loop, k.post) for n in stage.nodes()):
+                    out.append((f"kernel {k.name!r}: block value {fmt_shape(n.shape)} x "
+                                f"{blocks} blocks", blocks * math.prod(n.shape)))
+                    if n.op is Op.MATMUL:
+                        out.append((f"kernel {k.name!r}: matmul {fmt_shape(n.shape)} x "
+                                    f"{blocks} blocks: exact digit products",
+                                    matmul_scratch(n, blocks)))
                 if k.forloop > 1:  # a summed loop matmul's operands, kept for every iteration
                     out += [(f"kernel {k.name!r}: matmul operands {fmt_shape(m.srcs[0].shape)} "
                              f"and {fmt_shape(m.srcs[1].shape)} x {blocks} blocks x "

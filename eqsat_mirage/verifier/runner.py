@@ -70,8 +70,8 @@ def footprint(program) -> list[tuple[str, int]]:
     as the tiled interpreter holds them) of a MuGraph."""
     if hasattr(program, "footprint"):
         return program.footprint()
+    nodes = program.nodes()
     out = [(f"node {n.op.name.lower()} {fmt_shape(n.shape)}" + (f" {n.arg!r}" if
-            n.op.name == "INPUT" else ""), math.prod(n.shape)) for n in program.nodes()]
+            n.op.name == "INPUT" else ""), math.prod(n.shape)) for n in nodes]
     return out + [(f"matmul {fmt_shape(n.shape)}: exact digit products", matmul_scratch(n))
-                  for n in program.nodes() if n.op.name == "MATMUL"]
-
+                  for n in nodes if n.op.name == "MATMUL"]
