@@ -87,8 +87,8 @@ def decode_family(kv: int = 4, group: int = 4, d: int = 64, hint: int = 4096):
 
 def export_family(folder: Path, target: str, time_limit_s: float, first: int = DECODE[3],
                   steps: int = DECODE[4]) -> dict:
-    """The decode family's Triton modules for every padded size L = first .. first + steps
-    - 1 needs, and its manifest entry (the runner walks L one step at a time)."""
+    """The decode family's one Triton module (its launcher serves every L) and its manifest
+    entry (the runner walks L = first .. first + steps - 1 one step at a time)."""
     from eqsat_mirage.dynamic.runner import FamilyRunner
 
     kv, group, d = DECODE[:3]
@@ -97,10 +97,15 @@ def export_family(folder: Path, target: str, time_limit_s: float, first: int = D
     runner = FamilyRunner(res.family, res.scaling)
     lengths = range(first, first + steps)
     modules = {}
-    for lp in sorted({res.scaling.padded(n) for n in lengths}):
-        name = f"decode_family_{lp}.py"
-        (folder / name).write_text(runner.source(lp), encoding="utf-8")
-        modules[str(lp)] = name
+    text = runner.source()
+    if runner.launcher:  # the launcher does not scale: one module per padded size
+        for lp in sorted({res.scaling.padded(n) for n in lengths}):
+            name = f"decode_family_{lp}.py"
+            (folder / name).write_text(runner.source(lp), encoding="utf-8")
+            modules[str(lp)] = name
+    else:
+        (folder / "decode_family.py").write_text(text, encoding="utf-8")
+        modules["0"] = "decode_family.py"
     fam = res.stats["family"]
     return {"id": "decode_family", "case": f"decode GQA family, L {first}..{lengths[-1]}",
             "modules": modules, "granule": res.scaling.granule, "first": first,

@@ -23,9 +23,9 @@ here, plus ``manifest.json``. For every case this script:
 - writes everything to ``--out`` as JSON (``gpu_bundle.py ingest`` reads it).
 
 The manifest's ``families`` (the decode family: a KV cache growing one token per step)
-run step by step (``run_family``): each length through the module of its padded size with
-``SEQ_LEN`` set, checked against float64, timed per step as plain launches beside eager
-torch and SDPA.
+run step by step (``run_family``): each length through the family's one module (its
+launcher computes the padded size and grids from L), checked against float64, timed per
+step as plain launches beside eager torch and SDPA.
 
 ``--device cpu`` runs the correctness part alone (TRITON_INTERPRET=1 must be set
 before triton loads), which is how CI tests this script. It imports nothing of
@@ -197,10 +197,11 @@ def run_case(folder: Path, case: dict, device: str, args) -> dict:
 
 
 def run_family(folder: Path, fam: dict, device: str, args) -> dict:
-    """The decode family: L grows one step at a time; each step runs the module of L's
-    padded size with SEQ_LEN = L on K and V cut to L (views of one cache, no copy),
-    checked against float64 softmax attention; on CUDA each step is timed as plain
-    launches (the median over the steps) beside eager torch and SDPA on the same views."""
+    """The decode family: L grows one step at a time; each step runs the family's module
+    (key "0": one serving every L; else the module of L's padded size) on K and V cut to L
+    (views of one cache, no copy), checked against float64 softmax attention; on CUDA each
+    step is timed as plain launches (the median over the steps) beside eager torch and
+    SDPA on the same views."""
     import torch
     import torch.nn.functional as F  # noqa: N812
 
@@ -214,10 +215,9 @@ def run_family(folder: Path, fam: dict, device: str, args) -> dict:
     kv, group, d = q.shape[1], q.shape[2], q.shape[3]
     for n in range(fam["first"], fam["first"] + fam["steps"]):
         k, v = kc[..., :n], vc[:, :, :n]
-        mod = mods[-(-n // fam["granule"]) * fam["granule"]]
+        mod = mods.get(0) or mods[-(-n // fam["granule"]) * fam["granule"]]
 
-        def ours(mod=mod, k=k, v=v, n=n):
-            mod.SEQ_LEN = n
+        def ours(mod=mod, k=k, v=v):
             return mod.run(Q=q, K=k, V=v)["O"]
 
         def eager(k=k, v=v):

@@ -98,8 +98,8 @@ def run(name: str, dtype: str = "float32", impl: str = "sdpa", time_limit_s: flo
     import torch
 
     fn, args = case(name, dtype, impl)
-    torch._dynamo.reset()
-    be = em.backend(time_limit_s=time_limit_s, warn=False,
+    torch._dynamo.reset()  # one call: searched when Dynamo compiles it (warmup=0)
+    be = em.backend(time_limit_s=time_limit_s, warn=False, warmup=0,
                     **({"cache": cache} if cache is not None else {}))
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -94,16 +94,17 @@ def test_ingest_turns_timings_into_rows():
     assert abs(row["dram_frac"] - 3e6 / 5e-6 / 3e12) < 1e-12
 
 
-def test_the_decode_family_runs_step_by_step_through_its_padded_modules(tmp_path):
-    """The bundle's decode family: one module per padded size the steps need, each step
-    with SEQ_LEN set and K, V cut to L (views), checked against float64 by the runner."""
+def test_the_decode_family_runs_step_by_step_through_its_one_module(tmp_path):
+    """The bundle's decode family: one module whose launcher serves every L (steps across a
+    padded size's boundary included), K and V cut to L (views), checked against float64 by
+    the runner."""
     from bench.gpu_bundle import export_family
 
     entry = export_family(tmp_path, "h100", 60.0, first=126, steps=6)
-    assert len(entry["modules"]) >= 2 and entry["short"] == ["K", "V"]
-    for name in entry["modules"].values():
-        text = (tmp_path / name).read_text()
-        assert "import eqsat_mirage" not in text and "SEQ_LEN" in text
+    assert entry["modules"] == {"0": "decode_family.py"} and entry["short"] == ["K", "V"]
+    assert len({-(-n // entry["granule"]) for n in range(126, 132)}) >= 2  # crosses a granule
+    text = (tmp_path / "decode_family.py").read_text()
+    assert "import eqsat_mirage" not in text and "PADDED = None" in text
     (tmp_path / "manifest.json").write_text(json.dumps({"made": {"target": "h100"},
                                                         "cases": [], "families": [entry]}))
     rc, results, log = run_runner(tmp_path)

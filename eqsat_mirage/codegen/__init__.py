@@ -1,6 +1,8 @@
 """Stage 7, lower: a ``MuGraph`` to a Python module of ``@triton.jit`` kernels and a launcher.
 
-``source.py``: ``triton_source`` and ``compile_mugraph``. ``host.py``: the launcher's
+``source.py``: ``triton_source``, ``family_source`` (a shape family's one module) and
+``compile_mugraph``. ``family.py``: ``FamilyLayout`` and ``merge``, the family launcher's
+literals as polynomials of the padded size. ``host.py``: the launcher's
 input checks once per input signature, constexpr strides, output buffers
 (``reuse_outputs``). ``kernel.py``: one custom kernel's body. ``tiles.py``: tile
 expressions (``tl.dot``, reductions, masks). ``concat.py``: concatenation and the code

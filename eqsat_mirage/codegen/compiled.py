@@ -79,6 +79,17 @@ def _load(source: str):
     return module
 
 
+def _length(module) -> int:
+    """A length a shape family's module serves (its size's axes are named in INPUTS): 17
+    where it can (not 1 and not a multiple of 16, which Triton would specialize)."""
+    if not hasattr(module, "SIZE"):
+        return 17
+    low, high = module.LENGTHS
+    if module.PADDED:  # a module of one padded size: a length inside it
+        return max(module.PADDED - module.GRANULE + 1, low)
+    return max(17, low) if high is None else min(max(17, low), high)
+
+
 def _launches(module) -> list[tuple[str, object, tuple, tuple, dict]]:
     """(kernel name, function, grid, args, keyword args) of each launch of ``module.run``."""
     import torch
@@ -96,10 +107,10 @@ def _launches(module) -> list[tuple[str, object, tuple, tuple, dict]]:
         obj = getattr(module, attr)
         if attr.endswith("_kernel") and hasattr(obj, "arg_names"):
             setattr(module, attr, Recorder(attr, obj))
-    inputs = {n: torch.empty(shape, dtype=dtype, device="meta")
+    length = _length(module)
+    inputs = {n: torch.empty(tuple(length if isinstance(d, str) else d for d in shape),
+                             dtype=dtype, device="meta")
               for n, (shape, dtype) in module.INPUTS.items()}
-    if getattr(module, "SEQ_LEN", 0) is None:  # a shape family's module: any length will do
-        module.SEQ_LEN = 17  # (not 1, not a multiple of 16: Triton specializes those)
     with _interpreter(True):  # lets the launcher accept meta tensors
         module.run(**inputs)
     return seen

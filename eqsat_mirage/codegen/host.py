@@ -92,16 +92,15 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
 
 
 _SAME = "        if tuple(x.shape) != shape:\n"
-_SHORT = ("        if len(x.shape) != len(shape) or any(\n"
-          "                g != w and not (a in SHORT.get(name, ()) and 0 < g <= w)\n"
-          "                for a, (g, w) in enumerate(zip(x.shape, shape))):\n")
+# a shape family's INPUTS name its size (e.g. "L") where an axis may have any length
+_ANY = ("        if len(x.shape) != len(shape) or any(\n"
+        "                w.__class__ is int and g != w for g, w in zip(x.shape, shape)):\n")
 
 
 def _key(x: str, short: tuple[int, tuple[int, ...]] | None) -> list[str]:
-    """The signature parts of input ``x``; a shape family's input read masked
-    (``short``: its rank and the axes it may be shorter along) is keyed without those
-    sizes and its strides (the launcher reads them at every call): every length of a
-    padded size shares one signature."""
+    """The signature parts of input ``x``; a shape family's input with axes of size L
+    (``short``: its rank and those axes) is keyed without those sizes and its strides
+    (the launcher reads them at every call): every length shares one signature."""
     if short is None:
         return [f"{x}.{a}" for a in ("__class__", "shape", "dtype", "device", "stride()")]
     rank, axes = short
@@ -110,12 +109,14 @@ def _key(x: str, short: tuple[int, tuple[int, ...]] | None) -> list[str]:
 
 
 def bind_source(inputs: Sequence[str], reuse: bool,
-                short: dict[int, tuple[int, tuple[int, ...]]] | None = None) -> str:
+                short: dict[int, tuple[int, tuple[int, ...]]] | None = None,
+                family: bool = False) -> str:
     """``_CHECKED``, ``_bind``, ``_signature`` and ``_check`` of a module whose inputs are
     the host variables ``inputs`` (in INPUTS order); ``reuse``: entries carry the
-    buffers of ``_buffers``; ``short``: input position -> (rank, axes) of the inputs that
-    may be shorter along the axes ``SHORT`` names (a shape family's inputs, read masked;
-    see ``_key``)."""
+    buffers of ``_buffers``; ``short``: input position -> (rank, axes) of the inputs with
+    axes of any length (a shape family's, named by its size in INPUTS; see ``_key``);
+    ``family``: a shape family's module, whose entries carry, with ``reuse``, a dict
+    padded size -> the buffers ``_buffers`` allocated for it."""
     short = short or {}
     n = len(inputs)
     buffers = "[, the buffers _buffers allocated]" if reuse else ""
@@ -152,11 +153,12 @@ def bind_source(inputs: Sequence[str], reuse: bool,
             "    if entry is None:",
             "        entry = (device,) + tuple(s for x in tensors for s in x.stride())"]
     if reuse:
-        out.append("        entry += _buffers(device, *tensors)")
+        out.append("        entry += ({},)  # padded size -> the buffers _buffers allocated"
+                   if family else "        entry += _buffers(device, *tensors)")
     out += [f"        if len(_CHECKED) < {MAX_SIGNATURES}:",
             "            _CHECKED[key] = entry",
             "    return tensors, entry"]
-    return "\n".join(out) + "\n" + (_CHECK.replace(_SAME, _SHORT) if short else _CHECK)
+    return "\n".join(out) + "\n" + (_CHECK.replace(_SAME, _ANY) if family else _CHECK)
 
 
 def unpack(names: Sequence[str], value: str, indent: str = "    ") -> list[str]:

@@ -24,6 +24,7 @@ from ..ir.printing import _short
 from ..mugraph.kernels import CustomKernel, TensorSpec, axis_name, fmt_map
 from ..mugraph.online import causal_skip
 from .concat import CodegenError, Val, split, squeezed
+from .family import FamilyLayout
 from .tiles import TL_DTYPE, Names, TileOps, exp2, index
 
 __all__ = ["CodegenError", "KernelWriter", "fit", "wrap"]
@@ -39,13 +40,15 @@ class KernelWriter(TileOps):
     def __init__(self, k: CustomKernel, specs: Mapping[str, TensorSpec], fn_name: str,
                  block: dict[int, int] | None = None,
                  causal: Mapping[str, tuple] | None = None,
-                 family: tuple[Mapping[str, set], frozenset, frozenset] | None = None) -> None:
+                 family: FamilyLayout | None = None) -> None:
         self.k, self.specs, self.fn_name = k, specs, fn_name
         self.causal = dict(causal or {})  # tensor -> (rows, cols, offset): computed, not read
         # a shape family's kernel: the strides of tensors with a dynamic axis and a loop that
         # grows with the size are runtime arguments, so every padded size runs one binary
-        dynamic, loops, short = family or ({}, frozenset(), frozenset())
+        dynamic, loops, short = (family.tensors, family.loop, family.short) if family \
+            else ({}, frozenset(), frozenset())
         self.family, self.dynamic = family is not None, dynamic
+        self.launched = family.launch.get(k.name) if family else None  # the hint's options
         self.short = set(short) & set(k.reads())  # inputs read unpadded, masked at L
         self.bounds: dict[str, str] = {}  # pointers -> positions-below-L condition
         # L is the runtime argument seq_len: a length mask's offset "(seq_len - 1)", or
@@ -76,14 +79,12 @@ class KernelWriter(TileOps):
     @classmethod
     def write(cls, k: CustomKernel, specs: Mapping[str, TensorSpec],
               fn_name: str, causal: Mapping[str, tuple] | None = None,
-              family: tuple[Mapping[str, set], frozenset, frozenset] | None = None
-              ) -> KernelWriter:
+              family: FamilyLayout | None = None) -> KernelWriter:
         """A writer whose ``text`` is the kernel's source (``launch`` gives its launch);
         tiles of the ``causal`` tensors are computed from their positions, not loaded.
-        ``family``: ({tensor: dynamic axes}, the kernels whose loop grows, the inputs read
-        unpadded) of a shape family's plan (``triton_source``'s): the kernel's source is
-        then the same at every padded size; loads of an unpadded input are masked past L
-        (``seq_len``)."""
+        ``family``: a shape family's ``FamilyLayout`` (its growing tensors and loops, the
+        inputs read unpadded): the kernel's source is then the same at every padded size;
+        loads of an unpadded input are masked past L (``seq_len``)."""
         writer = cls(k, specs, fn_name, causal=causal, family=family)
         writer.text = writer.source()
         block = writer.bumped()
@@ -447,15 +448,16 @@ class KernelWriter(TileOps):
         ``strides`` each tensor to its strides' expressions (the kernel's constexpr strides:
         literals, or variables of the launcher)."""
         tensors = self.reads + self.writes
+        warps, stages = self.launched or (warps_for(self.k) or 16, stages_for(self.k))
         grid = ", ".join(str(g) for g in self.k.grid) + ("," if len(self.k.grid) == 1 else "")
-        runtime = (["SEQ_LEN"] if self.runtime_length else []) + (
+        runtime = (["seq_len"] if self.runtime_length else []) + (
             [str(self.k.forloop)] if self.f_count == "n_iter" else []) + [
             strides[t][d] for t in self.runtime_strides for d in range(len(self.stride[t]))]
         args = [[var[t] for t in tensors] + runtime,
                 [strides[t][d] for t in tensors if t not in self.runtime_strides
                  for d in range(len(self.stride[t]))],
                 [f"{self.block_name[n]}={self.block[n]}" for n in sorted(self.block_name)]
-                + [f"num_warps={warps_for(self.k) or 16}", f"num_stages={stages_for(self.k)}"]]
+                + [f"num_warps={warps}", f"num_stages={stages}"]]
         lines = [f"{self.fn_name}[({grid})]("]
         for group in args:
             lines += wrap(group, "    ", ",")

@@ -41,11 +41,13 @@ from ..ir.printing import _short
 from ..mugraph.kernels import CustomKernel, PredefinedKernel, TensorSpec
 from ..mugraph.program import MuGraph
 from .concat import CodegenError
+from .family import POINTS, FamilyLaunchError, FamilyLayout, merge
 from .host import bind_source, contiguous_strides, unpack
 from .kernel import KernelWriter, fit, wrap
 from .tiles import Names, identifier, literal
 
-__all__ = ["CodegenError", "compile_mugraph", "triton_source", "TRITON_API", "TRITON_DENYLIST"]
+__all__ = ["CodegenError", "compile_mugraph", "family_source", "triton_source", "TRITON_API",
+           "TRITON_DENYLIST"]
 
 # Every ``tl.<name>`` the generator may emit: long-standing APIs, all in Triton 3.6.
 TRITON_API = frozenset({
@@ -62,24 +64,35 @@ TRITON_DENYLIST = ("tl.make_tensor_descriptor", "TensorDescriptor", "_experiment
                    "tl.join", "tl.split", "tl.histogram", "tl.inline_asm", "tl.extra",
                    "libdevice", "triton.knobs", "triton.tools")
 
+HELD_SIZES = 4  # a shape family's reused buffers: padded sizes kept (REUSE_OUTPUTS)
 TORCH_DTYPE = {"float16": "torch.float16", "bfloat16": "torch.bfloat16",
                "float32": "torch.float32", "bool": "torch.bool"}
 _HOST_RESERVED = frozenset({"torch", "triton", "tl", "os", "device", "args", "kwargs", "run",
                             "entry", "key", "tensors", "INPUTS", "OUTPUTS", "NEEDS_TRITON",
                             "REUSE_OUTPUTS", "_bind", "_check", "_signature", "_buffers",
-                            "_CHECKED"})
+                            "_CHECKED", "SIZE", "GRANULE", "LENGTHS", "HINT", "PADDED", "SHORT",
+                            "seq_len", "lp", "held", "_held"})
 
 
 def _shape(shape: tuple[int, ...]) -> str:
     return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
-def _specs(table: dict[str, TensorSpec]) -> list[str]:
-    return [f'    "{n}": ({_shape(s.shape)}, {TORCH_DTYPE[s.dtype]}),' for n, s in table.items()]
+def _specs(table: dict[str, TensorSpec], axes: Mapping[str, set] | None = None,
+           size: str = "") -> list[str]:
+    """``INPUTS``/``OUTPUTS`` entries; ``axes``: a family's tensor -> its axes of size
+    ``size``, shown by that name."""
+    axes = axes or {}
+    out = []
+    for n, s in table.items():
+        shape = tuple(repr(size) if a in axes.get(n, ()) else d for a, d in enumerate(s.shape))
+        out.append(f'    "{n}": ({_shape(shape)}, {TORCH_DTYPE[s.dtype]}),')
+    return out
 
 
-def _torch_op(k: PredefinedKernel, var: dict[str, str]) -> str:
-    """The torch expression of a pre-defined kernel (its operands are device tensors)."""
+def _torch_op(k: PredefinedKernel, var: dict[str, str], length_mask: bool = False) -> str:
+    """The torch expression of a pre-defined kernel (its operands are device tensors);
+    ``length_mask``: a shape family's length mask (True where ``col < seq_len``)."""
     n, who = k.node, f"kernel {k.name!r}"
 
     def arg(s: Node, cast: bool = False) -> str:
@@ -90,6 +103,7 @@ def _torch_op(k: PredefinedKernel, var: dict[str, str]) -> str:
 
     if n.op is Op.CAUSAL:
         rows, cols, off = n.arg
+        off = "seq_len - 1" if length_mask else off
         return f"torch.ones(({rows}, {cols}), dtype=torch.bool, device=device).tril({off})"
     if all(s.op is Op.CONST for s in n.srcs):
         from ..frontend.graph import Graph
@@ -149,10 +163,76 @@ def _alloc(spec: TensorSpec, first: tuple[str, str] | None) -> str:
     return f"{first[0]}.new_empty({_shape(spec.shape)}{dtype})"
 
 
+def _family_head(fam: FamilyLayout, dyn: Mapping[str, tuple[int, ...]]) -> list[str]:
+    """A family module's constants: its size, granule, range, hint and unpadded inputs."""
+    lines = [f"SIZE = {fam.name!r}  # a shape family: axes named {fam.name!r} in INPUTS and "
+             "OUTPUTS have any length",
+             f"GRANULE = {fam.granule}  # the kernels run at the padded size lp: L rounded up "
+             "to a multiple",
+             f"LENGTHS = ({fam.low}, {fam.high})  # L's range (min, max; None: no maximum)",
+             f"HINT = {fam.hint}  # the size the plan was priced at",
+             f"PADDED = {fam.padded}  # " + ("the one padded size this module serves"
+                                            if fam.padded else "None: every padded size")]
+    short = {n: axes for n, axes in dyn.items() if n in fam.short}
+    return lines + [f"SHORT = {short!r}  # read as they are, loads masked at L",
+                    "# (the other inputs with an axis of size L are zero-padded to lp first)"]
+
+
+def _family_run(fam: FamilyLayout, dyn: Mapping[str, tuple[int, ...]], var: Mapping[str, str],
+                pointed: set[str], strides: Mapping[str, list[str]],
+                ranks: Mapping[str, int]) -> list[str]:
+    """A family launcher's lines after ``_bind``: L read from the inputs (they must agree
+    and L lie in range), the padded size ``lp``, the zero-padding of inputs a torch op
+    reads, and the per-call strides of every input with a dynamic axis."""
+    seen = [f"{var[n]}.shape[{a}]" for n in dyn for a in dyn[n]]
+    low, high = fam.low, fam.high
+    bad = [f"{s} != seq_len" for s in seen[1:]] + [
+        f"not {low} <= seq_len" + (f" <= {high}" if high is not None else "")]
+    lines = [f"    seq_len = {seen[0]}  # L: every axis named {fam.name!r} has this length"]
+    cond = wrap([f"{b} or" for b in bad], "", "", 88)
+    cond[-1] = cond[-1][:-3]
+    if len(cond) == 1:
+        lines.append(f"    if {cond[0]}:")
+    else:  # one condition per line, in brackets
+        lines += ["    if ("] + [f"            {c}" for c in cond] + ["    ):"]
+    lines.append(f'        raise ValueError(f"the inputs\' sizes {fam.name} must agree and lie in '
+                 f'[{low}, {high if high is not None else "inf"}]: "')
+    shown = wrap([f"{s} = {{{s}}}," for s in seen], "", "", 64)
+    shown[-1] = shown[-1].rstrip(",")
+    lines += [f'                         f"{line} "' for line in shown[:-1]]
+    lines.append(f'                         f"{shown[-1]}")')
+    lines.append("    lp = -(-seq_len // GRANULE) * GRANULE  # the padded size the kernels run at")
+    if fam.padded:
+        lines += [f"    if lp != {fam.padded}:",
+                  f'        raise ValueError(f"this module serves padded size {fam.padded} only '
+                  f'(L in ({fam.padded - fam.granule}, {fam.padded}]), got L = {{seq_len}}")']
+    padded = [n for n in dyn if n not in fam.short]
+    if padded:
+        lines.append("    if lp != seq_len:  # inputs a torch op reads: zero-padded to lp")
+        for n in padded:
+            pad = []
+            for a in reversed(range(ranks[n])):  # F.pad's pairs start at the last axis
+                pad += ["0", "lp - seq_len" if a in dyn[n] else "0"]
+            while pad[-2:] == ["0", "0"]:
+                pad = pad[:-2]
+            lines.append(f"        {var[n]} = torch.nn.functional.pad({var[n]}, "
+                         f"({', '.join(pad)}))")
+    for n in dyn:  # strides change with L (and with the padding)
+        if n in pointed:
+            lines += unpack(strides[n], f"{var[n]}.stride()")
+    return lines
+
+
+def _cut(value: str, axes) -> str:
+    """``value`` narrowed to ``seq_len`` along ``axes`` (a family's output)."""
+    for a in sorted(axes):
+        value += f".narrow({a}, 0, seq_len)"
+    return value
+
+
 def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = False,
                   length_masks: frozenset[str] = frozenset(),
-                  family: tuple[Mapping[str, set], frozenset[str], frozenset[str]] | None = None
-                  ) -> str:
+                  family: FamilyLayout | None = None) -> str:
     """The Python module (source text) running ``mugraph`` with Triton kernels and torch.
 
     ``header`` (e.g. the predicted cost) is added to the module's header comment.
@@ -160,14 +240,13 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
     allocated once per input signature and reused by every later call with it, so a call's
     outputs are overwritten by the next call (``REUSE_OUTPUTS = True`` in the module; see
     ``host.py``). Raises ``CodegenError`` for a block graph the backend cannot lower.
-    ``length_masks``: causal mask tensors that are a shape family's length masks (True
-    where ``col < L``): the kernels take L as the runtime argument ``seq_len`` (the module's
-    ``SEQ_LEN``, set by the family's runner before each call), so one build serves every L.
-    ``family``: ({tensor: dynamic axes}, kernels whose loop grows, inputs read unpadded)
-    of a shape family's plan: those tensors' strides and those loops' counts are runtime
-    kernel arguments, so the kernels' source (and Triton's binary) is the same at every
-    padded size; the unpadded inputs may be shorter than the plan's padded size along
-    their dynamic axes (``SHORT``), and the kernels' loads past L read 0.
+    ``family``: the ``FamilyLayout`` of a shape family's plan (``mugraph`` at one padded
+    size): the launcher reads L from its inputs (``seq_len``), rounds it up to the padded
+    size ``lp``, zero-pads the inputs a torch op reads, passes L, strides and loop counts
+    to the kernels as runtime arguments (their source is the same at every padded size)
+    and cuts the outputs to L. ``length_masks``: the family's length masks (True where
+    ``col < L``), computed from ``seq_len``. ``family_source`` merges such modules into one
+    serving every padded size.
     """
     mg = mugraph.validate()
     specs = mg.tensors
@@ -181,8 +260,8 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
     writers = {id(k): KernelWriter.write(k, specs, fn_names(f"{identifier(k.name)}_kernel"),
                                          causal, family)
                for k in custom}
-    short = {n: tuple(sorted(family[0][n])) for n in sorted(family[2] if family else ())
-             if n in mg.inputs}
+    dyn = {n: tuple(sorted(family.inputs[n])) for n in mg.inputs
+           if family and family.inputs.get(n)}
     host = Names(_HOST_RESERVED | fn_names.used)
     var = {name: host(name) for name in specs}
     names = list(mg.inputs)
@@ -202,43 +281,51 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
     lines += ["#"] + [f"# {line}" for line in str(mg).splitlines()]
     lines += ["", "import os", "", "import torch"]
     lines += ["import triton", "import triton.language as tl"] if custom else []
-    lines += ["", "INPUTS = {"] + _specs({n: specs[n] for n in mg.inputs}) + ["}"]
-    lines += ["OUTPUTS = {"] + _specs(mg.outputs) + ["}"]
+    grows = dict(family.tensors) if family else {}
+    size = family.name if family else ""
+    lines += ["", "INPUTS = {"] + _specs({n: specs[n] for n in mg.inputs}, grows, size) + ["}"]
+    out_axes = {o: grows.get(t, ()) for o, t in mg.output_tensors.items()}
+    lines += ["OUTPUTS = {"] + _specs(mg.outputs, out_axes, size) + ["}"]
     lines += [f"NEEDS_TRITON = {bool(custom)}",
-              *(["SEQ_LEN = None  # a shape family's size L: set it before each call"]
-                if length_masks or short else []),
-              *([f"SHORT = {short!r}  # input -> axes it may be shorter along (read masked)"]
-                if short else []),
+              *(_family_head(family, dyn) if family else []),
               f"REUSE_OUTPUTS = {bool(reuse_outputs)}  # "
               + ("outputs allocated once per input signature, overwritten by the next call"
                  if reuse_outputs else "every call allocates its outputs")]
     for k in custom:
         lines += ["", "", writers[id(k)].text.rstrip("\n")]
     lines += ["", "", bind_source([var[n] for n in names], reuse_outputs, {
-        names.index(n): (len(specs[n].shape), axes) for n, axes in short.items()}
-    ).rstrip("\n")]
+        names.index(n): (len(specs[n].shape), axes) for n, axes in dyn.items()},
+        family is not None).rstrip("\n")]
     buffers = [var[t] for t in written] if reuse_outputs else []
     if reuse_outputs:
-        params = ", ".join(["device"] + [var[n] for n in names])
+        params = ", ".join(["device"] + (["lp"] if family else []) + [var[n] for n in names])
         lines += ["", "", f"def _buffers({params}):",
                   '    """The tensors the kernels write, allocated once per input signature '
-                  "(REUSE_OUTPUTS):\n    every call with that signature writes and returns "
-                  'these same tensors."""']
+                  + ("and padded size " if family else "") + "(REUSE_OUTPUTS):\n    every call "
+                  'with that signature writes and returns these same tensors."""']
         lines += [f"    {var[t]} = {_alloc(spec, first)}" for t, spec in written.items()]
         lines.append(f"    return ({', '.join(buffers)}{',' if len(buffers) == 1 else ''})")
     outs = ", ".join(mg.output_tensors)
     doc = textwrap.wrap(f"Inputs {', '.join(names) or '(none)'}: torch tensors by position, by "
                         f"name, or as one dict. Returns a dict of torch tensors: {outs}.", 92)
+    if family:
+        doc += textwrap.wrap(f"A shape family: the axes named {family.name!r} in INPUTS may "
+                             "have any length (they must agree); the outputs' axes named so "
+                             "are cut to it.", 92)
     if reuse_outputs:
         doc += textwrap.wrap("REUSE_OUTPUTS: the tensors returned are the same at every call "
-                             "with the same input signature, overwritten by the next call "
+                             "with the same input signature" + (
+                                 f" and padded size (the buffers of {HELD_SIZES} padded sizes "
+                                 "are kept; a new one after that starts afresh)"
+                                 if family else "") + ", overwritten by the next call "
                              "(clone() them to keep them).", 92)
     lines += ["", "", "def run(*args, **kwargs):", f'    """Run MuGraph {mg.name!r}.', ""]
     lines += [f"    {line}" for line in doc] + ['    """']
     ins = "(" + ", ".join(var[n] for n in names) + ("," if len(names) == 1 else "") + ")"
     ins = ins if names else "_"
-    entry = ["device"] + [s if n in pointed and n not in short else "_" for n in names
-                          for s in strides[n]] + buffers
+    held = ["_held"] if reuse_outputs and family else buffers
+    entry = ["device"] + [s if n in pointed and n not in dyn else "_" for n in names
+                          for s in strides[n]] + held
     one = f"    {ins}, ({', '.join(entry)}{',' if len(entry) == 1 else ''}) = _bind(args, kwargs)"
     if len(one) <= 100:
         lines.append(one)
@@ -247,41 +334,71 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
     else:
         lines += ["    tensors, entry = _bind(args, kwargs)"]
         lines += unpack([var[n] for n in names], "tensors") + unpack(entry, "entry")
-    if length_masks or short:
-        lines += ["    if SEQ_LEN is None:",
-                  '        raise ValueError("SEQ_LEN (the shape family\'s size L) is not set: "',
-                  '                         "set module.SEQ_LEN = L before run()")']
-    for n in short:  # a family's input read masked: its strides change with L
-        if n in pointed:
-            lines += unpack(strides[n], f"{var[n]}.stride()")
+    if family:
+        lines += _family_run(family, dyn, var, pointed, strides,
+                             {n: len(specs[n].shape) for n in dyn})
+        if reuse_outputs:
+            lines += ["    held = _held.get(lp)", "    if held is None:",
+                      f"        if len(_held) >= {HELD_SIZES}:  # padded sizes whose buffers "
+                      "are kept",
+                      "            _held.clear()",
+                      f"        held = _held[lp] = _buffers(device, lp, "
+                      f"{', '.join(var[n] for n in names)})"]
+            lines += unpack(buffers, "held") if buffers else []
     read = mg.materialized()
+    at = f" at lp = {family.padded or mg.inputs[next(iter(dyn))].shape[dyn[next(iter(dyn))][0]]}" \
+        if family else ""
     for k in mg.kernels:
         if isinstance(k, PredefinedKernel):
             n = k.node
             if n.op is Op.CAUSAL and k.output not in read:
-                lines.append(f"    # kernel {k.name}: causal mask {list(n.shape)}, computed from "
-                             "positions inside the kernels that use it")
+                lines += [f"    # {line}" for line in textwrap.wrap(
+                    f"kernel {k.name}: causal mask {list(n.shape)}{at}, computed from "
+                    "positions inside the kernels that use it", 94)]
                 continue
-            lines += fit([f"{var[k.output]} = {_torch_op(k, var)}  # kernel {k.name}: "
-                          f"{n.op.name.lower()} -> {_short(n.dtype)}{list(n.shape)}"], "    ")
+            lines += fit([f"{var[k.output]} = {_torch_op(k, var, k.output in length_masks)}  "
+                          f"# kernel {k.name}: {n.op.name.lower()} -> {_short(n.dtype)}"
+                          f"{list(n.shape)}{at}"], "    ")
             if k.output in pointed and n.shape:  # a torch op's result: any strides
                 strides[k.output] = [host(f"{var[k.output]}_s{d}") for d in range(len(n.shape))]
                 lines += unpack(strides[k.output], f"{var[k.output]}.stride()")
             continue
         grid = ", ".join(str(g) for g in k.grid)
-        lines.append(f"    # kernel {k.name}: custom, grid ({grid}), forloop {k.forloop}"
-                     + (" (into reused buffers)" if reuse_outputs else ""))
+        lines += [f"    # {line}" for line in textwrap.wrap(
+            f"kernel {k.name}: custom, grid ({grid}), forloop {k.forloop}{at}"
+            + (" (into reused buffers)" if reuse_outputs else ""), 94)]
         if not reuse_outputs:
             lines += [f"    {var[t]} = {_alloc(spec, first)}"
                       for t, spec in k.output_specs().items()]
         lines += ["    " + line for line in writers[id(k)].launch(var, strides)]
-    result = [f'"{o}": {var[t]}' for o, t in mg.output_tensors.items()]
+    result = [f'"{o}": {_cut(var[t], out_axes[o])}' for o, t in mg.output_tensors.items()]
     ret = wrap(result, "    ", ",")
     if len(ret) == 1:
         lines.append(f"    return {{{ret[0].strip().rstrip(',')}}}")
     else:
         lines += ["    return {"] + ["    " + r for r in ret] + ["    }"]
     return "\n".join(lines) + "\n"
+
+
+def family_source(at: Callable[[int], MuGraph], family: FamilyLayout, header: str = "",
+                  reuse_outputs: bool = False, length_masks: frozenset[str] = frozenset()
+                  ) -> str:
+    """One module serving every size of a shape family: ``triton_source`` of the plan at
+    several padded sizes (``at(lp)`` gives the MuGraph at padded size ``lp``), merged by
+    ``family.merge`` so the launcher computes grids, loop counts and shapes from ``lp``.
+    Raises ``FamilyLaunchError`` when the launcher cannot be written that way (build one
+    module per padded size instead: ``family`` with ``padded`` set)."""
+    base = -(-family.hint // family.granule) * family.granule
+    note = (f"One module serves every {family.name}: the launcher computes grids, loop counts "
+            f"and shapes from the padded size lp; the listing and comments show lp = {base}.")
+    header = f"{header.rstrip()}\n{note}" if header.strip() else note
+    texts = {}
+    for lp in sorted({u * family.granule for u in POINTS} | {base}):
+        try:  # sizes the family may never run at: a failure there is the merge's
+            texts[lp] = triton_source(at(lp), header, reuse_outputs, length_masks, family)
+        except CodegenError as exc:
+            raise FamilyLaunchError(f"writing the launcher at padded size {lp}: {exc}") from None
+    return merge(texts, family.granule, base)
 
 
 def private_folder(directory: str | os.PathLike | None = None) -> Path:
@@ -314,8 +431,7 @@ def compile_mugraph(mugraph: MuGraph, header: str = "",
                     directory: str | os.PathLike | None = None,
                     reuse_outputs: bool = False,
                     length_masks: frozenset[str] = frozenset(),
-                    family: tuple[Mapping[str, set], frozenset[str], frozenset[str]] | None = None
-                    ) -> Callable:
+                    family: FamilyLayout | None = None) -> Callable:
     """Generate, write and import the module of ``mugraph``; returns its ``run``.
 
     ``run(*tensors, **by_name)`` takes torch tensors (positionally in input order, by
@@ -330,6 +446,13 @@ def compile_mugraph(mugraph: MuGraph, header: str = "",
     Triton is imported here: on a CPU, set ``TRITON_INTERPRET=1`` before that.
     """
     source = triton_source(mugraph, header, reuse_outputs, length_masks, family)
+    return load_source(source, directory)
+
+
+def load_source(source: str, directory: str | os.PathLike | None = None) -> Callable:
+    """Write generated module ``source`` (``triton_source``'s or ``family_source``'s, made
+    in this process) to ``directory`` and import it; returns its ``run`` (see
+    ``compile_mugraph``)."""
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     path = private_folder(directory) / f"mugraph_{digest}.py"
     if not path.exists() or path.read_text() != source:
@@ -342,6 +465,10 @@ def compile_mugraph(mugraph: MuGraph, header: str = "",
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
+    except SyntaxError as exc:  # a generator bug: say where, as the project's error
+        sys.modules.pop(name, None)
+        raise CodegenError(f"the generated module {path} is not valid Python (line "
+                           f"{exc.lineno}: {exc.msg}); please report it") from None
     except BaseException:
         sys.modules.pop(name, None)
         raise

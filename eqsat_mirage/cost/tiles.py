@@ -132,6 +132,13 @@ def refusal(k: CustomKernel) -> str:
     return refused.get(tile_key(k), "") if refused else ""
 
 
+def dynamic_context() -> tuple[dict, int] | None:
+    """The shape family search in progress: (input -> dynamic axes, the padded size), or
+    None outside one (a results-cache key includes it: the same program searched as a
+    family's part and on its own may be planned differently)."""
+    return _DYNAMIC.get()
+
+
 @contextmanager
 def dynamic_dims(axes: dict[str, set[int]], size: int = 0) -> Iterator[None]:
     """Inside the block, refuse schedules that read a dynamic dim whole: ``axes`` maps

@@ -1,26 +1,30 @@
 """Running a shape family's plan on torch tensors of any size.
 
 ``FamilyRunner(family, scaling)`` reads the size L from its inputs' dynamic axes (they
-must agree, and L must be in the size's range), builds the Triton module of the plan at
-L's padded size once per padded size (the length masks take L as a runtime argument, so
-every L of a padded size shares one build; the kernels' source is the same at every padded
-size, with strides and loop counts as runtime arguments, so Triton compiles each kernel
-once per family and a new padded size costs a new launcher only), runs it on the inputs
-as they are (the kernels' loads past L read 0; an input a torch op reads is zero-padded
-to the padded size by a copy first), and returns the outputs cut to L. With
-``engine="torch"`` it runs the plan as torch ops instead (``semantics.torch_reference``:
-the Dynamo backend's CPU path), one build per size L, the last ``TORCH_BUILDS`` kept.
+must agree, and L must be in the size's range) and runs the plan's one Triton module
+(``codegen.source.family_source``): its launcher reads L, rounds it up to the padded
+size, computes the grids, loop counts and shapes from that, zero-pads only the inputs a
+torch op reads (the kernels' loads past L read 0) and cuts the outputs to L. Its
+kernels take L, strides and loop counts as runtime arguments, so Triton compiles each
+kernel once per family and one module serves every L. A launcher that cannot be
+written that way (``FamilyLaunchError``) falls back, with a warning, to one module per
+padded size. With ``engine="torch"`` it runs the plan as torch ops instead
+(``semantics.torch_reference``: the Dynamo backend's CPU path), one build per size L,
+the last ``TORCH_BUILDS`` kept.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 
+from ..codegen.family import FamilyLaunchError, FamilyLayout
 from ..ir.dims import DynamicShapeError
 from ..ir.errors import InputError, MirageError
 from .scale import Scaling, is_length_mask
 
 TORCH_BUILDS = 8  # torch-engine plans kept (one per size; each is a few torch closures)
+EVERY = 0  # the key of the one module serving every padded size in ``FamilyRunner.modules``
 
 
 class FamilyRunner:
@@ -34,13 +38,26 @@ class FamilyRunner:
         self.engine = engine
         self.dim = family.dims[scaling.dim]
         self.names = list(family.inputs)
-        self.modules: dict[int, object] = {}  # padded size -> generated module's run
+        self.modules: dict[int, object] = {}  # EVERY (or a padded size) -> module's run
+        self.launcher = ""  # why there is one module per padded size ("": one for all)
         # dynamic inputs only custom kernels read go in unpadded (their loads are masked
-        # at L); one a torch op reads is zero-padded by a copy first
+        # at L); one a torch op reads is zero-padded by the launcher first
         torch_reads = {t for k in scaling.mg.kernels if k.kind == "predefined"
                        for t in k.reads()}
         self.short = frozenset(n for n in family.dynamic if n not in torch_reads) \
             if engine == "triton" else frozenset()
+
+    def layout(self, padded: int | None = None) -> FamilyLayout:
+        """The family's ``FamilyLayout`` (``padded``: a module serving that size only)."""
+        from ..cost.tiles import stages_for, warps_for
+
+        sc, dim = self.scaling, self.dim
+        hint = [k for k in sc.at(dim.hint).kernels if k.kind == "custom"]
+        return FamilyLayout(
+            dim.name, sc.granule, dim.min, dim.max, dim.hint,
+            {n: tuple(sorted(axes)) for n, axes in sc.tensors.items() if n in sc.mg.inputs},
+            {t: frozenset(axes) for t, axes in sc.tensors.items()}, frozenset(sc.loop),
+            self.short, {k.name: (warps_for(k) or 16, stages_for(k)) for k in hint}, padded)
 
     def _bind(self, args: tuple, kwargs: Mapping) -> dict:
         if len(args) == 1 and not kwargs and isinstance(args[0], Mapping):
@@ -90,10 +107,10 @@ class FamilyRunner:
         return self.dim.check(values.pop(), f"{self.family.name!r}: ")
 
     def module(self, length: int):
-        """The generated module's ``run`` serving ``length`` (built once per padded size)."""
-        from ..codegen.source import compile_mugraph
+        """The generated module's ``run`` serving ``length``: the one module of the family
+        (or, where its launcher could not be merged, the module of length's padded size)."""
+        from ..codegen.source import load_source
 
-        lp = self.scaling.padded(length)
         if self.engine == "torch":  # the mask's offset is baked in: one build per size
             if length not in self.modules:
                 from ..semantics.torch_reference import torch_reference
@@ -102,26 +119,37 @@ class FamilyRunner:
                     self.modules.pop(next(iter(self.modules)))
                 self.modules[length] = torch_reference(self.scaling.at(length))
             return self.modules[length]
-        if lp not in self.modules:
-            self.modules[lp] = compile_mugraph(*self._build(lp))
-        return self.modules[lp]
+        key = EVERY if not self.launcher else self.scaling.padded(length)
+        if key not in self.modules:
+            text = self.source(length)  # (finds out whether the launcher scales)
+            key = EVERY if not self.launcher else self.scaling.padded(length)
+            self.modules[key] = load_source(text)
+        return self.modules[key]
 
-    def _build(self, lp: int) -> tuple:
-        """``compile_mugraph``'s arguments for padded size ``lp``."""
-        mg = self.scaling.at(lp)
-        masks = frozenset(k.output for k in mg.kernels if k.kind == "predefined"
-                          and is_length_mask(k.node, lp))
-        grows = (self.scaling.tensors, frozenset(self.scaling.loop), self.short)
-        return (mg, f"shape family {self.family.name!r}: {self.dim} at padded size {lp}",
-                None, self.reuse_outputs, masks, grows)
+    def _masks(self) -> frozenset[str]:
+        """The plan's length masks (True where ``col < L``)."""
+        sc = self.scaling
+        return frozenset(k.output for k in sc.mg.kernels if k.kind == "predefined"
+                         and is_length_mask(k.node, sc.lp0))
 
-    def source(self, length: int) -> str:
-        """The Triton module's source serving ``length`` (run it with ``SEQ_LEN`` set to
-        the length and the inputs named in its ``SHORT`` unpadded)."""
-        from ..codegen.source import triton_source
+    def source(self, length: int | None = None) -> str:
+        """The Triton module's source: one serving every L, or (where its launcher could
+        not be merged: ``launcher`` says why) the one serving ``length``'s padded size."""
+        from ..codegen.source import family_source, triton_source
 
-        mg, header, _, reuse, masks, grows = self._build(self.scaling.padded(length))
-        return triton_source(mg, header, reuse, masks, grows)
+        header = f"shape family {self.family.name!r}: {self.dim}"
+        if not self.launcher:
+            try:
+                return family_source(self.scaling.at, self.layout(), header,
+                                     self.reuse_outputs, self._masks())
+            except FamilyLaunchError as exc:
+                self.launcher = str(exc)
+                warnings.warn(f"shape family {self.family.name!r}: one module per padded size "
+                              f"(the launcher does not scale with {self.dim.name}: {exc})",
+                              stacklevel=3)
+        lp = self.scaling.padded(self.dim.hint if length is None else length)
+        return triton_source(self.scaling.at(lp), f"{header} at padded size {lp}",
+                             self.reuse_outputs, self._masks(), self.layout(lp))
 
     def __call__(self, *args, **kwargs) -> dict:
         import torch
@@ -135,19 +163,16 @@ class FamilyRunner:
                              "torch.inference_mode(), or detach() the inputs")
         length = self.size(tensors)
         run = self.module(length)
+        if self.engine == "triton":  # the launcher pads, computes grids and cuts
+            return run(**tensors)
         lp = self.scaling.padded(length)
         padded = {}
         for name, x in tensors.items():
-            if name in self.short:
-                padded[name] = x
-                continue
             pad: list[int] = []
             for a in reversed(range(x.dim())):
                 grow = lp - x.shape[a] if a in self.family.dynamic.get(name, {}) else 0
                 pad += [0, grow]
             padded[name] = zero_pad(x, pad) if any(pad) else x
-        if self.engine == "triton":
-            run.module.SEQ_LEN = length
         out = run(**padded)
         cut = {}
         for name, t in self.scaling.mg.output_tensors.items():

@@ -23,6 +23,9 @@ A call that moves a specialized size searches once more with that size symbolic;
 the program still does not serve runs eagerly. A node whose size is a formula of a
 symbolic one (``s0 + 1`` from a ``torch.cat``) stays eager, and its consumers form the
 family at that size.
+Under torch.compile's defaults (automatic dynamic shapes) a graph without symbolic sizes
+runs its first call eagerly and is searched at its second (``Backend``'s ``warmup``):
+Dynamo replaces a graph whose sizes change before then.
 A partition whose conversion, optimization or compilation fails (any exception,
 e.g. a ``MirageError`` or one from Triton) runs eagerly ("fallback"), and so does
 one for which the search found nothing better than its input ("unchanged"): only
@@ -59,7 +62,7 @@ from ..frontend.from_torch import Converter, op_name, source_line, unique_identi
 from ..frontend.graph import Graph, Tensor
 from ..ir.errors import MirageError
 from ..pipeline.whole import improved, optimize, unchanged_reason
-from .runtime import OptimizedPartition, uses_triton
+from .runtime import OptimizedPartition, Warmup, uses_triton
 from .specs import SymbolicSizes, computes, empty, node_spec, split_runs
 
 __all__ = ["Backend", "PartitionReport", "backend", "mutation", "node_spec"]
@@ -201,17 +204,34 @@ class Backend:
     Options: ``target`` (hardware profile), ``time_limit_s`` (wall-clock bound on
     each partition's whole search), ``min_ops`` (smallest partition to optimize, in
     ops), ``warn`` (each graph's summary warning, and warnings on fallbacks at run time),
-    and any other ``em.optimize`` keyword (``level``, ``node_limit``, ``rules``, ...).
+    ``warmup`` (see below), and any other ``em.optimize`` keyword (``level``,
+    ``node_limit``, ``rules``, ...).
+
+    ``warmup``: a graph without symbolic sizes runs eagerly for its first ``warmup`` calls
+    and is searched at the next one. Default (None): 1 for a graph Dynamo compiles while
+    its automatic dynamic shapes are on (``torch.compile``'s default), else 0. Under
+    automatic dynamic shapes, a
+    graph whose sizes change is replaced, before its second call, by a graph with those
+    sizes symbolic (one search as a shape family serves it), so searching the static graph
+    at its first call would be wasted; a graph called again with the same sizes is searched
+    then. With ``dynamic=False``, with symbolic sizes, or with ``warmup=0`` a graph is
+    searched when Dynamo compiles it.
     """
 
     def __init__(self, target: str = "h100", time_limit_s: float = 30.0, min_ops: int = 2,
-                 warn: bool = True, **optimize_options: Any) -> None:
+                 warn: bool = True, warmup: int | None = None,
+                 **optimize_options: Any) -> None:
+        if warmup is not None and (not isinstance(warmup, int) or isinstance(warmup, bool)
+                                   or warmup < 0):
+            raise MirageError(f"em.backend(warmup=...) takes a count of calls >= 0 or None, "
+                              f"got {warmup!r}")
         self.options = dict(target=target, time_limit_s=time_limit_s, **optimize_options)
-        self.min_ops, self.warn = min_ops, warn
+        self.min_ops, self.warn, self.warmup = min_ops, warn, warmup
         self.report: list[PartitionReport] = []
         self.unsupported: list[str] = []
         self._summaries: list[dict] = []
         self._graphs = 0
+        self._warming: set[int] = set()  # graphs in their warmup calls
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """``(gm, example_inputs)``: compile (Dynamo's call); keywords only: a new Backend."""
@@ -221,7 +241,8 @@ class Backend:
             raise MirageError("em.backend takes (graph_module, example_inputs) from torch."
                               "compile, or keyword options only, e.g. em.backend(target="
                               f"'h100', time_limit_s=2); got {len(args)} positional argument(s)")
-        opts = {**self.options, "min_ops": self.min_ops, "warn": self.warn, **kwargs}
+        opts = {**self.options, "min_ops": self.min_ops, "warn": self.warn,
+                "warmup": self.warmup, **kwargs}
         return Backend(**opts)
 
     def __repr__(self) -> str:
@@ -252,6 +273,26 @@ class Backend:
             self._warn(f"reading the graph's symbolic sizes failed ({type(exc).__name__}: "
                        f"{exc}): the graph runs eagerly")
             return gm.forward
+        calls = self._warmup_calls()
+        if calls and not sizes.dynamic:
+            return Warmup(self, gm, sizes, self._graphs, calls)
+        return self._build(gm, sizes, self._graphs)
+
+    def _warmup_calls(self) -> int:
+        """Eager calls before a static graph is searched (``warmup``; None: 1 while Dynamo's
+        automatic dynamic shapes are on)."""
+        if self.warmup is not None:
+            return self.warmup
+        try:
+            from torch._dynamo import config
+            from torch._guards import TracingContext
+        except ImportError:  # pragma: no cover - a torch without Dynamo
+            return 0
+        inside = TracingContext.try_get() is not None  # a graph Dynamo compiles (may replace)
+        return int(inside and bool(getattr(config, "automatic_dynamic_shapes", False)))
+
+    def _build(self, gm: fx.GraphModule, sizes: SymbolicSizes, number: int) -> Any:
+        """Partition graph ``number`` (``gm``), optimize each partition, return its callable."""
         support = _Support(gm, sizes)
         part = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
         try:
@@ -276,9 +317,9 @@ class Backend:
         total = sum(n.op.startswith("call") for n in gm.graph.nodes)
         total = (total, sum(computes(n) for n in gm.graph.nodes))
         if not parts:
-            self._summarize(total, [], eager, sizes)
+            self._summarize(total, [], eager, sizes, number)
             return gm.forward
-        prefix = f"{_PREFIX}{self._graphs}_"
+        prefix = f"{_PREFIX}{number}_"
         fused = part.fuse_partitions(parts, prefix=prefix)
         entries = []
         for node in list(fused.graph.nodes):
@@ -289,7 +330,7 @@ class Backend:
                 if replacement is not None:
                     setattr(fused, node.target, replacement)
         fused.recompile()
-        self._summarize(total, entries, eager, sizes)
+        self._summarize(total, entries, eager, sizes, number)
         return fused.forward
 
     def _worth(self, part, sizes: SymbolicSizes) -> bool:
@@ -301,7 +342,7 @@ class Backend:
             for n in nodes) or bool(sizes.family and sizes.touches(nodes[0]))
 
     def _summarize(self, total: tuple[int, int], entries: list[PartitionReport],
-                   eager: list[str], sizes: SymbolicSizes) -> None:
+                   eager: list[str], sizes: SymbolicSizes, number: int) -> None:
         """Record this graph's summary and warn once with it (unless ``warn=False``);
         ``total``: the graph's call ops, and those of them that compute (``computes``)."""
         total, compute = total
@@ -310,7 +351,7 @@ class Backend:
         after = sum(e.result.cost_us for e in done)
         small = [e for e in entries if e.status != "optimized"]
         eager = eager + [f"partition {e.name} of {len(e.ops)} ops ({e.reason})" for e in small]
-        graph = {"graph": self._graphs, "ops": total, "compute_ops": compute,
+        graph = {"graph": number, "ops": total, "compute_ops": compute,
                  "optimized_ops": sum(len(e.ops) for e in done),
                  "partitions": len(entries), "optimized_partitions": len(done),
                  "predicted_us": [before, after], "eager": eager,
@@ -324,10 +365,13 @@ class Backend:
                    + (f"; eager: {', '.join(shown)}" if shown else ""), prefix="eqsat-mirage: ")
 
     def summary(self) -> dict:
-        """What ran optimized and what stayed eager and why, over every graph compiled so
+        """What ran optimized and what stayed eager and why, over every graph searched so
         far: the totals (``ops``: call nodes; ``compute_ops``: those computing a non-empty
-        float tensor), and ``graphs``, one dict per graph as its warning said it."""
-        graphs = list(self._summaries)
+        float tensor), ``graphs``, one dict per graph as its warning said it, and
+        ``eager_only``: the graphs not searched, which so far ran only their ``warmup``
+        calls (a static graph Dynamo replaced after one call stays there; its ops are not
+        in the totals)."""
+        graphs = sorted(self._summaries, key=lambda g: g["graph"])
         before = sum(g["predicted_us"][0] for g in graphs)
         after = sum(g["predicted_us"][1] for g in graphs)
         return {"ops": sum(g["ops"] for g in graphs),
@@ -335,7 +379,8 @@ class Backend:
                 "optimized_ops": sum(g["optimized_ops"] for g in graphs),
                 "optimized_partitions": sum(g["optimized_partitions"] for g in graphs),
                 "predicted_us": [before, after],
-                "eager": [e for g in graphs for e in g["eager"]], "graphs": graphs}
+                "eager": [e for g in graphs for e in g["eager"]], "graphs": graphs,
+                "eager_only": sorted(self._warming)}
 
     def _ensure_specs(self, gm: fx.GraphModule, example_inputs: list) -> None:
         """Run ShapeProp when some node lacks Dynamo's example value (a plain fx graph)."""

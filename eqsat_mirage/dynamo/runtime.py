@@ -5,12 +5,14 @@ optimized program: Triton (``res.compile()``) on CUDA tensors and under
 ``TRITON_INTERPRET=1``, else a torch implementation of the chosen program. A shape
 family (a partition with a size Dynamo left symbolic) reads the size from its inputs.
 Each call checks the static sizes first; a call the program does not serve runs
-eagerly, with one warning.
+eagerly, with one warning. ``Warmup`` stands for a static graph during its warmup calls
+(the backend's ``warmup``): eager, then searched at the call after them.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from typing import Any
 
@@ -143,3 +145,40 @@ class OptimizedPartition(torch.nn.Module):
         self.entry.mode, self.entry.calls = mode, self.entry.calls + 1
         vals = [got[name] if src is None else feed[src] for name, src in self.outs]
         return vals[0] if self.single else tuple(vals)
+
+
+class Warmup:
+    """A static graph's callable while it warms up (``Backend``'s ``warmup``): its first
+    ``calls`` calls run eagerly, the next one searches it (``be._build``: partitions,
+    searches, the summary) and runs it, and so does every later one.
+    A search that fails leaves the graph eager, with a warning."""
+
+    def __init__(self, be, gm, sizes, number: int,
+                 calls: int) -> None:
+        self.be, self.gm, self.sizes, self.number, self.left = be, gm, sizes, number, calls
+        self.run = None
+        self.lock = threading.Lock()
+        be._warming.add(number)
+
+    def __call__(self, *args: Any) -> Any:
+        if self.run is None:
+            with self.lock:
+                if self.run is None and self.left > 0:
+                    out = self.gm.forward(*args)
+                    self.left -= 1
+                    return out
+                if self.run is None:
+                    self.run = self._build()
+        return self.run(*args)
+
+    def _build(self) -> Any:
+        be, gm = self.be, self.gm
+        be._warming.discard(self.number)
+        try:
+            run = be._build(gm, self.sizes, self.number)
+        except Exception as exc:  # noqa: BLE001 - the graph stays eager, as at compile time
+            be._warn(f"optimizing graph {self.number} failed ({type(exc).__name__}: {exc}): "
+                     "it runs eagerly")
+            run = gm.forward
+        self.gm = self.sizes = None  # held by the built graph where still needed
+        return run

@@ -55,6 +55,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..cost.tiles import dynamic_context
 from ..ir.errors import MirageError
 from ..version import __version__
 from .integrity import CacheError, tag
@@ -140,7 +141,8 @@ def target_digest(target) -> tuple[str, str]:
 
 def make_key(graph, options: dict) -> str:
     """The cache key of optimizing ``graph`` with ``options`` (every optimize keyword
-    except ``progress`` and ``cache``, defaults filled in)."""
+    except ``progress`` and ``cache``, defaults filled in), and, inside a shape family's
+    search, that family's dynamic axes and padded size."""
     opts = dict(options)
     for name in ("partition", "piece_ops", "jobs"):  # whole programs are not cached whole
         opts.pop(name, None)
@@ -148,6 +150,9 @@ def make_key(graph, options: dict) -> str:
              "rules": rules_digest(opts.pop("rules", ("rules",))),
              "target": target_digest(opts.pop("target", "h100")),
              "options": sorted((k, repr(v)) for k, v in opts.items())}
+    family = dynamic_context()  # inside a shape family's search: planned under its rules
+    if family is not None:
+        parts["family"] = [sorted((n, sorted(a)) for n, a in family[0].items()), family[1]]
     return _sha(json.dumps(parts, sort_keys=True).encode())
 
 

@@ -28,8 +28,9 @@ from ..cost.tiles import dynamic_dims
 from ..dynamic.padding import padded_graph, plan_masks
 from ..dynamic.runner import FamilyRunner
 from ..dynamic.scale import FamilyMember, NotScalableError, Scaling, scaling
+from ..ir.check import check_lax
 from ..ir.dims import DynamicShapeError
-from ..ir.errors import BudgetError
+from ..ir.errors import BudgetError, LaxError
 from ..mugraph.program import from_graph
 from ..verifier.verify import verify
 from .cache import lookup, make_key, open_cache, program_text, store_result
@@ -81,11 +82,11 @@ class FamilyResult(OptimizeResult):
         return self.scaling.at(self.family.dims[self.scaling.dim].check(size))
 
     def triton_source(self, length: int | None = None) -> str:
-        """The Triton module serving ``length`` (default: the hint): its kernels serve every
-        size (L, strides and loop counts are kernel arguments), its launcher the lengths of
-        one padded size. Set the module's ``SEQ_LEN`` to L and pass the inputs named in its
-        ``SHORT`` at length L (the others zero-padded to the padded size) before ``run``;
-        ``compile()`` does all of this for any size."""
+        """The family's Triton module: one module serving every size (its launcher reads L
+        from the inputs and computes the padded size, grids, loop counts and shapes from
+        it). Where the launcher cannot be written so (a warning says why), the module
+        serving ``length``'s padded size (default: the hint's), which refuses the others;
+        ``compile()`` picks the right one for any size."""
         dim = self.family.dims[self.scaling.dim]
         length = dim.check(dim.hint if length is None else length)
         return FamilyRunner(self.family, self.scaling).source(length)
@@ -164,6 +165,13 @@ def optimize_family(graph, target="h100", progress=None, **kwargs) -> FamilyResu
         raise DynamicShapeError(f"graph {graph.name!r} has {len(graph.dims)} symbolic sizes "
                                 f"({', '.join(graph.dims)}); one per program is supported")
     (dim,) = graph.dims.values()
+    try:  # before any search: the verifier would refuse the program after it
+        check_lax(graph, "shape family")
+    except LaxError as exc:
+        raise LaxError(f"{exc}. A shape family is searched as one Lax piece (it is not cut "
+                       "into pieces yet): optimize each attention as a family of its own, or "
+                       "run the model through torch.compile(backend=em.backend), which cuts "
+                       "it into runs") from None
     plan = plan_masks(graph)
     lp0 = padded_hint(dim.hint)
     fixed = {n for node in graph.nodes() for a, n in enumerate(node.shape)

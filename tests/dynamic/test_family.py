@@ -8,6 +8,7 @@ import pytest
 
 import eqsat_mirage as em
 from eqsat_mirage.dynamic.padding import padded_graph, plan_masks
+from eqsat_mirage.dynamic.runner import EVERY
 from eqsat_mirage.dynamic.scale import FamilyMember, NotScalableError, scaling
 from eqsat_mirage.frontend.family import dynamic_axes
 from eqsat_mirage.ir.node import Op
@@ -154,12 +155,16 @@ def test_compiled_family_runs_every_size_through_triton(family_result):
         got = fn(q.half(), k.half(), v.half())["O"].float()
         assert got.shape == want.shape
         assert torch.allclose(got, want, atol=2e-2, rtol=2e-2), n
-    # lengths in one padded size share one build: L is a runtime argument
-    assert len(fn.modules) == len({family_result.scaling.padded(n) for n in (256, 257, 5, 300)})
-    # and every padded size runs the same kernels: strides and loop counts are arguments
-    kernels = {lp: _kernels(run.source) for lp, run in fn.modules.items()}
-    assert len(kernels) >= 2 and len(set(kernels.values())) == 1, kernels
-    assert "n_iter" in next(iter(kernels.values())) or not family_result.scaling.loop
+    # one module serves every length: L, strides and loop counts are kernel arguments, and
+    # the launcher computes the padded size, grids, loop counts and shapes from L
+    assert list(fn.modules) == [EVERY] and not fn.launcher
+    source = fn.modules[EVERY].source
+    assert "PADDED = None" in source and "lp = -(-seq_len // GRANULE) * GRANULE" in source
+    granule = family_result.scaling.granule
+    loop = family_result.scaling.loop
+    assert not loop or re.search(rf"seq_len, \(?lp // {granule}\b", source), source
+    kernels = {0: _kernels(source)}
+    assert "n_iter" in kernels[0] or not loop
     # K and V go in as they are (no padding copy): their loads are masked at L
     assert fn.short == {"K", "V"}
     from eqsat_mirage.codegen.tune import can_tune
@@ -229,7 +234,7 @@ def test_a_64_step_decode_loop_uses_one_search_and_matches_eager_every_step():
         want = torch.softmax(qs.float() @ kk.float(), -1) @ vv.float()
         got = fn(qs, kk, vv)["O"].float()
         assert (got - want).abs().max() <= 1e-2, n
-    assert len(fn.modules) <= 2  # one build per padded size, not one per length
+    assert len(fn.modules) == 1  # one module for every length and padded size
 
 
 def test_a_family_is_cached_whole_and_a_hit_skips_search_and_verification(tmp_path):
@@ -261,3 +266,16 @@ def test_an_fp32_family_whose_plans_store_masked_scores_is_optimized():
     res = em.optimize(g, time_limit_s=60, cache=False)
     assert res.verified.equivalent and res.cost_us < 0.8 * res.baseline_cost_us, res
     assert all(res.stats["family"]["verified_sizes"].values())
+
+
+def test_a_family_that_is_not_one_lax_program_is_refused_before_any_search():
+    g = em.Graph("two")
+    h = g.input("X", (2, 16, 64))
+    for i in range(2):  # exp feeding exp: a whole program would be cut into Lax pieces
+        k, v = g.input(f"K{i}", (2, 64, em.Dim("L", hint=256))), g.input(f"V{i}", (2, "L", 64))
+        h = em.softmax(h @ k, axis=-1) @ v
+    g.output(h, "Y")
+    said = []
+    with pytest.raises(em.LaxError, match="not cut into pieces yet.*torch.compile"):
+        em.optimize(g, cache=False, progress=said.append)
+    assert said == []  # nothing was searched

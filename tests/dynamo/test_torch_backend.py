@@ -16,7 +16,7 @@ from eqsat_mirage.dynamo import backend as torch_backend  # noqa: E402
 from eqsat_mirage.dynamo.backend import Backend  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-FAST = dict(time_limit_s=1.0, iter_limit=4)
+FAST = dict(time_limit_s=1.0, iter_limit=4, warmup=0)  # searched at compile time
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +56,8 @@ def _run(model, *xs, backend=None, rtol=1e-4, atol=1e-5):
 @pytest.mark.parametrize("cls", [Attention, GatedMLP, LoRALinear])
 def test_blocks_match_eager(cls):
     torch.manual_seed(0)
-    be = _run(cls().eval(), torch.randn(1, 4, 8), backend=em.backend(time_limit_s=20.0))
+    be = _run(cls().eval(), torch.randn(1, 4, 8),
+              backend=em.backend(warmup=0, time_limit_s=20.0))
     assert [r.status for r in be.report] == ["optimized"]
     entry = be.report[0]
     assert entry.result is not None and entry.result.verified.equivalent
@@ -73,7 +74,7 @@ def test_norm_modules_convert_as_in_from_torch(norm):
     model = nn.Sequential(nn.Linear(64, 64), norm(64), nn.Linear(64, 32)).eval()
     x = torch.randn(8, 64)
     em.from_torch(model, x)  # converts
-    be = _run(model, x, backend=em.backend(time_limit_s=10.0))
+    be = _run(model, x, backend=em.backend(warmup=0, time_limit_s=10.0))
     s = be.summary()
     assert s["optimized_ops"] == s["ops"] == 3 and not be.unsupported, s
 
@@ -87,7 +88,8 @@ def test_empty_cache_and_split_do_not_break_the_partitioner():
         return torch.softmax(a @ b.transpose(-1, -2), dim=-1) @ b
 
     x, w = torch.randn(1, 6, 16), torch.randn(16, 16)
-    be = _run(step, x, w, torch.zeros(1, 0, 16), backend=em.backend(time_limit_s=10.0))
+    be = _run(step, x, w, torch.zeros(1, 0, 16),
+              backend=em.backend(warmup=0, time_limit_s=10.0))
     s = be.summary()
     # everything after the cat: the mul, split and its two halves, attention (8 of 10 ops)
     assert s["optimized_partitions"] == 1 and s["optimized_ops"] == 8, s
@@ -171,7 +173,7 @@ def test_autograd_runs_eagerly_with_a_warning():
 
 def test_backend_factory_and_direct_call():
     assert isinstance(em.backend, Backend)
-    be = em.backend(target="a100", time_limit_s=0.5, node_limit=1000)
+    be = em.backend(target="a100", time_limit_s=0.5, node_limit=1000, warmup=0)
     assert be is not em.backend and be.options["target"] == "a100"
     assert be.options["node_limit"] == 1000 and be.options["time_limit_s"] == 0.5
     with pytest.raises(em.MirageError, match="keyword options only"):
@@ -209,7 +211,7 @@ def test_summary_warning_counts_optimized_and_eager_ops():
     eager op with its place and reason; a partition whose search found nothing better
     is not labelled optimized and runs eagerly."""
     m, x = SortInTheMiddle().eval(), torch.randn(2, 8)
-    be = em.backend(time_limit_s=20.0)
+    be = em.backend(warmup=0, time_limit_s=20.0)
     with torch.no_grad(), pytest.warns(UserWarning) as caught:
         torch.testing.assert_close(torch.compile(m, backend=be)(x), m(x))
     (w,) = [str(w.message) for w in caught if str(w.message).startswith("eqsat-mirage: ")]
@@ -264,7 +266,7 @@ def test_operator_and_is_not_in_place():
     graph.output(graph.call_function(operator.iand, (a, b)))
     assert torch_backend.mutation(fx.GraphModule(torch.nn.Module(), graph)) is not None
     x, m1, m2 = torch.randn(3, 4), torch.rand(3, 4) > 0.3, torch.rand(3, 4) > 0.3
-    be = _run(masked, x, m1, m2, backend=em.backend(time_limit_s=10.0))
+    be = _run(masked, x, m1, m2, backend=em.backend(warmup=0, time_limit_s=10.0))
     s = be.summary()
     assert s["optimized_partitions"] >= 1 and s["optimized_ops"] >= 4, s
 
@@ -289,3 +291,54 @@ def test_aten_graphs_from_aot_autograd():
         torch.testing.assert_close(got, m(x), rtol=1e-4, atol=1e-5)
     assert [r.status for r in be.report] == ["optimized"]
     assert "aten.mm.default" in be.report[0].ops and be.report[0].calls == 1
+
+
+def test_a_static_graph_warms_up_eagerly_and_is_searched_at_its_second_call():
+    """torch.compile's defaults (automatic dynamic shapes): a static graph runs its first
+    call eagerly and is searched at its second, so a graph Dynamo replaces by a symbolic one
+    after one call is never searched; a direct call (no Dynamo) and warmup=0 search at once,
+    warmup=2 after two eager calls."""
+    torch.manual_seed(0)
+    m, x = GatedMLP().eval(), torch.randn(2, 8)
+    for warmup, eager_calls in ((None, 1), (2, 2), (0, 0)):
+        torch._dynamo.reset()
+        be = em.backend(time_limit_s=1.0, iter_limit=4, warn=False,
+                        **({} if warmup is None else {"warmup": warmup}))
+        fast = torch.compile(m, backend=be)
+        with torch.no_grad():
+            for call in range(eager_calls):
+                torch.testing.assert_close(fast(x), m(x))
+                assert be.report == [] and be.summary()["eager_only"] == [1], call
+            torch.testing.assert_close(fast(x), m(x))
+        assert [r.status for r in be.report] == ["optimized"], warmup
+        assert be.summary()["eager_only"] == [] and be.summary()["optimized_ops"] > 0
+        assert be.report[0].calls == 1  # the call that searched ran the optimized program
+    gm = torch.fx.symbolic_trace(m)
+    be = em.backend(time_limit_s=1.0, iter_limit=4, warn=False)  # the default, called directly
+    with torch.no_grad():
+        be(gm, [x])
+    assert [r.status for r in be.report] == ["optimized"]
+    with pytest.raises(em.MirageError, match="warmup"):
+        em.backend(warmup=-1)
+
+
+def test_a_search_that_fails_after_the_warmup_leaves_the_graph_eager(monkeypatch):
+    from eqsat_mirage.dynamo.backend import Backend as BackendClass
+
+    calls = []
+
+    def broken(self, gm, sizes, number):
+        calls.append(number)
+        raise RuntimeError("partitioner exploded (for the test)")
+
+    monkeypatch.setattr(BackendClass, "_build", broken)
+    torch._dynamo.reset()
+    m, x = GatedMLP().eval(), torch.randn(2, 8)
+    be = em.backend(time_limit_s=1.0, iter_limit=4, warmup=1)
+    fast = torch.compile(m, backend=be)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), m(x))  # the warmup call
+        with pytest.warns(UserWarning, match="optimizing graph 1 failed.*for the test"):
+            torch.testing.assert_close(fast(x), m(x))
+        torch.testing.assert_close(fast(x), m(x))  # eager from now on, not searched again
+    assert calls == [1] and be.summary()["eager_only"] == []

@@ -373,3 +373,20 @@ def test_an_online_softmax_plan_is_a_hit_the_second_time(tmp_path):
         warnings.simplefilter("error")  # a dropped entry warns
         again = em.optimize(safe_attention(), cache=path)
     assert again.stats["cache"] == "hit" and again.cost_us == first.cost_us
+
+
+def test_a_search_inside_a_shape_family_has_its_own_key():
+    """The same program searched as a part of a shape family (schedules reading the dynamic
+    dim whole refused) and on its own may get different plans: their keys differ."""
+    from eqsat_mirage.cost.tiles import dynamic_dims
+
+    g = em.Graph("k")
+    x = g.input("X", (8, 64))
+    g.output(em.exp(x) * 2.0, "Y")
+    plain = make_key(g, {"time_limit_s": 1})
+    with dynamic_dims({"X": {1}}, 64):
+        inside = make_key(g, {"time_limit_s": 1})
+    with dynamic_dims({"X": {0}}, 64):
+        other = make_key(g, {"time_limit_s": 1})
+    assert len({plain, inside, other}) == 3
+    assert make_key(g, {"time_limit_s": 1}) == plain  # the context ended

@@ -150,7 +150,7 @@ def test_identical_blocks_are_searched_once():
 
 def test_decoder_blocks_through_torch_compile_equal_eager():
     model, x = decoder_stack(2, **SMALL)
-    be = em.backend(time_limit_s=120)
+    be = em.backend(warmup=0, time_limit_s=120)
     with torch.no_grad(), pytest.warns(UserWarning) as caught:
         got = torch.compile(model, backend=be)(x)
         want = model(x)

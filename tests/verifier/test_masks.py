@@ -280,7 +280,7 @@ def test_bool_masks_reach_the_optimizer_through_torch_compile():
     s, v = torch.randn(2, 8, 8) * 4, torch.randn(2, 8, 4)
     keep = torch.rand(2, 8, 8) < 0.7
     keep[..., 0] = True
-    be = em.backend(time_limit_s=30, trials=2)
+    be = em.backend(warmup=0, time_limit_s=30, trials=2)
     torch._dynamo.reset()
     with torch.no_grad():
         out = torch.compile(f, backend=be)(s, v, keep)

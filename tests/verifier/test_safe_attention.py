@@ -118,7 +118,7 @@ def test_torch_softmax_through_the_backend_is_finite_on_large_logits(dtype, d):
     x = {k: torch.tensor(v, dtype=getattr(torch, dtype)).transpose(-1, -2) if k == "K" else
          torch.tensor(v, dtype=getattr(torch, dtype))
          for k, v in logits_inputs(30.0, b=1, m=8, d=d, n=64, seed=3).items()}
-    be = em.backend(time_limit_s=30, trials=2)
+    be = em.backend(warmup=0, time_limit_s=30, trials=2)
     torch._dynamo.reset()
     with torch.no_grad():
         got = torch.compile(f, backend=be)(x["Q"], x["K"], x["V"])
@@ -162,7 +162,7 @@ def test_sdpa_converts_to_safe_attention_and_runs_through_the_backend():
     got = em.evaluate(g, {n: t.double().numpy() for n, t in zip(g.inputs, (q, k, v))})["out"]
     want = f(q.double(), k.double(), v.double()).numpy()
     np.testing.assert_allclose(got, want, atol=1e-12)
-    be = em.backend(time_limit_s=30, trials=2, min_ops=1)  # one FX node: the SDPA call
+    be = em.backend(warmup=0, time_limit_s=30, trials=2, min_ops=1)  # one FX node: the SDPA call
     torch._dynamo.reset()
     with torch.no_grad():
         out = torch.compile(f, backend=be)(q, k, v)
