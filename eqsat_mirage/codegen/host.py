@@ -6,7 +6,8 @@ which returns the input tensors in ``INPUTS`` order and their signature's entry
 call with an input signature (class, shape, dtype, device and strides of every
 input) runs the full ``_check`` (a ``ValueError`` naming the input, what was
 expected and what was given); the signature is then remembered in
-``_CHECKED`` (64 at most) and later calls with it are one dictionary look-up.
+``_CHECKED`` (64 at most) and later calls with it (inputs by position, or all by
+name) are one dictionary look-up.
 
 Strides reach the kernels as ``tl.constexpr`` values: the tensors the launcher
 allocates are contiguous, so their strides are literals written here
@@ -126,6 +127,12 @@ def bind_source(inputs: Sequence[str], reuse: bool,
            "def _bind(args, kwargs):",
            '    """The input tensors in INPUTS order and their signature\'s entry in _CHECKED '
            "(checked\n    by _check on the first call with that signature, looked up after).\"\"\"",
+           *([f"    if kwargs and not args and len(kwargs) == {n}:  # all by name: the same "
+              "fast path",
+              "        try:",
+              "            args, kwargs = tuple(kwargs[name] for name in INPUTS), {}",
+              "        except KeyError:  # a name that is no input: _check says which",
+              "            pass"] if n else []),
            f"    if not kwargs and len(args) == {n}:"]
     if n:
         key = [k for i, x in enumerate(inputs) for k in _key(x, short.get(i))]

@@ -156,6 +156,13 @@ class FamilyRunner:
         from torch.nn.functional import pad as zero_pad
 
         tensors = self._bind(args, kwargs)
+        every = self.modules.get(EVERY) if self.engine == "triton" else None
+        if every is not None and not (torch.is_grad_enabled() and any(
+                getattr(t, "requires_grad", False) for t in tensors.values())):
+            try:  # the module checks its inputs (once per signature) and L (every call)
+                return every(*[tensors[n] for n in every.module.INPUTS])
+            except ValueError:
+                pass  # the checks below name what is wrong, as the project's errors
         self._check(tensors)
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors.values()):
             raise InputError(f"{self.family.name!r}: an input requires grad, and the generated "
