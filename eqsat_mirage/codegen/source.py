@@ -31,6 +31,7 @@ import os
 import sys
 import tempfile
 import textwrap
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -185,22 +186,23 @@ def _family_run(fam: FamilyLayout, dyn: Mapping[str, tuple[int, ...]], var: Mapp
     and L lie in range), the padded size ``lp``, the zero-padding of inputs a torch op
     reads, and the per-call strides of every input with a dynamic axis."""
     seen = [f"{var[n]}.shape[{a}]" for n in dyn for a in dyn[n]]
-    low, high = fam.low, fam.high
-    bad = [f"{s} != seq_len" for s in seen[1:]] + [
-        f"not {low} <= seq_len" + (f" <= {high}" if high is not None else "")]
     lines = [f"    seq_len = {seen[0]}  # L: every axis named {fam.name!r} has this length"]
-    cond = wrap([f"{b} or" for b in bad], "", "", 88)
-    cond[-1] = cond[-1][:-3]
-    if len(cond) == 1:
-        lines.append(f"    if {cond[0]}:")
-    else:  # one condition per line, in brackets
-        lines += ["    if ("] + [f"            {c}" for c in cond] + ["    ):"]
-    lines.append(f'        raise ValueError(f"the inputs\' sizes {fam.name} must agree and lie in '
-                 f'[{low}, {high if high is not None else "inf"}]: "')
-    shown = wrap([f"{s} = {{{s}}}," for s in seen], "", "", 64)
-    shown[-1] = shown[-1].rstrip(",")
-    lines += [f'                         f"{line} "' for line in shown[:-1]]
-    lines.append(f'                         f"{shown[-1]}")')
+    if len(seen) > 1:
+        cond = wrap([f"{s} != seq_len or" for s in seen[1:]], "", "", 88)
+        cond[-1] = cond[-1][:-3]
+        if len(cond) == 1:
+            lines.append(f"    if {cond[0]}:")
+        else:  # one condition per line, in brackets
+            lines += ["    if ("] + [f"            {c}" for c in cond] + ["    ):"]
+        lines.append(f'        raise ValueError(f"the inputs disagree on the size {fam.name}: "')
+        shown = wrap([f"{s} = {{{s}}}," for s in seen], "", "", 64)
+        shown[-1] = shown[-1].rstrip(",")
+        lines += [f'                         f"{line} "' for line in shown[:-1]]
+        lines.append(f'                         f"{shown[-1]}")')
+    lines += [f"    if not {fam.low} <= seq_len" + (f" <= {fam.high}:" if fam.high is not None
+                                                   else ":"),
+              f'        raise ValueError(f"size {fam.name} = {{seq_len}} ({seen[0]}) is outside '
+              f'the range this module serves: {fam.low}..{fam.high or ""}")']
     lines.append("    lp = -(-seq_len // GRANULE) * GRANULE  # the padded size the kernels run at")
     if fam.padded:
         lines += [f"    if lp != {fam.padded}:",
@@ -456,7 +458,7 @@ def load_source(source: str, directory: str | os.PathLike | None = None) -> Call
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     path = private_folder(directory) / f"mugraph_{digest}.py"
     if not path.exists() or path.read_text() != source:
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(source)
         os.replace(tmp, path)
     name = f"eqsat_mirage_triton_{digest}"

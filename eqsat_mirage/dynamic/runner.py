@@ -15,6 +15,7 @@ the last ``TORCH_BUILDS`` kept.
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Mapping
 
@@ -40,6 +41,7 @@ class FamilyRunner:
         self.names = list(family.inputs)
         self.modules: dict[int, object] = {}  # EVERY (or a padded size) -> module's run
         self.launcher = ""  # why there is one module per padded size ("": one for all)
+        self.lock = threading.Lock()
         # dynamic inputs only custom kernels read go in unpadded (their loads are masked
         # at L); one a torch op reads is zero-padded by the launcher first
         torch_reads = {t for k in scaling.mg.kernels if k.kind == "predefined"
@@ -121,9 +123,12 @@ class FamilyRunner:
             return self.modules[length]
         key = EVERY if not self.launcher else self.scaling.padded(length)
         if key not in self.modules:
-            text = self.source(length)  # (finds out whether the launcher scales)
-            key = EVERY if not self.launcher else self.scaling.padded(length)
-            self.modules[key] = load_source(text)
+            with self.lock:  # one build, whichever thread asks first
+                key = EVERY if not self.launcher else self.scaling.padded(length)
+                if key not in self.modules:
+                    text = self.source(length)  # (finds out whether the launcher scales)
+                    key = EVERY if not self.launcher else self.scaling.padded(length)
+                    self.modules[key] = load_source(text)
         return self.modules[key]
 
     def _masks(self) -> frozenset[str]:

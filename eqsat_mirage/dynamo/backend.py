@@ -204,8 +204,13 @@ class Backend:
     Options: ``target`` (hardware profile), ``time_limit_s`` (wall-clock bound on
     each partition's whole search), ``min_ops`` (smallest partition to optimize, in
     ops), ``warn`` (each graph's summary warning, and warnings on fallbacks at run time),
-    ``warmup`` (see below), and any other ``em.optimize`` keyword (``level``,
-    ``node_limit``, ``rules``, ...).
+    ``warmup`` (see below), ``size_hint`` and ``size_max`` (the family size's planning hint
+    and maximum: a decode loop that starts short is planned, priced and verified for the
+    lengths it grows to, and a call past the maximum runs eagerly; default: the example
+    value, no maximum; under ``dynamic=True`` the family size is the symbol with the
+    largest example value, under automatic dynamic shapes the size that changed), and any
+    other
+    ``em.optimize`` keyword (``level``, ``node_limit``, ``rules``, ...).
 
     ``warmup``: a graph without symbolic sizes runs eagerly for its first ``warmup`` calls
     and is searched at the next one. Default (None): 1 for a graph Dynamo compiles while
@@ -219,14 +224,18 @@ class Backend:
     """
 
     def __init__(self, target: str = "h100", time_limit_s: float = 30.0, min_ops: int = 2,
-                 warn: bool = True, warmup: int | None = None,
-                 **optimize_options: Any) -> None:
+                 warn: bool = True, warmup: int | None = None, size_hint: int | None = None,
+                 size_max: int | None = None, **optimize_options: Any) -> None:
         if warmup is not None and (not isinstance(warmup, int) or isinstance(warmup, bool)
                                    or warmup < 0):
             raise MirageError(f"em.backend(warmup=...) takes a count of calls >= 0 or None, "
                               f"got {warmup!r}")
         self.options = dict(target=target, time_limit_s=time_limit_s, **optimize_options)
+        for name, v in (("size_hint", size_hint), ("size_max", size_max)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise MirageError(f"em.backend({name}=...) takes a size >= 1 or None, got {v!r}")
         self.min_ops, self.warn, self.warmup = min_ops, warn, warmup
+        self.size_hint, self.size_max = size_hint, size_max
         self.report: list[PartitionReport] = []
         self.unsupported: list[str] = []
         self._summaries: list[dict] = []
@@ -242,7 +251,8 @@ class Backend:
                               "compile, or keyword options only, e.g. em.backend(target="
                               f"'h100', time_limit_s=2); got {len(args)} positional argument(s)")
         opts = {**self.options, "min_ops": self.min_ops, "warn": self.warn,
-                "warmup": self.warmup, **kwargs}
+                "warmup": self.warmup, "size_hint": self.size_hint,
+                "size_max": self.size_max, **kwargs}
         return Backend(**opts)
 
     def __repr__(self) -> str:
@@ -268,7 +278,7 @@ class Backend:
             return gm.forward
         self._ensure_specs(gm, example_inputs)
         try:
-            sizes = SymbolicSizes(gm)
+            sizes = SymbolicSizes(gm, self.size_hint, self.size_max)
         except Exception as exc:  # noqa: BLE001 - Dynamo's shape environment changed shape
             self._warn(f"reading the graph's symbolic sizes failed ({type(exc).__name__}: "
                        f"{exc}): the graph runs eagerly")

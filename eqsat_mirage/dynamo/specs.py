@@ -122,7 +122,11 @@ def split_runs(parts: list, gm: fx.GraphModule, kind) -> list:
 class SymbolicSizes:
     """The symbolic sizes of one fx graph and how each is served (see the module doc)."""
 
-    def __init__(self, gm: fx.GraphModule) -> None:
+    def __init__(self, gm: fx.GraphModule, hint: int | None = None,
+                 top: int | None = None) -> None:
+        # the family size's planning hint and maximum when given (``em.backend(size_hint=,
+        # size_max=)``): else its example value and no maximum
+        self.plan_hint, self.plan_max = hint, top
         self.values: dict[Any, int] = {}  # symbol -> its value in the example inputs
         self.unbacked: set[Any] = set()
         exprs: set[Any] = set()
@@ -243,15 +247,21 @@ class SymbolicSizes:
         return None
 
     def dims(self, exprs: list) -> dict[Any, Dim]:
-        """One ``em.Dim`` per family size among ``exprs``: sizes that share a hint are
-        one Dim (named after the first), whose hint is theirs."""
+        """One ``em.Dim`` per family size among ``exprs``: sizes that share a value are
+        one Dim (named after the first), whose hint is that value (or the planning hint,
+        when larger) and whose maximum is the planning maximum (when not below the value)."""
         by_hint: dict[int, Dim] = {}
         out = {}
         for e in exprs:
             if isinstance(e, int) or e in out:
                 continue
             h = self.hint(e)
-            out[e] = by_hint.setdefault(h, Dim(dim_name(e), hint=h))
+            if h not in by_hint:
+                top = self.plan_max if self.plan_max is not None and self.plan_max >= h else None
+                hint = max(h, self.plan_hint or 0)
+                by_hint[h] = Dim(dim_name(e), hint=hint if top is None else min(hint, top),
+                                 max=top)
+            out[e] = by_hint[h]
         return out
 
     def touches(self, node: fx.Node) -> bool:

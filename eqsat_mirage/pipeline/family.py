@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+import warnings
 
 from ..cost.gpucost import mugraph_cost
 from ..cost.tiles import dynamic_dims
@@ -81,18 +82,26 @@ class FamilyResult(OptimizeResult):
         """The plan (a MuGraph) serving size ``size``."""
         return self.scaling.at(self.family.dims[self.scaling.dim].check(size))
 
-    def triton_source(self, length: int | None = None) -> str:
+    def triton_source(self, reuse_outputs: bool = False, length: int | None = None) -> str:
         """The family's Triton module: one module serving every size (its launcher reads L
         from the inputs and computes the padded size, grids, loop counts and shapes from
-        it). Where the launcher cannot be written so (a warning says why), the module
-        serving ``length``'s padded size (default: the hint's), which refuses the others;
-        ``compile()`` picks the right one for any size."""
+        it); ``reuse_outputs`` as for ``compile``. Where the launcher cannot be written so
+        (a warning says why), the module serving ``length``'s padded size (default: the
+        hint's), which refuses the others; ``compile()`` picks the right one for any
+        size."""
         dim = self.family.dims[self.scaling.dim]
         length = dim.check(dim.hint if length is None else length)
-        return FamilyRunner(self.family, self.scaling).source(length)
+        return FamilyRunner(self.family, self.scaling, reuse_outputs=bool(reuse_outputs)
+                            ).source(length)
 
     def compile(self, cuda_graph: bool = False, reuse_outputs: bool = False):
-        """A callable on torch tensors of any size of the family (by position or name)."""
+        """A callable on torch tensors of any size of the family (by position or name).
+        ``cuda_graph`` is not supported for a family yet (a warning says so; it runs
+        plain launches)."""
+        if cuda_graph:
+            warnings.warn(f"shape family {self.family.name!r}: cuda_graph=True is not "
+                          "supported for shape families yet; the kernels run as plain "
+                          "launches", stacklevel=2)
         return FamilyRunner(self.family, self.scaling, reuse_outputs=reuse_outputs)
 
 

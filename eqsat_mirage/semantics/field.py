@@ -229,13 +229,13 @@ def _rowmax(ctx, n, x):
     if not axes:  # the max over no axis is the value itself
         return x
     h, row = None, x[0]
-    if isinstance(x, MaskedPair):  # the kept values and the mask: masked entries drop out
-        k4 = int(ctx.keys[Op.MASK][0]) % ctx.p
-        row = (mulmod(np.asarray(x[0]), x.keep, ctx.p) + mulmod(np.asarray(x.keep), k4,
-                                                                 ctx.p)) % ctx.p
     with np.errstate(over="ignore"):  # uint64 wrap-around is intended
+        first = True
         for ax in sorted(axes):  # each step is the single-axis max of the previous one's p part
             z = _fmix(np.asarray(row).astype(np.uint64) * k1 + k3)
+            if first and isinstance(x, MaskedPair):  # masked entries drop out
+                z = _masked_terms(ctx, x, z, k1, k3)
+            first = False
             h = _fmix(np.sum(z, axis=ax, keepdims=True, dtype=np.uint64) ^ k2)
             row = h % np.uint64(ctx.p)
         if not keep:
@@ -243,6 +243,18 @@ def _rowmax(ctx, n, x):
         out_q = _q(ctx, n, lambda: (_fmix(h ^ k1) % np.uint64(ctx.q)).astype(np.int64))
         out_p = _p(ctx, n, lambda: np.asarray(row).reshape(n.shape).astype(np.int64))
     return out_p, out_q
+
+
+def _masked_terms(ctx, x: MaskedPair, z, k1, k3):
+    """A masked row's terms in ``_rowmax``'s sum: a kept entry (keep = 1) the same term as
+    in an unmasked row, a masked one (keep = 0) none, so the max of a masked row is the
+    max of its kept values (a length mask's padded columns drop out); any other keep (a
+    mask given as input: a uniform value) a random function of (x, keep)."""
+    keep = np.asarray(x.keep) % ctx.p
+    k4 = int(ctx.keys[Op.MASK][0]) % ctx.p
+    mixed = (np.asarray(x[0]) + mulmod(keep, k4, ctx.p)) % ctx.p
+    other = _fmix((mixed.astype(np.uint64) * k1 + k3) ^ np.uint64(k4))
+    return np.where(keep == 1, z, np.where(keep == 0, np.uint64(0), other))
 
 
 def _select(c: Any, a: Any, b: Any, m: int) -> Any:

@@ -279,3 +279,22 @@ def test_a_family_that_is_not_one_lax_program_is_refused_before_any_search():
     with pytest.raises(em.LaxError, match="not cut into pieces yet.*torch.compile"):
         em.optimize(g, cache=False, progress=said.append)
     assert said == []  # nothing was searched
+
+
+def test_a_max_over_the_dynamic_size_as_an_output_verifies():
+    """A bare max over L is an output: the padded program's masked max must equal the
+    real max (the field semantics used to hash the padded columns' mask into it, so every
+    plan, even one kernel per op, was rejected as NOT equivalent)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    g = em.Graph("rowmax")
+    k = g.input("K", (4, em.Dim("L", hint=128, max=512)), dtype="float32")
+    g.output(k.max(axis=1, keepdims=True), "m")
+    res = em.optimize(g, cache=False, time_limit_s=30)
+    fam = res.stats["family"]
+    assert res.verified.equivalent and not fam["fallback"], fam
+    assert all(fam["verified_sizes"].values()) and len(fam["verified_sizes"]) >= 5
+    fn = res.compile()
+    for n in (1, 100, 129, 512):  # all negative: a zero padding column would win the max
+        x = -torch.rand(4, n) - 1.0
+        torch.testing.assert_close(fn(x)["m"], x.amax(dim=1, keepdim=True))

@@ -188,5 +188,11 @@ def test_a_family_of_torch_ops_with_long_names_and_reused_outputs():
     bad = dict(x, value_states_of_this_layer=x["value_states_of_this_layer"][:, :5])
     with pytest.raises(em.DynamicShapeError, match="disagree"):
         fn(**bad)
-    with pytest.raises(ValueError, match="must agree"):  # the module alone says so too
+    with pytest.raises(ValueError, match="disagree on the size L"):  # the module says so too
         fn.module(37)(**bad)
+    with pytest.raises(ValueError, match=r"size L = 0 \(key_states_of_this_layer.shape\[2\]\) "
+                       "is outside the range"):
+        fn.module(37)(**dict(x, key_states_of_this_layer=x["key_states_of_this_layer"][..., :0],
+                             value_states_of_this_layer=x["value_states_of_this_layer"][:, :0],
+                             attention_bias_of_this_layer=x["attention_bias_of_this_layer"][
+                                 ..., :0]))

@@ -183,3 +183,31 @@ def test_a_float_dynamo_made_symbolic_is_a_constant_checked_at_every_call():
     (entry,) = be.report  # one graph, no recompile: eps is an input of it
     assert entry.status == "optimized" and (entry.calls, entry.eager_calls) == (2, 1)
     assert len(be.summary()["graphs"]) == 1
+
+
+def test_a_planning_hint_and_maximum_for_dynamo_families():
+    """em.backend(size_hint=, size_max=): a loop that starts short is planned and verified
+    for the lengths it grows to; a call past the maximum runs eagerly, with a warning.
+    (Dynamo's defaults: the length that changed is the one symbolic size.)"""
+    dt = torch.float16 if INTERPRET else torch.float32
+    gen = torch.Generator().manual_seed(1)
+    kc = torch.randn(1, 2, 400, 64, generator=gen).to(dt)
+    vc = torch.randn(1, 2, 400, 64, generator=gen).to(dt)
+    wo = (torch.randn(512, 512, generator=gen) / 20).to(dt)
+    be = em.backend(time_limit_s=30, size_hint=256, size_max=300)
+    fast = torch.compile(decode_step, backend=be)  # defaults: the second length is symbolic
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (40, 41, 299, 301):
+            q = torch.randn(1, 8, 1, 64, generator=gen).to(dt)
+            k, v = kc[:, :, :n], vc[:, :, :n]
+            want = decode_step(q.float(), k.float(), v.float(), wo.float())
+            torch.testing.assert_close(fast(q, k, v, wo).float(), want, rtol=2e-2, atol=2e-2)
+    (fam,) = _runners(be)
+    stats = fam.result.stats["family"]
+    assert "hint=256" in stats["dim"] and "max=300" in stats["dim"], stats["dim"]
+    assert 256 in stats["verified_sizes"] and max(stats["verified_sizes"]) <= 300
+    assert fam.calls == 2 and fam.eager_calls == 1  # 40: the warmup call; 301: past the max
+    assert any("outside the range" in str(w.message) for w in caught)
+    with pytest.raises(em.MirageError, match="size_hint"):
+        em.backend(size_hint=0)
