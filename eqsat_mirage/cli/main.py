@@ -45,6 +45,7 @@ from types import ModuleType
 
 from ..frontend.graph import Graph
 from ..ir.errors import MirageError
+from ..pipeline.family import family_rows
 from .parser import build_parser
 
 EXIT_EQUIVALENT, EXIT_NOT_EQUIVALENT, EXIT_ERROR = 0, 1, 2
@@ -190,7 +191,7 @@ def summary(res) -> str:
         rows.append(f"compiled     {chosen}" + (f"; {len(comp['refused'])} schedule(s) refused "
                                                 f"and re-planned" if comp["refused"] else ""))
     rows.append(f"verified     {res.verified}")
-    rows += _family_rows(st.get("family"))
+    rows += family_rows(st.get("family"))
     roof = getattr(res, "roofline_us", None)
     rows.append(f"cost         {res.baseline_cost_us:.2f} us (one kernel per op) -> "
                 f"{res.cost_us:.2f} us ({res.speedup:.2f}x, target {st.get('target', '?')})"
@@ -203,27 +204,6 @@ def summary(res) -> str:
         rows.append(f"cache        {st['cache']}"
                     + (f" (stored as {st['cache_key']})" if st.get("cache_key") else ""))
     return "\n".join(rows)
-
-
-def _family_rows(fam: dict | None) -> list[str]:
-    """The report of a shape family (``stats["family"]``): where it was planned, which
-    sizes were verified and what it costs at several."""
-    if not fam:
-        return []
-    name = fam["dim"].split("(")[0]
-    sizes = ", ".join(str(n) for n, ok in fam["verified_sizes"].items() if ok)
-    rows = [f"family       {fam['dim']}: planned at {name} = {fam['planned_at']} "
-            f"({fam['masks']} length mask(s)), granule {fam['granule']}; "
-            + (f"fell back to one kernel per op: {fam['fallback']}; " if fam["fallback"]
-               else "")
-            + f"verified at {name} = {sizes} (bound <= "
-            f"{max(fam['bounds'].values(), default=1.0):.1e})",
-            "  cost at    " + ", ".join(f"{name} = {n}: {c:.2f} us"
-                                        for n, c in fam["cost_us"].items())]
-    if fam.get("over_budget"):
-        rows.append(f"  not verified (memory budget): {name} = "
-                    + ", ".join(str(n) for n in fam["over_budget"]))
-    return rows
 
 
 def _status(res) -> int:

@@ -145,6 +145,10 @@ class Node:
     def describe(self) -> str:
         """A short human description: op, argument and where it was written."""
         arg = f"[{self.arg}]" if self.arg is not None and self.op is not Op.INPUT else ""
+        if self.op in (Op.SUM, Op.MEAN, Op.MAX) and isinstance(self.arg, tuple):
+            axes, keep = self.arg  # a reduction: its axes, as the API spells them
+            arg = f"(axis={tuple(axes) if len(axes) != 1 else axes[0]}" + (
+                ", keepdims)" if keep else ")")
         name = f" {self.arg!r}" if self.op is Op.INPUT else ""
         where = f" (at {self.loc})" if self.loc else ""
         return f"{self.op.name.lower()}{arg}{name}{where}"

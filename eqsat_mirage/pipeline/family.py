@@ -70,6 +70,27 @@ def cost_sizes(dim) -> list[int]:
     return [s for s in dict.fromkeys(sizes) if dim.max is None or s <= dim.max]
 
 
+def family_rows(fam: dict | None) -> list[str]:
+    """The report of a shape family (``stats["family"]``): where it was planned, which
+    sizes were verified and what it costs at several."""
+    if not fam:
+        return []
+    name = fam["dim"].split("(")[0]
+    sizes = ", ".join(str(n) for n, ok in fam["verified_sizes"].items() if ok)
+    rows = [f"family       {fam['dim']}: planned at {name} = {fam['planned_at']} "
+            f"({fam['masks']} length mask(s)), granule {fam['granule']}; "
+            + (f"fell back to one kernel per op: {fam['fallback']}; " if fam["fallback"]
+               else "")
+            + f"verified at {name} = {sizes} (bound <= "
+            f"{max(fam['bounds'].values(), default=1.0):.1e})",
+            "  cost at    " + ", ".join(f"{name} = {n}: {c:.2f} us"
+                                        for n, c in fam["cost_us"].items())]
+    if fam.get("over_budget"):
+        rows.append(f"  not verified (memory budget): {name} = "
+                    + ", ".join(str(n) for n in fam["over_budget"]))
+    return rows
+
+
 class FamilyResult(OptimizeResult):
     """``em.optimize`` of a shape family: ``program`` is the plan at the hint, ``scaling``
     serves every size, ``stats["family"]`` says which sizes were verified and the cost at
@@ -77,6 +98,14 @@ class FamilyResult(OptimizeResult):
 
     scaling: Scaling | None = None
     family: object = None
+
+    def __str__(self) -> str:
+        fam = self.stats.get("family") or {}
+        name = fam.get("dim", "L").split("(")[0]
+        note = (f"(a shape family: the listing below is the plan at {name} = "
+                f"{fam.get('planned_at')}; res.at({name}) gives it at any size, and "
+                "res.compile() runs every size)")
+        return "\n".join([*family_rows(fam), note, super().__str__()])
 
     def at(self, size: int):
         """The plan (a MuGraph) serving size ``size``."""

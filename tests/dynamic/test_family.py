@@ -101,6 +101,9 @@ def test_one_search_serves_every_size(family_result):
     assert min(sizes) < fam["granule"]  # a size below one tile was verified
     assert max(fam["bounds"].values()) <= 1e-9
     assert res.verified.equivalent
+    shown = str(res)  # the family's report first, then the plan at its padded size
+    assert shown.startswith("family       L(hint=256): planned at L = 256") and \
+        "the listing below is the plan at L = 256" in shown and "mugraph" in shown
     # the loop (or the split's grid) grows with L, tiles do not
     assert fam["grows"]
     for n in (1, 255, 257, 1000):
