@@ -193,8 +193,17 @@ class ResultCache:
 
     def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        return conn
+        deadline = time.monotonic() + self.timeout
+        while True:  # switching to WAL answers "locked" at once (no busy wait) under a writer
+            try:
+                if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                    conn.execute("PRAGMA journal_mode=WAL")
+                return conn
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    conn.close()
+                    raise
+                time.sleep(0.005)
 
     @staticmethod
     def _schema_state(conn: sqlite3.Connection) -> tuple[set[str], dict[str, str]]:

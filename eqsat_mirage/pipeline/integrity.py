@@ -43,22 +43,29 @@ def _private(path: Path, what: str) -> os.stat_result:
 
 
 def secret() -> bytes:
-    """This user's tag secret, created (32 random bytes, mode 0600) on first use."""
+    """This user's tag secret, created (32 random bytes, mode 0600) on first use. It is
+    written to a private temporary file and linked into place, so a process or thread
+    reading it never sees a partly written key."""
     path = key_path()
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     _private(path.parent, "key folder")
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        _private(path, "key file")
-        data = path.read_bytes()
-        if len(data) != 32:
-            raise CacheError(f"key file {path} is not 32 bytes; remove it to make a new one") \
-                from None
-        return data
-    data = secrets.token_bytes(32)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
+    if not path.exists():
+        data = secrets.token_bytes(32)
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.link(tmp, path)  # atomic, and refused if another writer was first
+            return data
+        except FileExistsError:
+            pass  # another process or thread made it: read theirs below
+        finally:
+            tmp.unlink(missing_ok=True)
+    _private(path, "key file")
+    data = path.read_bytes()
+    if len(data) != 32:
+        raise CacheError(f"key file {path} is not 32 bytes; remove it to make a new one")
     return data
 
 

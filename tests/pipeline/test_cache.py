@@ -390,3 +390,24 @@ def test_a_search_inside_a_shape_family_has_its_own_key():
         other = make_key(g, {"time_limit_s": 1})
     assert len({plain, inside, other}) == 3
     assert make_key(g, {"time_limit_s": 1}) == plain  # the context ended
+
+
+def test_the_tag_key_made_by_many_threads_at_once_is_one_whole_key(tmp_path, monkeypatch):
+    """The first use from several threads (or processes): one key, never read half-written
+    (a reader used to see the file before its 32 bytes were in)."""
+    monkeypatch.setenv("EQSAT_MIRAGE_CONFIG_DIR", str(tmp_path / "config"))
+    got: list = []
+
+    def read() -> None:
+        try:
+            got.append(integrity.secret())
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            got.append(exc)
+
+    threads = [threading.Thread(target=read) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(got)) == 1 and len(got[0]) == 32, got
+    assert sorted(p.name for p in (tmp_path / "config").iterdir()) == ["cache.key"]
