@@ -12,8 +12,13 @@
   custom kernels as Triton launches over their grid) and returns ``{output name:
   tensor}``. The launcher's runtime (``_bind``, ``_check``, strides, buffers): ``host.py``.
 
+A shape family's module (``family=``) names its size in ``INPUTS`` and reads L from the
+inputs; ``family_source`` merges it, written at several padded sizes, into one module
+whose launcher computes grids, loop counts and shapes from L (``family.py``).
+
 ``compile_mugraph(mg)`` writes that module to a file (``@triton.jit`` reads its
-function's source), imports it and returns its ``run``. On a machine without a
+function's source), imports it and returns its ``run`` (``load_source`` for a source
+already written). On a machine without a
 GPU, set ``TRITON_INTERPRET=1`` before triton is imported: the same kernels then
 run in Triton's interpreter on CPU tensors.
 

@@ -150,8 +150,7 @@ def make_key(graph, options: dict) -> str:
              "rules": rules_digest(opts.pop("rules", ("rules",))),
              "target": target_digest(opts.pop("target", "h100")),
              "options": sorted((k, repr(v)) for k, v in opts.items())}
-    family = dynamic_context()  # inside a shape family's search: planned under its rules
-    if family is not None:
+    if (family := dynamic_context()) is not None:  # a shape family's search: its own rules
         parts["family"] = [sorted((n, sorted(a)) for n, a in family[0].items()), family[1]]
     return _sha(json.dumps(parts, sort_keys=True).encode())
 
@@ -203,7 +202,7 @@ class ResultCache:
                 if "locked" not in str(exc) or time.monotonic() > deadline:
                     conn.close()
                     raise
-                time.sleep(0.005)
+            time.sleep(0.005)
 
     @staticmethod
     def _schema_state(conn: sqlite3.Connection) -> tuple[set[str], dict[str, str]]:
