@@ -141,8 +141,7 @@ def launcher_overhead(reps: int = 400) -> str:
     n = L0 + 1
     lp = res.scaling.padded(n)
     mods = {"one module, every L": load_source(fr.source()),
-            "one padded size": load_source(triton_source(
-                res.scaling.at(lp), "", False, fr._masks(), fr.layout(lp))),
+            "one padded size": load_source(fr.padded_source(lp)),
             "static plan (that padded size, inputs padded)": load_source(triton_source(
                 res.scaling.at(lp)))}
     gen = torch.Generator().manual_seed(0)

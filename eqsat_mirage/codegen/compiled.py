@@ -23,6 +23,7 @@ import subprocess
 import tempfile
 import time
 import types
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .concat import CodegenError
@@ -90,8 +91,11 @@ def _length(module) -> int:
     return max(17, low) if high is None else min(max(17, low), high)
 
 
-def _launches(module) -> list[tuple[str, object, tuple, tuple, dict]]:
-    """(kernel name, function, grid, args, keyword args) of each launch of ``module.run``."""
+def record_launches(module, inputs: Mapping | None = None
+                    ) -> list[tuple[str, object, tuple, tuple, dict]]:
+    """(kernel name, function, grid, args, keyword args) of each launch ``module.run``
+    makes on ``inputs`` (default: meta tensors of its ``INPUTS``; a shape family's axes at
+    ``_length``). The kernels are recorded, not run, and put back afterwards."""
     import torch
 
     seen = []
@@ -103,16 +107,21 @@ def _launches(module) -> list[tuple[str, object, tuple, tuple, dict]]:
         def __getitem__(self, grid):
             return lambda *args, **kwargs: seen.append((self.name, self.fn, grid, args, kwargs))
 
-    for attr in list(vars(module)):
-        obj = getattr(module, attr)
-        if attr.endswith("_kernel") and hasattr(obj, "arg_names"):
-            setattr(module, attr, Recorder(attr, obj))
-    length = _length(module)
-    inputs = {n: torch.empty(tuple(length if isinstance(d, str) else d for d in shape),
-                             dtype=dtype, device="meta")
-              for n, (shape, dtype) in module.INPUTS.items()}
-    with _interpreter(True):  # lets the launcher accept meta tensors
-        module.run(**inputs)
+    kernels = {attr: obj for attr, obj in vars(module).items()
+               if attr.endswith("_kernel") and hasattr(obj, "arg_names")}
+    if inputs is None:
+        length = _length(module)
+        inputs = {n: torch.empty(tuple(length if isinstance(d, str) else d for d in shape),
+                                 dtype=dtype, device="meta")
+                  for n, (shape, dtype) in module.INPUTS.items()}
+    try:
+        for attr, fn in kernels.items():
+            setattr(module, attr, Recorder(attr, fn))
+        with _interpreter(True):  # lets the launcher accept meta (or CPU) tensors
+            module.run(**inputs)
+    finally:
+        for attr, fn in kernels.items():
+            setattr(module, attr, fn)
     return seen
 
 
@@ -203,7 +212,7 @@ def _compile(source: str, target: str) -> list[KernelResources]:
     from triton.compiler import ASTSource
 
     out = []
-    for name, fn, grid, args, kwargs in _launches(_load(source)):
+    for name, fn, grid, args, kwargs in record_launches(_load(source)):
         sig, consts, options = _signature(fn, args, kwargs)
         options = {"num_warps": 4, "num_stages": 3, **options}  # Triton's defaults if absent
         t = time.perf_counter()

@@ -98,27 +98,26 @@ _ANY = ("        if len(x.shape) != len(shape) or any(\n"
         "                w.__class__ is int and g != w for g, w in zip(x.shape, shape)):\n")
 
 
-def _key(x: str, short: tuple[int, tuple[int, ...]] | None) -> list[str]:
+def _key(x: str, dynamic: tuple[int, tuple[int, ...]] | None) -> list[str]:
     """The signature parts of input ``x``; a shape family's input with axes of size L
-    (``short``: its rank and those axes) is keyed without those sizes and its strides
+    (``dynamic``: its rank and those axes) is keyed without those sizes and its strides
     (the launcher reads them at every call): every length shares one signature."""
-    if short is None:
+    if dynamic is None:
         return [f"{x}.{a}" for a in ("__class__", "shape", "dtype", "device", "stride()")]
-    rank, axes = short
+    rank, axes = dynamic
     return [f"{x}.{a}" for a in ("__class__", "dtype", "device")] + [
         f"{x}.shape[{d}]" for d in range(rank) if d not in axes]
 
 
 def bind_source(inputs: Sequence[str], reuse: bool,
-                short: dict[int, tuple[int, tuple[int, ...]]] | None = None,
-                family: bool = False) -> str:
+                dynamic: dict[int, tuple[int, tuple[int, ...]]] | None = None) -> str:
     """``_CHECKED``, ``_bind``, ``_signature`` and ``_check`` of a module whose inputs are
     the host variables ``inputs`` (in INPUTS order); ``reuse``: entries carry the
-    buffers of ``_buffers``; ``short``: input position -> (rank, axes) of the inputs with
-    axes of any length (a shape family's, named by its size in INPUTS; see ``_key``);
-    ``family``: a shape family's module, whose entries carry, with ``reuse``, a dict
-    padded size -> the buffers ``_buffers`` allocated for it."""
-    short = short or {}
+    buffers of ``_buffers``; ``dynamic``: input position -> (rank, axes) of the inputs with
+    axes of any length, in a shape family's module (named by its size in INPUTS; see
+    ``_key``), whose entries carry, with ``reuse``, a dict padded size -> the buffers
+    ``_buffers`` allocated for it."""
+    dynamic = dynamic or {}
     n = len(inputs)
     buffers = "[, the buffers _buffers allocated]" if reuse else ""
     out = ["# input signature -> (device, the inputs' strides, flattened"
@@ -135,7 +134,7 @@ def bind_source(inputs: Sequence[str], reuse: bool,
               "            pass"] if n else []),
            f"    if not kwargs and len(args) == {n}:"]
     if n:
-        key = [k for i, x in enumerate(inputs) for k in _key(x, short.get(i))]
+        key = [k for i, x in enumerate(inputs) for k in _key(x, dynamic.get(i))]
         out += unpack(inputs, "args", " " * 8)
         out.append("        try:")
         lines = wrap(key, "", ",", 100 - 36)
@@ -148,8 +147,8 @@ def bind_source(inputs: Sequence[str], reuse: bool,
     else:
         out += ["        entry = _CHECKED.get(())", "        if entry is not None:",
                 "            return args, entry"]
-    if short:
-        parts = [k for i in range(n) for k in _key(f"tensors[{i}]", short.get(i))]
+    if dynamic:
+        parts = [k for i in range(n) for k in _key(f"tensors[{i}]", dynamic.get(i))]
         signature = ["    key = (" + wrap(parts, "", ",", 88)[0]] + [
             " " * 11 + line for line in wrap(parts, "", ",", 88)[1:]]
         signature[-1] = signature[-1].rstrip(",") + ")"
@@ -161,11 +160,11 @@ def bind_source(inputs: Sequence[str], reuse: bool,
             "        entry = (device,) + tuple(s for x in tensors for s in x.stride())"]
     if reuse:
         out.append("        entry += ({},)  # padded size -> the buffers _buffers allocated"
-                   if family else "        entry += _buffers(device, *tensors)")
+                   if dynamic else "        entry += _buffers(device, *tensors)")
     out += [f"        if len(_CHECKED) < {MAX_SIGNATURES}:",
             "            _CHECKED[key] = entry",
             "    return tensors, entry"]
-    return "\n".join(out) + "\n" + (_CHECK.replace(_SAME, _ANY) if family else _CHECK)
+    return "\n".join(out) + "\n" + (_CHECK.replace(_SAME, _ANY) if dynamic else _CHECK)
 
 
 def unpack(names: Sequence[str], value: str, indent: str = "    ") -> list[str]:

@@ -301,8 +301,7 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
     for k in custom:
         lines += ["", "", writers[id(k)].text.rstrip("\n")]
     lines += ["", "", bind_source([var[n] for n in names], reuse_outputs, {
-        names.index(n): (len(specs[n].shape), axes) for n, axes in dyn.items()},
-        family is not None).rstrip("\n")]
+        names.index(n): (len(specs[n].shape), axes) for n, axes in dyn.items()}).rstrip("\n")]
     buffers = [var[t] for t in written] if reuse_outputs else []
     if reuse_outputs:
         params = ", ".join(["device"] + (["lp"] if family else []) + [var[n] for n in names])
@@ -353,8 +352,8 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
                       f"{', '.join(var[n] for n in names)})"]
             lines += unpack(buffers, "held") if buffers else []
     read = mg.materialized()
-    at = f" at lp = {family.padded or mg.inputs[next(iter(dyn))].shape[dyn[next(iter(dyn))][0]]}" \
-        if family else ""
+    # a family's comments show sizes at this module's padded size (any dynamic axis's)
+    at = "".join(f" at lp = {specs[n].shape[axes[0]]}" for n, axes in list(dyn.items())[:1])
     for k in mg.kernels:
         if isinstance(k, PredefinedKernel):
             n = k.node

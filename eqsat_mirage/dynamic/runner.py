@@ -121,15 +121,18 @@ class FamilyRunner:
                     self.modules.pop(next(iter(self.modules)))
                 self.modules[length] = torch_reference(self.scaling.at(length))
             return self.modules[length]
-        key = EVERY if not self.launcher else self.scaling.padded(length)
-        if key not in self.modules:
+        run = self.modules.get(self._key(length))
+        if run is None:
             with self.lock:  # one build, whichever thread asks first
-                key = EVERY if not self.launcher else self.scaling.padded(length)
-                if key not in self.modules:
+                if self._key(length) not in self.modules:
                     text = self.source(length)  # (finds out whether the launcher scales)
-                    key = EVERY if not self.launcher else self.scaling.padded(length)
-                    self.modules[key] = load_source(text)
-        return self.modules[key]
+                    self.modules[self._key(length)] = load_source(text)
+                run = self.modules[self._key(length)]
+        return run
+
+    def _key(self, length: int) -> int:
+        """The key in ``modules`` of the Triton module serving ``length``."""
+        return EVERY if not self.launcher else self.scaling.padded(length)
 
     def _masks(self) -> frozenset[str]:
         """The plan's length masks (True where ``col < L``)."""
@@ -140,21 +143,30 @@ class FamilyRunner:
     def source(self, length: int | None = None) -> str:
         """The Triton module's source: one serving every L, or (where its launcher could
         not be merged: ``launcher`` says why) the one serving ``length``'s padded size."""
-        from ..codegen.source import family_source, triton_source
+        from ..codegen.source import family_source
 
-        header = f"shape family {self.family.name!r}: {self.dim}"
         if not self.launcher:
             try:
-                return family_source(self.scaling.at, self.layout(), header,
+                return family_source(self.scaling.at, self.layout(), self._header(),
                                      self.reuse_outputs, self._masks())
             except FamilyLaunchError as exc:
                 self.launcher = str(exc)
                 warnings.warn(f"shape family {self.family.name!r}: one module per padded size "
                               f"(the launcher does not scale with {self.dim.name}: {exc})",
                               stacklevel=3)
-        lp = self.scaling.padded(self.dim.hint if length is None else length)
-        return triton_source(self.scaling.at(lp), f"{header} at padded size {lp}",
+        return self.padded_source(self.scaling.padded(self.dim.hint if length is None
+                                                      else length))
+
+    def padded_source(self, lp: int) -> str:
+        """The source of a module serving padded size ``lp`` only (it refuses the others):
+        the fallback when the one launcher cannot be written."""
+        from ..codegen.source import triton_source
+
+        return triton_source(self.scaling.at(lp), f"{self._header()} at padded size {lp}",
                              self.reuse_outputs, self._masks(), self.layout(lp))
+
+    def _header(self) -> str:
+        return f"shape family {self.family.name!r}: {self.dim}"
 
     def __call__(self, *args, **kwargs) -> dict:
         import torch

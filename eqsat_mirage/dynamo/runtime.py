@@ -153,8 +153,7 @@ class Warmup:
     searches, the summary) and runs it, and so does every later one.
     A search that fails leaves the graph eager, with a warning."""
 
-    def __init__(self, be, gm, sizes, number: int,
-                 calls: int) -> None:
+    def __init__(self, be, gm, sizes, number: int, calls: int) -> None:
         self.be, self.gm, self.sizes, self.number, self.left = be, gm, sizes, number, calls
         self.run = None
         self.lock = threading.Lock()

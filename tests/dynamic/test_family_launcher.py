@@ -16,8 +16,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 import eqsat_mirage as em
+from eqsat_mirage.codegen.compiled import record_launches
 from eqsat_mirage.codegen.family import FamilyLaunchError
-from eqsat_mirage.codegen.source import load_source, triton_source
+from eqsat_mirage.codegen.source import load_source
 from eqsat_mirage.dynamic.padding import padded_graph, plan_masks
 from eqsat_mirage.dynamic.runner import EVERY, FamilyRunner
 from eqsat_mirage.dynamic.scale import scaling
@@ -49,26 +50,9 @@ def family(request):
 def launches(run, tensors: dict) -> list:
     """(kernel, grid, arguments with tensors as shapes, options) of each launch of
     generated module ``run`` on ``tensors`` (the kernels are recorded, not run)."""
-    seen, module = [], run.module
-    kernels = {a: f for a, f in vars(module).items()
-               if a.endswith("_kernel") and hasattr(f, "arg_names")}
-
-    class Recorder:
-        def __init__(self, name):
-            self.name = name
-
-        def __getitem__(self, grid):
-            return lambda *args, **kw: seen.append((self.name, grid, args, kw))
-
-    try:
-        for attr in kernels:
-            setattr(module, attr, Recorder(attr))
-        run(**tensors)
-    finally:
-        for attr, fn in kernels.items():
-            setattr(module, attr, fn)
     return [(name, grid, tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a
-                               for a in args), kw) for name, grid, args, kw in seen]
+                               for a in args), kw)
+            for name, _, grid, args, kw in record_launches(run.module, tensors)]
 
 
 def inputs(run, n: int) -> dict:
@@ -87,8 +71,7 @@ def test_the_one_launcher_matches_a_launcher_written_for_each_padded_size(family
     g = sc.granule
     # padded sizes beyond those the launcher was fitted at (1..5 granules) and the hint's
     for lp in (g, 8 * g, 13 * g, sc.padded(family.family.dims["L"].hint)):
-        single = load_source(triton_source(sc.at(lp), "", False, runner._masks(),
-                                           runner.layout(lp)))
+        single = load_source(runner.padded_source(lp))
         for n in {lp, lp - g // 2 if g > 1 else lp}:
             assert launches(one, inputs(one, n)) == launches(single, inputs(one, n)), (lp, n)
     assert launches(one, inputs(one, 8 * g)) != launches(one, inputs(one, g))
