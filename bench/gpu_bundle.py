@@ -151,11 +151,18 @@ def rows_from(manifest: dict, results: dict, bandwidth_GBps: float) -> list[dict
     rows = []
     for r in results["cases"]:
         c = by_case[r["case"]]
+        if "error" in r:  # the case raised on the device: listed as failed, not timed
+            nan = float("nan")
+            rows.append({"case": r["case"], "eager": nan, "compile": nan, "sdpa": None,
+                         "ours": nan, "predicted": c["predicted_us"], "dram_frac": None,
+                         "rel_err": nan, "ok": False, "error": r["error"]})
+            continue
         if "ours_us" not in r:
             raise em.MirageError(f"{r['case']}: no timings in the results (a --device cpu run?)")
         frac = (c["min_bytes"] / (r["ours_us"] * 1e-6) / (bandwidth_GBps * 1e9)
                 if c["memory_bound"] else None)
-        rows.append({"case": r["case"], "eager": r["eager_us"], "compile": r["compile_us"],
+        rows.append({"case": r["case"], "eager": r.get("eager_us", float("nan")),
+                     "compile": r.get("compile_us", float("nan")),
                      "sdpa": r.get("sdpa_us"), "ours": r["ours_us"],
                      "predicted": c["predicted_us"], "dram_frac": frac,
                      "rel_err": r["rel_err"], "ok": r["ok"]})

@@ -191,9 +191,48 @@ def run_case(folder: Path, case: dict, device: str, args) -> dict:
                                                   x[v].unsqueeze(0), scale=1.0)
         contestants["sdpa"] = sdpa
     for name, fn in contestants.items():
-        row[f"{name}_us"] = graph_time_us(lambda x, fn=fn: fn(**x), sets, args.reps)
+        try:  # one contestant that fails (a torch.compile error, say) leaves the others
+            row[f"{name}_us"] = graph_time_us(lambda x, fn=fn: fn(**x), sets, args.reps)
+        except Exception as exc:  # noqa: BLE001 - recorded in the row, the run goes on
+            row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:500]
     row["ours_plain_us"] = plain_time_us(lambda x: ours.run(**x), sets, args.reps)
     return row
+
+
+def ceilings() -> dict:
+    """The device's two ceilings, measured (METHOD.md): a device-to-device copy (bytes read
+    plus written per second) and a float16 matrix product on random data (FLOP/s)."""
+    import torch
+
+    a = torch.randn(2**28, device="cuda", dtype=torch.float16)  # 512 MiB
+    b = torch.empty_like(a)
+    m = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
+    out = {}
+    for name, fn, work in (("copy_GBps", lambda: b.copy_(a), 2 * a.numel() * 2 / 1e9),
+                           ("fp16_matmul_TFLOPs", lambda: m @ m, 2 * 8192**3 / 1e12)):
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(10):
+            fn()
+        end.record()
+        end.synchronize()
+        out[name] = work / (start.elapsed_time(end) / 10 / 1e3)
+    return out
+
+
+def guarded(fn, label: str, *args) -> dict:
+    """``fn(*args)``'s row, or a failed row naming the error (one case that raises, a
+    Triton version that refuses a kernel, say, never stops the others)."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001 - recorded in the row, the run goes on
+        import traceback
+
+        return {"case": label, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:800],
+                "trace": traceback.format_exc()[-2000:]}
 
 
 def run_family(folder: Path, fam: dict, device: str, args) -> dict:
@@ -253,7 +292,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sets", type=int, default=4)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--max-autotune", action="store_true")
+    ap.add_argument("--only", action="append", help="run the cases whose id starts so")
+    ap.add_argument("--budget-s", type=float, default=0.0,
+                    help="skip the cases left once this many seconds have passed")
     args = ap.parse_args(argv)
+    began = time.perf_counter()
     import torch
     import triton
 
@@ -264,20 +307,30 @@ def main(argv: list[str] | None = None) -> int:
     manifest = json.loads((args.bundle / "manifest.json").read_text())
     out = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
            "torch": torch.__version__, "triton": triton.__version__,
-           "manifest": manifest.get("made"), "cases": []}
+           "manifest": manifest.get("made"), "cases": [], "skipped": []}
+    if args.device == "cuda":
+        out["ceilings"] = guarded(ceilings, "ceilings")
+        torch.cuda.empty_cache()
+        print(json.dumps(out["ceilings"]), flush=True)
     for case in manifest["cases"]:
-        row = run_case(args.bundle, case, args.device, args)
+        if args.only and not any(case["id"].startswith(o) for o in args.only):
+            continue
+        if args.budget_s and time.perf_counter() - began > args.budget_s:
+            out["skipped"].append(case["case"])
+            continue
+        row = guarded(run_case, case["case"], args.bundle, case, args.device, args)
         out["cases"].append(row)
         print(json.dumps(row), flush=True)
         args.out.write_text(json.dumps(out, indent=1))  # partial results survive a time-out
     out["families"] = []
     for fam in manifest.get("families", []):
-        row = run_family(args.bundle, fam, args.device, args)
+        row = guarded(run_family, fam["case"], args.bundle, fam, args.device, args)
         out["families"].append(row)
         print(json.dumps(row), flush=True)
         args.out.write_text(json.dumps(out, indent=1))
     failed = [r["case"] for r in out["cases"] + out["families"] if not r["ok"]]
-    print(f"{len(out['cases'])} cases, {len(failed)} failed" + (f": {failed}" if failed else ""))
+    print(f"{len(out['cases'])} cases, {len(failed)} failed" + (f": {failed}" if failed else "")
+          + (f"; skipped for time: {out['skipped']}" if out["skipped"] else ""))
     return 1 if failed else 0
 
 
