@@ -55,9 +55,9 @@ from ..ir.errors import MirageError
 from ..ir.node import ELEMENTWISE, ITEMSIZE, Node, Op, fmt_shape, numel
 from ..mugraph.kernels import CustomKernel, PredefinedKernel
 from ..mugraph.program import MuGraph, from_graph
-from .indexing import UnionFind
+from .indexing import Indexing, ScheduleError, UnionFind, index_fragment
 from .lower import add_kernel
-from .schedule import Indexing, Schedule, ScheduleError, classify, index_fragment
+from .schedule import Schedule, classify
 from .strategy import Strategy, candidate_schedules
 
 # Mirage's ranges and block counts, FlashDecoding splits allowed, and up to 512 schedules
