@@ -6,7 +6,7 @@ a region of one op runs as a predefined (library) kernel, as ``from_graph``
 does, and a region of several ops runs as ONE custom kernel: its fragment (the
 ops, reading device tensors, writing the values used outside it) gets the
 legal schedule (``strategy.candidate_schedules``) of least ``gpucost`` and is
-lowered with ``schedule.add_kernel``. Inside a custom kernel, chains of
+lowered with ``lower.add_kernel``. Inside a custom kernel, chains of
 elementwise tile ops are recorded as thread graphs (``CustomKernel.fuse``).
 
 Search (deterministic, bounded):
