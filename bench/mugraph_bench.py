@@ -35,7 +35,7 @@ from bench.programs import BENCHMARKS, program  # noqa: E402
 from bench.results_md import replace_section  # noqa: E402
 from eqsat_mirage.egraph.rulefiles import load_rules  # noqa: E402
 from eqsat_mirage.egraph.saturate import DEFAULT_PHASES, Limits, Saturator  # noqa: E402
-from eqsat_mirage.pipeline.optimize import DEFAULT_SPLITS, _splits  # noqa: E402
+from eqsat_mirage.pipeline.optimize import DEFAULT_SPLITS, candidate_splits  # noqa: E402
 
 SECTION = "## Multi-level search (issue 4)"
 
@@ -45,7 +45,7 @@ def enodes_without_guards(graph, time_limit_s: float) -> tuple[int, float]:
     rulesets, rule_list = load_rules(["rules"])
     t = time.perf_counter()
     sat = Saturator(graph, rulesets, rule_list, guards=False,
-                    splits=_splits(graph, DEFAULT_SPLITS))
+                    splits=candidate_splits(graph, DEFAULT_SPLITS))
     limits = Limits(time_limit_s=time_limit_s)
     for name, rs in DEFAULT_PHASES:
         rs = tuple(r for r in rs if r in rulesets)

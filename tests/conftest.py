@@ -1,7 +1,8 @@
 """Make the repository root (tests `import bench`) and tests/ (shared helpers such as
 `torch_models` and `mugraph_examples`) importable; keep results caches in tmp; leave
 optimize's compile check (seconds per candidate, sm_90a builds) to the tests that ask for it
-with ``compile_check=True``."""
+with ``compile_check=True``; run in strict mode (``EQSAT_MIRAGE_STRICT=1``), where an
+unexpected internal error propagates instead of being recorded as a failed candidate."""
 
 import os
 import sys
@@ -21,7 +22,8 @@ def _session_results_cache(tmp_path_factory):
     and key."""
     made = {"EQSAT_MIRAGE_CACHE_DIR": str(tmp_path_factory.mktemp("results-cache")),
             "EQSAT_MIRAGE_CONFIG_DIR": str(tmp_path_factory.mktemp("config")),  # the tag key
-            "EQSAT_MIRAGE_COMPILE_CHECK": "0"}
+            "EQSAT_MIRAGE_COMPILE_CHECK": "0",
+            "EQSAT_MIRAGE_STRICT": "1"}  # a bug raises (ir.errors.strict), never "no speedup"
     old = {k: os.environ.get(k) for k in made}
     os.environ.update(made)
     yield

@@ -112,6 +112,55 @@ def long_modules(root: Path, limit: int = MAX_LINES) -> list[str]:
                   if (n := len(p.read_text().splitlines())) > limit)
 
 
+def is_private(name: str) -> bool:
+    """A ``_name`` (not a ``__dunder__``)."""
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_imports(path: Path, root: Path = PACKAGE) -> list[str]:
+    """``file:line`` of every private name that ``path`` takes from a module of the package at
+    ``root``: ``from .x import _y`` (relative or absolute) or ``x._y`` on a package module
+    that ``path`` imported (``import pkg.x``, ``from pkg import x``)."""
+    pkg = root.name
+    files = {module_name(p, root) for p in root.rglob("*.py")}
+    inside = path.is_relative_to(root)
+    here = module_name(path, root).split(".") if inside else []
+    if inside and path.name != "__init__.py":
+        here = here[:-1]
+    tree = ast.parse(path.read_text(), str(path))
+    found, modules = [], {}  # local name -> the package module it is bound to
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[:len(here) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target != pkg and not target.startswith(pkg + "."):
+                continue
+            for alias in node.names:
+                if f"{target}.{alias.name}" in files:
+                    modules[alias.asname or alias.name] = f"{target}.{alias.name}"
+                if is_private(alias.name):
+                    found.append(f"{path}:{node.lineno}: imports {alias.name} from {target}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == pkg or alias.name.startswith(pkg + "."):
+                    local = alias.asname or alias.name.split(".")[0]
+                    modules[local] = alias.name if alias.asname else pkg
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and is_private(node.attr):
+            chain, base = [], node.value
+            while isinstance(base, ast.Attribute):
+                chain.append(base.attr)
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in modules:
+                owner = ".".join([modules[base.id], *reversed(chain)])
+                if owner in files:
+                    found.append(f"{path}:{node.lineno}: uses {owner}.{node.attr}")
+    return found
+
+
 def test_no_import_cycles():
     assert cycles(import_graph(PACKAGE)) == []
 
@@ -133,6 +182,12 @@ def test_every_stage_is_a_documented_subpackage():
             assert heading in doc, f"eqsat_mirage/{name}/__init__.py: no {heading!r} line"
 
 
+def test_no_module_imports_another_modules_private_names():
+    """Shared helpers are public (with a docstring) in the module where they belong."""
+    sources = sorted(PACKAGE.rglob("*.py")) + sorted((PACKAGE.parent / "bench").rglob("*.py"))
+    assert [hit for path in sources for hit in private_imports(path)] == []
+
+
 @pytest.fixture
 def bad_package(tmp_path):
     """A package with a lazy import cycle, an upward import and an over-long module."""
@@ -143,6 +198,10 @@ def bad_package(tmp_path):
     (root / "__init__.py").write_text("")
     (root / "ir" / "a.py").write_text("def f():\n    from ..cost import b\n")
     (root / "cost" / "b.py").write_text("from ..ir.a import f\n" + "x = 1\n" * MAX_LINES)
+    (root / "cost" / "c.py").write_text(
+        "import eqsat_mirage.ir.a\nfrom eqsat_mirage.ir import a as ir_a\nfrom . import b\n"
+        "from .b import __doc__, f\nfrom ..ir.a import _g\n"
+        "x = (b._h, ir_a._k, eqsat_mirage.ir.a._m, b.__name__, f._attr)\n")
     return root
 
 
@@ -151,6 +210,11 @@ def test_the_checks_catch_what_they_claim_to(bad_package):
     assert cycles(graph) == [["eqsat_mirage.cost.b", "eqsat_mirage.ir.a"]]
     assert upward_imports(graph) == ["eqsat_mirage.ir.a (ir) imports eqsat_mirage.cost.b (cost)"]
     assert long_modules(bad_package) == [f"eqsat_mirage/cost/b.py: {MAX_LINES + 1} lines"]
+    c = bad_package / "cost" / "c.py"
+    assert private_imports(c, bad_package) == [
+        f"{c}:5: imports _g from eqsat_mirage.ir.a",
+        f"{c}:6: uses eqsat_mirage.cost.b._h", f"{c}:6: uses eqsat_mirage.ir.a._k",
+        f"{c}:6: uses eqsat_mirage.ir.a._m"]
 
 
 def test_every_subpackage_ships_in_the_wheel():

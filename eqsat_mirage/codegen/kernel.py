@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 from ..cost.tiles import stages_for, warps_for
 from ..ir.node import Node, Op, Shape, fmt_shape
-from ..ir.printing import _short
+from ..ir.printing import short_dtype
 from ..mugraph.kernels import CustomKernel, TensorSpec, axis_name, fmt_map
 from ..mugraph.online import causal_skip
 from .concat import CodegenError, Val, split, squeezed
@@ -173,7 +173,7 @@ class KernelWriter(TileOps):
         setup = self.pre if in_loop else self.post
         load = (self.loop if self.looped else self.pre) if bi.fmap is not None else setup
         ptrs = self._pointers(setup, name, bi.tensor, node.shape, bi.imap, bi.fmap,
-                              f"in {name}: {_short(node.dtype)}{list(node.shape)} <- "
+                              f"in {name}: {short_dtype(node.dtype)}{list(node.shape)} <- "
                               f"{bi.tensor}{self.shown(bi.tensor)}")
         var = self.names(name)
         mask = self._load_mask(ptrs, squeezed(node.shape))
@@ -259,7 +259,7 @@ class KernelWriter(TileOps):
         bo, spec = self.k.outputs[tensor], self.specs[tensor]
         src = self.listed.get(id(node), node.arg)
         comment = f"out {tensor}{self.shown(tensor)} <- {bo.stage} {src} " \
-                  f"{_short(node.dtype)}{list(node.shape)}"
+                  f"{short_dtype(node.dtype)}{list(node.shape)}"
         offset, parts = 0, v.parts or (v,)
         for i, part in enumerate(parts):
             shape = part.shape if v.parts else node.shape

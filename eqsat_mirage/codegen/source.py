@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from ..ir.node import BINARY, Node, Op
-from ..ir.printing import _short
+from ..ir.printing import short_dtype
 from ..mugraph.kernels import CustomKernel, PredefinedKernel, TensorSpec
 from ..mugraph.program import MuGraph
 from .concat import CodegenError
@@ -363,7 +363,7 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
                     "positions inside the kernels that use it", 94)]
                 continue
             lines += fit([f"{var[k.output]} = {_torch_op(k, var, k.output in length_masks)}  "
-                          f"# kernel {k.name}: {n.op.name.lower()} -> {_short(n.dtype)}"
+                          f"# kernel {k.name}: {n.op.name.lower()} -> {short_dtype(n.dtype)}"
                           f"{list(n.shape)}{at}"], "    ")
             if k.output in pointed and n.shape:  # a torch op's result: any strides
                 strides[k.output] = [host(f"{var[k.output]}_s{d}") for d in range(len(n.shape))]

@@ -167,13 +167,13 @@ class TileOps(ConcatOps):
 
     def label(self, node: Node) -> str:
         """``%3 = exp %2 : f32[8, 8]`` as in the MuGraph listing (same numbering)."""
-        from ..ir.printing import _arg, _short
+        from ..ir.printing import op_attrs, short_dtype
 
         ops = ", ".join(self.listed.get(id(s), repr(s.arg)) for s in node.srcs)
         self.listed[id(node)] = f"%{self.counter}"
         self.counter += 1
-        return f"{self.listed[id(node)]} = {node.op.name.lower()}{_arg(node)} {ops} : " \
-               f"{_short(node.dtype)}{list(node.shape)}"
+        return f"{self.listed[id(node)]} = {node.op.name.lower()}{op_attrs(node)} {ops} : " \
+               f"{short_dtype(node.dtype)}{list(node.shape)}"
 
     def f32(self, v: Val) -> str:
         if v.const is not None:

@@ -94,10 +94,10 @@ from .profile import GPUProfile
 from .tiles import (
     MIN_MMA,
     REGISTER_BUDGET,
-    _p2,
     iteration_bytes,
     live_registers,
     padded_shapes,
+    pow2_ceil,
     refusal,
     refusing,
     stages_for,
@@ -105,9 +105,9 @@ from .tiles import (
     warps_for,
 )
 
-__all__ = ["GPUProfile", "KernelCost", "MuGraphCost", "Work", "kernel_cost", "kept_fraction",
-           "mugraph_cost", "refusing", "roofline_us", "smem_bytes", "tile_key",
-           "warps_for"]  # transfers: transfers.py
+__all__ = ["GPUProfile", "KernelCost", "MuGraphCost", "Work", "block_reads", "kernel_cost",
+           "kept_fraction", "mugraph_cost", "refusing", "roofline_us", "smem_bytes",
+           "tensor_bytes", "tile_key", "warps_for"]  # transfers: transfers.py
 
 # per element: (CUDA-core FLOPs, SFU ops)
 _ELEM = {Op.EXP: (1, 1), Op.SQRT: (1, 1), Op.RSQRT: (1, 1), Op.DIV: (1, 1), Op.SILU: (3, 2),
@@ -223,12 +223,9 @@ class MuGraphCost:
         return "\n".join([head] + [f"  {k}" for k in self.kernels])
 
 
-def _bytes(shape, dtype: str) -> int:
+def tensor_bytes(shape, dtype: str) -> int:
+    """Bytes a tensor of ``shape`` and ``dtype`` takes."""
     return numel(shape) * ITEMSIZE[dtype]
-
-
-def _chain_interiors(k: CustomKernel) -> set[int]:
-    return {id(n) for _, chain in k.threads for n in chain[:-1]}
 
 
 def op_cost(node: Node, prof: GPUProfile, name: str = "", kind: str = "predefined"
@@ -242,7 +239,8 @@ def op_cost(node: Node, prof: GPUProfile, name: str = "", kind: str = "predefine
     if node.op in (Op.INPUT, Op.CONST, Op.RESHAPE):
         return KernelCost(name, kind, 0.0)
     reads = {id(s): s for s in node.srcs if s.op is not Op.CONST}.values()
-    moved = sum(_bytes(s.shape, s.dtype) for s in reads) + _bytes(node.shape, node.dtype)
+    moved = sum(tensor_bytes(s.shape, s.dtype) for s in reads) + tensor_bytes(node.shape,
+                                                                              node.dtype)
     work = Work()
     work.add_node(node, 1)
     mem = moved / (prof.dram_bandwidth_GBps * 1e3 * prof.dram_achievable_fraction)
@@ -266,14 +264,14 @@ def smem_bytes(k: CustomKernel) -> int:
     for bi in k.inputs.values():
         node, post = _tile_node(k, bi.name), k.post.inputs.get(bi.name)
         pad = pad_loop.get(id(node)) or (post is not None and pad_post.get(id(post))) or \
-            tuple(_p2(d) for d in node.shape)
-        total += _bytes(pad, node.dtype) * (stages if bi.fmap is not None and k.forloop > 1
+            tuple(pow2_ceil(d) for d in node.shape)
+        total += tensor_bytes(pad, node.dtype) * (stages if bi.fmap is not None and k.forloop > 1
                                              else 1)
     total += sum(numel(pad_loop[id(k.loop.outputs[a])]) * 4 for a in k.accumulators)
-    inner = _chain_interiors(k)
+    inner = k.thread_interiors()
     for n in k.post.nodes():
         if n.op not in (Op.INPUT, Op.CONST, Op.RESHAPE) and id(n) not in inner:
-            total += _bytes(pad_post[id(n)], n.dtype)
+            total += tensor_bytes(pad_post[id(n)], n.dtype)
     return total
 
 
@@ -292,7 +290,7 @@ def kept_fraction(k: CustomKernel, mg: MuGraph) -> float:
     return sum(kept) / (len(kept) * k.forloop)
 
 
-def _custom_reads(k: CustomKernel, mg: MuGraph, frac: float = 1.0) -> list[tuple[int, float]]:
+def block_reads(k: CustomKernel, mg: MuGraph, frac: float = 1.0) -> list[tuple[int, float]]:
     """(tensor bytes, replication) of each block input (``frac``: the loop's kept share)."""
     specs, blocks, out = mg.tensors, math.prod(k.grid), []
     computed = {c.output for c in mg.kernels  # causal masks: computed from positions
@@ -302,8 +300,8 @@ def _custom_reads(k: CustomKernel, mg: MuGraph, frac: float = 1.0) -> list[tuple
             continue
         spec = specs[bi.tensor]
         tile = _tile_node(k, bi.name).shape
-        whole = _bytes(spec.shape, spec.dtype)
-        issued = _bytes(tile, spec.dtype) * blocks * (k.forloop * frac if bi.fmap is not None
+        whole = tensor_bytes(spec.shape, spec.dtype)
+        issued = tensor_bytes(tile, spec.dtype) * blocks * (k.forloop * frac if bi.fmap is not None
                                                       else 1)
         out.append((whole, issued / whole))
     return out
@@ -316,7 +314,7 @@ def in_flight_bytes(k: CustomKernel, mg: MuGraph) -> int:
     if any(bi.fmap is not None for bi in k.inputs.values()):
         return (stages_for(k) - 1) * iteration_bytes(k)
     specs = mg.tensors
-    return sum(_bytes(_tile_node(k, bi.name).shape, specs[bi.tensor].dtype)
+    return sum(tensor_bytes(_tile_node(k, bi.name).shape, specs[bi.tensor].dtype)
                for bi in k.inputs.values() if bi.tensor in specs)
 
 
@@ -346,11 +344,11 @@ def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile) -> KernelCost:
                           reason="; ".join(reasons))
     l2, fr = prof.l2_MiB * 2**20, prof.replicated_read_dram_fraction
     dram = hits = 0.0
-    for w, rep in _custom_reads(k, mg, frac):
+    for w, rep in block_reads(k, mg, frac):
         again = w * max(rep - 1.0, 0.0)
         hit = again * (1.0 - fr) if w <= l2 else 0.0
         dram, hits = dram + w + again - hit, hits + hit
-    dram += sum(_bytes(s.shape, s.dtype) for s in k.output_specs().values())
+    dram += sum(tensor_bytes(s.shape, s.dtype) for s in k.output_specs().values())
     work = Work()
     pad_loop, pad_post = padded_shapes(k.loop), padded_shapes(k.post)
     variant = k.per_iteration()
@@ -425,16 +423,16 @@ def roofline_us(graph: Graph | MuGraph, profile: GPUProfile | str | Path = "h100
     ref: Graph | None = graph
     if isinstance(graph, MuGraph):
         graph.validate()
-        moved = sum(_bytes(n.shape, n.dtype) for n in graph.inputs.values())
-        moved += sum(_bytes(s.shape, s.dtype) for s in
+        moved = sum(tensor_bytes(n.shape, n.dtype) for n in graph.inputs.values())
+        moved += sum(tensor_bytes(s.shape, s.dtype) for s in
                      {s.name: s for s in graph.outputs.values()}.values())
         try:
             ref = graph.reference()
         except MirageError:  # no source and no untiled form: bound by bytes only
             ref = None
     else:
-        moved = sum(_bytes(n.shape, n.dtype) for n in graph.inputs.values())
-        moved += sum(_bytes(n.shape, n.dtype) for n in
+        moved = sum(tensor_bytes(n.shape, n.dtype) for n in graph.inputs.values())
+        moved += sum(tensor_bytes(n.shape, n.dtype) for n in
                      {id(n): n for n in graph.outputs.values()}.values())
     work = Work()
     for n in ref.nodes() if ref is not None else ():

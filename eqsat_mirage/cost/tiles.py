@@ -23,13 +23,15 @@ DEEP_STAGES = 4  # pipelining depth for loops of small tiles (stages_for)
 SMALL_ITERATION_BYTES = 16 * 1024
 
 
-def _p2(d: int) -> int:
+def pow2_ceil(d: int) -> int:
+    """The smallest power of two at least ``d`` (1 for ``d <= 1``): a tile dim as Triton
+    holds it."""
     return 1 << max(0, int(d) - 1).bit_length()
 
 
 def padded_shapes(graph: Graph) -> dict[int, tuple[int, ...]]:
     """Tile shapes as Triton holds them: dims to powers of two, matmul M and N to >= 16."""
-    pad = {id(n): tuple(_p2(d) for d in n.shape) for n in graph.nodes()}
+    pad = {id(n): tuple(pow2_ceil(d) for d in n.shape) for n in graph.nodes()}
     for n in graph.nodes():
         if n.op is Op.MATMUL:
             for node, dim in ((n.srcs[0], -2), (n.srcs[1], -1), (n, -2), (n, -1)):

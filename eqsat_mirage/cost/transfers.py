@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ..ir.node import Op, numel
 from ..mugraph.kernels import PredefinedKernel
 from ..mugraph.program import MuGraph
-from .gpucost import Kernel, _bytes, _chain_interiors, _custom_reads, kept_fraction
+from .gpucost import Kernel, block_reads, kept_fraction, tensor_bytes
 
 
 @dataclass
@@ -69,26 +69,27 @@ def _kernel_transfers(k: Kernel, mg: MuGraph) -> KernelTransfers:
     if isinstance(k, PredefinedKernel):
         if k.node.op is Op.RESHAPE:
             return KernelTransfers(k.name, 0, 0, 0, 0, 0)
-        reads = sum(_bytes(s.shape, s.dtype) for s in {s.arg: s for s in k.node.srcs
+        reads = sum(tensor_bytes(s.shape, s.dtype) for s in {s.arg: s for s in k.node.srcs
                                                          if s.op is Op.INPUT}.values())
         shared = reads if k.node.op is Op.MATMUL else 0  # GEMMs stage operand tiles
-        return KernelTransfers(k.name, reads, _bytes(k.node.shape, k.node.dtype), 0, shared, 0)
+        written = tensor_bytes(k.node.shape, k.node.dtype)
+        return KernelTransfers(k.name, reads, written, 0, shared, 0)
     frac = kept_fraction(k, mg)  # a causal mask's empty tiles are skipped
     blocks, f_range = math.prod(k.grid), k.forloop * frac
-    loads = _custom_reads(k, mg, frac)
+    loads = block_reads(k, mg, frac)
     reads, issued = sum(w for w, _ in loads), sum(w * rep for w, rep in loads)
-    writes = sum(_bytes(s.shape, s.dtype) for s in k.output_specs().values())
+    writes = sum(tensor_bytes(s.shape, s.dtype) for s in k.output_specs().values())
     shared = issued + sum(numel(k.loop.outputs[a].shape) * 4 * blocks * f_range
                          for a in k.accumulators)
-    inner = _chain_interiors(k)
+    inner = k.thread_interiors()
     registers, variant = 0.0, k.per_iteration()
     for n in k.loop.nodes():
         if n.op not in (Op.INPUT, Op.CONST, Op.RESHAPE):
-            registers += _bytes(n.shape, n.dtype) * blocks * (f_range if id(n) in variant
+            registers += tensor_bytes(n.shape, n.dtype) * blocks * (f_range if id(n) in variant
                                                               else 1)
     for n in k.post.nodes():
         if n.op not in (Op.INPUT, Op.CONST, Op.RESHAPE):
-            b = _bytes(n.shape, n.dtype) * blocks
+            b = tensor_bytes(n.shape, n.dtype) * blocks
             registers, shared = (registers + b, shared) if id(n) in inner else (registers,
                                                                                 shared + b)
     return KernelTransfers(k.name, reads, writes, issued - reads, shared, registers)
@@ -102,6 +103,6 @@ def transfers(mugraph: MuGraph) -> Transfers:
     for k in mugraph.kernels:
         for t in k.reads():
             if specs[t].producer != "input" and t not in outs:
-                size = _bytes(specs[t].shape, specs[t].dtype)
+                size = tensor_bytes(specs[t].shape, specs[t].dtype)
                 trips[t] = trips.get(t, size) + size
     return Transfers([_kernel_transfers(k, mugraph) for k in mugraph.kernels], trips)

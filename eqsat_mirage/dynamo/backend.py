@@ -60,7 +60,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ..frontend.from_torch import Converter, op_name, source_line, unique_identifier
 from ..frontend.graph import Graph, Tensor
-from ..ir.errors import MirageError
+from ..ir.errors import MirageError, unexpected
 from ..pipeline.whole import improved, optimize, unchanged_reason
 from .runtime import OptimizedPartition, Warmup, uses_triton
 from .specs import SymbolicSizes, computes, empty, node_spec, split_runs
@@ -147,6 +147,8 @@ class _Support(OperatorSupportBase):
         except MirageError as exc:
             return str(exc)
         except Exception as exc:  # noqa: BLE001 - any failure: the node stays eager
+            if unexpected(exc):
+                raise
             return f"{type(exc).__name__}: {exc}"
         if want is None:  # a tuple of tensors: each as torch gives it
             got = [_spec_tensor(v) if isinstance(v, Tensor) else None for v in value] \
@@ -280,6 +282,8 @@ class Backend:
         try:
             sizes = SymbolicSizes(gm, self.size_hint, self.size_max)
         except Exception as exc:  # noqa: BLE001 - Dynamo's shape environment changed shape
+            if unexpected(exc):
+                raise
             self._warn(f"reading the graph's symbolic sizes failed ({type(exc).__name__}: "
                        f"{exc}): the graph runs eagerly")
             return gm.forward
@@ -312,6 +316,8 @@ class Backend:
             small = [p for p in parts if not self._worth(p, sizes)]
             parts = [p for p in parts if self._worth(p, sizes)]
         except Exception as exc:  # noqa: BLE001 - the partitioner failed: the graph runs eagerly
+            if unexpected(exc):
+                raise
             self._warn(f"partitioning failed ({type(exc).__name__}: {exc}): the graph runs "
                        "eagerly")
             return gm.forward
@@ -442,6 +448,8 @@ class Backend:
             if device is not None and uses_triton(device):
                 mod._fn(device)  # compile now: codegen errors fall back here
         except Exception as exc:  # noqa: BLE001 - MirageError, Triton errors, ...: run eagerly
+            if unexpected(exc):
+                raise
             entry.status, entry.reason = "fallback", f"{type(exc).__name__}: {exc}"
             entry.seconds = time.perf_counter() - t0
             return None

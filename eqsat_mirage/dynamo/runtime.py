@@ -21,6 +21,7 @@ from torch import fx
 
 from ..dynamic.runner import FamilyRunner
 from ..ir.dims import DynamicShapeError
+from ..ir.errors import unexpected
 from ..semantics.torch_reference import torch_reference
 
 __all__ = ["OptimizedPartition", "uses_triton"]
@@ -136,6 +137,8 @@ class OptimizedPartition(torch.nn.Module):
         except DynamicShapeError as exc:  # sizes that should agree do not, or out of range
             return self._eager_call(str(exc), args)
         except Exception as exc:  # noqa: BLE001 - e.g. a Triton compilation error
+            if unexpected(exc):
+                raise
             self.failed = True
             self.entry.status, self.entry.reason = "fallback", f"{type(exc).__name__}: {exc}"
             warnings.warn(f"eqsat-mirage backend: partition {self.entry.name} runs eagerly: "
@@ -176,6 +179,8 @@ class Warmup:
         try:
             run = be._build(gm, self.sizes, self.number)
         except Exception as exc:  # noqa: BLE001 - the graph stays eager, as at compile time
+            if unexpected(exc):
+                raise
             be._warn(f"optimizing graph {self.number} failed ({type(exc).__name__}: {exc}): "
                      "it runs eagerly")
             run = gm.forward

@@ -9,6 +9,7 @@ concats become nested binary ones and 1-d matmul operands are reshaped to
 from __future__ import annotations
 
 from ..frontend.graph import Graph
+from ..ir.errors import ShapeError
 from ..ir.node import Node, Op, make
 
 _UNARY = {Op.NEG: "Neg", Op.EXP: "Exp", Op.SQRT: "Sqrt", Op.RSQRT: "Rsqrt", Op.SILU: "Silu",
@@ -139,6 +140,8 @@ def build_node(ctor: str, args: list, inputs: dict[str, Node]) -> Node:
         return make(Op.CAUSAL, (), tuple(int(a) for a in args))
     if ctor == "Swap":
         i, j, x = args
+        if not all(-len(x.shape) <= a < len(x.shape) for a in (i, j)):
+            raise ShapeError(f"swap of axes {i} and {j} of a {len(x.shape)}-d tensor")
         perm = list(range(len(x.shape)))
         perm[i], perm[j] = perm[j], perm[i]
         return make(Op.TRANSPOSE, (x,), tuple(perm))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..cost.per_op import Hardware, node_cost_us
-from ..ir.errors import TimeLimitError
+from ..ir.errors import MirageError, TimeLimitError, unexpected
 from ..ir.limits import Deadline
 from ..ir.node import Node
 from .encode import build_node
@@ -88,7 +88,12 @@ def view(data: dict, ctors: dict[str, tuple[str, ...]], inputs: dict[str, Node],
                 changed = True
                 try:
                     rep = build_node(en.ctor, args, inputs)
-                except (ValueError, KeyError, IndexError, TypeError):
+                except MirageError:  # ill-typed (a ShapeError, DTypeError): dropped
+                    del nodes[key]
+                    continue
+                except Exception as exc:  # noqa: BLE001 - a decoding bug drops one e-node
+                    if unexpected(exc):
+                        raise
                     del nodes[key]
                     continue
                 en.cost = node_cost_us(rep, hw)

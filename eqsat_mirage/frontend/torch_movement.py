@@ -3,26 +3,33 @@
 Handlers for ops that move or cut tensors (cat, transpose, permute, reshape/view,
 flatten, (un)squeeze, slicing ``x[a:b]``, narrow, split, chunk, expand) and for the
 Python values around them (``x.shape``, ``x.size(-1)``, ``getattr``, ``getitem``),
-plus the argument helpers every handler uses.
+plus the argument helpers every handler uses (``tensor_arg``, ``refuse``).
+``MOVEMENT_FUNCTIONS``, ``MOVEMENT_METHODS``, ``MOVEMENT_ATEN`` and ``MOVEMENT_MODULES``
+are this part of the support table; ``torch_ops`` merges them into the whole.
 """
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..ir.errors import UnsupportedOpError
 from .graph import Tensor, concat
 
 
-def _tensor(x: Any, what: str) -> Tensor:
+def tensor_arg(x: Any, what: str) -> Tensor:
+    """``x``, which must be a converted tensor (else ``UnsupportedOpError`` naming ``what``)."""
     if not isinstance(x, Tensor):
         raise UnsupportedOpError(f"{what} of a {type(x).__name__} (expected a tensor)")
     return x
 
 
-def _no(flag: Any, what: str) -> None:
+def refuse(flag: Any, what: str) -> None:
+    """Raise ``UnsupportedOpError`` ("``what`` is not supported") unless ``flag`` is None or
+    False: for arguments (``out=``, ``inplace=True``, ...) with no eqsat-mirage form."""
     if flag not in (None, False):
         raise UnsupportedOpError(f"{what} is not supported")
 
@@ -42,27 +49,27 @@ def _perm_swap(ndim: int, a: int, b: int) -> tuple[int, ...]:
 
 # -- movement -------------------------------------------------------------------------------
 def _cat(tensors: Any, dim: int = 0, *, out: Any = None) -> Tensor:
-    _no(out, "out=")
-    return concat([_tensor(t, "cat") for t in tensors], axis=dim)
+    refuse(out, "out=")
+    return concat([tensor_arg(t, "cat") for t in tensors], axis=dim)
 
 
 def _transpose(x: Any, dim0: int, dim1: int) -> Tensor:
-    x = _tensor(x, "transpose")
+    x = tensor_arg(x, "transpose")
     return x.transpose(_perm_swap(x.ndim, dim0, dim1))
 
 
 def _permute(x: Any, *dims: Any, **kw: Any) -> Tensor:
-    x = _tensor(x, "permute")
+    x = tensor_arg(x, "permute")
     return x.transpose(_dims(x, dims or (kw.pop("dims"),)))
 
 
 def _t(x: Any) -> Tensor:
-    x = _tensor(x, "t")
+    x = tensor_arg(x, "t")
     return x.transpose(1, 0) if x.ndim == 2 else x
 
 
 def _reshape(x: Any, *shape: Any, **kw: Any) -> Tensor:
-    x = _tensor(x, "reshape")
+    x = tensor_arg(x, "reshape")
     shape = shape or (kw.pop("shape"),)
     if len(shape) == 1 and not isinstance(shape[0], int):
         if not isinstance(shape[0], (tuple, list, torch.Size)):
@@ -72,7 +79,7 @@ def _reshape(x: Any, *shape: Any, **kw: Any) -> Tensor:
 
 
 def _flatten(x: Any, start_dim: int = 0, end_dim: int = -1) -> Tensor:
-    x = _tensor(x, "flatten")
+    x = tensor_arg(x, "flatten")
     if x.ndim == 0:
         return x.reshape((1,))
     s, e = start_dim % x.ndim, end_dim % x.ndim
@@ -83,13 +90,13 @@ def _flatten(x: Any, start_dim: int = 0, end_dim: int = -1) -> Tensor:
 
 
 def _unsqueeze(x: Any, dim: int) -> Tensor:
-    x = _tensor(x, "unsqueeze")
+    x = tensor_arg(x, "unsqueeze")
     d = dim % (x.ndim + 1)
     return x.reshape(x.shape[:d] + (1,) + x.shape[d:])
 
 
 def _squeeze(x: Any, dim: Any = None) -> Tensor:
-    x = _tensor(x, "squeeze")
+    x = tensor_arg(x, "squeeze")
     dims = range(x.ndim) if dim is None else [dim] if isinstance(dim, int) else list(dim)
     drop = {d % x.ndim for d in dims if x.shape[d % x.ndim] == 1}
     return x.reshape(tuple(s for i, s in enumerate(x.shape) if i not in drop))
@@ -98,15 +105,15 @@ def _squeeze(x: Any, dim: Any = None) -> Tensor:
 def _dropout(x: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
     if training and p > 0:
         raise UnsupportedOpError(f"dropout(p={p}) in training mode (call .eval())")
-    return _tensor(x, "dropout")
+    return tensor_arg(x, "dropout")
 
 
 def _identity(x: Any, *args: Any, **kwargs: Any) -> Tensor:
-    return _tensor(x, "contiguous")
+    return tensor_arg(x, "contiguous")
 
 
 def _narrow(x: Any, dim: int, start: int, length: int) -> Tensor:
-    x = _tensor(x, "narrow")
+    x = tensor_arg(x, "narrow")
     d = dim % x.ndim
     start = start % x.shape[d] if start < 0 else start
     return x[(slice(None),) * d + (slice(start, start + length),)]
@@ -121,7 +128,7 @@ def _pieces(x: Tensor, sizes: list[int], dim: int) -> tuple[Tensor, ...]:
 
 
 def _split(x: Any, split_size_or_sections: Any, dim: int = 0) -> tuple[Tensor, ...]:
-    x = _tensor(x, "split")
+    x = tensor_arg(x, "split")
     n = x.shape[dim % x.ndim]
     if isinstance(split_size_or_sections, int):
         k = split_size_or_sections
@@ -132,7 +139,7 @@ def _split(x: Any, split_size_or_sections: Any, dim: int = 0) -> tuple[Tensor, .
 
 
 def _chunk(x: Any, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
-    x = _tensor(x, "chunk")
+    x = tensor_arg(x, "chunk")
     n = x.shape[dim % x.ndim]
     k = -(-n // chunks)
     return _pieces(x, [min(k, n - i) for i in range(0, n, k)], dim)
@@ -142,7 +149,7 @@ MAX_EXPAND = 64  # expand(...) of a size-1 dim becomes a concat of this many cop
 
 
 def _expand(x: Any, *sizes: Any) -> Tensor:
-    x = _tensor(x, "expand")
+    x = tensor_arg(x, "expand")
     sizes = _dims(x, sizes)
     if len(sizes) < x.ndim:
         raise UnsupportedOpError(f"expand of a {x.ndim}-d tensor to {len(sizes)} dims")
@@ -187,9 +194,43 @@ def _getitem(obj: Any, index: Any) -> Any:
 
 
 def _size(x: Any, dim: Any = None) -> Any:
-    shape = torch.Size(_tensor(x, "size").shape)
+    shape = torch.Size(tensor_arg(x, "size").shape)
     return shape if dim is None else shape[dim]
 
 
 def _dim(x: Any) -> int:
-    return _tensor(x, "dim").ndim
+    return tensor_arg(x, "dim").ndim
+
+
+def _dropout_module(cv: Any, mod: nn.Dropout, path: str, x: Any) -> Tensor:
+    return _dropout(x, mod.p, mod.training, mod.inplace)
+
+
+# -- this part of the support table (torch_ops.py holds the whole) --------------------------
+MOVEMENT_FUNCTIONS = {
+    torch.narrow: _narrow, torch.split: _split, torch.chunk: _chunk,
+    torch.nn.functional.dropout: _dropout,
+    torch.cat: _cat, torch.concat: _cat, torch.concatenate: _cat,
+    torch.transpose: _transpose, torch.swapaxes: _transpose, torch.permute: _permute,
+    torch.t: _t, torch.reshape: _reshape, torch.flatten: _flatten,
+    torch.unsqueeze: _unsqueeze, torch.squeeze: _squeeze,
+    getattr: _getattr, operator.getitem: _getitem,
+}
+
+MOVEMENT_METHODS = {
+    "transpose": _transpose,
+    "swapaxes": _transpose, "permute": _permute, "t": _t, "reshape": _reshape,
+    "view": _reshape, "flatten": _flatten, "unsqueeze": _unsqueeze, "squeeze": _squeeze,
+    "contiguous": _identity, "size": _size, "dim": _dim,
+    "narrow": _narrow, "split": _split, "chunk": _chunk, "expand": _expand,
+}
+
+_A = torch.ops.aten
+MOVEMENT_ATEN = {
+    _A.cat: _cat, _A.permute: _permute, _A.transpose: _transpose, _A.t: _t,
+    _A.view: _reshape, _A._unsafe_view: _reshape, _A.reshape: _reshape,
+    _A.unsqueeze: _unsqueeze, _A.squeeze: _squeeze,
+    _A.clone: _identity, _A.alias: _identity, _A.detach: _identity,
+}
+
+MOVEMENT_MODULES = {nn.Dropout: _dropout_module}

@@ -41,26 +41,12 @@ from .graph import (
     where,
 )
 from .torch_movement import (
-    _cat,
-    _chunk,
-    _dim,
-    _dropout,
-    _expand,
-    _flatten,
-    _getattr,
-    _getitem,
-    _identity,
-    _narrow,
-    _no,
-    _permute,
-    _reshape,
-    _size,
-    _split,
-    _squeeze,
-    _t,
-    _tensor,
-    _transpose,
-    _unsqueeze,
+    MOVEMENT_ATEN,
+    MOVEMENT_FUNCTIONS,
+    MOVEMENT_METHODS,
+    MOVEMENT_MODULES,
+    refuse,
+    tensor_arg,
 )
 
 SUPPORTED = (
@@ -91,7 +77,7 @@ def _as(x: Tensor, dtype: Any, what: str) -> Tensor:
 def _to(x: Any, *args: Any, **kwargs: Any) -> Tensor:
     """``x.to(dtype)``, ``x.to(other)``, ``x.to(device, dtype)``: only the dtype matters
     (a partition runs on its inputs' device)."""
-    x = _tensor(x, "to")
+    x = tensor_arg(x, "to")
     dtype = kwargs.get("dtype")
     for a in args:
         if isinstance(a, torch.dtype):
@@ -105,49 +91,49 @@ def _to(x: Any, *args: Any, **kwargs: Any) -> Tensor:
 
 def _cast_to(dtype: Any):
     def h(x: Any, *args: Any, **kwargs: Any) -> Tensor:
-        return _as(_tensor(x, "cast"), dtype, "cast")
+        return _as(tensor_arg(x, "cast"), dtype, "cast")
     return h
 
 
 def _type(x: Any, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Tensor:
     if not isinstance(dtype, torch.dtype):
         raise UnsupportedOpError(f"type({dtype!r}) (a torch.dtype is supported)")
-    return _as(_tensor(x, "type"), dtype, "type")
+    return _as(tensor_arg(x, "type"), dtype, "type")
 
 
 def _type_as(x: Any, other: Any) -> Tensor:
-    return _as(_tensor(x, "type_as"), _tensor(other, "type_as").dtype, "type_as")
+    return _as(tensor_arg(x, "type_as"), tensor_arg(other, "type_as").dtype, "type_as")
 
 
 # -- arithmetic: Python numbers fold in Python, tensors build graph nodes --------------------
 def _add(a: Any, b: Any, *, alpha: Any = 1, out: Any = None) -> Any:
-    _no(out, "out=")
+    refuse(out, "out=")
     return a + (b if alpha == 1 else b * alpha)
 
 
 def _sub(a: Any, b: Any, *, alpha: Any = 1, out: Any = None) -> Any:
-    _no(out, "out=")
+    refuse(out, "out=")
     return a - (b if alpha == 1 else b * alpha)
 
 
 def _mul(a: Any, b: Any, *, out: Any = None) -> Any:
-    _no(out, "out=")
+    refuse(out, "out=")
     return a * b
 
 
 def _div(a: Any, b: Any, *, rounding_mode: Any = None, out: Any = None) -> Any:
-    _no(out, "out=")
-    _no(rounding_mode, f"division with rounding_mode={rounding_mode!r}")
+    refuse(out, "out=")
+    refuse(rounding_mode, f"division with rounding_mode={rounding_mode!r}")
     return a / b
 
 
 def _neg(x: Any, *, out: Any = None) -> Any:
-    _no(out, "out=")
+    refuse(out, "out=")
     return -x
 
 
 def _pow(x: Any, exponent: Any, *, out: Any = None) -> Any:
-    _no(out, "out=")
+    refuse(out, "out=")
     if not isinstance(x, Tensor):
         if isinstance(x, Real) and isinstance(exponent, Real):
             return x ** exponent
@@ -165,45 +151,45 @@ def _pow(x: Any, exponent: Any, *, out: Any = None) -> Any:
 
 
 def _matmul(a: Any, b: Any, *, out: Any = None) -> Tensor:
-    _no(out, "out=")
-    return _tensor(a, "matmul") @ _tensor(b, "matmul")
+    refuse(out, "out=")
+    return tensor_arg(a, "matmul") @ tensor_arg(b, "matmul")
 
 
 def _fixed_matmul(ndim: int, name: str):
     def h(a: Any, b: Any, *, out: Any = None) -> Tensor:
-        _no(out, "out=")
+        refuse(out, "out=")
         for t in (a, b):
-            if _tensor(t, name).ndim != ndim:
+            if tensor_arg(t, name).ndim != ndim:
                 raise UnsupportedOpError(f"{name} of a {t.ndim}-d tensor (expected {ndim}-d)")
         return a @ b
     return h
 
 
 def _linear(x: Any, weight: Any, bias: Any = None) -> Tensor:
-    w = _tensor(weight, "linear weight")
+    w = tensor_arg(weight, "linear weight")
     if w.ndim != 2:
         raise UnsupportedOpError(f"linear with a {w.ndim}-d weight (expected 2-d)")
-    y = _tensor(x, "linear") @ w.transpose(1, 0)
+    y = tensor_arg(x, "linear") @ w.transpose(1, 0)
     return y if bias is None else y + bias
 
 
 # -- unary --------------------------------------------------------------------------------
 def _unary(fn, name: str):
     def h(x: Any, *, out: Any = None) -> Tensor:
-        _no(out, "out=")
-        return fn(_tensor(x, name))
+        refuse(out, "out=")
+        return fn(tensor_arg(x, name))
     return h
 
 
 def _activation(fn, name: str):
     def h(x: Any, inplace: bool = False) -> Tensor:
-        _no(inplace, f"{name}(inplace=True)")
-        return fn(_tensor(x, name))
+        refuse(inplace, f"{name}(inplace=True)")
+        return fn(tensor_arg(x, name))
     return h
 
 
 def _softmax(x: Any, dim: Any = None, _stacklevel: int = 3, dtype: Any = None) -> Tensor:
-    x = _tensor(x, "softmax")
+    x = tensor_arg(x, "softmax")
     if dim is None:
         raise UnsupportedOpError("softmax without an explicit dim")
     return softmax(_as(x, dtype, "softmax"), axis=dim)  # max-subtracted, as torch computes it
@@ -212,12 +198,12 @@ def _softmax(x: Any, dim: Any = None, _stacklevel: int = 3, dtype: Any = None) -
 def _sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
           is_causal: bool = False, scale: Any = None, enable_gqa: bool = False) -> Tensor:
     """F.scaled_dot_product_attention as ``softmax(q @ k^T * scale) @ v`` (max-subtracted)."""
-    q, k, v = (_tensor(t, "scaled_dot_product_attention") for t in (query, key, value))
-    _no(float(dropout_p) != 0.0, f"scaled_dot_product_attention with dropout_p={dropout_p}")
+    q, k, v = (tensor_arg(t, "scaled_dot_product_attention") for t in (query, key, value))
+    refuse(float(dropout_p) != 0.0, f"scaled_dot_product_attention with dropout_p={dropout_p}")
     if attn_mask is not None and (not isinstance(attn_mask, Tensor) or attn_mask.dtype != "bool"):
         raise UnsupportedOpError("scaled_dot_product_attention with a float attn_mask (a bool "
                                  "mask is supported)")
-    _no(attn_mask is not None and is_causal, "scaled_dot_product_attention with both "
+    refuse(attn_mask is not None and is_causal, "scaled_dot_product_attention with both "
         "attn_mask and is_causal")
     if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
         raise UnsupportedOpError(f"scaled_dot_product_attention of {q.ndim}-d, {k.ndim}-d and "
@@ -247,8 +233,8 @@ def _sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: fl
 
 
 def _where(condition: Any, input: Any, other: Any, *, out: Any = None) -> Tensor:  # noqa: A002
-    _no(out, "out=")
-    cond = _tensor(condition, "where")
+    refuse(out, "out=")
+    cond = tensor_arg(condition, "where")
     if cond.dtype != "bool":
         raise UnsupportedOpError(f"where with a {cond.dtype} condition (a bool mask is needed)")
     if isinstance(input, (int, float)) and float(input) == float("-inf"):
@@ -258,7 +244,7 @@ def _where(condition: Any, input: Any, other: Any, *, out: Any = None) -> Tensor
 
 
 def _masked_fill(x: Any, mask: Any, value: Any) -> Tensor:
-    x, m = _tensor(x, "masked_fill"), _tensor(mask, "masked_fill mask")
+    x, m = tensor_arg(x, "masked_fill"), tensor_arg(mask, "masked_fill mask")
     if m.dtype != "bool":
         raise UnsupportedOpError(f"masked_fill with a {m.dtype} mask (a bool mask is needed)")
     if isinstance(value, Tensor) or not math.isfinite(float(value)):
@@ -269,7 +255,7 @@ def _masked_fill(x: Any, mask: Any, value: Any) -> Tensor:
 
 
 def _rms_norm(x: Any, normalized_shape: Any, weight: Any = None, eps: Any = None) -> Tensor:
-    x = _tensor(x, "rms_norm")
+    x = tensor_arg(x, "rms_norm")
     k = 1 if isinstance(normalized_shape, int) else len(tuple(normalized_shape))
     if eps is None:
         eps = torch.finfo(getattr(torch, x.dtype)).eps
@@ -278,13 +264,13 @@ def _rms_norm(x: Any, normalized_shape: Any, weight: Any = None, eps: Any = None
 
 def _layer_norm(x: Any, normalized_shape: Any, weight: Any = None, bias: Any = None,
                 eps: float = 1e-5) -> Tensor:
-    x = _tensor(x, "layer_norm")
+    x = tensor_arg(x, "layer_norm")
     k = 1 if isinstance(normalized_shape, int) else len(tuple(normalized_shape))
     return layer_norm(x, weight, bias, float(eps), axis=tuple(range(x.ndim - k, x.ndim)))
 
 
 def _gelu(x: Any, approximate: str = "none") -> Tensor:
-    return gelu(_tensor(x, "gelu"), approximate)
+    return gelu(tensor_arg(x, "gelu"), approximate)
 
 
 def _python_math(fn):
@@ -301,8 +287,8 @@ def _python_math(fn):
 def _reduce(kind: str):
     def h(x: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None,
           out: Any = None) -> Tensor:
-        x = _tensor(x, kind)
-        _no(out, "out=")
+        x = tensor_arg(x, kind)
+        refuse(out, "out=")
         x = _as(x, dtype, kind)
         if dim is not None and not isinstance(dim, int) and len(tuple(dim)) == 0:
             dim = None  # torch reduces over every axis for dim=[]
@@ -322,20 +308,15 @@ FUNCTIONS = {
     torch.tanh: _unary(tanh, "tanh"), F.tanh: _unary(tanh, "tanh"), torch.erf: _unary(erf, "erf"),
     torch.cos: _unary(cos, "cos"), torch.sin: _unary(sin, "sin"),
     F.gelu: _gelu, F.layer_norm: _layer_norm, torch.addmm: lambda *a, **k: _addmm(*a, **k),
-    torch.narrow: _narrow, torch.split: _split, torch.chunk: _chunk,
     torch.rms_norm: _rms_norm, torch.layer_norm: _layer_norm,  # what F.* call (Dynamo inlines)
     **{f: _python_math(f) for f in (math.sqrt, math.exp, math.log, math.pow, math.floor,
                                     math.ceil, operator.floordiv, operator.mod)},
     torch.rsqrt: _unary(rsqrt, "rsqrt"), torch.relu: _unary(relu, "relu"),
     F.silu: _activation(silu, "silu"), F.relu: _activation(relu, "relu"),
     F.scaled_dot_product_attention: _sdpa,
-    torch.softmax: _softmax, F.softmax: _softmax, F.rms_norm: _rms_norm, F.dropout: _dropout,
+    torch.softmax: _softmax, F.softmax: _softmax, F.rms_norm: _rms_norm,
     torch.sum: _reduce("sum"), torch.mean: _reduce("mean"), torch.amax: _reduce("max"),
-    torch.cat: _cat, torch.concat: _cat, torch.concatenate: _cat, torch.where: _where,
-    torch.transpose: _transpose, torch.swapaxes: _transpose, torch.permute: _permute,
-    torch.t: _t, torch.reshape: _reshape, torch.flatten: _flatten,
-    torch.unsqueeze: _unsqueeze, torch.squeeze: _squeeze,
-    getattr: _getattr, operator.getitem: _getitem,
+    torch.where: _where, **MOVEMENT_FUNCTIONS,
 }
 
 METHODS = {
@@ -346,15 +327,10 @@ METHODS = {
     "rsqrt": FUNCTIONS[torch.rsqrt], "relu": FUNCTIONS[torch.relu], "softmax": _softmax,
     "masked_fill": _masked_fill,
     "sum": FUNCTIONS[torch.sum], "mean": FUNCTIONS[torch.mean], "amax": FUNCTIONS[torch.amax],
-    "transpose": _transpose,
-    "swapaxes": _transpose, "permute": _permute, "t": _t, "reshape": _reshape,
-    "view": _reshape, "flatten": _flatten, "unsqueeze": _unsqueeze, "squeeze": _squeeze,
-    "contiguous": _identity, "size": _size, "dim": _dim,
     "tanh": FUNCTIONS[torch.tanh], "erf": FUNCTIONS[torch.erf], "to": _to,
     "cos": FUNCTIONS[torch.cos], "sin": FUNCTIONS[torch.sin],
     "float": _cast_to("float32"), "half": _cast_to("float16"), "bfloat16": _cast_to("bfloat16"),
-    "type_as": _type_as, "type": _type, "narrow": _narrow, "split": _split, "chunk": _chunk,
-    "expand": _expand,
+    "type_as": _type_as, "type": _type, **MOVEMENT_METHODS,
 }
 
 
@@ -365,7 +341,7 @@ def _addmm(bias: Any, m1: Any, m2: Any, *, beta: Any = 1, alpha: Any = 1) -> Ten
 
 
 def _aten_softmax(x: Any, dim: int, half_to_float: bool = False) -> Tensor:
-    _no(half_to_float, "_softmax(half_to_float=True)")
+    refuse(half_to_float, "_softmax(half_to_float=True)")
     return _softmax(x, dim)
 
 
@@ -381,10 +357,7 @@ ATEN = {
     _A.rsqrt: FUNCTIONS[torch.rsqrt], _A.relu: FUNCTIONS[torch.relu],
     _A.silu: _unary(silu, "silu"), _A._softmax: _aten_softmax,
     _A.sum: FUNCTIONS[torch.sum], _A.mean: FUNCTIONS[torch.mean], _A.amax: FUNCTIONS[torch.amax],
-    _A.cat: _cat, _A.permute: _permute, _A.transpose: _transpose, _A.t: _t,
-    _A.view: _reshape, _A._unsafe_view: _reshape, _A.reshape: _reshape,
-    _A.unsqueeze: _unsqueeze, _A.squeeze: _squeeze,
-    _A.clone: _identity, _A.alias: _identity, _A.detach: _identity,
+    **MOVEMENT_ATEN,
 }
 
 
@@ -410,10 +383,6 @@ def _rms_norm_module(cv: Any, mod: Any, path: str, x: Any) -> Tensor:
     return _rms_norm(x, mod.normalized_shape, weight, mod.eps)
 
 
-def _dropout_module(cv: Any, mod: nn.Dropout, path: str, x: Any) -> Tensor:
-    return _dropout(x, mod.p, mod.training, mod.inplace)
-
-
 def _layer_norm_module(cv: Any, mod: nn.LayerNorm, path: str, x: Any) -> Tensor:
     weight = cv.param(f"{path}.weight") if mod.weight is not None else None
     bias = cv.param(f"{path}.bias") if mod.bias is not None else None
@@ -425,10 +394,10 @@ MODULES = {
     nn.SiLU: lambda cv, mod, path, x: _activation(silu, "nn.SiLU")(x, mod.inplace),
     nn.ReLU: lambda cv, mod, path, x: _activation(relu, "nn.ReLU")(x, mod.inplace),
     nn.Softmax: lambda cv, mod, path, x: _softmax(x, mod.dim),
-    nn.Identity: lambda cv, mod, path, x, *a, **k: _tensor(x, "nn.Identity"),
-    nn.Dropout: _dropout_module,
+    nn.Identity: lambda cv, mod, path, x, *a, **k: tensor_arg(x, "nn.Identity"),
     nn.RMSNorm: _rms_norm_module,
     nn.LayerNorm: _layer_norm_module,
     nn.GELU: lambda cv, mod, path, x: _gelu(x, mod.approximate),
     nn.Tanh: lambda cv, mod, path, x: _unary(tanh, "nn.Tanh")(x),
+    **MOVEMENT_MODULES,
 }

@@ -34,7 +34,8 @@ from ..ir.node import Node, Op, make, numel, toposort
 from ..mugraph.kernels import CustomKernel
 from ..mugraph.program import MuGraph
 from ..mugraph.validate import validate_running_outputs
-from .schedule import Indexing, Plan, Schedule, ScheduleError, check_schedule, index_fragment
+from .indexing import Indexing, ScheduleError, index_fragment
+from .schedule import Plan, Schedule, check_schedule
 
 Leaf = Callable[[Node], "Node | None"]
 

@@ -6,7 +6,7 @@ a region of one op runs as a predefined (library) kernel, as ``from_graph``
 does, and a region of several ops runs as ONE custom kernel: its fragment (the
 ops, reading device tensors, writing the values used outside it) gets the
 legal schedule (``strategy.candidate_schedules``) of least ``gpucost`` and is
-lowered with ``schedule.add_kernel``. Inside a custom kernel, chains of
+lowered with ``lower.add_kernel``. Inside a custom kernel, chains of
 elementwise tile ops are recorded as thread graphs (``CustomKernel.fuse``).
 
 Search (deterministic, bounded):
@@ -55,9 +55,9 @@ from ..ir.errors import MirageError
 from ..ir.node import ELEMENTWISE, ITEMSIZE, Node, Op, fmt_shape, numel
 from ..mugraph.kernels import CustomKernel, PredefinedKernel
 from ..mugraph.program import MuGraph, from_graph
-from .indexing import UnionFind
+from .indexing import Indexing, ScheduleError, UnionFind, index_fragment
 from .lower import add_kernel
-from .schedule import Indexing, Schedule, ScheduleError, classify, index_fragment
+from .schedule import Schedule, classify
 from .strategy import Strategy, candidate_schedules
 
 # Mirage's ranges and block counts, FlashDecoding splits allowed, and up to 512 schedules

@@ -35,13 +35,7 @@ from dataclasses import dataclass
 
 from ..frontend.graph import Graph
 from ..ir.node import REDUCE, Node, Op, Shape, fmt_shape, numel
-from .indexing import (  # noqa: F401  (re-exported)
-    Indexing,
-    ScheduleError,
-    UnionFind,
-    _reshape_groups,
-    index_fragment,
-)
+from .indexing import Indexing, ScheduleError, index_fragment
 
 # -- schedules ------------------------------------------------------------------------------
 

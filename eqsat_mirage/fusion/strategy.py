@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from itertools import combinations, product
 
 from ..frontend.graph import Graph
-from .schedule import Indexing, Schedule, ScheduleError, check_schedule, classify, index_fragment
+from .indexing import Indexing, ScheduleError, index_fragment
+from .schedule import Schedule, check_schedule, classify
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,18 @@
 All of them subclass ``ValueError`` so callers that already catch bad-input
 errors keep working; the message always names the culprit (node, operands and
 their shapes, or file and line).
+
+Strict mode (``EQSAT_MIRAGE_STRICT=1``, on in the test suite): the few places that keep
+going after any failure so that one bad candidate or partition never sinks the rest
+(the ``torch.compile`` backend, extraction's reading of the e-graph) re-raise every error
+that is not a ``MirageError``, so that a bug is seen as a bug, not as "no speedup".
 """
 
 from __future__ import annotations
+
+import os
+
+STRICT_ENV = "EQSAT_MIRAGE_STRICT"
 
 
 class MirageError(ValueError):
@@ -46,3 +55,15 @@ class BudgetError(MirageError):
 
 class TimeLimitError(MirageError):
     """A step that could not finish within its time limit (names the step)."""
+
+
+def strict() -> bool:
+    """Whether strict mode is on: the environment variable ``EQSAT_MIRAGE_STRICT`` is "1"."""
+    return os.environ.get(STRICT_ENV) == "1"
+
+
+def unexpected(exc: BaseException) -> bool:
+    """Whether a broad ``except`` must re-raise ``exc``: in strict mode, anything that is not
+    one of the project's errors (``MirageError``); outside it, nothing (the failure is
+    recorded with its type and message, and the search goes on)."""
+    return strict() and not isinstance(exc, MirageError)

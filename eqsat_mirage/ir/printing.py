@@ -5,11 +5,14 @@ from __future__ import annotations
 from .node import Node, Op
 
 
-def _short(dtype: str) -> str:
+def short_dtype(dtype: str) -> str:
+    """The listing's short name of a dtype: ``f16``, ``bf16``, ``f32`` or ``bool``."""
     return {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "bool": "bool"}[dtype]
 
 
-def _arg(node: Node) -> str:
+def op_attrs(node: Node) -> str:
+    """A node's attributes as the listing shows them after the op name (axes, shape,
+    dtype, slice bounds, mask offsets), with a leading space; empty when it has none."""
     if node.op in (Op.SUM, Op.MEAN, Op.MAX):
         axes, keep = node.arg
         return f" axis={list(axes)}" + (" keepdims" if keep else "")
@@ -28,7 +31,8 @@ def _arg(node: Node) -> str:
 
 def format_graph(program) -> str:
     """Return the program as one line per op, inputs and outputs named."""
-    ins = ", ".join(f"{n}: {_short(v.dtype)}{list(v.shape)}" for n, v in program.inputs.items())
+    ins = ", ".join(f"{n}: {short_dtype(v.dtype)}{list(v.shape)}"
+                    for n, v in program.inputs.items())
     lines = [f"graph {program.name}({ins})"]
     names: dict[int, str] = {id(v): n for n, v in program.inputs.items()}
     k = 0
@@ -41,8 +45,8 @@ def format_graph(program) -> str:
             continue
         names[id(node)] = f"%{k}"
         args = ", ".join(names[id(s)] for s in node.srcs)
-        rhs = f"{node.op.name.lower()}{_arg(node)} {args}"
-        lines.append(f"  %{k} = {rhs:<40} : {_short(node.dtype)}{list(node.shape)}")
+        rhs = f"{node.op.name.lower()}{op_attrs(node)} {args}"
+        lines.append(f"  %{k} = {rhs:<40} : {short_dtype(node.dtype)}{list(node.shape)}")
         k += 1
     for name, node in program.outputs.items():
         lines.append(f"  {name} <- {names[id(node)]}")

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..frontend.graph import Graph
 from ..ir.node import Node, Op, fmt_shape, make
-from ..ir.printing import _arg, _short
+from ..ir.printing import op_attrs, short_dtype
 from .kernels import (
     BlockInput,
     BlockOutput,
@@ -39,10 +39,10 @@ def _fmt_stage(graph: Graph, names: dict[int, str], counter: list[int], indent: 
         else:
             names[id(node)] = f"%{counter[0]}"
             counter[0] += 1
-            rhs = f"{node.op.name.lower()}{_arg(node)} " + ", ".join(names[id(s)]
+            rhs = f"{node.op.name.lower()}{op_attrs(node)} " + ", ".join(names[id(s)]
                                                                    for s in node.srcs)
             lines.append(f"{indent}{names[id(node)]} = {rhs:<36} : "
-                         f"{_short(node.dtype)}{list(node.shape)}")
+                         f"{short_dtype(node.dtype)}{list(node.shape)}")
     return lines
 
 
@@ -57,7 +57,7 @@ def _fmt_custom(k: CustomKernel, specs: Mapping[str, TensorSpec]) -> list[str]:
     for bi in k.inputs.values():
         node, spec = k.loop.inputs[bi.name], specs.get(bi.tensor)
         src = f"{bi.tensor}{list(spec.shape)}" if spec else bi.tensor
-        lines.append(f"    in  {bi.name}: {_short(node.dtype)}{list(node.shape)} <- {src} "
+        lines.append(f"    in  {bi.name}: {short_dtype(node.dtype)}{list(node.shape)} <- {src} "
                      f"imap={fmt_map(bi.imap)} fmap={bi.fmap}")
     names: dict[int, str] = {}
     counter = [0]
@@ -74,9 +74,9 @@ def _fmt_custom(k: CustomKernel, specs: Mapping[str, TensorSpec]) -> list[str]:
     for t, bo in k.outputs.items():
         node, spec = k.output_node(t), k.output_specs()[t]
         fm = f" fmap={bo.fmap}" if bo.fmap is not None else ""
-        lines.append(f"    out {t}{list(spec.shape)}" + (f" {_short(spec.dtype)}" if bo.dtype
+        lines.append(f"    out {t}{list(spec.shape)}" + (f" {short_dtype(spec.dtype)}" if bo.dtype
                                                     else "") + f" <- {bo.stage} "
-                     f"{names[id(node)]} {_short(node.dtype)}{list(node.shape)} "
+                     f"{names[id(node)]} {short_dtype(node.dtype)}{list(node.shape)} "
                      f"omap={fmt_map(bo.omap)}{fm}")
     for stage, chain in k.threads:
         lines.append(f"    thread ({stage}): " + " -> ".join(names.get(id(n), "?")
@@ -88,15 +88,15 @@ def _fmt_custom(k: CustomKernel, specs: Mapping[str, TensorSpec]) -> list[str]:
 
 def format_mugraph(mg: KernelGraph) -> str:
     """A readable listing: kernels, grids, loops, maps, tile shapes, accumulators, outputs."""
-    ins = ", ".join(f"{n}: {_short(v.dtype)}{list(v.shape)}" for n, v in mg.inputs.items())
+    ins = ", ".join(f"{n}: {short_dtype(v.dtype)}{list(v.shape)}" for n, v in mg.inputs.items())
     lines = [f"mugraph {mg.name}({ins})"]
     specs = mg.tensors
     for k in mg.kernels:
         if isinstance(k, PredefinedKernel):
             n = k.node
             args = ", ".join(s.arg if s.op is Op.INPUT else repr(s.arg) for s in n.srcs)
-            lines.append(f"  kernel {k.name}: {k.output} = {n.op.name.lower()}{_arg(n)} {args}"
-                         f"  : {_short(n.dtype)}{list(n.shape)}")
+            lines.append(f"  kernel {k.name}: {k.output} = {n.op.name.lower()}{op_attrs(n)} {args}"
+                         f"  : {short_dtype(n.dtype)}{list(n.shape)}")
         else:
             lines += _fmt_custom(k, specs)
     for name, t in mg.output_tensors.items():
@@ -209,7 +209,8 @@ def to_dict(mg: KernelGraph) -> dict:
             "kernels": kernels, "outputs": dict(mg.output_tensors)}
 
 
-def _custom_from_dict(d: Mapping) -> CustomKernel:
+def custom_kernel_from_dict(d: Mapping) -> CustomKernel:
+    """A custom kernel from its ``to_dict`` form (the caller sets its owner MuGraph)."""
     k = CustomKernel(tuple(d["grid"]), d["forloop"], d["name"],
                      graph_from_dict(d["source"]) if d.get("source") else None)
     for b in d["inputs"]:

@@ -73,7 +73,8 @@ def fmt_map(m: Mapping[int, int]) -> str:
     return "{" + ", ".join(f"{d}: {axis_name(a)}" for d, a in sorted(m.items())) + "}"
 
 
-def _check_name(name: Any, what: str) -> str:
+def check_name(name: Any, what: str) -> str:
+    """``name``, which must be a Python identifier (else ``MuGraphError`` naming ``what``)."""
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
         raise MuGraphError(f"{what} name {name!r} must be a Python identifier")
     return name
@@ -98,7 +99,8 @@ class PredefinedKernel:
         return {self.output: TensorSpec(self.output, self.node.shape, self.node.dtype, self.name)}
 
 
-def _check_read(kernel: str, tensor: str, known: Mapping[str, TensorSpec]) -> None:
+def check_read(kernel: str, tensor: str, known: Mapping[str, TensorSpec]) -> None:
+    """Raise ``UnknownTensorError`` unless ``kernel`` reads a ``known`` device tensor."""
     if tensor not in known:
         raise UnknownTensorError(
             f"kernel {kernel!r} reads tensor {tensor!r}, which is neither an input nor written "
@@ -135,13 +137,13 @@ class CustomKernel:
     # -- building ---------------------------------------------------------------------------
     def _spec(self, tensor: str) -> TensorSpec:
         specs = self._owner.tensors if self._owner is not None else {}
-        _check_read(self.name, tensor, specs)
+        check_read(self.name, tensor, specs)
         return specs[tensor]
 
     def input(self, tensor: str, imap: Mapping[int, int] | None = None, fmap: int | None = None,
               name: str | None = None) -> Tensor:
         """Read device ``tensor`` as a tile; returns the tile in the loop stage."""
-        name = _check_name(name or tensor, f"kernel {self.name!r}: block input")
+        name = check_name(name or tensor, f"kernel {self.name!r}: block input")
         if name in self.inputs:
             raise MuGraphError(f"kernel {self.name!r}: block input {name!r} declared twice")
         bi = BlockInput(name, tensor, dict(imap or {}), fmap)
@@ -176,7 +178,7 @@ class CustomKernel:
                                "not 'sum' or 'max'")
         if how == "max":
             self.maxima.append(str(name))
-        name = _check_name(name, f"kernel {self.name!r}: accumulator")
+        name = check_name(name, f"kernel {self.name!r}: accumulator")
         if not isinstance(value, Tensor) or value.graph is not self.loop:
             raise MuGraphError(f"kernel {self.name!r}: accumulator {name!r} must be a value "
                                "computed in the loop stage of this kernel")
@@ -222,7 +224,7 @@ class CustomKernel:
                fmap: int | None = None, dtype: str | None = None) -> str:
         """Write tile ``value`` to new device tensor ``tensor`` by ``omap`` (and ``fmap``),
         stored as ``dtype`` (default: the tile's; a split writes its partials as float32)."""
-        tensor = _check_name(tensor, f"kernel {self.name!r}: output tensor")
+        tensor = check_name(tensor, f"kernel {self.name!r}: output tensor")
         if not isinstance(value, Tensor) or value.graph not in (self.loop, self.post):
             raise MuGraphError(f"kernel {self.name!r}: output {tensor!r} must be a tile of this "
                                "kernel's loop or post stage")
@@ -247,6 +249,11 @@ class CustomKernel:
         self.threads.append((stage, tuple(v.node for v in values)))
 
     # -- facts ------------------------------------------------------------------------------
+    def thread_interiors(self) -> set[int]:
+        """ids of the tiles inside a thread chain (all but each chain's last): fused in
+        registers, they never take shared memory."""
+        return {id(n) for _, chain in self.threads for n in chain[:-1]}
+
     def stage(self, stage: str) -> Graph:
         """The loop or post stage graph."""
         return self.loop if stage == "loop" else self.post
@@ -287,7 +294,7 @@ def tile_shape(kernel: CustomKernel, bi: BlockInput, spec: TensorSpec) -> Shape:
     who = (f"kernel {kernel.name!r}: block input {bi.name!r} reading {spec.name!r} "
            f"{fmt_shape(spec.shape)}")
     ndim, grid = len(spec.shape), kernel.grid
-    _check_map(bi.imap, ndim, len(grid), f"{who}: imap {fmt_map(bi.imap)}")
+    check_map(bi.imap, ndim, len(grid), f"{who}: imap {fmt_map(bi.imap)}")
     if bi.fmap is not None:
         if not isinstance(bi.fmap, int) or not 0 <= bi.fmap < ndim:
             raise TilingError(f"{who}: fmap {bi.fmap!r} is not a dim of a {ndim}-d tensor")
@@ -306,7 +313,9 @@ def tile_shape(kernel: CustomKernel, bi: BlockInput, spec: TensorSpec) -> Shape:
     return tuple(tile)
 
 
-def _check_map(m: Any, ndim: int, naxes: int, who: str) -> None:
+def check_map(m: Any, ndim: int, naxes: int, who: str) -> None:
+    """Raise ``TilingError`` (naming ``who``) unless ``m`` maps dims of an ``ndim``-d tensor
+    to distinct axes of a grid with ``naxes`` axes."""
     if not isinstance(m, Mapping):
         raise TilingError(f"{who}: a map must be a dict tensor dim -> grid axis")
     for d, a in m.items():

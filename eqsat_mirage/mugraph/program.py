@@ -45,7 +45,7 @@ from ..ir.errors import MirageError, ShapeError
 from ..ir.limits import matmul_scratch
 from ..ir.node import Node, Op, canonical_dtype, fmt_shape, make, toposort
 from .facts import check_lax, degrees, reference
-from .io import FORMAT, _custom_from_dict, format_mugraph, graph_from_dict, to_dict
+from .io import FORMAT, custom_kernel_from_dict, format_mugraph, graph_from_dict, to_dict
 from .kernels import (
     CustomKernel,
     Kernel,
@@ -53,8 +53,8 @@ from .kernels import (
     PredefinedKernel,
     TensorSpec,
     UnknownTensorError,
-    _check_name,
-    _check_read,
+    check_name,
+    check_read,
 )
 from .tiled import evaluate_field, evaluate_float
 from .validate import validate_kernel
@@ -77,7 +77,7 @@ class MuGraph:
     # -- building ---------------------------------------------------------------------------
     def input(self, name: str, shape: Sequence[int], dtype: Any = "float16") -> str:
         """Declare device input ``name``; returns the name."""
-        _check_name(name, "input")
+        check_name(name, "input")
         if name in self.tensors:
             raise MuGraphError(f"mugraph {self.name!r}: tensor {name!r} is already defined")
         shape = tuple(int(d) for d in shape)
@@ -100,14 +100,14 @@ class MuGraph:
             if isinstance(x, Real) and not isinstance(x, bool):
                 srcs.append(Node(Op.CONST, (), float(x), (), "float32"))
                 continue
-            _check_read(kname, x, specs)
+            check_read(kname, x, specs)
             s = specs[x]
             srcs.append(leaves.setdefault(x, Node(Op.INPUT, (), x, s.shape, s.dtype)))
         try:
             node = make(op, tuple(srcs), arg)
         except ShapeError as exc:
             raise ShapeError(f"kernel {kname!r}: {exc}") from None
-        out = _check_name(out or self._fresh("t"), f"kernel {kname!r}: output tensor")
+        out = check_name(out or self._fresh("t"), f"kernel {kname!r}: output tensor")
         if out in specs:
             raise MuGraphError(f"kernel {kname!r}: tensor {out!r} is already defined")
         self.kernels.append(PredefinedKernel(node, out, kname))
@@ -123,7 +123,7 @@ class MuGraph:
 
     def output(self, tensor: str, name: str | None = None) -> None:
         """Mark device ``tensor`` as output ``name`` (default: the tensor's name)."""
-        name = _check_name(name or tensor, "output")
+        name = check_name(name or tensor, "output")
         if tensor not in self.tensors:
             raise UnknownTensorError(f"output {name!r}: unknown tensor {tensor!r}")
         if name in self.output_tensors or name in self.inputs:
@@ -324,7 +324,7 @@ def _from_dict(data: Mapping) -> MuGraph:
                 frag = graph_from_dict(d["graph"])
                 k = PredefinedKernel(frag.outputs[d["output"]], d["output"], d["name"])
             else:
-                k = _custom_from_dict(d)
+                k = custom_kernel_from_dict(d)
         except (KeyError, IndexError, TypeError) as exc:
             raise MuGraphError(f"kernel {d.get('name', '?')!r}: malformed JSON ({exc!r})") \
                 from None

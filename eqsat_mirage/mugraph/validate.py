@@ -20,9 +20,9 @@ from .kernels import (
     PredefinedKernel,
     TensorSpec,
     TilingError,
-    _check_map,
-    _check_read,
     axis_name,
+    check_map,
+    check_read,
     fmt_map,
     is_elementwise,
     tile_shape,
@@ -48,7 +48,7 @@ def validate_predefined(k: PredefinedKernel, known: Mapping[str, TensorSpec]) ->
         if s.op is not Op.INPUT:
             raise MuGraphError(f"{who}: operand {s.describe()} is not a device tensor; a "
                                "predefined kernel runs exactly one op")
-        _check_read(k.name, s.arg, known)
+        check_read(k.name, s.arg, known)
         spec = known[s.arg]
         if (spec.shape, spec.dtype) != (s.shape, s.dtype):
             raise ShapeError(f"{who}: operand {s.arg!r} is {s.dtype}{fmt_shape(s.shape)} but "
@@ -106,7 +106,7 @@ def validate_custom(k: CustomKernel, known: Mapping[str, TensorSpec]) -> None:
                           "iterations (the interpreter and the GPU both run every one)")
     tiles = {}
     for name, bi in k.inputs.items():
-        _check_read(k.name, bi.tensor, known)
+        check_read(k.name, bi.tensor, known)
         tiles[name] = (tile_shape(k, bi, known[bi.tensor]), known[bi.tensor].dtype)
         if name in k.loop.inputs:
             _check_leaf(k, "loop", name, tiles[name])
@@ -194,7 +194,7 @@ def _validate_output(k: CustomKernel, t: str, bo: BlockOutput) -> None:
     who = f"kernel {k.name!r}: output {t!r} (tile {fmt_shape(node.shape)})"
     if bo.stage not in ("loop", "post"):
         raise MuGraphError(f"{who}: stage {bo.stage!r} is not 'loop' or 'post'")
-    _check_map(bo.omap, len(node.shape), len(k.grid), f"{who}: omap {fmt_map(bo.omap)}")
+    check_map(bo.omap, len(node.shape), len(k.grid), f"{who}: omap {fmt_map(bo.omap)}")
     if bo.fmap is not None:
         if bo.stage != "loop":
             raise TilingError(f"{who}: only a loop-stage output can have an fmap")

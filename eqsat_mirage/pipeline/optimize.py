@@ -39,7 +39,7 @@ LEVELS = ("mugraph", "kernel")
 DEFAULT_SPLITS = (4, 16, 64)  # Mirage's loop ranges: candidate inner factors of split-K
 
 
-def _check_limits(**limits) -> None:
+def check_limits(**limits) -> None:
     """Every limit a positive number (ints where counted); a MirageError naming the first bad."""
     for name, value in limits.items():
         counted = name != "time_limit_s"
@@ -50,7 +50,9 @@ def _check_limits(**limits) -> None:
             raise MirageError(f"optimize: {name} must be {kind}, got {value!r}")
 
 
-def _splits(graph, factors) -> list[tuple[int, int, int]]:
+def candidate_splits(graph, factors) -> list[tuple[int, int, int]]:
+    """The split-K candidates ``(n, n // f, f)``: every dim size n of ``graph`` cut into
+    n // f > 1 parts of f > 1 (f from ``factors``, ``DEFAULT_SPLITS`` by default)."""
     dims = {d for n in graph.nodes() for d in n.shape}
     return sorted({(n, n // f, f) for n in dims for f in factors if n % f == 0 and n // f > 1
                    and f > 1})
@@ -106,7 +108,7 @@ def optimize(graph, target: str | Path = "h100", rules=("rules",), guards: bool 
         compile_check = options["compile_check"] = _compile_check_default(target)
     if level not in LEVELS:
         raise MirageError(f"optimize: level must be one of {', '.join(LEVELS)}, got {level!r}")
-    _check_limits(time_limit_s=time_limit_s, node_limit=node_limit, iter_limit=iter_limit, k=k,
+    check_limits(time_limit_s=time_limit_s, node_limit=node_limit, iter_limit=iter_limit, k=k,
                   trials=trials)
     if cache is not None and cache is not False:
         from .cache import cached_optimize, open_cache
@@ -179,7 +181,7 @@ def _search(graph, rulesets, rule_list, level, guards, hw, stats, counts, deadli
     node_limit, iter_limit, k, split_factors = counts
     t1 = time.perf_counter()
     sat = Saturator(graph, rulesets, rule_list, guards=guards,
-                    splits=_splits(graph, split_factors), deadline=deadline.part(0.5))
+                    splits=candidate_splits(graph, split_factors), deadline=deadline.part(0.5))
     limits = Limits(node_limit=node_limit, iter_limit=iter_limit,
                     time_limit_s=deadline.seconds)
     phases = [(name, tuple(r for r in rs if r in rulesets)) for name, rs in DEFAULT_PHASES

@@ -37,7 +37,7 @@ from ..partition.stitch import stitch
 from ..verifier.endtoend import float_check
 from ..verifier.runner import THREADS, footprint
 from ..verifier.verify import VerifyResult
-from .optimize import LEVELS, _check_limits
+from .optimize import LEVELS, check_limits
 from .optimize import optimize as optimize_piece
 from .result import OptimizeResult
 
@@ -77,7 +77,7 @@ def optimize(graph, *args, partition: bool | str = "auto", piece_ops: int = DEFA
     bound.apply_defaults()
     options = dict(bound.arguments)
     del options["graph"]
-    _check_limits(**{k: options[k] for k in ("time_limit_s", "node_limit", "iter_limit", "k",
+    check_limits(**{k: options[k] for k in ("time_limit_s", "node_limit", "iter_limit", "k",
                                              "trials")})
     progress, cache = options.pop("progress"), options.pop("cache")
     return optimize_whole(graph, dict(options, piece_ops=piece_ops, jobs=jobs), cache, progress)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from ..cost.gpucost import MuGraphCost
 from ..frontend.graph import Graph
 from ..ir.node import Node, Op
-from ..ir.printing import _arg, _short
+from ..ir.printing import op_attrs, short_dtype
 from ..mugraph.kernels import CustomKernel, PredefinedKernel, axis_name, fmt_map
 from ..mugraph.program import MuGraph
 
@@ -111,13 +111,13 @@ class Scene:
 
 def shape_text(node: Node) -> str:
     """``f16[2, 256, 64]``: dtype and shape of a node."""
-    return f"{_short(node.dtype)}{list(node.shape)}"
+    return f"{short_dtype(node.dtype)}{list(node.shape)}"
 
 
 def op_text(node: Node) -> str:
     """An op with its argument and its constant operands, e.g. ``add 1e-06``."""
     consts = [f"{s.arg:g}" for s in node.srcs if s.op is Op.CONST]
-    return f"{node.op.name.lower()}{_arg(node)}" + (" " + ", ".join(consts) if consts else "")
+    return f"{node.op.name.lower()}{op_attrs(node)}" + (" " + ", ".join(consts) if consts else "")
 
 
 def fmt_us(us: float) -> str:
@@ -163,7 +163,7 @@ def graph_panel(graph: Graph, pid: str, costs: list[float] | None = None,
 
 
 def _tensor_lines(name: str, shape, dtype: str, role: str) -> list[str]:
-    return [f"{name}{role}", f"{_short(dtype)}{list(shape)}"]
+    return [f"{name}{role}", f"{short_dtype(dtype)}{list(shape)}"]
 
 
 def mugraph_panel(mg: MuGraph, pid: str, cost: MuGraphCost | None = None

@@ -21,15 +21,15 @@ import numpy as np
 from ..ir.errors import LaxError
 from ..ir.node import KEYED, Op, slice_index
 from .modular import (  # noqa: F401  (re-exported: the field backend's arithmetic)
-    _CHUNK,
-    _EXACT_K,
+    CHUNK,
+    EXACT_K,
     FieldZeroDivisionError,
-    _is_array,
-    _mod,
     addmod,
     const_mod,
     invmod,
+    is_array,
     matmul_mod,
+    mod,
     mulmod,
     powmod,
     submod,
@@ -84,14 +84,14 @@ class FieldCtx:
             self._tables = (_powers(self.omega, 1 << 15, self.p),
                             _powers(pow(self.omega, 1 << 15, self.p), (self.q >> 15) + 1, self.p))
         lo, hi = self._tables
-        if not _is_array(x):
+        if not is_array(x):
             return (hi[x >> 15] * lo[x & 0x7FFF]) % self.p
         idx = np.ascontiguousarray(x >> 15)
         r = hi.take(idx)  # C-contiguous, like idx
         np.bitwise_and(x, 0x7FFF, out=idx)
         flat_r, flat_idx = r.reshape(-1), idx.reshape(-1)
-        for s in range(0, flat_r.size, _CHUNK):  # no third array of x's size
-            flat_r[s:s + _CHUNK] *= lo.take(flat_idx[s:s + _CHUNK])
+        for s in range(0, flat_r.size, CHUNK):  # no third array of x's size
+            flat_r[s:s + CHUNK] *= lo.take(flat_idx[s:s + CHUNK])
         r %= self.p
         return r
 
@@ -285,7 +285,7 @@ def _const(ctx, n):
 FIELD_SEMANTICS = {
     Op.INPUT: _input,
     Op.CONST: _const,
-    Op.NEG: _unary(lambda x, m: _mod(-x, m)),
+    Op.NEG: _unary(lambda x, m: mod(-x, m)),
     Op.EXP: lambda ctx, n, x: ((mulmod(ctx.exp(x[1]), x.keep, ctx.p)
                                 if isinstance(x, MaskedPair) else ctx.exp(x[1])), None),
     Op.SQRT: _opaque(Op.SQRT),

@@ -14,21 +14,21 @@ from typing import Any
 
 import numpy as np
 
-_EXACT_K = 1 << 15  # longest contraction done in one BLAS call (keeps digits >= 8 bits)
+EXACT_K = 1 << 15  # longest contraction done in one BLAS call (keeps digits >= 8 bits)
 
 
 class FieldZeroDivisionError(ArithmeticError):
     """A denominator vanished in this trial; the verifier redraws the trial."""
 
 
-def _is_array(x: Any) -> bool:
+def is_array(x: Any) -> bool:
     """True for an ndarray with at least one axis (which in-place ops can update)."""
     return isinstance(x, np.ndarray) and x.ndim > 0
 
 
-def _mod(r: Any, m: int) -> Any:
+def mod(r: Any, m: int) -> Any:
     """``r % m``, in place when ``r`` is a fresh array (saves a big temporary)."""
-    if _is_array(r):
+    if is_array(r):
         r %= m
         return r
     return r % m
@@ -36,24 +36,24 @@ def _mod(r: Any, m: int) -> Any:
 
 def mulmod(a: np.ndarray, b: Any, m: int) -> np.ndarray:
     """Elementwise a*b mod m for residues below 2**31."""
-    return _mod(a * b, m)
+    return mod(a * b, m)
 
 
 def addmod(a: np.ndarray, b: Any, m: int) -> np.ndarray:
     """Elementwise a+b mod m."""
-    return _mod(a + b, m)
+    return mod(a + b, m)
 
 
 def submod(a: np.ndarray, b: Any, m: int) -> np.ndarray:
     """Elementwise a-b mod m."""
-    return _mod(a - b, m)
+    return mod(a - b, m)
 
 
 def powmod(x: np.ndarray, e: int, m: int) -> np.ndarray:
     """Elementwise x**e mod m by square-and-multiply (vectorised, in place)."""
     base = x % m
     result = np.ones_like(base)
-    if not _is_array(base):
+    if not is_array(base):
         while e:
             if e & 1:
                 result = (result * base) % m
@@ -124,11 +124,11 @@ def matmul_mod(a: np.ndarray, b: np.ndarray, m: int, cache: dict | None = None) 
     weight read by both programs.
     """
     k = a.shape[-1]
-    if k > _EXACT_K:
+    if k > EXACT_K:
         out = None
-        for s in range(0, k, _EXACT_K):
-            bs = b[s:s + _EXACT_K] if b.ndim == 1 else b[..., s:s + _EXACT_K, :]
-            part = matmul_mod(a[..., s:s + _EXACT_K], bs, m)
+        for s in range(0, k, EXACT_K):
+            bs = b[s:s + EXACT_K] if b.ndim == 1 else b[..., s:s + EXACT_K, :]
+            part = matmul_mod(a[..., s:s + EXACT_K], bs, m)
             out = part if out is None else (out + part) % m
         return out
     if min(a.ndim, b.ndim) >= 2 and max(a.ndim, b.ndim) >= 3:
@@ -166,7 +166,7 @@ def _matmul_mod(a, b, ca, cb, m: int, cache: dict | None) -> np.ndarray:
                 else np.matmul(whole_f, digits[j], out=out))
 
     top = product(len(digits) - 1)
-    if not _is_array(top):  # a 0-d result (vector @ vector)
+    if not is_array(top):  # a 0-d result (vector @ vector)
         r = int(top) % m
         for j in range(len(digits) - 2, -1, -1):
             r = (r * shift + int(product(j))) % m
@@ -184,7 +184,7 @@ def _matmul_mod(a, b, ca, cb, m: int, cache: dict | None) -> np.ndarray:
     return r
 
 
-_CHUNK = 1 << 17  # elements per slice when a big array is updated slice by slice
+CHUNK = 1 << 17  # elements per slice when a big array is updated slice by slice
 
 
 def _to_int64_in_place(x: np.ndarray) -> np.ndarray:
@@ -197,8 +197,8 @@ def _to_int64_in_place(x: np.ndarray) -> np.ndarray:
         return x.astype(np.int64)
     flat_f = x.reshape(-1)
     flat_i = flat_f.view(np.int64)
-    for s in range(0, flat_f.size, _CHUNK):
-        np.copyto(flat_i[s:s + _CHUNK], flat_f[s:s + _CHUNK], casting="unsafe")
+    for s in range(0, flat_f.size, CHUNK):
+        np.copyto(flat_i[s:s + CHUNK], flat_f[s:s + CHUNK], casting="unsafe")
     return x.view(np.int64)
 
 

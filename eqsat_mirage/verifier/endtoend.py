@@ -19,7 +19,7 @@ import numpy as np
 from ..ir.errors import TimeLimitError
 from ..ir.limits import Deadline, check_memory
 from .runner import THREADS, footprint, runner
-from .verify import Counterexample, _float_checks, _match_interfaces
+from .verify import Counterexample, float_checks, match_interfaces
 
 
 def float_check(a, b, seed: int | None = 0, rtol: float = 1e-7, native: bool = True,
@@ -31,14 +31,14 @@ def float_check(a, b, seed: int | None = 0, rtol: float = 1e-7, native: bool = T
     time limit cut them short (then the counterexample is None and nothing is proven).
     """
     start = time.perf_counter()
-    _match_interfaces(a, b)
+    match_interfaces(a, b)
     for prog in (a, b):
         check_memory(footprint(prog), 16 * THREADS, f"checking {prog.name!r}")
     deadline = time_limit_s if isinstance(time_limit_s, Deadline) else Deadline(time_limit_s)
     rng = np.random.default_rng(None if seed is None else [seed, 0xE2E])
     try:
         with runner(deadline) as pool:
-            cex, ran_native = _float_checks(a, b, rng, rtol, native, None, pool,
+            cex, ran_native = float_checks(a, b, rng, rtol, native, None, pool,
                                             constant_finite=True)
     except TimeLimitError as exc:
         return None, f"cut short by the time limit ({exc})"

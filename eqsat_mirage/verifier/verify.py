@@ -106,7 +106,8 @@ class VerifyResult:
         return f"NOT equivalent: {self.reason or self.counterexample} ({self.seconds:.2f} s)"
 
 
-def _match_interfaces(a, b) -> None:
+def match_interfaces(a, b) -> None:
+    """A ``GraphError`` unless ``a`` and ``b`` agree on inputs (names, dtypes, shapes), outputs."""
     for name, node in a.inputs.items():
         if name in b.inputs and node.dtype != b.inputs[name].dtype:
             raise GraphError(f"cannot compare {a.name!r} and {b.name!r}: input {name!r} is "
@@ -297,7 +298,7 @@ class _Draws:
 _DRAWN = {"signed": "N(0, s^2)", "folded": "|N(0, s^2)|", "constant": "every input = s"}
 
 
-def _float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
+def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
                   memo: dict | None = None, pool: Runner | None = None,
                   constant_finite: bool = False) -> tuple[Counterexample | None, bool]:
     """float64 at ``FLOAT64_SCALES`` and both programs in their own dtypes at
@@ -354,7 +355,7 @@ def _numerics(a, b, result: VerifyResult, seed, rtol: float, native: bool, memo:
               start: float, pool: Runner) -> bool:
     """Run the float checks into ``result``; True (and ``result`` final) if they failed."""
     frng = np.random.default_rng(None if seed is None else [seed, 0xF1047])
-    cex, result.native_checked = _float_checks(a, b, frng, rtol, native, memo, pool)
+    cex, result.native_checked = float_checks(a, b, frng, rtol, native, memo, pool)
     result.float_checked = True
     if cex is None:
         return False
@@ -436,7 +437,7 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
             continue
         check(prog)
         check_lax(prog, what)
-    _match_interfaces(a, b)
+    match_interfaces(a, b)
     check_memory(footprint(a) + footprint(b), 16 * THREADS,  # a trial runs both
                  f"verifying {b.name!r} against {a.name!r}")
     deadline = time_limit_s if isinstance(time_limit_s, Deadline) else Deadline(time_limit_s)

@@ -12,7 +12,7 @@ from eqsat_mirage.egraph.rulefiles import Schema, load_rules
 from eqsat_mirage.egraph.saturate import DEFAULT_PHASES, Limits, Saturator
 from eqsat_mirage.egraph.view import view
 from eqsat_mirage.ir.node import Op
-from eqsat_mirage.pipeline.optimize import _splits
+from eqsat_mirage.pipeline.optimize import candidate_splits
 
 HW = Hardware.load("h100")
 CTORS = Schema.load().constructors
@@ -22,7 +22,7 @@ RULESETS, RULES = load_rules(["rules"])
 def saturated(g: em.Graph, rules: bool = True, iters: int = 12) -> tuple[dict, dict]:
     """Serialized e-graph of ``g`` after the algebraic phase (or no rules), and root classes."""
     sat = Saturator(g, RULESETS if rules else [], RULES if rules else [], guards=rules,
-                    splits=_splits(g, (4, 16, 64)))
+                    splits=candidate_splits(g, (4, 16, 64)))
     if rules:
         sat.run_phase("algebraic", DEFAULT_PHASES[0][1], Limits(iter_limit=iters))
     data = sat.serialize()

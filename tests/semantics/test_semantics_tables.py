@@ -252,7 +252,7 @@ def test_matmul_mod_matches_galois(gf):
 
 
 def test_matmul_mod_extreme_residues_at_exact_limit():
-    k = field._EXACT_K  # the longest contraction done in one BLAS call
+    k = field.EXACT_K  # the longest contraction done in one BLAS call
     a = np.full((1, k), P - 1, dtype=np.int64)
     b = np.full((k, 1), P - 1, dtype=np.int64)
     assert int(matmul_mod(a, b, P)[0, 0]) == (k * (P - 1) ** 2) % P
@@ -260,7 +260,7 @@ def test_matmul_mod_extreme_residues_at_exact_limit():
 
 def test_matmul_mod_chunks_long_contractions(gf):
     k = 2**19 + 5
-    assert k > field._EXACT_K
+    assert k > field.EXACT_K
     rng = np.random.default_rng(3)
     a = rng.integers(P - 2**20, P, (1, k), dtype=np.int64)  # large residues stress exactness
     b = rng.integers(0, P, (k, 1), dtype=np.int64)

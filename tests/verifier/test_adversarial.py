@@ -12,7 +12,7 @@ import pytest
 import eqsat_mirage as em
 from eqsat_mirage.semantics.primes import FAMILY, draw_primes, family_size, is_prime
 from eqsat_mirage.verifier.bound import degrees, per_trial_bound
-from eqsat_mirage.verifier.verify import _float_checks
+from eqsat_mirage.verifier.verify import float_checks
 
 OLD_P, OLD_Q = 2147483579, 1073741789  # the fixed primes of earlier versions
 
@@ -104,7 +104,7 @@ def test_a_small_prime_dividing_a_mean_count_is_never_drawn():
 @pytest.mark.parametrize("offset", [10.0, 25.0, 300.0])
 def test_the_float_check_looks_past_thresholds(offset):
     a, b = pair(lambda X, Y: Y + em.relu(X - offset), lambda X, Y: Y)
-    cex, _ = _float_checks(a, b, np.random.default_rng(0), 1e-7, native=False)
+    cex, _ = float_checks(a, b, np.random.default_rng(0), 1e-7, native=False)
     assert cex is not None and cex.domain == "float64"
 
 
