@@ -6,7 +6,7 @@ with a kernel that cannot build cleanly is dropped, and its candidate program is
 again with every refused schedule priced as infeasible (``gpucost.refusing``); the new
 plan joins the queue in cost order. Past its deadline (optimize gives it until 70% of the
 time limit) a plan is verified without being built, and counted as skipped. ``report()`` is
-``res.stats["compiled"]``.
+its ``CompileRecord`` (``res.stats["compiled"]`` is its ``as_stats()``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from ..codegen.tune import TuneResult, tune
 from ..cost.gpucost import mugraph_cost, refusing
 from ..cost.tiles import tile_key
 from ..ir.errors import MirageError
+from .records import CompileRecord
 
 MAX_REPLANS = 4  # re-plans per optimize call after refusals (each re-prices the candidate)
 
@@ -73,7 +74,7 @@ class Builder:
             with refusing(self.refused):
                 again = plan(graph, self.prof, self.strategy, cuts=cuts, shared=None,
                              deadline=self.deadline)
-        except (MirageError, ValueError, KeyError) as exc:
+        except MirageError as exc:  # the planner refused the program: a bug would propagate
             entry["compiled"] += f"; re-planning failed: {exc}"
             return False
         if again.cost_us < float("inf"):
@@ -81,9 +82,8 @@ class Builder:
                           key=lambda x: (x[0], x[1]))
         return False
 
-    def report(self) -> dict:
-        """What the check did: builds, refusals, re-plans, compiles and seconds."""
-        return {"target": self.prof.name, "builds": self.builds,
-                "refused": list(self.refused.values()), "replans": self.replans,
-                "compiles": self.compiles, "seconds": round(self.seconds, 2),
-                "skipped": self.skipped}
+    def report(self) -> CompileRecord:
+        """What the check did: builds, refusals, re-plans, compiles and seconds
+        (``as_stats()`` is ``res.stats["compiled"]``)."""
+        return CompileRecord(self.prof.name, list(self.builds), list(self.refused.values()),
+                             self.replans, self.compiles, round(self.seconds, 2), self.skipped)

@@ -59,6 +59,7 @@ from ..cost.tiles import dynamic_context
 from ..ir.errors import MirageError
 from ..version import __version__
 from .integrity import CacheError, tag
+from .options import SearchOptions
 from .result import ResultDataError, from_data, to_data
 
 SCHEMA_VERSION = 2  # 1 stored pickles
@@ -71,9 +72,6 @@ _SCHEMA = (
     "cost_us REAL, search_seconds REAL, created REAL NOT NULL, result TEXT NOT NULL, "
     "tag TEXT NOT NULL)",
 )
-
-
-
 
 
 def default_dir() -> Path:
@@ -139,11 +137,12 @@ def target_digest(target) -> tuple[str, str]:
     return path.stem, _sha(data)
 
 
-def make_key(graph, options: dict) -> str:
-    """The cache key of optimizing ``graph`` with ``options`` (every optimize keyword
-    except ``progress`` and ``cache``, defaults filled in), and, inside a shape family's
-    search, that family's dynamic axes and padded size."""
-    opts = dict(options)
+def make_key(graph, options: SearchOptions | dict) -> str:
+    """The cache key of optimizing ``graph`` with ``options`` (a ``SearchOptions``, or a
+    dict of every optimize keyword except ``progress`` and ``cache``, defaults filled in),
+    and, inside a shape family's search, that family's dynamic axes and padded size (the
+    only context that changes prices outside the options: ``cost.tiles.dynamic_context``)."""
+    opts = options.key_data() if isinstance(options, SearchOptions) else dict(options)
     for name in ("partition", "piece_ops", "jobs"):  # whole programs are not cached whole
         opts.pop(name, None)
     parts = {"program": program_text(graph), "code": code_digest(),
@@ -432,8 +431,8 @@ def store_result(store: ResultCache, key: str, res, name: str | None = None) -> 
     """Mark ``res`` as a cache miss and store it under ``key`` (not a result cut short by
     the time limit); warn if the file cannot be written."""
     res.stats.update(cache="miss", cache_key=key[:12])
-    if res.stats.get("time_limited") or "time limit" in res.stats.get("note", ""):
-        return  # cut short by the time limit (a pass ran out): depends on the machine's load
+    if res.stats.get("time_limited"):  # a pass ran out of time: depends on the machine's load
+        return
     try:
         store.put(key, res, name=name)
     except (sqlite3.Error, OSError, CacheError) as exc:
@@ -441,20 +440,20 @@ def store_result(store: ResultCache, key: str, res, name: str | None = None) -> 
                       "cached", RuntimeWarning, stacklevel=3)
 
 
-def reverifier(graph, options: dict):
+def reverifier(graph, options: SearchOptions):
     """Re-verification of an untagged entry with optimize's trials and max_bound, fresh seed."""
     from ..verifier.verify import verify
 
     def run(program):
-        return verify(graph, program, trials=options.get("trials", 3), seed=None,
-                      max_bound=options.get("max_bound", 1e-9))
+        return verify(graph, program, trials=options.trials, seed=None,
+                      max_bound=options.max_bound)
     return run
 
 
-def cached_optimize(graph, store: ResultCache, progress, options: dict, search,
+def cached_optimize(graph, store: ResultCache, progress, options: SearchOptions, search,
                     key: str | None = None):
-    """``search(graph, cache=False, progress=progress, **options)`` through the open cache
-    ``store`` (see ``open_cache``); ``search`` is ``em.optimize``, passed in because the
+    """``search(graph, options, progress, cache=False)`` through the open cache
+    ``store`` (see ``open_cache``); ``search`` is ``optimize.search``, passed in because the
     cache sits below the search it caches.
 
     ``key`` is the entry's key when the caller computed it (``optimize_many``'s
@@ -479,7 +478,7 @@ def cached_optimize(graph, store: ResultCache, progress, options: dict, search,
         return res
     if progress and store is not None:
         progress(f"cache miss: {name} ({key[:12]}); searching")
-    res = search(graph, cache=False, progress=progress, **options)
+    res = search(graph, options, progress, cache=False)
     if store is not None:
         store_result(store, key, res, name)
         if res.stats.get("time_limited") and progress:

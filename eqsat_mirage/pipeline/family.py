@@ -35,7 +35,8 @@ from ..ir.errors import BudgetError, LaxError
 from ..mugraph.program import from_graph
 from ..verifier.verify import verify
 from .cache import lookup, make_key, open_cache, program_text, store_result
-from .optimize import optimize as optimize_piece
+from .optimize import search as optimize_piece
+from .options import SearchOptions
 from .result import OptimizeResult
 
 PAD_QUANTUM = 64  # the hint is padded up to a multiple of this (16 below it)
@@ -161,16 +162,15 @@ def _verify_sizes(graph, sc: Scaling, dim, opts: dict, refused: dict) -> tuple[d
     return verdicts, hint_verdict
 
 
-def _family_entry(graph, padded, target, kwargs: dict) -> tuple:
+def _family_entry(graph, padded, options: SearchOptions, cache) -> tuple:
     """The results cache and this family's key in it (None, None: no cache). The key
     covers the padded program (so the padded size and the masks), the family's own
     program and sizes, and every option."""
-    cache = kwargs.get("cache", True)
     store = open_cache(cache) if cache is not None and cache is not False else None
     if store is None:
         return None, None
-    opts = {k: v for k, v in kwargs.items() if k not in ("cache", "progress")}
-    opts.update(target=target, family=program_text(graph), dims=[
+    opts = options.resolved().key_data()
+    opts.update(family=program_text(graph), dims=[
         str(d) for d in graph.dims.values()], dynamic=sorted(
             (n, sorted(ax.items())) for n, ax in graph.dynamic.items()))
     return store, make_key(padded, opts)
@@ -194,9 +194,9 @@ def _from_hit(hit, graph, dim, lp0: int) -> FamilyResult | None:
     return out
 
 
-def optimize_family(graph, target="h100", progress=None, **kwargs) -> FamilyResult:
-    """``em.optimize`` of family ``graph`` (see the module docstring); the keywords are
-    ``optimize``'s."""
+def optimize_family(graph, options: SearchOptions, progress=None, cache=True) -> FamilyResult:
+    """``em.optimize`` of family ``graph`` (see the module docstring) with ``options``,
+    through the results cache ``cache``."""
     start = time.perf_counter()
     say = progress or (lambda msg: None)
     if len(graph.dims) != 1:
@@ -219,7 +219,7 @@ def optimize_family(graph, target="h100", progress=None, **kwargs) -> FamilyResu
     padded = padded_graph(plan, {dim.name: lp0}, {dim.name: dim.hint})
     say(f"family {graph.name!r}: size {dim}, planned at {dim.name}={lp0} with "
         f"{len(plan.masks)} length mask(s)")
-    store, key = _family_entry(graph, padded, target, kwargs)
+    store, key = _family_entry(graph, padded, options, cache)
     if store is not None:
         hit = lookup(store, padded, key)  # an entry not tagged by this user is dropped
         if hit is not None and "family" in hit.stats:
@@ -230,15 +230,14 @@ def optimize_family(graph, target="h100", progress=None, **kwargs) -> FamilyResu
                 return out
     axes = {n: {a for a, d in ax.items() if d == dim.name} for n, ax in graph.dynamic.items()}
     with dynamic_dims(axes, lp0):
-        res = optimize_piece(padded, target=target, progress=progress, **kwargs)
+        res = optimize_piece(padded, options, progress=progress, cache=cache)
     fallback = ""
     try:
         sc = scaling(res.program if hasattr(res.program, "kernels") else from_graph(
             res.program), graph.dynamic, dim.name, lp0)
     except NotScalableError as exc:
         fallback = f"the plan does not scale ({exc})"
-    opts = dict(trials=kwargs.get("trials", 3), seed=kwargs.get("seed", 0),
-                max_bound=kwargs.get("max_bound", 1e-9))
+    opts = dict(trials=options.trials, seed=options.seed, max_bound=options.max_bound)
     refused: dict[int, str] = {}
     if not fallback:
         verdicts, hint_v = _verify_sizes(graph, sc, dim, opts, refused)
@@ -250,7 +249,7 @@ def optimize_family(graph, target="h100", progress=None, **kwargs) -> FamilyResu
         sc = scaling(from_graph(padded), graph.dynamic, dim.name, lp0)
         refused.clear()
         verdicts, hint_v = _verify_sizes(graph, sc, dim, opts, refused)
-    costs = {s: mugraph_cost(sc.at(s), target).total_us for s in cost_sizes(dim)}
+    costs = {s: mugraph_cost(sc.at(s), options.target).total_us for s in cost_sizes(dim)}
     stats = dict(res.stats)
     stats["family"] = {
         "dim": str(dim), "planned_at": lp0, "granule": sc.granule,

@@ -52,7 +52,8 @@ from .cache import (
     reverifier,
     store_result,
 )
-from .optimize import optimize
+from .optimize import optimize, search
+from .options import SearchOptions
 
 EXECUTORS = ("process", "ray")
 
@@ -94,8 +95,8 @@ def _run(payload: bytes) -> bytes:
     (``cache`` a path or False, ``key`` the parent's cache key); the result, dumped."""
     graph, options, cache, key = loads(payload)
     if cache is False:
-        return dumps(optimize(graph, cache=False, **options))
-    return dumps(cached_optimize(graph, ResultCache(cache), None, options, optimize, key=key))
+        return dumps(search(graph, options, cache=False))
+    return dumps(cached_optimize(graph, ResultCache(cache), None, options, search, key=key))
 
 
 def _options(kwargs: dict) -> dict:
@@ -142,7 +143,7 @@ def optimize_many(programs: Iterable, jobs: int | None = None, executor: str = "
     jobs = (os.cpu_count() or 1) if jobs is None else int(jobs)
     if jobs < 1:
         raise MirageError(f"optimize_many: jobs must be at least 1, got {jobs}")
-    options = _options(optimize_kwargs)
+    options = SearchOptions(**_options(optimize_kwargs)).resolved()  # checked once, here
     store = open_cache(optimize_kwargs.get("cache", True))
     n = len(programs)
     results: list = [None] * n
@@ -208,8 +209,8 @@ def optimize_many(programs: Iterable, jobs: int | None = None, executor: str = "
     elif jobs == 1 or len(firsts) <= 1:
         for i in firsts:
             try:
-                res = (optimize(programs[i], cache=False, **options) if store is None else
-                       cached_optimize(programs[i], store, None, options, optimize, key=keys[i]))
+                res = (search(programs[i], options, cache=False) if store is None else
+                       cached_optimize(programs[i], store, None, options, search, key=keys[i]))
             except Exception as exc:  # noqa: BLE001 - handed to finish (raise or return)
                 res = exc
             land(i, res)

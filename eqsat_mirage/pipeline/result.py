@@ -32,6 +32,7 @@ class OptimizeResult:
     source: object = None
     roofline_us: float | None = None  # DESIGN.md's lower bound (mugraph level)
     plan: object = None  # the chosen program's fusion.FusionPlan (mugraph level)
+    passes: object = None  # records.SearchRecord of the search (None: a cache hit, a whole)
 
     @property
     def speedup(self) -> float:

@@ -34,11 +34,12 @@ from ..ir.errors import MirageError
 from ..ir.limits import Deadline, check_memory
 from ..partition.pieces import DEFAULT_PIECE_OPS, Piece, needs_partition, partition
 from ..partition.stitch import stitch
-from ..verifier.endtoend import float_check
+from ..verifier.endtoend import FloatCheck, float_check
 from ..verifier.runner import THREADS, footprint
 from ..verifier.verify import VerifyResult
-from .optimize import LEVELS, check_limits
-from .optimize import optimize as optimize_piece
+from .optimize import optimize as optimize_search
+from .optimize import search as optimize_piece
+from .options import SearchOptions
 from .result import OptimizeResult
 
 SHARE_END = 0.85  # piece searches end by this fraction of the time limit; the rest: stitch
@@ -61,29 +62,32 @@ def optimize(graph, *args, partition: bool | str = "auto", piece_ops: int = DEFA
     if partition not in (True, False, "auto"):
         raise MirageError(f"optimize: partition must be True, False or 'auto', got "
                           f"{partition!r}")
+    options, progress, cache = search_options(graph, args, kwargs)
     if getattr(graph, "is_family", False):  # symbolic sizes: one search for every size
         from .family import optimize_family
 
-        return optimize_family(graph, *args, **kwargs)
-    if partition is False:
-        return optimize_piece(graph, *args, **kwargs)
-    check(graph)
-    if partition == "auto" and not needs_partition(graph, piece_ops):
-        return optimize_piece(graph, *args, **kwargs)
+        return optimize_family(graph, options, progress, cache)
+    if partition is not False:
+        check(graph)
+    if partition is False or (partition == "auto" and not needs_partition(graph, piece_ops)):
+        return optimize_piece(graph, options, progress=progress, cache=cache)
+    return optimize_whole(graph, options, cache, progress, piece_ops=piece_ops, jobs=jobs)
+
+
+def search_options(graph, args: tuple, kwargs: dict) -> tuple[SearchOptions, object, object]:
+    """``em.optimize``'s positional and keyword options as one checked ``SearchOptions``,
+    with ``progress`` and ``cache`` beside it (a MirageError for a keyword it lacks)."""
     try:
         bound = _SIGNATURE.bind(graph, *args, **kwargs)
     except TypeError as exc:
         raise MirageError(f"optimize: {exc}") from None
     bound.apply_defaults()
-    options = dict(bound.arguments)
-    del options["graph"]
-    check_limits(**{k: options[k] for k in ("time_limit_s", "node_limit", "iter_limit", "k",
-                                             "trials")})
-    progress, cache = options.pop("progress"), options.pop("cache")
-    return optimize_whole(graph, dict(options, piece_ops=piece_ops, jobs=jobs), cache, progress)
+    given = bound.arguments
+    return (SearchOptions(**{name: given[name] for name in SearchOptions.names()}),
+            given["progress"], given["cache"])
 
 
-_SIGNATURE = inspect.signature(optimize_piece)  # the search's keywords, with their defaults
+_SIGNATURE = inspect.signature(optimize_search)  # the search's keywords, with their defaults
 _PARAMS = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if p.name != "graph" else p
            for p in _SIGNATURE.parameters.values()]
 optimize.__signature__ = inspect.Signature(  # what help(em.optimize) shows: every keyword
@@ -129,36 +133,38 @@ def unchanged_reason(res) -> str:
     return "no candidate cheaper than one kernel per op"
 
 
-def _search_pieces(distinct: list[Piece], options: dict, cache, deadline: Deadline,
-                   progress) -> list:
+def _search_pieces(distinct: list[Piece], options: SearchOptions, jobs: int, cache,
+                   deadline: Deadline, progress) -> list:
     """The OptimizeResult (or the exception) of each distinct piece, in order."""
-    opts = dict(options, max_bound=options["max_bound"] / max(1, len(distinct)))
-    jobs = min(opts.pop("jobs"), len(distinct))
-    opts.pop("piece_ops")
+    opts = options.replace(max_bound=options.max_bound / max(1, len(distinct)))
+    jobs = min(jobs, len(distinct))
     end = deadline.part(SHARE_END)
     if jobs > 1:
         from .many import optimize_many
 
-        opts["time_limit_s"] = max(0.05, end.remaining() * jobs / len(distinct))
+        opts = opts.replace(time_limit_s=max(0.05, end.remaining() * jobs / len(distinct)))
         return optimize_many([p.graph for p in distinct], jobs=jobs, errors="return",
-                             progress=progress, cache=cache, **opts)
+                             progress=progress, cache=cache, **opts.key_data())
     out = []
     for i, p in enumerate(distinct):
-        opts["time_limit_s"] = end.remaining() / (len(distinct) - i)
-        if opts["time_limit_s"] < 0.05:
+        seconds = end.remaining() / (len(distinct) - i)
+        if seconds < 0.05:
             out.append(TimeoutError("the time limit was reached before this piece was searched"))
             continue
         _say(progress, f"piece {p.index} ({len(p.ops)} ops; {i + 1} of {len(distinct)} "
-                       f"distinct): searching for {opts['time_limit_s']:.1f} s at most")
+                       f"distinct): searching for {seconds:.1f} s at most")
         try:
-            out.append(optimize_piece(p.graph, cache=cache, progress=progress, **opts))
+            out.append(optimize_piece(p.graph, opts.replace(time_limit_s=seconds),
+                                      progress=progress, cache=cache))
         except MirageError as exc:  # e.g. a BudgetError: the piece stays as it is
             out.append(exc)
     return out
 
 
-def optimize_whole(graph, options: dict, cache, progress) -> OptimizeResult:
-    """Partition ``graph``, optimize each piece, stitch and verify (module docstring)."""
+def optimize_whole(graph, options: SearchOptions, cache, progress,
+                   piece_ops: int = DEFAULT_PIECE_OPS, jobs: int = 1) -> OptimizeResult:
+    """Partition ``graph`` into pieces of at most ``piece_ops`` ops, optimize each piece
+    (``jobs`` at once), stitch and verify (module docstring)."""
     from ..cost.gpucost import mugraph_cost, roofline_us
     from ..cost.per_op import Hardware, graph_cost_us
     from ..cost.profile import GPUProfile
@@ -166,15 +172,12 @@ def optimize_whole(graph, options: dict, cache, progress) -> OptimizeResult:
     from ..mugraph.program import from_graph
 
     check_memory(footprint(graph), 16 * THREADS, f"checking {graph.name!r}")
-    prof = GPUProfile.load(options["target"])
+    prof = GPUProfile.load(options.target)
     hw = Hardware.load(prof)
-    rule_paths(options["rules"])  # a bad rules= is reported once, not once per piece
-    if options["level"] not in LEVELS:
-        raise MirageError(f"optimize: level must be one of {', '.join(LEVELS)}, got "
-                          f"{options['level']!r}")
+    rule_paths(options.rules)  # a bad rules= is reported once, not once per piece
     t0 = time.perf_counter()
-    deadline = Deadline(options["time_limit_s"], t0)
-    pieces = partition(graph, options["piece_ops"])
+    deadline = Deadline(options.time_limit_s, t0)
+    pieces = partition(graph, piece_ops)
     texts = [_text(p) for p in pieces]
     first: dict[str, int] = {}
     for p, text in zip(pieces, texts):
@@ -184,7 +187,7 @@ def optimize_whole(graph, options: dict, cache, progress) -> OptimizeResult:
     _say(progress, f"partition: {graph.name!r} cut into {len(pieces)} Lax pieces "
                    f"({len(distinct)} distinct) of {', '.join(str(len(p.ops)) for p in pieces)} "
                    f"ops in {t_part:.2f} s")
-    found = dict(zip(first.values(), _search_pieces(distinct, options, cache, deadline,
+    found = dict(zip(first.values(), _search_pieces(distinct, options, jobs, cache, deadline,
                                                     progress)))
     results = [found[first[text]] for text in texts]
     did = [changed(r) for r in results]
@@ -192,24 +195,25 @@ def optimize_whole(graph, options: dict, cache, progress) -> OptimizeResult:
     t1 = time.perf_counter()
     mugraph = stitch(graph, pieces, programs, f"{graph.name}_opt")
     entries = [_entry(p, r, first[text], d) for p, r, text, d in zip(pieces, results, texts, did)]
-    stats = {"target": hw.name, "target_spec": str(options["target"]), "level": options["level"],
-             "guards": options["guards"], "cache": "pieces", "pieces": entries,
+    stats = {"target": hw.name, "target_spec": str(options.target), "level": options.level,
+             "guards": options.guards, "cache": "pieces", "pieces": entries,
              "partition_seconds": t_part}
-    failed, ran = None, "not needed (every piece unchanged)"
+    failed, ran = None, FloatCheck(None, False, False, 0.0, "not needed (every piece unchanged)")
     if any(did):
-        cex, ran = float_check(graph, mugraph, seed=options["seed"],
-                               time_limit_s=deadline.remaining() + 0.1 * deadline.seconds)
-        if cex is not None or "cut short" in ran:  # never a silent wrong answer: the input
-            failed = f"failed ({cex})" if cex is not None else ran
-    stats["end_to_end"] = ran
+        ran = float_check(graph, mugraph, seed=options.seed,
+                          time_limit_s=deadline.remaining() + 0.1 * deadline.seconds)
+        if not ran.passed:  # never a silent wrong answer: the input
+            cex = ran.counterexample
+            failed = f"failed ({cex})" if cex is not None else ran.message
+    stats["end_to_end"] = ran.message
     if failed is not None:
         stats["note"] = f"end-to-end float check of the stitched program {failed}: input returned"
         mugraph = stitch(graph, pieces, [from_graph(p.graph) for p in pieces])
         for e in entries:
             e.update(status="unchanged", reason=f"the whole program's float check {failed}",
                      cost_after_us=e["cost_before_us"], bound=0.0)
-    verdict = _verdict(entries, results, options["max_bound"], failed, ran)
-    if options["level"] == "kernel":
+    verdict = _verdict(entries, results, options.max_bound, failed, ran)
+    if options.level == "kernel":
         program = mugraph.reference()
         program.name = f"{graph.name}_opt"
         cost, baseline, roof = graph_cost_us(program, hw), graph_cost_us(graph, hw), None
@@ -248,7 +252,7 @@ def _entry(piece: Piece, res, first: int, did: bool) -> dict:
 
 
 def _verdict(entries: list[dict], results: list, max_bound: float, failed: str | None,
-             ran: str) -> VerifyResult:
+             ran: FloatCheck) -> VerifyResult:
     """The whole program's verdict: the union of the distinct optimized pieces' bounds
     (``failed``: why the end-to-end check refused the stitched program, which means the
     input was returned)."""
@@ -260,10 +264,10 @@ def _verdict(entries: list[dict], results: list, max_bound: float, failed: str |
     kept = sum(e["status"] == "unchanged" for e in entries)
     out = VerifyResult(True, sum(r.verified.false_positive_bound for r in used), None,
                        min((r.verified.trials for r in used), default=0), max_bound=max_bound,
-                       float_checked=bool(used), native_checked="native" in ran)
+                       float_checked=bool(used), native_checked=ran.native)
     if used:
         out.p, out.q = used[0].verified.p, used[0].verified.q
         out.seconds = sum(r.verified.seconds for r in used)
     out.reason = (f"union bound over {len(used)} distinct verified piece(s), {kept} piece(s) "
-                  f"unchanged; end-to-end check: {ran}")
+                  f"unchanged; end-to-end check: {ran.message}")
     return out

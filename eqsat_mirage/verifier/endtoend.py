@@ -13,6 +13,7 @@ sees a variance of 0 there, and rounding noise that a deep program amplifies by
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,14 +23,29 @@ from .runner import THREADS, footprint, runner
 from .verify import Counterexample, float_checks, match_interfaces
 
 
-def float_check(a, b, seed: int | None = 0, rtol: float = 1e-7, native: bool = True,
-                time_limit_s: float | Deadline | None = None
-                ) -> tuple[Counterexample | None, str]:
-    """(counterexample or None, what ran): ``b`` against ``a`` on random float inputs.
+@dataclass(frozen=True)
+class FloatCheck:
+    """What ``float_check`` found: a ``counterexample`` (None when none was found);
+    ``cut_short``: the time limit stopped it (then nothing is proven); ``native``: the
+    native-dtype draws ran; ``message``: what ran, in words, for reports."""
 
-    ``what ran`` names the checks ("float64 and native dtype, 0.42 s") or says the
-    time limit cut them short (then the counterexample is None and nothing is proven).
-    """
+    counterexample: Counterexample | None
+    cut_short: bool
+    native: bool
+    seconds: float
+    message: str
+
+    @property
+    def passed(self) -> bool:
+        """Whether it ran to the end and found no difference."""
+        return self.counterexample is None and not self.cut_short
+
+
+def float_check(a, b, seed: int | None = 0, rtol: float = 1e-7, native: bool = True,
+                time_limit_s: float | Deadline | None = None) -> FloatCheck:
+    """``b`` against ``a`` on random float inputs (float64, and native dtype when
+    ``native``); a ``FloatCheck``, whose message names the checks ("float64 and native
+    dtype, 0.42 s") or says the time limit cut them short."""
     start = time.perf_counter()
     match_interfaces(a, b)
     for prog in (a, b):
@@ -41,6 +57,8 @@ def float_check(a, b, seed: int | None = 0, rtol: float = 1e-7, native: bool = T
             cex, ran_native = float_checks(a, b, rng, rtol, native, None, pool,
                                             constant_finite=True)
     except TimeLimitError as exc:
-        return None, f"cut short by the time limit ({exc})"
+        return FloatCheck(None, True, False, time.perf_counter() - start,
+                          f"cut short by the time limit ({exc})")
+    seconds = time.perf_counter() - start
     what = "float64" + (" and native dtype" if ran_native else "")
-    return cex, f"{what}, {time.perf_counter() - start:.2f} s"
+    return FloatCheck(cex, False, bool(ran_native), seconds, f"{what}, {seconds:.2f} s")

@@ -31,6 +31,7 @@ from ..semantics.field import FieldCtx, FieldZeroDivisionError, SharedValues, ev
 from ..semantics.floating import evaluate, rounded_inputs
 from ..semantics.primes import draw_primes, program_constants
 from .bound import PerTrial, per_trial_bound
+from .plan import TrialPlan
 from .runner import THREADS, Runner, footprint, runner
 
 FLOAT64_SCALES = (1.0, 30.0, 1000.0)  # N(0, s^2) inputs: past the thresholds of relu & co
@@ -450,26 +451,26 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
     result = VerifyResult(False, 1.0, None, 0, 0, 0, eps.value, max_bound=max_bound)
     run = trials if needed is None or needed > max_trials else needed
     base = int(np.random.default_rng().integers(0, 2**63)) if seed is None else seed
+    how = TrialPlan(run, seed, base, max_trials, max_bound, prime_bits, avoid, max_redraws,
+                    rtol, float_check, native_check, float_first)
     try:
-        return _decide(a, b, result, eps, (trials, run, seed, base, max_trials, max_bound),
-                       (prime_bits, avoid, max_redraws, rtol, float_check, native_check,
-                        float_first), memo, start, deadline)
+        return _decide(a, b, result, eps, how, memo, start, deadline)
     except TimeLimitError as exc:
         result.inconclusive, result.reason = True, f"inconclusive: {exc}"
         result.seconds = time.perf_counter() - start
         return result
 
 
-def _decide(a, b, result: VerifyResult, eps: PerTrial, counts, opts, memo, start, deadline
+def _decide(a, b, result: VerifyResult, eps: PerTrial, how: TrialPlan, memo, start, deadline
             ) -> VerifyResult:
     """The trials and float checks of ``verify`` into ``result``."""
-    trials, run, seed, base, max_trials, max_bound = counts
-    prime_bits, avoid, max_redraws, rtol, float_check, native_check, float_first = opts
+    seed, rtol, max_bound, max_redraws = how.seed, how.rtol, how.max_bound, how.max_redraws
     with runner(deadline) as pool:
-        if float_check and float_first and _numerics(a, b, result, seed, rtol, native_check,
-                                                     memo, start, pool):
+        if how.float_check and how.float_first and _numerics(
+                a, b, result, seed, rtol, how.native_check, memo, start, pool):
             return result
-        found = _trials(pool, a, b, run, base, prime_bits, avoid, max_redraws, memo)
+        found = _trials(pool, a, b, how.run, how.base, how.prime_bits, how.avoid, max_redraws,
+                        memo)
         for t, trial in enumerate(found):
             if trial.vanished:
                 result.reason = (f"inconclusive: a denominator vanished in {max_redraws + 1} "
@@ -489,11 +490,11 @@ def _decide(a, b, result: VerifyResult, eps: PerTrial, counts, opts, memo, start
             result.reason = (f"no difference found in {result.trials} trials, but the bound "
                              f"{result.false_positive_bound:.3g} is above max_bound "
                              f"{max_bound:g} (per trial {eps.value:.3g}: {eps.explain()}; "
-                             f"{max_trials} trials allowed)")
+                             f"{how.max_trials} trials allowed)")
             result.seconds = time.perf_counter() - start
             return result
-        if float_check and not float_first and _numerics(a, b, result, seed, rtol,
-                                                         native_check, memo, start, pool):
+        if how.float_check and not how.float_first and _numerics(
+                a, b, result, seed, rtol, how.native_check, memo, start, pool):
             return result
     result.equivalent = True
     result.seconds = time.perf_counter() - start

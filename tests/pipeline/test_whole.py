@@ -10,6 +10,7 @@ import pytest
 
 import eqsat_mirage as em
 from eqsat_mirage.pipeline import whole
+from eqsat_mirage.verifier.endtoend import FloatCheck
 
 torch = pytest.importorskip("torch")
 from bench.whole_programs import chained_attention, decoder_stack  # noqa: E402
@@ -108,7 +109,7 @@ def test_a_failed_end_to_end_check_returns_the_input(monkeypatch):
     g = small_chain()
 
     def wrong(a, b, **kwargs):
-        return "a made-up difference", "float64, 0.01 s"
+        return FloatCheck("a made-up difference", False, False, 0.01, "float64, 0.01 s")
 
     monkeypatch.setattr(whole, "float_check", wrong)
     res = em.optimize(g, cache=False, time_limit_s=60)

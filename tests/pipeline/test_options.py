@@ -1,0 +1,128 @@
+"""The typed search state: SearchOptions, Budget, the pass records, the float-check record."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import pytest
+
+import eqsat_mirage as em
+from eqsat_mirage.ir.limits import Deadline
+from eqsat_mirage.pipeline.cache import make_key
+from eqsat_mirage.pipeline.optimize import optimize as optimize_piece
+from eqsat_mirage.pipeline.options import DEFAULTS, Budget, SearchOptions
+from eqsat_mirage.pipeline.records import PlanningRecord, SearchRecord, VerificationRecord
+from eqsat_mirage.verifier.endtoend import FloatCheck, float_check
+
+
+def tiny(scale: float = 1.0) -> em.Graph:
+    g = em.Graph("tiny")
+    x, w = g.input("X", (8, 16)), g.input("W", (16, 8))
+    g.output(em.exp(x @ w) * scale, "O")
+    return g
+
+
+def test_options_are_frozen():
+    opts = SearchOptions()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.trials = 5  # type: ignore[misc]
+    assert opts.replace(trials=5).trials == 5 and opts.trials == 3
+
+
+def test_the_defaults_are_stated_once():
+    """em.optimize's defaults are SearchOptions' (the signature is the contract)."""
+    params = inspect.signature(optimize_piece).parameters
+    for name in SearchOptions.names():
+        assert params[name].default == getattr(DEFAULTS, name), name
+    assert set(SearchOptions.names()) == set(params) - {"graph", "progress", "cache"}
+    public = inspect.signature(em.optimize).parameters
+    assert all(public[name].default == getattr(DEFAULTS, name) for name in SearchOptions.names())
+
+
+@pytest.mark.parametrize("bad", [
+    {"level": "block"}, {"time_limit_s": 0}, {"time_limit_s": float("nan")},
+    {"node_limit": -1}, {"iter_limit": 2.5}, {"k": "4"}, {"trials": True},
+    {"split_factors": (1,)}, {"split_factors": "4"}, {"guards": 1}, {"seed": 1.5},
+    {"max_bound": 0}, {"max_bound": 2.0}, {"allow_unchecked_rules": None},
+    {"compile_check": "yes"}, {"launch": "stream"}])
+def test_options_are_checked_when_built(bad):
+    (name,) = bad
+    with pytest.raises(em.MirageError, match=f"optimize: {name} must (be|hold)"):
+        SearchOptions(**bad)
+    with pytest.raises(em.MirageError, match=f"optimize: {name} must (be|hold)"):
+        em.optimize(tiny(), cache=False, **bad)  # checked at the entry, before any search
+
+
+def test_an_unknown_keyword_is_named():
+    with pytest.raises(em.MirageError, match="bogus"):
+        em.optimize(tiny(), bogus=1)
+
+
+def test_the_key_is_plain_data_and_stable():
+    data = SearchOptions().key_data()
+    assert list(data) == list(SearchOptions.names())
+    assert make_key(tiny(), SearchOptions()) == make_key(tiny(), SearchOptions())
+    assert make_key(tiny(), SearchOptions()) == make_key(tiny(), SearchOptions().key_data())
+
+
+def test_the_key_changes_with_every_option(tmp_path):
+    from eqsat_mirage.fusion.planner import DEFAULT_STRATEGY
+
+    rules = tmp_path / "mine.egg"
+    rules.write_text("(ruleset user)\n")
+    changes = {"target": "a100", "rules": ["rules", str(rules)], "guards": False,
+               "time_limit_s": 30.0, "node_limit": 1000, "iter_limit": 3, "k": 2,
+               "trials": 2, "seed": 1, "split_factors": (4,), "level": "kernel",
+               "strategy": DEFAULT_STRATEGY, "max_bound": 1e-6,
+               "allow_unchecked_rules": True, "compile_check": True, "launch": "graph"}
+    assert set(changes) == set(SearchOptions.names())
+    base = make_key(tiny(), DEFAULTS)
+    keys = {name: make_key(tiny(), DEFAULTS.replace(**{name: value}))
+            for name, value in changes.items()}
+    assert base not in keys.values() and len(set(keys.values())) == len(changes)
+
+
+def test_resolved_decides_the_compile_check():
+    assert DEFAULTS.compile_check is None
+    assert isinstance(DEFAULTS.resolved().compile_check, bool)
+    on = DEFAULTS.replace(compile_check=True)
+    assert on.resolved() is on
+
+
+def test_the_budget_shares():
+    budget = Budget(Deadline(10.0, 0.0))
+    ends = [budget.rule_checks(), budget.saturation(), budget.extraction(),
+            budget.compile_check(), budget.planning(), budget.verification()]
+    assert [d.end for d in ends] == pytest.approx([3.0, 5.0, 7.0, 7.0, 8.5, 10.0])
+    assert budget.seconds == 10.0 and budget.expired()
+
+
+def test_the_time_limited_flag_reads_records_not_words():
+    assert not SearchRecord(verification=VerificationRecord()).time_limited
+    assert SearchRecord(planning=PlanningRecord(skipped=1)).time_limited
+    assert SearchRecord(search_timed_out=True).time_limited
+    ver = VerificationRecord(note="an earlier note")
+    ver.time_out("a later note", overwrite=False)
+    assert ver.timed_out and ver.note == "an earlier note"
+    assert SearchRecord(verification=ver).time_limited
+
+
+def test_a_search_carries_its_records():
+    res = em.optimize(tiny(), cache=False, level="kernel", trials=1)
+    rec = res.passes
+    assert rec.saturation.enodes == res.stats["enodes"]
+    assert rec.extraction.candidates == res.stats["candidates"]
+    assert rec.verification.tried == res.stats["candidates_tried"]
+    assert rec.time_limited is res.stats["time_limited"] is False
+
+
+def test_the_float_check_says_what_ran_in_fields():
+    ok = float_check(tiny(), tiny())
+    assert isinstance(ok, FloatCheck) and ok.passed and ok.counterexample is None
+    assert ok.native and not ok.cut_short and "native dtype" in ok.message
+    wrong = float_check(tiny(), tiny(2.0))
+    assert wrong.counterexample is not None and not wrong.passed and not wrong.cut_short
+    late = float_check(tiny(), tiny(), time_limit_s=Deadline(0.0))
+    assert late.cut_short and late.counterexample is None and not late.passed
+    assert not late.native and "cut short" in late.message
