@@ -19,8 +19,9 @@ import numpy as np
 
 from ..ir.errors import TimeLimitError
 from ..ir.limits import Deadline, check_memory
+from .floatcheck import Counterexample, float_checks
 from .runner import THREADS, footprint, runner
-from .verify import Counterexample, float_checks, match_interfaces
+from .verify import match_interfaces
 
 
 @dataclass(frozen=True)

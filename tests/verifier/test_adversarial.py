@@ -12,7 +12,7 @@ import pytest
 import eqsat_mirage as em
 from eqsat_mirage.semantics.primes import FAMILY, draw_primes, family_size, is_prime
 from eqsat_mirage.verifier.bound import degrees, per_trial_bound
-from eqsat_mirage.verifier.verify import float_checks
+from eqsat_mirage.verifier.floatcheck import float_checks
 
 OLD_P, OLD_Q = 2147483579, 1073741789  # the fixed primes of earlier versions
 
