@@ -340,11 +340,14 @@ def cmd_check_rules(args: argparse.Namespace) -> int:
 
 def cmd_targets(args: argparse.Namespace) -> int:
     """List the built-in hardware profiles."""
-    from ..cost.profile import GPUProfile, profiles_dir
+    from ..cost.profile import GPUProfile, builtin_profiles
 
-    for path in sorted(profiles_dir().glob("*.toml")):
+    for path in builtin_profiles():
         prof = GPUProfile.load(path)
-        print(f"{path.stem:<8} {getattr(prof, 'description', '') or prof.name}  ({path})")
+        calibrated = f"; calibrated on a GPU: {len(prof.calibrated)} figures" \
+            if prof.calibrated else ""
+        print(f"{path.stem:<8} {getattr(prof, 'description', '') or prof.name}  ({path}"
+              f"{calibrated})")
     return EXIT_EQUIVALENT
 
 

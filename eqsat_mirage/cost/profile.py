@@ -40,14 +40,20 @@ def profiles_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "extract"
 
 
+def builtin_profiles() -> list[Path]:
+    """The built-in profiles' files, by name (a ``*_measured.toml`` beside one is its
+    calibration, not a target of its own)."""
+    return sorted(p for p in profiles_dir().glob("*.toml")
+                  if not p.stem.endswith(MEASURED_SUFFIX))
+
+
 def profile_path(target: str | Path) -> Path:
     """The TOML file of a target: a .toml path, or a built-in profile's name."""
     path = Path(target)
     if path.suffix != ".toml":
         path = profiles_dir() / f"{target}.toml"
     if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in profiles_dir().glob("*.toml")
-                                 if not p.stem.endswith(MEASURED_SUFFIX)))
+        known = ", ".join(p.stem for p in builtin_profiles())
         raise MirageError(f"unknown target {str(target)!r}: no profile {path} "
                           f"(built-in targets: {known})")
     return path
