@@ -169,6 +169,34 @@ def rows_from(manifest: dict, results: dict, bandwidth_GBps: float) -> list[dict
     return rows
 
 
+def measured_programs(manifest: dict, results: dict) -> list:
+    """Every correct, timed case of a bundle (or a schedule sweep) as a ``Measured``
+    program with its MuGraph, for ``calibrate.fit_figures``."""
+    from eqsat_mirage.cost.calibrate import Measured
+    from eqsat_mirage.mugraph.program import MuGraph
+
+    by_case = {c["case"]: c for c in manifest["cases"]}
+    out = []
+    for r in results["cases"]:
+        c = by_case[r["case"]]
+        if c.get("mugraph") is None or not r.get("ok") or "ours_us" not in r:
+            continue
+        out.append(Measured(r["case"], MuGraph.from_json(json.dumps(c["mugraph"])),
+                            r["ours_us"], r.get("ours_plain_us")))
+    return out
+
+
+def fit_calibration(bundles: list[tuple[dict, dict]], target: str, device: str, path: Path):
+    """Fit the profile's figures to every measured program of ``bundles`` (the benchmark
+    bundle and any schedule sweeps: (manifest, results) pairs) and write ``path``."""
+    from eqsat_mirage.cost.calibrate import fit_figures, write_fitted
+
+    programs = [p for m, r in bundles for p in measured_programs(m, r)]
+    fitted = fit_figures(programs, target)
+    write_fitted(path, fitted, device)
+    return fitted
+
+
 def calibration(manifest: dict, results: dict, prof, device: str, path: Path):
     """Fit the cost model to the measured CUDA-graph and plain times
     (``cost.calibrate``) and write ``path`` (``extract/<gpu>_measured.toml``)."""
@@ -216,6 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     ing.add_argument("results", type=Path)
     ing.add_argument("--write", type=Path)
     ing.add_argument("--calibration", type=Path)
+    ing.add_argument("--sweep", nargs=2, type=Path, action="append", metavar=("FOLDER", "JSON"),
+                     help="a schedule sweep's bundle and results (bench/schedule_sweep.py): "
+                          "its variants join the calibration, whose figures are then fitted "
+                          "by re-pricing every program (calibrate.fit_figures)")
     args = ap.parse_args(argv)
     if args.cmd == "export":
         every = list(cases()) + [(n, b) for n in SAFE for b in BATCHES]
@@ -239,7 +271,15 @@ def main(argv: list[str] | None = None) -> int:
         fams = family_lines(results)
         write_section(args.write, text.rstrip("\n") + ("\n\n" + "\n".join(fams) + "\n"
                                                        if fams else "\n"))
-    if args.calibration:
+    if args.calibration and args.sweep:
+        sweeps = [(json.loads((folder / "manifest.json").read_text()),
+                   json.loads(res.read_text())) for folder, res in args.sweep]
+        fitted = fit_calibration([(manifest, results), *sweeps], manifest["made"]["target"],
+                                 device, args.calibration)
+        print(f"calibration: {len(fitted.cases)} programs, rms relative error "
+              f"{fitted.residual_before:.1%} with the datasheet figures, {fitted.residual:.1%} "
+              f"fitted; {fitted.figures}")
+    elif args.calibration:
         fitted = calibration(manifest, results, prof, device, args.calibration)
         print(f"calibration: {fitted.residual:.1%} rms error of the fit; {fitted.figures}")
     for r in rows:

@@ -121,10 +121,18 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return 1.0 - 6.0 * d2 / (n * (n * n - 1))
 
 
-def report(manifest: dict, results: dict) -> str:
+def report(manifest: dict, results: dict, target: str | None = None) -> str:
     """A markdown table per benchmark: the model's pick, the fastest variant, the spread
-    and the rank correlation of predicted against measured times."""
+    and the rank correlation of predicted against measured times (predicted as exported,
+    or re-priced with ``target``'s profile as it is now, its measured calibration included)."""
+    from eqsat_mirage.mugraph.program import MuGraph
+
     by_id = {c["case"]: c for c in manifest["cases"]}
+    if target is not None:
+        prof = GPUProfile.load(target).for_launch("graph")  # the runner times replays
+        for c in by_id.values():
+            c["predicted_us"] = mugraph_cost(MuGraph.from_json(json.dumps(c["mugraph"])),
+                                             prof).total_us
     groups: dict[str, list[tuple[dict, dict]]] = {}
     for r in results["cases"]:
         c = by_id[r["case"]]
@@ -161,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     rep = sub.add_parser("report")
     rep.add_argument("folder", type=Path)
     rep.add_argument("results", type=Path)
+    rep.add_argument("--target", help="re-price every variant with this profile as it is now")
     args = ap.parse_args(argv)
     if args.cmd == "export":
         cases = [(b, args.batch) for b in args.bench] if args.bench else DEFAULT_CASES
@@ -168,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {len(manifest['cases'])} variants to {args.folder}")
         return 0
     manifest = json.loads((args.folder / "manifest.json").read_text())
-    print(report(manifest, json.loads(args.results.read_text())), end="")
+    print(report(manifest, json.loads(args.results.read_text()), args.target), end="")
     return 0
 
 

@@ -23,6 +23,7 @@ is there, so the next search prices kernels with the measured figures.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,5 +155,115 @@ def write_measured(path: str | Path, result: Fit, device: str, when: str = "") -
         if s.plain_us is not None:
             lines.append(f"measured_plain_us = {s.plain_us:.3f}")
         lines += [f"fitted_us = {result.predict(s):.3f}", ""]
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+# -- the figures themselves, fitted by re-pricing every program ------------------------------
+
+# The figures a schedule's price turns on (launch, per-SM bandwidth and latency: Little's
+# law for few blocks, the achievable fractions of the chip's peaks), fitted together.
+FIGURE_KEYS = ("graph_launch_us", "sm_dram_bandwidth_GBps", "dram_latency_ns",
+               "dram_achievable_fraction", "tensor_achievable_fraction")
+_FRACTIONS = ("dram_achievable_fraction", "tensor_achievable_fraction")
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One measured program with its MuGraph, so that a fit can re-price it."""
+
+    case: str
+    mugraph: object  # a MuGraph (kept untyped here: cost/ sits below mugraph/ in imports)
+    graph_us: float
+    plain_us: float | None = None
+
+
+@dataclass(frozen=True)
+class FigureFit:
+    """Figures fitted by re-pricing every program; each case's measured, datasheet-priced and
+    fitted time; the rms relative error before and after."""
+
+    figures: dict[str, float]
+    residual: float
+    residual_before: float
+    cases: tuple[tuple[str, int, float, float, float, float | None], ...]  # case, kernels,
+    # measured graph us, predicted before, fitted, measured plain us
+
+
+def _priced(programs: list[Measured], prof: GPUProfile) -> np.ndarray:
+    from .gpucost import mugraph_cost
+
+    return np.array([mugraph_cost(p.mugraph, prof).total_us for p in programs])
+
+
+def _with(prof: GPUProfile, keys: tuple[str, ...], logs: np.ndarray) -> GPUProfile:
+    from dataclasses import replace
+
+    values = {k: float(np.exp(v)) for k, v in zip(keys, logs)}
+    values.update({k: min(values[k], 1.0) for k in _FRACTIONS if k in values})
+    if "graph_launch_us" in values:  # priced as replays: every launch costs the replay's
+        values["launch_overhead_us"] = values["graph_launch_us"]
+    return replace(prof, **values)
+
+
+def fit_figures(programs: list[Measured], profile: GPUProfile | str | Path = "h100",
+                keys: tuple[str, ...] = FIGURE_KEYS, max_evals: int = 80) -> FigureFit:
+    """Fit ``keys`` of ``profile`` (its datasheet figures: a measured calibration beside it
+    is not read) to measured CUDA-graph replay times by nonlinear least
+    squares on the relative error, every program re-priced by ``gpucost`` at each step (the
+    figures move each kernel's bound and its latency term, which scales alone cannot). A
+    program the model calls infeasible is left out (it ran, so the model is wrong there:
+    the caller reports it). ``launch_overhead_us`` (plain launches) is the fitted replay
+    cost plus the mean measured gap per kernel, as in ``fit``."""
+    from scipy.optimize import least_squares
+
+    prof = GPUProfile.load(profile, measured=False).for_launch("graph")
+    before = _priced(programs, prof)
+    good = [p for p, t in zip(programs, before) if np.isfinite(t) and p.graph_us > 0]
+    if len(good) < len(keys) + 2:
+        raise MirageError(f"a fit of {len(keys)} figures needs at least {len(keys) + 2} "
+                          f"measured programs the model can price, got {len(good)}")
+    y = np.array([p.graph_us for p in good])
+    x0 = np.log([getattr(prof, k) for k in keys])
+    found = least_squares(lambda x: (_priced(good, _with(prof, keys, x)) - y) / y, x0,
+                          diff_step=0.05, max_nfev=max_evals)
+    fitted_prof = _with(prof, keys, found.x)
+    fitted, start = _priced(good, fitted_prof), _priced(good, prof)
+    figures = {k: getattr(fitted_prof, k) for k in keys}
+    gaps = [(p.plain_us - p.graph_us) / max(1, len(p.mugraph.kernels)) for p in good
+            if p.plain_us is not None and np.isfinite(p.plain_us)]
+    if gaps and "graph_launch_us" in figures:
+        figures["launch_overhead_us"] = figures["graph_launch_us"] + max(0.0, float(
+            np.mean(gaps)))
+    bad = [f"{k} = {v!r} is not {why}" for k, v in figures.items() if (why := figure_error(k, v))]
+    if bad:
+        raise MirageError(f"calibration: the fitted figures are not a valid profile: {bad[0]}")
+    rms = lambda t: float(np.sqrt(np.mean(((t - y) / y) ** 2)))  # noqa: E731
+    cases = tuple((p.case, len(p.mugraph.kernels), p.graph_us, float(b), float(f), p.plain_us)
+                  for p, b, f in zip(good, start, fitted))
+    return FigureFit(figures, rms(fitted), rms(start), cases)
+
+
+def write_fitted(path: str | Path, result: FigureFit, device: str, when: str = "") -> Path:
+    """Write ``result`` as a measured-calibration file (``extract/<gpu>_measured.toml``),
+    each figure with how it was found, and every case's measured and fitted times."""
+    path = Path(path)
+    how = (f"fitted by eqsat_mirage.cost.calibrate.fit_figures on {len(result.cases)} programs "
+           f"measured on {device}{' ' + when if when else ''} (CUDA-graph replays); rms "
+           f"relative error {result.residual_before:.1%} before the fit, {result.residual:.1%} "
+           f"after")
+    lines = [f"# {how}", f'device = "{device}"', "", "[calibration]"]
+    for key, value in result.figures.items():
+        why = ("per kernel launched from Python: the fitted replay cost plus the mean "
+               "measured gap per kernel" if key == "launch_overhead_us"
+               else "fitted (nonlinear least squares, every program re-priced)")
+        lines += [f"# {why}", f"{key} = {value:.6g}"]
+    lines.append("")
+    for case, kernels, graph_us, before, fitted, plain_us in result.cases:
+        lines += [f"[cases.{json.dumps(case)}]", f"kernels = {kernels}",
+                  f"predicted_us = {before:.3f}", f"measured_graph_us = {graph_us:.3f}"]
+        if plain_us is not None:
+            lines.append(f"measured_plain_us = {plain_us:.3f}")
+        lines += [f"fitted_us = {fitted:.3f}", ""]
     path.write_text("\n".join(lines), encoding="utf-8")
     return path

@@ -97,8 +97,11 @@ class GPUProfile:
         return tuple(f.name for f in fields(cls) if f.type in ("float", "int"))
 
     @classmethod
-    def load(cls, target: str | Path | GPUProfile = "h100") -> GPUProfile:
-        """Load a profile by name (extract/NAME.toml) or from a .toml path; calibration applied."""
+    def load(cls, target: str | Path | GPUProfile = "h100", measured: bool = True
+             ) -> GPUProfile:
+        """Load a profile by name (extract/NAME.toml) or from a .toml path; calibration
+        applied, and the measured calibration beside it (``NAME_measured.toml``) unless
+        ``measured`` is False (a new fit starts from the datasheet)."""
         if isinstance(target, GPUProfile):
             return target
         path = profile_path(target)
@@ -108,15 +111,15 @@ class GPUProfile:
             raise MirageError(f"{path}: a hardware profile needs a [figures] table (and "
                               "optionally a [calibration] table)")
         sources = _sources(text)
-        measured = path.with_name(f"{path.stem}{MEASURED_SUFFIX}.toml")
-        if measured.is_file():  # fitted on a real GPU (cost/calibrate.py): overrides the rest
-            mtext, mdata = _read(measured)
+        measured_file = path.with_name(f"{path.stem}{MEASURED_SUFFIX}.toml")
+        if measured and measured_file.is_file():  # fitted on a real GPU: overrides the rest
+            mtext, mdata = _read(measured_file)
             fitted = mdata.get("calibration", {})
             if not isinstance(fitted, dict):
-                raise MirageError(f"{measured}: [calibration] must be a table of figures")
-            _check_keys(measured, fitted)
+                raise MirageError(f"{measured_file}: [calibration] must be a table of figures")
+            _check_keys(measured_file, fitted)
             calib = {**calib, **fitted}
-            sources.update({k: f"measured ({measured.name}): {v}"
+            sources.update({k: f"measured ({measured_file.name}): {v}"
                             for k, v in _sources(mtext, "calibration").items() if k in fitted})
         keys = cls.keys()
         _check_keys(path, calib)
