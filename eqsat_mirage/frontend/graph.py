@@ -366,6 +366,11 @@ def silu(x: Tensor) -> Tensor:
     return apply(Op.SILU, x)
 
 
+def sigmoid(x: Tensor) -> Tensor:
+    """Elementwise 1 / (1 + e**-x) (an opaque function to the verifier)."""
+    return apply(Op.SIGMOID, x)
+
+
 def relu(x: Tensor) -> Tensor:
     """Elementwise max(x, 0)."""
     return apply(Op.RELU, x)
