@@ -27,8 +27,10 @@ from ..ir.node import BINARY, ELEMENTWISE, REDUCE, Node, Op, make
 from ..ir.ops import ANY, FINITE, NEG_INF, SPECS, ZERO
 
 
-def _unary(op: Op, s: str | None) -> str | None:
-    return SPECS[op].padding.after(s)  # what op(0), op(-inf) and op(finite) are: its spec
+def unary_state(op: Op, s: str | None) -> str | None:
+    """Padding state of elementwise unary ``op`` applied to state ``s``: from its spec (what
+    op(0), op(-inf) and op(finite) are)."""
+    return SPECS[op].padding.after(s)
 
 
 def _binary(op: Op, a: str | None, b: str | None) -> str:
@@ -60,7 +62,7 @@ def _state(node: Node, srcs: list[str | None]) -> str:
     if op is Op.INPUT:
         return ZERO
     if op in ELEMENTWISE:
-        return _unary(op, srcs[0]) if op not in BINARY else _binary(op, *srcs)
+        return unary_state(op, srcs[0]) if op not in BINARY else _binary(op, *srcs)
     if op is Op.MASK:
         return NEG_INF if node.srcs[0].op is Op.INPUT or srcs[0] is not None else srcs[1]
     if op is Op.WHERE:

@@ -29,7 +29,7 @@ from .rulefiles import Rule, SList, Sym, builtin_rules_dir, schema_text, to_text
 
 # Abstract constructor of each T constructor (how its arguments map): the ops' specs' guards;
 # a kernel boundary (Dev) is the identity.
-_ABS = {**{s.egglog: s.guard for s in SPECS.values() if s.guard is not None}, "Dev": "{0}"}
+ABSTRACT = {**{s.egglog: s.guard for s in SPECS.values() if s.guard is not None}, "Dev": "{0}"}
 
 _ABS_CTORS = {"AVar", "AConst", "AAdd", "AMul", "ADiv", "AExp", "ASum", "AFn", "ACat"}
 
@@ -86,9 +86,9 @@ def _guard_facts(rule: Rule, schema_ctors: dict[str, tuple[str, ...]]) -> list[s
         head = x.head()
         sorts = schema_ctors[head]
         t_args = [abs_of(a) for a, s in zip(x.items[1:], sorts) if s == "T"]
-        if head not in _ABS or any(a is None for a in t_args):
+        if head not in ABSTRACT or any(a is None for a in t_args):
             return None
-        term = _ABS[head].format(*t_args)
+        term = ABSTRACT[head].format(*t_args)
         if to_text(x) not in lhs_terms and head != "Const":
             facts.append(f"(in-target {term})")
         return term
