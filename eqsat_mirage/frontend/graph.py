@@ -1,8 +1,7 @@
 """The builder API: ``Graph``, ``Tensor`` and the NumPy-like functions.
 
-Construction records where each op was written so errors can point at the
-user's file and line. Shapes are checked as the program is built (by
-``ir.infer``); ``check`` re-validates any graph, however it was made.
+Construction records where each op was written, so errors point at the user's file and line.
+Shapes are checked as the program is built (``ir.infer``); ``check`` re-validates any graph.
 """
 
 from __future__ import annotations
