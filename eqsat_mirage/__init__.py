@@ -22,6 +22,7 @@ from .frontend.graph import (
     relu,
     rms_norm,
     rsqrt,
+    sigmoid,
     silu,
     sin,
     softmax,
@@ -71,8 +72,8 @@ __all__ = [
     "Dim", "DynamicShapeError", "DTypeError", "evaluate", "exp",
     "Graph", "GraphError", "InputError", "LaxError", "matmul",
     "max", "MirageError", "Node", "Op", "optimize", "optimize_many", "OptimizeResult", "relu",
-    "rms_norm", "rsqrt", "RuleCheck", "RuleCheckReport", "RuleError", "ShapeError", "silu",
-    "softmax", "sqrt", "tanh", "erf", "cos", "sin", "gelu", "layer_norm", "Tensor",
+    "rms_norm", "rsqrt", "RuleCheck", "RuleCheckReport", "RuleError", "ShapeError", "sigmoid",
+    "silu", "softmax", "sqrt", "tanh", "erf", "cos", "sin", "gelu", "layer_norm", "Tensor",
     "TimeLimitError", "transpose", "verify", "VerifyResult", "where",
 ]
 

@@ -26,6 +26,7 @@ from .frontend.graph import Graph
 from .ir.check import check, check_lax, exp_depth
 from .ir.errors import MirageError, ShapeError
 from .ir.node import DTYPES, REDUCE, UNARY, Node, Op, broadcast_shapes, make, numel
+from .ir.ops import SPECS
 from .semantics.field import FieldCtx, FieldZeroDivisionError, evaluate_field
 from .semantics.floating import evaluate
 from .semantics.primes import field_primes
@@ -89,13 +90,9 @@ class _Builder:
             return None
         (e, m, lo), node = self.info[id(a)], _mk(op, (a,), arg)
         k = numel(a.shape) // numel(node.shape) if op is Op.SUM and node else 1
-        bounds = {Op.EXP: (math.exp(min(m, 700)), math.exp(-min(m, 700))), Op.NEG: (m, -m),
-                  Op.SQRT: (math.sqrt(m), math.sqrt(max(lo, 0.0))), Op.SILU: (m, -0.3),
-                  Op.RSQRT: (1 / math.sqrt(max(lo, 1e-12)), 1 / math.sqrt(m)),
-                  Op.RELU: (m, max(lo, 0.0)), Op.SUM: (m * k, lo * k), Op.TANH: (1.0, -1.0),
-                  Op.COS: (1.0, -1.0), Op.SIN: (1.0, -1.0),
-                  Op.ERF: (1.0, -1.0)}
-        return self.add(node, e + (op is Op.EXP), *bounds.get(op, (m, lo)))
+        bounds = SPECS[op].bounds  # the op's value range, given its operand's
+        mag, low = (m * k, lo * k) if op is Op.SUM else bounds(m, lo) if bounds else (m, lo)
+        return self.add(node, e + (op is Op.EXP), mag, low)
 
     def binary(self, op: Op, a: Node | None, b: Node | None, arg: Any = None) -> Node | None:
         if a is None or b is None:
@@ -129,7 +126,7 @@ class _Builder:
             exp_ok = lambda n: self.info[id(n)][0] == 0 and self.info[id(n)][1] <= _EXP_MAG \
                 if self.lax else self.info[id(n)][1] <= 700
             a = self.pick(exp_ok, (Op.ADD, Op.SUB)) if op is Op.EXP else self.pick()
-            return self.unary(op, self.positive(a) if op in (Op.SQRT, Op.RSQRT) else a)
+            return self.unary(op, self.positive(a) if SPECS[op].positive else a)
         if op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV):
             a = self.pick(prefer=(Op.EXP,) if op is Op.MUL else ())
             if op is Op.DIV and self.info[id(a)][2] > 0 and a.shape and swap:
@@ -330,10 +327,7 @@ def equivalent_pairs(draw, max_ops: int = 8, max_inputs: int = 3, max_dim: int =
     return g, g2
 
 
-_SWAPS = {Op.ADD: (Op.SUB, Op.MUL), Op.SUB: (Op.ADD,), Op.MUL: (Op.ADD, Op.DIV),
-          Op.DIV: (Op.MUL,), Op.SQRT: (Op.RSQRT,), Op.RSQRT: (Op.SQRT,), Op.SILU: (Op.RELU,),
-          Op.RELU: (Op.SILU,), Op.EXP: (Op.SILU,), Op.SUM: (Op.MEAN,), Op.MEAN: (Op.SUM,),
-          Op.TANH: (Op.ERF,), Op.ERF: (Op.TANH,), Op.COS: (Op.SIN,), Op.SIN: (Op.COS,)}
+_SWAPS = {op: s.mutants for op, s in SPECS.items() if s.mutants}  # same-shape op swaps
 
 
 def _mutations(graph: Graph) -> list[tuple[Node, Node]]:

@@ -42,7 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..ir.node import BINARY, Node, Op
+from ..ir.node import BINARY, UNARY, Node, Op
+from ..ir.ops import SPECS
 from ..ir.printing import short_dtype
 from ..mugraph.kernels import CustomKernel, PredefinedKernel, TensorSpec
 from ..mugraph.program import MuGraph
@@ -121,15 +122,11 @@ def _torch_op(k: PredefinedKernel, var: dict[str, str], length_mask: bool = Fals
         return f"torch.full({_shape(n.shape)}, {literal(value, who)}, " \
                f"dtype={TORCH_DTYPE[n.dtype]}, device=device)"
     op, xs = n.op, n.srcs
-    unary = {Op.NEG: "torch.neg", Op.EXP: "torch.exp", Op.SQRT: "torch.sqrt",
-             Op.RSQRT: "torch.rsqrt", Op.SILU: "torch.nn.functional.silu", Op.RELU: "torch.relu",
-             Op.TANH: "torch.tanh", Op.ERF: "torch.erf", Op.COS: "torch.cos",
-             Op.SIN: "torch.sin"}
-    if op in unary:
-        return f"{unary[op]}({arg(xs[0])})"
+    spec = SPECS[op]
+    if op in UNARY and op is not Op.CAST:  # the elementwise ops: their specs' torch functions
+        return f"{spec.torch}({arg(xs[0])})"
     if op in BINARY:
-        a, b = arg(xs[0]), arg(xs[1])
-        sym = {Op.ADD: "+", Op.SUB: "-", Op.MUL: "*", Op.DIV: "/"}[op]
+        a, b, sym = arg(xs[0]), arg(xs[1]), spec.symbol
         if xs[1].op is Op.CONST and b.startswith("-"):
             b = f"({b})"
         return f"{a} {sym} {b}"
@@ -139,8 +136,7 @@ def _torch_op(k: PredefinedKernel, var: dict[str, str], length_mask: bool = Fals
         axes, keep = n.arg
         if not axes:
             return f"{arg(xs[0])}.clone()"
-        fn = {Op.SUM: "torch.sum", Op.MEAN: "torch.mean", Op.MAX: "torch.amax"}[op]
-        return f"{fn}({arg(xs[0])}, dim={_shape(axes)}, keepdim={bool(keep)})"
+        return f"{spec.torch}({arg(xs[0])}, dim={_shape(axes)}, keepdim={bool(keep)})"
     if op is Op.TRANSPOSE:
         return f"{arg(xs[0])}.permute{_shape(n.arg)}"
     if op is Op.RESHAPE:

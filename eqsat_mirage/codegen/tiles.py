@@ -28,6 +28,7 @@ import math
 import re
 
 from ..ir.node import BINARY, REDUCE, Node, Op, Shape, fmt_shape, numel
+from ..ir.ops import SPECS, ZERO
 from .concat import CodegenError, ConcatOps, Val, squeezed
 
 MAX_NUMEL = 2 ** 20  # Triton's largest block (TRITON_MAX_TENSOR_NUMEL)
@@ -74,6 +75,23 @@ def exp2(expr: str) -> str:
     """``exp(expr)`` as Triton code: ``tl.exp2`` of the argument scaled by log2(e)."""
     simple = expr.isidentifier() or expr.replace("_", "").replace("-", "").isalnum()
     return f"tl.exp2({expr if simple else '(' + expr + ')'} * {LOG2E!r})"
+
+
+_EXP_CALL = re.compile(r"(?<![\w.])exp\(")
+
+
+def triton_form(template: str, x: str) -> str:
+    """A spec's Triton form with the operand ``x``: ``{x}`` replaced, each ``exp(..)``
+    written as ``exp2`` (``tl.exp2`` of its argument scaled by log2(e))."""
+    m = _EXP_CALL.search(template)
+    if m is None:
+        return template.replace("{x}", x)
+    depth, end = 1, m.end()
+    while depth:
+        depth += {"(": 1, ")": -1}.get(template[end], 0)
+        end += 1
+    inner = triton_form(template[m.end():end - 1], x)
+    return template[:m.start()].replace("{x}", x) + exp2(inner) + triton_form(template[end:], x)
 
 
 def literal(value: float, who: str) -> str:
@@ -254,39 +272,23 @@ class TileOps(ConcatOps):
         return Val(literal(value, self.who), (), "float32", False, value)
 
     def _unary(self, node: Node, x: Val) -> tuple[str, bool]:
+        """An elementwise unary op: its spec's Triton form; the padding stays clean
+        (zero) where the spec says the op keeps zero."""
         a = self.f32(x)
-        op = node.op
-        if op is Op.NEG:
-            return f"-{a}", x.clean
-        if op is Op.EXP:
-            if x.expr in self.row_diffs:  # exp(x - m) = exp2(x*log2e - m*log2e): one FMA
-                xa, m = self.row_diffs[x.expr]
-                return f"tl.exp2({xa} * {LOG2E!r} - {m} * {LOG2E!r})", False
-            return exp2(a), False
-        if op is Op.SQRT:
-            return f"tl.sqrt({a})", x.clean
-        if op is Op.RSQRT:
-            return f"tl.rsqrt({a})", False
-        if op is Op.SILU:
-            return f"{a} / (1.0 + {exp2('-' + a)})", x.clean
-        if op is Op.RELU:
-            return f"tl.maximum({a}, 0.0)", x.clean
-        if op is Op.TANH:  # 1 - 2 / (exp(2x) + 1): -1 and 1 at the ends, no overflow to nan
-            return f"1.0 - 2.0 / ({exp2('2.0 * ' + a)} + 1.0)", x.clean
-        if op is Op.ERF:
-            return f"tl.erf({a})", x.clean
-        if op is Op.COS:  # cos(0) = 1: the padding is no longer 0
-            return f"tl.cos({a})", False
-        if op is Op.SIN:
-            return f"tl.sin({a})", x.clean
+        op, spec = node.op, SPECS[node.op]
+        if op is Op.EXP and x.expr in self.row_diffs:
+            xa, m = self.row_diffs[x.expr]  # exp(x - m) = exp2(x*log2e - m*log2e): one FMA
+            return f"tl.exp2({xa} * {LOG2E!r} - {m} * {LOG2E!r})", False
         if op is Op.CAST:  # tiles compute in fp32: a cast to a half type rounds there
             if node.arg == "float32":
                 return a, x.clean
             return f"{a}.to({TL_DTYPE[node.arg]}).to(tl.float32)", x.clean
-        raise CodegenError(f"{self.who}: {node.describe()} has no Triton form")
+        if spec.triton is None:
+            raise CodegenError(f"{self.who}: {node.describe()} has no Triton form")
+        return triton_form(spec.triton, a), x.clean and spec.padding.zero == ZERO
 
     def _binary(self, node: Node, srcs: list[Val]) -> tuple[str, bool]:
-        sym = {Op.ADD: "+", Op.SUB: "-", Op.MUL: "*", Op.DIV: "/"}[node.op]
+        sym = SPECS[node.op].symbol
         a, b = (self.broadcast(self.f32(s), s, node.shape) for s in srcs)
         pad = {n for n in squeezed(node.shape) if self.padded(n)}
         tiles = [s for s in srcs if s.const is None]

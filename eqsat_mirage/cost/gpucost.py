@@ -87,6 +87,7 @@ from pathlib import Path
 from ..frontend.graph import Graph
 from ..ir.errors import MirageError
 from ..ir.node import ELEMENTWISE, ITEMSIZE, REDUCE, Node, Op, numel
+from ..ir.ops import SPECS
 from ..mugraph.kernels import CustomKernel, Kernel, PredefinedKernel
 from ..mugraph.online import causal_skip, kept_iterations
 from ..mugraph.program import MuGraph
@@ -109,9 +110,8 @@ __all__ = ["GPUProfile", "KernelCost", "MuGraphCost", "Work", "block_reads", "ke
            "kept_fraction", "mugraph_cost", "refusing", "roofline_us", "smem_bytes",
            "tensor_bytes", "tile_key", "warps_for"]  # transfers: transfers.py
 
-# per element: (CUDA-core FLOPs, SFU ops)
-_ELEM = {Op.EXP: (1, 1), Op.SQRT: (1, 1), Op.RSQRT: (1, 1), Op.DIV: (1, 1), Op.SILU: (3, 2),
-         Op.TANH: (4, 2), Op.ERF: (8, 1), Op.COS: (2, 1), Op.SIN: (2, 1)}
+# per element of each elementwise op: (CUDA-core FLOPs, SFU ops), from its spec
+ELEMENT_COST = {op: SPECS[op].cost for op in ELEMENTWISE}
 
 
 # -- work: FLOPs by unit ----------------------------------------------------------------------
@@ -140,7 +140,7 @@ class Work:
             else:
                 self.cuda += flops
         elif op in ELEMENTWISE:
-            c, s = _ELEM.get(op, (1, 0))
+            c, s = ELEMENT_COST[op]
             self.cuda += c * numel(shape(node)) * times
             self.sfu += s * numel(shape(node)) * times
         elif op in REDUCE:

@@ -24,20 +24,13 @@ from ..frontend.family import dynamic_axes, rebuild
 from ..frontend.graph import Graph
 from ..ir.dims import DynamicShapeError
 from ..ir.node import BINARY, ELEMENTWISE, REDUCE, Node, Op, make
-
-ZERO, NEG_INF, FINITE, ANY = "0", "-inf", "finite", "any"
-_KEEPS_ZERO = {Op.NEG, Op.SQRT, Op.SILU, Op.RELU, Op.TANH, Op.ERF, Op.CAST, Op.SIN}
+from ..ir.ops import ANY, FINITE, NEG_INF, SPECS, ZERO
 
 
-def _unary(op: Op, s: str) -> str:
-    if op is Op.EXP:
-        return {NEG_INF: ZERO, ZERO: FINITE}.get(s, ANY)
-    if s == ZERO:
-        return ZERO if op in _KEEPS_ZERO else (ANY if op is Op.RSQRT else FINITE)
-    if s == NEG_INF:
-        return ZERO if op is Op.RELU else ANY
-    return s if op in (Op.NEG, Op.CAST, Op.TANH, Op.ERF, Op.SIN, Op.COS, Op.SILU,
-                       Op.RELU) else ANY
+def unary_state(op: Op, s: str | None) -> str | None:
+    """Padding state of elementwise unary ``op`` applied to state ``s``: from its spec (what
+    op(0), op(-inf) and op(finite) are)."""
+    return SPECS[op].padding.after(s)
 
 
 def _binary(op: Op, a: str | None, b: str | None) -> str:
@@ -69,7 +62,7 @@ def _state(node: Node, srcs: list[str | None]) -> str:
     if op is Op.INPUT:
         return ZERO
     if op in ELEMENTWISE:
-        return _unary(op, srcs[0]) if op not in BINARY else _binary(op, *srcs)
+        return unary_state(op, srcs[0]) if op not in BINARY else _binary(op, *srcs)
     if op is Op.MASK:
         return NEG_INF if node.srcs[0].op is Op.INPUT or srcs[0] is not None else srcs[1]
     if op is Op.WHERE:

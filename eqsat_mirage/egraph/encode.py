@@ -10,15 +10,16 @@ from __future__ import annotations
 
 from ..frontend.graph import Graph
 from ..ir.errors import ShapeError
-from ..ir.node import Node, Op, make
+from ..ir.node import REDUCE, Node, Op, make
+from ..ir.ops import SPECS
 
-_UNARY = {Op.NEG: "Neg", Op.EXP: "Exp", Op.SQRT: "Sqrt", Op.RSQRT: "Rsqrt", Op.SILU: "Silu",
-          Op.RELU: "Relu", Op.TANH: "Tanh", Op.ERF: "Erf",
-          Op.COS: "Cos", Op.SIN: "Sin"}
-_REDUCE = {Op.SUM: "Sum", Op.MEAN: "Mean", Op.MAX: "Max"}
-_BINARY = {Op.ADD: "Add", Op.SUB: "Sub", Op.MUL: "Mul", Op.DIV: "Div", Op.MATMUL: "MatMul",
-           Op.MASK: "Mask"}
-CTOR_OP = {v: k for k, v in {**_UNARY, **_BINARY, Op.WHERE: "Where"}.items()}
+# The ops whose term is their constructor applied to their operands (elementwise, matmul,
+# the masks); the reductions, whose term takes an axis. Constructor names: the specs'.
+_PLAIN = {op: s.egglog for op, s in SPECS.items()
+          if s.arg is None and s.group in ("unary", "binary", "matmul", "select")}
+_REDUCE = {op: SPECS[op].egglog for op in REDUCE}
+CTOR_OP = {ctor: op for op, ctor in _PLAIN.items()}
+REDUCE_CTOR_OP = {ctor: op for op, ctor in _REDUCE.items()}
 
 
 def _f64(x: float) -> str:
@@ -72,8 +73,6 @@ class Encoder:
             name = self._let(f'(Cast "{node.arg}" {src[0]})')
         elif op is Op.SLICE:
             name = self._let("(Slice {} {} {} {})".format(*node.arg, src[0]))
-        elif op in _UNARY:
-            name = self._let(f"({_UNARY[op]} {src[0]})")
         elif op is Op.MATMUL:
             a, b = (src[i] if len(s.shape) > 1 else self._let(
                 f"(Reshape {_vec((1, s.shape[0]) if i == 0 else (s.shape[0], 1))} {src[i]})")
@@ -81,10 +80,8 @@ class Encoder:
             name = self._let(f"(MatMul {a} {b})")
             if any(len(s.shape) == 1 for s in node.srcs):
                 name = self._let(f"(Reshape {_vec(node.shape)} {name})")
-        elif op in _BINARY:
-            name = self._let(f"({_BINARY[op]} {src[0]} {src[1]})")
-        elif op is Op.WHERE:
-            name = self._let(f"(Where {src[0]} {src[1]} {src[2]})")
+        elif op in _PLAIN:
+            name = self._let(f"({_PLAIN[op]} {' '.join(src)})")
         elif op is Op.CAUSAL:
             name = self._let("(Causal {} {} {})".format(*node.arg))
         elif op in _REDUCE:
@@ -129,9 +126,8 @@ def build_node(ctor: str, args: list, inputs: dict[str, Node]) -> Node:
         return Node(Op.CONST, (), float(args[0]), (), "float32")
     if ctor in CTOR_OP:
         return make(CTOR_OP[ctor], tuple(args))
-    if ctor in ("Sum", "Mean", "Max"):
-        op = {"Sum": Op.SUM, "Mean": Op.MEAN, "Max": Op.MAX}[ctor]
-        return make(op, (args[1],), ((int(args[0]),), True))
+    if ctor in REDUCE_CTOR_OP:
+        return make(REDUCE_CTOR_OP[ctor], (args[1],), ((int(args[0]),), True))
     if ctor == "Cast":
         return make(Op.CAST, (args[1],), str(args[0]))
     if ctor == "Slice":

@@ -23,21 +23,13 @@ import egglog.bindings as eb
 
 from ..ir.errors import MirageError, TimeLimitError
 from ..ir.limits import Deadline
+from ..ir.ops import SPECS
 from .encode import Encoder
 from .rulefiles import Rule, SList, Sym, builtin_rules_dir, schema_text, to_text
 
-# Abstract constructor of each T constructor: (name, how its arguments map).
-_ABS = {"Const": "(AConst)", "Exp": "(AExp {0})", "Sqrt": '(AFn "sqrt" {0})',
-        "Rsqrt": '(AFn "rsqrt" {0})', "Silu": '(AFn "silu" {0})', "Relu": '(AFn "relu" {0})',
-        "Add": "(AAdd {0} {1})", "Sub": "(AAdd {0} {1})", "Mul": "(AMul {0} {1})",
-        "Div": "(ADiv {0} {1})", "MatMul": "(ASum (AMul {0} {1}))", "Sum": "(ASum {0})",
-        "Mean": "(ADiv (ASum {0}) (AConst))", "Max": '(AFn "max" {0})',
-        "Causal": '(AVar "causal")', "Mask": '(AFn "mask" (AAdd {0} {1}))',
-        "Where": '(AFn "where" (AAdd {0} (AAdd {1} {2})))',
-        "Concat": "(ACat {0} {1})", "Neg": "{0}",
-        "Swap": "{0}", "Reshape": "{0}", "Dev": "{0}", "Tanh": '(AFn "tanh" {0})',
-        "Cos": '(AFn "cos" {0})', "Sin": '(AFn "sin" {0})',
-        "Erf": '(AFn "erf" {0})', "Cast": "{0}", "Slice": '(AFn "slice" {0})'}
+# Abstract constructor of each T constructor (how its arguments map): the ops' specs' guards;
+# a kernel boundary (Dev) is the identity.
+ABSTRACT = {**{s.egglog: s.guard for s in SPECS.values() if s.guard is not None}, "Dev": "{0}"}
 
 _ABS_CTORS = {"AVar", "AConst", "AAdd", "AMul", "ADiv", "AExp", "ASum", "AFn", "ACat"}
 
@@ -94,9 +86,9 @@ def _guard_facts(rule: Rule, schema_ctors: dict[str, tuple[str, ...]]) -> list[s
         head = x.head()
         sorts = schema_ctors[head]
         t_args = [abs_of(a) for a, s in zip(x.items[1:], sorts) if s == "T"]
-        if head not in _ABS or any(a is None for a in t_args):
+        if head not in ABSTRACT or any(a is None for a in t_args):
             return None
-        term = _ABS[head].format(*t_args)
+        term = ABSTRACT[head].format(*t_args)
         if to_text(x) not in lhs_terms and head != "Const":
             facts.append(f"(in-target {term})")
         return term

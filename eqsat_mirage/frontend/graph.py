@@ -1,8 +1,7 @@
 """The builder API: ``Graph``, ``Tensor`` and the NumPy-like functions.
 
-Construction records where each op was written so errors can point at the
-user's file and line. Shapes are checked as the program is built (by
-``ir.infer``); ``check`` re-validates any graph, however it was made.
+Construction records where each op was written, so errors point at the user's file and line.
+Shapes are checked as the program is built (``ir.infer``); ``check`` re-validates any graph.
 """
 
 from __future__ import annotations
@@ -364,6 +363,11 @@ def rsqrt(x: Tensor) -> Tensor:
 def silu(x: Tensor) -> Tensor:
     """Elementwise x * sigmoid(x)."""
     return apply(Op.SILU, x)
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    """Elementwise 1 / (1 + e**-x) (an opaque function to the verifier)."""
+    return apply(Op.SIGMOID, x)
 
 
 def relu(x: Tensor) -> Tensor:

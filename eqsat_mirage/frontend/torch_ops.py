@@ -33,6 +33,7 @@ from .graph import (
     relu,
     rms_norm,
     rsqrt,
+    sigmoid,
     silu,
     sin,
     softmax,
@@ -52,7 +53,8 @@ from .torch_movement import (
 SUPPORTED = (
     "matmul/bmm/mm/@, linear and nn.Linear, addmm, +, -, *, / (tensors or Python numbers), "
     "exp, tanh, erf, cos, sin, sum, mean, amax, pow (integers -1..4, 0.5, -0.5), sqrt, rsqrt, "
-    "silu and nn.SiLU, relu and nn.ReLU, gelu and nn.GELU (erf or tanh), softmax and "
+    "silu and nn.SiLU, relu and nn.ReLU, sigmoid and nn.Sigmoid, gelu and nn.GELU (erf or "
+    "tanh), softmax and "
     "nn.Softmax (dtype= too), scaled_dot_product_attention (causal or a bool mask, GQA), "
     "where and masked_fill (bool masks, finite fills), rms_norm and nn.RMSNorm, layer_norm and "
     "nn.LayerNorm, casts (.to(dtype), .float(), .half(), .type(dtype), .type_as), slicing "
@@ -313,6 +315,7 @@ FUNCTIONS = {
                                     math.ceil, operator.floordiv, operator.mod)},
     torch.rsqrt: _unary(rsqrt, "rsqrt"), torch.relu: _unary(relu, "relu"),
     F.silu: _activation(silu, "silu"), F.relu: _activation(relu, "relu"),
+    torch.sigmoid: _unary(sigmoid, "sigmoid"), F.sigmoid: _unary(sigmoid, "sigmoid"),
     F.scaled_dot_product_attention: _sdpa,
     torch.softmax: _softmax, F.softmax: _softmax, F.rms_norm: _rms_norm,
     torch.sum: _reduce("sum"), torch.mean: _reduce("mean"), torch.amax: _reduce("max"),
@@ -329,6 +332,7 @@ METHODS = {
     "sum": FUNCTIONS[torch.sum], "mean": FUNCTIONS[torch.mean], "amax": FUNCTIONS[torch.amax],
     "tanh": FUNCTIONS[torch.tanh], "erf": FUNCTIONS[torch.erf], "to": _to,
     "cos": FUNCTIONS[torch.cos], "sin": FUNCTIONS[torch.sin],
+    "sigmoid": FUNCTIONS[torch.sigmoid],
     "float": _cast_to("float32"), "half": _cast_to("float16"), "bfloat16": _cast_to("bfloat16"),
     "type_as": _type_as, "type": _type, **MOVEMENT_METHODS,
 }
@@ -356,6 +360,7 @@ ATEN = {
     _A.exp: FUNCTIONS[torch.exp], _A.sqrt: FUNCTIONS[torch.sqrt],
     _A.rsqrt: FUNCTIONS[torch.rsqrt], _A.relu: FUNCTIONS[torch.relu],
     _A.silu: _unary(silu, "silu"), _A._softmax: _aten_softmax,
+    _A.sigmoid: FUNCTIONS[torch.sigmoid],
     _A.sum: FUNCTIONS[torch.sum], _A.mean: FUNCTIONS[torch.mean], _A.amax: FUNCTIONS[torch.amax],
     **MOVEMENT_ATEN,
 }
@@ -400,4 +405,5 @@ MODULES = {
     nn.GELU: lambda cv, mod, path, x: _gelu(x, mod.approximate),
     nn.Tanh: lambda cv, mod, path, x: _unary(tanh, "nn.Tanh")(x),
     **MOVEMENT_MODULES,
+    nn.Sigmoid: lambda cv, mod, path, x: _unary(sigmoid, "nn.Sigmoid")(x),
 }

@@ -1,70 +1,35 @@
-"""The kernel-level IR: one immutable node type, an op enum and op groups.
+"""The kernel-level IR: one immutable node type and shape inference.
 
 A program is a DAG of ``Node``s. Every node carries its op, its operand nodes,
 an op-specific argument, its shape and its dtype. Shapes are computed by
 ``infer`` (the single source of shape rules), which both the builder and the
 separate ``check`` pass call, so a graph built any other way (decoded from
-egglog, deserialized) is validated by the same rules.
+egglog, deserialized) is validated by the same rules. The ops and their groups are
+declared in ``ops.py`` (re-exported here).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from enum import Enum, auto
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
 from .errors import DTypeError, ShapeError
-
-
-class Op(Enum):
-    """Every kernel-level op. Semantics live in one table per backend."""
-
-    INPUT = auto()  # arg: name
-    CONST = auto()  # arg: float value, shape ()
-    NEG = auto()
-    EXP = auto()
-    SQRT = auto()
-    RSQRT = auto()
-    SILU = auto()
-    RELU = auto()
-    ADD = auto()
-    SUB = auto()
-    MUL = auto()
-    DIV = auto()
-    MATMUL = auto()  # numpy matmul, batch dims broadcast
-    SUM = auto()  # arg: (axes, keepdims)
-    MEAN = auto()  # arg: (axes, keepdims)
-    TRANSPOSE = auto()  # arg: permutation
-    RESHAPE = auto()  # arg: new shape
-    CONCAT = auto()  # arg: axis
-    MAX = auto()  # arg: (axes, keepdims); the largest element (numerically safe softmax)
-    WHERE = auto()  # (cond, a, b): a where the bool mask cond holds, else b (finite)
-    MASK = auto()  # (cond, x): x where the bool mask cond holds, else -inf (masked softmax)
-    CAUSAL = auto()  # arg: (rows, cols, offset); bool (rows, cols), True where col <= row + off
-    TANH = auto()  # opaque in the field, like silu (GPT-2's gelu_new)
-    ERF = auto()  # opaque in the field (gelu's exact form)
-    CAST = auto()  # arg: dtype name; rounds to it in float, the identity in the field
-    SLICE = auto()  # arg: (axis, start, stop); a static range of one axis (RoPE's halves)
-    COS = auto()  # opaque in the field (RoPE's rotary tables)
-    SIN = auto()  # opaque in the field
-
-
-LEAF = frozenset({Op.INPUT, Op.CONST})
-UNARY = frozenset({Op.NEG, Op.EXP, Op.SQRT, Op.RSQRT, Op.SILU, Op.RELU, Op.TANH, Op.ERF,
-                   Op.CAST, Op.COS, Op.SIN})
-BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV})
-ELEMENTWISE = UNARY | BINARY
-REDUCE = frozenset({Op.SUM, Op.MEAN, Op.MAX})
-MOVEMENT = frozenset({Op.TRANSPOSE, Op.RESHAPE, Op.CONCAT, Op.SLICE})
-# Functions outside the Lax algebra: the verifier models them as random functions.
-OPAQUE = frozenset({Op.SQRT, Op.RSQRT, Op.SILU, Op.RELU, Op.TANH, Op.ERF, Op.COS, Op.SIN})
-# Ops whose field value is a random function keyed on the operand's Z_p part: the opaque
-# functions (per element) and max (per row: any consistent value, see docs/verifier.md).
-KEYED = OPAQUE | {Op.MAX}
+from .ops import (  # noqa: F401  (re-exported: the op groups, derived from the specs)
+    ARITY,
+    BINARY,
+    ELEMENTWISE,
+    KEYED,
+    LEAF,
+    MOVEMENT,
+    OPAQUE,
+    REDUCE,
+    UNARY,
+    Op,
+)
 
 DTYPES = ("float16", "bfloat16", "float32")  # the value dtypes; masks are "bool"
 ALL_DTYPES = DTYPES + ("bool",)
@@ -343,11 +308,6 @@ def _slice_shape(shape: Shape, arg: Any, where: Any) -> Shape:
                          f"the axis's size, got {arg!r} for shape {fmt_shape(shape)}")
     axis, start, stop = arg
     return shape[:axis] + (stop - start,) + shape[axis + 1:]
-
-
-ARITY = {**{op: 1 for op in UNARY | REDUCE | {Op.TRANSPOSE, Op.RESHAPE, Op.SLICE}},
-         **{op: 2 for op in BINARY | {Op.MATMUL, Op.MASK}}, Op.INPUT: 0, Op.CONST: 0,
-         Op.CONCAT: None, Op.WHERE: 3, Op.CAUSAL: 0}
 
 
 def _causal_shape(arg: Any, where: Any) -> Shape:

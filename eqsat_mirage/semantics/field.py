@@ -4,8 +4,8 @@ A value is a pair of int64 arrays ``(p_part, q_part)``. Add, sub, mul, div and
 matmul act on both parts (div by modular inverse). ``exp`` maps a value to
 ``omega ** q_part mod p`` for an ``omega`` of multiplicative order q, and drops
 the q part (``None``), which is why a Lax program takes exp at most once on a
-path. Opaque functions (sqrt, silu, relu, tanh, erf, cos, sin) are random functions of their
-argument, drawn per trial; ``rsqrt`` is ``1 / sqrt`` so that identity holds.
+path. Opaque functions (the ops whose spec says so: sqrt, silu, tanh, ...) are random
+functions of their argument, drawn per trial; ``rsqrt`` is ``1 / sqrt`` so that identity holds.
 
 The exact modular arithmetic (matmuls by float64 BLAS) is in ``modular.py``.
 """
@@ -20,6 +20,7 @@ import numpy as np
 
 from ..ir.errors import LaxError
 from ..ir.node import KEYED, Op, slice_index
+from ..ir.ops import SPECS, OpSpec
 from .modular import (  # noqa: F401  (re-exported: the field backend's arithmetic)
     CHUNK,
     EXACT_K,
@@ -35,6 +36,8 @@ from .modular import (  # noqa: F401  (re-exported: the field backend's arithmet
     submod,
 )
 
+# The ops whose keys are drawn from the trial's generator: the first 28 declared.
+_KEYS_FROM_TRIAL = 28
 _M1 = np.uint64(0xFF51AFD7ED558CCD)
 _M2 = np.uint64(0xC4CEB9FE1A85EC53)
 
@@ -66,8 +69,17 @@ class FieldCtx:
         while self.omega in (0, 1):
             g = int(self.rng.integers(2, self.p - 1))
             self.omega = pow(g, (self.p - 1) // self.q, self.p)
+        later = []
         for op in sorted(Op, key=lambda o: o.value):
+            if op.value > _KEYS_FROM_TRIAL:
+                later.append(op)
+                continue
             self.keys[op] = tuple(int(k) for k in self.rng.integers(1, 2**62, size=3))
+        # An op declared later takes its keys from a generator seeded by the keys drawn
+        # above: adding an op leaves the trial's later draws (its inputs) as they were.
+        extra = np.random.default_rng([k for ks in self.keys.values() for k in ks])
+        for op in later:
+            self.keys[op] = tuple(int(k) for k in extra.integers(1, 2**62, size=3))
 
     def random_inputs(self, program) -> dict[str, LazyPair]:
         """Fresh uniform (p, q) pairs for every input of ``program``.
@@ -262,9 +274,27 @@ def _select(c: Any, a: Any, b: Any, m: int) -> Any:
     return addmod(mulmod(np.asarray(c), a, m), mulmod(np.asarray((1 - c) % m), b, m), m)
 
 
-def _rsqrt(ctx, n, x):
-    sp, sq = ctx.random_fn(Op.SQRT, x)
-    return _p(ctx, n, lambda: invmod(sp, ctx.p)), _q(ctx, n, lambda: invmod(sq, ctx.q))
+def _reciprocal(of: Op):
+    """1 / the random function of ``of`` (rsqrt: 1 / sqrt, so that identity holds)."""
+    def apply(ctx, n, x):
+        sp, sq = ctx.random_fn(of, x)
+        return _p(ctx, n, lambda: invmod(sp, ctx.p)), _q(ctx, n, lambda: invmod(sq, ctx.q))
+    return apply
+
+
+# The exact field forms a spec's ``field`` names.
+_EXACT = {"neg": lambda x, m: submod(0, x, m), "add": addmod, "sub": submod, "mul": mulmod,
+          "div": lambda a, b, m: mulmod(a, invmod(b, m), m)}
+
+
+def _from_spec(s: OpSpec):
+    """The field entry of an elementwise op with no handler here, from its spec."""
+    if s.reciprocal_of is not None:
+        return _reciprocal(s.reciprocal_of)
+    if s.opaque:
+        return _opaque(s.op)
+    fn = _EXACT[s.field]
+    return _unary(fn) if s.arity == 1 else _binary(fn, fn)
 
 
 def _input(ctx, n):
@@ -282,21 +312,13 @@ def _const(ctx, n):
             _q(ctx, n, lambda: np.int64(const_mod(n.arg, ctx.q))))
 
 
+# The opaque and exact elementwise ops come from their specs; the rest are handled here.
 FIELD_SEMANTICS = {
+    **{op: _from_spec(s) for op, s in SPECS.items() if s.opaque or s.field is not None},
     Op.INPUT: _input,
     Op.CONST: _const,
-    Op.NEG: _unary(lambda x, m: mod(-x, m)),
     Op.EXP: lambda ctx, n, x: ((mulmod(ctx.exp(x[1]), x.keep, ctx.p)
                                 if isinstance(x, MaskedPair) else ctx.exp(x[1])), None),
-    Op.SQRT: _opaque(Op.SQRT),
-    Op.RSQRT: _rsqrt,
-    Op.SILU: _opaque(Op.SILU),
-    Op.RELU: _opaque(Op.RELU),
-    Op.ADD: _binary(addmod, addmod),
-    Op.SUB: _binary(submod, submod),
-    Op.MUL: _binary(mulmod, mulmod),
-    Op.DIV: _binary(lambda a, b, m: mulmod(a, invmod(b, m), m),
-                    lambda a, b, m: mulmod(a, invmod(b, m), m)),
     Op.MATMUL: _matmul,
     Op.SUM: _reduce(mean=False),
     Op.MEAN: _reduce(mean=True),
@@ -312,10 +334,6 @@ FIELD_SEMANTICS = {
     Op.TRANSPOSE: _movement(lambda xs, perm: np.transpose(xs[0], perm)),
     Op.RESHAPE: _movement(lambda xs, shape: np.reshape(xs[0], shape)),
     Op.CONCAT: _movement(lambda xs, axis: np.concatenate(xs, axis=axis)),
-    Op.TANH: _opaque(Op.TANH),
-    Op.COS: _opaque(Op.COS),
-    Op.SIN: _opaque(Op.SIN),
-    Op.ERF: _opaque(Op.ERF),
     Op.CAST: _movement(lambda xs, dtype: xs[0]),  # exact values: a cast only rounds floats
     Op.SLICE: _movement(lambda xs, arg: np.asarray(xs[0])[slice_index(arg)]),
 }

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.node import Node, Op, slice_index
+from ..ir.ops import SPECS
 from .interp import check_inputs, run
 
 
@@ -119,12 +120,6 @@ def _matmul(ctx, n, a, b):
     return ctx.fix(n, np.matmul(a.astype(acc, copy=False), b.astype(acc, copy=False)))
 
 
-def _erf(x):
-    from scipy.special import erf
-
-    return erf(np.asarray(x, dtype=np.float64))  # scipy has no long-double erf
-
-
 def _elementwise(fn):
     """An elementwise entry; on ``uniform`` operands it computes one element and broadcasts."""
     def apply(ctx, n, *xs):
@@ -153,34 +148,20 @@ def _uniform_matmul(ctx, n, a, b):
     return _matmul(ctx, n, a, b)
 
 
+# Every op with an elementwise float form (its spec's ``floats``) is derived from it; the
+# rest are handled here.
 FLOAT_SEMANTICS = {
+    **{op: _elementwise(s.floats) for op, s in SPECS.items() if s.floats is not None},
     Op.INPUT: lambda ctx, n: ctx.inputs[n.arg] if ctx.rounded else ctx.fix(n, ctx.inputs[n.arg]),
     Op.CONST: lambda ctx, n: np.float64(n.arg),
-    Op.NEG: _elementwise(lambda x: -x),
-    Op.EXP: _elementwise(np.exp),
-    Op.SQRT: _elementwise(np.sqrt),
-    Op.RSQRT: _elementwise(lambda x: 1.0 / np.sqrt(x)),
-    Op.SILU: _elementwise(lambda x: x / (1.0 + np.exp(-x))),
-    Op.RELU: _elementwise(lambda x: np.maximum(x, 0.0)),
-    Op.ADD: _elementwise(np.add),
-    Op.SUB: _elementwise(np.subtract),
-    Op.MUL: _elementwise(np.multiply),
-    Op.DIV: _elementwise(np.divide),
     Op.MATMUL: _uniform_matmul,
     Op.SUM: _uniform_reduce(_sum, scaled=True),
     Op.MEAN: _uniform_reduce(_mean, scaled=False),
     Op.MAX: _uniform_reduce(_max, scaled=False),
-    Op.WHERE: _elementwise(lambda c, a, b: np.where(c != 0, a, b)),
-    Op.MASK: _elementwise(lambda c, x: np.where(c != 0, x, -np.inf)),
     Op.CAUSAL: lambda ctx, n: np.tri(n.arg[0], n.arg[1], n.arg[2], dtype=np.float64),
     Op.TRANSPOSE: lambda ctx, n, x: np.transpose(x, n.arg),
     Op.RESHAPE: lambda ctx, n, x: np.reshape(x, n.arg),
     Op.CONCAT: lambda ctx, n, *xs: np.concatenate(xs, axis=n.arg),
-    Op.TANH: _elementwise(np.tanh),
-    Op.COS: _elementwise(np.cos),
-    Op.SIN: _elementwise(np.sin),
-    Op.ERF: _elementwise(lambda x: _erf(x)),
-    Op.CAST: _elementwise(lambda x: x),  # ctx.fix rounds to the cast's dtype (native)
     Op.SLICE: lambda ctx, n, x: x[slice_index(n.arg)],
 }
 

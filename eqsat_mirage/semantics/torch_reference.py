@@ -19,7 +19,8 @@ import math
 from collections.abc import Callable, Mapping
 
 from ..ir.errors import MirageError
-from ..ir.node import Op, slice_index, tile_split, toposort
+from ..ir.node import BINARY, REDUCE, UNARY, Op, slice_index, tile_split, toposort
+from ..ir.ops import SPECS
 
 
 def torch_reference(program) -> Callable:
@@ -50,15 +51,13 @@ class _TorchOps:
 
     def __init__(self) -> None:
         import torch
-        import torch.nn.functional as F  # noqa: N812
 
         self.torch = torch
-        self.unary = {Op.NEG: torch.neg, Op.EXP: torch.exp, Op.SQRT: torch.sqrt,
-                      Op.RSQRT: torch.rsqrt, Op.SILU: F.silu, Op.RELU: torch.relu,
-                      Op.TANH: torch.tanh, Op.ERF: torch.erf, Op.COS: torch.cos,
-                      Op.SIN: torch.sin}
-        self.binary = {Op.ADD: torch.add, Op.SUB: torch.sub, Op.MUL: torch.mul,
-                       Op.DIV: torch.div}
+        # the elementwise ops from their specs' torch functions (cast: by code, below)
+        self.unary = {op: s.torch_callable() for op, s in SPECS.items()
+                      if op in UNARY and op is not Op.CAST}
+        self.binary = {op: s.torch_callable() for op, s in SPECS.items() if op in BINARY}
+        self.reduce = {op: s.torch_callable() for op, s in SPECS.items() if op in REDUCE}
 
     def cast(self, xs) -> list:
         """Operands of mixed dtypes promoted to a common one (torch.matmul/cat need one)."""
@@ -83,7 +82,7 @@ class _TorchOps:
             return torch.matmul(*self.cast(xs))
         if n.op in (Op.SUM, Op.MEAN, Op.MAX):
             axes, keep = n.arg
-            red = {Op.SUM: torch.sum, Op.MEAN: torch.mean, Op.MAX: torch.amax}[n.op]
+            red = self.reduce[n.op]
             # torch reduces over every axis for dim=(): an empty reduction is the identity
             return red(xs[0], dim=tuple(axes), keepdim=bool(keep)) if axes else xs[0]
         if n.op is Op.TRANSPOSE:

@@ -18,7 +18,8 @@ import math
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
-from ..ir.node import OPAQUE, Op
+from ..ir.node import BINARY, OPAQUE, Op
+from ..ir.ops import SPECS
 from ..semantics.primes import family_size
 
 
@@ -223,10 +224,10 @@ def node_degree(node, ds: list[Degree]) -> Degree:
         return Degree(1, 0, ds[0].arg, abits=ds[0].abits)
     if op in OPAQUE:  # a fresh variable (rsqrt: the inverse of sqrt's variable)
         a = ds[0]
-        if op is Op.RSQRT:
+        if SPECS[op].reciprocal_of is not None:
             return Degree(0, 1, a.arg, abits=a.abits, inv=unit_axes(node.shape))
         return Degree(1, 0, a.arg, abits=a.abits)
-    if op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV):
+    if op in BINARY:
         return _binary(node, ds[0], ds[1])
     if op is Op.MATMUL:
         return _matmul(node, ds[0], ds[1])

@@ -135,8 +135,16 @@ def hf_ops() -> em.Graph:
     return g
 
 
+def gates() -> em.Graph:
+    """A sigmoid gate (the op added through its spec, docs/architecture.md)."""
+    g = em.Graph("gates")
+    x = g.input("X", (4, 8), dtype="float32")
+    g.output(x * em.sigmoid(x * 1.702), "gate")
+    return g
+
+
 PROGRAMS = {f.__name__: f for f in (elementwise, reductions, transposes, concats, matmuls, masked,
-                                    reshapes, mixed, hf_ops)}
+                                    reshapes, mixed, hf_ops, gates)}
 
 
 def test_programs_cover_every_op():

@@ -81,6 +81,7 @@ OP_CASES = {
     em.Op.CAST: (lambda X, Y, Z: X.astype("bfloat16" if X.dtype != "bfloat16" else "float32"),
                  lambda x, y, z: x),
     em.Op.SLICE: (lambda X, Y, Z: X[:, 1:3], lambda x, y, z: x[:, 1:3]),
+    em.Op.SIGMOID: (lambda X, Y, Z: em.sigmoid(X), lambda x, y, z: 1.0 / (1.0 + np.exp(-x))),
 }
 OPS = sorted(em.Op, key=lambda o: o.value)
 IDS = [op.name.lower() for op in OPS]

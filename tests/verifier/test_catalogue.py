@@ -212,6 +212,8 @@ IDENTITIES = [
     Case("rsqrt-is-inv-sqrt", ins("X:3x4"), lambda X: em.rsqrt(X), lambda X: 1.0 / em.sqrt(X)),
     Case("silu-congruence", ins("A:3x4", "B:3x4"),
          lambda A, B: em.silu(A + B), lambda A, B: em.silu(B + A)),
+    Case("sigmoid-congruence", ins("A:3x4", "B:3x4"),
+         lambda A, B: em.sigmoid(A * B), lambda A, B: em.sigmoid(B * A)),
     Case("relu-congruence-fp16", ins("A:3x4", "B:3x4", dtype=F16),
          lambda A, B: em.relu(A * B), lambda A, B: em.relu(B * A)),
     Case("sqrt-congruence", ins("X:3x4"),
