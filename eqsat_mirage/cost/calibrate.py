@@ -206,6 +206,18 @@ def _with(prof: GPUProfile, keys: tuple[str, ...], logs: np.ndarray) -> GPUProfi
     return replace(prof, **values)
 
 
+# Start points of the fit, as factors of the datasheet figure: a per-SM bandwidth cap and a
+# latency term bind only past some value, and the gradient is zero until they do.
+_START_FACTORS = {"sm_dram_bandwidth_GBps": (1.0, 0.5, 0.25), "dram_latency_ns": (1.0, 2.0)}
+
+
+def _starts(keys: tuple[str, ...]) -> list[np.ndarray]:
+    from itertools import product
+
+    grids = [_START_FACTORS.get(k, (1.0,)) for k in keys]
+    return [np.log(np.array(f)) for f in product(*grids)]
+
+
 def fit_figures(programs: list[Measured], profile: GPUProfile | str | Path = "h100",
                 keys: tuple[str, ...] = FIGURE_KEYS, max_evals: int = 80) -> FigureFit:
     """Fit ``keys`` of ``profile`` (its datasheet figures: a measured calibration beside it
@@ -225,8 +237,11 @@ def fit_figures(programs: list[Measured], profile: GPUProfile | str | Path = "h1
                           f"measured programs the model can price, got {len(good)}")
     y = np.array([p.graph_us for p in good])
     x0 = np.log([getattr(prof, k) for k in keys])
-    found = least_squares(lambda x: (_priced(good, _with(prof, keys, x)) - y) / y, x0,
-                          diff_step=0.05, max_nfev=max_evals)
+    found = None
+    for shift in _starts(keys):  # caps (min of two rates) leave the objective flat where a
+        found = min(found, least_squares(  # cap does not bind: start on either side of it
+            lambda x: (_priced(good, _with(prof, keys, x)) - y) / y, x0 + shift,
+            diff_step=0.05, max_nfev=max_evals), key=lambda r: np.inf if r is None else r.cost)
     fitted_prof = _with(prof, keys, found.x)
     fitted, start = _priced(good, fitted_prof), _priced(good, prof)
     figures = {k: getattr(fitted_prof, k) for k in keys}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import shutil
 
 import pytest
@@ -143,3 +144,74 @@ def test_the_gpu_bundle_ingest_fits_and_writes_the_measured_file(tmp_path):
     fitted = calibration(manifest, results, prof, "test GPU", tmp_path / "h100_measured.toml")
     assert len(fitted.samples) == len(samples) and fitted.residual < 1e-6
     assert GPUProfile.load(tmp_path / "h100.toml").graph_launch_us == pytest.approx(1.5)
+
+
+def _variants(limit: int = 12):
+    """Schedules of one fused RMSNorm + Linear: grids, loops and splits (what a sweep
+    measures)."""
+    from eqsat_mirage.fusion.planner import DEFAULT_STRATEGY
+    from eqsat_mirage.fusion.strategy import candidate_schedules
+
+    g = em.Graph("rmslin")
+    x = g.input("X", (2, 2048), "float16")
+    w = g.input("W", (2048, 2048), "float16")
+    ms = em.rsqrt((x * x).mean(axis=1, keepdims=True) + 1e-6)
+    g.output((x @ w) * ms, "Y")
+    out = []
+    for s in candidate_schedules(g, DEFAULT_STRATEGY):
+        out.append((str(s), lower(g, s)))
+        if len(out) == limit:
+            break
+    return out
+
+
+def test_fit_figures_recovers_the_figures_that_priced_the_programs():
+    """Programs priced with known figures (per-SM bandwidth, latency, launch) are fitted
+    back from the datasheet: the residual vanishes and the figures come back."""
+    from dataclasses import replace
+
+    from eqsat_mirage.cost.calibrate import Measured, fit_figures
+
+    base = GPUProfile.load("h100", measured=False).for_launch("graph")
+    truth = replace(base, sm_dram_bandwidth_GBps=30.0, dram_latency_ns=1100.0,
+                    graph_launch_us=5.0, launch_overhead_us=5.0)
+    programs = [Measured(name, mg, t, None) for name, mg in _variants() + _programs()
+                if math.isfinite(t := mugraph_cost(mg, truth).total_us)]
+    assert len({round(p.graph_us, 3) for p in programs}) > 8  # the schedules differ in price
+    keys = ("graph_launch_us", "sm_dram_bandwidth_GBps", "dram_latency_ns")
+    result = fit_figures(programs, "h100", keys=keys)
+    assert result.residual_before > 0.2 and result.residual < 0.02
+    for key in keys:
+        assert result.figures[key] == pytest.approx(getattr(truth, key), rel=0.1), key
+    assert {c[0] for c in result.cases} == {p.case for p in programs}
+
+
+def test_fit_figures_needs_enough_programs():
+    from eqsat_mirage.cost.calibrate import Measured, fit_figures
+
+    (name, mg), = _variants(1)
+    with pytest.raises(em.MirageError, match="needs at least"):
+        fit_figures([Measured(name, mg, 10.0)], "h100")
+
+
+def test_a_fitted_calibration_is_written_and_read_back(tmp_path):
+    from dataclasses import replace
+
+    from eqsat_mirage.cost.calibrate import Measured, fit_figures, write_fitted
+
+    base = GPUProfile.load("h100", measured=False).for_launch("graph")
+    truth = replace(base, sm_dram_bandwidth_GBps=40.0, graph_launch_us=4.0,
+                    launch_overhead_us=4.0)
+    programs = [Measured(name, mg, t, t + 10.0 * len(mg.kernels))
+                for name, mg in _variants() + _programs()
+                if math.isfinite(t := mugraph_cost(mg, truth).total_us)]
+    result = fit_figures(programs, "h100", keys=("graph_launch_us", "sm_dram_bandwidth_GBps"))
+    folder = tmp_path / "extract"
+    shutil.copytree(profiles_dir(), folder, ignore=shutil.ignore_patterns("*_measured.toml"))
+    write_fitted(folder / "h100_measured.toml", result, "a test GPU")
+    prof = GPUProfile.load(folder / "h100.toml")
+    assert prof.sm_dram_bandwidth_GBps == pytest.approx(result.figures["sm_dram_bandwidth_GBps"],
+                                                        rel=1e-5)
+    assert prof.launch_overhead_us > prof.graph_launch_us  # plain launches: replay plus gap
+    assert GPUProfile.load(folder / "h100.toml", measured=False).sm_dram_bandwidth_GBps == \
+        GPUProfile.load("h100", measured=False).sm_dram_bandwidth_GBps
