@@ -13,7 +13,8 @@ cost per kernel (``graph_launch_us``); ``a`` and ``c`` scale the profile's bandw
 throughputs (every bandwidth divided by ``a`` and the DRAM latency multiplied by it, every
 throughput divided by ``c``, so predicted memory and compute times scale by exactly ``a``
 and ``c``). Plain launches add
-``launch_overhead_us - G`` per kernel, the mean of ``(plain_us - graph_us) / kernels``.
+``launch_overhead_us - G`` per kernel: the slope of ``plain_us - graph_us`` over the kernel
+count (``plain_gap_per_kernel``; the intercept, host work per call, moves no choice).
 
 ``write_measured(path, ...)`` writes the fitted figures as the ``[calibration]`` table of
 ``extract/<gpu>_measured.toml`` (each with its fit as the comment above it, and every
@@ -76,6 +77,19 @@ def _row(cost: MuGraphCost, scales: tuple[float, float] = (1.0, 1.0)) -> np.ndar
     return np.array([launches, mem, comp], dtype=float)
 
 
+def plain_gap_per_kernel(gaps: list[tuple[int, float]]) -> float | None:
+    """What one more kernel adds to a call launched from Python over its CUDA-graph replay:
+    the slope of ``plain - graph`` over the kernel count, fitted with an intercept (the
+    launcher's host work per call, the same for every plan, so it moves no choice: on the
+    H200, 20-37 us per call and 3-10 us per kernel). None without two kernel counts."""
+    if len({k for k, _ in gaps}) < 2:
+        return None
+    k = np.array([float(k) for k, _ in gaps])
+    a = np.stack([np.ones_like(k), k], axis=1)
+    (_, slope), *_ = np.linalg.lstsq(a, np.array([g for _, g in gaps]), rcond=None)
+    return max(0.0, float(slope))
+
+
 def fit(samples: list[Sample], profile: GPUProfile | str | Path = "h100") -> Fit:
     """Fit ``graph_launch_us`` and the memory and compute scales to ``samples`` (see the
     module docstring); the figures are ``profile``'s, rescaled. At least three samples with
@@ -117,9 +131,10 @@ def fit(samples: list[Sample], profile: GPUProfile | str | Path = "h100") -> Fit
         if figures[frac] > 1.0:  # a fraction stays <= 1: the rest goes into the peak
             figures.update({k: getattr(prof, k) * figures[frac] for k in peaks})
             figures[frac] = 1.0
-    gaps = [(s.plain_us - s.graph_us) / max(1, _row(s.cost)[0]) for s in good
-            if s.plain_us is not None and np.isfinite(s.plain_us)]
-    launch = g + float(np.mean(gaps)) if gaps else None
+    slope = plain_gap_per_kernel([(int(_row(s.cost)[0]), s.plain_us - s.graph_us)
+                                  for s in good if s.plain_us is not None
+                                  and np.isfinite(s.plain_us)])
+    launch = g + slope if slope is not None else None
     if launch is not None:
         figures["launch_overhead_us"] = max(launch, g)
     bad = [f"{k} = {v!r} is not {why}" for k, v in figures.items() if (why := figure_error(k, v))]
@@ -139,7 +154,7 @@ def write_measured(path: str | Path, result: Fit, device: str, when: str = "") -
     lines = [f"# {how}", f'device = "{device}"', "", "[calibration]"]
     notes = {"graph_launch_us": "per kernel replayed from a CUDA graph",
              "launch_overhead_us": "per kernel launched from Python: graph replay plus the "
-                                   "mean measured gap per kernel"}
+                                   "measured gap per extra kernel"}
     for key, value in result.figures.items():
         why = notes.get(key) or (
             f"x 1/{result.memory_scale:.3f}: measured memory time over predicted"
@@ -226,7 +241,7 @@ def fit_figures(programs: list[Measured], profile: GPUProfile | str | Path = "h1
     figures move each kernel's bound and its latency term, which scales alone cannot). A
     program the model calls infeasible is left out (it ran, so the model is wrong there:
     the caller reports it). ``launch_overhead_us`` (plain launches) is the fitted replay
-    cost plus the mean measured gap per kernel, as in ``fit``."""
+    cost plus the measured plain-launch gap per kernel (``plain_gap_per_kernel``)."""
     from scipy.optimize import least_squares
 
     prof = GPUProfile.load(profile, measured=False).for_launch("graph")
@@ -245,11 +260,11 @@ def fit_figures(programs: list[Measured], profile: GPUProfile | str | Path = "h1
     fitted_prof = _with(prof, keys, found.x)
     fitted, start = _priced(good, fitted_prof), _priced(good, prof)
     figures = {k: getattr(fitted_prof, k) for k in keys}
-    gaps = [(p.plain_us - p.graph_us) / max(1, len(p.mugraph.kernels)) for p in good
-            if p.plain_us is not None and np.isfinite(p.plain_us)]
-    if gaps and "graph_launch_us" in figures:
-        figures["launch_overhead_us"] = figures["graph_launch_us"] + max(0.0, float(
-            np.mean(gaps)))
+    slope = plain_gap_per_kernel([(len(p.mugraph.kernels), p.plain_us - p.graph_us)
+                                  for p in good if p.plain_us is not None
+                                  and np.isfinite(p.plain_us)])
+    if slope is not None and "graph_launch_us" in figures:
+        figures["launch_overhead_us"] = figures["graph_launch_us"] + slope
     bad = [f"{k} = {v!r} is not {why}" for k, v in figures.items() if (why := figure_error(k, v))]
     if bad:
         raise MirageError(f"calibration: the fitted figures are not a valid profile: {bad[0]}")
@@ -269,8 +284,8 @@ def write_fitted(path: str | Path, result: FigureFit, device: str, when: str = "
            f"after")
     lines = [f"# {how}", f'device = "{device}"', "", "[calibration]"]
     for key, value in result.figures.items():
-        why = ("per kernel launched from Python: the fitted replay cost plus the mean "
-               "measured gap per kernel" if key == "launch_overhead_us"
+        why = ("per kernel launched from Python: the fitted replay cost plus the "
+               "measured gap per extra kernel" if key == "launch_overhead_us"
                else "fitted (nonlinear least squares, every program re-priced)")
         lines += [f"# {why}", f"{key} = {value:.6g}"]
     lines.append("")
