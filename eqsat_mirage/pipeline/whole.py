@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 
 from ..ir.check import check
-from ..ir.errors import MirageError
+from ..ir.errors import MirageError, unexpected
 from ..ir.limits import Deadline, check_memory
 from ..partition.pieces import DEFAULT_PIECE_OPS, Piece, needs_partition, partition
 from ..partition.stitch import stitch
@@ -156,7 +156,9 @@ def _search_pieces(distinct: list[Piece], options: SearchOptions, jobs: int, cac
         try:
             out.append(optimize_piece(p.graph, opts.replace(time_limit_s=seconds),
                                       progress=progress, cache=cache))
-        except MirageError as exc:  # e.g. a BudgetError: the piece stays as it is
+        except Exception as exc:  # e.g. a BudgetError: the piece stays as it is (a bug too,
+            if unexpected(exc):   # outside strict mode, recorded with its type)
+                raise
             out.append(exc)
     return out
 
