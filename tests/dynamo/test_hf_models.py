@@ -133,3 +133,33 @@ def test_llama_layer_at_small_sequence_lengths_never_crashes(seq, hidden, heads)
     for e in pieces:
         assert e["status"] in ("optimized", "unchanged"), e
         assert not e["reason"].startswith("search failed"), e
+
+
+def test_phi3_full_rotary_empty_pass_through_flows_through():
+    """Phi-3 with partial_rotary_factor 1.0: ``q[..., rotary_dim:]`` is an empty slice that a
+    torch.cat drops (issue 31: the attention partition failed with "empty slice"). The layer
+    equals eager and every op runs in an optimized partition."""
+    from transformers import Phi3Config
+    from transformers.models.phi3 import modeling_phi3 as mp
+
+    cfg = Phi3Config(hidden_size=128, intermediate_size=256, num_attention_heads=2,
+                     num_key_value_heads=2, num_hidden_layers=1, vocab_size=32,
+                     max_position_embeddings=256, partial_rotary_factor=1.0,
+                     attn_implementation="sdpa", pad_token_id=0, bos_token_id=0,
+                     eos_token_id=0)
+    torch.manual_seed(0)
+    x = torch.randn(1, 16, 128)
+    pos = torch.arange(16)[None]
+    cos, sin = mp.Phi3RotaryEmbedding(cfg)(x, pos)
+    mod = mp.Phi3DecoderLayer(cfg, 0).eval()
+
+    def fn(h):
+        return mod(h, attention_mask=None, position_embeddings=(cos, sin), position_ids=pos)
+
+    be = em.backend(time_limit_s=120, warn=False, warmup=0, cache=False)
+    with torch.no_grad():
+        want = first(fn(x))
+        got = first(torch.compile(fn, backend=be)(x))
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4)
+    s = be.summary()
+    assert s["eager"] == [] and s["optimized_ops"] == s["ops"], s["eager"]

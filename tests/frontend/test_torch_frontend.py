@@ -354,3 +354,16 @@ def test_nested_outputs_and_casts():
     assert list(g.outputs) == ["out0_0", "out0_1", "out1"]
     with pytest.raises(em.UnsupportedOpError, match=r"sum with dtype=torch\.float64"):
         em.from_torch(lambda x: x.sum(dtype=torch.float64), torch.randn(2))
+
+
+def test_an_empty_slice_flows_into_a_cat_and_is_dropped():
+    """A zero-size slice (a full rotary embedding's pass-through half) is legal in torch: it
+    flows into torch.cat, which drops it; reading it any other way is refused clearly."""
+    def rotary(q):
+        rot, rest = q[..., :8], q[..., 8:]
+        return torch.cat([rot * 2.0, rest], dim=-1)
+
+    g = _check(rotary, torch.randn(2, 3, 8))
+    assert not any(n.op.name == "CONCAT" for n in g.nodes())
+    with pytest.raises(em.UnsupportedOpError, match="Empty"):
+        em.from_torch(lambda q: q[..., 8:] * 2.0, torch.randn(2, 8))
