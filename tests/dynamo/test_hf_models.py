@@ -163,3 +163,28 @@ def test_phi3_full_rotary_empty_pass_through_flows_through():
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-4)
     s = be.summary()
     assert s["eager"] == [] and s["optimized_ops"] == s["ops"], s["eager"]
+
+
+def test_bert_sdpa_with_a_padding_mask_optimizes_its_attention():
+    """BERT through SDPA with a padding attention_mask: the attention itself runs optimized
+    (issue 31: a float attn_mask kept it eager) and the model equals eager."""
+    from transformers import BertConfig, BertModel
+
+    cfg = BertConfig(hidden_size=64, intermediate_size=128, num_attention_heads=2,
+                     num_hidden_layers=1, vocab_size=32, max_position_embeddings=64,
+                     attn_implementation="sdpa")
+    torch.manual_seed(0)
+    mod = BertModel(cfg, add_pooling_layer=False).eval()
+    ids = torch.randint(0, 32, (2, 16))
+    mask = torch.ones(2, 16, dtype=torch.long)
+    mask[1, 10:] = 0
+
+    def fn(i, m):
+        return mod(input_ids=i, attention_mask=m).last_hidden_state
+
+    be = em.backend(time_limit_s=120, warn=False, warmup=0, cache=False)
+    with torch.no_grad():
+        want, got = fn(ids, mask), torch.compile(fn, backend=be)(ids, mask)
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert any(r.status == "optimized" and "torch.scaled_dot_product_attention" in r.ops
+               for r in be.report), [(r.status, r.reason) for r in be.report]
