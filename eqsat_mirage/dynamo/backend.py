@@ -89,6 +89,7 @@ class PartitionReport:
     calls: int = 0
     eager_calls: int = 0  # calls whose sizes the program does not serve (they ran eagerly)
     replan: str = ""  # a second search, when a call moved a size Dynamo left symbolic
+    optimized_ops: int = 0  # its ops whose piece was optimized (all of them: one piece)
 
 
 def _spec_tensor(value: Tensor) -> tuple[tuple[int, ...], str]:
@@ -169,6 +170,23 @@ class _Support(OperatorSupportBase):
             got = _spec_tensor(value) if isinstance(value, Tensor) else type(value).__name__
             return f"converted to {got}, torch gives {torch_gives}"
         return None
+
+
+def _optimized_ops(sub: fx.GraphModule, cv: Converter, result: Any) -> int:
+    """The call ops of an optimized partition that ran in an optimized piece: those whose
+    result is not computed by a piece left unchanged (a whole program's pieces)."""
+    kept = {id(n) for piece, did in (getattr(result, "pieces", None) or []) if not did
+            for n in piece.ops}
+
+    def nodes(value: Any) -> list:
+        if isinstance(value, Tensor):
+            return [value.node]
+        if isinstance(value, (tuple, list)):
+            return [n for v in value for n in nodes(v)]
+        return []
+
+    return sum(1 for n in sub.graph.nodes if n.op.startswith("call")
+               and not any(id(m) in kept for m in nodes(cv.env.get(n))))
 
 
 _CATS = frozenset({torch.cat, torch.concat, torch.concatenate})
@@ -394,7 +412,7 @@ class Backend:
         small = [e for e in entries if e.status != "optimized"]
         eager = eager + [f"partition {e.name} of {len(e.ops)} ops ({e.reason})" for e in small]
         graph = {"graph": number, "ops": total, "compute_ops": compute,
-                 "optimized_ops": sum(len(e.ops) for e in done),
+                 "optimized_ops": sum(e.optimized_ops for e in done),
                  "partitions": len(entries), "optimized_partitions": len(done),
                  "predicted_us": [before, after], "eager": eager,
                  "sizes": sizes.describe() if sizes.dynamic else "static"}
@@ -480,6 +498,7 @@ class Backend:
             entry.seconds = time.perf_counter() - t0
             return None
         entry.status, entry.seconds = "optimized", time.perf_counter() - t0
+        entry.optimized_ops = _optimized_ops(sub, cv, entry.result)
         return mod
 
     def _convert(self, name: str, sub: fx.GraphModule, sizes: SymbolicSizes) -> tuple:

@@ -105,9 +105,9 @@ def changed(res) -> bool:
     """Whether a piece's result is a verified program other than its input."""
     if isinstance(res, BaseException) or res.verified is None or not res.verified.equivalent:
         return False
-    if res.stats.get("level") == "mugraph":
-        return bool(res.stats.get("regions"))
-    return res.cost_us < res.baseline_cost_us
+    if res.stats.get("level") == "mugraph" and not res.stats.get("regions"):
+        return False
+    return res.cost_us < res.baseline_cost_us  # "verified and cheaper": both, or unchanged
 
 
 def improved(res) -> bool:
@@ -130,6 +130,8 @@ def unchanged_reason(res) -> str:
     rejected = [p for p in st.get("plans", []) if p.get("verified") is False]
     if rejected:
         return f"{len(rejected)} cheaper candidate(s) rejected by the verifier"
+    if st.get("time_limited"):  # a pass cut short: the search did not finish
+        return "time limit reached before a cheaper candidate verified; input returned"
     return "no candidate cheaper than one kernel per op"
 
 
@@ -208,6 +210,12 @@ def optimize_whole(graph, options: SearchOptions, cache, progress,
             cex = ran.counterexample
             failed = f"failed ({cex})" if cex is not None else ran.message
     stats["end_to_end"] = ran.message
+    if not any(did):  # nothing optimized: say why (the pieces' reasons, counted)
+        why: dict[str, int] = {}
+        for e in entries:
+            why[e["reason"]] = why.get(e["reason"], 0) + 1
+        stats["note"] = "no piece optimized, input returned: " + "; ".join(
+            f"{n} piece(s): {r}" for r, n in why.items())
     if failed is not None:
         stats["note"] = f"end-to-end float check of the stitched program {failed}: input returned"
         mugraph = stitch(graph, pieces, [from_graph(p.graph) for p in pieces])
@@ -228,7 +236,9 @@ def optimize_whole(graph, options: SearchOptions, cache, progress,
         stats["custom_kernels"] = sum(k.kind == "custom" for k in mugraph.kernels)
     stats["stitch_seconds"] = time.perf_counter() - t1
     stats["seconds"] = time.perf_counter() - t0
-    return OptimizeResult(program, cost, baseline, verdict, stats, [], graph, roof)
+    out = OptimizeResult(program, cost, baseline, verdict, stats, [], graph, roof)
+    out.pieces = [(p, d and failed is None) for p, d in zip(pieces, did)]
+    return out
 
 
 def _text(piece: Piece) -> str:
@@ -254,7 +264,7 @@ def _entry(piece: Piece, res, first: int, did: bool) -> dict:
 
 
 def _verdict(entries: list[dict], results: list, max_bound: float, failed: str | None,
-             ran: FloatCheck) -> VerifyResult:
+             ran: FloatCheck) -> VerifyResult | None:
     """The whole program's verdict: the union of the distinct optimized pieces' bounds
     (``failed``: why the end-to-end check refused the stitched program, which means the
     input was returned)."""
@@ -263,6 +273,8 @@ def _verdict(entries: list[dict], results: list, max_bound: float, failed: str |
             f"input returned: the stitched program's end-to-end float check {failed}"))
     used = [results[e["index"]] for e in entries
             if e["status"] == "optimized" and e["same_as"] is None]
+    if not used:  # nothing verified: no verdict (stats["note"] says why)
+        return None
     kept = sum(e["status"] == "unchanged" for e in entries)
     out = VerifyResult(True, sum(r.verified.false_positive_bound for r in used), None,
                        min((r.verified.trials for r in used), default=0), max_bound=max_bound,

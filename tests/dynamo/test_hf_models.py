@@ -133,6 +133,13 @@ def test_llama_layer_at_small_sequence_lengths_never_crashes(seq, hidden, heads)
     for e in pieces:
         assert e["status"] in ("optimized", "unchanged"), e
         assert not e["reason"].startswith("search failed"), e
+    # coverage counts only the ops of optimized pieces (issue 31: "55 of 55" was printed with
+    # pieces unchanged), and an optimized piece is verified and cheaper
+    s = be.summary()
+    kept = [e for e in pieces if e["status"] == "unchanged"]
+    assert (s["optimized_ops"] < s["ops"]) == bool(kept), (s["optimized_ops"], kept)
+    assert all(e["cost_after_us"] < e["cost_before_us"] for e in pieces
+               if e["status"] == "optimized")
 
 
 def test_phi3_full_rotary_empty_pass_through_flows_through():
