@@ -225,6 +225,8 @@ class TileOps(ConcatOps):
         self.env = env  # split_node reads the operands that broadcast along a concat axis
         if node.op is Op.CONST:
             return Val(literal(node.arg, self.who), (), "float32", False, float(node.arg))
+        if node.op is Op.CAUSAL:  # no operands, yet no constant: a mask from positions
+            return self.causal_mask(node, section)
         label = self.label(node)
         if all(s.const is not None for s in srcs):
             return self._fold(node, srcs)
@@ -261,14 +263,45 @@ class TileOps(ConcatOps):
         self.emit(section, var, expr, label)
         return Val(var, node.shape, "float32", clean)
 
+    def causal_mask(self, node: Node, section: list[str]) -> Val:
+        """A causal mask block op (the tile is the whole mask: a schedule that splits it is
+        refused when it is lowered): ``row + offset >= col`` from the block's positions."""
+        rows, cols, off = node.arg
+        if node.shape != (rows, cols):
+            raise CodegenError(f"{self.who}: internal: causal mask {rows}x{cols} as a tile of "
+                               f"{fmt_shape(node.shape)}")
+        if getattr(self, "family", False):  # its offset and sizes follow L: read, not fused
+            raise CodegenError(f"{self.who}: a causal or length mask computed inside a shape "
+                               "family's kernel")
+        label = self.label(node)
+        dims = squeezed(node.shape)
+        if not dims:  # one element: a constant
+            value = 1.0 if off >= 0 else 0.0
+            return Val(literal(value, self.who), (), "float32", False, value)
+        pos, r = [], 0
+        for size in node.shape:
+            if size > 1:
+                pos.append(f"tl.arange(0, {self.bname(size)}){index(r, len(dims))}")
+                r += 1
+            else:
+                pos.append("0")
+        var = self.names(f"v{self.counter - 1}")
+        self.emit(section, var, f"{pos[0]} + {off} >= {pos[1]}", label)
+        return Val(var, node.shape, "bool", False)
+
     def _fold(self, node: Node, srcs: list[Val]) -> Val:
+        """An op on constants folded to one: every folded value is a scalar (a tile op on
+        scalars is one; a broadcast of one value is taken once)."""
         import numpy as np
 
-        from ..semantics.floating import FLOAT_SEMANTICS, FloatCtx
+        from ..semantics.floating import FLOAT_SEMANTICS, FloatCtx, uniform
 
         value = FLOAT_SEMANTICS[node.op](FloatCtx({}, None), node,
                                          *(np.float64(s.const) for s in srcs))
-        value = float(np.asarray(value).reshape(()))
+        if not uniform(value):
+            raise CodegenError(f"{self.who}: internal: {node.describe()} of constants is not "
+                               f"one value ({fmt_shape(np.shape(value))})")
+        value = float(np.asarray(value).reshape(-1)[0])
         return Val(literal(value, self.who), (), "float32", False, value)
 
     def _unary(self, node: Node, x: Val) -> tuple[str, bool]:

@@ -60,6 +60,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ..frontend.from_torch import Converter, op_name, source_line, unique_identifier
 from ..frontend.graph import Graph, Tensor
+from ..frontend.torch_movement import Empty
 from ..ir.errors import MirageError, unexpected
 from ..pipeline.whole import improved, optimize, unchanged_reason
 from .runtime import OptimizedPartition, Warmup, uses_triton
@@ -88,6 +89,7 @@ class PartitionReport:
     calls: int = 0
     eager_calls: int = 0  # calls whose sizes the program does not serve (they ran eagerly)
     replan: str = ""  # a second search, when a call moved a size Dynamo left symbolic
+    optimized_ops: int = 0  # its ops whose piece was optimized (all of them: one piece)
 
 
 def _spec_tensor(value: Tensor) -> tuple[tuple[int, ...], str]:
@@ -120,7 +122,8 @@ class _Support(OperatorSupportBase):
             cv.lookup(node)
         except (MirageError, AttributeError):
             return "no eqsat-mirage form (unsupported op)"
-        if empty(node) or any(empty(src) for src in node.all_input_nodes):
+        if (empty(node) or any(empty(src) for src in node.all_input_nodes)) and \
+                not _empty_flows(node):
             return "a zero-size tensor (e.g. an empty KV cache): nothing to compute"
         sizes = self.sizes
         why = sizes.reason(node)
@@ -133,6 +136,9 @@ class _Support(OperatorSupportBase):
         dims = sizes.dims([d for spec, parts in specs for sp in ([spec] if spec else parts or [])
                            for d in sp[0]])
         for i, (src, (spec, parts)) in enumerate(zip(node.all_input_nodes, specs)):
+            if spec is not None and 0 in spec[0]:  # an empty slice: flows into a cat
+                cv.env[src] = Empty(tuple(spec[0]), spec[1])
+                continue
             if spec is None and parts is None:
                 scalar = sizes.scalar(src)  # a float Dynamo made symbolic: a constant here
                 if scalar is None:
@@ -158,10 +164,48 @@ class _Support(OperatorSupportBase):
                 return f"converted to {got}, torch gives {torch_gives}"
             return None
         torch_gives = (sizes.concrete(want[0]), want[1])
+        if isinstance(value, Empty) and (value.shape, value.dtype) == torch_gives:
+            return None
         if not isinstance(value, Tensor) or _spec_tensor(value) != torch_gives:
             got = _spec_tensor(value) if isinstance(value, Tensor) else type(value).__name__
             return f"converted to {got}, torch gives {torch_gives}"
         return None
+
+
+def _optimized_ops(sub: fx.GraphModule, cv: Converter, result: Any) -> int:
+    """The call ops of an optimized partition that ran in an optimized piece: those whose
+    result is not computed by a piece left unchanged (a whole program's pieces)."""
+    kept = {id(n) for piece, did in (getattr(result, "pieces", None) or []) if not did
+            for n in piece.ops}
+
+    def nodes(value: Any) -> list:
+        if isinstance(value, Tensor):
+            return [value.node]
+        if isinstance(value, (tuple, list)):
+            return [n for v in value for n in nodes(v)]
+        return []
+
+    return sum(1 for n in sub.graph.nodes if n.op.startswith("call")
+               and not any(id(m) in kept for m in nodes(cv.env.get(n))))
+
+
+_CATS = frozenset({torch.cat, torch.concat, torch.concatenate})
+
+
+def _empty_flows(node: fx.Node) -> bool:
+    """Whether the zero-size tensors at ``node`` flow through a partition: an empty slice
+    of a tensor with elements (a full rotary embedding's pass-through half, ``q[..., 64:]``)
+    read only by ``torch.cat``, which drops it; or such a cat. A zero-size tensor from
+    anywhere else (an empty KV cache) stays eager."""
+    def empty_slice(n: fx.Node) -> bool:
+        return n.op == "call_function" and n.target is operator.getitem and empty(n) and \
+            not any(empty(s) for s in n.all_input_nodes) and bool(n.users) and \
+            all(u.op == "call_function" and u.target in _CATS for u in n.users)
+
+    if empty_slice(node):
+        return True
+    return node.op == "call_function" and node.target in _CATS and not empty(node) and \
+        all(empty_slice(s) for s in node.all_input_nodes if empty(s))
 
 
 def _served(shape: tuple, dims: dict) -> tuple:
@@ -368,7 +412,7 @@ class Backend:
         small = [e for e in entries if e.status != "optimized"]
         eager = eager + [f"partition {e.name} of {len(e.ops)} ops ({e.reason})" for e in small]
         graph = {"graph": number, "ops": total, "compute_ops": compute,
-                 "optimized_ops": sum(len(e.ops) for e in done),
+                 "optimized_ops": sum(e.optimized_ops for e in done),
                  "partitions": len(entries), "optimized_partitions": len(done),
                  "predicted_us": [before, after], "eager": eager,
                  "sizes": sizes.describe() if sizes.dynamic else "static"}
@@ -454,6 +498,7 @@ class Backend:
             entry.seconds = time.perf_counter() - t0
             return None
         entry.status, entry.seconds = "optimized", time.perf_counter() - t0
+        entry.optimized_ops = _optimized_ops(sub, cv, entry.result)
         return mod
 
     def _convert(self, name: str, sub: fx.GraphModule, sizes: SymbolicSizes) -> tuple:
@@ -474,6 +519,9 @@ class Backend:
                     continue
                 if spec is None:
                     raise MirageError(f"input {node.name!r} is not a float tensor")
+                if 0 in spec[0]:  # an empty slice made by another partition: dropped by a cat
+                    cv.env[node] = Empty(tuple(spec[0]), spec[1])
+                    continue
                 device = device or spec[2]
                 cv.env[node] = cv.input(node.name, _served(spec[0], dims), spec[1],
                                         ("arg", placeholders.index(node)))
@@ -481,6 +529,8 @@ class Backend:
                 value = fx.node.map_arg(node.args[0], cv.env.__getitem__)
                 single = not isinstance(value, (tuple, list))
                 for out_name, t in cv.outputs(value):
+                    if isinstance(t, Empty):
+                        raise MirageError(f"output {out_name!r} is a zero-size tensor")
                     if t.node.op.name == "INPUT":  # an identity: hand the input back
                         outs.append((out_name, t.node.arg))
                     else:

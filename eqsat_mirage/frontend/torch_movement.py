@@ -11,6 +11,7 @@ are this part of the support table; ``torch_ops`` merges them into the whole.
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -47,10 +48,50 @@ def _perm_swap(ndim: int, a: int, b: int) -> tuple[int, ...]:
     return tuple(perm)
 
 
+@dataclass(frozen=True)
+class Empty:
+    """A zero-size tensor (legal in torch; no element to compute): the pass-through half of a
+    full rotary embedding, ``q[..., 64:]`` of a 64-wide axis. It flows into a ``torch.cat``,
+    which drops it; anything else that reads it is refused (``UnsupportedOpError``)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+def _empty_slice(x: Tensor, items: tuple) -> Empty | None:
+    """The ``Empty`` that basic index ``items`` selects from ``x``, or None when it selects
+    elements (torch's rules: slices with step 1, None and ...)."""
+    real = sum(i is not None and i is not Ellipsis for i in items)
+    if Ellipsis in items:
+        at = items.index(Ellipsis)
+        items = items[:at] + (slice(None),) * (x.ndim - real) + items[at + 1:]
+    items = items + (slice(None),) * (x.ndim - sum(i is not None for i in items))
+    shape, axis = [], 0
+    for item in items:
+        if item is None:
+            shape.append(1)
+            continue
+        start, stop, _ = item.indices(x.shape[axis])
+        shape.append(max(0, stop - start))
+        axis += 1
+    return Empty(tuple(shape), x.dtype) if 0 in shape else None
+
+
 # -- movement -------------------------------------------------------------------------------
-def _cat(tensors: Any, dim: int = 0, *, out: Any = None) -> Tensor:
+def _cat(tensors: Any, dim: int = 0, *, out: Any = None) -> Tensor | Empty:
     refuse(out, "out=")
-    return concat([tensor_arg(t, "cat") for t in tensors], axis=dim)
+    tensors = list(tensors)
+    kept = [t for t in tensors if not isinstance(t, Empty)]  # zero-size parts add nothing
+    if not kept:
+        return Empty(tuple(sum(t.shape[a] for t in tensors) if a == dim % tensors[0].ndim
+                           else d for a, d in enumerate(tensors[0].shape)), tensors[0].dtype)
+    if len(kept) == 1:
+        return tensor_arg(kept[0], "cat")
+    return concat([tensor_arg(t, "cat") for t in kept], axis=dim)
 
 
 def _transpose(x: Any, dim0: int, dim1: int) -> Tensor:
@@ -190,6 +231,13 @@ def _getitem(obj: Any, index: Any) -> Any:
                for i in items):
             raise UnsupportedOpError(f"tensor indexing x[{index!r}] (supported: slices with "
                                      "step 1, None and ...)")
+        if sum(i is Ellipsis for i in items) <= 1 and all(
+                i.step in (None, 1) for i in items if isinstance(i, slice)):
+            empty = _empty_slice(obj, items)
+            if empty is not None:
+                return empty
+    if isinstance(obj, Empty):
+        raise UnsupportedOpError("indexing a zero-size tensor")
     return obj[index]
 
 

@@ -202,9 +202,10 @@ def _sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: fl
     """F.scaled_dot_product_attention as ``softmax(q @ k^T * scale) @ v`` (max-subtracted)."""
     q, k, v = (tensor_arg(t, "scaled_dot_product_attention") for t in (query, key, value))
     refuse(float(dropout_p) != 0.0, f"scaled_dot_product_attention with dropout_p={dropout_p}")
-    if attn_mask is not None and (not isinstance(attn_mask, Tensor) or attn_mask.dtype != "bool"):
-        raise UnsupportedOpError("scaled_dot_product_attention with a float attn_mask (a bool "
-                                 "mask is supported)")
+    if attn_mask is not None and not isinstance(attn_mask, Tensor):
+        raise UnsupportedOpError(f"scaled_dot_product_attention with a "
+                                 f"{type(attn_mask).__name__} attn_mask (a bool or float "
+                                 "tensor is supported)")
     refuse(attn_mask is not None and is_causal, "scaled_dot_product_attention with both "
         "attn_mask and is_causal")
     if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
@@ -228,8 +229,10 @@ def _sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: fl
     s = s * factor
     if is_causal:  # torch's is_causal: the top-left diagonal
         s = where(q.graph.causal_mask(q.shape[-2], k.shape[-2]), s, float("-inf"))
-    elif attn_mask is not None:
+    elif attn_mask is not None and attn_mask.dtype == "bool":
         s = where(attn_mask, s, float("-inf"))
+    elif attn_mask is not None:  # torch adds a float mask to the scores (BERT's padding mask)
+        s = s + attn_mask.astype(s.dtype)
     out = softmax(s, axis=-1) @ v
     return out.reshape(shape[:-1] + (out.shape[-1],)) if out.ndim != len(shape) else out
 

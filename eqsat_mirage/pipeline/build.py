@@ -18,7 +18,7 @@ from ..codegen.concat import CodegenError
 from ..codegen.tune import TuneResult, tune
 from ..cost.gpucost import mugraph_cost, refusing
 from ..cost.tiles import tile_key
-from ..ir.errors import MirageError
+from ..ir.errors import MirageError, unexpected
 from .records import CompileRecord
 
 MAX_REPLANS = 4  # re-plans per optimize call after refusals (each re-prices the candidate)
@@ -54,6 +54,11 @@ class Builder:
             except (CodegenError, subprocess.SubprocessError, OSError) as exc:
                 why = f"the target's compiler failed on it: {exc}"[:500]
                 result = TuneResult(self.prof.name, refused={tile_key(k): why for k in custom})
+            except Exception as exc:  # a bug on this one candidate: refused, the search goes on
+                if unexpected(exc):
+                    raise
+                why = f"code generation failed on it: {type(exc).__name__}: {exc}"[:500]
+                result = TuneResult(self.prof.name, refused={tile_key(k): why for k in custom})
         self.compiles, self.seconds = self.compiles + result.compiles, self.seconds + result.seconds
         if result.ok:
             entry["compiled"] = result.summary()
@@ -74,8 +79,11 @@ class Builder:
             with refusing(self.refused):
                 again = plan(graph, self.prof, self.strategy, cuts=cuts, shared=None,
                              deadline=self.deadline)
-        except MirageError as exc:  # the planner refused the program: a bug would propagate
-            entry["compiled"] += f"; re-planning failed: {exc}"
+        except Exception as exc:  # the planner refused the program (a bug too, outside
+            if unexpected(exc):   # strict mode: the candidate is dropped, the search goes on)
+                raise
+            why = str(exc) if isinstance(exc, MirageError) else f"{type(exc).__name__}: {exc}"
+            entry["compiled"] += f"; re-planning failed: {why}"
             return False
         if again.cost_us < float("inf"):
             bisect.insort(queue, (again.cost_us, i, f"{how} (re-planned)", again),

@@ -27,7 +27,7 @@ from ..egraph.extract import extract
 from ..egraph.rulefiles import builtin_rules_dir, load_rules, rule_paths
 from ..egraph.saturate import DEFAULT_PHASES, Limits, Saturator
 from ..ir.check import check, check_lax
-from ..ir.errors import BudgetError, LaxError, MirageError, TimeLimitError
+from ..ir.errors import BudgetError, LaxError, MirageError, TimeLimitError, unexpected
 from ..ir.limits import check_memory
 from ..verifier.runner import THREADS, footprint
 from ..verifier.verify import VerifyResult, verify
@@ -253,7 +253,14 @@ def _verify(graph, program, vplan: VerifyPlan, trials: int | None = None):
 def _verify_candidate(graph, program, vplan: VerifyPlan, record: VerificationRecord):
     """One candidate verified (counted in ``record``, with the time limit if it ran out)."""
     record.tried += 1
-    res = _verify(graph, program, vplan)
+    try:
+        res = _verify(graph, program, vplan)
+    except Exception as exc:  # this candidate cannot be checked: rejected, the next one tried
+        if unexpected(exc):   # (a bug propagates in strict mode)
+            raise
+        why = str(exc) if isinstance(exc, MirageError) else f"{type(exc).__name__}: {exc}"
+        return VerifyResult(False, 1.0, reason=f"not checked: {why}", inconclusive=True,
+                            max_bound=vplan.max_bound)
     if not res.equivalent and vplan.deadline.expired():
         record.time_out(f"time limit reached while verifying ({res.reason}); input returned")
     return res
@@ -333,8 +340,11 @@ def _plan_all(graph, todo: list, prof, strategy, late, record: PlanningRecord) -
             p = plan(g, prof, strategy, cuts=cuts, shared=priced, deadline=late)
             if late.expired():  # the planner may have left fragments unfused
                 record.skipped += 1
-        except MirageError as exc:  # a refused schedule or program: recorded, skipped
-            record.errors.append(f"{how}: {exc}")
+        except Exception as exc:  # a refused schedule or program: recorded, skipped (a bug
+            if unexpected(exc):   # too, outside strict mode: one candidate never sinks a piece)
+                raise
+            why = str(exc) if isinstance(exc, MirageError) else f"{type(exc).__name__}: {exc}"
+            record.errors.append(f"{how}: {why}")
             continue
         key = _plan_key(p.mugraph)
         if key not in seen:

@@ -33,6 +33,8 @@ class OptimizeResult:
     roofline_us: float | None = None  # DESIGN.md's lower bound (mugraph level)
     plan: object = None  # the chosen program's fusion.FusionPlan (mugraph level)
     passes: object = None  # records.SearchRecord of the search (None: a cache hit, a whole)
+    # a whole program's pieces: (partition.Piece, optimized?) each, its ops the input's nodes
+    pieces: list | None = field(default=None, repr=False)
 
     @property
     def speedup(self) -> float:

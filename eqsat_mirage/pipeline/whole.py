@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 
 from ..ir.check import check
-from ..ir.errors import MirageError
+from ..ir.errors import MirageError, unexpected
 from ..ir.limits import Deadline, check_memory
 from ..partition.pieces import DEFAULT_PIECE_OPS, Piece, needs_partition, partition
 from ..partition.stitch import stitch
@@ -105,9 +105,9 @@ def changed(res) -> bool:
     """Whether a piece's result is a verified program other than its input."""
     if isinstance(res, BaseException) or res.verified is None or not res.verified.equivalent:
         return False
-    if res.stats.get("level") == "mugraph":
-        return bool(res.stats.get("regions"))
-    return res.cost_us < res.baseline_cost_us
+    if res.stats.get("level") == "mugraph" and not res.stats.get("regions"):
+        return False
+    return res.cost_us < res.baseline_cost_us  # "verified and cheaper": both, or unchanged
 
 
 def improved(res) -> bool:
@@ -130,6 +130,8 @@ def unchanged_reason(res) -> str:
     rejected = [p for p in st.get("plans", []) if p.get("verified") is False]
     if rejected:
         return f"{len(rejected)} cheaper candidate(s) rejected by the verifier"
+    if st.get("time_limited"):  # a pass cut short: the search did not finish
+        return "time limit reached before a cheaper candidate verified; input returned"
     return "no candidate cheaper than one kernel per op"
 
 
@@ -156,7 +158,9 @@ def _search_pieces(distinct: list[Piece], options: SearchOptions, jobs: int, cac
         try:
             out.append(optimize_piece(p.graph, opts.replace(time_limit_s=seconds),
                                       progress=progress, cache=cache))
-        except MirageError as exc:  # e.g. a BudgetError: the piece stays as it is
+        except Exception as exc:  # e.g. a BudgetError: the piece stays as it is (a bug too,
+            if unexpected(exc):   # outside strict mode, recorded with its type)
+                raise
             out.append(exc)
     return out
 
@@ -206,6 +210,12 @@ def optimize_whole(graph, options: SearchOptions, cache, progress,
             cex = ran.counterexample
             failed = f"failed ({cex})" if cex is not None else ran.message
     stats["end_to_end"] = ran.message
+    if not any(did):  # nothing optimized: say why (the pieces' reasons, counted)
+        why: dict[str, int] = {}
+        for e in entries:
+            why[e["reason"]] = why.get(e["reason"], 0) + 1
+        stats["note"] = "no piece optimized, input returned: " + "; ".join(
+            f"{n} piece(s): {r}" for r, n in why.items())
     if failed is not None:
         stats["note"] = f"end-to-end float check of the stitched program {failed}: input returned"
         mugraph = stitch(graph, pieces, [from_graph(p.graph) for p in pieces])
@@ -226,7 +236,9 @@ def optimize_whole(graph, options: SearchOptions, cache, progress,
         stats["custom_kernels"] = sum(k.kind == "custom" for k in mugraph.kernels)
     stats["stitch_seconds"] = time.perf_counter() - t1
     stats["seconds"] = time.perf_counter() - t0
-    return OptimizeResult(program, cost, baseline, verdict, stats, [], graph, roof)
+    out = OptimizeResult(program, cost, baseline, verdict, stats, [], graph, roof)
+    out.pieces = [(p, d and failed is None) for p, d in zip(pieces, did)]
+    return out
 
 
 def _text(piece: Piece) -> str:
@@ -252,7 +264,7 @@ def _entry(piece: Piece, res, first: int, did: bool) -> dict:
 
 
 def _verdict(entries: list[dict], results: list, max_bound: float, failed: str | None,
-             ran: FloatCheck) -> VerifyResult:
+             ran: FloatCheck) -> VerifyResult | None:
     """The whole program's verdict: the union of the distinct optimized pieces' bounds
     (``failed``: why the end-to-end check refused the stitched program, which means the
     input was returned)."""
@@ -261,6 +273,8 @@ def _verdict(entries: list[dict], results: list, max_bound: float, failed: str |
             f"input returned: the stitched program's end-to-end float check {failed}"))
     used = [results[e["index"]] for e in entries
             if e["status"] == "optimized" and e["same_as"] is None]
+    if not used:  # nothing verified: no verdict (stats["note"] says why)
+        return None
     kept = sum(e["status"] == "unchanged" for e in entries)
     out = VerifyResult(True, sum(r.verified.false_positive_bound for r in used), None,
                        min((r.verified.trials for r in used), default=0), max_bound=max_bound,

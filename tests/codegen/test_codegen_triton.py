@@ -776,3 +776,21 @@ def test_a_fused_kernel_compiles_for_sm90a_without_a_gpu():
     assert compile_report(res.triton_source(), "h100")[0] is k  # cached by source
     with pytest.raises(em.MirageError, match="no compute capability"):
         compile_report(res.triton_source(), "tpu")
+
+
+@pytest.mark.parametrize("rows,cols,offset", [(16, 16, 0), (5, 12, 7), (1, 9, 8), (1, 1, 0)])
+def test_a_causal_mask_inside_a_kernel_is_computed_from_positions(rows, cols, offset):
+    """A causal mask fused into a kernel as a block op (its tile the whole mask, as the
+    planner fuses a LLaMA layer's attention at sequence length 16) is built from positions
+    in the kernel, not folded as a constant (issue 31: "cannot reshape array of size 256")."""
+    g = em.Graph(f"causal_{rows}x{cols}")
+    q = g.input("Q", (2, rows, 8))
+    k = g.input("K", (2, 8, cols))
+    v = g.input("V", (2, cols, 8))
+    s = em.where(g.causal_mask(rows, cols, offset), (q @ k) * 0.3, float("-inf"))
+    g.output(em.softmax(s, axis=-1) @ v, "O")
+    for sched in (Schedule(), Schedule(grid={idx(g, "Q", 0): 2})):
+        mg = lower(g, sched)
+        assert [kk.kind for kk in mg.kernels] == ["custom"]
+        fn = check_compiled(mg, g)
+        assert rows * cols == 1 or " >= tl.arange(" in fn.source  # one element: a constant

@@ -136,3 +136,56 @@ def test_compile_check_on_a_target_it_cannot_build_is_a_clear_error(tmp_path):
     g.output(em.exp(x), "Y")
     with pytest.raises(em.MirageError, match="compile_check needs a built-in GPU target"):
         em.optimize(g, target=tmp_path / "mygpu.toml", cache=False, compile_check=True)
+
+
+def test_a_bug_on_one_candidate_is_contained_outside_strict_mode(monkeypatch):
+    """A non-project error (a bug) in code generation of one candidate refuses that
+    candidate with its type and message; the next plan is built, verified and chosen.
+    In strict mode (the test suite) the same bug propagates."""
+    from eqsat_mirage.ir.errors import STRICT_ENV
+
+    g = em.Graph("rmslin")
+    x = g.input("X", (16, 256), dtype="float16")
+    w = g.input("W", (256, 512), dtype="float16")
+    g.output(em.rms_norm(x) @ w, "Y")
+    calls = []
+
+    def buggy_once(mg, target):
+        calls.append(1)
+        if len(calls) == 1:
+            raise ValueError("cannot reshape array of size 256 into shape () (test)")
+        return TuneResult(target)
+
+    monkeypatch.setattr(build, "tune", buggy_once)
+    with pytest.raises(ValueError, match="cannot reshape"):
+        em.optimize(g, cache=False, compile_check=True)
+    calls.clear()
+    monkeypatch.setenv(STRICT_ENV, "0")
+    res = em.optimize(g, cache=False, compile_check=True)
+    st = res.stats["compiled"]
+    assert st["refused"] == ["code generation failed on it: ValueError: cannot reshape array of "
+                             "size 256 into shape () (test)"]
+    assert len(calls) >= 2 and res.verified.equivalent and _custom(res.program)
+    assert res.cost_us < res.baseline_cost_us
+
+
+def test_a_bug_in_planning_one_candidate_is_contained_outside_strict_mode(monkeypatch):
+    """The planner failing on one candidate (a bug) drops that candidate with the error
+    recorded (``fusion_errors``); the input program is still planned and returned."""
+    from eqsat_mirage.fusion import planner
+    from eqsat_mirage.ir.errors import STRICT_ENV
+
+    real, calls = planner.plan, []
+
+    def buggy_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise IndexError("tuple index out of range (test)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(planner, "plan", buggy_once)
+    monkeypatch.setenv(STRICT_ENV, "0")
+    res = em.optimize(_rmslin(), cache=False, compile_check=False)
+    assert any("IndexError: tuple index out of range (test)" in e
+               for e in res.stats["fusion_errors"])
+    assert res.verified.equivalent and len(calls) >= 2

@@ -354,3 +354,31 @@ def test_nested_outputs_and_casts():
     assert list(g.outputs) == ["out0_0", "out0_1", "out1"]
     with pytest.raises(em.UnsupportedOpError, match=r"sum with dtype=torch\.float64"):
         em.from_torch(lambda x: x.sum(dtype=torch.float64), torch.randn(2))
+
+
+def test_an_empty_slice_flows_into_a_cat_and_is_dropped():
+    """A zero-size slice (a full rotary embedding's pass-through half) is legal in torch: it
+    flows into torch.cat, which drops it; reading it any other way is refused clearly."""
+    def rotary(q):
+        rot, rest = q[..., :8], q[..., 8:]
+        return torch.cat([rot * 2.0, rest], dim=-1)
+
+    g = _check(rotary, torch.randn(2, 3, 8))
+    assert not any(n.op.name == "CONCAT" for n in g.nodes())
+    with pytest.raises(em.UnsupportedOpError, match="Empty"):
+        em.from_torch(lambda q: q[..., 8:] * 2.0, torch.randn(2, 8))
+
+
+def test_sdpa_with_a_float_additive_mask():
+    """A float attn_mask is added to the scores before the max-subtracted softmax (BERT's
+    padding mask through SDPA), a row masked with finfo.min everywhere as torch gives it."""
+    mask = torch.zeros(2, 1, 4, 6)
+    mask[1, :, :, 3:] = torch.finfo(torch.float32).min
+    mask[0, :, 2, :] = torch.finfo(torch.float32).min  # a fully masked row: uniform, as torch
+
+    def attn(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    g = _check(attn, *_inputs([(2, 2, 4, 8), (2, 2, 6, 8), (2, 2, 6, 8)]), mask, rtol=1e-5,
+               atol=1e-5)
+    assert any(n.op.name == "ADD" for n in g.nodes())

@@ -163,3 +163,24 @@ def test_decoder_blocks_through_torch_compile_equal_eager():
     (entry,) = be.report
     assert entry.status == "optimized" and len(entry.result.stats["pieces"]) >= 4
     assert entry.result.cost_us <= 0.5 * entry.result.baseline_cost_us
+
+
+def test_nothing_optimized_in_time_says_so_and_claims_no_verdict():
+    """Issue 31: with no piece optimized (here the time limit ends the search at once) the
+    whole program's ``verified`` is None, not "equivalent after 0 trials", and the note
+    gives the pieces' true reasons; no piece is "optimized" unless verified and cheaper."""
+    res = em.optimize(small_chain(), time_limit_s=0.01, cache=False)
+    assert res.verified is None
+    assert res.stats["note"].startswith("no piece optimized, input returned: ")
+    assert "time limit" in res.stats["note"]
+    assert all(e["status"] == "unchanged" and "time limit" in e["reason"]
+               for e in res.stats["pieces"])
+    assert not any(d for _, d in res.pieces)
+
+
+def test_an_optimized_piece_is_verified_and_cheaper(chained):
+    _, res = chained
+    assert any(e["status"] == "optimized" for e in res.stats["pieces"])
+    for e in res.stats["pieces"]:
+        if e["status"] == "optimized":
+            assert e["cost_after_us"] < e["cost_before_us"] and e["bound"] > 0, e
