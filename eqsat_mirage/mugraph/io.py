@@ -86,10 +86,11 @@ def _fmt_custom(k: CustomKernel, specs: Mapping[str, TensorSpec]) -> list[str]:
     return lines
 
 
-def format_mugraph(mg: KernelGraph) -> str:
-    """A readable listing: kernels, grids, loops, maps, tile shapes, accumulators, outputs."""
+def format_mugraph(mg: KernelGraph, name: str | None = None) -> str:
+    """A readable listing: kernels, grids, loops, maps, tile shapes, accumulators, outputs
+    (``name``: shown for the MuGraph's, e.g. in a generated module's comment)."""
     ins = ", ".join(f"{n}: {short_dtype(v.dtype)}{list(v.shape)}" for n, v in mg.inputs.items())
-    lines = [f"mugraph {mg.name}({ins})"]
+    lines = [f"mugraph {mg.name if name is None else name}({ins})"]
     specs = mg.tensors
     for k in mg.kernels:
         if isinstance(k, PredefinedKernel):

@@ -156,6 +156,7 @@ class MuGraph:
         """Check every kernel in order; raises a ``MirageError`` naming kernel and tensor."""
         if not self.output_tensors:
             raise MuGraphError(f"mugraph {self.name!r} has no outputs (call mg.output(tensor))")
+        self._check_names()
         known = {n: TensorSpec(n, v.shape, v.dtype) for n, v in self.inputs.items()}
         names: set[str] = set()
         for k in self.kernels:
@@ -173,6 +174,29 @@ class MuGraph:
                 raise UnknownTensorError(f"output {n!r} of mugraph {self.name!r}: unknown tensor "
                                          f"{t!r}")
         return self
+
+    def _check_names(self) -> None:
+        """Every name a generated module could show (inputs, outputs, kernels, device tensors,
+        block inputs and accumulators) must be a Python identifier, else ``MuGraphError``: a
+        MuGraph read from JSON or a results cache names nothing else. The MuGraph's own name
+        may be any string (code generation shows it only as a string literal)."""
+        if not isinstance(self.name, str):
+            raise MuGraphError(f"mugraph name {self.name!r} must be a string")
+        for n in self.inputs:
+            check_name(n, f"mugraph {self.name!r}: input")
+        for n, t in self.output_tensors.items():
+            check_name(n, f"mugraph {self.name!r}: output")
+            check_name(t, f"mugraph {self.name!r}: output {n!r}: tensor")
+        for k in self.kernels:
+            check_name(k.name, f"mugraph {self.name!r}: kernel")
+            if isinstance(k, PredefinedKernel):
+                check_name(k.output, f"kernel {k.name!r}: output tensor")
+                continue
+            for n, bi in k.inputs.items():
+                check_name(n, f"kernel {k.name!r}: block input")
+                check_name(bi.tensor, f"kernel {k.name!r}: block input {n!r}: tensor")
+            for n in [*k.outputs, *k.accumulators, *k.maxima]:
+                check_name(n, f"kernel {k.name!r}: block output or accumulator")
 
     def check_lax(self, what: str = "program") -> None:
         """Validate, then raise ``LaxError`` if some path takes exp twice (tiles included)."""
