@@ -5,8 +5,9 @@ kernel per op) reads the piece's inputs ``in0, in1, ...``. In the stitched
 program those are the whole program's inputs, or the tensors earlier pieces
 wrote; every other tensor and kernel of piece j is renamed with a ``p{j}_``
 prefix (and a ``_1``, ``_2``... suffix where that would be a user's input name or another
-tensor's: a user's names never collide with the stitched ones). The stitching works on the plain-data form (``MuGraph.to_dict``), so
-nothing about a kernel is lost or re-derived, and the result is validated.
+tensor's: a user's names never collide with the stitched ones). The stitching works on
+the plain-data form (``MuGraph.to_dict``), so nothing about a kernel is lost or re-derived,
+and the result is validated.
 """
 
 from __future__ import annotations

@@ -183,7 +183,7 @@ def test_stitching_never_collides_with_user_names():
     # inputs named like the stitched tensors of each piece (p{j}_out{i}, p{j}_t{i}, leaf{n})
     g = em.Graph("collide")
     h = g.input("Q", (2, 16, 8), "float32")
-    for i, (kn, vn) in enumerate([("p0_out0", "p1_out0"), ("p0_t0", "p1_t0")]):
+    for kn, vn in [("p0_out0", "p1_out0"), ("p0_t0", "p1_t0")]:
         k = g.input(kn, (2, 8, 64), "float32")
         v = g.input(vn, (2, 64, 8), "float32")
         h = attention(g, h, k, v)
