@@ -25,7 +25,7 @@ from ..mugraph.kernels import CustomKernel, TensorSpec, axis_name, fmt_map
 from ..mugraph.online import causal_skip
 from .concat import CodegenError, Val, split, squeezed
 from .family import FamilyLayout
-from .tiles import TL_DTYPE, Names, TileOps, exp2, index
+from .tiles import TL_DTYPE, Names, TileOps, exp2, index, shown
 
 __all__ = ["CodegenError", "KernelWriter", "fit", "wrap"]
 
@@ -418,7 +418,8 @@ class KernelWriter(TileOps):
         grid = ", ".join(str(g) for g in k.grid)
         shape = f"grid ({grid}), forloop {k.forloop}" if not self.family else \
             "grid and loop count set at launch (a shape family)"
-        out.append(f'    """Custom kernel {k.name}: {shape}; writes {", ".join(self.writes)}."""')
+        writes = ", ".join(shown(t) for t in self.writes)
+        out.append(f'    """Custom kernel {shown(k.name)}: {shape}; writes {writes}."""')
         text = "\n".join(self.pre + self.loop + self.post + self.advance)
         head = [f"{self.pid[a]} = tl.program_id({a})" for a in range(len(k.grid))
                 if re.search(rf"\b{self.pid[a]}\b", text)]

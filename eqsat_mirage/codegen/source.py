@@ -29,14 +29,17 @@ experimental APIs it must never emit.
 
 from __future__ import annotations
 
+import builtins
 import functools
 import hashlib
 import importlib.util
+import io
 import os
 import sys
 import tempfile
 import textwrap
 import threading
+import tokenize
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -45,13 +48,14 @@ import numpy as np
 from ..ir.node import BINARY, UNARY, Node, Op
 from ..ir.ops import SPECS
 from ..ir.printing import short_dtype
+from ..mugraph.io import format_mugraph
 from ..mugraph.kernels import CustomKernel, PredefinedKernel, TensorSpec
 from ..mugraph.program import MuGraph
 from .concat import CodegenError
 from .family import POINTS, FamilyLaunchError, FamilyLayout, merge
 from .host import bind_source, contiguous_strides, unpack
 from .kernel import KernelWriter, fit, wrap
-from .tiles import Names, identifier, literal
+from .tiles import Names, comment_safe, identifier, literal, named, pystr, shown
 
 __all__ = ["CodegenError", "compile_mugraph", "family_source", "triton_source", "TRITON_API",
            "TRITON_DENYLIST"]
@@ -78,7 +82,8 @@ _HOST_RESERVED = frozenset({"torch", "triton", "tl", "os", "device", "args", "kw
                             "entry", "key", "tensors", "INPUTS", "OUTPUTS", "NEEDS_TRITON",
                             "REUSE_OUTPUTS", "_bind", "_check", "_signature", "_buffers",
                             "_CHECKED", "SIZE", "GRANULE", "LENGTHS", "HINT", "PADDED", "SHORT",
-                            "seq_len", "lp", "held", "_held"})
+                            "seq_len", "lp", "held", "_held", "_", "f", "builtins"}
+                           | set(dir(builtins)))
 
 
 def _shape(shape: tuple[int, ...]) -> str:
@@ -93,7 +98,7 @@ def _specs(table: dict[str, TensorSpec], axes: Mapping[str, set] | None = None,
     out = []
     for n, s in table.items():
         shape = tuple(repr(size) if a in axes.get(n, ()) else d for a, d in enumerate(s.shape))
-        out.append(f'    "{n}": ({_shape(shape)}, {TORCH_DTYPE[s.dtype]}),')
+        out.append(f'    {pystr(n)}: ({_shape(shape)}, {TORCH_DTYPE[s.dtype]}),')
     return out
 
 
@@ -167,7 +172,7 @@ def _alloc(spec: TensorSpec, first: tuple[str, str] | None) -> str:
 
 def _family_head(fam: FamilyLayout, dyn: Mapping[str, tuple[int, ...]]) -> list[str]:
     """A family module's constants: its size, granule, range, hint and unpadded inputs."""
-    lines = [f"SIZE = {fam.name!r}  # a shape family: axes named {fam.name!r} in INPUTS and "
+    lines = [f"SIZE = {fam.name!r}  # a shape family: axes named {named(fam.name)} in INPUTS and "
              "OUTPUTS have any length",
              f"GRANULE = {fam.granule}  # the kernels run at the padded size lp: L rounded up "
              "to a multiple",
@@ -187,7 +192,7 @@ def _family_run(fam: FamilyLayout, dyn: Mapping[str, tuple[int, ...]], var: Mapp
     and L lie in range), the padded size ``lp``, the zero-padding of inputs a torch op
     reads, and the per-call strides of every input with a dynamic axis."""
     seen = [f"{var[n]}.shape[{a}]" for n in dyn for a in dyn[n]]
-    lines = [f"    seq_len = {seen[0]}  # L: every axis named {fam.name!r} has this length"]
+    lines = [f"    seq_len = {seen[0]}  # L: every axis named {named(fam.name)} has this length"]
     if len(seen) > 1:
         cond = wrap([f"{s} != seq_len or" for s in seen[1:]], "", "", 88)
         cond[-1] = cond[-1][:-3]
@@ -195,14 +200,14 @@ def _family_run(fam: FamilyLayout, dyn: Mapping[str, tuple[int, ...]], var: Mapp
             lines.append(f"    if {cond[0]}:")
         else:  # one condition per line, in brackets
             lines += ["    if ("] + [f"            {c}" for c in cond] + ["    ):"]
-        lines.append(f'        raise ValueError(f"the inputs disagree on the size {fam.name}: "')
+        lines.append('        raise ValueError(f"the inputs disagree on the size {SIZE}: "')
         shown = wrap([f"{s} = {{{s}}}," for s in seen], "", "", 64)
         shown[-1] = shown[-1].rstrip(",")
         lines += [f'                         f"{line} "' for line in shown[:-1]]
         lines.append(f'                         f"{shown[-1]}")')
     lines += [f"    if not {fam.low} <= seq_len" + (f" <= {fam.high}:" if fam.high is not None
                                                    else ":"),
-              f'        raise ValueError(f"size {fam.name} = {{seq_len}} ({seen[0]}) is outside '
+              f'        raise ValueError(f"size {{SIZE}} = {{seq_len}} ({seen[0]}) is outside '
               f'the range this module serves: {fam.low}..{fam.high or ""}")']
     lines.append("    lp = -(-seq_len // GRANULE) * GRANULE  # the padded size the kernels run at")
     if fam.padded:
@@ -254,7 +259,7 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
     mg = mugraph.validate()
     specs = mg.tensors
     custom = [k for k in mg.kernels if isinstance(k, CustomKernel)]
-    fn_names = Names(set())
+    fn_names = Names(set(_HOST_RESERVED))
     causal = {k.output: k.node.arg for k in mg.kernels  # masks computed from positions
               if k.kind == "predefined" and k.node.op is Op.CAUSAL}
     for t in length_masks:
@@ -265,7 +270,7 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
                for k in custom}
     dyn = {n: tuple(sorted(family.inputs[n])) for n in mg.inputs
            if family and family.inputs.get(n)}
-    host = Names(_HOST_RESERVED | fn_names.used)
+    host = Names(fn_names.used)
     var = {name: host(name) for name in specs}
     names = list(mg.inputs)
     # the kernels' constexpr strides: an input's from its signature's entry, a torch op's
@@ -276,12 +281,15 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
                     for t, spec in written.items()})
     pointed = {t for k in custom for t in writers[id(k)].reads}
     first = (var[names[0]], specs[names[0]].dtype) if names else None
-    lines = [f"# Generated by eqsat-mirage from MuGraph {mg.name!r}: {len(mg.kernels)} kernel(s),",
+    lines = [f"# Generated by eqsat-mirage from MuGraph {named(mg.name)}: {len(mg.kernels)} "
+             "kernel(s),",
              f"# {len(custom)} custom (Triton), {len(mg.kernels) - len(custom)} pre-defined "
              "(torch)."]
     if header.strip():
-        lines += ["#"] + [f"# {line}".rstrip() for line in header.strip().splitlines()]
-    lines += ["#"] + [f"# {line}" for line in str(mg).splitlines()]
+        lines += ["#"] + [comment_safe(f"# {line}".rstrip())
+                          for line in header.strip().splitlines()]
+    listing = format_mugraph(mg, shown(mg.name))
+    lines += ["#"] + [comment_safe(f"# {line}") for line in listing.splitlines()]
     lines += ["", "import os", "", "import torch"]
     lines += ["import triton", "import triton.language as tl"] if custom else []
     grows = dict(family.tensors) if family else {}
@@ -307,11 +315,12 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
                   'with that signature writes and returns these same tensors."""']
         lines += [f"    {var[t]} = {_alloc(spec, first)}" for t, spec in written.items()]
         lines.append(f"    return ({', '.join(buffers)}{',' if len(buffers) == 1 else ''})")
-    outs = ", ".join(mg.output_tensors)
-    doc = textwrap.wrap(f"Inputs {', '.join(names) or '(none)'}: torch tensors by position, by "
+    outs = ", ".join(shown(o) for o in mg.output_tensors)
+    doc = textwrap.wrap(f"Inputs {', '.join(shown(n) for n in names) or '(none)'}: torch tensors "
+                        "by position, by "
                         f"name, or as one dict. Returns a dict of torch tensors: {outs}.", 92)
     if family:
-        doc += textwrap.wrap(f"A shape family: the axes named {family.name!r} in INPUTS may "
+        doc += textwrap.wrap(f"A shape family: the axes named {named(family.name)} in INPUTS may "
                              "have any length (they must agree); the outputs' axes named so "
                              "are cut to it.", 92)
     if reuse_outputs:
@@ -321,7 +330,7 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
                                  "are kept; a new one after that starts afresh)"
                                  if family else "") + ", overwritten by the next call "
                              "(clone() them to keep them).", 92)
-    lines += ["", "", "def run(*args, **kwargs):", f'    """Run MuGraph {mg.name!r}.', ""]
+    lines += ["", "", "def run(*args, **kwargs):", f'    """Run MuGraph {named(mg.name)}.', ""]
     lines += [f"    {line}" for line in doc] + ['    """']
     ins = "(" + ", ".join(var[n] for n in names) + ("," if len(names) == 1 else "") + ")"
     ins = ins if names else "_"
@@ -355,11 +364,11 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
             n = k.node
             if n.op is Op.CAUSAL and k.output not in read:
                 lines += [f"    # {line}" for line in textwrap.wrap(
-                    f"kernel {k.name}: causal mask {list(n.shape)}{at}, computed from "
+                    f"kernel {shown(k.name)}: causal mask {list(n.shape)}{at}, computed from "
                     "positions inside the kernels that use it", 94)]
                 continue
             lines += fit([f"{var[k.output]} = {_torch_op(k, var, k.output in length_masks)}  "
-                          f"# kernel {k.name}: {n.op.name.lower()} -> {short_dtype(n.dtype)}"
+                          f"# kernel {shown(k.name)}: {n.op.name.lower()} -> {short_dtype(n.dtype)}"
                           f"{list(n.shape)}{at}"], "    ")
             if k.output in pointed and n.shape:  # a torch op's result: any strides
                 strides[k.output] = [host(f"{var[k.output]}_s{d}") for d in range(len(n.shape))]
@@ -367,19 +376,36 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
             continue
         grid = ", ".join(str(g) for g in k.grid)
         lines += [f"    # {line}" for line in textwrap.wrap(
-            f"kernel {k.name}: custom, grid ({grid}), forloop {k.forloop}{at}"
+            f"kernel {shown(k.name)}: custom, grid ({grid}), forloop {k.forloop}{at}"
             + (" (into reused buffers)" if reuse_outputs else ""), 94)]
         if not reuse_outputs:
             lines += [f"    {var[t]} = {_alloc(spec, first)}"
                       for t, spec in k.output_specs().items()]
         lines += ["    " + line for line in writers[id(k)].launch(var, strides)]
-    result = [f'"{o}": {_cut(var[t], out_axes[o])}' for o, t in mg.output_tensors.items()]
+    result = [f'{pystr(o)}: {_cut(var[t], out_axes[o])}' for o, t in mg.output_tensors.items()]
     ret = wrap(result, "    ", ",")
     if len(ret) == 1:
         lines.append(f"    return {{{ret[0].strip().rstrip(',')}}}")
     else:
         lines += ["    return {"] + ["    " + r for r in ret] + ["    }"]
-    return "\n".join(lines) + "\n"
+    return safe_comments("\n".join(lines) + "\n")
+
+
+def safe_comments(source: str) -> str:
+    """``source`` with every comment made ``comment_safe`` (plain comments are kept as they
+    are): a name that reached a comment shows as its ``shown`` form."""
+    lines = source.splitlines(keepends=True)
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (SyntaxError, tokenize.TokenError):
+        return source  # load_source names a generator bug
+    for tok in reversed(tokens):
+        if tok.type == tokenize.COMMENT and comment_safe(tok.string) != tok.string:
+            row, col = tok.start
+            line = lines[row - 1]
+            end = len(line.rstrip("\r\n"))
+            lines[row - 1] = line[:col] + comment_safe(tok.string) + line[end:]
+    return "".join(lines)
 
 
 def family_source(at: Callable[[int], MuGraph], family: FamilyLayout, header: str = "",

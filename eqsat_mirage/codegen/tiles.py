@@ -35,19 +35,70 @@ MAX_NUMEL = 2 ** 20  # Triton's largest block (TRITON_MAX_TENSOR_NUMEL)
 MIN_DOT = 16  # smallest tl.dot operand dim
 TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32",
             "bool": "tl.int1"}
-_RESERVED = frozenset({"tl", "triton", "torch", "range", "float", "int", "min", "max", "len", "f"})
+_RESERVED = frozenset({"tl", "triton", "torch", "range", "float", "int", "min", "max", "len", "f",
+                       "f_end", "n_iter", "seq_len"})
+MAX_IDENTIFIER = 64  # a generated identifier's longest wanted part (Triton names files by it)
+_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def identifier(text: str, prefix: str = "k") -> str:
-    """``text`` made a Python identifier (non-word characters become ``_``)."""
-    name = re.sub(r"\W", "_", text) or prefix
-    if name[0].isdigit() or keyword.iskeyword(name):
+    """``text`` made an ASCII Python identifier: characters outside ``[A-Za-z0-9_]`` become
+    ``_``, cut to ``MAX_IDENTIFIER`` characters (its start and end); ``prefix_`` before one
+    that starts with a digit, is a keyword or a dunder name. A user's name never reaches
+    generated code any other way (``Names`` keeps the identifiers unique)."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", str(text)) or prefix
+    if len(name) > MAX_IDENTIFIER:  # the start and the end (a suffix such as _kernel, _ptr)
+        name = name[:MAX_IDENTIFIER - 16] + name[-16:]
+    if name[0].isdigit() or keyword.iskeyword(name) or name.startswith("__"):
         name = f"{prefix}_{name}"
     return name
 
 
+def shown(name: str) -> str:
+    """``name`` as a generated comment or docstring shows it: itself when it is a plain ASCII
+    identifier of at most ``MAX_IDENTIFIER`` characters, otherwise its ``identifier`` form
+    (at most 32 characters, then ``...``) in angle brackets. User text never reaches a
+    comment or docstring as it was written: only string literals (``pystr``) hold it."""
+    name = str(name)
+    if len(name) <= MAX_IDENTIFIER and _PLAIN.match(name):
+        return name
+    text = re.sub(r"[^A-Za-z0-9_]", "_", name)
+    return f"<{text[:32]}{'...' if len(text) > 32 else ''}>"
+
+
+def named(name: str) -> str:
+    """A MuGraph's, graph's or size's name as a comment or docstring shows it: its ``repr``
+    when it is plain (``shown``), else its ``shown`` form (no quote, no backslash)."""
+    return repr(name) if shown(name) == name else shown(name)
+
+
+_WORD = re.compile(r"\w+")
+
+
+def comment_safe(text: str) -> str:
+    """A generated comment's ``text`` with every word that is not plain (``shown``) replaced
+    by its ``shown`` form and any character outside printable ASCII made ``?``: plain text is
+    returned unchanged."""
+    if text.isascii() and text.isprintable() and all(
+            len(w) <= MAX_IDENTIFIER for w in _WORD.findall(text)):
+        return text
+    text = _WORD.sub(lambda m: m.group() if m.group().isascii() and len(m.group())
+                     <= MAX_IDENTIFIER else shown(m.group()), text)
+    return "".join(c if " " <= c <= "~" else "?" for c in text)
+
+
+def pystr(text: str) -> str:
+    """A Python string literal of ``text`` (``repr``; double quotes when ``text`` holds no
+    quote, as the generated modules write their names)."""
+    r = repr(str(text))
+    if r.startswith("'") and '"' not in text and "'" not in text:
+        r = f'"{r[1:-1]}"'
+    return r
+
+
 class Names:
-    """Unique identifiers: the wanted name, or the wanted name with a numeric suffix."""
+    """Unique identifiers: the wanted name (made an ``identifier``), or that with a numeric
+    suffix."""
 
     def __init__(self, reserved: frozenset[str] | set[str] = _RESERVED) -> None:
         self.used = set(reserved)

@@ -166,7 +166,9 @@ class FamilyRunner:
                              self.reuse_outputs, self._masks(), self.layout(lp))
 
     def _header(self) -> str:
-        return f"shape family {self.family.name!r}: {self.dim}"
+        from ..codegen.tiles import named
+
+        return f"shape family {named(self.family.name)}: {self.dim}"
 
     def __call__(self, *args, **kwargs) -> dict:
         import torch

@@ -212,7 +212,7 @@ class _Instance:
 
     def eval(self, x):
         """Value of a scalar expression (number, variable, primitive or shape fact)."""
-        if isinstance(x, Sym):
+        if isinstance(x, str):  # a Sym, or a String literal (the parser keeps those as str)
             if str(x).startswith('"'):
                 return str(x).strip('"')  # a String literal (a Cast's dtype)
             return _num(x) if _num(x) is not None else self.env[str(x)]  # KeyError: unbound

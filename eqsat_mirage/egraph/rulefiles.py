@@ -141,6 +141,11 @@ def _vars(x) -> set[str]:
     return set()
 
 
+def _is_pattern_var(x) -> bool:
+    """Whether ``x`` is a bare symbol (a pattern variable), not a literal or a term."""
+    return isinstance(x, str) and not x.startswith('"') and not _F64.fullmatch(x)
+
+
 def _check_term(x, schema: Schema, path: str, line: int) -> None:
     if not isinstance(x, SList):
         return
@@ -153,6 +158,12 @@ def _check_term(x, schema: Schema, path: str, line: int) -> None:
         if len(x.items) - 1 != want:
             raise RuleError(f"{path}:{line}: {head} takes {want} arguments, got "
                             f"{len(x.items) - 1} in {to_text(x)}")
+        for k, (sort, item) in enumerate(zip(schema.constructors[head], x.items[1:])):
+            literal = isinstance(item, str) and item.startswith('"')
+            if literal != (sort == "String") and (literal or not _is_pattern_var(item)):
+                got = f"the string literal {item}" if literal else to_text(item)
+                raise RuleError(f"{path}:{line}: {head} argument {k + 1} is a {sort}, got "
+                                f"{got} in {to_text(x)}")
     elif head not in PRIMITIVES:
         known = ", ".join(sorted(schema.constructors))
         raise RuleError(f"{path}:{line}: unknown constructor {head!r} in {to_text(x)} "

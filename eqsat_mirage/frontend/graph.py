@@ -31,6 +31,8 @@ class Graph:
     """A kernel-level program: named inputs, a DAG of ops, named outputs."""
 
     def __init__(self, name: str = "program") -> None:
+        if not isinstance(name, str):  # any text: generated code shows it as a literal only
+            raise GraphError(f"graph name {name!r} must be a string, not {type(name).__name__}")
         self.name = name
         self.inputs: dict[str, Node] = {}
         self.outputs: dict[str, Node] = {}
@@ -109,6 +111,8 @@ class Graph:
         if tensor.graph is not self:
             raise GraphError(f"output {name!r} (at {loc}): tensor {tensor.node.describe()} "
                              f"belongs to graph {tensor.graph.name!r}, not {self.name!r}")
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+            raise GraphError(f"output name {name!r} (at {loc}) must be a Python identifier")
         if name in self.outputs:
             raise GraphError(f"duplicate output name {name!r} (at {loc})")
         if name in self.inputs:

@@ -8,6 +8,7 @@ order, and maps are ``[dim, grid axis]`` pairs. Loading re-infers every shape.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,7 @@ from .kernels import (
     PredefinedKernel,
     TensorSpec,
     axis_name,
+    check_name,
     fmt_map,
 )
 
@@ -86,10 +88,11 @@ def _fmt_custom(k: CustomKernel, specs: Mapping[str, TensorSpec]) -> list[str]:
     return lines
 
 
-def format_mugraph(mg: KernelGraph) -> str:
-    """A readable listing: kernels, grids, loops, maps, tile shapes, accumulators, outputs."""
+def format_mugraph(mg: KernelGraph, name: str | None = None) -> str:
+    """A readable listing: kernels, grids, loops, maps, tile shapes, accumulators, outputs
+    (``name``: shown for the MuGraph's, e.g. in a generated module's comment)."""
     ins = ", ".join(f"{n}: {short_dtype(v.dtype)}{list(v.shape)}" for n, v in mg.inputs.items())
-    lines = [f"mugraph {mg.name}({ins})"]
+    lines = [f"mugraph {mg.name if name is None else name}({ins})"]
     specs = mg.tensors
     for k in mg.kernels:
         if isinstance(k, PredefinedKernel):
@@ -107,6 +110,7 @@ def format_mugraph(mg: KernelGraph) -> str:
 # -- JSON -----------------------------------------------------------------------------------
 
 FORMAT = "eqsat-mirage.mugraph"
+VERSION = 1  # the serialized form's version: another is refused
 
 
 def _arg_json(node: Node) -> Any:
@@ -162,7 +166,10 @@ def _graph_and_nodes(data: Mapping) -> tuple[Graph, list[Node]]:
         if op is Op.INPUT:
             node = g.inputs[d["arg"]]
         elif op is Op.CONST:
-            node = Node(Op.CONST, (), float(d["arg"]), (), d["dtype"])
+            value = float(d["arg"])
+            if math.isnan(value):  # inf is a mask's fill value; NaN is no program's constant
+                raise MuGraphError(f"graph {g.name!r}: node {i} (const) is NaN")
+            node = Node(Op.CONST, (), value, (), d["dtype"])
         else:
             node = make(op, tuple(nodes[s] for s in d["srcs"]), _arg_load(op, d["arg"]))
         if (node.shape, node.dtype) != (shape, d["dtype"]):
@@ -170,7 +177,8 @@ def _graph_and_nodes(data: Mapping) -> tuple[Graph, list[Node]]:
                                f"{d['dtype']}{fmt_shape(shape)} but its operands give "
                                f"{node.dtype}{fmt_shape(node.shape)}")
         nodes.append(node)
-    g.outputs = {name: nodes[i] for name, i in data["outputs"].items()}
+    g.outputs = {check_name(name, f"graph {g.name!r}: output"): nodes[i]
+                 for name, i in data["outputs"].items()}
     return g, nodes
 
 
@@ -203,7 +211,7 @@ def to_dict(mg: KernelGraph) -> dict:
                         for st, chain in k.threads],
             "source": graph_to_dict(k.source) if k.source is not None else None,
             **({"num_warps": k.num_warps} if k.num_warps else {})})
-    return {"format": FORMAT, "version": 1, "name": mg.name,
+    return {"format": FORMAT, "version": VERSION, "name": mg.name,
             "inputs": [{"name": n, "shape": list(v.shape), "dtype": v.dtype}
                        for n, v in mg.inputs.items()],
             "kernels": kernels, "outputs": dict(mg.output_tensors)}

@@ -45,7 +45,14 @@ from ..ir.errors import MirageError, ShapeError
 from ..ir.limits import matmul_scratch
 from ..ir.node import Node, Op, canonical_dtype, fmt_shape, make, toposort
 from .facts import check_lax, degrees, reference
-from .io import FORMAT, custom_kernel_from_dict, format_mugraph, graph_from_dict, to_dict
+from .io import (
+    FORMAT,
+    VERSION,
+    custom_kernel_from_dict,
+    format_mugraph,
+    graph_from_dict,
+    to_dict,
+)
 from .kernels import (
     CustomKernel,
     Kernel,
@@ -156,6 +163,7 @@ class MuGraph:
         """Check every kernel in order; raises a ``MirageError`` naming kernel and tensor."""
         if not self.output_tensors:
             raise MuGraphError(f"mugraph {self.name!r} has no outputs (call mg.output(tensor))")
+        self._check_names()
         known = {n: TensorSpec(n, v.shape, v.dtype) for n, v in self.inputs.items()}
         names: set[str] = set()
         for k in self.kernels:
@@ -173,6 +181,29 @@ class MuGraph:
                 raise UnknownTensorError(f"output {n!r} of mugraph {self.name!r}: unknown tensor "
                                          f"{t!r}")
         return self
+
+    def _check_names(self) -> None:
+        """Every name a generated module could show (inputs, outputs, kernels, device tensors,
+        block inputs and accumulators) must be a Python identifier, else ``MuGraphError``: a
+        MuGraph read from JSON or a results cache names nothing else. The MuGraph's own name
+        may be any string (code generation shows it only as a string literal)."""
+        if not isinstance(self.name, str):
+            raise MuGraphError(f"mugraph name {self.name!r} must be a string")
+        for n in self.inputs:
+            check_name(n, f"mugraph {self.name!r}: input")
+        for n, t in self.output_tensors.items():
+            check_name(n, f"mugraph {self.name!r}: output")
+            check_name(t, f"mugraph {self.name!r}: output {n!r}: tensor")
+        for k in self.kernels:
+            check_name(k.name, f"mugraph {self.name!r}: kernel")
+            if isinstance(k, PredefinedKernel):
+                check_name(k.output, f"kernel {k.name!r}: output tensor")
+                continue
+            for n, bi in k.inputs.items():
+                check_name(n, f"kernel {k.name!r}: block input")
+                check_name(bi.tensor, f"kernel {k.name!r}: block input {n!r}: tensor")
+            for n in [*k.outputs, *k.accumulators, *k.maxima]:
+                check_name(n, f"kernel {k.name!r}: block output or accumulator")
 
     def check_lax(self, what: str = "program") -> None:
         """Validate, then raise ``LaxError`` if some path takes exp twice (tiles included)."""
@@ -249,8 +280,15 @@ class MuGraph:
 
     @classmethod
     def from_json(cls, text: str) -> MuGraph:
-        """Rebuild (and validate) a MuGraph from ``to_json`` output."""
-        return cls.from_dict(json.loads(text))
+        """Rebuild (and validate) a MuGraph from ``to_json`` output; ``MuGraphError`` for
+        text that is not such JSON (nesting too deep included)."""
+        try:
+            data = json.loads(text)
+        except RecursionError:
+            raise MuGraphError("malformed serialized MuGraph: nested too deeply") from None
+        except ValueError as exc:
+            raise MuGraphError(f"malformed serialized MuGraph: not JSON ({exc})") from None
+        return cls.from_dict(data)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, MuGraph) and self.to_dict() == other.to_dict()
@@ -305,9 +343,15 @@ def from_dict(data: Mapping) -> MuGraph:
     if not isinstance(data, Mapping) or data.get("format") != FORMAT:
         fmt = data.get("format") if isinstance(data, Mapping) else type(data).__name__
         raise MuGraphError(f"not a serialized MuGraph (format {fmt!r}, expected {FORMAT!r})")
+    if data.get("version", VERSION) != VERSION:
+        raise MuGraphError(f"serialized MuGraph {data.get('name', '?')!r} has version "
+                           f"{data.get('version')!r}; this eqsat-mirage reads version {VERSION}")
     try:
         return _from_dict(data)
-    except (KeyError, IndexError, TypeError, ValueError) as exc:
+    except RecursionError:
+        raise MuGraphError(f"malformed serialized MuGraph {data.get('name', '?')!r}: nested "
+                           "too deeply") from None
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
         if isinstance(exc, MirageError):
             raise
         raise MuGraphError(f"malformed serialized MuGraph {data.get('name', '?')!r}: "
@@ -315,6 +359,13 @@ def from_dict(data: Mapping) -> MuGraph:
 
 
 def _from_dict(data: Mapping) -> MuGraph:
+    if not isinstance(data["name"], str):
+        raise MuGraphError(f"serialized MuGraph: name {data['name']!r} is not a string")
+    for part, kind in (("inputs", list), ("kernels", list), ("outputs", Mapping)):
+        if not isinstance(data[part], kind):
+            raise MuGraphError(f"malformed serialized MuGraph {data['name']!r}: {part!r} is "
+                               f"{type(data[part]).__name__}, not a JSON "
+                               + ("array" if kind is list else "object"))
     mg = MuGraph(data["name"])
     for inp in data["inputs"]:
         mg.input(inp["name"], inp["shape"], inp["dtype"])
@@ -325,9 +376,9 @@ def _from_dict(data: Mapping) -> MuGraph:
                 k = PredefinedKernel(frag.outputs[d["output"]], d["output"], d["name"])
             else:
                 k = custom_kernel_from_dict(d)
-        except (KeyError, IndexError, TypeError) as exc:
-            raise MuGraphError(f"kernel {d.get('name', '?')!r}: malformed JSON ({exc!r})") \
-                from None
+        except (KeyError, IndexError, TypeError, AttributeError) as exc:
+            name = d.get("name", "?") if isinstance(d, Mapping) else d
+            raise MuGraphError(f"kernel {name!r}: malformed JSON ({exc!r})") from None
         if isinstance(k, CustomKernel):
             k._owner = mg
         mg.kernels.append(k)

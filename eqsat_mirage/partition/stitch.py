@@ -4,8 +4,10 @@ Each piece's program (a ``MuGraph``, or a kernel-level ``Graph``, taken one
 kernel per op) reads the piece's inputs ``in0, in1, ...``. In the stitched
 program those are the whole program's inputs, or the tensors earlier pieces
 wrote; every other tensor and kernel of piece j is renamed with a ``p{j}_``
-prefix. The stitching works on the plain-data form (``MuGraph.to_dict``), so
-nothing about a kernel is lost or re-derived, and the result is validated.
+prefix (and a ``_1``, ``_2``... suffix where that would be a user's input name or another
+tensor's: a user's names never collide with the stitched ones). The stitching works on
+the plain-data form (``MuGraph.to_dict``), so nothing about a kernel is lost or re-derived,
+and the result is validated.
 """
 
 from __future__ import annotations
@@ -59,25 +61,40 @@ def stitch(graph: Graph, pieces: Sequence[Piece], programs: Sequence[object],
             "inputs": [{"name": n, "shape": list(v.shape), "dtype": v.dtype}
                        for n, v in graph.inputs.items()], "kernels": [], "outputs": {}}
     tensor_of: dict[int, str] = {id(n): n.arg for n in graph.inputs.values()}
+    taken = set(graph.inputs) | set(graph.outputs)  # the user's names, then every tensor's
+    renamed: dict[tuple[int, str], str] = {}
+
+    def fresh(want: str) -> str:
+        name, i = want, 1
+        while name in taken:
+            name, i = f"{want}_{i}", i + 1
+        taken.add(name)
+        return name
+
     for piece, program in zip(pieces, programs):
         mg = program if isinstance(program, MuGraph) else from_graph(program)
         pd = mg.to_dict()
         outer = {inp: tensor_of[id(node)] for inp, node in piece.inputs.items()}
         prefix = f"p{piece.index}_"
 
-        def ren(t: str, outer=outer, prefix=prefix) -> str:
-            return outer.get(t, prefix + t)
+        def ren(t: str, outer=outer, prefix=prefix, j=piece.index) -> str:
+            if t in outer:
+                return outer[t]
+            if (j, t) not in renamed:
+                renamed[j, t] = fresh(prefix + t)
+            return renamed[j, t]
 
         for kd in pd["kernels"]:
             data["kernels"].append(_rename_kernel(kd, ren, prefix + kd["name"]))
         for out, t in pd["outputs"].items():
             tensor_of[id(piece.outputs[out])] = ren(t)
     for out, node in graph.outputs.items():
-        data["outputs"][out] = _leaf_tensor(node, tensor_of, data)
+        data["outputs"][out] = _leaf_tensor(node, tensor_of, data, fresh)
     return from_dict(data).validate()
 
 
-def _leaf_tensor(node: Node, tensor_of: dict[int, str], data: dict) -> str:
+def _leaf_tensor(node: Node, tensor_of: dict[int, str], data: dict,
+                 fresh: Callable[[str], str]) -> str:
     """The tensor holding ``node``; a causal-mask output gets its own kernel."""
     if id(node) in tensor_of:
         return tensor_of[id(node)]
@@ -86,7 +103,7 @@ def _leaf_tensor(node: Node, tensor_of: dict[int, str], data: dict) -> str:
     frag = Graph("leaf")
     frag.outputs = {"y": node}
     kd = from_graph(frag).to_dict()["kernels"][0]
-    t = f"leaf{len(data['kernels'])}"
+    t = fresh(f"leaf{len(data['kernels'])}")
     data["kernels"].append(_rename_kernel(kd, lambda _: t, f"k_{t}"))
     tensor_of[id(node)] = t
     return t

@@ -47,8 +47,10 @@ class OptimizeResult:
         return self.program if isinstance(self.program, MuGraph) else from_graph(self.program)
 
     def _header(self) -> str:
-        name = getattr(self.source, "name", "program")
-        return (f"eqsat-mirage: optimized {name!r} for {self.stats.get('target', '?')}; "
+        from ..codegen.tiles import named
+
+        name = named(getattr(self.source, "name", "program"))
+        return (f"eqsat-mirage: optimized {name} for {self.stats.get('target', '?')}; "
                 f"predicted {self.cost_us:.2f} us (one kernel per op: "
                 f"{self.baseline_cost_us:.2f} us); verified: {self.verified}")
 

@@ -138,7 +138,34 @@ def build_scene(program: Graph | MuGraph, *, source: Graph | MuGraph | None = No
     edges += e
     if title is None:
         title = program.name if source is None else f"{source.name} -> {program.name}"
-    return Scene(title, panels, edges)
+    return _clean_scene(Scene(title, panels, edges))
+
+
+def _clean(text: str) -> str:
+    """``text`` with the characters an SVG (XML 1.0) cannot hold made ``?`` (control
+    characters but tab and newline, surrogates, U+FFFE and U+FFFF): a name is drawn as
+    text, escaped by the backends, and never breaks the file."""
+    return "".join("?" if (ord(c) < 32 and c not in "\t\n") or 0xD800 <= ord(c) <= 0xDFFF
+                   or c in "\ufffe\uffff" else c for c in str(text))
+
+
+def _clean_scene(scene: Scene) -> Scene:
+    from .scene import SCluster
+
+    def walk(cl) -> None:
+        cl.title = [_clean(t) for t in cl.title]
+        for it in cl.items:
+            if isinstance(it, SCluster):
+                walk(it)
+            else:
+                it.lines = [_clean(t) for t in it.lines]
+
+    scene.title = _clean(scene.title)
+    for panel in scene.panels:
+        walk(panel)
+    for e in scene.edges:
+        e.label = _clean(e.label)
+    return scene
 
 
 # -- Graphviz -----------------------------------------------------------------------------------
@@ -153,11 +180,13 @@ class _DotIds(dict):
 
 
 def _dot_cluster(parent, cl, ids: _DotIds) -> None:
+    from graphviz import nohtml
+
     from .scene import SCluster
 
     _, fill, border, dashed = CLUSTERS[cl.kind]
     with parent.subgraph(name="cluster_" + ids[cl.id]) as sub:
-        sub.attr(label="\\n".join(cl.title), style="rounded,filled" + (",dashed" if dashed
+        sub.attr(label=nohtml("\\n".join(cl.title)), style="rounded,filled" + (",dashed" if dashed
                                                                          else ""),
                  fillcolor=fill, color=border, fontname="DejaVu Sans Mono", fontsize="10",
                  labeljust="l")
@@ -185,7 +214,8 @@ def _digraph(scene: Scene):
         raise RenderError("the 'graphviz' Python package is not installed "
                           "(pip install graphviz)") from None
     dot = graphviz.Digraph("mirage")
-    dot.attr(label=scene.title, labelloc="t", fontname="DejaVu Sans Mono", fontsize="14",
+    dot.attr(label=graphviz.nohtml(scene.title), labelloc="t", fontname="DejaVu Sans Mono",
+             fontsize="14",
              rankdir="TB", newrank="true", compound="true")
     ids = _DotIds()
     for panel in scene.panels:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from eqsat_mirage.cli.main import main
@@ -21,6 +23,24 @@ def _files(tmp):
              for line in text.splitlines()]
     (tmp / "inf.toml").write_text("\n".join(lines) + "\n")
     (tmp / "binary.toml").write_bytes(b"\x00\xff\xfe[figures]")
+    good = {"format": "eqsat-mirage.mugraph", "version": 1, "name": "g", "inputs": [
+        {"name": "x", "shape": [4], "dtype": "float32"}], "kernels": [
+        {"kind": "predefined", "name": "k0", "output": "y", "graph": {
+            "name": "k0", "inputs": [{"name": "x", "shape": [4], "dtype": "float32"}],
+            "nodes": [{"op": "input", "srcs": [], "arg": "x", "shape": [4], "dtype": "float32"},
+                      {"op": "const", "srcs": [], "arg": 2.0, "shape": [], "dtype": "float32"},
+                      {"op": "mul", "srcs": [0, 1], "arg": None, "shape": [4],
+                       "dtype": "float32"}],
+            "outputs": {"y": 2}}}], "outputs": {"y": "y"}}
+    (tmp / "good.json").write_text(json.dumps(good))
+    (tmp / "kernels.json").write_text(json.dumps({**good, "kernels": {"a": 1}}))
+    (tmp / "kernel1.json").write_text(json.dumps({**good, "kernels": [1]}))
+    (tmp / "version.json").write_text(json.dumps({**good, "version": 99}))
+    (tmp / "nan.json").write_text(json.dumps(good).replace("2.0", "NaN"))
+    (tmp / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    hostile = json.loads(json.dumps(good))
+    hostile["kernels"][0]["name"] = 'k0"""\nimport os'
+    (tmp / "hostile.json").write_text(json.dumps(hostile))
 
 
 CASES = {
@@ -37,6 +57,12 @@ CASES = {
     "malformed MuGraph JSON": ["verify", "{tmp}/bad.json", "{tmp}/bad.json"],
     "a loop of 10**9 steps": ["verify", "{tmp}/loop.json", "{tmp}/loop.json"],
     "missing JSON": ["verify", "{tmp}/none.json", "{tmp}/none.json"],
+    "kernels not a list": ["verify", "{tmp}/good.json", "{tmp}/kernels.json"],
+    "a kernel not an object": ["verify", "{tmp}/good.json", "{tmp}/kernel1.json"],
+    "unknown JSON version": ["verify", "{tmp}/good.json", "{tmp}/version.json"],
+    "NaN constant": ["verify", "{tmp}/good.json", "{tmp}/nan.json"],
+    "100000-deep JSON": ["verify", "{tmp}/good.json", "{tmp}/deep.json"],
+    "kernel name with quotes": ["verify", "{tmp}/good.json", "{tmp}/hostile.json"],
     "unknown target": ["optimize", "--bench", "lora", "--target", "tpu9", "--no-cache"],
     "infinite bandwidth": ["optimize", "--bench", "lora", "--target", "{tmp}/inf.toml",
                            "--no-cache"],
@@ -57,3 +83,8 @@ def test_usage_and_input_errors_exit_2_with_one_line(tmp_path, capsys, name):
     assert rc == 2, err
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert "error" in err
+
+
+def test_the_good_json_verifies(tmp_path, capsys):
+    _files(tmp_path)
+    assert main(["verify", str(tmp_path / "good.json"), str(tmp_path / "good.json")]) == 0

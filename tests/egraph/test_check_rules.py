@@ -145,6 +145,9 @@ def test_uncheckable_rules_are_never_sound(tmp_path):
     ("; x\n(rewrite (Add a b) (Add b a) :ruleset user))", 3, "unbalanced"),
     ("; x\n(rewrite (Add a b) (Add b a) :ruleset other)", 3, "'other' is not declared"),
     ("; x\n(rewrite (Add a b) (Add b c) :ruleset user)", 3, "unbound variables"),
+    ('; x\n(rewrite (Exp "float32") (Exp "float16") :ruleset user)', 3,
+     'Exp argument 1 is a T, got the string literal "float32"'),
+    ("; x\n(rewrite (Cast (Exp a) a) a :ruleset user)", 3, "Cast argument 1 is a String"),
 ])
 def test_malformed_files_name_file_and_line(tmp_path, body, line, message):
     path = rule_file(tmp_path, body, "broken.egg")
@@ -199,3 +202,11 @@ def test_optimize_refuses_a_rule_it_cannot_check_unless_told(tmp_path):
     res = em.optimize(g, rules=["rules", path], level="kernel", cache=False,
                       allow_unchecked_rules=True)
     assert res.verified.equivalent
+
+
+def test_a_cast_to_a_string_literal_dtype_is_checked(tmp_path):
+    # once an AttributeError: the String literal reached the checker as a plain str
+    path = rule_file(tmp_path, '; x\n(rewrite (Cast "float32" (Cast "float32" a)) '
+                               '(Cast "float32" a) :ruleset user)')
+    report = em.check_rules(path)
+    assert [(r.where, r.status) for r in report.results] == [("user.egg:3", "sound")]

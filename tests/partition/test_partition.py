@@ -177,3 +177,21 @@ def test_cheapest_cut_matches_brute_force(case):
             paid = sum(price[i] for i in d if any(i in operands[j] for j in range(n)
                                                   if j not in d))
             assert paid == pytest.approx(want)
+
+
+def test_stitching_never_collides_with_user_names():
+    # inputs named like the stitched tensors of each piece (p{j}_out{i}, p{j}_t{i}, leaf{n})
+    g = em.Graph("collide")
+    h = g.input("Q", (2, 16, 8), "float32")
+    for kn, vn in [("p0_out0", "p1_out0"), ("p0_t0", "p1_t0")]:
+        k = g.input(kn, (2, 8, 64), "float32")
+        v = g.input(vn, (2, 64, 8), "float32")
+        h = attention(g, h, k, v)
+    g.output(h, "p1_out0_1")
+    pieces = partition(g)
+    assert len(pieces) == 2
+    mg = stitch(g, pieces, [from_graph(p.graph) for p in pieces])
+    assert list(mg.inputs) == list(g.inputs)
+    _pieces_compute(g, pieces)
+    res = em.optimize(g, level="kernel", time_limit_s=60)
+    assert res.verified.equivalent
