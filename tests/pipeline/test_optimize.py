@@ -16,7 +16,7 @@ from eqsat_mirage.egraph.rulefiles import Schema, load_rules
 from eqsat_mirage.egraph.saturate import DEFAULT_PHASES, Limits, Saturator
 from eqsat_mirage.egraph.view import view
 from eqsat_mirage.ir.node import Op
-from eqsat_mirage.pipeline.optimize import DEFAULT_SPLITS, _splits
+from eqsat_mirage.pipeline.optimize import DEFAULT_SPLITS, candidate_splits
 from eqsat_mirage.testing import programs
 
 HW = Hardware.load("h100")
@@ -118,7 +118,7 @@ def test_gqa_division_stays_before_the_matmul_in_float16():
 def lora_concat_candidate(g: em.Graph):
     """Saturate LoRA and extract the cheapest program whose root is a matmul of concats."""
     rulesets, rules = load_rules(["rules"])
-    sat = Saturator(g, rulesets, rules, guards=True, splits=_splits(g, DEFAULT_SPLITS))
+    sat = Saturator(g, rulesets, rules, guards=True, splits=candidate_splits(g, DEFAULT_SPLITS))
     sat.run_phase("algebraic", DEFAULT_PHASES[0][1], Limits())
     data = sat.serialize()
     roots = sat.root_classes(data)
