@@ -30,7 +30,8 @@ from eqsat_mirage.semantics.field import (
     matmul_mod,
     powmod,
 )
-from eqsat_mirage.semantics.floating import FLOAT_SEMANTICS
+from eqsat_mirage.semantics.floating import FLOAT_SEMANTICS, float_ctx
+from eqsat_mirage.semantics.interp import run
 from eqsat_mirage.semantics.primes import field_primes
 from eqsat_mirage.verifier.bound import Degree, node_degree
 
@@ -107,14 +108,56 @@ def tiny_inputs(seed: int = 0) -> dict[str, np.ndarray]:
             "Z": rng.uniform(0.5, 2.0, (2, 3))}
 
 
+# The value of the op's node where the tiny program's output is more than it (as OP_CASES).
+INNER_NODES = {
+    em.Op.CONST: (None, lambda x, y, z: 2.5),
+    em.Op.CAUSAL: (None, lambda x, y, z: np.tri(2, 3, 0)),
+    em.Op.MASK: (None, lambda x, y, z: np.where(np.tri(2, 3, 0, dtype=bool), x, -np.inf)),
+}
+
+
 @pytest.mark.parametrize("op", OPS, ids=IDS)
 def test_op_has_float_semantics(op):
-    assert callable(FLOAT_SEMANTICS[op])
+    """The table's entry, applied to the op's node and its operands' values, computes the op."""
+    g, node = tiny(op)
+    inputs = tiny_inputs()
+    ctx = float_ctx(g, inputs, None, False)
+    env = run(g, FLOAT_SEMANTICS, ctx, outputs=False)
+    got = np.broadcast_to(FLOAT_SEMANTICS[op](ctx, node, *(env[id(s)] for s in node.srcs)),
+                          node.shape)
+    want = INNER_NODES.get(op, OP_CASES[op])[1]  # the node's value (an input's: x)
+    np.testing.assert_allclose(got, want(inputs["X"], inputs["Y"], inputs["Z"]), rtol=1e-13,
+                               atol=0)
+    np.testing.assert_array_equal(got, np.broadcast_to(env[id(node)], node.shape))
+
+
+# Ops whose Z_p image is the NumPy reference on the residues (integer arithmetic mod P).
+EXACT_IN_FIELD = {em.Op.INPUT, em.Op.NEG, em.Op.ADD, em.Op.SUB, em.Op.MUL, em.Op.MATMUL,
+                  em.Op.SUM, em.Op.TRANSPOSE, em.Op.RESHAPE, em.Op.CONCAT, em.Op.SLICE}
 
 
 @pytest.mark.parametrize("op", OPS, ids=IDS)
 def test_op_has_field_semantics(op):
-    assert callable(FIELD_SEMANTICS[op])
+    """Over Z_p the table's entry gives residues in [0, P) of the op's shape, a function of
+    the inputs (one draw, two runs: the same values); ring ops are integer arithmetic mod P."""
+    g, node = tiny(op)
+    runs = []
+    for _ in range(2):
+        ctx = FieldCtx(P, Q, np.random.default_rng(5))
+        ctx.inputs = ctx.random_inputs(g)
+        runs.append((evaluate_field(g, ctx)["O"][0], ctx))
+    (out, ctx), (again, _) = runs
+    env = run(g, FIELD_SEMANTICS, ctx, outputs=False)  # the table's entry, applied directly
+    direct = FIELD_SEMANTICS[op](ctx, node, *(env[id(s)] for s in node.srcs))
+    np.testing.assert_array_equal(np.asarray(direct[0]), np.asarray(env[id(node)][0]))
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(env[id(g.outputs["O"])][0]))
+    out = np.broadcast_to(np.asarray(out), g.outputs["O"].shape)
+    assert out.dtype == np.int64 and np.all((out >= 0) & (out < P))
+    np.testing.assert_array_equal(out, np.broadcast_to(np.asarray(again), out.shape))
+    if op in EXACT_IN_FIELD:
+        x, y, z = (np.asarray(ctx.inputs[n][0]).astype(object) for n in ("X", "Y", "Z"))
+        want = np.asarray(OP_CASES[op][1](x, y, z)) % P
+        assert np.array_equal(out.astype(object), want)
 
 
 @pytest.mark.parametrize("op", OPS, ids=IDS)
