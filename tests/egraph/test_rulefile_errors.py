@@ -3,6 +3,8 @@ a hypothesis fuzzer throws random bytes and token sequences at the loader."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -71,13 +73,23 @@ TOKENS = ["(", ")", "(", ")", "rewrite", "birewrite", "rule", "ruleset", "mine",
           "0.0", "1e400", "nan", "inf", "99999999999999999999999", '"s"', ";", "\n", "vec-of"]
 
 
+BUILTIN = load_rules(["rules"])
+
+
 def _load_only_project_errors(tmp_path, data: bytes) -> None:
+    """Loading the built-in rules and ``data`` either keeps every built-in ruleset and rule,
+    in order, or raises a project error that names the fuzzed file and a line in it."""
     path = tmp_path / "fuzz.egg"
     path.write_bytes(data)
     try:
-        load_rules(["rules", str(path)])
-    except em.MirageError:
-        pass
+        rulesets, rules = load_rules(["rules", str(path)])
+    except em.MirageError as exc:
+        m = re.search(re.escape(str(path)) + r":(\d+)", str(exc))
+        assert m, f"error names no line of {path}: {exc}"
+        assert 1 <= int(m.group(1)) <= data.count(b"\n") + 1, exc
+        return
+    assert rulesets[:len(BUILTIN[0])] == BUILTIN[0]
+    assert rules[:len(BUILTIN[1])] == BUILTIN[1]
 
 
 @settings(max_examples=150, deadline=None,
