@@ -38,3 +38,13 @@ def _session_results_cache(tmp_path_factory):
 def _results_cache(tmp_path_factory, monkeypatch):
     """Each test gets its own empty results cache (``em.optimize`` caches by default)."""
     monkeypatch.setenv("EQSAT_MIRAGE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """Name pytest-randomly's seed at the end of the run (``-q`` hides the header line that
+    shows it), so a failure in one shuffled order can be replayed."""
+    if config.pluginmanager.hasplugin("randomly"):
+        seed = config.getoption("randomly_seed")
+        order = "a shuffled order" if config.getoption("randomly_reorganize") else "file order"
+        terminalreporter.write_line(f"tests ran in {order} with random seed {seed}: replay "
+                                    f"with -p randomly --randomly-seed={seed}")

@@ -28,11 +28,15 @@ def test_readme_python_api_example_runs(tmp_path, monkeypatch):
 
 
 def test_readme_torch_example_runs():
-    pytest.importorskip("torch")
+    """The example runs, and its compiled model keeps matching the model on a new input."""
+    torch = pytest.importorskip("torch")
     namespace: dict = {}
     exec(compile(_python_blocks()[1], "README.md", "exec"), namespace)  # noqa: S102
     assert namespace["res"].verified.equivalent
-    assert namespace["fast"] is not None
+    fast, model = namespace["fast"], namespace["model"]
+    x = torch.randn(8, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), model(x), rtol=1e-3, atol=1e-3)
 
 
 def test_readme_optimize_many_example_runs():
