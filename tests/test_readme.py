@@ -77,6 +77,17 @@ def test_readme_opens_with_the_two_commands():
     assert "make demo" in "\n".join(head) and "make test" in "\n".join(head)
 
 
+def test_readme_quick_run_skips_the_slow_tests_that_make_test_runs():
+    """The README names the quick run (-m "not slow"); `make test` deselects nothing, and
+    the marker it names is declared."""
+    root = README.parent
+    assert '-m "not slow"' in README.read_text()
+    recipe = root.joinpath("Makefile").read_text().split("\ntest:", 1)[1].split("\n\n")[0]
+    args = recipe.split("-m pytest", 1)[1].split("\n")[0]  # the options after pytest
+    assert " -m " not in f"{args} " and "slow" not in args, args
+    assert '"slow: ' in root.joinpath("pyproject.toml").read_text()
+
+
 def test_readme_worked_example_is_real(capsys):
     from eqsat_mirage.cli.main import main
 
