@@ -50,12 +50,14 @@ def chain_mg():
     return mg
 
 
-@pytest.fixture(scope="module")
+# Per test: a compiled module keeps state across calls (its per-signature _CHECKED cache and,
+# with reuse_outputs, its buffers), which a module-scoped one would carry from test to test.
+@pytest.fixture
 def fn():
     return compile_mugraph(matmul_mg())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def reused():
     return compile_mugraph(chain_mg(), reuse_outputs=True)
 
@@ -85,7 +87,7 @@ def test_non_contiguous_inputs_are_right_and_cached_per_signature(fn):
     at, bt = torch.randn(64, 32).T, torch.randn(48, 64).T  # column-major views
     assert not at.is_contiguous() and not bt.is_contiguous()
     cache = fn.module._CHECKED
-    cache.clear()
+    assert not cache  # a fresh module
     for x, y in ((a, b), (at, bt), (a, bt), (at, b)):
         np.testing.assert_allclose(fn(x, y)["C"].numpy(), (x @ y).numpy(), rtol=1e-4, atol=1e-4)
     assert len(cache) == 4  # one signature per stride combination
