@@ -358,6 +358,7 @@ def test_optimized_small_benchmarks_compile_and_match(g):
     """em.optimize's chosen MuGraph, compiled, matches em.evaluate of the input program."""
     res = em.optimize(g, time_limit_s=10)
     assert isinstance(res.program, em.MuGraph)
+    assert res.verified.equivalent and res.cost_us <= res.baseline_cost_us
     check_compiled(res.program, g)
 
 
