@@ -218,6 +218,7 @@ def test_mlp_with_a_dynamic_batch_one_search_every_batch():
         fn(torch.randn(65, 64).half(), a.half(), b.half())
 
 
+@pytest.mark.slow  # 64 interpreted steps
 def test_a_64_step_decode_loop_uses_one_search_and_matches_eager_every_step():
     torch = pytest.importorskip("torch")
     pytest.importorskip("triton")

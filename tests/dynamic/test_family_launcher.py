@@ -34,7 +34,8 @@ def decode(hint=256, name="dec"):
     return g
 
 
-@pytest.fixture(scope="module", params=["loop", "split"])
+# slow: the split family's search (a 4096-key GQA decode) is most of this file's time
+@pytest.fixture(scope="module", params=["loop", pytest.param("split", marks=pytest.mark.slow)])
 def family(request):
     """A family whose loop grows with L (decode at L ~ 256), and one whose split grid grows
     (the GPU bundle's GQA decode at L ~ 4096: FlashDecoding parts of 1024)."""

@@ -97,6 +97,7 @@ def test_rmsnorm_normalization_and_matmul_in_one_custom_kernel(optimized):
     assert len(k.accumulators) == 2
 
 
+@pytest.mark.slow  # its own em.optimize of gatedmlp
 def test_gatedmlp_both_matmuls_silu_and_product_in_one_kernel(optimized):
     res = optimized("gatedmlp")
     assert_verified("gatedmlp", res)

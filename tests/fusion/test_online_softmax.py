@@ -71,6 +71,7 @@ def test_only_exp_of_x_minus_max_may_be_summed():
         check_schedule(index_fragment(g), Schedule(grid=(("a", 2),), loop="d", forloop=8))
 
 
+@pytest.mark.slow  # a search at two sizes
 def test_search_picks_a_split_with_running_maxima_when_cheaper():
     from bench.programs import program
 
