@@ -38,7 +38,7 @@ def test_qknorm_overflows_fp16_in_the_input_program():
     assert np.isnan(em.evaluate(g, _inputs(g, np.float16), dtype="native")["O"]).all()
 
 
-@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("batch", [1, pytest.param(8, marks=pytest.mark.slow)])  # b=8: 20-50 s
 @pytest.mark.parametrize("name", list(BENCHMARKS))
 def test_chosen_program_compiles_and_matches_reference(name, batch, monkeypatch):
     dtype = np.float32 if name in FP32 else np.float16

@@ -12,6 +12,7 @@ def _python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
 
 
+@pytest.mark.slow  # three searches, a picture
 def test_readme_python_api_example_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # res.render("gqa.svg") writes here
     blocks = _python_blocks()
@@ -47,6 +48,7 @@ def test_readme_optimize_many_example_runs():
     assert all(r.verified.equivalent for r in results)
 
 
+@pytest.mark.slow  # a Hugging Face layer through torch.compile
 def test_readme_hugging_face_example_runs():
     """The Hugging Face example runs as written, and its warning line is what it prints."""
     torch = pytest.importorskip("torch")
