@@ -35,6 +35,7 @@ def _runners(be):
     return out
 
 
+@pytest.mark.slow  # 64 decode steps through torch.compile: about 110 s each here
 @pytest.mark.parametrize("dynamic", [True, None], ids=["dynamic=True", "automatic"])
 def test_a_64_step_decode_loop_through_torch_compile(dynamic):
     """The KV cache grows by one token per step. dynamic=True: one family search (from the
