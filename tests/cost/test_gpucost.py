@@ -26,7 +26,7 @@ SOURCE = re.compile(r"datasheet|whitepaper|guide|specifications|measured|assumpt
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_profiles_load_with_every_figure_and_its_source(target):
-    prof = GPUProfile.load(target)
+    prof = GPUProfile.load(target, measured=False)  # the datasheet (a GPU's fit: below)
     raw = tomllib.loads((profiles_dir() / f"{target}.toml").read_text())
     assert set(GPUProfile.keys()) <= set(raw["figures"])
     for key in GPUProfile.keys():
@@ -112,9 +112,22 @@ def test_predefined_matmul_compute_bound_when_square_memory_bound_when_skinny(ta
     assert cost.dram_bytes == 2 * (2 * 4096 + 4096 * 6144 + 2 * 6144)
 
 
+def test_a_measured_calibration_overrides_figures_and_names_its_source():
+    for target in TARGETS:
+        prof = GPUProfile.load(target)
+        for key in prof.calibrated:
+            assert getattr(prof, key) > 0 and prof.sources[key], (target, key)
+        if (profiles_dir() / f"{target}_measured.toml").is_file():
+            assert prof.calibrated and all(prof.sources[k].startswith("measured")
+                                           for k in prof.calibrated
+                                           if k not in GPUProfile.load(target, False).calibrated)
+
+
 def test_memory_bound_kernel_is_fastest_on_h200_slowest_on_a100():
+    """By the datasheets (a measured calibration fits one GPU's figures, not the ratio)."""
     mg = matmul_mugraph(2, 4096, 6144)
-    h100, a100, h200 = (mugraph_cost(mg, t).total_us for t in TARGETS)
+    h100, a100, h200 = (mugraph_cost(mg, GPUProfile.load(t, measured=False)).total_us
+                        for t in TARGETS)
     assert h200 < h100 < a100
 
 

@@ -176,7 +176,11 @@ def test_non_lax_program_is_returned_unchanged():
     assert str(res.program).split("\n", 1)[1] == str(g).split("\n", 1)[1]
     res = em.optimize(g, level="kernel")  # partitioned: each piece is Lax
     assert [p["ops"] for p in res.stats["pieces"]] == [["exp"], ["exp", "matmul"]]
-    assert res.verified.equivalent and res.cost_us <= res.baseline_cost_us
+    assert res.cost_us <= res.baseline_cost_us
+    if any(p["status"] == "optimized" for p in res.stats["pieces"]):
+        assert res.verified.equivalent
+    else:  # nothing cheaper: the input comes back, claiming no verdict, and says why
+        assert res.verified is None and "no piece optimized" in res.stats["note"]
 
 
 def test_unknown_target():
