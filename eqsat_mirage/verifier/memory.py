@@ -7,7 +7,7 @@ holding what they hold and adding each op's transient scratch, and takes the pea
 - a field value holds 8 bytes per element for each part (Z_p, Z_q) the program uses
   (``field.q_needed``/``p_needed``; the tiled interpreter's ``needs_q``/``needs_p``);
 - an exact field matmul adds, for the part it computes, the float64 digits of its smaller
-  operand, a float64 copy of the other and two float64 results (``modular.matmul_mod``);
+  operand, a float64 copy of the other and one more result (``modular.matmul_mod``);
   conversions of the trial's inputs are cached for the whole trial;
 - a custom kernel holds the tiles cut from its inputs (one copy of each), its accumulators,
   the per-iteration operands of a matmul summed over the loop (and their joined copy), the
@@ -31,7 +31,7 @@ from ..ir.node import Op, fmt_shape
 from ..semantics.field import p_needed, q_needed
 from ..semantics.interp import last_reads
 
-BASE = 256 * 2**20  # what a process verifying anything holds (measured: 70-250 MB)
+BASE = 128 * 2**20  # what a process verifying anything holds besides (measured: 70-130 MB)
 WORD = 8  # bytes of one part of a field value (int64) or of a float64 value
 
 # transient arrays of an op's result size, per part, beside the result itself
@@ -72,7 +72,7 @@ def matmul_scratch(node, parts: int = 1) -> int:
     a, b = (math.prod(s.shape) for s in node.srcs)
     small, big = min(a, b), max(a, b)
     k = node.srcs[0].shape[-1] if node.srcs[0].shape else 1
-    return WORD * (_digits(k) * small + 2 * small + big + 2 * _size(node))
+    return WORD * (_digits(k) * small + small + big + _size(node))
 
 
 def _opaque(op) -> bool:
