@@ -93,6 +93,20 @@ def check_memory(values: Iterable[tuple[str, int]], bytes_per_element: int, what
     return total
 
 
+def check_bytes(parts: Iterable[tuple[str, int]], what: str, budget: int | None = None) -> int:
+    """Refuse (``BudgetError``) when the (description, bytes) ``parts`` held at once (an
+    estimate of a peak, ``verifier/memory.py``) exceed ``budget``; returns their total."""
+    budget = memory_budget() if budget is None else budget
+    items = list(parts)
+    total = sum(n for _, n in items)
+    if total > budget:
+        who, n = max(items, key=lambda x: x[1])
+        raise BudgetError(f"{what} would hold {fmt_bytes(total)} at its peak, over the memory "
+                          f"budget of {fmt_bytes(budget)} (${MEMORY_ENV}); the largest part is "
+                          f"{who} ({fmt_bytes(n)})")
+    return total
+
+
 def matmul_scratch(n, blocks: int = 1) -> int:
     """Elements a finite-field matmul holds beside its operands and result: the float64
     copy of both operands and one digit-product result per digit (3 at most below

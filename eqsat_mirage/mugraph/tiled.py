@@ -322,7 +322,7 @@ def _run_custom(plan: _Plan, table: Table, ctx: Any, env: Mapping[str, Any],
             tiles = {**fixed, **{n: _each(v, lambda x, f=f: x[f], pairs)
                                  for n, v in looped.items()}}
             if saved is not None:
-                ctx.limb_cache = {}  # tiles are fresh each iteration: keep the cache small
+                ctx.limb_cache = None  # tiles are fresh each iteration: nothing to reuse
             if plan.online is not None:
                 vals, before = iteration(plan.online, plan.loop, table, ctx, tiles, running,
                                          pairs)
@@ -381,12 +381,29 @@ def execute(mg: KernelGraph, plans: list, table: Table, ctx: Any, pairs: bool) -
     """Run every kernel in order; returns the values of all device tensors by name."""
     env = {name: table[Op.INPUT](ctx, node) for name, node in mg.inputs.items()}
     specs = mg.tensors
-    for k, plan in zip(mg.kernels, plans):
+    last = tensor_last_reads(mg)
+    for i, (k, plan) in enumerate(zip(mg.kernels, plans)):
         if isinstance(k, PredefinedKernel):
             env.update(run(plan, _with_leaves(table, env), ctx))
         else:
             env.update(_run_custom(plan, table, ctx, env, specs, pairs))
+        for t in last.get(i, ()):
+            env.pop(t, None)  # no later kernel reads it: its memory goes back now
     return env
+
+
+def tensor_last_reads(mg: KernelGraph) -> dict[int, list[str]]:
+    """Kernel position -> the device tensors last read there (never an output tensor)."""
+    outs = set(mg.output_tensors.values())
+    last: dict[str, int] = {}
+    for i, k in enumerate(mg.kernels):
+        for t in k.reads():
+            last[t] = i
+    done: dict[int, list[str]] = {}
+    for t, i in last.items():
+        if t not in outs:
+            done.setdefault(i, []).append(t)
+    return done
 
 
 def evaluate_float(mg: KernelGraph, inputs: Mapping[str, Any], dtype: str | None = None,

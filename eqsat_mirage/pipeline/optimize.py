@@ -28,11 +28,19 @@ from ..egraph.rulefiles import builtin_rules_dir, load_rules, rule_paths
 from ..egraph.saturate import DEFAULT_PHASES, Limits, Saturator
 from ..ir.check import check, check_lax
 from ..ir.errors import BudgetError, LaxError, MirageError, TimeLimitError, unexpected
-from ..ir.limits import check_memory
-from ..verifier.runner import THREADS, footprint
+from ..ir.limits import check_bytes
+from ..verifier.memory import check_parts
 from ..verifier.verify import VerifyResult, verify
 from .build import Builder
-from .options import DEFAULT_SPLITS, DEFAULTS, LEVELS, Budget, SearchOptions, VerifyPlan
+from .options import (
+    DEFAULT_SPLITS,
+    DEFAULTS,
+    LEVELS,
+    Budget,
+    SearchOptions,
+    VerifyPlan,
+    progress_fn,
+)
 from .records import (
     ExtractionRecord,
     PlanningRecord,
@@ -56,7 +64,8 @@ def optimize(graph, target: str | Path = DEFAULTS.target, rules=DEFAULTS.rules,
              node_limit: int = DEFAULTS.node_limit, iter_limit: int = DEFAULTS.iter_limit,
              k: int = DEFAULTS.k, trials: int = DEFAULTS.trials, seed: int = DEFAULTS.seed,
              split_factors=DEFAULTS.split_factors,
-             progress: Callable[[str], None] | None = None, level: str = DEFAULTS.level,
+             progress: Callable[[str], None] | bool | None = None,
+             level: str = DEFAULTS.level,
              strategy=DEFAULTS.strategy, cache=True, max_bound: float = DEFAULTS.max_bound,
              allow_unchecked_rules: bool = DEFAULTS.allow_unchecked_rules,
              compile_check: bool | None = DEFAULTS.compile_check,
@@ -90,6 +99,9 @@ def optimize(graph, target: str | Path = DEFAULTS.target, rules=DEFAULTS.rules,
     None (the default): on for a built-in target with Triton's NVIDIA compiler installed,
     unless ``$EQSAT_MIRAGE_COMPILE_CHECK`` is "0".
 
+    ``progress``: True prints a line to stderr at each step of the search (phases,
+    rejected candidates), a callable receives each line, None or False is quiet.
+
     ``launch``: how the program will be launched, which sets the price of every kernel
     launch: "plain" (from Python, the default) or "graph" (replayed from a CUDA graph, as
     ``res.compile(cuda_graph=True)`` does: more, smaller kernels can pay off).
@@ -112,6 +124,7 @@ def search(graph, options: SearchOptions, progress: Callable[[str], None] | None
     """``optimize`` with its options as one checked ``SearchOptions``: one program searched
     as one piece, through the results cache ``cache`` (see ``optimize``)."""
     options = options.resolved()
+    progress = progress_fn(progress)
     if cache is not None and cache is not False:
         from .cache import cached_optimize, open_cache
 
@@ -126,7 +139,7 @@ def _run(graph, options: SearchOptions, progress) -> OptimizeResult:
     t0 = time.perf_counter()
     budget = Budget.start(options.time_limit_s, t0)
     check(graph)
-    check_memory(footprint(graph), 16 * THREADS, f"verifying {graph.name!r}")
+    check_bytes(check_parts(graph), f"verifying {graph.name!r}")
     prof = GPUProfile.load(options.target).for_launch(options.launch)  # both models use it
     if options.compile_check:
         from ..codegen.tune import can_tune

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -210,3 +212,20 @@ class VerifyPlan:
     def of(cls, options: SearchOptions, budget: Budget) -> VerifyPlan:
         """The plan of a search with ``options`` under ``budget``."""
         return cls(options.trials, options.seed, options.max_bound, budget.verification())
+
+
+def progress_fn(progress) -> Callable[[str], None] | None:
+    """``optimize``'s ``progress``: None or False (quiet), True (one line per step to
+    stderr) or a callable taking each line (a ``MirageError`` for anything else)."""
+    if progress is None or progress is False:
+        return None
+    if progress is True:
+        return _to_stderr
+    if callable(progress):
+        return progress
+    raise MirageError(f"optimize: progress must be True, False, None or a callable taking a "
+                      f"str, got {progress!r}")
+
+
+def _to_stderr(text: str) -> None:
+    print(f"eqsat-mirage: {text}", file=sys.stderr, flush=True)

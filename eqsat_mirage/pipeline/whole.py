@@ -31,15 +31,15 @@ from collections.abc import Callable
 
 from ..ir.check import check
 from ..ir.errors import MirageError, unexpected
-from ..ir.limits import Deadline, check_memory
+from ..ir.limits import Deadline, check_bytes
 from ..partition.pieces import DEFAULT_PIECE_OPS, Piece, needs_partition, partition
 from ..partition.stitch import stitch
 from ..verifier.endtoend import FloatCheck, float_check
-from ..verifier.runner import THREADS, footprint
+from ..verifier.memory import check_parts
 from ..verifier.verify import VerifyResult
 from .optimize import optimize as optimize_search
 from .optimize import search as optimize_piece
-from .options import SearchOptions
+from .options import SearchOptions, progress_fn
 from .result import OptimizeResult
 
 SHARE_END = 0.85  # piece searches end by this fraction of the time limit; the rest: stitch
@@ -84,7 +84,7 @@ def search_options(graph, args: tuple, kwargs: dict) -> tuple[SearchOptions, obj
     bound.apply_defaults()
     given = bound.arguments
     return (SearchOptions(**{name: given[name] for name in SearchOptions.names()}),
-            given["progress"], given["cache"])
+            progress_fn(given["progress"]), given["cache"])
 
 
 _SIGNATURE = inspect.signature(optimize_search)  # the search's keywords, with their defaults
@@ -175,7 +175,7 @@ def optimize_whole(graph, options: SearchOptions, cache, progress,
     from ..egraph.rulefiles import rule_paths
     from ..mugraph.program import from_graph
 
-    check_memory(footprint(graph), 16 * THREADS, f"checking {graph.name!r}")
+    check_bytes(check_parts(graph), f"checking {graph.name!r}")
     prof = GPUProfile.load(options.target)
     hw = Hardware.load(prof)
     rule_paths(options.rules)  # a bad rules= is reported once, not once per piece

@@ -24,6 +24,7 @@ from ..ir.ops import SPECS, OpSpec
 from .modular import (  # noqa: F401  (re-exported: the field backend's arithmetic)
     CHUNK,
     EXACT_K,
+    PINNED,
     FieldZeroDivisionError,
     addmod,
     const_mod,
@@ -64,6 +65,7 @@ class FieldCtx:
     keys: dict[Op, tuple[int, int, int]] = field(default_factory=dict)
     _tables: tuple[np.ndarray, np.ndarray] | None = None
     limb_cache: dict = field(default_factory=dict)
+    pinned: set[int] = field(default_factory=set)  # ids of the inputs' arrays
 
     def __post_init__(self) -> None:
         while self.omega in (0, 1):
@@ -86,9 +88,16 @@ class FieldCtx:
 
         The q part is drawn on first use: only inputs that reach an exp need it.
         """
-        return {name: LazyPair(self.rng.integers(0, self.p, node.shape, dtype=np.int64),
-                               node.shape, self)
-                for name, node in program.inputs.items()}
+        out = {name: LazyPair(self.rng.integers(0, self.p, node.shape, dtype=np.int64),
+                              node.shape, self)
+               for name, node in program.inputs.items()}
+        self.pinned = {id(pair[0]) for pair in out.values()}  # q parts: added when drawn
+        self.limb_cache = self.input_cache()
+        return out
+
+    def input_cache(self) -> dict:
+        """A fresh ``limb_cache`` that keeps conversions of the trial's inputs only."""
+        return {PINNED: self.pinned}
 
     def exp(self, x: np.ndarray) -> np.ndarray:
         """omega ** x mod p for x in [0, q), by two table look-ups."""
@@ -130,6 +139,7 @@ class LazyPair:
             return self._p
         if self._q is None:
             self._q = self._ctx.rng.integers(0, self._ctx.q, self._shape, dtype=np.int64)
+            self._ctx.pinned.add(id(self._q))
         return self._q
 
     def __iter__(self):

@@ -54,18 +54,38 @@ def check_inputs(program, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
     return out
 
 
+def last_reads(nodes, keep) -> dict[int, list[int]]:
+    """Position in ``nodes`` -> ids of the values last read there (never those of ``keep``,
+    the outputs): what an interpreter can drop once that node has run."""
+    kept = {id(n) for n in keep}
+    last: dict[int, int] = {}
+    for i, node in enumerate(nodes):
+        for s in node.srcs:
+            last[id(s)] = i
+    done: dict[int, list[int]] = {}
+    for key, i in last.items():
+        if key not in kept:
+            done.setdefault(i, []).append(key)
+    return done
+
+
 def run(program, table: Table, ctx: Any, outputs: bool = True) -> dict:
     """Evaluate every node of ``program`` with ``table``.
 
     Returns ``{output name: value}`` (or ``{id(node): value}`` for all nodes
-    when ``outputs`` is False). ``ctx`` is handed to every table entry.
+    when ``outputs`` is False). ``ctx`` is handed to every table entry. A value is
+    dropped as soon as its last reader has run (``outputs`` False: every value is kept).
     """
     env: dict[int, Any] = {}
-    for node in program.nodes():
+    nodes = program.nodes()
+    done = None if not outputs else last_reads(nodes, program.outputs.values())
+    for i, node in enumerate(nodes):
         fn = table.get(node.op)
         if fn is None:
             raise NotImplementedError(f"no semantics for {node.op} in this backend")
         env[id(node)] = fn(ctx, node, *(env[id(s)] for s in node.srcs))
+        for key in done.get(i, ()) if done is not None else ():
+            del env[key]  # nothing later reads it: its memory goes back now
     if not outputs:
         return env
     return {name: env[id(node)] for name, node in program.outputs.items()}

@@ -99,9 +99,17 @@ def _signed_digits(x: np.ndarray, m: int, w: int) -> list[np.ndarray]:
             return digits
 
 
+PINNED = "pinned"  # a cache's entry: the ids of the only arrays it keeps conversions of
+
+
 def _cached(cache: dict | None, x: np.ndarray, key: tuple, make):
-    """``make()``, remembered per (array, key) in a trial's ``cache``."""
+    """``make()``, remembered per (array, key) in a trial's ``cache`` (only for the arrays
+    whose ids are in ``cache[PINNED]`` when it has that entry: a trial's inputs, which live
+    as long as the trial, so the cache never keeps an intermediate value alive)."""
     if cache is None:
+        return make()
+    pinned = cache.get(PINNED)
+    if pinned is not None and id(x) not in pinned:
         return make()
     hit = cache.get((id(x), *key))
     if hit is not None and hit[0] is x:

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir.errors import TimeLimitError
-from ..ir.limits import Deadline, check_memory
+from ..ir.limits import Deadline
 from .floatcheck import Counterexample, float_checks
-from .runner import THREADS, footprint, runner
+from .memory import float_parts, threads_that_fit
+from .runner import THREADS, runner
 from .verify import match_interfaces
 
 
@@ -49,12 +50,12 @@ def float_check(a, b, seed: int | None = 0, rtol: float = 1e-7, native: bool = T
     dtype, 0.42 s") or says the time limit cut them short."""
     start = time.perf_counter()
     match_interfaces(a, b)
-    for prog in (a, b):
-        check_memory(footprint(prog), 16 * THREADS, f"checking {prog.name!r}")
+    threads = threads_that_fit(lambda n: float_parts(a, b, n), THREADS,
+                               f"checking {b.name!r} against {a.name!r}")
     deadline = time_limit_s if isinstance(time_limit_s, Deadline) else Deadline(time_limit_s)
     rng = np.random.default_rng(None if seed is None else [seed, 0xE2E])
     try:
-        with runner(deadline) as pool:
+        with runner(deadline, threads) as pool:
             cex, ran_native = float_checks(a, b, rng, rtol, native, None, pool,
                                             constant_finite=True)
     except TimeLimitError as exc:

@@ -21,3 +21,4 @@ class TrialPlan:
     float_check: bool
     native_check: bool
     float_first: bool
+    threads: int | None = None  # trials at once (None: runner.THREADS): what fits the budget

@@ -17,13 +17,15 @@ THREADS = max(1, min(4, os.cpu_count() or 1))  # field trials / float evaluation
 
 
 @contextlib.contextmanager
-def runner(deadline: Deadline):
-    """A ``Runner`` on a thread pool (NumPy and BLAS release the GIL) under ``deadline``;
-    at the deadline the pool is left to finish its running jobs on its own."""
-    if THREADS == 1:
+def runner(deadline: Deadline, threads: int | None = None):
+    """A ``Runner`` on a pool of ``threads`` threads (``THREADS`` if None; NumPy and BLAS
+    release the GIL) under ``deadline``; at the deadline the pool is left to finish its
+    running jobs on its own."""
+    count = THREADS if threads is None else max(1, threads)
+    if count == 1:
         yield Runner(None, deadline)
         return
-    threads = ThreadPoolExecutor(THREADS, thread_name_prefix="em-verify")
+    threads = ThreadPoolExecutor(count, thread_name_prefix="em-verify")
     try:
         yield Runner(threads, deadline)
     finally:

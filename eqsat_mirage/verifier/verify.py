@@ -24,14 +24,15 @@ import numpy as np
 
 from ..ir.check import check, check_lax
 from ..ir.errors import GraphError, MirageError, TimeLimitError
-from ..ir.limits import Deadline, check_memory
+from ..ir.limits import Deadline
 from ..ir.node import fmt_shape
 from ..semantics.field import FieldCtx, FieldZeroDivisionError, SharedValues, evaluate_field
 from ..semantics.primes import draw_primes, program_constants
 from .bound import PerTrial, per_trial_bound
 from .floatcheck import Counterexample, float_checks
+from .memory import threads_that_fit, verify_parts
 from .plan import TrialPlan
-from .runner import THREADS, Runner, footprint, runner
+from .runner import THREADS, Runner, runner
 
 
 @dataclass
@@ -162,7 +163,7 @@ def _field_trial(a, b, t: int, base: int, bits: int, avoid: set[int], max_redraw
             continue
         finally:
             if memo is not None and key in memo:
-                memo[key][0].limb_cache = {}  # digits of big operands: not kept between calls
+                memo[key][0].limb_cache = memo[key][0].input_cache()  # not kept between calls
         return _Trial(p, q, _field_mismatch(a, out_a, out_b, ctx, t))
     return _Trial(vanished=True)
 
@@ -254,8 +255,6 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
         check(prog)
         check_lax(prog, what)
     match_interfaces(a, b)
-    check_memory(footprint(a) + footprint(b), 16 * THREADS,  # a trial runs both
-                 f"verifying {b.name!r} against {a.name!r}")
     deadline = time_limit_s if isinstance(time_limit_s, Deadline) else Deadline(time_limit_s)
     if memo is not None and (seed is None or memo.setdefault("program", a) is not a
                              or memo.setdefault("seed", seed) != seed):
@@ -265,9 +264,12 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
     avoid = program_constants(a) | program_constants(b)
     result = VerifyResult(False, 1.0, None, 0, 0, 0, eps.value, max_bound=max_bound)
     run = trials if needed is None or needed > max_trials else needed
+    threads = threads_that_fit(  # trials at once: as many as fit, refused if not even one
+        lambda n: verify_parts(a, b, n, run, memo is not None), THREADS,
+        f"verifying {b.name!r} against {a.name!r}")
     base = int(np.random.default_rng().integers(0, 2**63)) if seed is None else seed
     how = TrialPlan(run, seed, base, max_trials, max_bound, prime_bits, avoid, max_redraws,
-                    rtol, float_check, native_check, float_first)
+                    rtol, float_check, native_check, float_first, threads)
     try:
         return _decide(a, b, result, eps, how, memo, start, deadline)
     except TimeLimitError as exc:
@@ -280,7 +282,7 @@ def _decide(a, b, result: VerifyResult, eps: PerTrial, how: TrialPlan, memo, sta
             ) -> VerifyResult:
     """The trials and float checks of ``verify`` into ``result``."""
     seed, rtol, max_bound, max_redraws = how.seed, how.rtol, how.max_bound, how.max_redraws
-    with runner(deadline) as pool:
+    with runner(deadline, how.threads) as pool:
         if how.float_check and how.float_first and _numerics(
                 a, b, result, seed, rtol, how.native_check, memo, start, pool):
             return result

@@ -126,3 +126,20 @@ def test_the_float_check_says_what_ran_in_fields():
     late = float_check(tiny(), tiny(), time_limit_s=Deadline(0.0))
     assert late.cut_short and late.counterexample is None and not late.passed
     assert not late.native and "cut short" in late.message
+
+
+def test_progress_true_prints_each_step_to_stderr(capsys):
+    em.optimize(tiny(), cache=False, progress=True, time_limit_s=60)
+    err = capsys.readouterr().err
+    assert "eqsat-mirage: " in err and "iteration" in err
+
+
+def test_progress_takes_a_callable_or_nothing(capsys):
+    lines: list[str] = []
+    em.optimize(tiny(), cache=False, progress=lines.append, time_limit_s=60)
+    assert lines and all(isinstance(x, str) for x in lines)
+    for quiet in (None, False):
+        em.optimize(tiny(), cache=False, progress=quiet, time_limit_s=60)
+    assert capsys.readouterr().err == ""
+    with pytest.raises(em.MirageError, match="progress must be"):
+        em.optimize(tiny(), cache=False, progress="yes")

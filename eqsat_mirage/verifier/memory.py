@@ -1,0 +1,309 @@
+"""What verification holds in memory at its peak: the estimate the memory budget checks.
+
+The interpreters drop every value once its last reader has run (``interp.run``, the tiled
+interpreter's device tensors), so the estimate walks each program in the order they run,
+holding what they hold and adding each op's transient scratch, and takes the peak:
+
+- a field value holds 8 bytes per element for each part (Z_p, Z_q) the program uses
+  (``field.q_needed``/``p_needed``; the tiled interpreter's ``needs_q``/``needs_p``);
+- an exact field matmul adds, for the part it computes, the float64 digits of its smaller
+  operand, a float64 copy of the other and one more result (``modular.matmul_mod``);
+  conversions of the trial's inputs are cached for the whole trial;
+- a custom kernel holds the tiles cut from its inputs (one copy of each), its accumulators,
+  the per-iteration operands of a matmul summed over the loop (and their joined copy), the
+  live values of one iteration and of its epilogue, and what it writes;
+- one trial holds its inputs, the first program's outputs while the second runs, and the
+  larger of the two programs' peaks; ``threads`` trials run at once;
+- a search's ``memo`` keeps each trial's inputs and first-program outputs (and the float
+  checks' draws and outputs) for the next candidate.
+
+``verify_parts`` gives (description, bytes) of each of these, which
+``limits.check_bytes`` compares with the budget; ``threads_that_fit`` lowers the number of
+trials run at once until they fit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from ..ir.node import Op, fmt_shape
+from ..semantics.field import p_needed, q_needed
+from ..semantics.interp import last_reads
+
+BASE = 128 * 2**20  # what a process verifying anything holds besides (measured: 70-130 MB)
+WORD = 8  # bytes of one part of a field value (int64) or of a float64 value
+
+# transient arrays of an op's result size, per part, beside the result itself
+_SCRATCH = {Op.EXP: 1}
+
+
+class _Peak:
+    """Bytes held now, the most held at once, and what was being computed then."""
+
+    def __init__(self) -> None:
+        self.live = 0
+        self.peak = 0
+        self.at = "nothing"
+
+    def spike(self, extra: int, what: str) -> None:
+        if self.live + extra > self.peak:
+            self.peak, self.at = self.live + extra, what
+
+    def hold(self, n: int, what: str = "") -> None:
+        self.live += n
+        self.spike(0, what)
+
+
+def _size(node) -> int:
+    return math.prod(node.shape)
+
+
+def _digits(k: int) -> int:
+    """Float64 digits ``matmul_mod`` cuts a residue below 2**31 into for contraction ``k``."""
+    w = 23 - (max(1, min(k, 1 << 15)) - 1).bit_length()
+    return math.ceil(31 / w)
+
+
+def matmul_scratch(node, parts: int = 1) -> int:
+    """Bytes an exact field matmul needs beside its result (one part at a time)."""
+    if not parts:
+        return 0
+    a, b = (math.prod(s.shape) for s in node.srcs)
+    small, big = min(a, b), max(a, b)
+    k = node.srcs[0].shape[-1] if node.srcs[0].shape else 1
+    return WORD * (_digits(k) * small + small + big + _size(node))
+
+
+def _opaque(op) -> bool:
+    from ..ir.ops import SPECS
+
+    spec = SPECS.get(op)
+    return bool(spec is not None and spec.opaque)
+
+
+def _scratch(node, parts: int, field: bool) -> int:
+    if node.op is Op.MATMUL:
+        return matmul_scratch(node, 1) if field and parts else 0
+    n = _size(node)
+    if not field:
+        return 0
+    if _opaque(node.op) or node.op is Op.MAX:
+        return 3 * WORD * n
+    if node.op is Op.DIV:  # the denominator's inverse by square-and-multiply, then a product
+        return WORD * (3 * _size(node.srcs[1]) + n)
+    return WORD * n * _SCRATCH.get(node.op, 0)
+
+
+def walk(peak: _Peak, nodes: list, outputs, nbytes: Callable, field: bool,
+         where: str) -> int:
+    """Hold ``nodes``' values in ``peak`` as an interpreter does (dropped after their last
+    reader, INPUT leaves held by the caller); returns the bytes of ``outputs`` still held."""
+    done = last_reads(nodes, outputs)
+    held: dict[int, int] = {}
+    for i, node in enumerate(nodes):
+        if node.op is not Op.INPUT:
+            n = nbytes(node)
+            what = f"{where}{node.op.name.lower()} {fmt_shape(node.shape)}"
+            peak.spike(n + _scratch(node, n // max(1, WORD * _size(node)), field), what)
+            peak.hold(n, what)
+            held[id(node)] = n
+        for key in done.get(i, ()):
+            peak.live -= held.pop(key, 0)
+    out = sum(held.get(id(n), 0) for n in {id(n): n for n in outputs}.values())
+    peak.live -= sum(held.values()) - out
+    return out
+
+
+def _pinned(nodes, parts: Callable) -> int:
+    """Bytes of the cached conversions of the inputs matmuls read directly (a trial long)."""
+    seen: dict[tuple, int] = {}
+    for n in nodes:
+        if n.op is not Op.MATMUL:
+            continue
+        k = n.srcs[0].shape[-1] if n.srcs[0].shape else 1
+        sizes = [math.prod(s.shape) for s in n.srcs]
+        for j, s in enumerate(n.srcs):
+            if s.op is Op.INPUT:
+                split = sizes[j] <= sizes[1 - j]
+                seen[(s.arg, split)] = WORD * sizes[j] * (_digits(k) if split else 1) * parts(n)
+    return sum(seen.values())
+
+
+# -- one evaluation of one program ----------------------------------------------------------
+
+
+def graph_peak(g, field: bool) -> tuple[int, int, int, str]:
+    """(inputs, outputs, peak above the inputs, what was computed at the peak) of one
+    evaluation of the Graph ``g`` over the field (``field``) or float64, in bytes."""
+    nodes = g.nodes()
+    if field:
+        nq = q_needed(g)
+        npp = p_needed(g, nq)
+
+        def parts(n):
+            return (id(n) in npp) + (id(n) in nq)
+    else:
+        def parts(n):
+            return 1
+    peak = _Peak()
+    inputs = sum(WORD * _size(n) * max(1, parts(n)) for n in g.inputs.values())
+    if field:
+        peak.hold(_pinned(nodes, parts), "cached conversions of the inputs")
+    out = walk(peak, nodes, list(g.outputs.values()),
+               lambda n: WORD * _size(n) * parts(n), field, f"{g.name!r}: ")
+    return inputs, out, peak.peak, peak.at
+
+
+def mugraph_peak(mg, field: bool) -> tuple[int, int, int, str]:
+    """``graph_peak`` of a MuGraph run by the tiled interpreter (``mugraph/tiled.py``)."""
+    from ..mugraph.kernels import PredefinedKernel
+    from ..mugraph.tiled import _plans, needs_p, needs_q, tensor_last_reads
+
+    mg.validate()
+    plans = _plans(mg)
+    if field:
+        nq = needs_q(mg, plans)
+        npp = needs_p(mg, plans, nq)
+
+        def parts(n):
+            return (id(n) in npp) + (id(n) in nq)
+    else:
+        def parts(n):
+            return 1
+
+    def nbytes(n):
+        return WORD * _size(n) * parts(n)
+    tparts: dict[str, int] = {}  # device tensor -> parts some reader uses
+    for k, plan in zip(mg.kernels, plans):
+        if isinstance(k, PredefinedKernel):
+            for s in k.node.srcs:
+                if s.op is Op.INPUT:
+                    tparts[s.arg] = max(tparts.get(s.arg, 0), parts(s), 1)
+            continue
+        for stage in (plan.loop, plan.post, plan.fused_loop):
+            for n in stage.nodes() if stage is not None else ():
+                if n.op is Op.INPUT and n.arg in k.inputs:
+                    t = k.inputs[n.arg].tensor
+                    tparts[t] = max(tparts.get(t, 0), parts(n), 1)
+    for t in mg.output_tensors.values():
+        tparts[t] = max(tparts.get(t, 0), 1)
+    specs = mg.tensors
+
+    def tbytes(t):
+        return WORD * math.prod(specs[t].shape) * tparts.get(t, 1)
+    peak = _Peak()
+    inputs = sum(tbytes(t) for t in mg.inputs)
+    if field:
+        peak.hold(sum(_pinned([k.node], lambda n: max(1, parts(n))) for k in mg.kernels
+                      if isinstance(k, PredefinedKernel)), "cached conversions of the inputs")
+    last = tensor_last_reads(mg)
+    for i, (k, plan) in enumerate(zip(mg.kernels, plans)):
+        if isinstance(k, PredefinedKernel):
+            walk(peak, plan.nodes(), [k.node], nbytes, field, f"kernel {k.name!r}: ")
+        else:
+            _custom(peak, k, plan, nbytes, tbytes, field)
+        for t in last.get(i, ()):
+            if t not in mg.inputs:
+                peak.live -= tbytes(t)
+    out = sum(tbytes(t) for t in set(mg.output_tensors.values()))
+    return inputs, out, peak.peak, peak.at
+
+
+def _custom(peak: _Peak, k, plan, nbytes, tbytes, field: bool) -> None:
+    """A custom kernel run by ``tiled._run_custom`` (its outputs stay held)."""
+    where = f"kernel {k.name!r}: "
+    blocks, f_range = math.prod(k.grid), k.forloop
+    start = peak.live
+    cut = sum(tbytes(bi.tensor) for bi in k.inputs.values())
+    peak.hold(cut, f"{where}tiles cut from its inputs")
+    fused = plan.fused if field and f_range > 1 and plan.online is None else {}
+    loop = plan.fused_loop if fused else plan.loop
+    accs = sum(nbytes(plan.loop.outputs[a]) for a in k.accumulators if a not in fused)
+    peak.hold(accs, f"{where}accumulators")
+    loop_outs = [t for t, bo in k.outputs.items() if bo.stage == "loop"]
+    per_iter = [nbytes(loop.outputs[f"{a}\0lhs"]) + nbytes(loop.outputs[f"{a}\0rhs"])
+                for a in fused]
+    written = sum(nbytes(plan.loop.outputs[t]) * (f_range if k.outputs[t].fmap is not None
+                                                  else 1) for t in loop_outs)
+    # one iteration's values (the last one, with every earlier one's kept operands held)
+    before = peak.live
+    peak.hold((f_range - 1) * sum(per_iter) + written, f"{where}{f_range} iterations' kept "
+              "values")
+    kept = walk(peak, loop.nodes(), list(loop.outputs.values()), nbytes, field,
+                f"{where}loop (x {blocks} blocks): ")
+    peak.live -= kept
+    peak.live = before + f_range * sum(per_iter) + written
+    for m in fused.values():  # the joined operands, then their one matmul
+        joined = sum(per_iter)
+        mm = nbytes(m)
+        peak.spike(joined + mm + matmul_scratch(m, 1), f"{where}matmul {fmt_shape(m.shape)} "
+                   f"over {f_range} iterations x {blocks} blocks (joined operands)")
+        peak.hold(mm)
+    peak.live -= f_range * sum(per_iter)
+    if k.post.outputs:
+        walk(peak, plan.post.nodes(), list(plan.post.outputs.values()), nbytes, field,
+             f"{where}epilogue (x {blocks} blocks): ")
+    out = sum(tbytes(t) for t in k.outputs)
+    peak.spike(out, f"{where}writing its outputs")
+    peak.live = start + out  # the tiles, accumulators and stage values are dropped
+
+
+def program_peak(program, field: bool) -> tuple[int, int, int, str]:
+    """``graph_peak`` or ``mugraph_peak`` (a family's program: its padded program)."""
+    program = getattr(program, "program", program)
+    if hasattr(program, "kernels"):
+        return mugraph_peak(program, field)
+    return graph_peak(program, field)
+
+
+# -- one verification -----------------------------------------------------------------------
+
+
+def verify_parts(a, b, threads: int, trials: int, memo: bool = True) -> list[tuple[str, int]]:
+    """(description, bytes) of what verifying ``b`` against ``a`` holds at its peak with
+    ``threads`` trials (or float checks) at once and ``trials`` trials kept in a memo."""
+    ia, oa, pa, at_a = program_peak(a, True)
+    ib, ob, pb, at_b = program_peak(b, True)
+    fa_in, fa_out, fpa, _ = program_peak(a, False)
+    _, _, fpb, _ = program_peak(b, False)
+    inputs = max(ia, ib)
+    trial = inputs + max(pa, oa + pb)
+    at = at_a if pa >= oa + pb else at_b
+    job = max(trial, fa_in + max(fpa, fpb + fa_out))
+    parts = [(f"{threads} trial(s) at once, each peaking at {at}", threads * job),
+             ("the interpreter itself (Python, NumPy, both programs)", BASE)]
+    if memo:
+        parts.append((f"{trials} trials' inputs and first-program outputs kept for the next "
+                      "candidate", trials * (inputs + oa)))
+        parts.append(("the float checks' draws and first-program outputs",
+                      4 * fa_in + 12 * fa_out))
+    return parts
+
+
+def check_parts(program) -> list[tuple[str, int]]:
+    """``verify_parts`` of one program checked against itself, one trial at a time: the
+    least any verification of it needs."""
+    return verify_parts(program, program, 1, 1, memo=False)
+
+
+def float_parts(a, b, threads: int) -> list[tuple[str, int]]:
+    """(description, bytes) of the float checks of ``b`` against ``a``, ``threads`` at once."""
+    fa_in, fa_out, fpa, at = program_peak(a, False)
+    _, _, fpb, at_b = program_peak(b, False)
+    return [(f"{threads} float check(s) at once, each peaking at {at if fpa >= fpb else at_b}",
+             threads * (fa_in + max(fpa, fpb + fa_out)))]
+
+
+def threads_that_fit(parts_for: Callable[[int], list], most: int, what: str,
+                     budget: int | None = None) -> int:
+    """The most trials at once (``most`` at most, 1 at least) whose ``parts_for(threads)``
+    fit the memory budget; ``BudgetError`` (``limits.check_bytes``) when not even one does."""
+    from ..ir.limits import check_bytes, memory_budget
+
+    budget = memory_budget() if budget is None else budget
+    for threads in range(most, 1, -1):
+        if sum(n for _, n in parts_for(threads)) <= budget:
+            return threads
+    check_bytes(parts_for(1), what, budget)
+    return 1

@@ -1,0 +1,97 @@
+"""The verifier's memory estimate (``verifier/memory.py``) against what verification holds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import eqsat_mirage as em
+from eqsat_mirage.ir.limits import MEMORY_ENV
+from eqsat_mirage.semantics.interp import last_reads
+from eqsat_mirage.verifier.memory import BASE, graph_peak, verify_parts
+
+ROOT = Path(__file__).resolve().parents[2]
+
+MEASURE = """
+import json, resource, sys
+sys.path.insert(0, {root!r})
+import eqsat_mirage as em
+from bench.programs import program, rewritten
+from eqsat_mirage.verifier.memory import verify_parts
+from eqsat_mirage.verifier.runner import THREADS
+a, b = program({name!r}, {batch}), rewritten({name!r}, {batch})
+estimate = sum(n for _, n in verify_parts(a, b, THREADS, 3))
+em.verify(a, b, trials=3, seed=0, memo={{}}, float_check=False)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps([estimate, peak]))
+"""
+
+
+def attention(n: int = 64) -> em.Graph:
+    g = em.Graph("att")
+    q, k, v = g.input("q", (2, n, 16)), g.input("k", (2, 16, n)), g.input("v", (2, n, 16))
+    a = em.exp(q @ k)
+    g.output((a / a.sum(axis=-1, keepdims=True)) @ v, "o")
+    return g
+
+
+def test_values_are_dropped_after_their_last_reader():
+    g = attention()
+    nodes = g.nodes()
+    done = last_reads(nodes, g.outputs.values())
+    dropped = [key for keys in done.values() for key in keys]
+    assert len(dropped) == len(set(dropped))
+    assert id(g.outputs["o"]) not in dropped
+    assert {id(n) for n in nodes if n is not g.outputs["o"]} == set(dropped)
+    # evaluation is unchanged by dropping
+    ins = {n: np.random.default_rng(0).standard_normal(x.shape) for n, x in g.inputs.items()}
+    out = em.evaluate(g, ins)["o"]
+    s = np.exp(ins["q"] @ ins["k"])
+    np.testing.assert_allclose(out, (s / s.sum(-1, keepdims=True)) @ ins["v"])
+
+
+def test_the_estimate_counts_only_the_parts_the_field_uses():
+    inputs, out, peak, at = graph_peak(attention(256), field=True)
+    scores = 2 * 256 * 256 * 8  # q@k: its Z_q part only (it feeds an exp)
+    assert inputs > 0 and out == 2 * 256 * 16 * 8
+    assert scores <= peak < 8 * scores
+    assert "att" in at
+
+
+@pytest.mark.slow
+def test_the_estimate_is_within_one_and_a_half_times_the_measured_peak():
+    code = MEASURE.format(root=str(ROOT), name="gqa", batch=2)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=600, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    estimate, peak = json.loads(run.stdout.splitlines()[-1])
+    assert peak / 1.5 <= estimate <= 1.5 * peak, (estimate, peak)
+
+
+def test_trials_run_one_at_a_time_when_two_at_once_do_not_fit(monkeypatch):
+    from eqsat_mirage.verifier import memory, runner
+
+    g = attention(128)
+    one = sum(n for _, n in verify_parts(g, g, 1, 4))
+    two = sum(n for _, n in verify_parts(g, g, 2, 4))
+    assert one < two
+    monkeypatch.setattr(runner, "THREADS", 2)
+    monkeypatch.setattr("eqsat_mirage.verifier.verify.THREADS", 2)
+    seen = []
+    real = memory.threads_that_fit
+
+    def spy(*args, **kwargs):
+        seen.append(real(*args, **kwargs))
+        return seen[-1]
+    monkeypatch.setattr("eqsat_mirage.verifier.verify.threads_that_fit", spy)
+    monkeypatch.setenv(MEMORY_ENV, str((one + two) // 2))
+    assert em.verify(g, g, trials=4, seed=0, memo={}, float_check=False).equivalent
+    assert seen == [1]
+    monkeypatch.setenv(MEMORY_ENV, str(one - BASE // 2))
+    with pytest.raises(em.BudgetError, match="at its peak, over the memory budget"):
+        em.verify(g, g, trials=4, seed=0, memo={}, float_check=False)
