@@ -126,8 +126,8 @@ def test_exp_of_a_difference_is_not_split_in_float16():
 
 def test_optimize_refuses_a_float_unsafe_user_rule(tmp_path):
     path = tmp_path / "narrow.egg"
-    path.write_text("; narrow\n(rewrite (Mul (Cast t a) (Cast t a)) (Cast t (Mul a a)) "
-                    ":ruleset user)\n")
+    path.write_text("(ruleset user)\n; narrow\n(rewrite (Mul (Cast t a) (Cast t a)) "
+                    "(Cast t (Mul a a)) :ruleset user)\n")
     with pytest.raises(em.RuleError, match="(?s)float-unsafe.*allow_float_unsafe_rules"):
         em.optimize(rmsnorm(True), rules=["rules", str(path)], level="kernel", cache=False,
                     compile_check=False, time_limit_s=30)
