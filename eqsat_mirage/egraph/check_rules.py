@@ -3,7 +3,12 @@
 Tensor pattern variables become float32 inputs of random small shapes, axis
 variables small valid ints, f64 variables dyadic floats; an instance counts when
 the left side type-checks and the ``:when`` facts hold. Its right side must then
-type-check to the same shape, and a few instances are compared by ``em.verify``.
+type-check to the same shape, and a few instances are compared by ``em.verify``
+(without its native-dtype checks): "sound" means equal over the reals. Each sound rule's
+instances then go through the float-safety check of ``em.verify`` (static checks and the
+native-dtype draws, docs/verifier.md section 5), tensor variables drawn in float16 and
+bfloat16 as well as float32: a rule that drops a softmax's max or narrows a dtype is
+"sound, float-unsafe" (``RuleCheck.float_safe`` False).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from ..frontend.graph import Graph
 from ..ir.errors import DTypeError, MirageError, RuleError, ShapeError
 from ..ir.limits import Deadline
 from ..ir.node import DTYPES, Node, Op, fmt_shape, make, numel
+from ..verifier.floatcheck import float_checks
 from ..verifier.verify import Counterexample, verify
 from .encode import build_node
 from .rulefiles import Rule, Schema, SList, Sym, load_rules, to_text
@@ -44,6 +50,14 @@ class RuleCheck:
     shape_instances: int = 0  # instances whose right side was type-checked
     path: str = ""
     line: int = 0
+    float_safe: bool | None = None  # a sound rule: False when an instance is float-unsafe
+    float_message: str = ""
+
+    @property
+    def verdict(self) -> str:
+        """The status, with "float-unsafe" after "sound" for a rule unsafe in floating point."""
+        return "sound, float-unsafe" if self.status == "sound" and self.float_safe is False \
+            else self.status
 
 
 @dataclass
@@ -63,16 +77,25 @@ class RuleCheckReport:
         """The rules found unsound."""
         return [r for r in self.results if r.status == "unsound"]
 
+    @property
+    def float_unsafe(self) -> list[RuleCheck]:
+        """The rules sound over the reals but unsafe in floating point."""
+        return [r for r in self.results if r.status == "sound" and r.float_safe is False]
+
     def __str__(self) -> str:
         rows = [("status", "where", "inst", "rule")] + [
-            (r.status, r.where, f"{r.instances}/{r.shape_instances}", r.rule) for r in self.results]
+            (r.verdict, r.where, f"{r.instances}/{r.shape_instances}", r.rule)
+            for r in self.results]
         w = [max(len(row[i]) for row in rows) for i in range(3)]
         lines = ["  ".join(c.ljust(w[i]) if i < 3 else c for i, c in enumerate(row))
                  for row in rows]
         lines.insert(1, "-" * max(len(s) for s in lines))
         lines += [f"{r.where} {r.status}: {r.message}" for r in self.results if r.status != "sound"]
+        lines += [f"{r.where} sound, float-unsafe: {r.float_message}" for r in self.float_unsafe]
         counts = {s: sum(r.status == s for r in self.results) for s in STATUSES}
-        lines.append(", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        unsafe = f" ({len(self.float_unsafe)} of them float-unsafe)" if self.float_unsafe else ""
+        lines.append(", ".join(f"{n} {s}" + (unsafe if s == "sound" else "")
+                               for s, n in counts.items() if n)
                      + f" ({len(self.results)} rules, {self.seconds:.1f} s)")
         return "\n".join(lines)
 
@@ -125,9 +148,11 @@ class _Instance:
     """One attempt at instantiating a rule: variable bindings and a term builder."""
 
     def __init__(self, schema: Schema, rng: random.Random, shapes: dict[str, tuple],
-                 drawn: dict | None = None, masks: frozenset = frozenset()) -> None:
+                 drawn: dict | None = None, masks: frozenset = frozenset(),
+                 dtype: str = "float32") -> None:
         self.schema, self.rng, self.shapes, self.masks = schema, rng, shapes, masks
-        self.inputs = {v: Node(Op.INPUT, (), v, s, "bool" if v in masks else "float32")
+        self.dtype = dtype  # of every tensor variable but masks
+        self.inputs = {v: Node(Op.INPUT, (), v, s, "bool" if v in masks else dtype)
                        for v, s in shapes.items()}
         self.env: dict[str, object] = {**self.inputs, **(drawn or {})}
         self.drawn = dict(drawn or {})  # scalars drawn while building the LHS
@@ -147,7 +172,7 @@ class _Instance:
         elif ok and -len(shape) <= axis < len(shape):
             shape[axis] = value
         return _Instance(self.schema, self.rng, {**self.shapes, var: tuple(shape)}, self.drawn,
-                         self.masks)
+                         self.masks, self.dtype)
 
     def build(self, term, lhs: bool) -> Node:
         """The IR node of a T-sorted term; in the LHS, unbound scalars get random values."""
@@ -274,8 +299,9 @@ class _Instance:
 
     def describe(self) -> str:
         """The bindings, e.g. ``a: (2, 3), ax=1``."""
-        return ", ".join(f"{k}: {fmt_shape(v.shape)}" if isinstance(v, Node) else f"{k}={v}"
-                         for k, v in self.env.items())
+        return ", ".join(f"{k}: {fmt_shape(v.shape)}" + (
+            f" {v.dtype}" if v.dtype != "float32" else "") if isinstance(v, Node) else f"{k}={v}"
+            for k, v in self.env.items())
 
 
 def _thresholds(rule: Rule) -> tuple[int, ...]:
@@ -315,7 +341,8 @@ def _features(inst: _Instance, above: tuple[int, ...] = ()) -> set[tuple[int, bo
     ints = [v for k, v in inst.env.items() if type(v) is int and v > 0 and k not in inst.drawn]
     past = bool(above) and max(dims, default=0) >= min(above)
     return set(enumerate((1 in dims, len({len(s) for s in shapes}) > 1,
-                          any(d & (d - 1) for d in dims), any(v & (v - 1) for v in ints), past)))
+                          any(d & (d - 1) for d in dims), any(v & (v - 1) for v in ints), past,
+                          inst.dtype != "float32")))
 
 
 def _instantiate(rule: Rule, inst: _Instance, repairs: int = 4) -> tuple[_Instance, Node]:
@@ -348,6 +375,7 @@ def check_rule(rule: Rule, schema: Schema | None = None, instances: int = 3, see
     schema = schema or Schema.load()
     deadline = deadline or Deadline(None)
     rng = random.Random(f"{seed}:{rule.where}:{rule.name}")  # not the folder
+    dtypes = random.Random(f"{seed}:{rule.where}:{rule.name}:dtype")  # its own sequence
     res = RuleCheck(rule.name, rule.where, "not instantiated", path=rule.path, line=rule.line)
     names = _tensor_vars(rule.lhs, schema, [])
     masks = frozenset(_mask_vars(rule.lhs, set()))
@@ -360,8 +388,9 @@ def check_rule(rule: Rule, schema: Schema | None = None, instances: int = 3, see
             why = "the time limit ran out"
             break
         try:
+            dtype = dtypes.choice(("float32", "float32", "float16", "bfloat16"))
             inst, lhs = _instantiate(rule, _Instance(schema, rng, _draw_shapes(names, rng, above),
-                                                     masks=masks))
+                                                     masks=masks, dtype=dtype))
         except (ShapeError, DTypeError, _Fail) as exc:
             why = f"last attempt: {exc}"
             continue
@@ -399,14 +428,19 @@ def check_rule(rule: Rule, schema: Schema | None = None, instances: int = 3, see
             if node.op is Op.MASK:  # -inf where masked: compared through what consumes it
                 node = make(Op.EXP, (node,))
             g.inputs, g.outputs = dict(inst.inputs), {"out": node}
-        try:
+        try:  # sound over the reals: the field trials and float64 (native dtypes below)
             v = verify(graphs[0], graphs[1], trials=trials, seed=seed * 1000 + k,
-                       time_limit_s=deadline)
+                       time_limit_s=deadline, native_check=False)
         except MirageError as exc:  # LaxError: e.g. an exp of an exp
             problems.append(f"{type(exc).__name__}: {exc}")
             continue
         if v.equivalent:
             res.instances += 1
+            if res.float_safe is not False:
+                unsafe = _float_unsafe(graphs[0], graphs[1], seed * 1000 + k)
+                res.float_safe = unsafe is None
+                if unsafe is not None:
+                    res.float_message = f"for {inst.describe()}: {unsafe}"
         elif v.counterexample is not None:
             res.status, res.counterexample = "unsound", v.counterexample
             res.message = f"for {inst.describe()}: {v.reason}"
@@ -416,6 +450,15 @@ def check_rule(rule: Rule, schema: Schema | None = None, instances: int = 3, see
     res.status = "sound" if res.instances else "cannot check"
     res.message = "" if res.instances else "; ".join(problems[:2])
     return res
+
+
+def _float_unsafe(lhs: Graph, rhs: Graph, seed: int) -> Counterexample | None:
+    """Why the right side is unsafe in floating point where the left side is safe: the
+    static checks and native-dtype draws of ``em.verify`` (docs/verifier.md, section 5)."""
+    import numpy as np
+
+    cex, _ = float_checks(lhs, rhs, np.random.default_rng([seed, 0xF1047]), 1e-7, True)
+    return cex if cex is not None and cex.domain != "float64" else None
 
 
 def check_rules(paths="rules", instances: int = 3, seed: int = 0,
@@ -429,7 +472,9 @@ def check_rules(paths="rules", instances: int = 3, seed: int = 0,
     and ``instances`` of them are compared with ``em.verify`` (``trials``
     finite-field trials plus a float check). Returns a ``RuleCheckReport``
     whose results have status "sound", "unsound" (with a counterexample or the
-    ill-shaped instance), "not instantiated" or "cannot check" (never sound).
+    ill-shaped instance), "not instantiated" or "cannot check" (never sound); a sound rule
+    whose right side is unsafe in floating point where its left side is safe has
+    ``float_safe`` False ("sound, float-unsafe", ``report.float_unsafe``).
     Malformed files raise ``RuleError`` naming the file and line. ``time_limit_s``
     (seconds or a ``Deadline``) bounds the whole check: rules not reached in time
     are "cannot check" ("the time limit ran out").
@@ -446,22 +491,29 @@ def check_rules(paths="rules", instances: int = 3, seed: int = 0,
 
 
 def assert_sound(paths="rules", instances: int = 3, seed: int = 0, trials: int = 3,
-                 strict: bool = False, time_limit_s: float | Deadline | None = None
-                 ) -> RuleCheckReport:
+                 strict: bool = False, time_limit_s: float | Deadline | None = None,
+                 allow_float_unsafe: bool = True) -> RuleCheckReport:
     """Run ``check_rules`` and raise ``RuleError`` listing every unsound rule.
 
     Each entry names the rule's file and line and gives its counterexample.
     With ``strict``, rules that could not be instantiated or checked are
-    errors too (so is a rule the ``time_limit_s`` left unchecked). Returns the
-    report when nothing is wrong.
+    errors too (so is a rule the ``time_limit_s`` left unchecked); without
+    ``allow_float_unsafe``, so are sound rules that are unsafe in floating point. Returns
+    the report when nothing is wrong.
     """
     report = check_rules(paths, instances, seed, trials, time_limit_s)
     bad = [r for r in report.results
-           if r.status == "unsound" or (strict and r.status != "sound")]
+           if r.status == "unsound" or (strict and r.status != "sound")
+           or (not allow_float_unsafe and r.status == "sound" and r.float_safe is False)]
     if bad:
-        lines = [f"{r.path}:{r.line}: {r.status} rule {r.rule!r}: {r.message}" for r in bad]
-        hint = ("" if all(r.status == "unsound" for r in bad) else "\n(a rule that cannot be "
-                "checked is refused; optimize(..., allow_unchecked_rules=True) loads it anyway)")
+        lines = [f"{r.path}:{r.line}: {r.verdict} rule {r.rule!r}: "
+                 f"{r.message or r.float_message}" for r in bad]
+        hint = ("" if all(r.status == "unsound" or r.float_safe is False for r in bad) else
+                "\n(a rule that cannot be checked is refused; optimize(..., "
+                "allow_unchecked_rules=True) loads it anyway)")
+        if any(r.status == "sound" and r.float_safe is False for r in bad):
+            hint += ("\n(a rule sound over the reals but unsafe in floating point is refused; "
+                     "optimize(..., allow_float_unsafe_rules=True) loads it anyway)")
         raise RuleError(f"{len(bad)} rule(s) failed the soundness check:\n" + "\n".join(lines)
                         + hint)
     return report

@@ -69,14 +69,19 @@ def optimize(graph, target: str | Path = DEFAULTS.target, rules=DEFAULTS.rules,
              strategy=DEFAULTS.strategy, cache=True, max_bound: float = DEFAULTS.max_bound,
              allow_unchecked_rules: bool = DEFAULTS.allow_unchecked_rules,
              compile_check: bool | None = DEFAULTS.compile_check,
-             launch: str = DEFAULTS.launch) -> OptimizeResult:
+             launch: str = DEFAULTS.launch,
+             allow_float_unsafe_rules: bool = DEFAULTS.allow_float_unsafe_rules
+             ) -> OptimizeResult:
     """Superoptimize ``graph`` for ``target``; returns the best verified program.
 
     ``rules`` lists rule files and folders ("rules" is the built-in set); user
     files are checked for soundness first and an unsound rule is refused with
     a ``RuleError``, and so is a rule the check cannot instantiate or decide,
-    unless ``allow_unchecked_rules`` is True. Saturation stops at ``node_limit`` tensor e-nodes,
-    ``iter_limit`` iterations per phase. ``time_limit_s`` bounds the whole call
+    unless ``allow_unchecked_rules`` is True; a user rule sound over the reals but unsafe
+    in floating point (it drops a softmax's max, narrows a dtype: ``check_rules``'s "sound,
+    float-unsafe") is refused too, unless ``allow_float_unsafe_rules`` is True. Saturation
+    stops at ``node_limit`` tensor e-nodes, ``iter_limit`` iterations per phase.
+    ``time_limit_s`` bounds the whole call
     (wall clock, within about 10%): rule checks get up to 30% of it, saturation
     runs until 50%, extraction until 70%, fusion planning starts no plan after
     85%, and verification stops at 100%; a pass that reaches its share stops with
@@ -115,7 +120,8 @@ def optimize(graph, target: str | Path = DEFAULTS.target, rules=DEFAULTS.rules,
                             iter_limit=iter_limit, k=k, trials=trials, seed=seed,
                             split_factors=split_factors, level=level, strategy=strategy,
                             max_bound=max_bound, allow_unchecked_rules=allow_unchecked_rules,
-                            compile_check=compile_check, launch=launch)
+                            compile_check=compile_check, launch=launch,
+                            allow_float_unsafe_rules=allow_float_unsafe_rules)
     return search(graph, options, progress, cache)
 
 
@@ -154,7 +160,8 @@ def _run(graph, options: SearchOptions, progress) -> OptimizeResult:
         from ..egraph.check_rules import assert_sound
 
         assert_sound([str(p) for p in user], strict=not options.allow_unchecked_rules,
-                     time_limit_s=budget.rule_checks())
+                     time_limit_s=budget.rule_checks(),
+                     allow_float_unsafe=options.allow_float_unsafe_rules)
     rulesets, rule_list = load_rules(options.rules)
     stats: dict = {"target": hw.name, "target_spec": str(options.target),
                    "guards": options.guards, "rules": len(rule_list), "level": options.level,

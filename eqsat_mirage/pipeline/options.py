@@ -90,6 +90,7 @@ class SearchOptions:
     allow_unchecked_rules: bool = False
     compile_check: bool | None = None
     launch: str = "plain"
+    allow_float_unsafe_rules: bool = False
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -100,6 +101,7 @@ class SearchOptions:
         check_splits(self.split_factors)
         _flag("guards", self.guards)
         _flag("allow_unchecked_rules", self.allow_unchecked_rules)
+        _flag("allow_float_unsafe_rules", self.allow_float_unsafe_rules)
         _flag("compile_check", self.compile_check, none_ok=True)
         if self.seed is not None and (not isinstance(self.seed, int)
                                       or isinstance(self.seed, bool)):

@@ -9,13 +9,18 @@ counterexample from the field trials has the same type.
 from __future__ import annotations
 
 import functools
+import math
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..ir.limits import Deadline
-from ..semantics.floating import evaluate, rounded_inputs
+from ..ir.node import Op
+from ..semantics.floating import FLOAT_SEMANTICS, evaluate, float_ctx, round_to, rounded_inputs
+from ..semantics.interp import run
+from .floatsafe import fingerprints, is_graph, static_check
 from .runner import Runner
 
 FLOAT64_SCALES = (1.0, 30.0, 1000.0)  # N(0, s^2) inputs: past the thresholds of relu & co
@@ -28,6 +33,21 @@ NATIVE_DRAWS = tuple(("constant", round(0.3 * 2.0 ** (k / 3), 4)) for k in (0, 1
     ("signed", 1.0), ("folded", 0.25), ("folded", 0.5))
 NATIVE_RTOL = {"float16": 2e-2, "bfloat16": 6e-2, "float32": 1e-4}
 NATIVE_MAX = {"float16": 65504.0, "bfloat16": 3.3895e38, "float32": 3.4028e38}
+# Float safety (docs/verifier.md, section 5): draws across each input dtype's exponent range.
+# The binary exponents of each dtype's normal numbers (float16 from 2^-14 to 2^15, ...).
+EXP_RANGE = {"float16": (-14, 15), "bfloat16": (-126, 127), "float32": (-126, 127)}
+EXPONENT_DRAWS = 2  # N(0, 1) times 2^k, k uniform in the inputs' exponent range
+SPREADS = ()  # each element +-2^e, e uniform in [-s, s] (none by default: its cost)
+LOGIT_STD = 9.0  # realistic attention logits: exp arguments with this standard deviation
+STATIC = "float safety (static)"
+# A point of the exponent-range draws is valid where the first program is finite at it and
+# at it with every input scaled by the headroom (the square of its longest reduction, at
+# least 4), within 10% of the float64 ground truth, and where its output is below the
+# dtype's largest value over that length: a candidate may sum before it divides
+# ((X @ W) / n for (X / n) @ W, (e @ V) / sum(e) for softmax @ V) or reassociate
+# ((A @ B) @ C), and then overflows within that factor of where the input program does;
+# the unsafe rewrites overflow far below it.
+HEADROOM = 2.0
 
 
 @dataclass
@@ -44,6 +64,8 @@ class Counterexample:
     detail: str = ""
 
     def __str__(self) -> str:
+        if self.domain == STATIC:
+            return f"{self.domain}: {self.detail}"
         return (f"{self.domain} trial {self.trial}: output {self.output!r}{list(self.index)} "
                 f"is {self.value_a} in the first program and {self.value_b} in the second"
                 + (f" ({self.detail})" if self.detail else ""))
@@ -104,16 +126,46 @@ def _dtypes(program) -> set[str]:
     return {n.dtype for n in program.nodes()}
 
 
-class _Draws:
-    """One standard-normal draw per input, scaled, folded (|z|) or replaced by a constant on
-    demand; the first program's outputs per draw are kept in ``memo`` across calls."""
+def _accurate(x: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """Where the input program's value ``x`` is within 10% of the float64 ground truth
+    ``r``: a point where the input program is itself wrong (an
+    intermediate overflowed into a finite 0) is not one where it works."""
+    return np.isfinite(r) & (np.abs(x - r) <= 0.1 * np.abs(r))
 
-    def __init__(self, a, rng: np.random.Generator, memo: dict | None) -> None:
-        self.a, self.memo = a, memo if memo is not None else {}
+
+def _reduction(program) -> int:
+    """The longest reduction of a Graph (sum, mean, max, matmul contraction), 1 if none
+    (or not a Graph): how much an intermediate may outgrow the output it is summed into
+    (``(e @ V) / sum(e)`` for ``softmax @ V``)."""
+    if not is_graph(program):
+        return 1
+    longest = 1
+    for n in program.nodes():
+        if n.op is Op.MATMUL:
+            longest = max(longest, n.srcs[0].shape[-1])
+        elif n.op in (Op.SUM, Op.MEAN, Op.MAX):
+            axes = n.arg[0]
+            axes = range(len(n.srcs[0].shape)) if axes is None else (
+                (axes,) if isinstance(axes, int) else axes)
+            longest = max(longest, math.prod(n.srcs[0].shape[x] for x in axes))
+    return longest
+
+
+class _Draws:
+    """One standard-normal draw per input, scaled, folded (|z|), replaced by a constant, or
+    spread over the inputs' exponent ranges on demand; the first program's outputs per draw
+    are kept in ``memo`` across calls."""
+
+    def __init__(self, a, rng: np.random.Generator, memo: dict | None,
+                 limit: float = np.inf) -> None:
+        self.a, self.memo, self.limit = a, memo if memo is not None else {}, limit
         # a bool mask input: random bits, mostly kept (1.0 where it holds, as it evaluates)
         self.normal = {n: (rng.random(node.shape) < 0.75).astype(np.float64)
                        if node.dtype == "bool" else rng.standard_normal(node.shape)
                        for n, node in a.inputs.items()}
+        self.base = int(rng.integers(0, 2**62))  # the exponent-range draws' own generators
+        self.lock = threading.Lock()
+        self.headroom = HEADROOM
 
     @functools.cached_property
     def top(self) -> float:
@@ -122,19 +174,107 @@ class _Draws:
 
     def largest(self, kind: str, s: float) -> float:
         """The largest input magnitude of a draw."""
-        return s if kind == "constant" else s * self.top
+        if kind == "constant":
+            return s
+        if kind in ("signed", "folded"):
+            return s * self.top
+        return max((float(np.max(np.abs(x), initial=0.0))
+                    for x in self.rounded(kind, s).values()), default=0.0)
+
+    def _range(self, name: str) -> tuple[int, int]:
+        return EXP_RANGE.get(self.a.inputs[name].dtype, EXP_RANGE["float32"])
 
     def inputs(self, kind: str, s: float) -> dict:
+        if kind.endswith("@h"):  # the same draw, every float input times ``headroom``
+            out = {}
+            for n, x in self.inputs(kind[:-2], s).items():
+                if self.a.inputs[n].dtype == "bool":
+                    out[n] = x
+                elif np.ndim(x) and not any(x.strides):  # a broadcast stays one
+                    out[n] = np.broadcast_to(x.reshape(-1)[:1] * self.headroom, x.shape)
+                else:
+                    out[n] = x * self.headroom
+            return out
         if kind == "constant":  # read-only views: no memory per input
             return {n: np.broadcast_to(np.float64(s), z.shape) for n, z in self.normal.items()}
+        if kind == "peak":  # input s (every input: -1) at its largest finite value, others 1
+            names = list(self.normal)
+            big = self.peak(int(s)) / self.headroom
+            return {n: np.broadcast_to(np.float64(big if s < 0 or n == names[int(s)] else 1.0),
+                                       z.shape) for n, z in self.normal.items()}
+        if kind == "peakfold":  # input s folded up to its largest finite value, others 0.5|z|
+            name = list(self.normal)[int(s)]
+            big = self._fold(int(s))
+            return {n: np.abs(z) * (big if n == name else 0.5) for n, z in self.normal.items()}
+        if kind == "exponent":  # z * 2^k, one k for every input, uniform across the
+            k = self._power(int(s))  # narrowest input range
+            return {n: z if self.a.inputs[n].dtype == "bool" else z * 2.0 ** k
+                    for n, z in self.normal.items()}
+        if kind == "spread":  # each element +-2^e, e uniform in [-s, s] (0: the whole range)
+            g = np.random.default_rng([self.base, 2, int(s)])
+            out = {}
+            for n, z in self.normal.items():
+                lo, hi = self._range(n)
+                lo, hi = (max(lo, -s), min(hi - 1, s)) if s else (lo, hi - 1)
+                out[n] = z if self.a.inputs[n].dtype == "bool" else (
+                    np.copysign(np.exp2(g.uniform(lo, hi, z.shape)), z))
+            return out
+        if kind == "logits":  # N(0, c^2), c setting the exp arguments' spread to LOGIT_STD
+            return {n: z * self.logit_scale() for n, z in self.normal.items()}
         return {n: (np.abs(z) if kind == "folded" else z) * s for n, z in self.normal.items()}
+
+    def _times(self, rounded: dict, factor: float) -> dict:
+        """A rounded draw times a power of two >= 1: exact, or past the dtype's largest
+        (inf), so no second rounding pass."""
+        out = {}
+        for n, x in rounded.items():
+            dt = self.a.inputs[n].dtype
+            if dt == "bool":
+                out[n] = x
+                continue
+            with np.errstate(over="ignore"):
+                if x.ndim and not any(x.strides):
+                    out[n] = np.broadcast_to(round_to(x.reshape(-1)[:1] * np.float32(factor),
+                                                      dt), x.shape)
+                    continue
+                y = x * np.float32(factor)
+            if dt == "float16":
+                over = np.abs(y) > NATIVE_MAX["float16"]
+                y[over] = np.copysign(np.float32(np.inf), y[over])
+            out[n] = y
+        return out
+
+    def _power(self, j: int) -> int:
+        """The exponent k of exponent draw ``j``: uniform across the inputs' range."""
+        g = np.random.default_rng([self.base, 1, j])
+        lo = max(self._range(n)[0] for n in self.normal)
+        hi = min(self._range(n)[1] for n in self.normal)
+        return int(g.integers(lo, hi - 2))  # |z| < 8: stays below the dtype's largest
+
+    def _fold(self, i: int) -> float:
+        """The factor that takes input ``i``'s largest |z| to its peak over the headroom."""
+        z = self.normal[list(self.normal)[i]]
+        return self.peak(i) / self.headroom / max(float(np.max(np.abs(z))), 1e-300)
 
     def rounded(self, kind: str, s: float) -> dict:
         """The draw rounded once to each input's dtype (both programs read the same)."""
         key = ("rounded", kind, s)
         if key not in self.memo:
-            self.memo[key] = rounded_inputs(self.a, self.inputs(kind, s))
+            self.memo[key] = self._rounded(kind, s)
         return self.memo[key]
+
+    def _rounded(self, kind: str, s: float) -> dict:
+        if kind.endswith("@h"):
+            return self._times(self.rounded(kind[:-2], s), self.headroom)
+        if kind == "exponent" and self._power(int(s)) >= 0:
+            return self._times(self.rounded("signed", 1.0), 2.0 ** self._power(int(s)))
+        if kind == "peakfold":  # the others as in ("folded", 0.5): rounded once already
+            name = list(self.normal)[int(s)]
+            out = dict(self.rounded("folded", 0.5))
+            out[name] = round_to(np.abs(self.normal[name]) * self._fold(int(s)),
+                                 self.a.inputs[name].dtype)
+            return out
+        return rounded_inputs(self.a, self.inputs(kind, s))
 
     def out_a(self, dtype: str | None, kind: str, s: float, of_rounded: bool = False) -> dict:
         """The first program's outputs on the draw (kind, s), as drawn or rounded to the
@@ -146,39 +286,154 @@ class _Draws:
                                       rounded=of_rounded and dtype == "native")
         return self.memo[key]
 
+    def _finite(self, values: dict) -> bool:
+        out = evaluate(self.a, rounded_inputs(self.a, {
+            n: np.broadcast_to(np.float64(v), self.normal[n].shape) for n, v in values.items()}),
+            dtype="native", rounded=True)
+        with np.errstate(invalid="ignore"):
+            return all(bool(np.all(np.abs(x) < self.limit)) for x in out.values())
 
-_DRAWN = {"signed": "N(0, s^2)", "folded": "|N(0, s^2)|", "constant": "every input = s"}
+    def peak(self, i: int) -> float:
+        """The largest magnitude for which the first program stays finite (in its dtypes)
+        when input ``i`` (-1: every input) is that one value and the others are 1: a
+        bisection over the binary exponent (to a quarter), from 1 up to the dtype's
+        largest; 1 when it is not finite at 1."""
+        key = ("peak", i)
+        with self.lock:
+            if key in self.memo:
+                return self.memo[key]
+            names = list(self.normal)
+
+            def ok(k: float) -> bool:
+                return self._finite({n: 2.0 ** k if i < 0 or n == names[i] else 1.0
+                                     for n in names})
+
+            hi = max(self._range(n)[1] for n in names) if i < 0 else self._range(names[i])[1]
+            lo, top = 0.0, hi + 1.0  # ok(lo), not ok(top)
+            if not ok(lo):
+                self.memo[key] = 1.0
+                return 1.0
+            if ok(hi + 0.99):
+                lo = top = hi + 0.99
+            while top - lo > 0.25:
+                mid = math.floor((lo + top) * 2.0) / 4.0
+                mid = mid if lo < mid < top else (lo + top) / 2.0
+                lo, top = (mid, top) if ok(mid) else (lo, mid)
+            self.memo[key] = 2.0 ** lo
+            return self.memo[key]
+
+    def logit_scale(self) -> float:
+        """The input scale c at which the first program's exp arguments on N(0, c^2)
+        inputs have standard deviation ``LOGIT_STD`` (estimated from scales 1 and 2 in
+        float64, as a power law); 1 without an exp."""
+        with self.lock:
+            if "logits" not in self.memo:
+                self.memo["logits"] = self._logit_scale()
+            return self.memo["logits"]
+
+    def _logit_scale(self) -> float:
+        if not is_graph(self.a):
+            return 1.0
+        exps = [n.srcs[0] for n in self.a.nodes() if n.op is Op.EXP]
+        if not exps:
+            return 1.0
+
+        def spread(s: float) -> float:
+            with np.errstate(all="ignore"):
+                    env = run(self.a, FLOAT_SEMANTICS, float_ctx(self.a, self.inputs("signed", s),
+                                                             None, False), outputs=False)
+            best = 0.0
+            with np.errstate(all="ignore"):
+                for n in exps:
+                    v = np.asarray(env[id(n)])
+                    v = v[np.isfinite(v)]
+                    best = max(best, float(np.std(v)) if v.size else 0.0)
+            env.clear()
+            return best
+
+        s1 = spread(1.0)
+        if not s1 > 0.0:
+            return 1.0
+        s2 = spread(2.0)
+        degree = min(max(math.log2(s2 / s1), 0.5), 4.0) if s2 > 0 else 1.0
+        return float((LOGIT_STD / s1) ** (1.0 / degree))
+
+    def static(self, b) -> str:
+        """The static float-safety check of ``b`` (``floatsafe.static_check``) on this draw."""
+        inputs = self.inputs("signed", 1.0)
+        with self.lock:
+            if "fingerprints" not in self.memo:
+                self.memo["fingerprints"] = fingerprints(self.a, inputs) if is_graph(
+                    self.a) else None
+        fa = self.memo["fingerprints"]
+        return static_check(self.a, b, fa, fingerprints(b, inputs) if fa is not None
+                            and is_graph(b) else None)
+
+
+_DRAWN = {"signed": "N(0, s^2)", "folded": "|N(0, s^2)|", "constant": "every input = s",
+          "exponent": "N(0, 1) * 2^k, k across the inputs' exponent range, draw s",
+          "spread": "+-2^e per element, e uniform in [-s, s] (0: the dtype's whole range)",
+          "peak": "input s (-1: every input) at its largest value keeping the first program "
+                  "finite, the others 1",
+          "peakfold": "|N(0, 1)| of input s scaled to its largest value keeping the first "
+                      "program finite, the others 0.5 |N(0, 1)|",
+          "logits": "N(0, s^2), s setting the exp arguments' standard deviation to 9"}
+_CONSTANT = ("constant", "peak")  # one value per input: cheap
+_RANGE_KINDS = ("peak", "peakfold", "exponent", "spread")
 
 
 def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
                   memo: dict | None = None, pool: Runner | None = None,
-                  constant_finite: bool = False) -> tuple[Counterexample | None, bool]:
-    """float64 at ``FLOAT64_SCALES`` and both programs in their own dtypes at
-    ``NATIVE_DRAWS`` (see docs/verifier.md, section 4).
+                  constant_finite: bool = False, static: bool = True
+                  ) -> tuple[Counterexample | None, bool]:
+    """The static float-safety checks, float64 at ``FLOAT64_SCALES`` and both programs in
+    their own dtypes at ``NATIVE_DRAWS`` and the exponent-range draws (see
+    docs/verifier.md, sections 4 and 5).
 
-    The order puts the checks that reject most often and cost least first: the native
-    constant draws (every input one value: evaluated on one element per tensor), float64
-    at scale 1 (compared strictly), the other native draws, then float64 at the large
-    scales. A native draw where the
-    first program is nowhere finite constrains nothing, and the second program is not
-    run on it. Returns the first counterexample and whether the native check ran.
+    The order puts the checks that reject most often and cost least first: the static
+    checks, the native constant draws (every input one value: evaluated on one element
+    per tensor; with them each input, and every input at once, at the largest value that
+    keeps the first program finite), float64 at scale 1 (compared strictly), the other
+    native draws, then float64 at the large scales. A native draw where the first program
+    is nowhere finite constrains nothing, and the second program is not run on it. The
+    tolerance and the largest finite value come from the first program's dtypes only.
+    Returns the first counterexample and whether the native check ran.
     ``memo`` (same ``a``, same ``rng`` seed) keeps ``a``'s outputs for the next call;
     ``pool`` runs up to ``THREADS`` checks at once. ``constant_finite``: only finiteness
     counts on the constant draws (``endtoend``: a layer norm's variance is 0 there).
+    ``static=False`` leaves the static checks out (the draws alone).
     """
-    draws = _Draws(a, rng, memo)
     pool = pool or Runner(None, Deadline(None))
-    drawn = [("native", kind, s) for kind, s in NATIVE_DRAWS] if native else []
-    first, rest = ([c for c in drawn if (c[1] == "constant") == k] for k in (True, False))
-    checks = first + [(None, "signed", s) for s in FLOAT64_SCALES[:1]] + rest + [
-        (None, "signed", s) for s in FLOAT64_SCALES[1:]]
     if native:
-        dts = _dtypes(a) | _dtypes(b)
+        dts = _dtypes(a)  # the input program's dtypes, never the candidate's
         coarsest = max(NATIVE_RTOL.get(dt, 1e-4) for dt in dts)
         limit = min(NATIVE_MAX.get(dt, np.inf) for dt in dts)
+        longest = _reduction(a)  # the input program's: its draws are memoized
+        room = limit / longest
+    draws = _Draws(a, rng, memo, limit if native else np.inf)
+    if native:
+        draws.headroom = 2.0 ** math.ceil(2 * math.log2(max(HEADROOM, float(longest))))
+    n_in = len(a.inputs)
+    drawn = [("native", kind, s) for kind, s in NATIVE_DRAWS] if native else []
+    if native:
+        drawn += [("native", "peak", float(i)) for i in range(n_in)]
+        drawn += [("native", "exponent", float(j)) for j in range(EXPONENT_DRAWS)]
+        drawn += [("native", "spread", float(w)) for w in SPREADS]
+        drawn += [("native", "peakfold", float(i)) for i in range(n_in)]
+        if is_graph(a) and any(n.op is Op.EXP for n in a.nodes()):
+            drawn += [("native", "logits", 0.0)]
+    first, rest = ([c for c in drawn if (c[1] in _CONSTANT) == k] for k in (True, False))
+    checks = ([("static", "", 0.0)] if native and static else []) + first + [
+        (None, "signed", s) for s in FLOAT64_SCALES[:1]] + rest + [
+        (None, "signed", s) for s in FLOAT64_SCALES[1:]]
 
     def check_one(i: int, dtype: str | None, kind: str, s: float) -> Counterexample | None:
+        if dtype == "static":
+            why = draws.static(b)
+            return Counterexample(STATIC, "", (), None, None, i, {}, why) if why else None
         where = f"{_DRAWN[kind]}, s = {s:g}"
+        if kind == "logits":
+            where = f"{_DRAWN[kind]} (s = {draws.logit_scale():.3g})"
         if dtype is None:
             inputs = draws.inputs(kind, s)
             strict = s == FLOAT64_SCALES[0]  # inputs of moderate size: values must agree
@@ -188,13 +443,27 @@ def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
                             "float64", inputs, i, "strict" if strict else "finite",
                             draws.largest(kind, s))
         xa = draws.out_a("native", kind, s, True)
+        if kind in _RANGE_KINDS and any(np.any(np.isfinite(x) & (np.abs(x) < limit))
+                                        for x in xa.values()):  # valid where it has headroom
+            ref = draws.out_a(None, kind, s, True)
+            with np.errstate(invalid="ignore"):
+                xa = {k: np.where(np.isfinite(x) & (np.abs(x) < limit) & (np.abs(v) < room)
+                                  & _accurate(v, ref[k]), v, np.nan) for (k, v), x in
+                      zip(xa.items(), draws.out_a("native", kind + "@h", s, True).values())}
         if not any(np.any(np.isfinite(x) & (np.abs(x) < limit)) for x in xa.values()):
             return None  # "a-finite" asks nothing where the first program is not finite
         inputs = draws.rounded(kind, s)
-        rule = "finite-only" if constant_finite and kind == "constant" else "a-finite"
+        # a peak draw (one value per input, at the largest the first program allows) asks
+        # for finiteness only: its equal inputs make differences of inputs exactly 0, a
+        # cancellation no real input has (lerp's H + a (N - H) against (1 - a) H + a N)
+        rule = "finite-only" if kind == "peak" or constant_finite and kind in _CONSTANT \
+            else "a-finite"
+        # across the exponent range the error counts relative to the output, not to the
+        # inputs (a normalization's output is O(1) whatever its input's magnitude)
+        floor = 0.0 if kind in _RANGE_KINDS else draws.largest(kind, s)
         return _compare(xa, evaluate(b, inputs, dtype="native", rounded=True), where,
                         max(coarsest, rtol), "native dtype", inputs, i, rule,
-                        draws.largest(kind, s), limit, draws.out_a(None, kind, s, True))
+                        floor, limit, draws.out_a(None, kind, s, True))
 
     jobs = [functools.partial(check_one, i, *c) for i, c in enumerate(checks)]
     for (dtype, _, _), cex in zip(checks, pool.in_order(jobs)):

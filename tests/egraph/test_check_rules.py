@@ -210,3 +210,21 @@ def test_a_cast_to_a_string_literal_dtype_is_checked(tmp_path):
                                '(Cast "float32" a) :ruleset user)')
     report = em.check_rules(path)
     assert [(r.where, r.status) for r in report.results] == [("user.egg:3", "sound")]
+
+
+def test_float_unsafe_rules_are_sound_but_flagged(tmp_path):
+    """Sound over the reals, unsafe in floating point: narrowing a square to the input's
+    float16, and dropping a softmax's max; optimize refuses them unless allowed."""
+    path = rule_file(tmp_path, '; narrow\n(rewrite (Mul (Cast t a) (Cast t a)) '
+                               '(Cast t (Mul a a)) :ruleset user)\n'
+                               '; nomax\n(rewrite (Div (Exp (Sub a (Max i a))) '
+                               '(Sum i (Exp (Sub a (Max i a))))) '
+                               '(Div (Exp a) (Sum i (Exp a))) :ruleset user)')
+    report = em.check_rules([path], seed=0)
+    assert [(r.rule, r.status, r.float_safe) for r in report.results] == [
+        ("narrow", "sound", False), ("nomax", "sound", False)], str(report)
+    assert report.ok and len(report.float_unsafe) == 2
+    assert "sound, float-unsafe" in str(report) and "float16" in str(report)
+    with pytest.raises(em.RuleError, match="allow_float_unsafe_rules"):
+        em.assert_sound([path], allow_float_unsafe=False)
+    assert em.assert_sound([path]).ok

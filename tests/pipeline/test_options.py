@@ -75,7 +75,8 @@ def test_the_key_changes_with_every_option(tmp_path):
                "time_limit_s": 30.0, "node_limit": 1000, "iter_limit": 3, "k": 2,
                "trials": 2, "seed": 1, "split_factors": (4,), "level": "kernel",
                "strategy": DEFAULT_STRATEGY, "max_bound": 1e-6,
-               "allow_unchecked_rules": True, "compile_check": True, "launch": "graph"}
+               "allow_unchecked_rules": True, "compile_check": True, "launch": "graph",
+               "allow_float_unsafe_rules": True}
     assert set(changes) == set(SearchOptions.names())
     base = make_key(tiny(), DEFAULTS)
     keys = {name: make_key(tiny(), DEFAULTS.replace(**{name: value}))

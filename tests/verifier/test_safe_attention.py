@@ -59,7 +59,9 @@ def test_safe_and_unsafe_attention_verify_equal_in_the_field():
     assert res.equivalent, res
     # ... but not the other way round: the unsafe one overflows where the safe one is finite
     back = em.verify(attention(True), attention(False), seed=0)
-    assert not back.equivalent and back.counterexample.domain == "native dtype"
+    # (refused by the static check: the max subtraction is dropped; the draws agree)
+    assert not back.equivalent and back.counterexample.domain in ("native dtype",
+                                                                   "float safety (static)")
 
 
 def test_row_max_in_the_field_depends_on_the_row_only():

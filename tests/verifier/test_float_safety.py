@@ -1,0 +1,133 @@
+"""Float safety as part of "verified" (docs/verifier.md, section 5): attacks that are equal
+over the reals and unsafe in floating point, each refused with the reason in the result,
+by the static checks and, with those off, by the exponent-range draws alone."""
+
+import numpy as np
+import pytest
+
+import eqsat_mirage as em
+from eqsat_mirage.verifier.floatcheck import STATIC, float_checks
+from eqsat_mirage.verifier.floatsafe import guarded
+
+
+def add(mod=None, shape=(4, 8)) -> em.Graph:
+    g = em.Graph("add")
+    x, y = g.input("x", shape, "float32"), g.input("y", shape, "float32")
+    if mod == "f16":  # a float16 round trip of x scaled up: inf from |x| = 4
+        x = (x * 2.0**14).astype("float16").astype("float32") * 2.0**-14
+    elif mod == "bf16":  # a bfloat16 round trip: relative error 4e-3
+        x = x.astype("bfloat16").astype("float32")
+    g.output(x + y, "out")
+    return g
+
+
+def attention(safe: bool, dtype: str, b=2, m=16, d=64, n=128) -> em.Graph:
+    g = em.Graph("attn_safe" if safe else "attn")
+    q, k = g.input("Q", (b, m, d), dtype), g.input("K", (b, d, n), dtype)
+    v = g.input("V", (b, n, d), dtype)
+    s = (q @ k) * (1.0 / 8.0)
+    if safe:
+        p = em.softmax(s, axis=-1)
+    else:
+        e = em.exp(s)
+        p = e / e.sum(axis=-1, keepdims=True)
+    g.output(p @ v, "O")
+    return g
+
+
+def rmsnorm(upcast: bool, n=64) -> em.Graph:
+    g = em.Graph("rms")
+    x = g.input("x", (2, n), "float16")
+    if upcast:
+        xf = x.astype("float32")
+        sq = xf * xf
+    else:  # squared in float16, then upcast: inf from |x| = 256
+        sq = (x * x).astype("float32")
+    y = x.astype("float32") * em.rsqrt(sq.mean(axis=-1, keepdims=True) + 1e-6)
+    g.output(y.astype("float16"), "y")
+    return g
+
+
+ATTACKS = {
+    "f16 round trip in a float32 sum": (add(), add("f16")),
+    "bf16 round trip in a float32 sum": (add(), add("bf16")),
+    "softmax without its max, float32": (attention(True, "float32"), attention(False, "float32")),
+    "softmax without its max, float16": (attention(True, "float16"), attention(False, "float16")),
+    "square in float16 where the input upcasts": (rmsnorm(True), rmsnorm(False)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_attack_is_refused_with_the_reason(name):
+    a, b = ATTACKS[name]
+    res = em.verify(a, b, seed=0)
+    assert not res.equivalent and not res.inconclusive, res
+    assert res.counterexample.domain == STATIC, res
+    assert "float safety" in res.reason and "computed in" in res.reason or "max" in res.reason
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_attack_is_refused_by_the_draws_alone(name):
+    a, b = ATTACKS[name]
+    cex, _ = float_checks(a, b, np.random.default_rng(0), 1e-7, True, static=False)
+    assert cex is not None and cex.domain == "native dtype", cex
+
+
+def test_the_attacks_really_are_unsafe():
+    x = {"x": np.full((4, 8), 5.0), "y": np.ones((4, 8))}
+    assert np.isinf(em.evaluate(add("f16"), x, dtype="native")["out"]).all()
+    assert np.isfinite(em.evaluate(add(), x, dtype="native")["out"]).all()
+    rng = np.random.default_rng(0)
+    qkv = {"Q": rng.normal(0, 10, (2, 16, 64)), "K": rng.normal(0, 10, (2, 64, 128)),
+           "V": rng.normal(0, 10, (2, 128, 64))}
+    for dt in ("float32", "float16"):
+        assert np.isfinite(em.evaluate(attention(True, dt), qkv, dtype="native")["O"]).all()
+        assert np.isnan(em.evaluate(attention(False, dt), qkv, dtype="native")["O"]).all()
+    big = {"x": np.full((2, 64), 300.0)}
+    assert np.isfinite(em.evaluate(rmsnorm(True), big, dtype="native")["y"]).all()
+    assert not np.allclose(em.evaluate(rmsnorm(False), big, dtype="native")["y"], 1.0)
+
+
+def test_the_safe_direction_still_verifies():
+    # the candidate may be safer than the input: max-subtracted for bare, upcast for float16
+    assert em.verify(attention(False, "float16"), attention(True, "float16"), seed=0)
+    assert em.verify(rmsnorm(False), rmsnorm(True), seed=0)
+    assert em.verify(add("bf16"), add(), seed=0)
+
+
+def test_tolerance_comes_from_the_input_program_only():
+    # the bf16 round trip is within bfloat16's tolerance but not float32's
+    cex, _ = float_checks(add(), add("bf16"), np.random.default_rng(1), 1e-7, True,
+                          static=False)
+    assert cex is not None and "relative tolerance 0.0001" in cex.detail, cex
+
+
+def test_guarded_sees_max_subtraction_through_scaling_and_masks():
+    g = em.Graph("g")
+    s = g.input("s", (2, 8), "float32")
+    c = g.input("c", (2, 8), "bool")
+    m = em.where(c, s * 0.125, -np.inf)
+    e = em.exp(m - m.max(axis=-1, keepdims=True))
+    e2 = em.exp(s * 0.125)
+    g.output(e + e2, "out")
+    exps = [n for n in g.nodes() if n.op.name == "EXP"]
+    assert sorted(guarded(n.srcs[0]) for n in exps) == [False, True]
+
+
+def test_exp_of_a_difference_is_not_split_in_float16():
+    g, h = em.Graph("sub"), em.Graph("split")
+    for graph in (g, h):
+        a, b = graph.input("A", (3, 4), "float16"), graph.input("B", (1, 4), "float16")
+        graph.output(em.exp(a - b) if graph is g else em.exp(a) / em.exp(b), "O")
+    res = em.verify(g, h, seed=0)
+    assert not res.equivalent and res.counterexample.domain == "native dtype", res
+    assert em.verify(h, g, seed=0)
+
+
+def test_optimize_refuses_a_float_unsafe_user_rule(tmp_path):
+    path = tmp_path / "narrow.egg"
+    path.write_text("(ruleset user)\n; narrow\n(rewrite (Mul (Cast t a) (Cast t a)) "
+                    "(Cast t (Mul a a)) :ruleset user)\n")
+    with pytest.raises(em.RuleError, match="(?s)float-unsafe.*allow_float_unsafe_rules"):
+        em.optimize(rmsnorm(True), rules=["rules", str(path)], level="kernel", cache=False,
+                    compile_check=False, time_limit_s=30)
