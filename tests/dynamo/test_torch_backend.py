@@ -324,6 +324,42 @@ def test_a_static_graph_warms_up_eagerly_and_is_searched_at_its_second_call():
         em.backend(warmup=-1)
 
 
+def test_a_launch_that_disagrees_with_its_input_program_falls_back_to_eager(monkeypatch):
+    """The checked first launch (codegen.launchcheck) in the backend: a planted bug in the
+    code that runs (the generated module under the interpreter, the torch implementation
+    otherwise) makes the partition run eagerly, with a warning naming the reason."""
+    import re
+
+    from eqsat_mirage.codegen import source as codegen_source
+    from eqsat_mirage.dynamo import runtime
+
+    real_source, real_torch = codegen_source.triton_source, runtime.torch_reference
+
+    def wrong_source(*args, **kwargs):  # the launcher returns 1.01 x its output
+        text = real_source(*args, **kwargs)
+        return re.sub(r"return \{(.+?): (\w+)", r"return {\1: \2 * 1.01", text, count=1)
+
+    def wrong_torch(program):
+        fn = real_torch(program)
+        return lambda **t: {k: v * 1.01 for k, v in fn(**t).items()}
+
+    monkeypatch.setattr(codegen_source, "triton_source", wrong_source)
+    monkeypatch.setattr(runtime, "torch_reference", wrong_torch)
+    torch.manual_seed(0)
+    m, x = GatedMLP().eval(), torch.randn(2, 3, 8)
+    be = em.backend(time_limit_s=30.0, iter_limit=4, warmup=0)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fast = torch.compile(m, backend=be)
+        torch.testing.assert_close(fast(x), m(x))  # eager: the right answer
+        torch.testing.assert_close(fast(x), m(x))
+    entry = be.report[0]
+    assert entry.status == "fallback" and "checked first launch failed" in entry.reason
+    assert "LaunchCheck" not in entry.reason and "output " in entry.reason
+    assert any("runs eagerly: the checked first launch failed" in str(w.message)
+               for w in caught)
+
+
 def test_a_search_that_fails_after_the_warmup_leaves_the_graph_eager(monkeypatch):
     monkeypatch.setenv("EQSAT_MIRAGE_STRICT", "0")  # the fallback is for users; strict raises
     from eqsat_mirage.dynamo.backend import Backend as BackendClass
