@@ -142,3 +142,29 @@ def test_cuda_graph_runner_wraps_the_checked_launcher(monkeypatch):
     fn = result().compile(cuda_graph=True)  # CPU tensors: the plain (checked) launcher runs
     with pytest.raises(em.LaunchCheckError):
         fn(*inputs())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_sdpa_with_fully_masked_rows_runs_as_eager(dtype):
+    """A bool attn_mask that keeps nothing of some rows: eager gives 0 there. The checked
+    launch caught the kernels' exp(x - max) folded as exp2(x*log2e - max*log2e), NaN on a
+    row of the float32 fill (-3.4e38 * log2e overflows); such a row is no longer folded."""
+    import torch.nn.functional as F  # noqa: N812
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 3, 4).to(dtype), torch.randn(1, 2, 5, 4).to(dtype),
+               torch.randn(1, 2, 5, 4).to(dtype))
+    m = torch.rand(1, 2, 3, 5) < 0.6
+    m[..., 1, :] = False
+    m[..., 2, 0] = True
+
+    def attn(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    res = em.optimize(em.from_torch(attn, q, k, v, m), time_limit_s=30, cache=False)
+    assert any(k.kind == "custom" for k in res.program.kernels), res
+    got = res.compile()(q, k, v, m)["out"]  # the first launch is checked
+    want = attn(q, k, v, m)
+    assert (got[:, :, 1] == 0).all() and torch.isfinite(got).all()
+    tol = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}[dtype]
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)

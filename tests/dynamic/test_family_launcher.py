@@ -183,8 +183,9 @@ def test_a_family_of_torch_ops_with_long_names_and_reused_outputs():
 
 def test_a_familys_first_launch_at_each_size_is_checked(monkeypatch):
     """The checked first launch for a family: each new size runs the family's program at
-    that size through torch; a planted bug in the module (its last matmul 10 % off; float16: 2 % is tolerated) raises
-    LaunchCheckError at the first call, check=False skips it."""
+    that size through torch; a planted bug in the module (its last matmul 10 % off; in
+    float16, 2 % is tolerated) raises LaunchCheckError at the first call, check=False skips
+    it."""
     import eqsat_mirage.codegen.source as source
 
     g = decode(64, "checked")
