@@ -40,7 +40,6 @@ import tempfile
 import textwrap
 import threading
 import tokenize
-import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -54,7 +53,7 @@ from ..mugraph.kernels import CustomKernel, PredefinedKernel, TensorSpec
 from ..mugraph.program import MuGraph
 from .concat import CodegenError
 from .family import POINTS, FamilyLaunchError, FamilyLayout, merge
-from .host import bind_source, contiguous_strides, unpack
+from .host import bf16_dot_lines, bind_source, contiguous_strides, say_bf16_upcast, unpack
 from .kernel import KernelWriter, fit, wrap
 from .tiles import BF16_DOT, Names, comment_safe, identifier, literal, named, pystr, shown
 
@@ -79,13 +78,12 @@ TRITON_DENYLIST = ("tl.make_tensor_descriptor", "TensorDescriptor", "_experiment
 HELD_SIZES = 4  # a shape family's reused buffers: padded sizes kept (REUSE_OUTPUTS)
 TORCH_DTYPE = {"float16": "torch.float16", "bfloat16": "torch.bfloat16",
                "float32": "torch.float32", "bool": "torch.bool"}
-_HOST_RESERVED = frozenset({"torch", "triton", "tl", "os", "device", BF16_DOT, "args", "kwargs",
-                            "run",
+_HOST_RESERVED = frozenset({"torch", "triton", "tl", "os", "device", "args", "kwargs", "run",
                             "entry", "key", "tensors", "INPUTS", "OUTPUTS", "NEEDS_TRITON",
                             "REUSE_OUTPUTS", "_bind", "_check", "_signature", "_buffers",
                             "_CHECKED", "SIZE", "GRANULE", "LENGTHS", "HINT", "PADDED", "SHORT",
                             "seq_len", "lp", "held", "_held", "_", "f", "builtins"}
-                           | set(dir(builtins)))
+                           | set(dir(builtins)) | {BF16_DOT})
 
 
 def _shape(shape: tuple[int, ...]) -> str:
@@ -294,12 +292,7 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
     lines += ["#"] + [comment_safe(f"# {line}") for line in listing.splitlines()]
     lines += ["", "import os", "", "import torch"]
     lines += ["import triton", "import triton.language as tl"] if custom else []
-    if any(BF16_DOT in writers[id(k)].text for k in custom):
-        lines += ["", "# bfloat16 tl.dot operands: bfloat16 on a GPU; float32 under "
-                  "TRITON_INTERPRET=1 (Triton 3.8's", "# interpreter multiplies bfloat16 bit "
-                  "patterns as integers in tl.dot)",
-                  f"{BF16_DOT} = tl.constexpr(tl.float32 if os.environ.get(\"TRITON_INTERPRET\") "
-                  "== \"1\" else tl.bfloat16)"]
+    lines += bf16_dot_lines() if any(BF16_DOT in writers[id(k)].text for k in custom) else []
     grows = dict(family.tensors) if family else {}
     size = family.name if family else ""
     lines += ["", "INPUTS = {"] + _specs({n: specs[n] for n in mg.inputs}, grows, size) + ["}"]
@@ -509,9 +502,8 @@ def load_source(source: str, directory: str | os.PathLike | None = None) -> Call
         sys.modules.pop(name, None)
         raise
     run = module.run
-    if os.environ.get("TRITON_INTERPRET") == "1" and hasattr(module, BF16_DOT):
-        _say_bf16_upcast()
     if os.environ.get("TRITON_INTERPRET") == "1" and module.NEEDS_TRITON:
+        say_bf16_upcast(module)
         inner = run
 
         @functools.wraps(inner)
@@ -521,15 +513,3 @@ def load_source(source: str, directory: str | os.PathLike | None = None) -> Call
 
     run.source, run.path, run.module = source, str(path), module
     return run
-
-
-_SAID: set[str] = set()
-
-
-def _say_bf16_upcast() -> None:
-    """Warn once per process that bfloat16 tl.dot operands run as float32 in the interpreter."""
-    if "bf16" not in _SAID:
-        _SAID.add("bf16")
-        warnings.warn("eqsat-mirage: under TRITON_INTERPRET=1 the generated kernels' bfloat16 "
-                      "tl.dot operands are upcast to float32 (Triton 3.8's interpreter computes "
-                      "a bfloat16 tl.dot wrong); on a GPU they stay bfloat16", stacklevel=3)

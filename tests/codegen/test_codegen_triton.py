@@ -156,12 +156,12 @@ def test_tiled_matmul(dtype):
     assert fn.source.count(".to(BF16_DOT)") == (2 if dtype == "bfloat16" else 0)
 
 
-def test_the_bfloat16_upcast_is_said_once():
-    from eqsat_mirage.codegen import source as codegen_source
+def test_the_bfloat16_upcast_is_said_once(monkeypatch):
+    from eqsat_mirage.codegen import host
 
     g = matmul(dtype="bfloat16")
     mg = lower(g, Schedule(grid={"a": 2, "c": 3}, loop="b", forloop=4))
-    codegen_source._SAID.discard("bf16")
+    monkeypatch.setattr(host, "_SAID", set())  # as in a fresh process
     with pytest.warns(UserWarning, match="bfloat16 tl.dot operands are upcast to float32"):
         compile_mugraph(mg)
     with warnings.catch_warnings():
