@@ -120,14 +120,18 @@ class CheckedLaunch:
     ``reference(length)`` returns the input program's torch function (``length``: the
     family size the inputs carry, or None), ``fn(**tensors) -> {output: tensor}``.
     ``names``: the inputs in order (for calls by position); ``size``: tensors -> the family
-    size (None for a static program). Attributes of ``run`` (``source``, ``path``,
-    ``module``, ...) read through."""
+    size (None for a static program); ``key``: tensors -> what makes a call a first one
+    (default: the input signature; a family's: its padded size, so a decode loop whose
+    length grows by one is checked once per padded size, not at every step). Attributes
+    of ``run`` (``source``, ``path``, ``module``, ...) read through."""
 
     def __init__(self, run: Callable, names: list[str], reference: Callable[[int | None], Callable],
                  rtol: float, kernels: Mapping[str, str] | None = None,
-                 size: Callable[[Mapping], int] | None = None) -> None:
+                 size: Callable[[Mapping], int] | None = None,
+                 key: Callable[[Mapping], tuple] | None = None) -> None:
         self.run, self.names, self.reference = run, list(names), reference
         self.rtol, self.kernels, self.size = rtol, dict(kernels or {}), size
+        self.key = key or (lambda tensors: _signature([tensors[n] for n in self.names]))
         self.checked: set[tuple] = set()  # input signatures whose first launch passed
         self.lock = threading.Lock()
 
@@ -155,7 +159,7 @@ class CheckedLaunch:
         tensors = self._bind(args, kwargs)
         if tensors is None:
             return out
-        key = _signature([tensors[n] for n in self.names])
+        key = self.key(tensors)
         if key in self.checked:
             return out
         with self.lock:

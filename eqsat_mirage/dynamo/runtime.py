@@ -6,7 +6,10 @@ optimized program: Triton (``res.compile()``) on CUDA tensors and under
 family (a partition with a size Dynamo left symbolic) reads the size from its inputs.
 Each call checks the static sizes first; a call the program does not serve runs
 eagerly, with one warning. ``Warmup`` stands for a static graph during its warmup calls
-(the backend's ``warmup``): eager, then searched at the call after them.
+(the backend's ``warmup``): eager, then searched at the call after them. The first call
+with each input signature is checked against the partition's input program run by torch
+(``codegen.launchcheck``); a mismatch runs the partition eagerly from then on, with a
+warning naming the output, the kernel and the worst element.
 """
 
 from __future__ import annotations
