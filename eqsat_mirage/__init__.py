@@ -6,6 +6,7 @@ NumPy-like functions, run it with ``evaluate``, compare two programs with
 ``check_rules``.
 """
 
+from .codegen.launchcheck import LaunchCheckError
 from .egraph.check_rules import RuleCheck, RuleCheckReport, assert_sound, check_rules
 from .frontend.graph import (
     Graph,
@@ -70,7 +71,7 @@ __all__ = [
     "Counterexample", "CustomKernel", "from_graph", "MuGraph", "MuGraphError", "PredefinedKernel",
     "TensorSpec", "TilingError", "UnknownTensorError",
     "Dim", "DynamicShapeError", "DTypeError", "evaluate", "exp",
-    "Graph", "GraphError", "InputError", "LaxError", "matmul",
+    "Graph", "GraphError", "InputError", "LaunchCheckError", "LaxError", "matmul",
     "max", "MirageError", "Node", "Op", "optimize", "optimize_many", "OptimizeResult", "relu",
     "rms_norm", "rsqrt", "RuleCheck", "RuleCheckReport", "RuleError", "ShapeError", "sigmoid",
     "silu", "softmax", "sqrt", "tanh", "erf", "cos", "sin", "gelu", "layer_norm", "Tensor",

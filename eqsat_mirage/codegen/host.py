@@ -24,6 +24,7 @@ the same tensors, which the next call with that signature overwrites.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 from .kernel import wrap
@@ -177,3 +178,26 @@ def unpack(names: Sequence[str], value: str, indent: str = "    ") -> list[str]:
     out = [f"{indent}({lines[0]}"] + [f"{indent} {line}" for line in lines[1:]]
     out[-1] += f") = {value}"
     return out
+
+
+def bf16_dot_lines() -> list[str]:
+    """The generated module's ``BF16_DOT``: the dtype a bfloat16 ``tl.dot`` reads its
+    operands in, bfloat16 on a GPU and float32 under ``TRITON_INTERPRET=1`` (Triton 3.8's
+    interpreter multiplies bfloat16 bit patterns as integers in ``tl.dot``)."""
+    return ["", "# bfloat16 tl.dot operands: bfloat16 on a GPU; float32 under TRITON_INTERPRET=1 "
+            "(Triton 3.8's", "# interpreter multiplies bfloat16 bit patterns as integers in "
+            "tl.dot)", 'BF16_DOT = tl.constexpr(tl.float32 if os.environ.get("TRITON_INTERPRET") '
+            '== "1" else tl.bfloat16)']
+
+
+_SAID: set[str] = set()
+
+
+def say_bf16_upcast(module) -> None:
+    """Warn once per process that bfloat16 tl.dot operands run as float32 in the interpreter
+    (when generated ``module`` has a bfloat16 dot: its ``BF16_DOT``)."""
+    if hasattr(module, "BF16_DOT") and "bf16" not in _SAID:
+        _SAID.add("bf16")
+        warnings.warn("eqsat-mirage: under TRITON_INTERPRET=1 the generated kernels' bfloat16 "
+                      "tl.dot operands are upcast to float32 (Triton 3.8's interpreter computes "
+                      "a bfloat16 tl.dot wrong); on a GPU they stay bfloat16", stacklevel=4)

@@ -53,9 +53,9 @@ from ..mugraph.kernels import CustomKernel, PredefinedKernel, TensorSpec
 from ..mugraph.program import MuGraph
 from .concat import CodegenError
 from .family import POINTS, FamilyLaunchError, FamilyLayout, merge
-from .host import bind_source, contiguous_strides, unpack
+from .host import bf16_dot_lines, bind_source, contiguous_strides, say_bf16_upcast, unpack
 from .kernel import KernelWriter, fit, wrap
-from .tiles import Names, comment_safe, identifier, literal, named, pystr, shown
+from .tiles import BF16_DOT, Names, comment_safe, identifier, literal, named, pystr, shown
 
 __all__ = ["CodegenError", "compile_mugraph", "family_source", "triton_source", "TRITON_API",
            "TRITON_DENYLIST"]
@@ -83,7 +83,7 @@ _HOST_RESERVED = frozenset({"torch", "triton", "tl", "os", "device", "args", "kw
                             "REUSE_OUTPUTS", "_bind", "_check", "_signature", "_buffers",
                             "_CHECKED", "SIZE", "GRANULE", "LENGTHS", "HINT", "PADDED", "SHORT",
                             "seq_len", "lp", "held", "_held", "_", "f", "builtins"}
-                           | set(dir(builtins)))
+                           | set(dir(builtins)) | {BF16_DOT})
 
 
 def _shape(shape: tuple[int, ...]) -> str:
@@ -292,6 +292,7 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
     lines += ["#"] + [comment_safe(f"# {line}") for line in listing.splitlines()]
     lines += ["", "import os", "", "import torch"]
     lines += ["import triton", "import triton.language as tl"] if custom else []
+    lines += bf16_dot_lines() if any(BF16_DOT in writers[id(k)].text for k in custom) else []
     grows = dict(family.tensors) if family else {}
     size = family.name if family else ""
     lines += ["", "INPUTS = {"] + _specs({n: specs[n] for n in mg.inputs}, grows, size) + ["}"]
@@ -502,6 +503,7 @@ def load_source(source: str, directory: str | os.PathLike | None = None) -> Call
         raise
     run = module.run
     if os.environ.get("TRITON_INTERPRET") == "1" and module.NEEDS_TRITON:
+        say_bf16_upcast(module)
         inner = run
 
         @functools.wraps(inner)

@@ -11,7 +11,8 @@ dim, so padding never reaches a real element. Broadcasting follows NumPy on the
 logical shapes (``[:, None]`` where an operand lacks a dim); keepdims is free
 (size-1 dims are not stored). Elementwise ops and reductions run in fp32;
 ``tl.dot`` reads its operands in the matmul's dtype (fp16/bf16 on tensor cores,
-fp32 with ``input_precision="ieee"``) and accumulates in fp32; a tile matmul
+fp32 with ``input_precision="ieee"``; bf16 through the module constant ``BF16_DOT``, fp32
+under the interpreter) and accumulates in fp32; a tile matmul
 with M, K or N of 1, or with broadcast batch dims, is a broadcast product
 summed over K. Constant subexpressions are folded to literals.
 
@@ -35,8 +36,12 @@ MAX_NUMEL = 2 ** 20  # Triton's largest block (TRITON_MAX_TENSOR_NUMEL)
 MIN_DOT = 16  # smallest tl.dot operand dim
 TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32",
             "bool": "tl.int1"}
+# the dtype a bfloat16 tl.dot reads its operands in: a module constant, bfloat16 on a GPU and
+# float32 under TRITON_INTERPRET=1 (Triton 3.8's interpreter multiplies the bit patterns of
+# bfloat16 operands as integers in tl.dot); ``source.py`` defines it
+BF16_DOT = "BF16_DOT"
 _RESERVED = frozenset({"tl", "triton", "torch", "range", "float", "int", "min", "max", "len", "f",
-                       "f_end", "n_iter", "seq_len"})
+                       "f_end", "n_iter", "seq_len", BF16_DOT})
 MAX_IDENTIFIER = 64  # a generated identifier's longest wanted part (Triton names files by it)
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -120,6 +125,7 @@ def index(pos: int, rank: int) -> str:
 
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the GPU's ex2 instruction
+FOLD_MAX = 3.4028234663852886e38 / LOG2E / 2  # larger values: exp(x - m) is not folded
 
 
 def exp2(expr: str) -> str:
@@ -190,6 +196,10 @@ class TileOps(ConcatOps):
         # x - m with m broadcast (a row's maximum): exp of it is exp2(x*log2e - m*log2e),
         # log2(e) folded into one multiply-add per element (m scaled once per row)
         self.row_diffs: dict[str, tuple[str, str]] = {}
+        # variables that may hold a value past FLT_MAX / log2(e) (computed from a constant
+        # that large: a mask's fill of the dtype's lowest value): x*log2e would overflow to
+        # -inf and exp(x - m) of a row filled with it would be NaN, so it is not folded
+        self.huge: set[str] = set()
         self.env: dict[int, Val] = {}
 
     def bname(self, n: int) -> str:
@@ -293,10 +303,14 @@ class TileOps(ConcatOps):
         """Emit ``node`` on operand values ``srcs`` (no concat parts) as variable ``var``."""
         self._check_numel(squeezed(node.shape), f"{node.describe()} {fmt_shape(node.shape)}")
         var = self.names(var)
+        big = any(x.expr in self.huge or (x.const is not None and abs(x.const) > FOLD_MAX)
+                  for x in srcs)
+        if big:
+            self.huge.add(var)
         if node.op in BINARY:
             expr, clean = self._binary(node, srcs)
             if node.op is Op.SUB and srcs[1].const is None and srcs[0].const is None and \
-                    len(srcs[1].dims) < len(srcs[0].dims):
+                    len(srcs[1].dims) < len(srcs[0].dims) and not big:
                 a, b = (self.broadcast(self.f32(x), x, node.shape) for x in srcs)
                 self.row_diffs[var] = (a, b)
         elif node.op in (Op.WHERE, Op.MASK):
@@ -411,11 +425,12 @@ class TileOps(ConcatOps):
 
         if uses_dot(node):
             self.dot_sizes.update((m, kk, n))
-            want = TL_DTYPE[node.dtype]
+            want = BF16_DOT if node.dtype == "bfloat16" else TL_DTYPE[node.dtype]
             ops = []
             for v, pos in zip((a, b), k_pos):
                 expr = self._where(v.expr, k_mask(v, pos))
-                ops.append(expr if v.dtype == node.dtype else f"{expr}.to({want})")
+                same = v.dtype == node.dtype and want != BF16_DOT
+                ops.append(expr if same else f"{expr}.to({want})")
             prec = ', input_precision="ieee"' if node.dtype == "float32" else ""
             return f"tl.dot({ops[0]}, {ops[1]}{prec})", clean
         # a broadcast product over (batch..., M, K, N), summed over K

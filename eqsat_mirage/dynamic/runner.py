@@ -10,7 +10,9 @@ kernel once per family and one module serves every L. A launcher that cannot be
 written that way (``FamilyLaunchError``) falls back, with a warning, to one module per
 padded size. With ``engine="torch"`` it runs the plan as torch ops instead
 (``semantics.torch_reference``: the Dynamo backend's CPU path), one build per size L,
-the last ``TORCH_BUILDS`` kept.
+the last ``TORCH_BUILDS`` kept. The first call at each padded size (with its dtypes and
+devices) is checked against the family's program at the call's size run by torch
+(``codegen.launchcheck``; ``check=False`` skips it).
 """
 
 from __future__ import annotations
@@ -32,9 +34,17 @@ class FamilyRunner:
     """A callable running family ``family`` (planned as ``scaling``) at any size."""
 
     def __init__(self, family, scaling: Scaling, reuse_outputs: bool = False,
-                 engine: str = "triton") -> None:
+                 engine: str = "triton", check: bool = True) -> None:
+        from ..codegen.launchcheck import CheckedLaunch, tolerance, writers
+
         if engine not in ("triton", "torch"):
             raise MirageError(f"FamilyRunner engine must be 'triton' or 'torch', got {engine!r}")
+        # the checked first launch per input signature: the family's program at the size
+        # the inputs carry, run by torch (codegen.launchcheck)
+        self.checker = CheckedLaunch(self._run, list(family.inputs), self._reference,
+                                     tolerance(family), writers(scaling.mg), size=self.size,
+                                     key=self._padded_key) if check else None
+        self.references: dict[int, object] = {}  # size -> the input program's torch function
         self.family, self.scaling, self.reuse_outputs = family, scaling, reuse_outputs
         self.engine = engine
         self.dim = family.dims[scaling.dim]
@@ -170,7 +180,32 @@ class FamilyRunner:
 
         return f"shape family {named(self.family.name)}: {self.dim}"
 
+    def _padded_key(self, tensors: Mapping) -> tuple:
+        """A call's key for the checked first launch: the padded size it runs at, and its
+        inputs' dtypes and devices (the static sizes are the family's)."""
+        return (self.scaling.padded(self.size(tensors)),
+                tuple((t.dtype, t.device) for t in tensors.values()))
+
+    def _reference(self, length: int):
+        """The input program at size ``length`` as a torch function (the last
+        ``TORCH_BUILDS`` kept)."""
+        from ..semantics.torch_reference import torch_reference
+
+        if length not in self.references:
+            while len(self.references) >= TORCH_BUILDS:
+                self.references.pop(next(iter(self.references)))
+            self.references[length] = torch_reference(
+                self.family.at({self.dim.name: length}))
+        return self.references[length]
+
     def __call__(self, *args, **kwargs) -> dict:
+        """The outputs for these inputs (the first call per padded size, dtypes and devices
+        checked against the input program run by torch, unless ``check=False``)."""
+        if self.checker is not None:
+            return self.checker(*args, **kwargs)
+        return self._run(*args, **kwargs)
+
+    def _run(self, *args, **kwargs) -> dict:
         import torch
         from torch.nn.functional import pad as zero_pad
 

@@ -6,7 +6,10 @@ optimized program: Triton (``res.compile()``) on CUDA tensors and under
 family (a partition with a size Dynamo left symbolic) reads the size from its inputs.
 Each call checks the static sizes first; a call the program does not serve runs
 eagerly, with one warning. ``Warmup`` stands for a static graph during its warmup calls
-(the backend's ``warmup``): eager, then searched at the call after them.
+(the backend's ``warmup``): eager, then searched at the call after them. The first call
+with each input signature is checked against the partition's input program run by torch
+(``codegen.launchcheck``); a mismatch runs the partition eagerly from then on, with a
+warning naming the output, the kernel and the worst element.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from ..codegen.launchcheck import LaunchCheckError, checked
 from ..dynamic.runner import FamilyRunner
 from ..ir.dims import DynamicShapeError
 from ..ir.errors import unexpected
@@ -91,7 +95,11 @@ class OptimizedPartition(torch.nn.Module):
             if getattr(res, "scaling", None) is not None:  # a shape family
                 self._fns[key] = FamilyRunner(res.family, res.scaling, engine=key)
             else:
-                self._fns[key] = res.compile() if triton else torch_reference(res.program)
+                # both check their first launch per input signature against the input
+                # program run by torch (codegen.launchcheck)
+                self._fns[key] = res.compile() if triton else checked(
+                    torch_reference(res.program), res.reference(),
+                    mugraph=res.program if hasattr(res.program, "kernels") else None)
         return key, self._fns[key]
 
     def unserved(self, feed: dict) -> str:
@@ -136,6 +144,13 @@ class OptimizedPartition(torch.nn.Module):
             got = fn(**{n: t.contiguous() for n, t in feed.items()})
         except DynamicShapeError as exc:  # sizes that should agree do not, or out of range
             return self._eager_call(str(exc), args)
+        except LaunchCheckError as exc:  # the code that ran disagrees with the input program
+            self.failed = True
+            self.entry.status = "fallback"
+            self.entry.reason = f"the checked first launch failed: {exc}"
+            warnings.warn(f"eqsat-mirage backend: partition {self.entry.name} runs eagerly: "
+                          f"{self.entry.reason}", stacklevel=2)
+            return self.eager(*args)
         except Exception as exc:  # noqa: BLE001 - e.g. a Triton compilation error
             if unexpected(exc):
                 raise

@@ -50,6 +50,11 @@ from .torch_movement import (
     tensor_arg,
 )
 
+# each dtype's lowest finite value: the fill of a bool attn_mask's masked scores in SDPA
+LOWEST = {"float32": float(torch.finfo(torch.float32).min),
+          "float16": float(torch.finfo(torch.float16).min),
+          "bfloat16": float(torch.finfo(torch.bfloat16).min)}
+
 SUPPORTED = (
     "matmul/bmm/mm/@, linear and nn.Linear, addmm, +, -, *, / (tensors or Python numbers), "
     "exp, tanh, erf, cos, sin, sum, mean, amax, pow (integers -1..4, 0.5, -0.5), sqrt, rsqrt, "
@@ -227,13 +232,21 @@ def _sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: fl
     s = q @ k.transpose(tuple(range(k.ndim - 2)) + (k.ndim - 1, k.ndim - 2))
     factor = float(scale) if scale is not None else q.shape[-1] ** -0.5
     s = s * factor
-    if is_causal:  # torch's is_causal: the top-left diagonal
+    kept = None
+    if is_causal:  # torch's is_causal: the top-left diagonal (it keeps column 0 of every row)
         s = where(q.graph.causal_mask(q.shape[-2], k.shape[-2]), s, float("-inf"))
     elif attn_mask is not None and attn_mask.dtype == "bool":
-        s = where(attn_mask, s, float("-inf"))
+        # a row the mask keeps nowhere is 0 in torch's eager SDPA (softmax of -inf would be
+        # NaN): masked scores get the dtype's lowest finite value (exp of it minus the row's
+        # max is 0 wherever the row keeps something) and the output is multiplied by
+        # whether the row keeps anything (1 or 0)
+        s = where(attn_mask, s, LOWEST[s.dtype])
+        kept = where(attn_mask, 1.0, 0.0).max(axis=-1, keepdims=True)
     elif attn_mask is not None:  # torch adds a float mask to the scores (BERT's padding mask)
         s = s + attn_mask.astype(s.dtype)
     out = softmax(s, axis=-1) @ v
+    if kept is not None:
+        out = out * kept.astype(out.dtype)
     return out.reshape(shape[:-1] + (out.shape[-1],)) if out.ndim != len(shape) else out
 
 

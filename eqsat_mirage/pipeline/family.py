@@ -121,18 +121,21 @@ class FamilyResult(OptimizeResult):
         size."""
         dim = self.family.dims[self.scaling.dim]
         length = dim.check(dim.hint if length is None else length)
-        return FamilyRunner(self.family, self.scaling, reuse_outputs=bool(reuse_outputs)
-                            ).source(length)
+        return FamilyRunner(self.family, self.scaling, reuse_outputs=bool(reuse_outputs),
+                            check=False).source(length)
 
-    def compile(self, cuda_graph: bool = False, reuse_outputs: bool = False):
+    def compile(self, cuda_graph: bool = False, reuse_outputs: bool = False,
+                check: bool = True):
         """A callable on torch tensors of any size of the family (by position or name).
         ``cuda_graph`` is not supported for a family yet (a warning says so; it runs
-        plain launches)."""
+        plain launches). ``check``: the first call per input signature is checked against
+        the family's program at that size run by torch (``OptimizeResult.compile``)."""
         if cuda_graph:
             warnings.warn(f"shape family {self.family.name!r}: cuda_graph=True is not "
                           "supported for shape families yet; the kernels run as plain "
                           "launches", stacklevel=2)
-        return FamilyRunner(self.family, self.scaling, reuse_outputs=reuse_outputs)
+        return FamilyRunner(self.family, self.scaling, reuse_outputs=reuse_outputs,
+                            check=check)
 
 
 def _verify_sizes(graph, sc: Scaling, dim, opts: dict, refused: dict) -> tuple[dict, object]:

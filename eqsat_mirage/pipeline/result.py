@@ -61,7 +61,19 @@ class OptimizeResult:
 
         return triton_source(self._mugraph(), header=self._header(), reuse_outputs=reuse_outputs)
 
-    def compile(self, cuda_graph: bool = False, reuse_outputs: bool = False):
+    def reference(self):
+        """The input program the compiled one is checked against: the Graph optimized
+        (``source``), else the chosen program itself."""
+        from ..mugraph.program import MuGraph
+
+        src = self.source
+        if src is not None and not isinstance(src, MuGraph) and hasattr(src, "nodes") and \
+                not getattr(src, "dynamic", None):
+            return src
+        return self.program
+
+    def compile(self, cuda_graph: bool = False, reuse_outputs: bool = False,
+                check: bool = True):
         """The chosen program as a callable on torch tensors (by position or by input name).
 
         On a CPU, set ``TRITON_INTERPRET=1`` before triton is imported. ``reuse_outputs``:
@@ -72,12 +84,19 @@ class OptimizeResult:
         them); it saves the allocations' host time. ``cuda_graph``: on CUDA inputs, capture
         the launches once per input signature and replay them
         (``codegen.graphs.GraphRunner``; the returned outputs are then reused buffers,
-        overwritten by the next call).
+        overwritten by the next call). ``check``: the first call with each input signature
+        also runs the input program through torch and compares the outputs (dtype
+        tolerance, finite wherever the input's are); a mismatch raises
+        ``LaunchCheckError`` naming the output, its kernel and the worst element
+        (``codegen.launchcheck``). ``check=False`` skips it.
         """
+        from ..codegen.launchcheck import checked
         from ..codegen.source import compile_mugraph
 
-        run = compile_mugraph(self._mugraph(), header=self._header(),
-                              reuse_outputs=reuse_outputs)
+        mg = self._mugraph()
+        run = compile_mugraph(mg, header=self._header(), reuse_outputs=reuse_outputs)
+        if check:
+            run = checked(run, self.reference(), list(run.module.INPUTS), mugraph=mg)
         if not cuda_graph:
             return run
         from ..codegen.graphs import GraphRunner

@@ -180,3 +180,33 @@ def test_a_family_of_torch_ops_with_long_names_and_reused_outputs():
                              value_states_of_this_layer=x["value_states_of_this_layer"][:, :0],
                              attention_bias_of_this_layer=x["attention_bias_of_this_layer"][
                                  ..., :0]))
+
+
+def test_a_familys_first_launch_at_each_padded_size_is_checked(monkeypatch):
+    """The checked first launch for a family: each new padded size runs the family's
+    program at the call's size through torch; a planted bug in the module (its last matmul
+    10 % off; in float16, 2 % is tolerated) raises LaunchCheckError at the first call,
+    check=False skips it."""
+    import eqsat_mirage.codegen.source as source
+
+    g = decode(64, "checked")
+    padded = padded_graph(plan_masks(g), {"L": 64}, {"L": 64})
+    sc = scaling(from_graph(padded), g.dynamic, "L", 64)
+    sc.granule = 64
+    fn = FamilyRunner(g, sc)
+    for n in (50, 64, 63, 100):
+        fn(**inputs(fn.module(n), n))
+    assert len(fn.checker.checked) == 2  # once per padded size (64, 128)
+    real = source.family_source
+
+    def wrong(*args, **kwargs):
+        text = real(*args, **kwargs)
+        at = text.rindex("torch.matmul(")
+        return text[:at] + "1.1 * " + text[at:]
+
+    monkeypatch.setattr(source, "family_source", wrong)
+    bad = FamilyRunner(g, sc)
+    x = inputs(bad.module(50), 50)
+    with pytest.raises(em.LaunchCheckError, match="output 'O'"):
+        bad(**x)
+    FamilyRunner(g, sc, check=False)(**x)

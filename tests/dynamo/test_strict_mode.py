@@ -12,7 +12,7 @@ from torch_models import GatedMLP  # noqa: E402
 
 from eqsat_mirage.dynamo import backend as torch_backend  # noqa: E402
 
-FAST = dict(time_limit_s=1.0, iter_limit=4, warmup=0)
+FAST = dict(time_limit_s=60.0, iter_limit=4, warmup=0)  # ends when done (4 iterations)
 
 
 @pytest.fixture(autouse=True)

@@ -372,6 +372,30 @@ def test_an_empty_slice_flows_into_a_cat_and_is_dropped():
         em.from_torch(lambda q: q[..., 8:] * 2.0, torch.randn(2, 8))
 
 
+def test_sdpa_with_a_bool_mask_gives_0_on_a_fully_masked_row_as_eager():
+    """Eager SDPA gives 0 where a bool attn_mask keeps no key of a row (softmax over -inf
+    alone would be NaN): masked scores take the dtype's lowest value and the output is
+    multiplied by whether the row keeps anything."""
+    torch.manual_seed(0)
+    q, k, v = _inputs([(1, 2, 4, 8), (1, 2, 6, 8), (1, 2, 6, 8)])
+    mask = torch.rand(1, 2, 4, 6) < 0.6
+    mask[..., 0] = True
+    mask[0, 1, 2, :] = False  # fully masked rows
+    mask[0, 0, 3, :] = False
+
+    def attn(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    g = em.from_torch(attn, q, k, v, mask)
+    feed = {n: t.double().numpy() if t.dtype != torch.bool else t.numpy()
+            for n, t in zip(g.inputs, (q, k, v, mask))}
+    want = attn(q.double(), k.double(), v.double(), mask)
+    assert (want[0, 1, 2] == 0).all() and torch.isfinite(want).all()
+    got = em.evaluate(g, feed)["out"]
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, atol=1e-12)
+    assert not any(n.op is em.Op.MASK for n in g.nodes())  # a finite fill: no -inf
+
+
 def test_sdpa_with_a_float_additive_mask():
     """A float attn_mask is added to the scores before the max-subtracted softmax (BERT's
     padding mask through SDPA), a row masked with finfo.min everywhere as torch gives it."""

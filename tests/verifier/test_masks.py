@@ -151,7 +151,10 @@ def test_sdpa_causal_and_bool_masks_convert():
 
     for f, extra in ((causal, ()), (masked, (mask,))):
         g = em.from_torch(f, q, k, v, *extra)
-        assert any(n.op is em.Op.MASK for n in g.nodes())
+        # causal: -inf where masked (a causal row keeps column 0); a bool mask: the lowest
+        # finite value, and 0 on a row it keeps nowhere (as eager)
+        op = em.Op.MASK if f is causal else em.Op.WHERE
+        assert any(n.op is op for n in g.nodes())
         feed = {n: t.double().numpy() if t.dtype != torch.bool else t.numpy()
                 for n, t in zip(g.inputs, (q, k, v, *extra))}
         want = f(q.double(), k.double(), v.double(), *extra).numpy()
