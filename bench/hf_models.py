@@ -109,9 +109,12 @@ def run(name: str, dtype: str = "float32", impl: str = "sdpa", time_limit_s: flo
         seconds = time.perf_counter() - t
     s = be.summary()
     err = float((got - want).abs().max() / want.abs().max())
+    timed_out = sum(len(p["ops"]) for e in be.report if e.result is not None
+                    for p in e.result.stats.get("pieces", []) if p.get("time_limited"))
     return {"name": name, "dtype": dtype, "impl": impl, "ops": s["ops"],
             "compute_ops": s["compute_ops"],
             "optimized_ops": s["optimized_ops"], "partitions": s["optimized_partitions"],
+            "time_limited_ops": timed_out,
             "before": s["predicted_us"][0], "after": s["predicted_us"][1], "error": err,
             "finite": bool(torch.isfinite(got).all()), "seconds": seconds,
             "eager": s["eager"], "backend": be}

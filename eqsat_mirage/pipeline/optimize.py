@@ -53,6 +53,21 @@ from .result import OptimizeResult
 __all__ = ["DEFAULT_SPLITS", "LEVELS", "OptimizeResult", "optimize", "search"]
 
 
+def lowers(mugraph, entry: dict) -> bool:
+    """Without the compile check, a plan's Triton source is still written before the plan is
+    verified: one the Triton backend refuses (a ``CodegenError``) is dropped with its reason
+    in ``entry["compiled"]``, and the search goes on (it would fail at ``compile()``)."""
+    from ..codegen.concat import CodegenError
+    from ..codegen.source import triton_source
+
+    try:
+        triton_source(mugraph)
+    except CodegenError as exc:
+        entry["compiled"] = f"refused by the Triton backend: {exc}"[:500]
+        return False
+    return True
+
+
 def candidate_splits(graph, factors) -> list[tuple[int, int, int]]:
     dims = {d for n in graph.nodes() for d in n.shape}
     return sorted({(n, n // f, f) for n in dims for f in factors if n % f == 0 and n // f > 1
@@ -408,6 +423,8 @@ def _mugraph_level(graph, cands, bounds, prof, options: SearchOptions, lax, timi
             ver.time_out(NOT_IN_TIME)
             continue
         if builder is not None and not builder.clean(p, i, how, entry, plans):
+            continue
+        if builder is None and not lowers(p.mugraph, entry):
             continue
         if plans and p.cost_us > max(cost, plans[0][0]):  # retuned warps cost more than the
             summary.pop()                                # next plan: that one goes first

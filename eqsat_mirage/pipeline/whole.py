@@ -252,7 +252,9 @@ def _entry(piece: Piece, res, first: int, did: bool) -> dict:
     entry = {"index": piece.index, "ops": piece.op_names(), "inputs": len(piece.inputs),
              "outputs": len(piece.outputs), "same_as": None if first == piece.index else first,
              "status": "optimized" if did else "unchanged",
-             "reason": "verified and cheaper" if did else unchanged_reason(res)}
+             "reason": "verified and cheaper" if did else unchanged_reason(res),
+             "time_limited": not did and not isinstance(res, BaseException)
+             and bool(res.stats.get("time_limited"))}
     if isinstance(res, BaseException):
         return {**entry, "cost_before_us": None, "cost_after_us": None, "bound": None,
                 "seconds": 0.0, "cache": "off"}

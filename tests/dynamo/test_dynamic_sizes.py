@@ -64,8 +64,12 @@ def test_a_64_step_decode_loop_through_torch_compile(dynamic):
     assert all(fams[0].result.stats["family"]["verified_sizes"].values())
     # the projection after the attention is a static program of its own; with the
     # defaults, the first length's static graph runs its one call eagerly (warmup) and is
-    # never searched: Dynamo replaces it by the symbolic graph before a second call
-    assert len(searches) == 2
+    # never searched: Dynamo replaces it by the symbolic graph before a second call. That
+    # projection is one matmul, already one kernel: searched, and honestly left unchanged
+    assert len(searches) == 1
+    rest = [e for e in be.report if e.status != "optimized"]
+    assert [e.status for e in rest] == ["unchanged"] and \
+        rest[0].reason == "no candidate cheaper than one kernel per op", rest
     assert fams[0].calls == (64 if dynamic else 63) and fams[0].eager_calls == 0
     sizes = [g["sizes"] for g in be.summary()["graphs"]]
     assert len(sizes) == 1 and sizes[0].startswith("symbolic size s")

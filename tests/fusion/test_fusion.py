@@ -253,8 +253,11 @@ def test_non_lax_program_returns_the_baseline():
     assert res.cost_us == res.baseline_cost_us
     assert all(k.kind == "predefined" for k in res.program.kernels)
     res = em.optimize(g)  # partitioned: two Lax pieces, each verified or left as it was
-    assert len(res.stats["pieces"]) == 2 and res.verified.equivalent
-    assert res.cost_us <= res.baseline_cost_us
+    assert len(res.stats["pieces"]) == 2 and res.cost_us <= res.baseline_cost_us
+    if any(p["status"] == "optimized" for p in res.stats["pieces"]):
+        assert res.verified.equivalent
+    else:  # nothing cheaper: the input comes back, claiming no verdict, and says why
+        assert res.verified is None and "no piece optimized" in res.stats["note"]
 
 
 def test_default_strategy_is_mirages_with_splits():
