@@ -8,9 +8,7 @@ NumPy-like functions, run it with ``evaluate``, compare two programs with
 
 from .codegen.launchcheck import LaunchCheckError
 from .egraph.check_rules import RuleCheck, RuleCheckReport, assert_sound, check_rules
-from .frontend.graph import (
-    Graph,
-    Tensor,
+from .frontend.functions import (
     amax,
     causal_mask,
     concat,
@@ -32,6 +30,7 @@ from .frontend.graph import (
     transpose,
     where,
 )
+from .frontend.graph import Graph, Tensor
 from .ir.check import check, check_lax
 from .ir.dims import Dim, DynamicShapeError
 from .ir.errors import (

@@ -2,6 +2,8 @@
 
 ``backend.py``: partitions the FX graph into supported subgraphs, optimizes each through
 ``em.optimize`` and runs the rest eagerly, with a report of what ran where and why.
+``support.py``: which nodes may join a partition (and why the others stay eager), and
+which graphs mutate a tensor in place.
 ``specs.py``: what Dynamo recorded per node, and its symbolic sizes as shape families.
 ``runtime.py``: the module that runs an optimized partition in place of the eager one.
 

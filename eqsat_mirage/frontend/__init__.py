@@ -1,7 +1,8 @@
 """Stage 1, build: programs enter here.
 
-``graph.py``: the ``Graph`` builder and the NumPy-like API (``em.Graph``, ``em.exp``,
-``x.sum(...)``, ``em.rms_norm``, ...). ``from_torch.py``: ``em.from_torch`` traces a torch
+``graph.py``: the ``Graph`` builder and ``Tensor`` with its operators and methods
+(``em.Graph``, ``x.sum(...)``, ...); ``functions.py``: the NumPy-like functions (``em.exp``,
+``em.softmax``, ``em.rms_norm``, ...). ``from_torch.py``: ``em.from_torch`` traces a torch
 function or module with torch.fx; ``torch_ops.py`` is its op table, ``torch_movement.py``
 its movement and shape handlers (torch loads only here).
 

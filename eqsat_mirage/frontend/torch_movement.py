@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from ..ir.errors import UnsupportedOpError
-from .graph import Tensor, concat
+from .functions import concat
+from .graph import Tensor
 
 
 def tensor_arg(x: Any, what: str) -> Tensor:

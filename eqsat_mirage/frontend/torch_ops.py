@@ -23,8 +23,7 @@ from torch import nn
 
 from ..ir.errors import DTypeError, UnsupportedOpError
 from ..ir.node import canonical_dtype
-from .graph import (
-    Tensor,
+from .functions import (
     cos,
     erf,
     exp,
@@ -41,6 +40,7 @@ from .graph import (
     tanh,
     where,
 )
+from .graph import Tensor
 from .torch_movement import (
     MOVEMENT_ATEN,
     MOVEMENT_FUNCTIONS,

@@ -1,0 +1,162 @@
+"""Which fx nodes may join an optimized partition, and which graphs stay eager as a whole.
+
+``NodeSupport`` is the ``torch.compile`` backend's operator support for torch.fx's
+``CapabilityBasedPartitioner``: a node is supported when the ``Converter`` (the table
+``from_torch`` uses) turns it into the shape and dtype Dynamo recorded, and otherwise it
+keeps the reason it runs eagerly. ``mutation`` finds the in-place write that keeps a whole
+graph eager; ``served`` gives a converted input its shape with the family sizes as ``em.Dim``.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch import fx
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from ..frontend.from_torch import Converter
+from ..frontend.graph import Graph, Tensor
+from ..frontend.torch_movement import Empty
+from ..ir.errors import MirageError, unexpected
+from .specs import SymbolicSizes, empty
+
+__all__ = ["NodeSupport", "mutation", "served"]
+
+
+def _spec_tensor(value: Tensor) -> tuple[tuple[int, ...], str]:
+    """The shape and dtype of a converted value, as ``SymbolicSizes.spec`` gives them."""
+    return tuple(value.shape), value.dtype
+
+
+class NodeSupport(OperatorSupportBase):
+    """A node is supported when the Converter turns it into the shape and dtype Dynamo saw."""
+
+    def __init__(self, gm: fx.GraphModule, sizes: SymbolicSizes) -> None:
+        self.gm, self.sizes = gm, sizes
+        self.reasons: dict[fx.Node, str | None] = {}
+
+    def reason(self, node: fx.Node) -> str | None:
+        """Why ``node`` is not supported, or None if it is."""
+        if node not in self.reasons:
+            self.reasons[node] = self._probe(node)
+        return self.reasons[node]
+
+    def is_node_supported(self, submodules: Any, node: fx.Node) -> bool:
+        """The partitioner's question: may ``node`` join a partition?"""
+        return node.op in ("call_function", "call_method", "call_module") and \
+            self.reason(node) is None
+
+    def _probe(self, node: fx.Node) -> str | None:
+        if node.op not in ("call_function", "call_method", "call_module"):
+            return f"{node.op} node"
+        cv = Converter(Graph("probe"), self.gm)
+        try:
+            cv.lookup(node)
+        except (MirageError, AttributeError):
+            return "no eqsat-mirage form (unsupported op)"
+        if (empty(node) or any(empty(src) for src in node.all_input_nodes)) and \
+                not _empty_flows(node):
+            return "a zero-size tensor (e.g. an empty KV cache): nothing to compute"
+        sizes = self.sizes
+        why = sizes.reason(node)
+        if why:
+            return why
+        want, several = sizes.spec(node), sizes.tuple_spec(node)
+        if want is None and several is None:
+            return "its result is not a float16/bfloat16/float32 tensor"
+        specs = [(sizes.spec(src), sizes.tuple_spec(src)) for src in node.all_input_nodes]
+        dims = sizes.dims([d for spec, parts in specs for sp in ([spec] if spec else parts or [])
+                           for d in sp[0]])
+        for i, (src, (spec, parts)) in enumerate(zip(node.all_input_nodes, specs)):
+            if spec is not None and 0 in spec[0]:  # an empty slice: flows into a cat
+                cv.env[src] = Empty(tuple(spec[0]), spec[1])
+                continue
+            if spec is None and parts is None:
+                scalar = sizes.scalar(src)  # a float Dynamo made symbolic: a constant here
+                if scalar is None:
+                    return f"operand {src.name!r} is not a float tensor"
+                cv.env[src] = scalar
+                continue
+            cv.env[src] = cv.input(f"x{i}", served(spec[0], dims), spec[1], ("arg", i)) \
+                if spec else tuple(cv.input(f"x{i}_{j}", served(p[0], dims), p[1], ("arg", i))
+                                   for j, p in enumerate(parts))
+        try:
+            value = cv.run(node)
+        except MirageError as exc:
+            return str(exc)
+        except Exception as exc:  # noqa: BLE001 - any failure: the node stays eager
+            if unexpected(exc):
+                raise
+            return f"{type(exc).__name__}: {exc}"
+        if want is None:  # a tuple of tensors: each as torch gives it
+            got = [_spec_tensor(v) if isinstance(v, Tensor) else None for v in value] \
+                if isinstance(value, (tuple, list)) else None
+            torch_gives = [(sizes.concrete(p[0]), p[1]) for p in several]
+            if got != torch_gives:
+                return f"converted to {got}, torch gives {torch_gives}"
+            return None
+        torch_gives = (sizes.concrete(want[0]), want[1])
+        if isinstance(value, Empty) and (value.shape, value.dtype) == torch_gives:
+            return None
+        if not isinstance(value, Tensor) or _spec_tensor(value) != torch_gives:
+            got = _spec_tensor(value) if isinstance(value, Tensor) else type(value).__name__
+            return f"converted to {got}, torch gives {torch_gives}"
+        return None
+
+
+_CATS = frozenset({torch.cat, torch.concat, torch.concatenate})
+
+
+def _empty_flows(node: fx.Node) -> bool:
+    """Whether the zero-size tensors at ``node`` flow through a partition: an empty slice
+    of a tensor with elements (a full rotary embedding's pass-through half, ``q[..., 64:]``)
+    read only by ``torch.cat``, which drops it; or such a cat. A zero-size tensor from
+    anywhere else (an empty KV cache) stays eager."""
+    def empty_slice(n: fx.Node) -> bool:
+        return n.op == "call_function" and n.target is operator.getitem and empty(n) and \
+            not any(empty(s) for s in n.all_input_nodes) and bool(n.users) and \
+            all(u.op == "call_function" and u.target in _CATS for u in n.users)
+
+    if empty_slice(node):
+        return True
+    return node.op == "call_function" and node.target in _CATS and not empty(node) and \
+        all(empty_slice(s) for s in node.all_input_nodes if empty(s))
+
+
+def served(shape: tuple, dims: dict) -> tuple:
+    """``shape`` (ints and family sizes) with each family size as its ``em.Dim`` (``dims``:
+    ``SymbolicSizes.dims``), as a converted input declares it."""
+    return tuple(d if isinstance(d, int) else dims[d] for d in shape)
+
+
+_INPLACE = frozenset({operator.iadd, operator.isub, operator.imul, operator.itruediv,
+                      operator.ipow, operator.imatmul, operator.setitem, operator.iand,
+                      operator.ior, operator.ixor, operator.ifloordiv, operator.imod,
+                      operator.ilshift, operator.irshift})
+
+
+def mutation(gm: fx.GraphModule) -> fx.Node | None:
+    """The first node that mutates a tensor in place (``x.add_``, ``+=``, ``inplace=True``)."""
+    for n in gm.graph.nodes:
+        if n.op == "call_method":
+            name = str(n.target)
+        elif n.op == "call_function":
+            if n.target in _INPLACE or n.kwargs.get("inplace") is True or "out" in n.kwargs:
+                return n
+            if isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable:
+                return n
+            if getattr(n.target, "__module__", None) in ("_operator", "operator"):
+                continue  # operator.and_, or_, not_ ... are pure; their in-place forms are above
+            name = getattr(n.target, "__name__", "")
+        elif n.op == "call_module":
+            mod = gm.get_submodule(n.target)
+            if getattr(mod, "inplace", False) is True:
+                return n
+            continue
+        else:
+            continue
+        if name.endswith("_") and not name.startswith("__"):
+            return n
+    return None
