@@ -14,7 +14,8 @@
 
 A shape family's module (``family=``) names its size in ``INPUTS`` and reads L from the
 inputs; ``family_source`` merges it, written at several padded sizes, into one module
-whose launcher computes grids, loop counts and shapes from L (``family.py``).
+whose launcher computes grids, loop counts and shapes from L (``family.py``; the
+launcher lines that read and check L: ``family_launch.py``).
 
 ``compile_mugraph(mg)`` writes that module to a file (``@triton.jit`` reads its
 function's source), imports it and returns its ``run`` (``load_source`` for a source
@@ -53,6 +54,7 @@ from ..mugraph.kernels import CustomKernel, PredefinedKernel, TensorSpec
 from ..mugraph.program import MuGraph
 from .concat import CodegenError
 from .family import POINTS, FamilyLaunchError, FamilyLayout, merge
+from .family_launch import cut_to_length, family_head, family_run
 from .host import bf16_dot_lines, bind_source, contiguous_strides, say_bf16_upcast, unpack
 from .kernel import KernelWriter, fit, wrap
 from .tiles import BF16_DOT, Names, comment_safe, identifier, literal, named, pystr, shown
@@ -170,74 +172,6 @@ def _alloc(spec: TensorSpec, first: tuple[str, str] | None) -> str:
     return f"{first[0]}.new_empty({_shape(spec.shape)}{dtype})"
 
 
-def _family_head(fam: FamilyLayout, dyn: Mapping[str, tuple[int, ...]]) -> list[str]:
-    """A family module's constants: its size, granule, range, hint and unpadded inputs."""
-    lines = [f"SIZE = {fam.name!r}  # a shape family: axes named {named(fam.name)} in INPUTS and "
-             "OUTPUTS have any length",
-             f"GRANULE = {fam.granule}  # the kernels run at the padded size lp: L rounded up "
-             "to a multiple",
-             f"LENGTHS = ({fam.low}, {fam.high})  # L's range (min, max; None: no maximum)",
-             f"HINT = {fam.hint}  # the size the plan was priced at",
-             f"PADDED = {fam.padded}  # " + ("the one padded size this module serves"
-                                            if fam.padded else "None: every padded size")]
-    short = {n: axes for n, axes in dyn.items() if n in fam.short}
-    return lines + [f"SHORT = {short!r}  # read as they are, loads masked at L",
-                    "# (the other inputs with an axis of size L are zero-padded to lp first)"]
-
-
-def _family_run(fam: FamilyLayout, dyn: Mapping[str, tuple[int, ...]], var: Mapping[str, str],
-                pointed: set[str], strides: Mapping[str, list[str]],
-                ranks: Mapping[str, int]) -> list[str]:
-    """A family launcher's lines after ``_bind``: L read from the inputs (they must agree
-    and L lie in range), the padded size ``lp``, the zero-padding of inputs a torch op
-    reads, and the per-call strides of every input with a dynamic axis."""
-    seen = [f"{var[n]}.shape[{a}]" for n in dyn for a in dyn[n]]
-    lines = [f"    seq_len = {seen[0]}  # L: every axis named {named(fam.name)} has this length"]
-    if len(seen) > 1:
-        cond = wrap([f"{s} != seq_len or" for s in seen[1:]], "", "", 88)
-        cond[-1] = cond[-1][:-3]
-        if len(cond) == 1:
-            lines.append(f"    if {cond[0]}:")
-        else:  # one condition per line, in brackets
-            lines += ["    if ("] + [f"            {c}" for c in cond] + ["    ):"]
-        lines.append('        raise ValueError(f"the inputs disagree on the size {SIZE}: "')
-        shown = wrap([f"{s} = {{{s}}}," for s in seen], "", "", 64)
-        shown[-1] = shown[-1].rstrip(",")
-        lines += [f'                         f"{line} "' for line in shown[:-1]]
-        lines.append(f'                         f"{shown[-1]}")')
-    lines += [f"    if not {fam.low} <= seq_len" + (f" <= {fam.high}:" if fam.high is not None
-                                                   else ":"),
-              f'        raise ValueError(f"size {{SIZE}} = {{seq_len}} ({seen[0]}) is outside '
-              f'the range this module serves: {fam.low}..{fam.high or ""}")']
-    lines.append("    lp = -(-seq_len // GRANULE) * GRANULE  # the padded size the kernels run at")
-    if fam.padded:
-        lines += [f"    if lp != {fam.padded}:",
-                  f'        raise ValueError(f"this module serves padded size {fam.padded} only '
-                  f'(L in ({fam.padded - fam.granule}, {fam.padded}]), got L = {{seq_len}}")']
-    padded = [n for n in dyn if n not in fam.short]
-    if padded:
-        lines.append("    if lp != seq_len:  # inputs a torch op reads: zero-padded to lp")
-        for n in padded:
-            pad = []
-            for a in reversed(range(ranks[n])):  # F.pad's pairs start at the last axis
-                pad += ["0", "lp - seq_len" if a in dyn[n] else "0"]
-            while pad[-2:] == ["0", "0"]:
-                pad = pad[:-2]
-            lines.append(f"        {var[n]} = torch.nn.functional.pad({var[n]}, "
-                         f"({', '.join(pad)}))")
-    for n in dyn:  # strides change with L (and with the padding)
-        if n in pointed:
-            lines += unpack(strides[n], f"{var[n]}.stride()")
-    return lines
-
-
-def _cut(value: str, axes) -> str:
-    """``value`` narrowed to ``seq_len`` along ``axes`` (a family's output)."""
-    for a in sorted(axes):
-        value += f".narrow({a}, 0, seq_len)"
-    return value
-
-
 def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = False,
                   length_masks: frozenset[str] = frozenset(),
                   family: FamilyLayout | None = None) -> str:
@@ -299,7 +233,7 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
     out_axes = {o: grows.get(t, ()) for o, t in mg.output_tensors.items()}
     lines += ["OUTPUTS = {"] + _specs(mg.outputs, out_axes, size) + ["}"]
     lines += [f"NEEDS_TRITON = {bool(custom)}",
-              *(_family_head(family, dyn) if family else []),
+              *(family_head(family, dyn) if family else []),
               f"REUSE_OUTPUTS = {bool(reuse_outputs)}  # "
               + ("outputs allocated once per input signature, overwritten by the next call"
                  if reuse_outputs else "every call allocates its outputs")]
@@ -347,8 +281,8 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
         lines += ["    tensors, entry = _bind(args, kwargs)"]
         lines += unpack([var[n] for n in names], "tensors") + unpack(entry, "entry")
     if family:
-        lines += _family_run(family, dyn, var, pointed, strides,
-                             {n: len(specs[n].shape) for n in dyn})
+        lines += family_run(family, dyn, var, pointed, strides,
+                            {n: len(specs[n].shape) for n in dyn})
         if reuse_outputs:
             lines += ["    held = _held.get(lp)", "    if held is None:",
                       f"        if len(_held) >= {HELD_SIZES}:  # padded sizes whose buffers "
@@ -383,7 +317,8 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
             lines += [f"    {var[t]} = {_alloc(spec, first)}"
                       for t, spec in k.output_specs().items()]
         lines += ["    " + line for line in writers[id(k)].launch(var, strides)]
-    result = [f'{pystr(o)}: {_cut(var[t], out_axes[o])}' for o, t in mg.output_tensors.items()]
+    result = [f'{pystr(o)}: {cut_to_length(var[t], out_axes[o])}'
+              for o, t in mg.output_tensors.items()]
     ret = wrap(result, "    ", ",")
     if len(ret) == 1:
         lines.append(f"    return {{{ret[0].strip().rstrip(',')}}}")

@@ -8,7 +8,8 @@ type-check to the same shape, and a few instances are compared by ``em.verify``
 instances then go through the float-safety check of ``em.verify`` (static checks and the
 native-dtype draws, docs/verifier.md section 5), tensor variables drawn in float16 and
 bfloat16 as well as float32: a rule that drops a softmax's max or narrows a dtype is
-"sound, float-unsafe" (``RuleCheck.float_safe`` False).
+"sound, float-unsafe" (``RuleCheck.float_safe`` False). The verdicts and the report that
+prints them: ``rule_report.py``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..frontend.graph import Graph
@@ -26,78 +26,15 @@ from ..ir.node import DTYPES, Node, Op, fmt_shape, make, numel
 from ..verifier.floatcheck import float_checks
 from ..verifier.verify import Counterexample, verify
 from .encode import build_node
+from .rule_report import RuleCheck, RuleCheckReport
 from .rulefiles import Rule, Schema, SList, Sym, load_rules, to_text
 
-STATUSES = ("sound", "unsound", "not instantiated", "cannot check")
 _POOLS = ((2, 3), (1, 2, 3), (2, 3, 4), (1, 2, 3, 4, 6), (2, 4, 6), (3,), (1, 2))
 _FLOATS = (0.5, 1.5, -2.0, 3.0, 0.25, -0.75)
 
 
 class _Fail(Exception):  # noqa: N818 - no instance here: a fact is false or a term undefined
     pass
-
-
-@dataclass
-class RuleCheck:
-    """The verdict on one directed rule."""
-
-    rule: str  # the rule's name (its comment)
-    where: str  # "file:line"
-    status: str  # one of STATUSES
-    message: str = ""
-    counterexample: Counterexample | None = None
-    instances: int = 0  # instances verified numerically
-    shape_instances: int = 0  # instances whose right side was type-checked
-    path: str = ""
-    line: int = 0
-    float_safe: bool | None = None  # a sound rule: False when an instance is float-unsafe
-    float_message: str = ""
-
-    @property
-    def verdict(self) -> str:
-        """The status, with "float-unsafe" after "sound" for a rule unsafe in floating point."""
-        return "sound, float-unsafe" if self.status == "sound" and self.float_safe is False \
-            else self.status
-
-
-@dataclass
-class RuleCheckReport:
-    """All verdicts of ``check_rules``; ``ok`` when every rule is sound."""
-
-    results: list[RuleCheck] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        """True when every rule was checked and found sound."""
-        return all(r.status == "sound" for r in self.results)
-
-    @property
-    def unsound(self) -> list[RuleCheck]:
-        """The rules found unsound."""
-        return [r for r in self.results if r.status == "unsound"]
-
-    @property
-    def float_unsafe(self) -> list[RuleCheck]:
-        """The rules sound over the reals but unsafe in floating point."""
-        return [r for r in self.results if r.status == "sound" and r.float_safe is False]
-
-    def __str__(self) -> str:
-        rows = [("status", "where", "inst", "rule")] + [
-            (r.verdict, r.where, f"{r.instances}/{r.shape_instances}", r.rule)
-            for r in self.results]
-        w = [max(len(row[i]) for row in rows) for i in range(3)]
-        lines = ["  ".join(c.ljust(w[i]) if i < 3 else c for i, c in enumerate(row))
-                 for row in rows]
-        lines.insert(1, "-" * max(len(s) for s in lines))
-        lines += [f"{r.where} {r.status}: {r.message}" for r in self.results if r.status != "sound"]
-        lines += [f"{r.where} sound, float-unsafe: {r.float_message}" for r in self.float_unsafe]
-        counts = {s: sum(r.status == s for r in self.results) for s in STATUSES}
-        unsafe = f" ({len(self.float_unsafe)} of them float-unsafe)" if self.float_unsafe else ""
-        lines.append(", ".join(f"{n} {s}" + (unsafe if s == "sound" else "")
-                               for s, n in counts.items() if n)
-                     + f" ({len(self.results)} rules, {self.seconds:.1f} s)")
-        return "\n".join(lines)
 
 
 def _is_var(x) -> bool:
