@@ -184,7 +184,9 @@ def _fuse_matmuls(k: CustomKernel, loop: _Program) -> tuple[dict[str, Node], _Pr
     return fused, _Program(rest)
 
 
-def _plans(mg: KernelGraph) -> list:
+def plans(mg: KernelGraph) -> list:
+    """Each kernel's program as the interpreter runs it: a predefined kernel's one node, a
+    custom kernel's loop, epilogue and (field) fused-loop stages."""
     plans: list = []
     for k in mg.kernels:
         if isinstance(k, PredefinedKernel):
@@ -413,15 +415,15 @@ def evaluate_float(mg: KernelGraph, inputs: Mapping[str, Any], dtype: str | None
     mg.validate()
     ctx = float_ctx(mg, inputs, dtype, rounded)
     with np.errstate(all="ignore"):
-        env = execute(mg, _plans(mg), FLOAT_SEMANTICS, ctx, pairs=False)
+        env = execute(mg, plans(mg), FLOAT_SEMANTICS, ctx, pairs=False)
     return {name: np.asarray(env[t], dtype=np.float64) for name, t in mg.output_tensors.items()}
 
 
 def evaluate_field(mg: KernelGraph, ctx) -> dict[str, tuple]:
     """Run ``mg`` over Z_p x Z_q with the trial ``ctx`` (inputs already set); pairs by output."""
     mg.check_lax()
-    plans = _plans(mg)
-    ctx.needs_q = needs_q(mg, plans)
-    ctx.needs_p = needs_p(mg, plans, ctx.needs_q)
-    env = execute(mg, plans, FIELD_SEMANTICS, ctx, pairs=True)
+    staged = plans(mg)
+    ctx.needs_q = needs_q(mg, staged)
+    ctx.needs_p = needs_p(mg, staged, ctx.needs_q)
+    env = execute(mg, staged, FIELD_SEMANTICS, ctx, pairs=True)
     return {name: env[t] for name, t in mg.output_tensors.items()}

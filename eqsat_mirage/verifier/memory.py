@@ -38,8 +38,9 @@ WORD = 8  # bytes of one part of a field value (int64) or of a float64 value
 _SCRATCH = {Op.EXP: 1}
 
 
-class _Peak:
-    """Bytes held now, the most held at once, and what was being computed then."""
+class Peak:
+    """Bytes held now, the most held at once, and what was being computed then (``spike``:
+    a transient on top of what is held; ``hold``: held from now on)."""
 
     def __init__(self) -> None:
         self.live = 0
@@ -55,7 +56,8 @@ class _Peak:
         self.spike(0, what)
 
 
-def _size(node) -> int:
+def size(node) -> int:
+    """Elements of ``node``'s value."""
     return math.prod(node.shape)
 
 
@@ -72,7 +74,7 @@ def matmul_scratch(node, parts: int = 1) -> int:
     a, b = (math.prod(s.shape) for s in node.srcs)
     small, big = min(a, b), max(a, b)
     k = node.srcs[0].shape[-1] if node.srcs[0].shape else 1
-    return WORD * (_digits(k) * small + small + big + _size(node))
+    return WORD * (_digits(k) * small + small + big + size(node))
 
 
 def _opaque(op) -> bool:
@@ -85,17 +87,17 @@ def _opaque(op) -> bool:
 def _scratch(node, parts: int, field: bool) -> int:
     if node.op is Op.MATMUL:
         return matmul_scratch(node, 1) if field and parts else 0
-    n = _size(node)
+    n = size(node)
     if not field:
         return 0
     if _opaque(node.op) or node.op is Op.MAX:
         return 3 * WORD * n
     if node.op is Op.DIV:  # the denominator's inverse by square-and-multiply, then a product
-        return WORD * (3 * _size(node.srcs[1]) + n)
+        return WORD * (3 * size(node.srcs[1]) + n)
     return WORD * n * _SCRATCH.get(node.op, 0)
 
 
-def walk(peak: _Peak, nodes: list, outputs, nbytes: Callable, field: bool,
+def walk(peak: Peak, nodes: list, outputs, nbytes: Callable, field: bool,
          where: str) -> int:
     """Hold ``nodes``' values in ``peak`` as an interpreter does (dropped after their last
     reader, INPUT leaves held by the caller); returns the bytes of ``outputs`` still held."""
@@ -105,7 +107,7 @@ def walk(peak: _Peak, nodes: list, outputs, nbytes: Callable, field: bool,
         if node.op is not Op.INPUT:
             n = nbytes(node)
             what = f"{where}{node.op.name.lower()} {fmt_shape(node.shape)}"
-            peak.spike(n + _scratch(node, n // max(1, WORD * _size(node)), field), what)
+            peak.spike(n + _scratch(node, n // max(1, WORD * size(node)), field), what)
             peak.hold(n, what)
             held[id(node)] = n
         for key in done.get(i, ()):
@@ -115,7 +117,7 @@ def walk(peak: _Peak, nodes: list, outputs, nbytes: Callable, field: bool,
     return out
 
 
-def _pinned(nodes, parts: Callable) -> int:
+def pinned(nodes, parts: Callable) -> int:
     """Bytes of the cached conversions of the inputs matmuls read directly (a trial long)."""
     seen: dict[tuple, int] = {}
     for n in nodes:
@@ -146,114 +148,21 @@ def graph_peak(g, field: bool) -> tuple[int, int, int, str]:
     else:
         def parts(n):
             return 1
-    peak = _Peak()
-    inputs = sum(WORD * _size(n) * max(1, parts(n)) for n in g.inputs.values())
+    peak = Peak()
+    inputs = sum(WORD * size(n) * max(1, parts(n)) for n in g.inputs.values())
     if field:
-        peak.hold(_pinned(nodes, parts), "cached conversions of the inputs")
+        peak.hold(pinned(nodes, parts), "cached conversions of the inputs")
     out = walk(peak, nodes, list(g.outputs.values()),
-               lambda n: WORD * _size(n) * parts(n), field, f"{g.name!r}: ")
+               lambda n: WORD * size(n) * parts(n), field, f"{g.name!r}: ")
     return inputs, out, peak.peak, peak.at
-
-
-def mugraph_peak(mg, field: bool) -> tuple[int, int, int, str]:
-    """``graph_peak`` of a MuGraph run by the tiled interpreter (``mugraph/tiled.py``)."""
-    from ..mugraph.kernels import PredefinedKernel
-    from ..mugraph.tiled import _plans, needs_p, needs_q, tensor_last_reads
-
-    mg.validate()
-    plans = _plans(mg)
-    if field:
-        nq = needs_q(mg, plans)
-        npp = needs_p(mg, plans, nq)
-
-        def parts(n):
-            return (id(n) in npp) + (id(n) in nq)
-    else:
-        def parts(n):
-            return 1
-
-    def nbytes(n):
-        return WORD * _size(n) * parts(n)
-    tparts: dict[str, int] = {}  # device tensor -> parts some reader uses
-    for k, plan in zip(mg.kernels, plans):
-        if isinstance(k, PredefinedKernel):
-            for s in k.node.srcs:
-                if s.op is Op.INPUT:
-                    tparts[s.arg] = max(tparts.get(s.arg, 0), parts(s), 1)
-            continue
-        for stage in (plan.loop, plan.post, plan.fused_loop):
-            for n in stage.nodes() if stage is not None else ():
-                if n.op is Op.INPUT and n.arg in k.inputs:
-                    t = k.inputs[n.arg].tensor
-                    tparts[t] = max(tparts.get(t, 0), parts(n), 1)
-    for t in mg.output_tensors.values():
-        tparts[t] = max(tparts.get(t, 0), 1)
-    specs = mg.tensors
-
-    def tbytes(t):
-        return WORD * math.prod(specs[t].shape) * tparts.get(t, 1)
-    peak = _Peak()
-    inputs = sum(tbytes(t) for t in mg.inputs)
-    if field:
-        peak.hold(sum(_pinned([k.node], lambda n: max(1, parts(n))) for k in mg.kernels
-                      if isinstance(k, PredefinedKernel)), "cached conversions of the inputs")
-    last = tensor_last_reads(mg)
-    for i, (k, plan) in enumerate(zip(mg.kernels, plans)):
-        if isinstance(k, PredefinedKernel):
-            walk(peak, plan.nodes(), [k.node], nbytes, field, f"kernel {k.name!r}: ")
-        else:
-            _custom(peak, k, plan, nbytes, tbytes, field)
-        for t in last.get(i, ()):
-            if t not in mg.inputs:
-                peak.live -= tbytes(t)
-    out = sum(tbytes(t) for t in set(mg.output_tensors.values()))
-    return inputs, out, peak.peak, peak.at
-
-
-def _custom(peak: _Peak, k, plan, nbytes, tbytes, field: bool) -> None:
-    """A custom kernel run by ``tiled._run_custom`` (its outputs stay held)."""
-    where = f"kernel {k.name!r}: "
-    blocks, f_range = math.prod(k.grid), k.forloop
-    start = peak.live
-    cut = sum(tbytes(bi.tensor) for bi in k.inputs.values())
-    peak.hold(cut, f"{where}tiles cut from its inputs")
-    fused = plan.fused if field and f_range > 1 and plan.online is None else {}
-    loop = plan.fused_loop if fused else plan.loop
-    accs = sum(nbytes(plan.loop.outputs[a]) for a in k.accumulators if a not in fused)
-    peak.hold(accs, f"{where}accumulators")
-    loop_outs = [t for t, bo in k.outputs.items() if bo.stage == "loop"]
-    per_iter = [nbytes(loop.outputs[f"{a}\0lhs"]) + nbytes(loop.outputs[f"{a}\0rhs"])
-                for a in fused]
-    written = sum(nbytes(plan.loop.outputs[t]) * (f_range if k.outputs[t].fmap is not None
-                                                  else 1) for t in loop_outs)
-    # one iteration's values (the last one, with every earlier one's kept operands held)
-    before = peak.live
-    peak.hold((f_range - 1) * sum(per_iter) + written, f"{where}{f_range} iterations' kept "
-              "values")
-    kept = walk(peak, loop.nodes(), list(loop.outputs.values()), nbytes, field,
-                f"{where}loop (x {blocks} blocks): ")
-    peak.live -= kept
-    peak.live = before + f_range * sum(per_iter) + written
-    for m in fused.values():  # the joined operands, then their one matmul
-        joined = sum(per_iter)
-        mm = nbytes(m)
-        peak.spike(joined + mm + matmul_scratch(m, 1), f"{where}matmul {fmt_shape(m.shape)} "
-                   f"over {f_range} iterations x {blocks} blocks (joined operands)")
-        peak.hold(mm)
-    peak.live -= f_range * sum(per_iter)
-    if k.post.outputs:
-        walk(peak, plan.post.nodes(), list(plan.post.outputs.values()), nbytes, field,
-             f"{where}epilogue (x {blocks} blocks): ")
-    out = sum(tbytes(t) for t in k.outputs)
-    peak.spike(out, f"{where}writing its outputs")
-    peak.live = start + out  # the tiles, accumulators and stage values are dropped
 
 
 def program_peak(program, field: bool) -> tuple[int, int, int, str]:
-    """``graph_peak`` or ``mugraph_peak`` (a family's program: its padded program)."""
+    """``graph_peak``, or the program's own ``memory_peak`` (a MuGraph run by the tiled
+    interpreter: ``mugraph/memory.py``; a family's program: its padded program)."""
     program = getattr(program, "program", program)
-    if hasattr(program, "kernels"):
-        return mugraph_peak(program, field)
+    if hasattr(program, "memory_peak"):
+        return program.memory_peak(field)
     return graph_peak(program, field)
 
 
