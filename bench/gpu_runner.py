@@ -325,23 +325,21 @@ def main(argv: list[str] | None = None) -> int:
         out["ceilings"] = guarded(ceilings, "ceilings")
         torch.cuda.empty_cache()
         print(json.dumps(out["ceilings"]), flush=True)
-    for case in manifest["cases"]:
-        if args.only and not any(case["id"].startswith(o) for o in args.only):
-            continue
+    def wanted(item: dict) -> bool:  # selected by --only, and started within --budget-s
+        if args.only and not any(item["id"].startswith(o) for o in args.only):
+            return False
         if args.budget_s and time.perf_counter() - began > args.budget_s:
-            out["skipped"].append(case["case"])
-            continue
+            out["skipped"].append(item["case"])
+            return False
+        return True
+
+    for case in filter(wanted, manifest["cases"]):
         row = guarded(run_case, case["case"], args.bundle, case, args.device, args)
         out["cases"].append(row)
         print(json.dumps(row), flush=True)
         args.out.write_text(json.dumps(out, indent=1))  # partial results survive a time-out
     out["families"] = []
-    for fam in manifest.get("families", []):
-        if args.only and not any(fam["id"].startswith(o) for o in args.only):
-            continue
-        if args.budget_s and time.perf_counter() - began > args.budget_s:
-            out["skipped"].append(fam["case"])
-            continue
+    for fam in filter(wanted, manifest.get("families", [])):
         row = guarded(run_family, fam["case"], args.bundle, fam, args.device, args)
         out["families"].append(row)
         print(json.dumps(row), flush=True)
