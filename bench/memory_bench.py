@@ -30,6 +30,15 @@ from eqsat_mirage.pipeline import optimize as opt_mod  # noqa: E402
 
 
 def _peak_bytes() -> int:
+    """This process's peak resident set: VmHWM (ru_maxrss carries a forked parent's size
+    across exec on Linux, so a child of a large process would report the parent's)."""
+    try:
+        with open("/proc/self/status") as f:
+            hwm = [ln for ln in f if ln.startswith("VmHWM:")]
+        if hwm:
+            return int(hwm[0].split()[1]) * 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 

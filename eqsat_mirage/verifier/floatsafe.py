@@ -88,8 +88,11 @@ def _name(n: Node) -> str:
 def narrowing(fa: list, b, fb: list | None) -> str:
     """Why ``b`` computes a value in a narrower dtype than the input program, or ""."""
     floor_all = {n.dtype for n, _, _ in fa if n.dtype != "bool"}
-    if fb is None:  # a MuGraph: its device tensors against every dtype of the input
+    if fb is None:  # a MuGraph: the tensors it computes against every dtype of the input
+        given = set(getattr(b, "inputs", ()))  # its inputs are given, not computed
         for name, spec in getattr(b, "tensors", {}).items():
+            if name in given or spec.dtype == "bool":
+                continue
             if not any(at_least(spec.dtype, e) for e in floor_all):
                 return (f"device tensor {name!r} is {spec.dtype}, narrower than every dtype "
                         f"the input program computes in ({', '.join(sorted(floor_all))})")

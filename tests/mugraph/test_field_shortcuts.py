@@ -50,7 +50,7 @@ def test_field_shortcuts_give_identical_values(name, monkeypatch):
 
 def test_loop_matmuls_are_joined_and_scores_skip_their_p_part():
     _, mg = flash_attention()
-    plan = tiled._plans(mg)[0]
+    plan = tiled.plans(mg)[0]
     assert set(plan.fused) == {"o"}  # s @ v is summed over the loop; the row sum is not a matmul
     scores = next(n for n in plan.fused_loop.nodes() if n.op is em.Op.MATMUL)
     q_ids = tiled.needs_q(mg, [plan])

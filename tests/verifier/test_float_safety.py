@@ -131,3 +131,15 @@ def test_optimize_refuses_a_float_unsafe_user_rule(tmp_path):
     with pytest.raises(em.RuleError, match="(?s)float-unsafe.*allow_float_unsafe_rules"):
         em.optimize(rmsnorm(True), rules=["rules", str(path)], level="kernel", cache=False,
                     compile_check=False, time_limit_s=30)
+
+
+def test_a_mugraphs_unused_narrow_input_is_not_a_narrowing():
+    """A MuGraph's input tensors are given, not computed: an unused float16 input beside a
+    bfloat16 computation is no narrowing (found by the planner's random programs)."""
+    from eqsat_mirage.fusion.planner import plan
+
+    g = em.Graph("prog")
+    g.input("X0", (1,), "float16")
+    x2 = g.input("X2", (1,), "bfloat16")
+    g.output(x2 @ x2, "O0")
+    assert em.verify(g, plan(g).mugraph, trials=2, seed=1).equivalent

@@ -27,7 +27,11 @@ from eqsat_mirage.verifier.runner import THREADS
 a, b = program({name!r}, {batch}), rewritten({name!r}, {batch})
 estimate = sum(n for _, n in verify_parts(a, b, THREADS, 3))
 em.verify(a, b, trials=3, seed=0, memo={{}}, float_check=False)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec from the forked parent, so a
+# child of a large test process would report the parent's size
+hwm = [ln for ln in open("/proc/self/status") if ln.startswith("VmHWM:")]
+peak = int(hwm[0].split()[1]) * 1024 if hwm else \
+    resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 print(json.dumps([estimate, peak]))
 """
 
