@@ -109,8 +109,7 @@ def run(name: str, dtype: str = "float32", impl: str = "sdpa", time_limit_s: flo
         seconds = time.perf_counter() - t
     s = be.summary()
     err = float((got - want).abs().max() / want.abs().max())
-    timed_out = sum(len(p["ops"]) for e in be.report if e.result is not None
-                    for p in e.result.stats.get("pieces", []) if p.get("time_limited"))
+    timed_out = time_limited_ops(be.report)
     return {"name": name, "dtype": dtype, "impl": impl, "ops": s["ops"],
             "compute_ops": s["compute_ops"],
             "optimized_ops": s["optimized_ops"], "partitions": s["optimized_partitions"],
@@ -152,7 +151,24 @@ def decode(steps: int = 4, dynamic=None, time_limit_s: float = 30.0, cache=None)
             token = want[:, -1:].argmax(-1)
     fams = [e for e in be.report if e.graph is not None and e.graph.is_family]
     return {"errors": errors, "seconds": seconds, "summary": be.summary(), "families": fams,
-            "report": be.report}
+            "report": be.report, "time_limited_ops": time_limited_ops(be.report)}
+
+
+def time_limited_ops(report) -> int:
+    """Ops left as they were only because their search ran out of time (the machine's
+    speed, said so in the reason): those of a partition left unchanged by the time limit,
+    and of each piece so left inside an optimized partition (counted in the program's ops,
+    an approximation of the fx ops the coverage counts)."""
+    n = 0
+    for e in report:
+        if e.result is None:
+            continue
+        pieces = e.result.stats.get("pieces")
+        if pieces:
+            n += sum(len(p["ops"]) for p in pieces if p.get("time_limited"))
+        elif e.status == "unchanged" and e.result.stats.get("time_limited"):
+            n += len(e.ops)
+    return n
 
 
 CASES = [("llama_layer", "float32", "sdpa"), ("llama_layer", "float16", "sdpa"),
