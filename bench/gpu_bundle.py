@@ -202,17 +202,9 @@ def calibration(manifest: dict, results: dict, prof, device: str, path: Path):
     (``cost.calibrate``) and write ``path`` (``extract/<gpu>_measured.toml``)."""
     from eqsat_mirage.cost.calibrate import Sample, fit, write_measured
     from eqsat_mirage.cost.gpucost import mugraph_cost
-    from eqsat_mirage.mugraph.program import MuGraph
 
-    by_case = {c["case"]: c for c in manifest["cases"]}
-    samples = []
-    for r in results["cases"]:
-        c = by_case[r["case"]]
-        if c.get("mugraph") is None or not r.get("ok") or "ours_us" not in r:
-            continue
-        mg = MuGraph.from_json(json.dumps(c["mugraph"]))
-        samples.append(Sample(r["case"], mugraph_cost(mg, prof), r["ours_us"],
-                              r.get("ours_plain_us")))
+    samples = [Sample(m.case, mugraph_cost(m.mugraph, prof), m.graph_us, m.plain_us)
+               for m in measured_programs(manifest, results)]
     fitted = fit(samples, prof)
     write_measured(path, fitted, device)
     return fitted
