@@ -33,6 +33,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 import eqsat_mirage as em  # noqa: E402
 from bench.gpu_bench import roofline, section, write_section  # noqa: E402
+from bench import programs  # noqa: E402
 from bench.programs import BATCHES, SAFE, cases, program  # noqa: E402
 from eqsat_mirage.codegen.source import triton_source  # noqa: E402
 from eqsat_mirage.cost.profile import GPUProfile  # noqa: E402
@@ -117,21 +118,26 @@ def export_family(folder: Path, target: str, time_limit_s: float, first: int = D
 
 
 def export(folder: Path, selected, target: str, time_limit_s: float,
-           decode: bool = True) -> dict:
-    """Optimize and write every selected (name, batch) case; returns the manifest."""
+           decode: bool = True, dtypes: tuple[str, ...] = ("float16",)) -> dict:
+    """Optimize and write every selected (name, batch) case in each of ``dtypes`` (cases
+    in a dtype other than float16 get it in their id and label); returns the manifest."""
     folder.mkdir(parents=True, exist_ok=True)
     prof = GPUProfile.load(target)
     entries = []
-    for name, batch in selected:
-        graph = program(name, batch)
-        res = em.optimize(graph, target=target, time_limit_s=time_limit_s)
-        if res.verified is None or not res.verified.equivalent:
-            print(f"  {name} b={batch}: no verified program ({res.stats.get('note', '')}); "
-                  "its input is exported", flush=True)
-        entries.append(export_case(folder, f"{name}_b{batch}", f"{name} b={batch}", graph,
-                                   res, prof, REALISTIC.get(name, 0.1), name != "causal"))
-        print(f"  {name} b={batch}: {len(res.program.kernels)} kernels, "
-              f"{res.cost_us:.2f} us predicted", flush=True)
+    for dt in dtypes:
+        tag = "" if dt == "float16" else f"_{dt}"
+        for name, batch in selected:
+            with programs.dtype(dt):
+                graph = program(name, batch)
+            res = em.optimize(graph, target=target, time_limit_s=time_limit_s)
+            label = f"{name} b={batch}" + (f" {dt}" if tag else "")
+            if res.verified is None or not res.verified.equivalent:
+                print(f"  {label}: no verified program ({res.stats.get('note', '')}); "
+                      "its input is exported", flush=True)
+            entries.append(export_case(folder, f"{name}_b{batch}{tag}", label, graph, res,
+                                       prof, REALISTIC.get(name, 0.1), name != "causal"))
+            print(f"  {label}: {len(res.program.kernels)} kernels, "
+                  f"{res.cost_us:.2f} us predicted", flush=True)
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True, cwd=Path(__file__).parent).stdout.strip()
@@ -229,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--batch", type=int, action="append")
     ex.add_argument("--target", default="h100")
     ex.add_argument("--time-limit", type=float, default=120.0)
+    ex.add_argument("--dtype", action="append",
+                    help="input dtype of the cases (repeatable; float16 by default)")
     ex.add_argument("--no-decode", action="store_true",
                     help="leave out the decode family (64 steps of a growing KV cache)")
     ing = sub.add_parser("ingest")
@@ -246,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         selected = [(n, b) for n, b in every if (not args.bench or n in args.bench)
                     and (not args.batch or b in args.batch)]
         manifest = export(args.folder, selected, args.target, args.time_limit,
-                          not args.no_decode)
+                          not args.no_decode, tuple(args.dtype or ("float16",)))
         print(f"wrote {len(manifest['cases'])} cases to {args.folder}")
         return 0
     manifest = json.loads((args.folder / "manifest.json").read_text())

@@ -26,6 +26,7 @@ ntrans    H(8b,4096)  X(8b,4096)  alpha(8b,4096)
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import eqsat_mirage as em
 
@@ -273,6 +274,18 @@ def program(name: str, batch: int = 1) -> em.Graph:
 def rewritten(name: str, batch: int = 1) -> em.Graph:
     """A hand-rewritten program equivalent to ``program(name, batch)``."""
     return _lookup(REWRITTEN, name, batch)
+
+
+@contextmanager
+def dtype(name: str) -> Iterator[None]:
+    """Build the benchmarks with inputs of dtype ``name`` (float16 by default) inside the
+    block: the GPU bundle's bfloat16 cases."""
+    global DTYPE
+    old, DTYPE = DTYPE, name
+    try:
+        yield
+    finally:
+        DTYPE = old
 
 
 def cases() -> Iterator[tuple[str, int]]:
