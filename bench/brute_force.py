@@ -1,58 +1,42 @@
 """Brute force against the fusion planner: the optimality yardstick of issue 33.
 
-    python bench/brute_force.py [--random N] [--window K] [--limit S] [--no-cache] [--json PATH]
+For a program of at most ``MAX_OPS`` ops, ``brute_force`` prices every partition of its ops
+into kernels whose kernel graph is acyclic: each multi-op kernel with every schedule the
+planner's final pricing offers (``full_strategies``: ``fusion.DEFAULT_STRATEGY``'s candidate
+grids, loops and FlashDecoding splits, plus up to 96 grids of one block per SM or more), a
+single op as its library kernel, all by the one GPU cost model (``gpucost.kernel_cost``,
+target h100). ``compare`` sets the cheapest partition against ``fusion.plan`` on the SAME
+program (the same algebraic form, no tiling-rule cuts): like with like, so the brute force
+is a lower bound by construction and any gap is the greedy merging's. Both sides are summed
+per kernel region, as the planner prices its search (``FusionPlan.regions``); the planner's
+built MuGraph's ``mugraph_cost`` is kept beside it (thread fusion can only lower it).
 
-For a program of at most ``MAX_OPS`` ops, every partition of its ops into kernels whose
-kernel graph is acyclic is priced, each multi-op kernel with every schedule the planner's
-final pricing offers (``full_strategies``: ``fusion.DEFAULT_STRATEGY``'s candidate grids,
-loops and FlashDecoding splits, plus up to 96 grids of one block per SM or more), a single
-op as its library kernel, all by the one GPU cost model (``gpucost.kernel_cost``, target
-h100). The cheapest partition is compared with ``fusion.plan`` on the SAME program (the
-same algebraic form, no tiling-rule cuts): like with like, so the brute force is a lower
-bound by construction and any gap is the greedy merging's. Both sides are summed per
-kernel region, as the planner prices its search (``FusionPlan.regions``); the planner's
-built MuGraph's ``mugraph_cost`` is reported beside it (thread fusion can only lower it).
-
-Not compared: the algebraic choice (``em.optimize`` plans k extracted forms and keeps the
-cheapest), the compile check's refusals and retuned warps. Programs: the benchmark inputs
-and rewritten forms of ``bench/programs.py`` with at most ``MAX_OPS`` ops, windows of
-``MAX_OPS`` consecutive ops (topological order) of the larger ones, and random programs
-from ``eqsat_mirage.testing.programs`` (drawn deterministically, at dims up to 6 and 64).
-
-Bounded and cached: a program over ``MAX_OPS`` ops is skipped (counted), each program's
-enumeration stops at ``--limit`` seconds (then flagged incomplete and left out of the
-figures), region prices are memoized by fragment shape across programs, and finished
-comparisons are kept in ``brute_force.json`` beside the results cache
-(``pipeline.cache.default_dir()``), keyed by the program, the package's source digest,
-the target profile and the strategy.
+Not compared here: the algebraic choice (``em.optimize`` plans k extracted forms and keeps
+the cheapest; ``bench/brute_force_bench.py --optimize`` reports it), the compile check's
+refusals and retuned warps. Bounded: a program over ``MAX_OPS`` ops is refused
+(``BruteForceError``), an enumeration stops at its time limit (flagged incomplete), and
+region prices are memoized by fragment shape across programs (``Pricer``).
+The program sets, the results cache and the command line: ``bench/brute_force_bench.py``.
 """
 
 from __future__ import annotations
 
-import argparse
-import hashlib
-import json
 import math
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from eqsat_mirage.cost.gpucost import kernel_cost  # noqa: E402
-from eqsat_mirage.cost.profile import GPUProfile  # noqa: E402
-from eqsat_mirage.frontend.graph import Graph  # noqa: E402
-from eqsat_mirage.fusion.indexing import ScheduleError, index_fragment  # noqa: E402
-from eqsat_mirage.fusion.lower import add_kernel  # noqa: E402
-from eqsat_mirage.fusion.planner import DEFAULT_STRATEGY, plan  # noqa: E402
-from eqsat_mirage.fusion.strategy import Strategy, candidate_schedules  # noqa: E402
-from eqsat_mirage.ir.errors import MirageError  # noqa: E402
-from eqsat_mirage.ir.node import Node, Op  # noqa: E402
-from eqsat_mirage.mugraph.kernels import PredefinedKernel  # noqa: E402
-from eqsat_mirage.mugraph.program import MuGraph  # noqa: E402
+from eqsat_mirage.cost.gpucost import kernel_cost
+from eqsat_mirage.cost.profile import GPUProfile
+from eqsat_mirage.frontend.graph import Graph
+from eqsat_mirage.fusion.indexing import ScheduleError, index_fragment
+from eqsat_mirage.fusion.lower import add_kernel
+from eqsat_mirage.fusion.planner import DEFAULT_STRATEGY, plan
+from eqsat_mirage.fusion.strategy import Strategy, candidate_schedules
+from eqsat_mirage.ir.errors import MirageError
+from eqsat_mirage.ir.node import Node, Op
+from eqsat_mirage.mugraph.kernels import PredefinedKernel
+from eqsat_mirage.mugraph.program import MuGraph
 
 MAX_OPS = 6  # Bell(6) = 203 partitions, at most 63 regions to price per program
 TIME_LIMIT_S = 120.0  # per program: past it the enumeration stops, flagged incomplete
@@ -350,125 +334,6 @@ def compare(label: str, graph: Graph, pricer: Pricer, time_limit_s: float = TIME
                       p.cost_us, sorted(sorted(r.ops) for r in p.regions), brute, seconds)
 
 
-# -- the fixed set of programs ---------------------------------------------------------------
-
-
-def windows(label: str, graph: Graph, size: int = MAX_OPS) -> list[tuple[str, Graph]]:
-    """Every run of ``size`` consecutive ops (in ``graph.nodes()`` order) of ``graph`` as a
-    program of its own (labels ``label[i:j]``); ``graph`` itself when it is no larger."""
-    space = Space(graph)
-    n = len(space.ops)
-    if n <= size:
-        return [(label, graph)]
-    return [(f"{label}[{i}:{i + size}]",
-             space.fragment(frozenset(range(i, i + size)), f"{graph.name}_{i}"))
-            for i in range(n - size + 1)]
-
-
-def benchmark_programs(size: int = MAX_OPS) -> list[tuple[str, Graph]]:
-    """The benchmark inputs, rewritten forms and safe forms of ``bench/programs.py`` at
-    batches 1 and 8 (lora and gatedmlp once: their shapes do not depend on the batch), whole
-    when at most ``size`` ops, else as ``windows``."""
-    from bench import programs as bp
-
-    out: list[tuple[str, Graph]] = []
-    for name in [*bp.BENCHMARKS, *bp.SAFE]:
-        for batch in bp.BATCHES:
-            if batch > 1 and name in ("lora", "gatedmlp"):
-                continue
-            out += windows(f"{name} b={batch}", bp.program(name, batch), size)
-            if name in bp.REWRITTEN:
-                out += windows(f"{name} b={batch} rewritten", bp.rewritten(name, batch), size)
-    return out
-
-
-def random_programs(n: int, max_dim: int, max_ops: int = MAX_OPS) -> list[Graph]:
-    """``n`` distinct programs of 2 to ``max_ops`` ops from ``testing.programs``, the same on
-    every run (hypothesis, derandomized, no example database)."""
-    from hypothesis import HealthCheck, Phase, given, settings
-
-    from eqsat_mirage.testing import programs
-
-    found: dict[tuple, Graph] = {}
-
-    @settings(max_examples=10 * n, derandomize=True, database=None, deadline=None,
-              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
-    @given(programs(max_ops=max_ops, max_dim=max_dim))
-    def draw(g: Graph) -> None:
-        ops = len(Space(g).ops)
-        if len(found) < n and 2 <= ops <= max_ops:
-            found.setdefault(shape_key(g), g)
-
-    draw()
-    return list(found.values())
-
-
-def fixed_set(random_n: int = 24) -> list[tuple[str, Graph]]:
-    """The programs the figures cover: ``benchmark_programs`` and ``random_n`` random
-    programs at dims up to 6 and ``random_n`` at dims up to 64, duplicates (equal up to
-    names) dropped."""
-    progs = benchmark_programs()
-    progs += [(f"random d<=6 #{i}", g) for i, g in enumerate(random_programs(random_n, 6))]
-    progs += [(f"random d<=64 #{i}", g) for i, g in enumerate(random_programs(random_n, 64))]
-    seen: set[tuple] = set()
-    out = []
-    for label, g in progs:
-        key = shape_key(g)
-        if key not in seen:
-            seen.add(key)
-            out.append((label, g))
-    return out
-
-
-# -- running, caching, reporting -------------------------------------------------------------
-
-
-def cache_path() -> Path:
-    """``brute_force.json`` in the results cache's folder."""
-    from eqsat_mirage.pipeline.cache import default_dir
-
-    return default_dir() / "brute_force.json"
-
-
-def cache_key(graph: Graph, pricer: Pricer) -> str:
-    """The sha256 of the program, the package's sources, the target and the strategy."""
-    from eqsat_mirage.pipeline.cache import code_digest, program_text, target_digest
-
-    text = json.dumps([program_text(graph), code_digest(), target_digest(pricer.prof.name),
-                       repr(pricer.strategy), MAX_OPS])
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def run(progs: list[tuple[str, Graph]], pricer: Pricer | None = None,
-        time_limit_s: float = TIME_LIMIT_S, cache: Path | None = None,
-        progress=None) -> tuple[list[Comparison], list[str]]:
-    """Compare every program of ``progs``; returns the comparisons and the labels skipped
-    (over ``MAX_OPS`` ops). ``cache``: a JSON file of finished comparisons (read and
-    updated; incomplete ones are not kept)."""
-    pricer = pricer or Pricer()
-    stored = json.loads(cache.read_text()) if cache is not None and cache.is_file() else {}
-    out, skipped = [], []
-    for label, g in progs:
-        if len(Space(g).ops) > MAX_OPS:
-            skipped.append(label)
-            continue
-        key = cache_key(g, pricer) if cache is not None else None
-        if key in stored:
-            data = dict(stored[key], label=label)
-            c = Comparison(**{**data, "brute": BruteResult(**data["brute"])}, cached=True)
-        else:
-            c = compare(label, g, pricer, time_limit_s)
-            if key is not None and c.brute.complete:
-                stored[key] = {k: v for k, v in asdict(c).items() if k != "cached"}
-        out.append(c)
-        if progress:
-            progress(row(c))
-    if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(stored, indent=0))
-    return out, skipped
-
-
 @dataclass
 class Summary:
     """The figures of a run: how many programs, equal, the worst ratio, where greedy lost."""
@@ -501,56 +366,3 @@ def summarize(comps: list[Comparison], skipped: list[str] = ()) -> Summary:
     worst = max((c.ratio for c in done), default=1.0)
     return Summary(len(comps), len(done), len(equal), worst, losers, list(skipped),
                    [c.label for c in comps if not c.brute.complete], violations)
-
-
-def row(c: Comparison) -> str:
-    """One Markdown table row."""
-    return (f"| {c.label} | {c.ops} | {c.planner_us:.2f} | {len(c.planner_regions)} | "
-            f"{c.brute.cost_us:.2f} | {len(c.brute.regions)} | {c.ratio:.3f} | "
-            f"{c.brute.acyclic}/{c.brute.partitions} | {c.brute.seconds:.1f}"
-            f"{'' if c.brute.complete else ' (incomplete)'} |")
-
-
-HEADER = ("| program | ops | planner us | kernels | brute force us | kernels | ratio | "
-          "acyclic partitions | s |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-
-
-def report(comps: list[Comparison], skipped: list[str]) -> str:
-    """The summary line and the programs where greedy loses, as Markdown."""
-    s = summarize(comps, skipped)
-    lines = [str(s), "", HEADER] + [row(c) for c in s.losers]
-    for c in s.losers:
-        lines.append(f"- {c.label}: planner kernels {c.planner_regions}, brute force "
-                     f"{c.brute.regions}")
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The command line (module docstring)."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--random", type=int, default=24,
-                    help="random programs per dimension bound (6 and 64)")
-    ap.add_argument("--limit", type=float, default=TIME_LIMIT_S,
-                    help="seconds per program's enumeration")
-    ap.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
-    ap.add_argument("--json", type=Path, help="write every comparison here")
-    ap.add_argument("--all", action="store_true", help="print every program's row")
-    args = ap.parse_args(argv)
-    t = time.perf_counter()
-    progs = fixed_set(args.random)
-    comps, skipped = run(progs, Pricer(), args.limit, None if args.no_cache else cache_path(),
-                         progress=(lambda line: print(line, file=sys.stderr)))
-    if args.all:
-        print(HEADER)
-        print("\n".join(row(c) for c in comps))
-        print()
-    print(report(comps, skipped))
-    print(f"\n{len(progs)} programs in {time.perf_counter() - t:.1f} s")
-    if args.json:
-        args.json.write_text(json.dumps([{**asdict(c), "ratio": c.ratio} for c in comps],
-                                        indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,5 @@
-"""The fusion planner against brute force (``bench/brute_force.py``, issue 33's yardstick).
+"""The fusion planner against brute force (``bench/brute_force.py``, issue 33's yardstick;
+the program sets and the command line are ``bench/brute_force_bench.py``).
 
 The brute force prices every acyclic partition of a small program's ops into kernels with
 the planner's own schedules and cost model, so it is a lower bound on the planner's plan of
@@ -19,10 +20,9 @@ from bench.brute_force import (
     Space,
     brute_force,
     partitions,
-    random_programs,
-    run,
     summarize,
 )
+from bench.brute_force_bench import random_programs, run
 from bench.programs import program
 from eqsat_mirage.fusion.planner import plan
 
