@@ -9,7 +9,10 @@ target h100). ``compare`` sets the cheapest partition against ``fusion.plan`` on
 program (the same algebraic form, no tiling-rule cuts): like with like, so the brute force
 is a lower bound by construction and any gap is the greedy merging's. Both sides are summed
 per kernel region, as the planner prices its search (``FusionPlan.regions``); the planner's
-built MuGraph's ``mugraph_cost`` is kept beside it (thread fusion can only lower it).
+built MuGraph's ``mugraph_cost`` is kept beside it. That one can be lower than the region
+sum: a causal mask read only inside fused kernels is computed from positions
+for free, and thread fusion keeps chain interiors out of shared memory; the brute force
+bounds the region sum, the scale both searches price on.
 
 Not compared here: the algebraic choice (``em.optimize`` plans k extracted forms and keeps
 the cheapest; ``bench/brute_force_bench.py --optimize`` reports it), the compile check's
