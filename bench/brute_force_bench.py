@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 import time
 from dataclasses import asdict
@@ -158,7 +159,9 @@ def run(progs: list[tuple[str, Graph]], pricer: Pricer | None = None,
             progress(row(c))
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(stored, indent=0))
+        tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")  # whole or not at all
+        tmp.write_text(json.dumps(stored, indent=0))
+        tmp.replace(cache)
     return out, skipped
 
 
