@@ -45,11 +45,79 @@ def llama_config(impl: str = "sdpa", layers: int = 2):
                        max_position_embeddings=2 * SEQ, attn_implementation=impl)
 
 
-def case(name: str, dtype: str = "float32", impl: str = "sdpa", seed: int = 0):
+# Decoder layers built the same way (rotary position embeddings passed in, causal SDPA
+# when attention_mask is None): family -> (module, class prefix, config class, extra config)
+DECODERS = {
+    "llama": ("llama", "Llama", "LlamaConfig", {}),
+    "qwen2": ("qwen2", "Qwen2", "Qwen2Config", {}),
+    "mistral": ("mistral", "Mistral", "MistralConfig", {"sliding_window": None}),
+    "phi3": ("phi3", "Phi3", "Phi3Config", {"pad_token_id": 0}),
+    "gemma": ("gemma", "Gemma", "GemmaConfig", {"head_dim": 64}),
+    "neox": ("gpt_neox", "GPTNeoX", "GPTNeoXConfig", {"rotary_pct": 0.25,
+                                                     "use_parallel_residual": True}),
+}
+
+
+def decoder_layer(family: str, dtype: str = "float32", impl: str = "sdpa", seq: int = SEQ,
+                  hidden: int = HIDDEN, seed: int = 0):
+    """(function, example inputs) of one decoder layer of ``family`` (a key of
+    ``DECODERS``) at hidden size ``hidden`` (head dim 64, half as many key/value heads where
+    the family has them), sequence ``seq``, batch 1, random init."""
+    import importlib
+
+    import torch
+    import transformers
+
+    mod_name, prefix, cfg_name, extra = DECODERS[family]
+    mm = importlib.import_module(f"transformers.models.{mod_name}.modeling_{mod_name}")
+    heads = hidden // 64
+    kw = {"hidden_size": hidden, "intermediate_size": 2 * hidden, "num_attention_heads": heads,
+          "num_hidden_layers": 1, "vocab_size": VOCAB, "max_position_embeddings": 2 * seq,
+          "attn_implementation": impl, "bos_token_id": 0, "eos_token_id": 0, **extra}
+    if family != "neox":
+        kw["num_key_value_heads"] = max(1, heads // 2)
+    cfg = getattr(transformers, cfg_name)(**kw)
+    torch.manual_seed(seed)
+    dt = getattr(torch, dtype)
+    x = torch.randn(1, seq, hidden, dtype=dt)
+    pos = torch.arange(seq)[None]
+    cos, sin = getattr(mm, f"{prefix}RotaryEmbedding")(cfg)(x, pos)
+    layer_cls = getattr(mm, f"{prefix}Layer" if family == "neox" else f"{prefix}DecoderLayer")
+    mod = layer_cls(cfg, 0).eval().to(dt)
+    return (lambda h: mod(h, attention_mask=None, position_embeddings=(cos, sin),
+                          position_ids=pos)), (x,)
+
+
+def bert_model(dtype: str = "float32", impl: str = "sdpa", seq: int = SEQ,
+               hidden: int = HIDDEN, seed: int = 0):
+    """(function, example inputs) of a 1-layer BertModel over two sequences, the second
+    padded (its attention_mask zero over the last quarter)."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    cfg = BertConfig(hidden_size=hidden, intermediate_size=2 * hidden,
+                     num_attention_heads=hidden // 64, num_hidden_layers=1, vocab_size=VOCAB,
+                     max_position_embeddings=2 * seq, attn_implementation=impl)
+    torch.manual_seed(seed)
+    mod = BertModel(cfg, add_pooling_layer=False).eval().to(getattr(torch, dtype))
+    ids = torch.randint(0, VOCAB, (2, seq))
+    mask = torch.ones(2, seq, dtype=torch.long)
+    mask[1, 3 * seq // 4:] = 0
+    return (lambda i, m: mod(input_ids=i, attention_mask=m).last_hidden_state), (ids, mask)
+
+
+def case(name: str, dtype: str = "float32", impl: str = "sdpa", seed: int = 0,
+         seq: int = SEQ, hidden: int = HIDDEN):
     """(function, example inputs) of one case: "llama_layer", "llama_mlp",
-    "llama_attention", "gpt2_block" or "llama_model" (2 layers, logits)."""
+    "llama_attention", "gpt2_block", "llama_model" (2 layers, logits), "bert", or
+    "<family>_layer" for a family of ``DECODERS``."""
     import torch
 
+    family = name.removesuffix("_layer")
+    if family in DECODERS:
+        return decoder_layer(family, dtype, impl, seq, hidden, seed)
+    if name == "bert":
+        return bert_model(dtype, impl, seq, hidden, seed)
     torch.manual_seed(seed)
     dt = getattr(torch, dtype)
     x = torch.randn(1, SEQ, HIDDEN, dtype=dt)
@@ -93,11 +161,11 @@ def first(value):
 
 
 def run(name: str, dtype: str = "float32", impl: str = "sdpa", time_limit_s: float = 30.0,
-        cache=None) -> dict:
+        cache=None, seq: int = SEQ, hidden: int = HIDDEN) -> dict:
     """Compile one case with em.backend, compare with eager; the figures of one row."""
     import torch
 
-    fn, args = case(name, dtype, impl)
+    fn, args = case(name, dtype, impl, seq=seq, hidden=hidden)
     torch._dynamo.reset()  # one call: searched when Dynamo compiles it (warmup=0)
     be = em.backend(time_limit_s=time_limit_s, warn=False, warmup=0,
                     **({"cache": cache} if cache is not None else {}))
@@ -110,7 +178,8 @@ def run(name: str, dtype: str = "float32", impl: str = "sdpa", time_limit_s: flo
     s = be.summary()
     err = float((got - want).abs().max() / want.abs().max())
     timed_out = time_limited_ops(be.report)
-    return {"name": name, "dtype": dtype, "impl": impl, "ops": s["ops"],
+    return {"name": name, "dtype": dtype, "impl": impl, "seq": seq, "hidden": hidden,
+            "ops": s["ops"],
             "compute_ops": s["compute_ops"],
             "optimized_ops": s["optimized_ops"], "partitions": s["optimized_partitions"],
             "time_limited_ops": timed_out,
@@ -171,21 +240,32 @@ def time_limited_ops(report) -> int:
     return n
 
 
-CASES = [("llama_layer", "float32", "sdpa"), ("llama_layer", "float16", "sdpa"),
-         ("llama_layer", "float32", "eager"), ("gpt2_block", "float32", "sdpa"),
-         ("gpt2_block", "float16", "eager"), ("llama_model", "float32", "sdpa")]
+# (name, dtype, attention, sequence, hidden): issue 31's table of transformers layers
+CASES = [(f, dt, "sdpa", SEQ, HIDDEN) for f in ("llama", "qwen2", "mistral", "phi3", "gemma",
+                                                 "neox") for dt in ("float32", "float16")]
+CASES = [(f"{f}_layer", dt, impl, seq, h) for f, dt, impl, seq, h in CASES]
+CASES += [("llama_layer", dt, "sdpa", seq, h) for dt in ("float32", "float16")
+          for seq, h in ((16, HIDDEN), (128, HIDDEN), (64, 512))]
+CASES += [("llama_layer", "float32", "eager", SEQ, HIDDEN),
+          ("bert", "float32", "sdpa", SEQ, HIDDEN), ("bert", "float32", "eager", SEQ, HIDDEN),
+          ("bert", "float16", "sdpa", SEQ, HIDDEN),
+          ("gpt2_block", "float32", "sdpa", SEQ, HIDDEN),
+          ("gpt2_block", "float16", "eager", SEQ, HIDDEN),
+          ("llama_model", "float32", "sdpa", SEQ, HIDDEN)]
 
 
 def table(rows: list[dict]) -> str:
     """The rows as a markdown table."""
-    lines = ["| model | dtype | attention | ops optimized / compute ops / all | partitions | "
-             "predicted us (one kernel per op -> chosen) | speedup | max rel. error vs eager | "
-             "compile s |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | dtype | attention | seq | hidden | ops optimized / compute ops / all "
+             "| ops left by the time limit | partitions | predicted us (one kernel per op -> "
+             "chosen) | speedup | max rel. error vs eager | compile s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         speed = r["before"] / r["after"] if r["after"] else float("nan")
         share = 100 * r["optimized_ops"] / max(r["compute_ops"], 1)
-        lines.append(f"| {r['name']} | {r['dtype']} | {r['impl']} | {r['optimized_ops']} / "
-                     f"{r['compute_ops']} / {r['ops']} ({share:.0f}% of compute) | "
+        lines.append(f"| {r['name']} | {r['dtype']} | {r['impl']} | {r['seq']} | "
+                     f"{r['hidden']} | {r['optimized_ops']} / {r['compute_ops']} / {r['ops']} "
+                     f"({share:.0f}% of compute) | {r['time_limited_ops']} | "
                      f"{r['partitions']} | {r['before']:.2f} -> {r['after']:.2f} | "
                      f"{speed:.2f}x | {r['error']:.1e} | {r['seconds']:.1f} |")
     return "\n".join(lines)
@@ -194,13 +274,17 @@ def table(rows: list[dict]) -> str:
 def main(argv=None) -> int:
     """Run every case, print the table, optionally write it into RESULTS.md."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--time-limit", type=float, default=30.0)
+    ap.add_argument("--time-limit", type=float, default=120.0)
     ap.add_argument("--write", metavar="RESULTS.md")
+    ap.add_argument("--only", action="append", help="run the cases whose name starts so")
     args = ap.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (name, dtype, impl) in enumerate(CASES):
-            rows.append(run(name, dtype, impl, args.time_limit, Path(tmp) / f"c{i}.sqlite"))
+        for i, (name, dtype, impl, seq, hidden) in enumerate(CASES):
+            if args.only and not any(name.startswith(o) for o in args.only):
+                continue
+            rows.append(run(name, dtype, impl, args.time_limit, Path(tmp) / f"c{i}.sqlite",
+                            seq, hidden))
             print(table(rows[-1:]).splitlines()[-1], flush=True)
             for e in rows[-1]["eager"]:
                 print(f"    eager: {e}", flush=True)
@@ -213,8 +297,9 @@ def main(argv=None) -> int:
         body = (f"{SECTION}\n\nCommand: `TRITON_INTERPRET=1 python bench/hf_models.py --write "
                 f"bench/RESULTS.md`. Machine: {platform.machine()} CPU, Python "
                 f"{platform.python_version()}; transformers modules from tiny random-init "
-                f"configs (hidden {HIDDEN}, {HEADS} heads, {KV_HEADS} key/value heads for "
-                f"LLaMA, seq {SEQ}); optimized partitions ran as {mode}. Predicted times are "
+                "configs (head dim 64, half as many key/value heads where the family has them, "
+                f"batch 1; BERT: batch 2, the second padded), search time limit "
+                f"{args.time_limit:.0f} s; optimized partitions ran as {mode}. Predicted times are "
                 "the h100 cost model's, summed over the optimized partitions; compile seconds "
                 "are wall clock here (search included, fresh cache).\n\n" + text + "\n")
         replace_section(Path(args.write), SECTION, body)
