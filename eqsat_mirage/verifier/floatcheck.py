@@ -21,6 +21,7 @@ from ..ir.node import Op
 from ..semantics.floating import FLOAT_SEMANTICS, evaluate, float_ctx, round_to, rounded_inputs
 from ..semantics.interp import run
 from .floatsafe import fingerprints, is_graph, static_check
+from .kernelsafe import kernel_check
 from .runner import Runner
 from .truth import truth
 
@@ -372,15 +373,19 @@ class _Draws:
         return float((LOGIT_STD / s1) ** (1.0 / degree))
 
     def static(self, b) -> str:
-        """The static float-safety check of ``b`` (``floatsafe.static_check``) on this draw."""
+        """The static float-safety checks of ``b`` on this draw (``floatsafe.static_check``;
+        for a MuGraph also ``kernelsafe.kernel_check``, inside its kernels)."""
         inputs = self.inputs("signed", 1.0)
         with self.lock:
             if "fingerprints" not in self.memo:
                 self.memo["fingerprints"] = fingerprints(self.a, inputs) if is_graph(
                     self.a) else None
         fa = self.memo["fingerprints"]
-        return static_check(self.a, b, fa, fingerprints(b, inputs) if fa is not None
-                            and is_graph(b) else None)
+        why = static_check(self.a, b, fa, fingerprints(b, inputs) if fa is not None
+                           and is_graph(b) else None)
+        if not why and fa is not None and hasattr(b, "kernels"):  # inside a MuGraph's kernels
+            why = kernel_check(self.a, b, inputs)
+        return why
 
 
 _DRAWN = {"signed": "N(0, s^2)", "folded": "|N(0, s^2)|", "constant": "every input = s",
