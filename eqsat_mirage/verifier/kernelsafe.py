@@ -11,9 +11,10 @@ of ``floatsafe`` are made there:
   the input program's values by its float64 value on one draw (both programs evaluated
   in float64, the MuGraph through the tiled interpreter; samples of up to seven nonzero
   elements of the rounded tile, found, relative 1e-9, among the values of an input
-  program node); a value the input computes must be rounded to a dtype at least as wide
-  as one the input computes it in; a value it does not compute, to one at least as wide
-  as some dtype the input computes in on the same inputs.
+  program node that depends on the same inputs); a value the input computes must be
+  rounded to a dtype at least as wide as one the input computes it in; a value it does
+  not compute, to one at least as wide as some dtype the input computes in on the same
+  inputs. An input tensor rounded to its own dtype needs no search.
 - **unguarded exp**: every exp of the MuGraph (predefined or in a block graph) whose
   inputs overlap those of a max-subtracted exp of the input program must be
   max-subtracted too, following block inputs to the kernels that wrote their tensors and
@@ -179,9 +180,10 @@ def _rounding_points(mg) -> list[tuple[Node, str, str, str, str]]:
 
 def _pick(value) -> np.ndarray:
     """Up to ``_SAMPLES`` finite nonzero elements of a value, evenly spaced."""
-    v = np.asarray(value, dtype=np.float64).reshape(-1)
-    if v.size > 4096:
-        v = v[np.linspace(0, v.size - 1, 4096).astype(np.int64)]
+    v = np.asarray(value)
+    if v.size > 4096:  # positions picked without flattening (tiles are broadcast views)
+        v = v[np.unravel_index(np.linspace(0, v.size - 1, 4096).astype(np.int64), v.shape)]
+    v = np.asarray(v, dtype=np.float64).reshape(-1)
     v = v[np.isfinite(v) & (v != 0.0)]
     if v.size <= _SAMPLES:
         return v
@@ -219,17 +221,29 @@ def _samples(mg, inputs: dict, wanted: set[int]) -> dict[int, np.ndarray]:
     return got
 
 
-def _found(a, inputs: dict, groups: list[np.ndarray]) -> list[set[int]]:
-    """For each group of values, the ids of the input program's nodes holding all of them
-    (the input program run once in float64, each node's values checked as computed)."""
-    flat = np.concatenate(groups) if groups else np.zeros(0)
-    uniq, inverse = np.unique(flat, return_inverse=True)
-    members = np.split(inverse, np.cumsum([len(g) for g in groups])[:-1]) if groups else []
-    held: dict[int, set[int]] = {}  # id(node) -> indices into uniq it holds
+def _found(a, inputs: dict, groups: list[np.ndarray], deps: list[frozenset]
+           ) -> list[set[int]]:
+    """For each group of values, the ids of the input program's nodes that depend on
+    the same inputs (``deps``: a node computing the same function of the inputs does) and
+    hold all of them; the input program is run once in float64, and each node's values
+    are searched as they are computed, only for the groups with its inputs (the large
+    weights of a benchmark are searched only where a rounded value is a function of them
+    alone)."""
+    da = _deps_graph(a)
+    by_deps: dict[frozenset, list[int]] = {}
+    for i, (g, d) in enumerate(zip(groups, deps)):
+        if len(g):
+            by_deps.setdefault(d, []).append(i)
+    sets = {}
+    for d, idx in by_deps.items():
+        uniq, inverse = np.unique(np.concatenate([groups[i] for i in idx]), return_inverse=True)
+        sets[d] = (uniq, idx, np.split(inverse, np.cumsum([len(groups[i]) for i in idx])[:-1]))
+    out: list[set[int]] = [set() for _ in groups]
 
     def match(n: Node, value) -> None:
-        if n.op is Op.CONST or n.dtype == "bool" or not uniq.size:
+        if n.op is Op.CONST or n.dtype == "bool" or da[id(n)] not in sets:
             return
+        uniq, idx, members = sets[da[id(n)]]
         v = np.asarray(value, dtype=np.float64).reshape(-1)
         v = v[np.isfinite(v)]
         if not v.size:
@@ -239,8 +253,9 @@ def _found(a, inputs: dict, groups: list[np.ndarray]) -> list[set[int]]:
         for j in (np.minimum(i, uniq.size - 1), np.maximum(i - 1, 0)):
             ok = np.abs(uniq[j] - v) <= _MATCH * np.abs(uniq[j])
             hit.update(int(x) for x in np.unique(j[ok]))
-        if hit:
-            held[id(n)] = hit
+        for g, m in zip(idx, members):
+            if hit.issuperset(int(x) for x in m):
+                out[g].add(id(n))
 
     def record(fn):
         def apply(ctx, n, *xs):
@@ -249,27 +264,31 @@ def _found(a, inputs: dict, groups: list[np.ndarray]) -> list[set[int]]:
             return value
         return apply
 
-    table = {op: record(fn) for op, fn in FLOAT_SEMANTICS.items()}
-    with np.errstate(all="ignore"):
-        run(a, table, float_ctx(a, inputs, None, False))
-    return [{key for key, h in held.items() if set(int(x) for x in m) <= h} if len(m) else set()
-            for m in members]
+    if sets:
+        table = {op: record(fn) for op, fn in FLOAT_SEMANTICS.items()}
+        with np.errstate(all="ignore"):
+            run(a, table, float_ctx(a, inputs, None, False))
+    return out
 
 
 def narrowing(a, mg, inputs: dict, prod: _Producers) -> str:
     """Why the MuGraph ``mg`` rounds a value to a narrower dtype than the input program
     ``a`` computes it in, or "" (``inputs``: one float64 draw)."""
-    points = _rounding_points(mg)
+    memo: dict = {}
+    points = []
+    for v, dtype, kernel, stage, what in _rounding_points(mg):
+        r = prod.resolve(v)
+        if id(r) in prod.given and at_least(dtype, a.inputs[prod.given[id(r)]].dtype):
+            continue  # an input rounded to its own dtype: the input program has it so
+        points.append((r, prod.deps(v, memo), v, dtype, kernel, stage, what))
     if not points:
         return ""
-    values = [prod.resolve(v) for v, *_ in points]
-    got = _samples(mg, inputs, {id(v) for v in values})
-    groups = [got.get(id(v), np.zeros(0)) for v in values]
-    found = _found(a, inputs, groups)
+    got = _samples(mg, inputs, {id(r) for r, *_ in points})
+    found = _found(a, inputs, [got.get(id(r), np.zeros(0)) for r, *_ in points],
+                   [d for _, d, *_ in points])
     by_id = {id(n): n for n in a.nodes()}
     da = _deps_graph(a)
-    memo: dict = {}
-    for (v, dtype, kernel, stage, what), same in zip(points, found):
+    for (_, d, v, dtype, kernel, stage, what), same in zip(points, found):
         where = f"kernel {kernel!r}, {stage}: {what} ({v.op.name.lower()} {tuple(v.shape)}" + (
             f" from {v.loc})" if v.loc else ")")
         if same:
@@ -278,7 +297,6 @@ def narrowing(a, mg, inputs: dict, prod: _Producers) -> str:
                 return (f"{where} rounds to {dtype} a value the input program computes "
                         f"in {', '.join(sorted(dts))}")
             continue
-        d = prod.deps(v, memo)
         floor = {n.dtype for n in a.nodes() if n.dtype != "bool" and da[id(n)] & d}
         if floor and not any(at_least(dtype, e) for e in floor):
             return (f"{where} rounds to {dtype}, narrower than every dtype the input program "
