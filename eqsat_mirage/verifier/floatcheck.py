@@ -383,7 +383,7 @@ class _Draws:
         fa = self.memo["fingerprints"]
         why = static_check(self.a, b, fa, fingerprints(b, inputs) if fa is not None
                            and is_graph(b) else None)
-        if not why and fa is not None and hasattr(b, "kernels"):  # inside a MuGraph's kernels
+        if not why and fa is not None and hasattr(b, "node_samples"):  # in a MuGraph's kernels
             why = kernel_check(self.a, b, inputs)
         return why
 

@@ -28,8 +28,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.node import Node, Op
-from ..mugraph.kernels import PredefinedKernel
-from ..mugraph.tiled import execute, plans
 from ..semantics.floating import FLOAT_SEMANTICS, float_ctx
 from ..semantics.interp import run
 from .floatsafe import at_least, guarded
@@ -51,7 +49,7 @@ class _Producers:
         self.map: dict[int, Node] = {}
         self.where: dict[int, tuple[str, str]] = {}
         for k in mg.kernels:
-            if isinstance(k, PredefinedKernel):
+            if k.kind == "predefined":
                 for n in _nodes([k.node]):
                     if n.op is Op.INPUT:
                         self.map[id(n)] = tensor[n.arg]
@@ -113,7 +111,7 @@ def _all_nodes(mg) -> list[tuple[Node, str, str]]:
     """(node, kernel name, stage) of every op node of the MuGraph's kernels."""
     out = []
     for k in mg.kernels:
-        if isinstance(k, PredefinedKernel):
+        if k.kind == "predefined":
             out += [(n, k.name, "kernel") for n in _nodes([k.node]) if n.op is not Op.INPUT]
         else:
             out += [(n, k.name, stage) for stage, g in (("loop", k.loop), ("post", k.post))
@@ -158,7 +156,7 @@ def _rounding_points(mg) -> list[tuple[Node, str, str, str, str]]:
     value to a half dtype: casts, tensor-core matmul operands, stores, predefined ops."""
     out = []
     for k in mg.kernels:
-        if isinstance(k, PredefinedKernel):
+        if k.kind == "predefined":
             for n in _nodes([k.node]):
                 if n.op not in _SKIP and n.dtype in _HALF:
                     out.append((n, n.dtype, k.name, "kernel", n.op.name.lower()))
@@ -188,37 +186,6 @@ def _pick(value) -> np.ndarray:
     if v.size <= _SAMPLES:
         return v
     return v[np.linspace(0, v.size - 1, _SAMPLES).astype(np.int64)]
-
-
-def _samples(mg, inputs: dict, wanted: set[int]) -> dict[int, np.ndarray]:
-    """Samples of the float64 values of the MuGraph nodes ``wanted`` (ids of the block-graph,
-    predefined-kernel or input nodes) on ``inputs``."""
-    got: dict[int, np.ndarray] = {}
-    for name, n in mg.inputs.items():
-        if id(n) in wanted:
-            got[id(n)] = _pick(inputs[name])
-    ps = plans(mg)
-    vec: dict[int, int] = {}  # id(vectorised node) -> id(block node)
-    for k, plan in zip(mg.kernels, ps):
-        if isinstance(k, PredefinedKernel):
-            vec.update({id(n): id(n) for n in plan.nodes()})
-        else:
-            for old_new in (plan.loop_map, plan.post_map):
-                vec.update({id(new): old for old, new in old_new.items()})
-    want = {v for v, old in vec.items() if old in wanted}
-
-    def record(fn):
-        def apply(ctx, n, *xs):
-            value = fn(ctx, n, *xs)
-            if id(n) in want and vec[id(n)] not in got:
-                got[vec[id(n)]] = _pick(value)
-            return value
-        return apply
-
-    table = {op: record(fn) for op, fn in FLOAT_SEMANTICS.items()}
-    with np.errstate(all="ignore"):
-        execute(mg, ps, table, float_ctx(mg, inputs, None, False), False)
-    return got
 
 
 def _found(a, inputs: dict, groups: list[np.ndarray], deps: list[frozenset]
@@ -283,7 +250,7 @@ def narrowing(a, mg, inputs: dict, prod: _Producers) -> str:
         points.append((r, prod.deps(v, memo), v, dtype, kernel, stage, what))
     if not points:
         return ""
-    got = _samples(mg, inputs, {id(r) for r, *_ in points})
+    got = mg.node_samples(inputs, {id(r) for r, *_ in points}, _pick)
     found = _found(a, inputs, [got.get(id(r), np.zeros(0)) for r, *_ in points],
                    [d for _, d, *_ in points])
     by_id = {id(n): n for n in a.nodes()}
