@@ -98,3 +98,28 @@ def test_a_kernel_exp_without_the_max_is_refused():
 def test_the_running_max_of_an_online_softmax_counts_as_max_subtraction():
     g, mg = online_attention()
     assert em.verify(g, mg, seed=0).equivalent
+
+
+def test_the_float_checks_round_at_a_block_cast_as_the_generated_code_does():
+    """A MuGraph's tiles are float32 registers; a cast to float16 inside a kernel rounds
+    there (``.to(tl.float16)``), and the native evaluation the float draws use does too
+    (before, it kept the square 90000 that the generated code turns into inf)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        pytest.skip("needs a GPU or TRITON_INTERPRET=1")
+    from eqsat_mirage.codegen.source import compile_mugraph
+
+    dev = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+    for how in ("cast", "float32"):
+        mg = sum_of_squares_kernel(how)
+        fn = compile_mugraph(mg)
+        for v in (300.0, 1.0001):
+            x = np.full((8, 16), v)
+            got = fn(X=torch.tensor(x, dtype=torch.float16, device=dev))["Y"]
+            want = em.evaluate(mg, {"X": x}, dtype="native")["Y"]
+            np.testing.assert_allclose(got.double().cpu().numpy(), want, rtol=1e-6)
+            if v == 300.0:  # 90000 > 65504: inf where the cast rounds, 1.44e6 where not
+                assert np.isinf(want).all() == (how == "cast"), want
