@@ -188,18 +188,27 @@ def _pick(value) -> np.ndarray:
     return v[np.linspace(0, v.size - 1, _SAMPLES).astype(np.int64)]
 
 
-def _found(a, inputs: dict, groups: list[np.ndarray], deps: list[frozenset]
-           ) -> list[set[int]]:
-    """For each group of values, the ids of the input program's nodes that depend on
-    the same inputs (``deps``: a node computing the same function of the inputs does) and
-    hold all of them; the input program is run once in float64, and each node's values
-    are searched as they are computed, only for the groups with its inputs (the large
-    weights of a benchmark are searched only where a rounded value is a function of them
-    alone)."""
+def _threatened(a, da: dict, deps: frozenset, dtype: str) -> bool:
+    """Whether a node of the input program with inputs ``deps`` has a dtype that ``dtype``
+    does not hold (only then can a value rounded to ``dtype`` be found narrowed)."""
+    return any(da[id(n)] == deps and n.op is not Op.CONST and n.dtype != "bool"
+               and not at_least(dtype, n.dtype) for n in a.nodes())
+
+
+def _found(a, inputs: dict, groups: list[np.ndarray], deps: list[frozenset],
+           dtypes: list[str]) -> list[set[int]]:
+    """For each group of values (rounded to ``dtypes``), the ids of the input program's
+    nodes that depend on the same inputs (``deps``: a node computing the same function of
+    the inputs does) and hold all of them; the input program is run once in float64, and
+    each node's values are searched as they are computed, only for the groups with its
+    inputs (the large weights of a benchmark are searched only where a rounded value is
+    a function of them alone). A group is not searched for when no node with its inputs
+    has a dtype wider than (or incomparable with) its own: whatever is found, nothing is
+    refused (an all-float16 program's float16 kernels cost no search)."""
     da = _deps_graph(a)
     by_deps: dict[frozenset, list[int]] = {}
-    for i, (g, d) in enumerate(zip(groups, deps)):
-        if len(g):
+    for i, (g, d, dt) in enumerate(zip(groups, deps, dtypes)):
+        if len(g) and _threatened(a, da, d, dt):
             by_deps.setdefault(d, []).append(i)
     sets = {}
     for d, idx in by_deps.items():
@@ -250,11 +259,12 @@ def narrowing(a, mg, inputs: dict, prod: _Producers) -> str:
         points.append((r, prod.deps(v, memo), v, dtype, kernel, stage, what))
     if not points:
         return ""
-    got = mg.node_samples(inputs, {id(r) for r, *_ in points}, _pick)
-    found = _found(a, inputs, [got.get(id(r), np.zeros(0)) for r, *_ in points],
-                   [d for _, d, *_ in points])
-    by_id = {id(n): n for n in a.nodes()}
     da = _deps_graph(a)
+    wanted = {id(r) for r, d, _, dtype, *_ in points if _threatened(a, da, d, dtype)}
+    got = mg.node_samples(inputs, wanted, _pick) if wanted else {}
+    found = _found(a, inputs, [got.get(id(r), np.zeros(0)) for r, *_ in points],
+                   [d for _, d, *_ in points], [p[3] for p in points])
+    by_id = {id(n): n for n in a.nodes()}
     for (_, d, v, dtype, kernel, stage, what), same in zip(points, found):
         where = f"kernel {kernel!r}, {stage}: {what} ({v.op.name.lower()} {tuple(v.shape)}" + (
             f" from {v.loc})" if v.loc else ")")
