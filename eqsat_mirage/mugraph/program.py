@@ -63,7 +63,7 @@ from .kernels import (
     check_name,
     check_read,
 )
-from .tiled import evaluate_field, evaluate_float
+from .tiled import evaluate_field, evaluate_float, node_samples
 from .validate import validate_kernel
 
 
@@ -254,6 +254,11 @@ class MuGraph:
         """Run the tiling for real over floats (see ``semantics.floating.evaluate`` for dtype
         and ``rounded``)."""
         return evaluate_float(self, inputs, dtype, rounded)
+
+    def node_samples(self, inputs: Mapping[str, Any], wanted: set[int], pick) -> dict:
+        """``pick`` of the float64 values of the kernel nodes whose ids are ``wanted``
+        (``tiled.node_samples``: block-graph, predefined-kernel and input nodes)."""
+        return node_samples(self, inputs, wanted, pick)
 
     def evaluate_field(self, ctx) -> dict:
         """Run the tiling for real over Z_p x Z_q with the trial ``ctx`` (a ``FieldCtx``)."""

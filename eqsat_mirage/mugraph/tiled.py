@@ -419,6 +419,39 @@ def evaluate_float(mg: KernelGraph, inputs: Mapping[str, Any], dtype: str | None
     return {name: np.asarray(env[t], dtype=np.float64) for name, t in mg.output_tensors.items()}
 
 
+def node_samples(mg: KernelGraph, inputs: Mapping[str, Any], wanted: set[int],
+                 pick: Callable[[Any], Any]) -> dict[int, Any]:
+    """``pick(value)`` of the float64 value of each node whose id is in ``wanted``: a
+    block-graph node of a custom kernel (over all blocks at once, grid dims first; a loop
+    node in the first iteration), a predefined kernel's node or an input tensor's node
+    (the verifier's static float-safety checks inside kernels read these)."""
+    mg.validate()
+    got = {id(n): pick(np.asarray(inputs[name])) for name, n in mg.inputs.items()
+           if id(n) in wanted}
+    staged = plans(mg)
+    block: dict[int, int] = {}  # id(vectorised node) -> id(block node)
+    for k, plan in zip(mg.kernels, staged):
+        if isinstance(k, PredefinedKernel):
+            block.update({id(n): id(n) for n in plan.nodes()})
+        else:
+            for table in (plan.loop_map, plan.post_map):
+                block.update({id(new): old for old, new in table.items()})
+    want = {v for v, old in block.items() if old in wanted}
+
+    def record(fn):
+        def apply(ctx, n, *xs):
+            value = fn(ctx, n, *xs)
+            if id(n) in want and block[id(n)] not in got:
+                got[block[id(n)]] = pick(value)
+            return value
+        return apply
+
+    table = {op: record(fn) for op, fn in FLOAT_SEMANTICS.items()}
+    with np.errstate(all="ignore"):
+        execute(mg, staged, table, float_ctx(mg, inputs, None, False), pairs=False)
+    return got
+
+
 def evaluate_field(mg: KernelGraph, ctx) -> dict[str, tuple]:
     """Run ``mg`` over Z_p x Z_q with the trial ``ctx`` (inputs already set); pairs by output."""
     mg.check_lax()

@@ -226,6 +226,8 @@ def _write_stats(stats: dict, record: SearchRecord, candidates: int) -> None:
         record.planning.write(stats)
     if record.compile is not None:
         stats["compiled"] = record.compile.as_stats()
+    if verification.rejected:
+        stats["rejected"] = list(verification.rejected)
     stats["candidates_tried"] = verification.tried
     stats["verify_seconds"] = verification.seconds
     stats["phase_seconds"] = record.phase_seconds()
@@ -322,6 +324,7 @@ def _kernel_level(graph, cands, hw, lax, vplan: VerifyPlan, progress, stats,
         if res.equivalent:
             chosen, result = cand, res
             break
+        ver.rejected.append(res.reason)
         if progress:
             progress(f"candidate rejected by the verifier: {res.reason}")
     if chosen is None:  # nothing cheaper verified: the input program is the answer
@@ -434,8 +437,10 @@ def _mugraph_level(graph, cands, bounds, prof, options: SearchOptions, lax, timi
         entry["verified"] = res.equivalent
         if res.equivalent:
             chosen, result = p, res
-        elif progress:
-            progress(f"MuGraph from {how} rejected by the verifier: {res.reason}")
+        else:
+            ver.rejected.append(f"MuGraph from {how}: {res.reason}")
+            if progress:
+                progress(f"MuGraph from {how} rejected by the verifier: {res.reason}")
     if builder is not None:
         record.compile = builder.report()
     stats["plans"] = summary

@@ -91,6 +91,7 @@ class VerificationRecord:
     tried: int = 0
     timed_out: bool = False
     note: str | None = None
+    rejected: list[str] = field(default_factory=list)  # why each refused candidate was
 
     def time_out(self, note: str, overwrite: bool = True) -> None:
         """Record that the time limit ended verification; ``note`` says so in words (in

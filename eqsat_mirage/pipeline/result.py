@@ -133,6 +133,7 @@ class OptimizeResult:
                          f"{ph['enodes']:>8} e-nodes {ph['seconds']:7.2f} s  ({ph['stop']})")
         lines.append(f"  extraction: {st.get('candidates', 0)} candidates in "
                      f"{st.get('extract_seconds', 0):.2f} s; verified: {self.verified}")
+        lines += [f"  rejected by the verifier: {why}" for why in st.get("rejected", [])]
         if "fusion_seconds" in st:
             lines.append(f"  fusion: {len(st.get('plans', []))} MuGraphs planned in "
                          f"{st['fusion_seconds']:.2f} s; chosen: {st.get('kernels', '?')} kernels "

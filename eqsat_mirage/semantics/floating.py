@@ -100,7 +100,9 @@ class FloatCtx:
         """Apply the precision policy to a node's result."""
         if self.mode is None:
             return np.asarray(value, dtype=np.float64)
-        return round_to(value, node.dtype if self.mode == "native" else self.mode)
+        if node.op is Op.CAST and self.mode != "native":  # a cast rounds whatever the mode
+            value = round_to(value, node.arg)  # (a MuGraph's tiles: float32 registers, as
+        return round_to(value, node.dtype if self.mode == "native" else self.mode)  # codegen)
 
 
 def _sum(ctx, n, x):
@@ -188,7 +190,8 @@ def evaluate(program, inputs: Mapping[str, Any], dtype: str | None = None,
 
     ``dtype=None`` computes in float64 (the reference). ``dtype="native"``
     rounds every node to its own dtype (fp32 accumulation in matmuls, as a GPU
-    does); any dtype name rounds every node to that dtype. ``rounded=True``
+    does); any dtype name rounds every node to that dtype (a cast first to its own, as
+    a MuGraph's tiles, computed in float32, round at a cast). ``rounded=True``
     (native only) takes ``inputs`` from ``rounded_inputs``: they are used as
     given, so a draw shared by several programs is rounded once.
     """

@@ -21,7 +21,9 @@ from ..ir.node import Op
 from ..semantics.floating import FLOAT_SEMANTICS, evaluate, float_ctx, round_to, rounded_inputs
 from ..semantics.interp import run
 from .floatsafe import fingerprints, is_graph, static_check
+from .kernelsafe import kernel_check
 from .runner import Runner
+from .truth import truth
 
 FLOAT64_SCALES = (1.0, 30.0, 1000.0)  # N(0, s^2) inputs: past the thresholds of relu & co
 # native dtypes, activation-sized inputs: N(0, 1); |N(0, s^2)| (sums of those concentrate
@@ -42,7 +44,7 @@ LOGIT_STD = 9.0  # realistic attention logits: exp arguments with this standard 
 STATIC = "float safety (static)"
 # A point of the exponent-range draws is valid where the first program is finite at it and
 # at it with every input scaled by the headroom (the square of its longest reduction, at
-# least 4), within 10% of the float64 ground truth, and where its output is below the
+# least 4), within 10% of the ground truth (truth.py), and where its output is below the
 # dtype's largest value over that length: a candidate may sum before it divides
 # ((X @ W) / n for (X / n) @ W, (e @ V) / sum(e) for softmax @ V) or reassociate
 # ((A @ B) @ C), and then overflows within that factor of where the input program does;
@@ -80,8 +82,10 @@ def _compare(out_a: dict, out_b: dict, drawn: str, rtol: float, domain: str,
     both are finite and not both below 1e-150 (float64 at large scales, where either side
     may leave float64's range); "finite-only": ``out_b`` finite wherever ``out_a`` is;
     "a-finite" (native dtype): wherever ``out_a`` is finite, ``out_b`` must be finite and
-    as close to ``ref`` (the float64 value) as ``out_a`` is, give or take the tolerance
-    (more accurate is fine, overflowing where ``out_a`` does not is not). The tolerance is
+    as close to ``ref`` (the ground truth, ``truth.py``) as ``out_a`` is, give or take the
+    tolerance (more accurate is fine, overflowing where ``out_a`` does not is not). With
+    ``ref`` the other rules measure closeness that way too (the float64 checks, when the
+    truth is wider than float64); without it, ``out_b`` against ``out_a``. The tolerance is
     ``rtol * (scale + |a|)``, ``scale`` the largest finite ``|a|`` of the output, at least
     ``floor`` (the largest input magnitude: rounding errors scale with the operands, and a
     sum that cancels can be far smaller). Values of ``out_a`` within rounding of ``limit``
@@ -95,12 +99,12 @@ def _compare(out_a: dict, out_b: dict, drawn: str, rtol: float, domain: str,
         scale = max(float(np.max(np.abs(np.where(fin_a, x, 0)), initial=0.0)), floor) or 1.0
         with np.errstate(invalid="ignore", over="ignore"):
             tol = rtol * (scale + np.abs(x))
-            if rule == "a-finite":
+            if ref is not None:  # against the truth, allowing the first program's own error
                 r = ref[name]
                 tol = np.where(np.isfinite(r), tol + 2.0 * np.abs(x - r), tol)
                 close = fin_b & (np.abs(y - np.where(np.isfinite(r), r, x)) <= tol)
             else:
-                close = fin_a & fin_b & (np.abs(x - y) <= tol)
+                close = fin_b & (np.abs(x - y) <= tol)
         if rule == "strict":
             same = (x == y) | (np.isnan(x) & np.isnan(y))
             bad = ~np.where(fin_a & fin_b, close, same)
@@ -127,7 +131,7 @@ def _dtypes(program) -> set[str]:
 
 
 def _accurate(x: np.ndarray, r: np.ndarray) -> np.ndarray:
-    """Where the input program's value ``x`` is within 10% of the float64 ground truth
+    """Where the input program's value ``x`` is within 10% of the ground truth
     ``r``: a point where the input program is itself wrong (an
     intermediate overflowed into a finite 0) is not one where it works."""
     return np.isfinite(r) & (np.abs(x - r) <= 0.1 * np.abs(r))
@@ -286,6 +290,16 @@ class _Draws:
                                       rounded=of_rounded and dtype == "native")
         return self.memo[key]
 
+    def truth(self, kind: str, s: float, of_rounded: bool = True) -> tuple[dict, str]:
+        """The first program's ground truth on the draw, rounded to the inputs' dtypes
+        (``of_rounded``) or as drawn (``truth.truth``: wider than float64 within its work
+        bound), and the precision it was computed in; memoized."""
+        key = ("truth", kind, s, of_rounded)
+        if key not in self.memo:
+            inputs = self.rounded(kind, s) if of_rounded else self.inputs(kind, s)
+            self.memo[key] = truth(self.a, inputs, self.out_a(None, kind, s, of_rounded))
+        return self.memo[key]
+
     def _finite(self, values: dict) -> bool:
         out = evaluate(self.a, rounded_inputs(self.a, {
             n: np.broadcast_to(np.float64(v), self.normal[n].shape) for n, v in values.items()}),
@@ -359,15 +373,19 @@ class _Draws:
         return float((LOGIT_STD / s1) ** (1.0 / degree))
 
     def static(self, b) -> str:
-        """The static float-safety check of ``b`` (``floatsafe.static_check``) on this draw."""
+        """The static float-safety checks of ``b`` on this draw (``floatsafe.static_check``;
+        for a MuGraph also ``kernelsafe.kernel_check``, inside its kernels)."""
         inputs = self.inputs("signed", 1.0)
         with self.lock:
             if "fingerprints" not in self.memo:
                 self.memo["fingerprints"] = fingerprints(self.a, inputs) if is_graph(
                     self.a) else None
         fa = self.memo["fingerprints"]
-        return static_check(self.a, b, fa, fingerprints(b, inputs) if fa is not None
-                            and is_graph(b) else None)
+        why = static_check(self.a, b, fa, fingerprints(b, inputs) if fa is not None
+                           and is_graph(b) else None)
+        if not why and fa is not None and hasattr(b, "node_samples"):  # in a MuGraph's kernels
+            why = kernel_check(self.a, b, inputs)
+        return why
 
 
 _DRAWN = {"signed": "N(0, s^2)", "folded": "|N(0, s^2)|", "constant": "every input = s",
@@ -439,13 +457,16 @@ def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
             strict = s == FLOAT64_SCALES[0]  # inputs of moderate size: values must agree
             # differences are measured against the inputs' magnitude at least: an output
             # that is 0 in exact arithmetic (x + (-x), squared) is rounding noise in both
+            # both against the ground truth where it is wider than float64: the second
+            # may be as far from it as the first is, give or take the tolerance
+            ref, how = draws.truth(kind, s, False)
             return _compare(draws.out_a(None, kind, s), evaluate(b, inputs), where, rtol,
                             "float64", inputs, i, "strict" if strict else "finite",
-                            draws.largest(kind, s))
+                            draws.largest(kind, s), ref=None if how == "float64" else ref)
         xa = draws.out_a("native", kind, s, True)
         if kind in _RANGE_KINDS and any(np.any(np.isfinite(x) & (np.abs(x) < limit))
                                         for x in xa.values()):  # valid where it has headroom
-            ref = draws.out_a(None, kind, s, True)
+            ref = draws.truth(kind, s)[0]
             with np.errstate(invalid="ignore"):
                 xa = {k: np.where(np.isfinite(x) & (np.abs(x) < limit) & (np.abs(v) < room)
                                   & _accurate(v, ref[k]), v, np.nan) for (k, v), x in
@@ -461,9 +482,10 @@ def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
         # across the exponent range the error counts relative to the output, not to the
         # inputs (a normalization's output is O(1) whatever its input's magnitude)
         floor = 0.0 if kind in _RANGE_KINDS else draws.largest(kind, s)
-        return _compare(xa, evaluate(b, inputs, dtype="native", rounded=True), where,
-                        max(coarsest, rtol), "native dtype", inputs, i, rule,
-                        floor, limit, draws.out_a(None, kind, s, True))
+        ref, how = draws.truth(kind, s)
+        return _compare(xa, evaluate(b, inputs, dtype="native", rounded=True),
+                        f"{where}; ground truth in {how}", max(coarsest, rtol),
+                        "native dtype", inputs, i, rule, floor, limit, ref)
 
     jobs = [functools.partial(check_one, i, *c) for i, c in enumerate(checks)]
     for (dtype, _, _), cex in zip(checks, pool.in_order(jobs)):

@@ -117,9 +117,12 @@ def narrowing(fa: list, b, fb: list | None) -> str:
     return ""
 
 
-def _strip(n: Node) -> Node:
-    """Through movement, casts and scaling by a constant."""
+def _strip(n: Node, resolve=None) -> Node:
+    """Through movement, casts and scaling by a constant (and ``resolve``: a MuGraph's
+    block inputs to the values they read)."""
     while True:
+        if resolve is not None:
+            n = resolve(n)
         if n.op in _MOVE or n.op is Op.NEG:
             n = n.srcs[0]
         elif n.op in (Op.MUL, Op.DIV) and any(s.op is Op.CONST for s in n.srcs):
@@ -128,16 +131,18 @@ def _strip(n: Node) -> Node:
             return n
 
 
-def guarded(arg: Node) -> bool:
+def guarded(arg: Node, resolve=None) -> bool:
     """Whether an exp argument is max-subtracted: ``(s - max(...))``, through movement,
-    casts, constant scaling and masks."""
-    n = _strip(arg)
+    casts, constant scaling and masks. ``resolve`` maps a node to the value it stands for
+    (a MuGraph's block input tile to the node that wrote its device tensor, a running
+    maximum to its max; ``kernelsafe``), or None."""
+    n = _strip(arg, resolve)
     if n.op is Op.MASK:  # -inf where masked: the kept values are what matter
-        n = _strip(next((s for s in n.srcs if s.dtype != "bool"), n.srcs[-1]))
+        n = _strip(next((s for s in n.srcs if s.dtype != "bool"), n.srcs[-1]), resolve)
     elif n.op is Op.WHERE:
-        return all(guarded(s) for s in n.srcs[1:] if s.op is not Op.CONST)
+        return all(guarded(s, resolve) for s in n.srcs[1:] if s.op is not Op.CONST)
     if n.op is Op.SUB:
-        return _strip(n.srcs[1]).op is Op.MAX
+        return _strip(n.srcs[1], resolve).op is Op.MAX
     return False
 
 

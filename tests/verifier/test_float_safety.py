@@ -143,3 +143,42 @@ def test_a_mugraphs_unused_narrow_input_is_not_a_narrowing():
     x2 = g.input("X2", (1,), "bfloat16")
     g.output(x2 @ x2, "O0")
     assert em.verify(g, plan(g).mugraph, trials=2, seed=1).equivalent
+
+
+NOMAX = ("(ruleset user)\n; nomax\n(rewrite (Div (Exp (Sub a (Max i a))) "
+         "(Sum i (Exp (Sub a (Max i a))))) (Div (Exp a) (Sum i (Exp a))) :ruleset user)\n")
+
+
+@pytest.mark.parametrize("level", ["kernel", "mugraph"])
+def test_optimize_with_a_max_dropping_rule_never_returns_the_unsafe_softmax(tmp_path, level):
+    """A user rule that drops softmax's max, allowed with ``allow_float_unsafe_rules`` and the
+    built-in guards off: the unsafe softmax is the cheapest candidate (no max, no sub), the
+    verifier refuses it (a Graph's exp, or a custom kernel's block exp, is not
+    max-subtracted where the input's is) and the result says why; the program returned stays
+    finite where the input is. Small sizes: seconds unloaded; the time limit is only a bound."""
+    path = tmp_path / "nomax.egg"
+    path.write_text(NOMAX)
+    g = attention(True, "float32", b=1, m=8, d=16, n=32)
+    res = em.optimize(g, rules=["rules", str(path)], guards=False, level=level, cache=False,
+                      allow_float_unsafe_rules=True, compile_check=False, time_limit_s=600)
+    fired = {r for ph in res.stats["phases"] for r in ph["rules_fired"]}
+    assert any(r.startswith("nomax") for r in fired), fired  # the unsafe form was in the e-graph
+    assert res.stats.get("rejected"), res.stats
+    assert any("not max-subtracted" in why for why in res.stats["rejected"]), res.stats["rejected"]
+    assert "rejected by the verifier" in str(res) and "not max-subtracted" in str(res)
+    rng = np.random.default_rng(0)
+    big = {"Q": rng.normal(0, 10, (1, 8, 16)), "K": rng.normal(0, 10, (1, 16, 32)),
+           "V": rng.normal(0, 1, (1, 32, 16))}
+    assert np.isfinite(em.evaluate(g, big, dtype="native")["O"]).all()
+    unsafe = attention(False, "float32", b=1, m=8, d=16, n=32)
+    assert np.isnan(em.evaluate(unsafe, big, dtype="native")["O"]).any()
+    assert np.isfinite(em.evaluate(res.program, big, dtype="native")["O"]).all(), res.program
+
+
+def test_optimize_refuses_a_max_dropping_user_rule_up_front(tmp_path):
+    path = tmp_path / "nomax.egg"
+    path.write_text(NOMAX)
+    with pytest.raises(em.RuleError, match="(?s)nomax.*float-unsafe.*allow_float_unsafe_rules"):
+        em.optimize(attention(True, "float32", b=1, m=8, d=16, n=32),
+                    rules=["rules", str(path)], guards=False, cache=False,
+                    compile_check=False, time_limit_s=600)

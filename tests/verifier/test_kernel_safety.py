@@ -1,0 +1,125 @@
+"""The static float-safety checks inside a MuGraph's kernels (verifier/kernelsafe.py,
+docs/verifier.md section 5): a custom kernel that rounds to float16 a value the input
+program computes in float32, or takes an exp the input max-subtracts without the max, is
+refused with the kernel and the op in the reason; the safe forms verify."""
+
+import numpy as np
+import pytest
+from mugraph_examples import online_attention
+
+import eqsat_mirage as em
+from eqsat_mirage.fusion.planner import plan
+from eqsat_mirage.verifier.floatcheck import STATIC
+
+
+def sum_of_squares() -> em.Graph:
+    """Row sums of x^2, squared after an upcast to float32 (RMSNorm's pattern)."""
+    g = em.Graph("sumsq")
+    x = g.input("X", (8, 16), "float16")
+    xf = x.astype("float32")
+    g.output((xf * xf).sum(axis=1, keepdims=True), "Y")
+    return g
+
+
+def sum_of_squares_kernel(how: str) -> em.MuGraph:
+    """The same in one custom kernel; ``how``: "float32" (as the input), "cast" (the squares
+    cast to float16 inside the kernel) or "store" (written to a float16 device tensor and
+    summed by a second kernel)."""
+    mg = em.MuGraph(f"sumsq_{how}")
+    mg.input("X", (8, 16), "float16")
+    k = mg.custom_kernel(grid=(2,), forloop=1, name="squares",
+                         source=None if how == "store" else sum_of_squares())
+    t = k.input("X", imap={0: 0})
+    sq = t.astype("float32") * t.astype("float32")
+    if how == "store":
+        k.output(sq, "S", omap={0: 0}, dtype="float16")
+        k2 = mg.custom_kernel(grid=(2,), forloop=1, name="rowsum")
+        s = k2.input("S", imap={0: 0})
+        k2.output(s.astype("float32").sum(axis=1, keepdims=True), "Y", omap={0: 0})
+    else:
+        if how == "cast":
+            sq = sq.astype("float16").astype("float32")
+        k.output(sq.sum(axis=1, keepdims=True), "Y", omap={0: 0})
+    mg.output("Y")
+    return mg
+
+
+def test_narrowing_inside_a_kernel_is_unsafe():
+    """What the check guards against: the generated code rounds at the cast and the store
+    (inf at |x| = 300, where the input program gives 1.44e6)."""
+    big = {"X": np.full((8, 16), 300.0)}
+    assert np.isfinite(em.evaluate(sum_of_squares(), big, dtype="native")["Y"]).all()
+    assert np.isinf(em.evaluate(sum_of_squares_kernel("store"), big, dtype="native")["Y"]).all()
+
+
+@pytest.mark.parametrize("how,what", [("cast", "cast to float16"),
+                                      ("store", "store to 'S' as float16")])
+def test_a_kernel_that_narrows_is_refused_naming_kernel_and_op(how, what):
+    res = em.verify(sum_of_squares(), sum_of_squares_kernel(how), seed=0)
+    assert not res.equivalent and res.counterexample.domain == STATIC, res
+    kernel = "squares"
+    assert f"kernel {kernel!r}" in res.reason and what in res.reason, res.reason
+    assert "a value the input program computes in float32" in res.reason, res.reason
+
+
+def test_the_kernel_that_keeps_float32_verifies():
+    assert em.verify(sum_of_squares(), sum_of_squares_kernel("float32"), seed=0).equivalent
+
+
+def attention(safe: bool, b=1, m=8, d=16, n=32) -> em.Graph:
+    g = em.Graph("attn_safe" if safe else "attn")
+    q, k = g.input("Q", (b, m, d), "float32"), g.input("K", (b, d, n), "float32")
+    v = g.input("V", (b, n, d), "float32")
+    s = (q @ k) * 0.125
+    if safe:
+        p = em.softmax(s, axis=-1)
+    else:
+        e = em.exp(s)
+        p = e / e.sum(axis=-1, keepdims=True)
+    g.output(p @ v, "O")
+    return g
+
+
+def test_a_kernel_exp_without_the_max_is_refused():
+    """The planner fuses the bare softmax into one custom kernel: its exp is a block op. At
+    these sizes no float draw happens to overflow it (exp arguments of realistic size stay
+    below float32's 88), so the static check is what refuses it."""
+    safe, bare = attention(True), plan(attention(False)).mugraph
+    assert any(k.kind == "custom" and any(n.op.name == "EXP" for n in k.post.nodes())
+               for k in bare.kernels), bare
+    res = em.verify(safe, bare, seed=0)
+    assert not res.equivalent and res.counterexample.domain == STATIC, res
+    assert "post op exp" in res.reason and "not max-subtracted" in res.reason, res.reason
+    # the fused safe softmax, and the bare one against a bare input, verify
+    assert em.verify(safe, plan(safe).mugraph, seed=0).equivalent
+    assert em.verify(attention(False), bare, seed=0).equivalent
+
+
+def test_the_running_max_of_an_online_softmax_counts_as_max_subtraction():
+    g, mg = online_attention()
+    assert em.verify(g, mg, seed=0).equivalent
+
+
+def test_the_float_checks_round_at_a_block_cast_as_the_generated_code_does():
+    """A MuGraph's tiles are float32 registers; a cast to float16 inside a kernel rounds
+    there (``.to(tl.float16)``), and the native evaluation the float draws use does too
+    (before, it kept the square 90000 that the generated code turns into inf)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        pytest.skip("needs a GPU or TRITON_INTERPRET=1")
+    from eqsat_mirage.codegen.source import compile_mugraph
+
+    dev = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+    for how in ("cast", "float32"):
+        mg = sum_of_squares_kernel(how)
+        fn = compile_mugraph(mg)
+        for v in (300.0, 1.0001):
+            x = np.full((8, 16), v)
+            got = fn(X=torch.tensor(x, dtype=torch.float16, device=dev))["Y"]
+            want = em.evaluate(mg, {"X": x}, dtype="native")["Y"]
+            np.testing.assert_allclose(got.double().cpu().numpy(), want, rtol=1e-6)
+            if v == 300.0:  # 90000 > 65504: inf where the cast rounds, 1.44e6 where not
+                assert np.isinf(want).all() == (how == "cast"), want
