@@ -1,6 +1,6 @@
 """eqsat-mirage: a multi-level superoptimizer for small GPU tensor programs.
 
-The public API (see DESIGN.md): build a program with ``Graph`` and the
+The public API (README.md and docs/api.md): build a program with ``Graph`` and the
 NumPy-like functions, run it with ``evaluate``, compare two programs with
 ``verify``, superoptimize it with ``optimize``, check rule files with
 ``check_rules``.

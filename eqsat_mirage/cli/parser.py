@@ -35,10 +35,13 @@ def build_parser(commands: dict[str, Callable], bench_module: Callable) -> argpa
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     demo = sub.add_parser(
-        "demo", help="print a benchmark, a rewritten equivalent form and the verdict",
-        description="Print a benchmark program (default: gqa at batch size 1), a hand-rewritten "
-                    "equivalent form of it and the verifier's verdict with its false-positive "
-                    "bound and time; without --rewritten, optimize it (results are cached).",
+        "demo", help="optimize a benchmark and print the result (or, with --rewritten, verify "
+                     "a hand-rewritten form)",
+        description="Optimize a benchmark program (default: gqa at batch size 1) and print the "
+                    "result: predicted time before and after, the verdict with its "
+                    "false-positive bound, the chosen kernels (results are cached). With "
+                    "--rewritten, print a hand-rewritten equivalent form instead and the "
+                    "verifier's verdict on it.",
         epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_argument("--bench", default="gqa",
                       choices=BENCH_NAMES,

@@ -72,7 +72,7 @@ style): ``device`` (compulsory: each tensor a kernel reads, once, and each it wr
 ``l2_reread`` (replicated tile loads beyond the first: L2 hits, or DRAM at r_f),
 ``shared`` (written into shared memory: loaded tiles, accumulator updates, post-stage
 tiles), ``registers`` (values made and consumed in registers), and ``round_trips``: the
-intermediate tensors that go through device memory. ``roofline_us`` is DESIGN.md's lower
+intermediate tensors that go through device memory. ``roofline_us`` is the roofline lower
 bound: one launch + max(inputs read once and outputs written once at peak BW, the input
 program's matmul FLOPs at tensor peak). Elementwise FLOPs are left out of it because
 rewrites move them (the softmax division after the matmul), so it stays below any cost.
@@ -417,7 +417,7 @@ def mugraph_cost(mugraph: MuGraph, profile: GPUProfile | str | Path = "h100") ->
 
 def roofline_us(graph: Graph | MuGraph, profile: GPUProfile | str | Path = "h100",
                 launch: bool = True) -> float:
-    """DESIGN.md's lower bound: inputs read once, outputs written once at peak bandwidth, or
+    """The roofline lower bound: inputs read once, outputs written once at peak bandwidth, or
     the program's matmul FLOPs at peak if larger; plus one launch (``launch=False``: none)."""
     prof = GPUProfile.load(profile)
     ref: Graph | None = graph

@@ -1,4 +1,4 @@
-"""The partition pass (DESIGN.md step 2): any program split into Lax pieces.
+"""The partition pass (pipeline step 2, docs/architecture.md): any program split into Lax pieces.
 
 The verifier decides equivalence only for Lax programs: exp at most once on
 any input-to-output path, and masked values (-inf where masked) used only in

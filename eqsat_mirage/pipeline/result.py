@@ -30,7 +30,7 @@ class OptimizeResult:
     stats: dict = field(default_factory=dict)
     candidates: list = field(default_factory=list)
     source: object = None
-    roofline_us: float | None = None  # DESIGN.md's lower bound (mugraph level)
+    roofline_us: float | None = None  # the roofline lower bound (mugraph level)
     plan: object = None  # the chosen program's fusion.FusionPlan (mugraph level)
     passes: object = None  # records.SearchRecord of the search (None: a cache hit, a whole)
     # a whole program's pieces: (partition.Piece, optimized?) each, its ops the input's nodes
