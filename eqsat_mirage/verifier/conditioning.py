@@ -5,7 +5,8 @@ program on native-dtype draws; on a draw where moving every input by one unit in
 dtype's last place moves the input program's exact output past the dtype's tolerance,
 any implementation in those dtypes (eager torch's fused attention, a Triton kernel)
 rounds its intermediates by as much, and two correct programs differ past the tolerance.
-``ill_conditioned`` finds such draws; the check then asks only for finiteness there.
+``ill_conditioned`` tells such draws (asked only where a draw found a difference); the
+check then asks only for finiteness there.
 """
 
 from __future__ import annotations

@@ -8,11 +8,11 @@ no Lax fragment: programs that take exp twice are evaluated as they are. On the
 native constant draws (every input one value) only finiteness counts: a layer norm
 sees a variance of 0 there, and rounding noise that a deep program amplifies by
 1/sqrt(eps) is not a wrong program (each piece had the full check on its own). The same
-holds on a normal native draw where rounding alone decides the whole program's output
-(moving every input by one unit in the last place moves the float64 output past the
-tolerance: N(0, 1) weights at hidden 512 give attention logits in the thousands, where
-float16's spacing is as large as the gap between a row's two largest); the message names
-those draws.
+holds where a normal native draw finds a difference and rounding alone decides the whole
+program's output on it (moving every input by one unit in the last place moves the
+float64 output past the tolerance: N(0, 1) weights at hidden 512 give attention logits
+in the thousands, where float16's spacing is as large as the gap between a row's two
+largest); the message names those draws.
 """
 
 from __future__ import annotations
