@@ -12,7 +12,8 @@ the source line; a dtype other than float16, bfloat16 and float32 raises
 ``DTypeError``.
 
 ``softmax`` becomes ``em.softmax``: ``exp(x - max) / sum(exp(x - max))``, max-subtracted
-as torch computes it, so large logits do not overflow.
+as torch computes it, so large logits do not overflow; of a float16 or bfloat16 tensor it
+is computed in float32 and rounded once, as torch's kernels do (``torch_ops.torch_softmax``).
 
 The ``Converter`` is shared with the ``torch.compile`` backend (``dynamo/backend.py``).
 """
@@ -301,7 +302,7 @@ def from_torch(fn_or_module: Any, *example_inputs: Any, name: str | None = None,
     name)`` or ``("param", path)``; ``graph_inputs`` builds the input dict from it.
 
     Supported: see ``torch_ops.SUPPORTED``. ``softmax`` becomes ``em.softmax``
-    (max-subtracted, as torch computes it). Raises
+    (max-subtracted and, in float16/bfloat16, in float32, as torch computes it). Raises
     ``UnsupportedOpError`` (naming the op and the source line) for anything else,
     ``DTypeError`` for other dtypes.
     """

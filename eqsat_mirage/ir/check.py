@@ -94,8 +94,8 @@ def check_lax(program, what: str = "program") -> None:
 def masked_fact(node, srcs: list[bool], what: str = "program") -> bool:
     """Whether ``node`` holds a masked value (``where(mask, x, -inf)``), given its operands';
     ``LaxError`` if it uses one in a way the verifier cannot follow. Allowed: ``x - m`` and
-    ``x + c`` (finite c or m), transposes and reshapes (still masked), exp and max (no
-    longer masked: the exp of a masked element is 0)."""
+    ``x + c`` (finite c or m), transposes, reshapes and casts (still masked: -inf in every
+    float dtype), exp and max (no longer masked: the exp of a masked element is 0)."""
     if node.op is Op.MASK:
         if srcs[1]:
             raise LaxError(f"{what}: {node.describe()} masks a value that is already masked")
@@ -104,12 +104,12 @@ def masked_fact(node, srcs: list[bool], what: str = "program") -> bool:
         return False
     if node.op in (Op.EXP, Op.MAX):
         return False
-    if node.op in (Op.TRANSPOSE, Op.RESHAPE):
+    if node.op in (Op.TRANSPOSE, Op.RESHAPE, Op.CAST):
         return True
     if (node.op is Op.ADD and srcs.count(True) == 1) or (
             node.op is Op.SUB and srcs == [True, False]):
         return True
     raise LaxError(f"{what}: {node.describe()} uses a masked value (-inf where masked): the "
                    "verifier follows one only through + or - of finite values, transposes, "
-                   "reshapes, max and exp")
+                   "reshapes, casts, max and exp")
 

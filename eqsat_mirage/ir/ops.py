@@ -96,6 +96,10 @@ class OpSpec:
     doc: str  # one line: what the op computes
     arg: str | None = None  # what ``Node.arg`` holds, None: no argument
     floats: Callable[..., Any] | None = None  # elementwise on float64 NumPy arrays
+    # in float16/bfloat16/float32 (``em.evaluate``'s native dtypes): True: the operands as
+    # stored, summed in a float32 accumulator, the result rounded once to the node's dtype
+    # (torch on CPU and GPU, and the generated kernels); False: the exact result rounded
+    accumulates: bool = False
     opaque: bool = False  # in the finite field: a random function of its argument
     field: str | None = None  # the exact field form: "neg", "add", "sub", "mul", "div"
     reciprocal_of: Op | None = None  # in the field: 1 / that opaque op's random function
@@ -178,12 +182,13 @@ _ALL = [
     OpSpec(Op.DIV, "binary", 2, "a / b (in the field: times the inverse)", floats=np.divide,
            field="div", torch="torch.div", symbol="/", egglog="Div", guard="(ADiv {0} {1})",
            cost=(1, 1), mutants=(Op.MUL,)),
-    OpSpec(Op.MATMUL, "matmul", 2, "NumPy matmul, batch dims broadcast",
+    OpSpec(Op.MATMUL, "matmul", 2, "NumPy matmul, batch dims broadcast", accumulates=True,
            torch="torch.matmul", egglog="MatMul", guard="(ASum (AMul {0} {1}))"),
-    OpSpec(Op.SUM, "reduce", 1, "the sum over axes", arg="(axes, keepdims)",
+    OpSpec(Op.SUM, "reduce", 1, "the sum over axes", arg="(axes, keepdims)", accumulates=True,
            torch="torch.sum", egglog="Sum", guard="(ASum {0})", mutants=(Op.MEAN,)),
     OpSpec(Op.MEAN, "reduce", 1, "the mean over axes", arg="(axes, keepdims)",
-           torch="torch.mean", egglog="Mean", guard="(ADiv (ASum {0}) (AConst))",
+           accumulates=True, torch="torch.mean", egglog="Mean",
+           guard="(ADiv (ASum {0}) (AConst))",
            mutants=(Op.SUM,)),
     OpSpec(Op.TRANSPOSE, "movement", 1, "a permutation of the axes", arg="the permutation",
            torch="torch.permute", egglog="Swap", guard="{0}"),

@@ -350,7 +350,7 @@ FIELD_SEMANTICS = {
 
 
 _MASK_AWARE = {Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.EXP, Op.MAX, Op.TRANSPOSE, Op.RESHAPE,
-               Op.CONCAT}
+               Op.CONCAT, Op.CAST}  # a cast keeps -inf (the field's cast is the identity)
 
 
 def _refuse_masked(op: Op, fn):

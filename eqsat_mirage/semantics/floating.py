@@ -88,6 +88,28 @@ def round_to(x: np.ndarray, dtype: str | None) -> np.ndarray:
     return np.asarray(x, dtype=np.float32)
 
 
+_BITS = {"float16": (np.float16, np.uint16, 0), "bfloat16": (np.float32, np.uint32, 16),
+         "float32": (np.float32, np.uint32, 0)}  # storage type, its bits, bits below the dtype
+
+
+def neighbour(x: np.ndarray, dtype: str, away: np.ndarray) -> np.ndarray:
+    """Each value of ``x`` (already a value of ``dtype``) moved by one unit in the last place
+    of ``dtype``: away from zero where ``away`` holds, else towards it (0 and the largest
+    finite value move the one way they can; inf and nan stay). A float32 array."""
+    if dtype not in _BITS:
+        raise ValueError(f"neighbour: no unit in the last place for dtype {dtype!r}")
+    store, ut, low = _BITS[dtype]
+    x = np.asarray(x, dtype=np.float32)
+    bits = x.astype(store).view(ut)
+    mag = bits & ut(np.iinfo(ut).max >> 1)  # the sign bit cleared
+    top = (np.asarray(np.finfo(np.float16).max if dtype == "float16" else np.finfo(
+        np.float32).max, dtype=store).view(ut) >> low) << low
+    up = (np.asarray(away, dtype=bool) | (mag == 0)) & (mag != top)
+    step = ut(1 << low)
+    moved = np.where(up, bits + step, bits - step).astype(ut).view(store).astype(np.float32)
+    return np.where(np.isfinite(x), moved, x)
+
+
 @dataclass
 class FloatCtx:
     """Per-run state of the float interpreter."""
@@ -105,8 +127,16 @@ class FloatCtx:
         return round_to(value, node.dtype if self.mode == "native" else self.mode)  # codegen)
 
 
+def accumulator(ctx: FloatCtx, n: Node) -> type:
+    """The accumulator of node ``n``: float64 for the reference (``mode`` None); in a float
+    dtype, float32 for the ops whose spec ``accumulates`` (matmul, sum, mean: operands as
+    stored, a float32 accumulator, the result rounded once, as torch and GPUs compute
+    them); else float64 (the exact result, rounded once)."""
+    return np.float32 if ctx.mode is not None and SPECS[n.op].accumulates else np.float64
+
+
 def _sum(ctx, n, x):
-    return ctx.fix(n, np.sum(x, axis=n.arg[0], keepdims=n.arg[1]))
+    return ctx.fix(n, np.sum(x, axis=n.arg[0], keepdims=n.arg[1], dtype=accumulator(ctx, n)))
 
 
 def _max(ctx, n, x):
@@ -114,12 +144,13 @@ def _max(ctx, n, x):
 
 
 def _mean(ctx, n, x):
-    return ctx.fix(n, np.mean(x, axis=n.arg[0], keepdims=n.arg[1]))
+    return ctx.fix(n, np.mean(x, axis=n.arg[0], keepdims=n.arg[1], dtype=accumulator(ctx, n)))
 
 
 def _matmul(ctx, n, a, b):
-    acc = np.float64 if ctx.mode is None else np.float32  # fp32 accumulation, as on GPUs
-    return ctx.fix(n, np.matmul(a.astype(acc, copy=False), b.astype(acc, copy=False)))
+    acc = accumulator(ctx, n)
+    return ctx.fix(n, np.matmul(np.asarray(a).astype(acc, copy=False),
+                                np.asarray(b).astype(acc, copy=False)))
 
 
 def _elementwise(fn):

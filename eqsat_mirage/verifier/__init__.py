@@ -1,7 +1,9 @@
 """Stage 6, verify: random testing over finite fields, with a false-positive bound.
 
 ``verify.py``: ``em.verify`` (field trials, the float64 and native-dtype checks, the
-counterexample). ``bound.py``: the degree analysis behind the bound.
+counterexample). ``bound.py``: the degree analysis behind the bound. ``floatcheck.py``:
+the float checks; ``conditioning.py``: whether rounding alone decides an output on a draw
+(the end-to-end check of ``endtoend.py`` then asks only for finiteness there).
 
 Takes: two programs with the same inputs and outputs (a ``Graph``, or any program that
 provides ``evaluate``/``evaluate_field``/``check_lax``/``degrees``, such as a MuGraph).

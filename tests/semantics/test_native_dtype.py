@@ -1,0 +1,134 @@
+"""Native-dtype semantics against eager torch on the CPU (issue 31).
+
+``em.evaluate(..., dtype="native")`` computes matmul, sum and mean as torch does in
+float16 and bfloat16: the operands as stored, a float32 accumulator, the result rounded
+once (``OpSpec.accumulates``); elementwise ops round per op. softmax through the torch
+frontend computes in float32 and rounds once, as torch's softmax kernel does.
+"""
+
+import numpy as np
+import pytest
+
+import eqsat_mirage as em
+from eqsat_mirage.ir.node import Op
+from eqsat_mirage.ir.ops import SPECS
+from eqsat_mirage.semantics.floating import FloatCtx, accumulator, neighbour, round_to
+
+torch = pytest.importorskip("torch")
+
+DTYPES = ("float16", "bfloat16")
+
+
+def _ulps(got: np.ndarray, want: torch.Tensor, dtype: str) -> int:
+    """The largest distance in units in the last place of ``dtype`` between ``got`` (values
+    of the dtype, as float32) and ``want`` (a torch tensor of that dtype)."""
+    tdt = getattr(torch, dtype)
+    exact = torch.tensor(np.asarray(got, dtype=np.float32))
+    mine = exact.to(tdt)
+    assert torch.equal(mine.float(), exact), \
+        "em.evaluate's native values must be values of the dtype"
+
+    def ordered(t):  # sign-magnitude bits to a monotone integer line
+        i = t.reshape(-1).view(torch.int16).int()
+        return torch.where(i < 0, -32768 - i, i)
+    return int((ordered(mine) - ordered(want.to(tdt))).abs().max())
+
+
+def _run(graph, tensors: dict) -> np.ndarray:
+    got = em.evaluate(graph, {k: v.float().numpy() for k, v in tensors.items()},
+                      dtype="native")
+    return next(iter(got.values()))
+
+
+def test_the_accumulating_ops_are_declared_once():
+    assert {op for op, s in SPECS.items() if s.accumulates} == {Op.MATMUL, Op.SUM, Op.MEAN}
+    g = em.Graph("acc")
+    x = g.input("x", (4, 8), dtype="float16")
+    g.output(x.sum(axis=-1), "out")
+    node = g.outputs["out"]
+    assert accumulator(FloatCtx({}, "native"), node) is np.float32
+    assert accumulator(FloatCtx({}, None), node) is np.float64  # the reference
+    assert accumulator(FloatCtx({}, "native"), node.srcs[0]) is np.float64  # not accumulating
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("what", ["matmul", "batched_matmul", "sum", "mean", "sum_all"])
+def test_accumulations_are_bit_equal_to_eager_torch(dtype, what):
+    tdt = getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(7)
+    x = (torch.randn(4, 16, 512, generator=gen) * 3).to(tdt)
+    w = torch.randn(512, 96, generator=gen).to(tdt)
+    g = em.Graph(what)
+    gx = g.input("x", tuple(x.shape), dtype=dtype)
+    inputs = {"x": x}
+    if what.endswith("matmul"):
+        gw = g.input("w", (4, 512, 96) if what == "batched_matmul" else (512, 96), dtype=dtype)
+        inputs["w"] = w.expand(4, 512, 96).contiguous() if what == "batched_matmul" else w
+        g.output(gx @ gw, "out")
+        want = x @ inputs["w"]
+    elif what == "sum":
+        g.output(gx.sum(axis=-1, keepdims=True), "out")
+        want = x.sum(-1, keepdim=True)
+    elif what == "mean":
+        g.output(gx.mean(axis=(0, 2)), "out")
+        want = x.mean((0, 2))
+    else:
+        g.output(gx.sum(), "out")
+        want = x.sum()
+    got = _run(g, inputs)
+    if dtype == "bfloat16" and what.endswith("matmul"):
+        # torch's CPU bfloat16 GEMM sums the same float32 products in another order:
+        # equal up to that order's float32 rounding, then rounded once to bfloat16
+        bound = 2 * 512 * 2.0 ** -24 * (x.double().abs() @ inputs["w"].double().abs())
+        ulp = 2.0 ** (torch.floor(torch.log2(want.double().abs().clamp_min(1e-30))) - 7)
+        assert torch.all((torch.from_numpy(got) - want.double()).abs() <= ulp + bound)
+        assert (torch.from_numpy(got) == want.double()).double().mean() > 0.99
+    else:
+        assert _ulps(got, want, dtype) == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_elementwise_ops_round_per_op_as_torch(dtype):
+    tdt = getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(3)
+    x, y = (torch.randn(64, 64, generator=gen).to(tdt) for _ in range(2))
+    g = em.Graph("ew")
+    gx, gy = (g.input(n, (64, 64), dtype=dtype) for n in ("x", "y"))
+    g.output(em.exp(gx * gy + gx) / (gy * gy + 1.0), "out")
+    want = torch.exp(x * y + x) / (y * y + 1.0)
+    assert _ulps(_run(g, {"x": x, "y": y}), want, dtype) <= 1  # exp's last bit may differ
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scale", [1.0, 8.0])
+def test_softmax_from_torch_within_one_ulp_of_eager(dtype, scale):
+    tdt = getattr(torch, dtype)
+    x = (torch.randn(8, 512, generator=torch.Generator().manual_seed(1)) * 3).to(tdt)
+
+    def fn(t):
+        return torch.softmax(t * scale, dim=-1)
+    g = em.from_torch(fn, x)
+    assert _ulps(_run(g, {name: x for name in g.inputs}), fn(x), dtype) <= 1
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_neighbour_is_one_unit_in_the_last_place(dtype):
+    x = round_to(np.array([1.0, -1.0, 0.0, 3.3, -2.5e-3, 1e-7, np.inf, np.nan]), dtype)
+    up = neighbour(x, dtype, np.ones(x.shape, bool))
+    down = neighbour(x, dtype, np.zeros(x.shape, bool))
+    if dtype != "bfloat16":
+        store = np.float16 if dtype == "float16" else np.float32
+        xs = x.astype(store)
+        away = np.nextafter(xs, np.copysign(np.inf, xs)).astype(np.float32)
+        toward = np.nextafter(xs, np.zeros_like(xs)).astype(np.float32)
+        fin = np.isfinite(x) & (x != 0)
+        assert np.array_equal(up[fin], away[fin]) and np.array_equal(down[fin], toward[fin])
+    for moved in (up, down):  # values of the dtype
+        assert np.array_equal(round_to(moved, dtype), moved, equal_nan=True)
+    fin = np.isfinite(x)
+    assert np.all(np.abs(up[fin]) > np.abs(x[fin]))
+    assert np.all(np.abs(down[fin][x[fin] != 0]) < np.abs(x[fin][x[fin] != 0]))
+    assert down[2] != 0  # 0 can only move away
+    assert np.isinf(up[6]) and np.isnan(up[7])
+    with pytest.raises(ValueError, match="bool"):
+        neighbour(x, "bool", up > 0)
