@@ -36,13 +36,16 @@ keywords only, ``backend(target="h100", time_limit_s=2, ...)`` returns a new
 ``Backend`` with those options.
 
 Each compiled graph gets one warning, ``eqsat-mirage: N of M ops in K optimized
-partitions (predicted X us -> Y us); eager: op at file:line (reason), ...``;
-``warn=False`` silences it, and ``Backend.summary()`` returns the same as a dict
-(totals, with ``compute_ops``: the ops computing a non-empty float tensor, and one
-entry per graph). ``Backend.report`` lists a ``PartitionReport`` per partition;
-``Backend.unsupported`` names the ops that stayed eager and why. Nodes that produce
-or read a zero-size tensor (an empty KV cache) stay eager with that reason; nodes that
-produce a tuple of tensors (``split``, ``chunk``) join partitions like any other.
+partitions (predicted X us -> Y us); eager: op at file:line (reason), ...``, ending with
+``ran out of time (...): part piece i (n ops: ...)`` when the time limit cut some search
+short (those pieces run as they were; the pieces that verified in time run optimized).
+The partitions of one graph share ``time_limit_s`` (weighted by their ops), so the
+compile call holds it. ``warn=False`` silences the warning, and ``Backend.summary()``
+returns the same as a dict (totals, with ``compute_ops``: the ops computing a non-empty
+float tensor, and one entry per graph). ``Backend.report`` lists a ``PartitionReport`` per
+partition; ``Backend.unsupported`` names the ops that stayed eager and why. Nodes that
+produce or read a zero-size tensor (an empty KV cache) stay eager with that reason; nodes
+that produce a tuple of tensors (``split``, ``chunk``) join partitions like any other.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from ..frontend.from_torch import Converter, op_name, source_line, unique_identi
 from ..frontend.graph import Graph, Tensor
 from ..frontend.torch_movement import Empty
 from ..ir.errors import MirageError, unexpected
+from ..ir.limits import Shares
 from ..pipeline.whole import improved, optimize, unchanged_reason
 from .runtime import OptimizedPartition, Warmup, uses_triton
 from .specs import SymbolicSizes, computes, node_spec, split_runs
@@ -108,12 +112,33 @@ def _optimized_ops(sub: fx.GraphModule, cv: Converter, result: Any) -> int:
                and not any(id(m) in kept for m in nodes(cv.env.get(n))))
 
 
+def ran_out_of_time(entry: PartitionReport) -> list[str]:
+    """The pieces of a partition (or the partition itself, searched as one piece) whose
+    search the time limit cut short, in words: ``part_1_0 piece 2 (18 ops: mm, silu, ...)``."""
+    res = entry.result
+    if res is None or isinstance(res, BaseException):
+        return []
+    pieces = res.stats.get("pieces")
+    if pieces is None:
+        if entry.status == "unchanged" and res.stats.get("time_limited"):
+            return [f"{entry.name} ({len(entry.ops)} ops)"]
+        return []
+    out = []
+    for p in pieces:
+        if p.get("time_limited"):
+            names = list(dict.fromkeys(p["ops"]))
+            shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+            out.append(f"{entry.name} piece {p['index']} ({len(p['ops'])} ops: {shown})")
+    return out
+
+
 class Backend:
     """The ``torch.compile`` backend (see the module docstring); ``backend`` is one.
 
     Options: ``target`` (hardware profile), ``time_limit_s`` (wall-clock bound on
-    each partition's whole search), ``min_ops`` (smallest partition to optimize, in
-    ops), ``warn`` (each graph's summary warning, and warnings on fallbacks at run time),
+    the search of one compiled graph, its partitions together), ``min_ops`` (smallest
+    partition to optimize, in ops), ``warn`` (each graph's summary warning, and warnings
+    on fallbacks at run time),
     ``warmup`` (see below), ``size_hint`` and ``size_max`` (the family size's planning hint
     and maximum: a decode loop that starts short is planned, priced and verified for the
     lengths it grows to, and a call past the maximum runs eagerly; default: the example
@@ -214,7 +239,10 @@ class Backend:
         return int(inside and bool(getattr(config, "automatic_dynamic_shapes", False)))
 
     def _build(self, gm: fx.GraphModule, sizes: SymbolicSizes, number: int) -> Any:
-        """Partition graph ``number`` (``gm``), optimize each partition, return its callable."""
+        """Partition graph ``number`` (``gm``), optimize each partition, return its callable.
+        The partitions share ``time_limit_s`` (``limits.Shares``, weighted by their ops):
+        the whole call holds the limit, not each partition."""
+        start = time.perf_counter()
         support = NodeSupport(gm, sizes)
         part = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
         try:
@@ -246,13 +274,17 @@ class Backend:
         prefix = f"{_PREFIX}{number}_"
         fused = part.fuse_partitions(parts, prefix=prefix)
         entries = []
-        for node in list(fused.graph.nodes):
-            if node.op == "call_module" and str(node.target).startswith(prefix):
-                sub = fused.get_submodule(node.target)
-                replacement = self._partition(str(node.target), sub, sizes)
-                entries.append(self.report[-1])
-                if replacement is not None:
-                    setattr(fused, node.target, replacement)
+        nodes = [node for node in fused.graph.nodes if node.op == "call_module"
+                 and str(node.target).startswith(prefix)]
+        subs = [fused.get_submodule(node.target) for node in nodes]
+        weights = [sum(n.op.startswith("call") for n in sub.graph.nodes) for sub in subs]
+        shares = Shares(self.options.get("time_limit_s"), weights, start)
+        for i, (node, sub) in enumerate(zip(nodes, subs)):
+            replacement = self._partition(str(node.target), sub, sizes,
+                                          time_limit_s=shares.share(i))
+            entries.append(self.report[-1])
+            if replacement is not None:
+                setattr(fused, node.target, replacement)
         fused.recompile()
         self._summarize(total, entries, eager, sizes, number)
         return fused.forward
@@ -275,9 +307,11 @@ class Backend:
         after = sum(e.result.cost_us for e in done)
         small = [e for e in entries if e.status != "optimized"]
         eager = eager + [f"partition {e.name} of {len(e.ops)} ops ({e.reason})" for e in small]
+        late = [t for e in entries for t in ran_out_of_time(e)]
         graph = {"graph": number, "ops": total, "compute_ops": compute,
                  "optimized_ops": sum(e.optimized_ops for e in done),
                  "partitions": len(entries), "optimized_partitions": len(done),
+                 "time_limited": late,
                  "predicted_us": [before, after], "eager": eager,
                  "sizes": sizes.describe() if sizes.dynamic else "static"}
         self._summaries.append(graph)
@@ -286,7 +320,10 @@ class Backend:
                    f"partitions (predicted {before:.2f} us -> {after:.2f} us)"
                    + (f"; {graph['sizes']}, one search serves every value"
                       if sizes.dynamic else "")
-                   + (f"; eager: {', '.join(shown)}" if shown else ""), prefix="eqsat-mirage: ")
+                   + (f"; eager: {', '.join(shown)}" if shown else "")
+                   + (f"; ran out of time (time_limit_s={self.options.get('time_limit_s')}, "
+                      f"kept as they were): {', '.join(late)}" if late else ""),
+                   prefix="eqsat-mirage: ")
 
     def summary(self) -> dict:
         """What ran optimized and what stayed eager and why, over every graph searched so
@@ -319,9 +356,10 @@ class Backend:
             pass
 
     def _partition(self, name: str, sub: fx.GraphModule, sizes: SymbolicSizes,
-                   report: bool = True, entry: PartitionReport | None = None
-                   ) -> OptimizedPartition | None:
-        """Convert, optimize and (where it will run on Triton) compile one partition.
+                   report: bool = True, entry: PartitionReport | None = None,
+                   time_limit_s: float | None = None) -> OptimizedPartition | None:
+        """Convert, optimize and (where it will run on Triton) compile one partition, in
+        ``time_limit_s`` seconds (default: the backend's whole ``time_limit_s``).
 
         With sizes Dynamo left symbolic but this program specialized, the module may search
         once more, with the size a call moved as the family size (``OptimizedPartition._adopt``).
@@ -337,7 +375,10 @@ class Backend:
             if not graph.outputs:
                 entry.status, entry.reason = "eager", "no computation (identity ops only)"
                 return None
-            entry.result = optimize(graph, **self.options)
+            options = dict(self.options)
+            if time_limit_s is not None:
+                options["time_limit_s"] = time_limit_s
+            entry.result = optimize(graph, **options)
             if not improved(entry.result):  # nothing better found: the eager ops stay
                 entry.status, entry.reason = "unchanged", unchanged_reason(entry.result)
                 entry.seconds = time.perf_counter() - t0

@@ -47,6 +47,28 @@ class Deadline:
         return f"Deadline({self.remaining():.2f} s left of {self.seconds})"
 
 
+class Shares:
+    """One time limit shared by a sequence of jobs (the partitions of one compiled graph):
+    job ``i`` gets the seconds left times its weight over the weights of the jobs not yet
+    run, so time a job leaves unused goes to the jobs after it and the sequence ends
+    within the limit (a job past it gets ``LEAST`` seconds: a time limit must be positive,
+    and it returns what it has at once). ``seconds`` None: no limit (every share is None)."""
+
+    LEAST = 0.001
+
+    def __init__(self, seconds: float | None, weights: list[float],
+                 start: float | None = None) -> None:
+        self.deadline = Deadline(seconds, start)
+        self.weights = [max(float(w), 1e-9) for w in weights]
+
+    def share(self, i: int) -> float | None:
+        """Seconds for job ``i`` (call it when job ``i`` starts); None without a limit."""
+        if self.deadline.seconds is None:
+            return None
+        rest = sum(self.weights[i:])
+        return max(self.LEAST, self.deadline.remaining() * self.weights[i] / rest)
+
+
 def memory_budget() -> int:
     """The verifier's memory budget in bytes: ``$EQSAT_MIRAGE_MEMORY_BUDGET`` (bytes, or
     with a K/M/G/T suffix), else 8 GiB or half the machine's memory, whichever is less."""

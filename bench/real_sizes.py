@@ -1,0 +1,236 @@
+"""Real sizes (issue 32): one LlamaDecoderLayer at LLaMA-7B dimensions through torch.compile.
+
+    python bench/real_sizes.py [--hidden 4096] [--seq 128] [--dtype float16]
+                               [--time-limit 30] [--layers 1] [--json]
+
+builds a random-init ``transformers`` ``LlamaDecoderLayer`` (hidden 4096, 32 heads, 8
+key/value heads, intermediate 11008 by default: LLaMA-7B's dimensions with GQA; nothing is
+downloaded), runs it through ``torch.compile(layer, backend=em.backend(...))`` once, with a
+fresh results cache, and prints where the compile time went:
+
+- per partition: conversion + optimization seconds, status, and for a partitioned program
+  the partition step, each piece's search (saturation, extraction, fusion planning, compile
+  check, verification, from the piece's pass records), the stitch and the end-to-end float
+  check;
+- the whole compile call's wall-clock seconds against the time limit;
+- peak memory: measured (this process's VmHWM; Linux carries ``ru_maxrss`` across exec
+  from a forked parent) and the verifier's estimate (the largest total the memory budget
+  checked: ``verifier/memory.py`` through ``threads_that_fit``);
+- coverage (ops optimized / compute ops / all), predicted us one kernel per op -> chosen
+  (h100 cost model), and the largest error against eager (relative to max |eager|).
+
+One experiment per process: the machine is shared, run one 7B-size experiment at a time.
+``--layers N`` stacks N identical layers (the identical-pieces case).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import eqsat_mirage as em  # noqa: E402
+from bench.memory_bench import _peak_bytes  # noqa: E402
+
+SEVEN_B = {"hidden": 4096, "heads": 32, "kv_heads": 8, "intermediate": 11008}
+
+
+def layer(hidden: int, heads: int, kv_heads: int, intermediate: int, seq: int, dtype: str,
+          layers: int = 1, seed: int = 0):
+    """(function, example inputs) of ``layers`` random-init LlamaDecoderLayers in a row."""
+    import torch
+    from transformers import LlamaConfig
+    from transformers.models.llama import modeling_llama as ml
+
+    torch.manual_seed(seed)
+    dt = getattr(torch, dtype)
+    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=intermediate,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads,
+                      num_hidden_layers=layers, vocab_size=128,
+                      max_position_embeddings=max(2 * seq, 16), attn_implementation="sdpa")
+    x = torch.randn(1, seq, hidden, dtype=dt)
+    pos = torch.arange(seq)[None]
+    cos, sin = ml.LlamaRotaryEmbedding(cfg)(x, pos)
+    mods = [ml.LlamaDecoderLayer(cfg, i).eval().to(dt) for i in range(layers)]
+    # identical layers: the same weights (a stack of one layer's copies); weights are inputs
+    # of the graph, so the pieces are equal up to renaming either way
+    for m in mods[1:]:
+        m.load_state_dict(mods[0].state_dict())
+
+    def fn(h):
+        for m in mods:
+            h = m(h, attention_mask=None, position_embeddings=(cos, sin), position_ids=pos)
+            h = h[0] if isinstance(h, (tuple, list)) else h
+        return h
+
+    return fn, (x,)
+
+
+class Estimates:
+    """The largest memory estimate the budget checked (``threads_that_fit``), recorded by
+    wrapping the verifier's and the end-to-end check's calls to it."""
+
+    def __init__(self) -> None:
+        self.most, self.what = 0, ""
+
+    def install(self) -> None:
+        from eqsat_mirage.verifier import endtoend, memory, verify
+
+        real = memory.threads_that_fit
+
+        def recorded(parts_for, most, what, budget=None):
+            threads = real(parts_for, most, what, budget)
+            total = sum(n for _, n in parts_for(threads))
+            if total > self.most:
+                self.most, self.what = total, f"{what} ({threads} at once)"
+            return threads
+
+        verify.threads_that_fit = recorded
+        endtoend.threads_that_fit = recorded
+
+
+def piece_rows(stats: dict) -> list[dict]:
+    """One row per piece of a partitioned program's stats."""
+    rows = []
+    for e in stats.get("pieces", []):
+        rows.append({"index": e["index"], "ops": len(e["ops"]), "status": e["status"],
+                     "same_as": e["same_as"], "time_limited": e.get("time_limited", False),
+                     "seconds": e.get("seconds", 0.0), "phases": e.get("phase_seconds", {}),
+                     "compile": e.get("compile_seconds", 0.0), "reason": e["reason"],
+                     "before": e.get("cost_before_us"), "after": e.get("cost_after_us")})
+    return rows
+
+
+def profile(report) -> list[dict]:
+    """Where each partition's time went (plain data)."""
+    out = []
+    for e in report:
+        res = e.result
+        st = res.stats if res is not None else {}
+        row = {"name": e.name, "ops": len(e.ops), "status": e.status, "reason": e.reason,
+               "seconds": e.seconds, "optimize_seconds": st.get("seconds", 0.0)}
+        if "pieces" in st:
+            row.update(partition=st.get("partition_seconds", 0.0),
+                       search=st.get("search_seconds", 0.0),
+                       stitch=st.get("stitch_seconds", 0.0),
+                       end_to_end=st.get("end_to_end_seconds", 0.0),
+                       end_to_end_message=st.get("end_to_end", ""),
+                       pieces=piece_rows(st))
+        elif st:
+            row.update(phases=st.get("phase_seconds", {}),
+                       compile=(st.get("compiled") or {}).get("seconds", 0.0),
+                       time_limited=st.get("time_limited", False))
+        out.append(row)
+    return out
+
+
+def run(hidden: int, heads: int, kv_heads: int, intermediate: int, seq: int, dtype: str,
+        time_limit_s: float | None, layers: int = 1, jobs: int | None = None) -> dict:
+    """Compile the layer(s) once with em.backend, compare with eager; the figures."""
+    import torch
+
+    est = Estimates()
+    est.install()
+    fn, args = layer(hidden, heads, kv_heads, intermediate, seq, dtype, layers)
+    torch._dynamo.reset()
+    opts = {} if time_limit_s is None else {"time_limit_s": time_limit_s}
+    if jobs is not None:
+        opts["jobs"] = jobs
+    with tempfile.TemporaryDirectory() as tmp:
+        be = em.backend(warmup=0, cache=str(Path(tmp) / "cache.sqlite"), **opts)
+        with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            want = fn(*args).float()
+            t = time.perf_counter()
+            got = fn_compiled = torch.compile(fn, backend=be)
+            got = fn_compiled(*args).float()
+            seconds = time.perf_counter() - t
+    s = be.summary()
+    err = float((got - want).abs().max() / want.abs().max())
+    text = [str(w.message) for w in caught if "eqsat-mirage" in str(w.message)]
+    return {"hidden": hidden, "heads": heads, "kv_heads": kv_heads,
+            "intermediate": intermediate, "seq": seq, "dtype": dtype, "layers": layers,
+            "time_limit_s": be.options["time_limit_s"], "compile_seconds": seconds,
+            "ops": s["ops"], "compute_ops": s["compute_ops"],
+            "optimized_ops": s["optimized_ops"], "partitions": s["optimized_partitions"],
+            "before_us": s["predicted_us"][0], "after_us": s["predicted_us"][1],
+            "max_error": err, "finite": bool(torch.isfinite(got).all()),
+            "peak_bytes": _peak_bytes(), "estimate_bytes": est.most,
+            "estimate_what": est.what, "warnings": text, "profile": profile(be.report)}
+
+
+def show(r: dict) -> str:
+    """The figures of ``run`` in words, one line per step."""
+    gb = 1e9
+    lines = [f"LlamaDecoderLayer x{r['layers']}: hidden {r['hidden']}, {r['heads']} heads, "
+             f"{r['kv_heads']} KV heads, intermediate {r['intermediate']}, batch 1, seq "
+             f"{r['seq']}, {r['dtype']}; time_limit_s={r['time_limit_s']}",
+             f"compile call: {r['compile_seconds']:.1f} s; coverage {r['optimized_ops']} / "
+             f"{r['compute_ops']} compute ops / {r['ops']} ops in {r['partitions']} optimized "
+             f"partition(s); predicted {r['before_us']:.1f} -> {r['after_us']:.1f} us; max "
+             f"error vs eager {r['max_error']:.2e} (finite: {r['finite']})",
+             f"peak memory: measured {r['peak_bytes'] / gb:.2f} GB (VmHWM), estimated "
+             f"{r['estimate_bytes'] / gb:.2f} GB ({r['estimate_what']})"]
+    for p in r["profile"]:
+        lines.append(f"partition {p['name']} ({p['ops']} ops): {p['status']} in "
+                     f"{p['seconds']:.1f} s (optimize {p['optimize_seconds']:.1f} s)"
+                     + (f" - {p['reason']}" if p["reason"] else ""))
+        if "pieces" in p:
+            lines.append(f"  partition step {p['partition']:.2f} s, piece searches "
+                         f"{p['search']:.1f} s, stitch {p['stitch']:.2f} s, end-to-end check "
+                         f"{p['end_to_end']:.1f} s ({p['end_to_end_message']})")
+            for q in p["pieces"]:
+                ph = q["phases"]
+                lines.append(
+                    f"  piece {q['index']} ({q['ops']} ops): {q['status']}"
+                    + (f" (same as {q['same_as']})" if q["same_as"] is not None else "")
+                    + (" [time-limited]" if q["time_limited"] else "")
+                    + f", {q['seconds']:.1f} s: saturate {ph.get('saturate', 0):.1f}, extract "
+                    f"{ph.get('extract', 0):.1f}, plan {ph.get('fusion', 0):.1f}, compile "
+                    f"check {q['compile']:.1f}, verify {ph.get('verify', 0):.1f}"
+                    + (f"; {q['before']:.1f} -> {q['after']:.1f} us" if q["before"] else "")
+                    + (f" - {q['reason']}" if q["status"] != "optimized" else ""))
+        elif "phases" in p:
+            ph = p["phases"]
+            lines.append(f"  saturate {ph.get('saturate', 0):.1f}, extract "
+                         f"{ph.get('extract', 0):.1f}, plan {ph.get('fusion', 0):.1f}, compile "
+                         f"check {p['compile']:.1f}, verify {ph.get('verify', 0):.1f}")
+    lines += [f"warning: {w}" for w in r["warnings"]]
+    lines.append(f"machine: {platform.machine()}, {os.cpu_count()} CPU(s), "
+                 f"{platform.python_version()}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    """Run one experiment and print its profile (``--json``: the figures as one JSON line)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hidden", type=int, default=SEVEN_B["hidden"])
+    ap.add_argument("--heads", type=int, default=SEVEN_B["heads"])
+    ap.add_argument("--kv-heads", type=int, default=SEVEN_B["kv_heads"])
+    ap.add_argument("--intermediate", type=int, default=SEVEN_B["intermediate"])
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--layers", type=int, default=1)
+    ap.add_argument("--jobs", type=int, default=None)
+    ap.add_argument("--time-limit", type=float, default=None,
+                    help="time_limit_s (default: em.backend's default)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    r = run(args.hidden, args.heads, args.kv_heads, args.intermediate, args.seq, args.dtype,
+            args.time_limit, args.layers, args.jobs)
+    print(json.dumps(r) if args.json else show(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""Issue 32, through torch.compile: one compiled graph's partitions share ``time_limit_s``
+(the compile call holds it, not each partition), pieces cut by the time limit are named in
+the graph's warning and run as they were, and the pieces that verified run optimized.
+Time limits are cut by hand; the tests assert invariants, not speed."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+import eqsat_mirage as em
+from eqsat_mirage.pipeline import whole
+
+torch = pytest.importorskip("torch")
+from bench.whole_programs import decoder_stack  # noqa: E402
+from eqsat_mirage.dynamo import backend as torch_backend  # noqa: E402
+
+nn = torch.nn
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class SortInTheMiddle(nn.Module):
+    """Two partitions: the sort between them is not supported."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.proj, self.out = nn.Linear(d, d), nn.Linear(d, d, bias=False)
+
+    def forward(self, x):
+        y = torch.softmax(self.proj(x), dim=-1)
+        z = torch.sort(y, dim=-1).values
+        return self.out(torch.relu(z) * y)
+
+
+def test_the_partitions_of_a_graph_share_its_time_limit(monkeypatch):
+    real, limits = torch_backend.optimize, []
+
+    def recorded(graph, **options):
+        limits.append(options["time_limit_s"])
+        return real(graph, **options)
+
+    monkeypatch.setattr(torch_backend, "optimize", recorded)
+    torch.manual_seed(0)
+    m, x = SortInTheMiddle().eval(), torch.randn(3, 8)
+    be = em.backend(time_limit_s=60.0, iter_limit=4, warmup=0, warn=False)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(m, backend=be)(x), m(x))
+    assert len(be.report) == 2 and len(limits) == 2
+    assert all(0 < s < 60.0 for s in limits)
+    ops = [len(e.ops) for e in be.report]
+    assert limits[0] <= 60.0 * ops[0] / sum(ops) + 1e-6  # a share weighted by its ops
+    # the second partition gets at most what the first left of the whole limit
+    assert limits[1] <= 60.0 - be.report[0].seconds + 1e-6
+
+
+def test_a_piece_cut_by_the_time_limit_is_named_and_the_others_run_optimized(monkeypatch):
+    real, calls = whole.optimize_piece, []
+
+    def later_pieces_have_no_time(graph, options, **kwargs):
+        calls.append(graph)
+        if len(calls) > 1:
+            options = options.replace(time_limit_s=0.001)
+        return real(graph, options, **kwargs)
+
+    monkeypatch.setattr(whole, "optimize_piece", later_pieces_have_no_time)
+    model, x = decoder_stack(1, d=64, heads=2, f=128, seq=16)
+    be = em.backend(warmup=0, time_limit_s=120)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = torch.compile(model, backend=be)(x)
+        want = model(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    (entry,) = be.report
+    pieces = entry.result.stats["pieces"]
+    late = [p for p in pieces if p["time_limited"]]
+    assert entry.status == "optimized" and late
+    assert any(p["status"] == "optimized" for p in pieces)
+    assert all(p["status"] == "unchanged" for p in late)
+    (said,) = [str(w.message) for w in caught if str(w.message).startswith("eqsat-mirage: ")]
+    assert "ran out of time" in said
+    for p in late:
+        assert f"{entry.name} piece {p['index']} ({len(p['ops'])} ops" in said, said
+    s = be.summary()
+    assert 0 < s["optimized_ops"] < s["ops"]
+    assert s["graphs"][0]["time_limited"] == torch_backend.ran_out_of_time(entry)
