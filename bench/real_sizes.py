@@ -10,8 +10,8 @@ fresh results cache, and prints where the compile time went:
 
 - per partition: conversion + optimization seconds, status, and for a partitioned program
   the partition step, each piece's search (saturation, extraction, fusion planning, compile
-  check, verification, from the piece's pass records), the stitch and the end-to-end float
-  check;
+  check, verification, from the piece's pass records: the verify pass's seconds less the
+  compile check it runs), the stitch and the end-to-end float check;
 - the whole compile call's wall-clock seconds against the time limit;
 - peak memory: measured (this process's VmHWM; Linux carries ``ru_maxrss`` across exec
   from a forked parent) and the verifier's estimate (the largest total the memory budget
@@ -197,14 +197,16 @@ def show(r: dict) -> str:
                     + (" [time-limited]" if q["time_limited"] else "")
                     + f", {q['seconds']:.1f} s: saturate {ph.get('saturate', 0):.1f}, extract "
                     f"{ph.get('extract', 0):.1f}, plan {ph.get('fusion', 0):.1f}, compile "
-                    f"check {q['compile']:.1f}, verify {ph.get('verify', 0):.1f}"
+                    f"check {q['compile']:.1f}, verify "
+                    f"{max(0.0, ph.get('verify', 0) - q['compile']):.1f}"
                     + (f"; {q['before']:.1f} -> {q['after']:.1f} us" if q["before"] else "")
                     + (f" - {q['reason']}" if q["status"] != "optimized" else ""))
         elif "phases" in p:
             ph = p["phases"]
             lines.append(f"  saturate {ph.get('saturate', 0):.1f}, extract "
                          f"{ph.get('extract', 0):.1f}, plan {ph.get('fusion', 0):.1f}, compile "
-                         f"check {p['compile']:.1f}, verify {ph.get('verify', 0):.1f}")
+                         f"check {p['compile']:.1f}, verify "
+                         f"{max(0.0, ph.get('verify', 0) - p['compile']):.1f}")
     lines += [f"warning: {w}" for w in r["warnings"]]
     lines.append(f"machine: {platform.machine()}, {os.cpu_count()} CPU(s), "
                  f"{platform.python_version()}")

@@ -38,6 +38,7 @@ class TuneResult:
     retuned: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (from, to) warps
     compiles: int = 0
     seconds: float = 0.0
+    cut_short: bool = False  # the deadline ended the warp retries before a clean build
 
     @property
     def ok(self) -> bool:
@@ -47,7 +48,9 @@ class TuneResult:
     def summary(self) -> str:
         """One line: kernels built, warps changed, refusals, seconds."""
         arch = f"sm_{ARCH[self.target]}" + ("a" if ARCH.get(self.target) == 90 else "")
-        spills = "no spills, shared memory within the limit" if self.ok else "not clean"
+        spills = ("not clean" if not self.ok else "a kernel spilled; its other warp counts "
+                  "were not tried in time" if self.cut_short
+                  else "no spills, shared memory within the limit")
         parts = [f"{len(self.kernels)} kernel(s) built for {self.target} ({arch}): {spills} "
                  f"({self.compiles} builds, {self.seconds:.1f} s)"]
         parts += [f"{n}: {a} -> {b} warps (ptxas spilled at {a})"
@@ -64,9 +67,11 @@ def _problem(r: KernelResources, smem_limit: float) -> str:
     return ""
 
 
-def tune(mugraph: MuGraph, target: str = "h100") -> TuneResult:
+def tune(mugraph: MuGraph, target: str = "h100", deadline=None) -> TuneResult:
     """Compile ``mugraph``'s custom kernels for ``target``; pin clean warp counts, refuse the
-    rest (see the module docstring). ``target`` is a built-in profile name (``ARCH``)."""
+    rest (see the module docstring). ``target`` is a built-in profile name (``ARCH``).
+    Past ``deadline`` (an ``ir.limits.Deadline``) no other warp count is tried: a kernel not
+    yet clean is left unpinned and the result is ``cut_short`` (nothing refused)."""
     t0 = time.perf_counter()
     out = TuneResult(target)
     limit = GPUProfile.load(target).smem_per_block_KiB * 1024
@@ -82,6 +87,9 @@ def tune(mugraph: MuGraph, target: str = "h100") -> TuneResult:
             continue
         first, tried = r.num_warps, [why]
         for w in (w for w in WARPS if w != first):
+            if deadline is not None and deadline.expired():
+                k.num_warps, out.cut_short = None, True
+                break
             k.num_warps = w
             again = compile_report(triton_source(mugraph), target)
             out.compiles += 1

@@ -5,7 +5,8 @@ kernel compiled for the target; spilling kernels rebuilt at other warp counts). 
 with a kernel that cannot build cleanly is dropped, and its candidate program is planned
 again with every refused schedule priced as infeasible (``gpucost.refusing``); the new
 plan joins the queue in cost order. Past its deadline (optimize gives it until 70% of the
-time limit) a plan is verified without being built, and counted as skipped. ``report()`` is
+time limit) a plan is verified without being built, and counted as skipped, and so is a plan
+whose warp retries the deadline cut short (``tune``'s ``cut_short``). ``report()`` is
 its ``CompileRecord`` (``res.stats["compiled"]`` is its ``as_stats()``).
 """
 
@@ -50,7 +51,7 @@ class Builder:
             return True
         else:
             try:
-                result = tune(p.mugraph, self.prof.name)
+                result = tune(p.mugraph, self.prof.name, self.deadline)
             except (CodegenError, subprocess.SubprocessError, OSError) as exc:
                 why = f"the target's compiler failed on it: {exc}"[:500]
                 result = TuneResult(self.prof.name, refused={tile_key(k): why for k in custom})
@@ -60,6 +61,11 @@ class Builder:
                 why = f"code generation failed on it: {type(exc).__name__}: {exc}"[:500]
                 result = TuneResult(self.prof.name, refused={tile_key(k): why for k in custom})
         self.compiles, self.seconds = self.compiles + result.compiles, self.seconds + result.seconds
+        if result.cut_short:  # the deadline came between warp counts: verified as planned
+            entry["compiled"] = ("not built cleanly before the compile check's share of the "
+                                 f"time limit ran out: {result.summary()}")
+            self.skipped += 1
+            return True
         if result.ok:
             entry["compiled"] = result.summary()
             if result.retuned:

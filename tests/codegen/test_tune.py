@@ -67,6 +67,32 @@ def test_a_spilling_warp_count_is_retuned():
 
 
 @needs_compiler
+def test_warp_retries_stop_at_the_deadline_without_refusing():
+    """Issue 32: past its deadline the compile check tries no other warp count (a build can
+    take a minute at LLaMA-7B sizes); the kernel is not refused, only left unpinned."""
+    from eqsat_mirage.ir.limits import Deadline
+
+    mg = attention_tiles(128, 128)  # spills at 4 warps
+    (k,) = _custom(mg)
+    k.num_warps = 4
+    result = tune(mg, "h100", Deadline(0.0))
+    assert result.cut_short and result.ok and not result.retuned and result.compiles == 1
+    assert k.num_warps is None and "not tried in time" in result.summary()
+
+
+def test_a_compile_check_cut_short_verifies_the_plan_as_planned(monkeypatch):
+    def cut(mg, target, deadline=None):
+        return TuneResult(target, compiles=1, cut_short=True)
+
+    monkeypatch.setattr(build, "tune", cut)
+    res = em.optimize(_rmslin(), cache=False, compile_check=True)
+    st = res.stats["compiled"]
+    assert res.verified.equivalent and st["skipped"] >= 1 and not st["refused"]
+    assert res.stats["time_limited"]  # a result the time limit shaped is not cached
+    assert any("not built cleanly" in (p.get("compiled") or "") for p in res.stats["plans"])
+
+
+@needs_compiler
 def test_tiles_no_warp_count_holds_are_refused():
     mg = attention_tiles(128, 256)
     (k,) = _custom(mg)
@@ -86,7 +112,7 @@ def test_optimize_replans_a_refused_candidate(monkeypatch):
     (k0,) = _custom(first.program)
     seen = []
 
-    def fake_tune(mg, target):  # refuse the first plan's kernel, accept the rest
+    def fake_tune(mg, target, deadline=None):  # refuse the first plan's kernel, accept the rest
         seen.append([tile_key(k) for k in _custom(mg)])
         keys = seen[-1]
         if tile_key(k0) in keys:
@@ -115,7 +141,7 @@ def test_optimize_builds_the_chosen_kernels_for_the_target():
 def test_a_compiler_failure_refuses_the_plan_instead_of_failing_the_search(monkeypatch):
     from eqsat_mirage.codegen.concat import CodegenError
 
-    def broken(mg, target):
+    def broken(mg, target, deadline=None):
         raise CodegenError("kernel 'k0_kernel' does not compile for h100 (test)")
 
     monkeypatch.setattr(build, "tune", broken)
@@ -150,7 +176,7 @@ def test_a_bug_on_one_candidate_is_contained_outside_strict_mode(monkeypatch):
     g.output(em.rms_norm(x) @ w, "Y")
     calls = []
 
-    def buggy_once(mg, target):
+    def buggy_once(mg, target, deadline=None):
         calls.append(1)
         if len(calls) == 1:
             raise ValueError("cannot reshape array of size 256 into shape () (test)")
