@@ -187,7 +187,8 @@ def show(r: dict) -> str:
                      + (f" - {p['reason']}" if p["reason"] else ""))
         if "pieces" in p:
             lines.append(f"  partition step {p['partition']:.2f} s, piece searches "
-                         f"{p['search']:.1f} s, stitch {p['stitch']:.2f} s, end-to-end check "
+                         f"{p['search']:.1f} s, stitch and costs "
+                         f"{max(0.0, p['stitch'] - p['end_to_end']):.2f} s, end-to-end check "
                          f"{p['end_to_end']:.1f} s ({p['end_to_end_message']})")
             for q in p["pieces"]:
                 ph = q["phases"]

@@ -124,11 +124,13 @@ def ran_out_of_time(entry: PartitionReport) -> list[str]:
             return [f"{entry.name} ({len(entry.ops)} ops)"]
         return []
     out = []
-    for p in pieces:
-        if p.get("time_limited"):
+    for p in pieces:  # a piece equal to an earlier one (same_as) was not searched again
+        if p.get("time_limited") and p.get("same_as") is None:
             names = list(dict.fromkeys(p["ops"]))
             shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
-            out.append(f"{entry.name} piece {p['index']} ({len(p['ops'])} ops: {shown})")
+            equal = [q["index"] for q in pieces if q.get("same_as") == p["index"]]
+            also = (f"; and the equal piece(s) {', '.join(map(str, equal))}" if equal else "")
+            out.append(f"{entry.name} piece {p['index']} ({len(p['ops'])} ops: {shown}{also})")
     return out
 
 
