@@ -29,7 +29,7 @@ from eqsat_mirage.ir.limits import memory_budget  # noqa: E402
 from eqsat_mirage.pipeline import optimize as opt_mod  # noqa: E402
 
 
-def _peak_bytes() -> int:
+def peak_bytes() -> int:
     """This process's peak resident set: VmHWM (ru_maxrss carries a forked parent's size
     across exec on Linux, so a child of a large process would report the parent's)."""
     try:
@@ -64,7 +64,7 @@ def plans(name: str, batch: int, out: str) -> dict:
             "kernels": len(res.program.kernels) if hasattr(res.program, "kernels") else None,
             "verified": bool(res.verified), "seconds": round(seconds, 1),
             "verify_seconds": round(res.stats.get("verify_seconds", 0.0), 1),
-            "peak_GB": round(_peak_bytes() / 1e9, 2), "saved": saved,
+            "peak_GB": round(peak_bytes() / 1e9, 2), "saved": saved,
             "refused": [m for m in lines if "memory budget" in m]}
 
 
@@ -77,14 +77,14 @@ def verify(name: str, batch: int, path: str) -> dict:
 
     g = program(name, batch)
     mg = em.MuGraph.from_json(Path(path).read_text())
-    base = _peak_bytes()
+    base = peak_bytes()
     if verify_parts is None:  # the estimate before issue 32
         estimate = sum(n for _, n in footprint(g) + footprint(mg)) * 16 * THREADS
     else:
         estimate = sum(n for _, n in verify_parts(g, mg, THREADS, 3))
     t = time.perf_counter()
     res = em.verify(g, mg, trials=3, seed=0, memo={}, float_first=True)
-    peak = _peak_bytes()
+    peak = peak_bytes()
     return {"case": f"{name} b={batch}", "plan": Path(path).name, "equivalent": bool(res),
             "trials": res.trials, "seconds": round(time.perf_counter() - t, 1),
             "estimate_GB": round(estimate / 1e9, 2), "peak_GB": round(peak / 1e9, 2),

@@ -40,7 +40,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import eqsat_mirage as em  # noqa: E402
-from bench.memory_bench import _peak_bytes  # noqa: E402
+from bench.memory_bench import peak_bytes  # noqa: E402
 
 SEVEN_B = {"hidden": 4096, "heads": 32, "kv_heads": 8, "intermediate": 11008}
 
@@ -165,7 +165,7 @@ def run(hidden: int, heads: int, kv_heads: int, intermediate: int, seq: int, dty
             "optimized_ops": s["optimized_ops"], "partitions": s["optimized_partitions"],
             "before_us": s["predicted_us"][0], "after_us": s["predicted_us"][1],
             "max_error": err, "finite": bool(torch.isfinite(got).all()),
-            "peak_bytes": _peak_bytes(), "estimate_bytes": est.most,
+            "peak_bytes": peak_bytes(), "estimate_bytes": est.most,
             "estimate_what": est.what, "warnings": text, "profile": profile(be.report)}
 
 
