@@ -223,6 +223,8 @@ def optimize_whole(graph, options: SearchOptions, cache, progress,
                              "float64 and native-dtype checks, per piece)")
     stats["end_to_end"] = ran.message
     stats["end_to_end_seconds"] = ran.seconds
+    # the time limit shaped this result: a piece's search or the end-to-end check cut short
+    stats["time_limited"] = ran.cut_short or any(e["time_limited"] for e in entries)
     if not any(did):  # nothing optimized: say why (the pieces' reasons, counted)
         why: dict[str, int] = {}
         for e in entries:
