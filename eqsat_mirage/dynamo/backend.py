@@ -47,6 +47,7 @@ produce a tuple of tensors (``split``, ``chunk``) join partitions like any other
 
 from __future__ import annotations
 
+import operator
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -58,12 +59,13 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 
 from ..frontend.from_torch import Converter, op_name, source_line, unique_identifier
 from ..frontend.graph import Graph, Tensor
+from ..frontend.torch_masks import BoolMask
 from ..frontend.torch_movement import Empty
 from ..ir.errors import MirageError, unexpected
 from ..pipeline.whole import improved, optimize, unchanged_reason
 from .runtime import OptimizedPartition, Warmup, uses_triton
 from .specs import SymbolicSizes, computes, node_spec, split_runs
-from .support import NodeSupport, mutation, served
+from .support import CONSTANTS, NodeSupport, buffer_constants, constant_input, mutation, served
 
 __all__ = ["Backend", "PartitionReport", "backend", "mutation", "node_spec"]
 
@@ -104,8 +106,25 @@ def _optimized_ops(sub: fx.GraphModule, cv: Converter, result: Any) -> int:
             return [n for v in value for n in nodes(v)]
         return []
 
+    # a bool mask (a folded comparison) computes no float tensor: not a compute op
     return sum(1 for n in sub.graph.nodes if n.op.startswith("call")
+               and not isinstance(cv.env.get(n), BoolMask)
                and not any(id(m) in kept for m in nodes(cv.env.get(n))))
+
+
+def _left_out(gm: fx.GraphModule, support: NodeSupport, placed: list) -> list[str]:
+    """The supported call ops that torch.fx's partitioner put in no partition, with why."""
+    inside = set(placed)
+    out = []
+    for n in gm.graph.nodes:
+        if n.op.startswith("call") and n not in inside and support.reason(n) is None:
+            why = ("the partitioner keeps an indexing op with its source when every user of "
+                   "the source indexes it, and its source is outside every partition") \
+                if n.op == "call_function" and n.target is operator.getitem else \
+                "left out of every partition by torch.fx's partitioner"
+            loc = source_line(n).split(" (`")[0]
+            out.append(op_name(n, gm) + (f" at {loc}" if loc else "") + f" ({why})")
+    return out
 
 
 class Backend:
@@ -187,6 +206,7 @@ class Backend:
                        + (f" at {loc}" if loc else "") + "): it runs eagerly")
             return gm.forward
         self._ensure_specs(gm, example_inputs)
+        gm.meta[CONSTANTS] = buffer_constants(gm, example_inputs)
         try:
             sizes = SymbolicSizes(gm, self.size_hint, self.size_max)
         except Exception as exc:  # noqa: BLE001 - Dynamo's shape environment changed shape
@@ -238,6 +258,7 @@ class Backend:
                 eager.append(name + (f" at {short}" if short else "") + f" ({why})")
         eager += [f"{op_name(n, gm)} (a partition of {len(p.nodes)} op(s), below min_ops="
                   f"{self.min_ops})" for p in small for n in p.nodes if n.op.startswith("call")]
+        eager += _left_out(gm, support, [n for p in parts + small for n in p.nodes])
         total = sum(n.op.startswith("call") for n in gm.graph.nodes)
         total = (total, sum(computes(n) for n in gm.graph.nodes))
         if not parts:
@@ -245,10 +266,16 @@ class Backend:
             return gm.forward
         prefix = f"{_PREFIX}{number}_"
         fused = part.fuse_partitions(parts, prefix=prefix)
+        support.fold_all(fused)  # the nodes fusing made: which partition inputs are constant
         entries = []
         for node in list(fused.graph.nodes):
             if node.op == "call_module" and str(node.target).startswith(prefix):
                 sub = fused.get_submodule(node.target)
+                places = [n for n in sub.graph.nodes if n.op == "placeholder"]
+                known = [support.known(a) if isinstance(a, fx.Node) else None
+                         for a in node.args]  # buffers, and what is computed from them
+                sub.meta[CONSTANTS] = {p: v for p, v in zip(places, known) if v is not None
+                                       and len(places) == len(node.args)}
                 replacement = self._partition(str(node.target), sub, sizes)
                 entries.append(self.report[-1])
                 if replacement is not None:
@@ -344,6 +371,8 @@ class Backend:
                 return None
             mod = OptimizedPartition(sub, entry, dict(cv.sources), outs, single)
             mod.scalars = cv.scalars
+            mod.guards = {ref: snap for (kind, ref), snap in cv.snapshots.items()
+                          if kind == "arg"}
             places = [n for n in sub.graph.nodes if n.op == "placeholder"]
             mod.held = {ident: sizes.held(places[ref]) for ident, (kind, ref)
                         in cv.sources.items() if kind == "arg"}
@@ -370,6 +399,7 @@ class Backend:
         cv = Converter(Graph(name), sub)
         cv.scalars = {}  # placeholder position -> the float it is held at (checked per call)
         placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+        consts = sub.meta.get(CONSTANTS, {})  # buffers: comparisons of them are folded
         specs = {n: sizes.spec(n) for n in placeholders}
         dims = sizes.dims([d for spec in specs.values() if spec for d in spec[0]])
         device = None
@@ -387,8 +417,9 @@ class Backend:
                     cv.env[node] = Empty(tuple(spec[0]), spec[1])
                     continue
                 device = device or spec[2]
-                cv.env[node] = cv.input(node.name, served(spec[0], dims), spec[1],
-                                        ("arg", placeholders.index(node)))
+                cv.env[node] = constant_input(cv, node, node.name, served(spec[0], dims),
+                                              spec[1], ("arg", placeholders.index(node)),
+                                              consts.get(node))
             elif node.op == "output":
                 value = fx.node.map_arg(node.args[0], cv.env.__getitem__)
                 single = not isinstance(value, (tuple, list))
@@ -403,6 +434,7 @@ class Backend:
                         outs.append((ident, None))
             else:
                 cv.run(node)
+        cv.drop_unused_constants()
         return cv.graph, cv, outs, single, device
 
 
