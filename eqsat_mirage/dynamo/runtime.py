@@ -133,7 +133,8 @@ class OptimizedPartition(torch.nn.Module):
                     for i, v in self.scalars.items() if float(args[i]) != v), "")
         if why:
             return self._eager_call(why, args)
-        why = next((f"argument {i}, a buffer folded into a mask, changed since"
+        why = next((f"argument {i} (a buffer folded into a mask) no longer holds the value "
+                    "it was folded at"
                     for i, snap in self.guards.items() if not snap.holds(args[i])), "")
         if why:
             return self._eager_call(why, args)
