@@ -434,7 +434,7 @@ class Backend:
                         outs.append((ident, None))
             else:
                 cv.run(node)
-        cv.drop_unused_constants()
+        cv.finish()
         return cv.graph, cv, outs, single, device
 
 

@@ -350,8 +350,11 @@ class Converter:
                     for o in self.outputs(v, str(k) if top else f"{prefix}_{k}", False)]
         return [(prefix, value)]
 
-    def drop_unused_constants(self) -> None:
-        """Remove the inputs of constants that only fed folds (no output reads them)."""
+    def finish(self) -> None:
+        """End the conversion: remove the inputs of constants that only fed folds (no
+        output reads them) and the graph's link back to this converter."""
+        for attr in ("torch_input", "torch_complements"):
+            self.graph.__dict__.pop(attr, None)
         reached = {id(n) for n in self.graph.nodes()}
         for source in self.known_sources.values():
             for name, src in list(self.sources.items()):
@@ -414,7 +417,7 @@ def from_torch(fn_or_module: Any, *example_inputs: Any, name: str | None = None,
                 graph.output(value, ident)
         else:
             cv.run(node)
-    cv.drop_unused_constants()
+    cv.finish()
     graph.torch_sources = dict(cv.sources)
     graph.torch_snapshots = dict(cv.snapshots)
     return graph

@@ -193,3 +193,10 @@ def test_nanogpt_block_from_torch_optimized_equals_eager():
     got = res.compile()(**graph_inputs(g, block, x))["out"]
     assert float((got - want).abs().max() / want.abs().max()) <= 2e-3
     assert res.cost_us < res.baseline_cost_us
+    # at least 90% of the compute ops in optimized pieces (or pieces the time limit cut)
+    compute = [n for n in g.nodes() if n.op not in (Op.INPUT, Op.CONST, Op.CAUSAL)]
+    pieces = res.stats.get("pieces") or [{"ops": compute, "status": "optimized",
+                                          "time_limited": False}]
+    covered = sum(len(p["ops"]) for p in pieces
+                  if p["status"] == "optimized" or p["time_limited"])
+    assert covered >= 0.9 * len(compute), [(p["status"], p["reason"]) for p in pieces]
