@@ -35,12 +35,19 @@ eagerly, with a warning: the generated kernels have no backward. Called with
 keywords only, ``backend(target="h100", time_limit_s=2, ...)`` returns a new
 ``Backend`` with those options.
 
+Module buffers, which Dynamo passes as graph inputs, are constants: an op computed from
+buffers alone is folded in torch when the graph is searched, so a comparison of a buffer
+(nanoGPT's ``att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))``) becomes the
+causal mask built from positions, or a constant bool mask (``frontend.torch_masks``);
+every call checks that the buffer still holds the value folded (the same storage and
+version counter, else equal elements) and runs eagerly when it does not.
 Each compiled graph gets one warning, ``eqsat-mirage: N of M ops in K optimized
 partitions (predicted X us -> Y us); eager: op at file:line (reason), ...``;
 ``warn=False`` silences it, and ``Backend.summary()`` returns the same as a dict
 (totals, with ``compute_ops``: the ops computing a non-empty float tensor, and one
 entry per graph). ``Backend.report`` lists a ``PartitionReport`` per partition;
-``Backend.unsupported`` names the ops that stayed eager and why. Nodes that produce
+``Backend.unsupported`` names the ops that stayed eager and why (the warning also lists the
+ops torch.fx's partitioner put in no partition). Nodes that produce
 or read a zero-size tensor (an empty KV cache) stay eager with that reason; nodes that
 produce a tuple of tensors (``split``, ``chunk``) join partitions like any other.
 """
@@ -426,6 +433,9 @@ class Backend:
                 for out_name, t in cv.outputs(value):
                     if isinstance(t, Empty):
                         raise MirageError(f"output {out_name!r} is a zero-size tensor")
+                    if isinstance(t, BoolMask):
+                        raise MirageError(f"output {out_name!r} is a bool mask folded from "
+                                          "constants, read outside the partition")
                     if t.node.op.name == "INPUT":  # an identity: hand the input back
                         outs.append((out_name, t.node.arg))
                     else:

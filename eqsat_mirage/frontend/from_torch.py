@@ -7,7 +7,10 @@ become ``Graph.input``s with the example inputs' shapes and dtypes, module
 parameters and buffers become inputs named after their path ("proj.weight"
 becomes the input ``proj_weight``), and every call goes through the support
 table of ``torch_ops``. Shape arithmetic (``x.shape[-1] ** -0.5``) is folded in
-Python. An op outside the table raises ``UnsupportedOpError`` naming the op and
+Python. Ops computed from buffers alone are folded in torch at trace time: a comparison
+of a mask buffer (nanoGPT's ``self.bias[:, :, :T, :T] == 0``) becomes the causal mask
+built from positions, or a constant bool input, and the buffer is no input any more
+(``torch_masks``). An op outside the table raises ``UnsupportedOpError`` naming the op and
 the source line; a dtype other than float16, bfloat16 and float32 raises
 ``DTypeError``.
 

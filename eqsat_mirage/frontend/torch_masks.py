@@ -202,8 +202,6 @@ def _compare(name: str):
 def _invert(x: Any, *, out: Any = None) -> Any:
     if out is not None:
         raise UnsupportedOpError("out= is not supported")
-    if isinstance(x, bool):
-        return not x
     return ~_as_mask(x, "logical not")
 
 
