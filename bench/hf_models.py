@@ -4,13 +4,14 @@
 
 Each case builds a real ``transformers`` module from a tiny random-init config
 (nothing is downloaded): hidden size 256, 4 heads (2 key/value heads for LLaMA),
-sequence 64. It runs through ``torch.compile(..., backend=em.backend(...))`` and
-is compared with eager torch; the table gives the ops that ran in optimized
-partitions, the predicted time of those partitions one kernel per op and as
-chosen (h100 cost model), the largest error against eager and the wall-clock
-compile time (search included, fresh cache). With TRITON_INTERPRET=1 the
-optimized partitions run as Triton kernels (interpreted on the CPU), otherwise
-as torch code of the chosen program.
+sequence 64; or a nanoGPT block (its causal attention written ``masked_fill(bias == 0,
+-inf)``, as nanoGPT and minGPT write it). It runs through ``torch.compile(...,
+backend=em.backend(...))`` and is compared with eager torch; the table gives the ops
+that ran in optimized partitions, the predicted time of those partitions one kernel
+per op and as chosen (h100 cost model), the largest error against eager and the
+wall-clock compile time (search included, fresh cache). With TRITON_INTERPRET=1 the
+optimized partitions run as Triton kernels (interpreted on the CPU), otherwise as
+torch code of the chosen program.
 """
 
 from __future__ import annotations
@@ -106,11 +107,32 @@ def bert_model(dtype: str = "float32", impl: str = "sdpa", seq: int = SEQ,
     return (lambda i, m: mod(input_ids=i, attention_mask=m).last_hidden_state), (ids, mask)
 
 
+def nanogpt_block(dtype: str = "float32", impl: str = "masked_fill", seq: int = SEQ,
+                  hidden: int = HIDDEN, seed: int = 0):
+    """(module, example inputs) of a nanoGPT block (tests/torch_models.py: LayerNorm, causal
+    self-attention written ``att.masked_fill(self.bias[:, :, :T, :T] == 0, fill)`` on a
+    tril buffer of block size 2 * seq, GELU MLP) at hidden size ``hidden`` (head dim 64),
+    batch 1, random init; ``impl`` "masked_fill" fills with -inf, "masked_fill_finite" with
+    -1e4."""
+    import torch
+
+    tests = str(ROOT / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    from torch_models import NanoGPTBlock
+
+    torch.manual_seed(seed)
+    dt = getattr(torch, dtype)
+    fill = -1e4 if impl == "masked_fill_finite" else float("-inf")
+    mod = NanoGPTBlock(hidden, hidden // 64, 2 * seq, fill).eval().to(dt)
+    return mod, (torch.randn(1, seq, hidden, dtype=dt),)
+
+
 def case(name: str, dtype: str = "float32", impl: str = "sdpa", seed: int = 0,
          seq: int = SEQ, hidden: int = HIDDEN):
     """(function, example inputs) of one case: "llama_layer", "llama_mlp",
-    "llama_attention", "gpt2_block", "llama_model" (2 layers, logits), "bert", or
-    "<family>_layer" for a family of ``DECODERS``."""
+    "llama_attention", "gpt2_block", "llama_model" (2 layers, logits), "bert",
+    "nanogpt_block", or "<family>_layer" for a family of ``DECODERS``."""
     import torch
 
     family = name.removesuffix("_layer")
@@ -118,6 +140,8 @@ def case(name: str, dtype: str = "float32", impl: str = "sdpa", seed: int = 0,
         return decoder_layer(family, dtype, impl, seq, hidden, seed)
     if name == "bert":
         return bert_model(dtype, impl, seq, hidden, seed)
+    if name == "nanogpt_block":
+        return nanogpt_block(dtype, impl, seq, hidden, seed)
     torch.manual_seed(seed)
     dt = getattr(torch, dtype)
     x = torch.randn(1, SEQ, HIDDEN, dtype=dt)
@@ -251,7 +275,9 @@ CASES += [("llama_layer", "float32", "eager", SEQ, HIDDEN),
           ("bert", "float16", "sdpa", SEQ, HIDDEN),
           ("gpt2_block", "float32", "sdpa", SEQ, HIDDEN),
           ("gpt2_block", "float16", "eager", SEQ, HIDDEN),
-          ("llama_model", "float32", "sdpa", SEQ, HIDDEN)]
+          ("llama_model", "float32", "sdpa", SEQ, HIDDEN),
+          ("nanogpt_block", "float32", "masked_fill", SEQ, HIDDEN),
+          ("nanogpt_block", "float16", "masked_fill", SEQ, HIDDEN)]
 
 
 def table(rows: list[dict]) -> str:

@@ -1,7 +1,11 @@
 """Small torch modules shared by the from_torch and backend tests (an attention
-block, a gated MLP block and a LoRA linear)."""
+block, a gated MLP block, a LoRA linear, and a nanoGPT block whose causal attention is
+``masked_fill(bias == 0, -inf)`` on a tril buffer; bench/hf_models.py runs it too)."""
+
+import math
 
 import torch
+import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 
@@ -36,3 +40,52 @@ class LoRALinear(nn.Module):
 
     def forward(self, x):
         return self.base(x) + self.lora_b(self.lora_a(x)) * self.scale
+
+
+# -- a nanoGPT block (Karpathy's model.py, tiny sizes): causal attention written with a
+# tril buffer and masked_fill(bias == 0, -inf), as nanoGPT and minGPT write it
+class CausalSelfAttention(nn.Module):
+    def __init__(self, n_embd=32, n_head=2, block_size=16, fill=float("-inf"), diagonal=0):
+        super().__init__()
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = nn.Linear(n_embd, n_embd)
+        self.n_head, self.n_embd, self.fill = n_head, n_embd, fill
+        self.register_buffer("bias", torch.tril(torch.ones(block_size, block_size), diagonal)
+                             .view(1, 1, block_size, block_size))
+
+    def forward(self, x):
+        B, T, C = x.size()  # noqa: N806 - nanoGPT's names
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, self.fill)
+        att = F.softmax(att, dim=-1)
+        y = att @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.c_proj(y)
+
+
+class NanoMLP(nn.Module):
+    def __init__(self, n_embd=32):
+        super().__init__()
+        self.c_fc = nn.Linear(n_embd, 4 * n_embd)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * n_embd, n_embd)
+
+    def forward(self, x):
+        return self.c_proj(self.gelu(self.c_fc(x)))
+
+
+class NanoGPTBlock(nn.Module):
+    def __init__(self, n_embd=32, n_head=2, block_size=16, fill=float("-inf")):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd)
+        self.attn = CausalSelfAttention(n_embd, n_head, block_size, fill)
+        self.ln_2 = nn.LayerNorm(n_embd)
+        self.mlp = NanoMLP(n_embd)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))

@@ -35,14 +35,21 @@ eagerly, with a warning: the generated kernels have no backward. Called with
 keywords only, ``backend(target="h100", time_limit_s=2, ...)`` returns a new
 ``Backend`` with those options.
 
+Module buffers, which Dynamo passes as graph inputs, are constants: an op computed from
+buffers alone is folded in torch when the graph is searched, so a comparison of a buffer
+(nanoGPT's ``att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))``) becomes the
+causal mask built from positions, or a constant bool mask (``frontend.torch_masks``);
+every call checks that the buffer still holds the value folded (the same storage and
+version counter, else equal elements) and runs eagerly when it does not.
 Each compiled graph gets one warning, ``eqsat-mirage: N of M ops in K optimized
 partitions (predicted X us -> Y us); eager: op at file:line (reason), ...``, ending with
 ``ran out of time (...): part piece i (n ops: ...)`` when the time limit cut some search
 short (those pieces run as they were; the pieces that verified in time run optimized).
 The partitions of one graph share ``time_limit_s`` (weighted by their ops), so the
-compile call holds it. ``warn=False`` silences the warning, and ``Backend.summary()``
-returns the same as a dict (totals, with ``compute_ops``: the ops computing a non-empty
-float tensor, and one entry per graph). ``Backend.report`` lists a ``PartitionReport`` per
+compile call holds it. The warning also lists the ops torch.fx's partitioner put in no
+partition. ``warn=False`` silences it, and ``Backend.summary()`` returns the same as a
+dict (totals, with ``compute_ops``: the ops computing a non-empty float tensor, and one
+entry per graph). ``Backend.report`` lists a ``PartitionReport`` per
 partition; ``Backend.unsupported`` names the ops that stayed eager and why. Nodes that
 produce or read a zero-size tensor (an empty KV cache) stay eager with that reason; nodes
 that produce a tuple of tensors (``split``, ``chunk``) join partitions like any other.
@@ -50,6 +57,7 @@ that produce a tuple of tensors (``split``, ``chunk``) join partitions like any 
 
 from __future__ import annotations
 
+import operator
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -61,13 +69,14 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 
 from ..frontend.from_torch import Converter, op_name, source_line, unique_identifier
 from ..frontend.graph import Graph, Tensor
+from ..frontend.torch_masks import BoolMask
 from ..frontend.torch_movement import Empty
 from ..ir.errors import MirageError, unexpected
 from ..ir.limits import Shares
 from ..pipeline.whole import improved, optimize, unchanged_reason
 from .runtime import OptimizedPartition, Warmup, uses_triton
 from .specs import SymbolicSizes, computes, node_spec, split_runs
-from .support import NodeSupport, mutation, served
+from .support import CONSTANTS, NodeSupport, buffer_constants, constant_input, mutation, served
 
 __all__ = ["Backend", "PartitionReport", "backend", "mutation", "node_spec"]
 
@@ -108,7 +117,9 @@ def _optimized_ops(sub: fx.GraphModule, cv: Converter, result: Any) -> int:
             return [n for v in value for n in nodes(v)]
         return []
 
+    # a bool mask (a folded comparison) computes no float tensor: not a compute op
     return sum(1 for n in sub.graph.nodes if n.op.startswith("call")
+               and not isinstance(cv.env.get(n), BoolMask)
                and not any(id(m) in kept for m in nodes(cv.env.get(n))))
 
 
@@ -131,6 +142,21 @@ def ran_out_of_time(entry: PartitionReport) -> list[str]:
             equal = [q["index"] for q in pieces if q.get("same_as") == p["index"]]
             also = (f"; and the equal piece(s) {', '.join(map(str, equal))}" if equal else "")
             out.append(f"{entry.name} piece {p['index']} ({len(p['ops'])} ops: {shown}{also})")
+    return out
+
+
+def _left_out(gm: fx.GraphModule, support: NodeSupport, placed: list) -> list[str]:
+    """The supported call ops that torch.fx's partitioner put in no partition, with why."""
+    inside = set(placed)
+    out = []
+    for n in gm.graph.nodes:
+        if n.op.startswith("call") and n not in inside and support.reason(n) is None:
+            why = ("the partitioner keeps an indexing op with its source when every user of "
+                   "the source indexes it, and its source is outside every partition") \
+                if n.op == "call_function" and n.target is operator.getitem else \
+                "left out of every partition by torch.fx's partitioner"
+            loc = source_line(n).split(" (`")[0]
+            out.append(op_name(n, gm) + (f" at {loc}" if loc else "") + f" ({why})")
     return out
 
 
@@ -214,6 +240,7 @@ class Backend:
                        + (f" at {loc}" if loc else "") + "): it runs eagerly")
             return gm.forward
         self._ensure_specs(gm, example_inputs)
+        gm.meta[CONSTANTS] = buffer_constants(gm, example_inputs)
         try:
             sizes = SymbolicSizes(gm, self.size_hint, self.size_max)
         except Exception as exc:  # noqa: BLE001 - Dynamo's shape environment changed shape
@@ -268,6 +295,7 @@ class Backend:
                 eager.append(name + (f" at {short}" if short else "") + f" ({why})")
         eager += [f"{op_name(n, gm)} (a partition of {len(p.nodes)} op(s), below min_ops="
                   f"{self.min_ops})" for p in small for n in p.nodes if n.op.startswith("call")]
+        eager += _left_out(gm, support, [n for p in parts + small for n in p.nodes])
         total = sum(n.op.startswith("call") for n in gm.graph.nodes)
         total = (total, sum(computes(n) for n in gm.graph.nodes))
         if not parts:
@@ -275,6 +303,7 @@ class Backend:
             return gm.forward
         prefix = f"{_PREFIX}{number}_"
         fused = part.fuse_partitions(parts, prefix=prefix)
+        support.fold_all(fused)  # the nodes fusing made: which partition inputs are constant
         entries = []
         nodes = [node for node in fused.graph.nodes if node.op == "call_module"
                  and str(node.target).startswith(prefix)]
@@ -282,6 +311,11 @@ class Backend:
         weights = [sum(n.op.startswith("call") for n in sub.graph.nodes) for sub in subs]
         shares = Shares(self.options.get("time_limit_s"), weights, start)
         for i, (node, sub) in enumerate(zip(nodes, subs)):
+            places = [n for n in sub.graph.nodes if n.op == "placeholder"]
+            known = [support.known(a) if isinstance(a, fx.Node) else None
+                     for a in node.args]  # buffers, and what is computed from them
+            sub.meta[CONSTANTS] = {p: v for p, v in zip(places, known) if v is not None
+                                   and len(places) == len(node.args)}
             replacement = self._partition(str(node.target), sub, sizes,
                                           time_limit_s=shares.share(i))
             entries.append(self.report[-1])
@@ -387,6 +421,8 @@ class Backend:
                 return None
             mod = OptimizedPartition(sub, entry, dict(cv.sources), outs, single)
             mod.scalars = cv.scalars
+            mod.guards = {ref: snap for (kind, ref), snap in cv.snapshots.items()
+                          if kind == "arg"}
             places = [n for n in sub.graph.nodes if n.op == "placeholder"]
             mod.held = {ident: sizes.held(places[ref]) for ident, (kind, ref)
                         in cv.sources.items() if kind == "arg"}
@@ -413,6 +449,7 @@ class Backend:
         cv = Converter(Graph(name), sub)
         cv.scalars = {}  # placeholder position -> the float it is held at (checked per call)
         placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+        consts = sub.meta.get(CONSTANTS, {})  # buffers: comparisons of them are folded
         specs = {n: sizes.spec(n) for n in placeholders}
         dims = sizes.dims([d for spec in specs.values() if spec for d in spec[0]])
         device = None
@@ -430,14 +467,18 @@ class Backend:
                     cv.env[node] = Empty(tuple(spec[0]), spec[1])
                     continue
                 device = device or spec[2]
-                cv.env[node] = cv.input(node.name, served(spec[0], dims), spec[1],
-                                        ("arg", placeholders.index(node)))
+                cv.env[node] = constant_input(cv, node, node.name, served(spec[0], dims),
+                                              spec[1], ("arg", placeholders.index(node)),
+                                              consts.get(node))
             elif node.op == "output":
                 value = fx.node.map_arg(node.args[0], cv.env.__getitem__)
                 single = not isinstance(value, (tuple, list))
                 for out_name, t in cv.outputs(value):
                     if isinstance(t, Empty):
                         raise MirageError(f"output {out_name!r} is a zero-size tensor")
+                    if isinstance(t, BoolMask):
+                        raise MirageError(f"output {out_name!r} is a bool mask folded from "
+                                          "constants, read outside the partition")
                     if t.node.op.name == "INPUT":  # an identity: hand the input back
                         outs.append((out_name, t.node.arg))
                     else:
@@ -446,6 +487,7 @@ class Backend:
                         outs.append((ident, None))
             else:
                 cv.run(node)
+        cv.finish()
         return cv.graph, cv, outs, single, device
 
 

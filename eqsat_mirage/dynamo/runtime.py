@@ -24,6 +24,7 @@ from torch import fx
 
 from ..codegen.launchcheck import LaunchCheckError, checked
 from ..dynamic.runner import FamilyRunner
+from ..frontend.torch_masks import source_value
 from ..ir.dims import DynamicShapeError
 from ..ir.errors import unexpected
 from ..semantics.torch_reference import torch_reference
@@ -61,6 +62,7 @@ class OptimizedPartition(torch.nn.Module):
         self.held: dict[str, dict[int, Any]] = {}  # input -> {axis: specialized symbol}
         self.replan: Any = None  # symbol -> an OptimizedPartition with it as the family size, once
         self.scalars: dict[int, float] = {}  # argument position -> the float it is held at
+        self.guards: dict[int, Any] = {}  # argument position -> the buffer Snapshot folded
 
     def _adopt(self, symbol: Any, feed: dict) -> bool:
         """A call moved specialized size ``symbol``: search again with it as the family
@@ -82,7 +84,7 @@ class OptimizedPartition(torch.nn.Module):
         keep = {k: getattr(self.entry, k) for k in ("calls", "eager_calls")}
         keep["seconds"] = self.entry.seconds + new.entry.seconds
         self.entry.__dict__.update(new.entry.__dict__, **keep, replan=f"symbolic {symbol}")
-        for key in ("sources", "outs", "single", "expect", "held"):
+        for key in ("sources", "outs", "single", "expect", "held", "guards"):
             setattr(self, key, getattr(new, key))
         self._fns = new._fns
         return True
@@ -120,14 +122,20 @@ class OptimizedPartition(torch.nn.Module):
         return self.eager(*args)
 
     def forward(self, *args: Any) -> Any:
-        feed = {}
-        for name, (kind, ref) in self.sources.items():
-            feed[name] = args[ref] if kind == "arg" else _fetch(self.eager, ref)
+        def fetch(kind: str, ref: Any) -> Any:
+            return args[ref] if kind == "arg" else _fetch(self.eager, ref)
+
+        feed = {name: source_value(src, fetch) for name, src in self.sources.items()}
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in feed.values())
         if self.failed or grad:
             return self.eager(*args)
         why = next((f"argument {i} is {float(args[i])!r}; the program holds it at {v!r}"
                     for i, v in self.scalars.items() if float(args[i]) != v), "")
+        if why:
+            return self._eager_call(why, args)
+        why = next((f"argument {i} (a buffer folded into a mask) no longer holds the value "
+                    "it was folded at"
+                    for i, snap in self.guards.items() if not snap.holds(args[i])), "")
         if why:
             return self._eager_call(why, args)
         why = self.unserved(feed)

@@ -5,6 +5,8 @@
 ``from_torch`` uses) turns it into the shape and dtype Dynamo recorded, and otherwise it
 keeps the reason it runs eagerly. ``mutation`` finds the in-place write that keeps a whole
 graph eager; ``served`` gives a converted input its shape with the family sizes as ``em.Dim``.
+``buffer_constants`` finds the graph inputs that are module buffers (nanoGPT's causal mask
+``bias``): the constants that comparisons are folded from (``frontend.torch_masks``).
 """
 
 from __future__ import annotations
@@ -18,16 +20,53 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ..frontend.from_torch import Converter
 from ..frontend.graph import Graph, Tensor
+from ..frontend.torch_masks import FOLD_LIMIT, BoolMask, Snapshot, constant_mask
 from ..frontend.torch_movement import Empty
 from ..ir.errors import MirageError, unexpected
 from .specs import SymbolicSizes, empty
 
-__all__ = ["NodeSupport", "mutation", "served"]
+__all__ = ["CONSTANTS", "NodeSupport", "buffer_constants", "constant_input", "mutation",
+           "served"]
+
+CONSTANTS = "eqsat_mirage_constants"  # gm.meta key: {placeholder target: its buffer's tensor}
 
 
-def _spec_tensor(value: Tensor) -> tuple[tuple[int, ...], str]:
+def _spec_tensor(value: Tensor | BoolMask) -> tuple[tuple[int, ...], str]:
     """The shape and dtype of a converted value, as ``SymbolicSizes.spec`` gives them."""
     return tuple(value.shape), value.dtype
+
+
+def buffer_constants(gm: fx.GraphModule, example_inputs: list) -> dict[str, torch.Tensor]:
+    """The placeholders of a Dynamo graph that are module buffers (Dynamo's source of the
+    input names ``._buffers[...]``), by target, with their tensors: what a comparison may be
+    folded from. Parameters and the caller's inputs are never folded."""
+    out = {}
+    places = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node, value in zip(places, example_inputs):
+        arg = node.meta.get("grapharg")
+        source = getattr(arg, "source", None)
+        name = getattr(source, "name", "")
+        name = name() if callable(name) else str(name)
+        if "._buffers[" in name and isinstance(value, torch.Tensor) and \
+                not isinstance(value, torch.nn.Parameter) and not value.requires_grad and \
+                value.numel() <= FOLD_LIMIT:
+            out[str(node.target)] = value
+    return out
+
+
+def constant_input(cv: Converter, node: fx.Node, name: str, shape: tuple, dtype: str,
+                   source: tuple, value: torch.Tensor | None) -> Tensor | BoolMask:
+    """Convert a graph input: a ``cv.input`` of ``shape`` and ``dtype`` fed from ``source``;
+    with a known constant ``value``, a bool one is its folded mask (guarded: the input must
+    hold ``value`` at each call) and a float one an input the converter folds comparisons
+    of (``Converter.constant``)."""
+    if value is not None and value.dtype == torch.bool:
+        cv.snapshots.setdefault(source, Snapshot(value))
+        return constant_mask(cv.graph, value, name, cv.input)
+    t = cv.input(name, shape, dtype, source)
+    if value is not None:
+        cv.constant(node, value, source)
+    return t
 
 
 class NodeSupport(OperatorSupportBase):
@@ -36,6 +75,32 @@ class NodeSupport(OperatorSupportBase):
     def __init__(self, gm: fx.GraphModule, sizes: SymbolicSizes) -> None:
         self.gm, self.sizes = gm, sizes
         self.reasons: dict[fx.Node, str | None] = {}
+        self._constants = dict(gm.meta.get(CONSTANTS, {}))
+        self._known: dict[fx.Node, torch.Tensor] = {}
+        self.fold_all(gm)
+
+    def fold_all(self, gm: fx.GraphModule) -> None:
+        """Fold, in graph order, every op of ``gm`` computed from constants alone (the
+        partitioner may recreate nodes: the fused graph is folded again)."""
+        if not self._constants:
+            return
+        fold = Converter(Graph("fold"), gm)
+        for node in gm.graph.nodes:
+            if node.op == "placeholder" and str(node.target) in self._constants:
+                self._known[node] = self._constants[str(node.target)]
+            srcs = node.all_input_nodes
+            if node not in self._known and node.op in ("call_function", "call_method") and \
+                    srcs and all(s in self._known for s in srcs):
+                for s in srcs:
+                    fold.env[s] = fold.known[s] = self._known[s]
+                value = fold.fold(node)
+                if value is not None:
+                    self._known[node] = value
+
+    def known(self, node: fx.Node) -> torch.Tensor | None:
+        """The value of a node computed from buffer constants alone (every tensor operand
+        one), or None: a mask the converter folds."""
+        return self._known.get(node)
 
     def reason(self, node: fx.Node) -> str | None:
         """Why ``node`` is not supported, or None if it is."""
@@ -79,7 +144,8 @@ class NodeSupport(OperatorSupportBase):
                     return f"operand {src.name!r} is not a float tensor"
                 cv.env[src] = scalar
                 continue
-            cv.env[src] = cv.input(f"x{i}", served(spec[0], dims), spec[1], ("arg", i)) \
+            cv.env[src] = constant_input(cv, src, f"x{i}", served(spec[0], dims), spec[1],
+                                         ("arg", i), self.known(src)) \
                 if spec else tuple(cv.input(f"x{i}_{j}", served(p[0], dims), p[1], ("arg", i))
                                    for j, p in enumerate(parts))
         try:
@@ -100,8 +166,9 @@ class NodeSupport(OperatorSupportBase):
         torch_gives = (sizes.concrete(want[0]), want[1])
         if isinstance(value, Empty) and (value.shape, value.dtype) == torch_gives:
             return None
-        if not isinstance(value, Tensor) or _spec_tensor(value) != torch_gives:
-            got = _spec_tensor(value) if isinstance(value, Tensor) else type(value).__name__
+        if not isinstance(value, (Tensor, BoolMask)) or _spec_tensor(value) != torch_gives:
+            got = _spec_tensor(value) if isinstance(value, (Tensor, BoolMask)) else \
+                type(value).__name__
             return f"converted to {got}, torch gives {torch_gives}"
         return None
 

@@ -7,7 +7,10 @@ become ``Graph.input``s with the example inputs' shapes and dtypes, module
 parameters and buffers become inputs named after their path ("proj.weight"
 becomes the input ``proj_weight``), and every call goes through the support
 table of ``torch_ops``. Shape arithmetic (``x.shape[-1] ** -0.5``) is folded in
-Python. An op outside the table raises ``UnsupportedOpError`` naming the op and
+Python. Ops computed from buffers alone are folded in torch at trace time: a comparison
+of a mask buffer (nanoGPT's ``self.bias[:, :, :T, :T] == 0``) becomes the causal mask
+built from positions, or a constant bool input, and the buffer is no input any more
+(``torch_masks``). An op outside the table raises ``UnsupportedOpError`` naming the op and
 the source line; a dtype other than float16, bfloat16 and float32 raises
 ``DTypeError``.
 
@@ -34,6 +37,7 @@ from torch import fx
 from ..ir.errors import DTypeError, GraphError, MirageError, UnsupportedOpError
 from ..ir.node import DTYPES, canonical_dtype
 from .graph import Graph, Tensor
+from .torch_masks import FOLD_LIMIT, Snapshot, constant_mask, source_value
 from .torch_ops import METHODS, MODULES, SUPPORTED, function_handler
 
 __all__ = ["Converter", "from_torch", "graph_inputs", "op_name", "source_line", "trace",
@@ -57,7 +61,13 @@ def _user_frame() -> str:
 
 
 class _Tracer(fx.Tracer):
-    """``fx.Tracer`` that records the user's source line of every node (functions included)."""
+    """``fx.Tracer`` that records the user's source line of every node (functions included).
+
+    Buffers are proxied like parameters (``get_attr`` nodes named after their path), so
+    ``self.bias[:, :, :T, :T]`` with ``T`` from ``x.size()`` traces, and the converter
+    knows which constants a mask was computed from."""
+
+    proxy_buffer_attributes = True
 
     def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
         node = super().create_node(*args, **kwargs)
@@ -183,9 +193,15 @@ class Converter:
     """Interprets an fx graph node by node, building an ``em.Graph`` with ``em.Tensor``s.
 
     ``env`` maps fx nodes to their values; ``sources`` maps each graph input name to
-    ``("arg", i)`` (the i-th positional input) or ``("param", path)`` (a parameter
-    or buffer of ``root``); ``fallback`` (the traced function or module) serves
-    ``source_line`` when a node has no recorded stack trace.
+    ``("arg", i)`` (the i-th positional input), ``("param", path)`` (a parameter
+    or buffer of ``root``), ``("const", tensor)`` (a folded bool mask) or ``("not",
+    source)`` (the complement of a bool input); ``fallback`` (the traced function or
+    module) serves ``source_line`` when a node has no recorded stack trace.
+
+    ``known`` maps fx nodes to the torch values of constants (module buffers, set by the
+    caller) and of every op computed from constants alone, which ``run`` folds in torch;
+    a folded bool result becomes a ``BoolMask`` (``torch_masks.constant_mask``), and the
+    constants it read are guarded (``snapshots``: {source: ``Snapshot``}).
     """
 
     def __init__(self, graph: Graph, root: torch.nn.Module, fallback: Any = None) -> None:
@@ -194,6 +210,12 @@ class Converter:
         self.sources: dict[str, tuple[str, Any]] = {}
         self.used: set[str] = set()
         self._params: dict[str, Tensor] = {}
+        self.known: dict[fx.Node, torch.Tensor] = {}
+        self.known_sources: dict[fx.Node, tuple] = {}  # a constant node -> its input's source
+        self._roots: dict[fx.Node, frozenset[fx.Node]] = {}  # the constants a fold read
+        self.snapshots: dict[tuple, Snapshot] = {}
+        graph.torch_sources = self.sources  # a bool input's complement is made through these
+        graph.torch_input = self.input
 
     def input(self, name: str, shape: tuple[int, ...], dtype: str, source: tuple) -> Tensor:
         """A new graph input (the name made a unique identifier) fed from ``source``."""
@@ -251,12 +273,56 @@ class Converter:
                                      f"supports {SUPPORTED}")
         return handler, extra
 
+    def constant(self, node: fx.Node, value: torch.Tensor, source: tuple) -> None:
+        """Mark ``node`` (an input fed from ``source``) as the constant ``value``: ops computed
+        from constants alone are folded (a mask buffer)."""
+        if value.numel() <= FOLD_LIMIT:
+            self.known[node], self.known_sources[node] = value, source
+            self._roots[node] = frozenset({node})
+
+    def fold(self, node: fx.Node) -> torch.Tensor | None:
+        """The torch value of a call node whose tensor operands are all constants, or None."""
+        if node.op not in ("call_function", "call_method"):
+            return None
+        srcs = node.all_input_nodes
+        if not srcs or any(s not in self.known and (isinstance(self.env.get(s), torch.Tensor)
+                                                    or hasattr(self.env.get(s), "shape"))
+                           for s in srcs) or not any(s in self.known for s in srcs):
+            return None
+        args = fx.node.map_arg(node.args, lambda n: self.known.get(n, self.env.get(n)))
+        kwargs = fx.node.map_arg(node.kwargs, lambda n: self.known.get(n, self.env.get(n)))
+        try:
+            with torch.no_grad():
+                value = getattr(args[0], node.target)(*args[1:], **kwargs) \
+                    if node.op == "call_method" else node.target(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - not foldable: converted as any other op
+            return None
+        if not isinstance(value, torch.Tensor) or value.numel() > FOLD_LIMIT:
+            return None
+        self._roots[node] = frozenset().union(*(self._roots.get(s, frozenset()) for s in srcs))
+        return value
+
     def run(self, node: fx.Node) -> Any:
         """Convert one call/get_attr node (its operands already in ``env``); returns its value."""
         if node.op == "get_attr":
             value = self.param(node.target)
             self.env[node] = value
+            held = self.root
+            for part in str(node.target).split("."):
+                held = getattr(held, part, None)
+            if isinstance(held, torch.Tensor) and not isinstance(held, torch.nn.Parameter):
+                self.constant(node, held, self.sources[value.node.arg])  # a buffer
             return value
+        folded = self.fold(node)
+        if folded is not None:
+            self.known[node] = folded
+            if folded.dtype == torch.bool:  # a constant mask: from positions, or an input
+                for root in self._roots[node]:
+                    source = self.known_sources[root]
+                    self.snapshots.setdefault(source, Snapshot(self.known[root]))
+                value = constant_mask(self.graph, folded, node.name, self.input)
+                self.env[node] = value
+                return value
         handler, extra = self.lookup(node)
         args = fx.node.map_arg(node.args, self.env.__getitem__)
         kwargs = fx.node.map_arg(node.kwargs, self.env.__getitem__)
@@ -286,6 +352,18 @@ class Converter:
             return [o for k, v in value.items()
                     for o in self.outputs(v, str(k) if top else f"{prefix}_{k}", False)]
         return [(prefix, value)]
+
+    def finish(self) -> None:
+        """End the conversion: remove the inputs of constants that only fed folds (no
+        output reads them) and the graph's link back to this converter."""
+        for attr in ("torch_input", "torch_complements"):
+            self.graph.__dict__.pop(attr, None)
+        reached = {id(n) for n in self.graph.nodes()}
+        for source in self.known_sources.values():
+            for name, src in list(self.sources.items()):
+                if src is source and id(self.graph.inputs[name]) not in reached:
+                    del self.graph.inputs[name], self.sources[name]
+                    self.graph.dynamic.pop(name, None)
 
 
 def from_torch(fn_or_module: Any, *example_inputs: Any, name: str | None = None,
@@ -342,7 +420,9 @@ def from_torch(fn_or_module: Any, *example_inputs: Any, name: str | None = None,
                 graph.output(value, ident)
         else:
             cv.run(node)
+    cv.finish()
     graph.torch_sources = dict(cv.sources)
+    graph.torch_snapshots = dict(cv.snapshots)
     return graph
 
 
@@ -357,16 +437,20 @@ def graph_inputs(graph: Graph, fn_or_module: Any, *example_inputs: Any,
     sources = getattr(graph, "torch_sources", None)
     if sources is None:
         raise GraphError(f"graph {graph.name!r} was not built by from_torch")
-    out = {}
-    for name, (kind, ref) in sources.items():
+
+    def fetch(kind: str, ref: Any) -> Any:
         if kind == "arg":
-            out[name] = example_inputs[ref]
-        elif kind == "kwarg":
-            out[name] = example_kwargs[ref]
-        else:
-            obj = fn_or_module
-            for part in ref.split("."):
-                obj = getattr(obj, part)
-            out[name] = obj
-    return out
+            return example_inputs[ref]
+        if kind == "kwarg":
+            return example_kwargs[ref]
+        obj = fn_or_module
+        for part in ref.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+    for source, snap in getattr(graph, "torch_snapshots", {}).items():
+        if not snap.holds(fetch(*source)):
+            raise GraphError(f"graph {graph.name!r}: {source[0]} {source[1]!r} no longer holds "
+                             "the value from_torch folded into a mask: trace it again")
+    return {name: source_value(src, fetch) for name, src in sources.items()}
 

@@ -38,9 +38,9 @@ from .functions import (
     softmax,
     sqrt,
     tanh,
-    where,
 )
 from .graph import Tensor
+from .torch_masks import MASK_FUNCTIONS, MASK_METHODS, BoolMask, is_mask, select
 from .torch_movement import (
     MOVEMENT_ATEN,
     MOVEMENT_FUNCTIONS,
@@ -61,10 +61,12 @@ SUPPORTED = (
     "silu and nn.SiLU, relu and nn.ReLU, sigmoid and nn.Sigmoid, gelu and nn.GELU (erf or "
     "tanh), softmax and "
     "nn.Softmax (dtype= too), scaled_dot_product_attention (causal or a bool mask, GQA), "
-    "where and masked_fill (bool masks, finite fills), rms_norm and nn.RMSNorm, layer_norm and "
-    "nn.LayerNorm, casts (.to(dtype), .float(), .half(), .type(dtype), .type_as), slicing "
-    "x[a:b] and None, narrow, chunk, split, expand, cat, transpose, permute, .T, .mT, t, neg, "
-    "reshape, view, flatten, unsqueeze, squeeze, contiguous, dropout in eval mode")
+    "where and masked_fill (bool masks, finite or -inf fills; comparisons, ~ and "
+    "logical_not of constants such as mask buffers are folded), rms_norm and nn.RMSNorm, "
+    "layer_norm and nn.LayerNorm, casts (.to(dtype), .float(), .half(), .type(dtype), "
+    ".type_as), slicing x[a:b] and None, narrow, chunk, split, expand, cat, transpose, "
+    "permute, .T, .mT, t, neg, reshape, view, flatten, unsqueeze, squeeze, contiguous, "
+    "dropout in eval mode")
 
 
 def _as(x: Tensor, dtype: Any, what: str) -> Tensor:
@@ -218,7 +220,7 @@ def _sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: fl
     the softmax as ``torch_softmax``)."""
     q, k, v = (tensor_arg(t, "scaled_dot_product_attention") for t in (query, key, value))
     refuse(float(dropout_p) != 0.0, f"scaled_dot_product_attention with dropout_p={dropout_p}")
-    if attn_mask is not None and not isinstance(attn_mask, Tensor):
+    if attn_mask is not None and not isinstance(attn_mask, (Tensor, BoolMask)):
         raise UnsupportedOpError(f"scaled_dot_product_attention with a "
                                  f"{type(attn_mask).__name__} attn_mask (a bool or float "
                                  "tensor is supported)")
@@ -245,42 +247,21 @@ def _sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: fl
     s = s * factor
     kept = None
     if is_causal:  # torch's is_causal: the top-left diagonal (it keeps column 0 of every row)
-        s = where(q.graph.causal_mask(q.shape[-2], k.shape[-2]), s, float("-inf"))
-    elif attn_mask is not None and attn_mask.dtype == "bool":
+        s = select(q.graph.causal_mask(q.shape[-2], k.shape[-2]), s, float("-inf"), "sdpa")
+    elif is_mask(attn_mask):
         # a row the mask keeps nowhere is 0 in torch's eager SDPA (softmax of -inf would be
         # NaN): masked scores get the dtype's lowest finite value (exp of it minus the row's
         # max is 0 wherever the row keeps something) and the output is multiplied by
         # whether the row keeps anything (1 or 0)
-        s = where(attn_mask, s, LOWEST[s.dtype])
-        kept = where(attn_mask, 1.0, 0.0).max(axis=-1, keepdims=True)
+        s = select(attn_mask, s, LOWEST[s.dtype], "scaled_dot_product_attention")
+        kept = select(attn_mask, 1.0, 0.0, "scaled_dot_product_attention").max(
+            axis=-1, keepdims=True)
     elif attn_mask is not None:  # torch adds a float mask to the scores (BERT's padding mask)
         s = s + attn_mask.astype(s.dtype)
     out = torch_softmax(s, -1) @ v  # in float32 for float16/bfloat16 scores, as torch
     if kept is not None:
         out = out * kept.astype(out.dtype)
     return out.reshape(shape[:-1] + (out.shape[-1],)) if out.ndim != len(shape) else out
-
-
-def _where(condition: Any, input: Any, other: Any, *, out: Any = None) -> Tensor:  # noqa: A002
-    refuse(out, "out=")
-    cond = tensor_arg(condition, "where")
-    if cond.dtype != "bool":
-        raise UnsupportedOpError(f"where with a {cond.dtype} condition (a bool mask is needed)")
-    if isinstance(input, (int, float)) and float(input) == float("-inf"):
-        raise UnsupportedOpError("where(mask, -inf, x): write where(~mask, x, -inf) as "
-                                 "where(keep, x, -inf) with the kept positions' mask")
-    return where(cond, input, other)
-
-
-def _masked_fill(x: Any, mask: Any, value: Any) -> Tensor:
-    x, m = tensor_arg(x, "masked_fill"), tensor_arg(mask, "masked_fill mask")
-    if m.dtype != "bool":
-        raise UnsupportedOpError(f"masked_fill with a {m.dtype} mask (a bool mask is needed)")
-    if isinstance(value, Tensor) or not math.isfinite(float(value)):
-        raise UnsupportedOpError("masked_fill with a tensor or infinite value (a finite fill "
-                                 "is supported: HF's finfo.min; -inf masks are "
-                                 "where(keep, x, -inf))")
-    return where(m, float(value), x)
 
 
 def _rms_norm(x: Any, normalized_shape: Any, weight: Any = None, eps: Any = None) -> Tensor:
@@ -346,7 +327,7 @@ FUNCTIONS = {
     F.scaled_dot_product_attention: _sdpa,
     torch.softmax: _softmax, F.softmax: _softmax, F.rms_norm: _rms_norm,
     torch.sum: _reduce("sum"), torch.mean: _reduce("mean"), torch.amax: _reduce("max"),
-    torch.where: _where, **MOVEMENT_FUNCTIONS,
+    **MASK_FUNCTIONS, **MOVEMENT_FUNCTIONS,
 }
 
 METHODS = {
@@ -355,13 +336,12 @@ METHODS = {
     "multiply": _mul, "div": _div, "divide": _div, "true_divide": _div, "neg": _neg,
     "negative": _neg, "pow": _pow, "exp": FUNCTIONS[torch.exp], "sqrt": FUNCTIONS[torch.sqrt],
     "rsqrt": FUNCTIONS[torch.rsqrt], "relu": FUNCTIONS[torch.relu], "softmax": _softmax,
-    "masked_fill": _masked_fill,
     "sum": FUNCTIONS[torch.sum], "mean": FUNCTIONS[torch.mean], "amax": FUNCTIONS[torch.amax],
     "tanh": FUNCTIONS[torch.tanh], "erf": FUNCTIONS[torch.erf], "to": _to,
     "cos": FUNCTIONS[torch.cos], "sin": FUNCTIONS[torch.sin],
     "sigmoid": FUNCTIONS[torch.sigmoid],
     "float": _cast_to("float32"), "half": _cast_to("float16"), "bfloat16": _cast_to("bfloat16"),
-    "type_as": _type_as, "type": _type, **MOVEMENT_METHODS,
+    "type_as": _type_as, "type": _type, **MASK_METHODS, **MOVEMENT_METHODS,
 }
 
 

@@ -1,0 +1,252 @@
+"""Bool masks in the torch front end: ``masked_fill``, ``where``, ``~`` and the comparisons
+that make masks out of constant buffers.
+
+nanoGPT and minGPT write causal attention as ``att.masked_fill(self.bias[:, :, :T, :T] == 0,
+float("-inf"))`` with ``bias`` a buffer holding ``tril(ones(T, T))``. The buffer is a
+constant of the module: the ``Converter`` knows its value (``Converter.known``) and folds
+every op computed from constants alone in torch; a folded *bool* result becomes a
+``BoolMask`` (``constant_mask``): the causal mask built from positions (or its complement)
+when it is one, else a constant bool input fed from the folded value. A constant read this
+way is guarded (``Snapshot``): the compiled partition checks at each call that the buffer
+still holds the value it was folded at, and ``graph_inputs`` refuses a changed one.
+
+``masked_fill(m, v)`` is ``where(m, v, x)``, i.e. ``where(~m, x, v)``: a ``BoolMask`` keeps a
+graph bool tensor and whether it is negated, so ``~`` costs nothing and a ``-inf`` fill
+lands in the third argument of ``em.where`` (the ``mask`` op, which the verifier handles).
+A bool graph *input* used with its ``-inf`` value where it holds gets its complement as a
+second input, computed from the first by the caller (source ``("not", source)``).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from numbers import Real
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..ir.errors import MirageError, UnsupportedOpError
+from ..ir.node import Op
+from .functions import where
+from .graph import Tensor
+
+__all__ = ["BoolMask", "MASK_FUNCTIONS", "MASK_METHODS", "Snapshot", "constant_mask",
+           "is_mask", "select", "source_value"]
+
+# a folded constant larger than this (elements) is not folded (it stays an ordinary input)
+FOLD_LIMIT = 1 << 24
+
+
+class BoolMask:
+    """A bool mask of ``shape``: the graph bool tensor ``base`` (whose shape is ``shape``
+    without some leading 1s; it broadcasts to ``shape``), or its complement when
+    ``negated``. ``~mask`` flips ``negated``; nothing is computed."""
+
+    dtype = "bool"
+
+    def __init__(self, base: Tensor, shape: tuple[int, ...], negated: bool = False) -> None:
+        self.base, self.shape, self.negated = base, tuple(shape), bool(negated)
+
+    @property
+    def ndim(self) -> int:
+        """The mask's rank."""
+        return len(self.shape)
+
+    def __invert__(self) -> BoolMask:
+        return BoolMask(self.base, self.shape, not self.negated)
+
+    def __repr__(self) -> str:
+        return (f"BoolMask({'~' if self.negated else ''}{self.base.node.describe()}, "
+                f"shape={list(self.shape)})")
+
+
+def is_mask(x: Any) -> bool:
+    """Whether ``x`` is a converted bool mask (a ``BoolMask`` or a bool graph tensor)."""
+    return isinstance(x, BoolMask) or (isinstance(x, Tensor) and x.dtype == "bool")
+
+
+def _as_mask(x: Any, what: str) -> BoolMask:
+    if isinstance(x, BoolMask):
+        return x
+    if isinstance(x, Tensor) and x.dtype == "bool":
+        return BoolMask(x, x.shape)
+    kind = x.dtype if isinstance(x, Tensor) else type(x).__name__
+    raise UnsupportedOpError(f"{what} with a {kind} mask (a bool mask is needed)")
+
+
+def _neg_inf(v: Any) -> bool:
+    return isinstance(v, Real) and not isinstance(v, bool) and float(v) == -math.inf
+
+
+def _shape(v: Any) -> tuple[int, ...]:
+    return tuple(v.shape) if isinstance(v, Tensor) else ()
+
+
+def _complement_input(t: Tensor) -> Tensor | None:
+    """A second graph input holding ``~t`` for a bool graph input ``t`` of a converted torch
+    program (source ``("not", t's source)``), or None when ``t`` is not such an input."""
+    graph = t.graph
+    sources, make = getattr(graph, "torch_sources", None), getattr(graph, "torch_input", None)
+    if t.node.op is not Op.INPUT or sources is None or make is None or \
+            t.node.arg not in sources:
+        return None
+    made = graph.__dict__.setdefault("torch_complements", {})
+    if t.node.arg not in made:
+        made[t.node.arg] = make(f"not_{t.node.arg}", t.shape, "bool",
+                                ("not", sources[t.node.arg]))
+    return made[t.node.arg]
+
+
+def select(mask: Any, a: Any, b: Any, what: str) -> Tensor:
+    """``a`` where the bool ``mask`` holds, else ``b`` (tensors or numbers, broadcast as torch
+    broadcasts ``torch.where``). A ``-inf`` may be either value: it becomes the third
+    argument of ``em.where`` (the kept positions' mask is the complement where needed)."""
+    m = _as_mask(mask, what)
+    first, second = (b, a) if m.negated else (a, b)  # where(base, first, second)
+    if _neg_inf(first):
+        keep = _complement_input(m.base)
+        if keep is None:
+            raise UnsupportedOpError(
+                f"{what}: -inf where a computed bool mask holds (the complement of "
+                f"{m.base.node.describe()} has no eqsat-mirage form; a mask that is a "
+                "program input, the negation of one, or folded from a module buffer works)")
+        out = where(keep, second, first)
+    else:
+        out = where(m.base, first, second)
+    want = tuple(np.broadcast_shapes(m.shape, _shape(a), _shape(b)))
+    return out if out.shape == want else out.reshape(want)
+
+
+def _causal_offset(plane: torch.Tensor) -> int | None:
+    """The offset ``o`` with ``plane[i, j] == (j <= i + o)`` for every element, or None."""
+    rows, cols = plane.shape
+    counts = plane.sum(dim=1).tolist()
+    partial = [i for i, n in enumerate(counts) if 0 < n < cols]
+    if partial:
+        off = counts[partial[0]] - 1 - partial[0]
+    else:
+        off = cols - 1 if counts[0] == cols else -rows
+    want = torch.ones(rows, cols, dtype=torch.bool, device=plane.device).tril(off)
+    return off if torch.equal(plane, want) else None
+
+
+def constant_mask(graph: Any, value: torch.Tensor, name: str, make_input: Any) -> BoolMask:
+    """The ``BoolMask`` of the constant bool torch tensor ``value``: a causal mask built from
+    positions (or its complement: nanoGPT's ``bias == 0``) when its last two axes are one
+    and the axes before them have size 1; else a bool graph input named after ``name``,
+    made by ``make_input(name, shape, "bool", ("const", value))``."""
+    shape = tuple(int(d) for d in value.shape)
+    if value.ndim >= 2 and all(d == 1 for d in shape[:-2]) and 0 not in shape:
+        rows, cols = shape[-2:]
+        plane = value.reshape(rows, cols)
+        for negated, p in ((False, plane), (True, ~plane)):
+            off = _causal_offset(p)
+            if off is not None:
+                try:
+                    return BoolMask(graph.causal_mask(rows, cols, off), shape, negated)
+                except MirageError:  # an offset the causal mask does not take
+                    break
+    return BoolMask(make_input(f"{name}_mask", shape, "bool", ("const", value.clone())), shape)
+
+
+def source_value(source: tuple, fetch: Any) -> Any:
+    """The tensor that feeds an input of source ``source``: ``("const", tensor)`` is the
+    tensor, ``("not", inner)`` the logical not of ``inner``'s, and any other source what
+    ``fetch(kind, ref)`` gives (an argument, a keyword argument, a parameter)."""
+    kind, ref = source
+    if kind == "const":
+        return ref
+    if kind == "not":
+        return torch.logical_not(source_value(ref, fetch))
+    return fetch(kind, ref)
+
+
+class Snapshot:
+    """A constant tensor folded into a program (a mask buffer) and the check that a tensor
+    passed later still holds its value: the same storage and version counter (no in-place
+    write since), or else equal elements."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.value = tensor.detach().clone()
+        self._seen = self._key(tensor)
+
+    @staticmethod
+    def _key(t: torch.Tensor) -> tuple:
+        return (t.data_ptr(), t._version, tuple(t.shape), t.dtype, t.device)
+
+    def holds(self, tensor: Any) -> bool:
+        """Whether ``tensor`` holds the folded value."""
+        if not isinstance(tensor, torch.Tensor):
+            return False
+        key = self._key(tensor)
+        if key == self._seen:
+            return True
+        if key[2:] != self._seen[2:] or not torch.equal(tensor.detach(), self.value):
+            return False
+        self._seen = key
+        return True
+
+
+# -- handlers: comparisons (folded when constant), negation, masked_fill, where ------------
+def _compare(name: str):
+    def h(*args: Any, **kwargs: Any) -> Any:
+        raise UnsupportedOpError(
+            f"{name} of a computed tensor (a comparison or a cast to bool is folded when its "
+            "operands are constants, such as a module buffer: nanoGPT's "
+            "`self.bias[:, :, :T, :T] == 0`)")
+    return h
+
+
+def _invert(x: Any, *, out: Any = None) -> Any:
+    if out is not None:
+        raise UnsupportedOpError("out= is not supported")
+    return ~_as_mask(x, "logical not")
+
+
+def _masked_fill(x: Any, mask: Any, value: Any) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise UnsupportedOpError(f"masked_fill of a {type(x).__name__} (expected a tensor)")
+    if isinstance(value, Tensor) or isinstance(value, bool) or not isinstance(value, Real):
+        raise UnsupportedOpError(f"masked_fill with a {type(value).__name__} value (a "
+                                 "number is supported, -inf included)")
+    v = float(value)
+    if math.isnan(v) or v == math.inf:
+        raise UnsupportedOpError(f"masked_fill with the value {v} (finite numbers and -inf "
+                                 "are supported)")
+    out = select(mask, v, x, "masked_fill")
+    if out.shape != x.shape:
+        raise UnsupportedOpError(f"masked_fill: a mask of shape {list(_as_mask(mask, '').shape)}"
+                                 f" does not broadcast to the tensor's {list(x.shape)}")
+    return out
+
+
+def _where(condition: Any, input: Any, other: Any, *, out: Any = None) -> Tensor:  # noqa: A002
+    if out is not None:
+        raise UnsupportedOpError("out= is not supported")
+    for v in (input, other):
+        if not isinstance(v, (Tensor, Real)) or isinstance(v, bool) or (
+                isinstance(v, Tensor) and v.dtype == "bool"):
+            raise UnsupportedOpError(f"where with a {getattr(v, 'dtype', type(v).__name__)} "
+                                     "value (float tensors and numbers are supported)")
+        if isinstance(v, Real) and (math.isnan(float(v)) or float(v) == math.inf):
+            raise UnsupportedOpError(f"where with the value {float(v)} (finite numbers and "
+                                     "-inf are supported)")
+    return select(condition, input, other, "where")
+
+
+_COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge")
+MASK_FUNCTIONS = {
+    **{getattr(torch, n): _compare(n) for n in _COMPARISONS},
+    **{getattr(operator, n): _compare(n) for n in _COMPARISONS},
+    operator.invert: _invert, torch.logical_not: _invert,
+    torch.bitwise_not: _invert, torch.where: _where, torch.masked_fill: _masked_fill,
+}
+MASK_METHODS = {
+    **{n: _compare(n) for n in _COMPARISONS},
+    **{f"__{n}__": _compare(n) for n in _COMPARISONS},
+    "logical_not": _invert, "bitwise_not": _invert, "__invert__": _invert,
+    "masked_fill": _masked_fill, "where": lambda x, cond, y: _where(cond, x, y),
+    "bool": _compare("bool"),
+}
