@@ -2,7 +2,8 @@
 
 ``verify.py``: ``em.verify`` (field trials, the float64 and native-dtype checks, the
 counterexample). ``bound.py``: the degree analysis behind the bound. ``floatcheck.py``:
-the float checks; ``conditioning.py``: whether rounding alone decides an output on a draw
+the float checks; ``draws.py``: their input draws (scales, exponent range, peaks, logits);
+``conditioning.py``: whether rounding alone decides an output on a draw
 (the end-to-end check of ``endtoend.py`` then asks only for finiteness there).
 
 Takes: two programs with the same inputs and outputs (a ``Graph``, or any program that

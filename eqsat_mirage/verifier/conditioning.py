@@ -17,7 +17,7 @@ from ..semantics.floating import evaluate, neighbour
 
 
 def ill_conditioned(draws, kind: str, s: float, rtol: float) -> bool:
-    """Whether on the draw (``kind``, ``s``) of ``draws`` (a ``floatcheck._Draws``) the
+    """Whether on the draw (``kind``, ``s``) of ``draws`` (a ``draws.Draws``) the
     first program's float64 output moves somewhere by more than the native tolerance
     (``rtol`` times the output's scale plus the value, as ``floatcheck`` measures it, the
     scale at least the largest input magnitude) when every float input moves one unit in

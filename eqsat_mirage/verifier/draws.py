@@ -1,0 +1,270 @@
+"""The float checks' input draws (docs/verifier.md, sections 4 and 5): one standard-normal
+draw per input, scaled, folded, replaced by a constant, spread over each input dtype's
+exponent range, scaled to its largest finite magnitude, or set to realistic attention
+logits; the first program's outputs and its ground truth per draw are memoized.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+
+import numpy as np
+
+from ..ir.node import Op
+from ..semantics.floating import FLOAT_SEMANTICS, evaluate, float_ctx, round_to, rounded_inputs
+from ..semantics.interp import run
+from .floatsafe import fingerprints, is_graph, static_check
+from .kernelsafe import kernel_check
+from .truth import truth
+
+NATIVE_MAX = {"float16": 65504.0, "bfloat16": 3.3895e38, "float32": 3.4028e38}
+# Float safety (docs/verifier.md, section 5): draws across each input dtype's exponent range.
+# The binary exponents of each dtype's normal numbers (float16 from 2^-14 to 2^15, ...).
+EXP_RANGE = {"float16": (-14, 15), "bfloat16": (-126, 127), "float32": (-126, 127)}
+EXPONENT_DRAWS = 2  # N(0, 1) times 2^k, k uniform in the inputs' exponent range
+SPREADS = ()  # each element +-2^e, e uniform in [-s, s] (none by default: its cost)
+LOGIT_STD = 9.0  # realistic attention logits: exp arguments with this standard deviation
+STATIC = "float safety (static)"
+# A point of the exponent-range draws is valid where the first program is finite at it and
+# at it with every input scaled by the headroom (the square of its longest reduction, at
+# least 4), within 10% of the ground truth (truth.py), and where its output is below the
+# dtype's largest value over that length: a candidate may sum before it divides
+# ((X @ W) / n for (X / n) @ W, (e @ V) / sum(e) for softmax @ V) or reassociate
+# ((A @ B) @ C), and then overflows within that factor of where the input program does;
+# the unsafe rewrites overflow far below it.
+HEADROOM = 2.0
+
+
+class Draws:
+    """One standard-normal draw per input, scaled, folded (|z|), replaced by a constant, or
+    spread over the inputs' exponent ranges on demand; the first program's outputs per draw
+    are kept in ``memo`` across calls."""
+
+    def __init__(self, a, rng: np.random.Generator, memo: dict | None,
+                 limit: float = np.inf) -> None:
+        self.a, self.memo, self.limit = a, memo if memo is not None else {}, limit
+        # a bool mask input: random bits, mostly kept (1.0 where it holds, as it evaluates)
+        self.normal = {n: (rng.random(node.shape) < 0.75).astype(np.float64)
+                       if node.dtype == "bool" else rng.standard_normal(node.shape)
+                       for n, node in a.inputs.items()}
+        self.base = int(rng.integers(0, 2**62))  # the exponent-range draws' own generators
+        self.lock = threading.Lock()
+        self.headroom = HEADROOM
+
+    @functools.cached_property
+    def top(self) -> float:
+        """The largest |z| of the draw (only the native check needs it)."""
+        return max((float(np.max(np.abs(z))) for z in self.normal.values()), default=0.0)
+
+    def largest(self, kind: str, s: float) -> float:
+        """The largest input magnitude of a draw."""
+        if kind == "constant":
+            return s
+        if kind in ("signed", "folded"):
+            return s * self.top
+        return max((float(np.max(np.abs(x), initial=0.0))
+                    for x in self.rounded(kind, s).values()), default=0.0)
+
+    def _range(self, name: str) -> tuple[int, int]:
+        return EXP_RANGE.get(self.a.inputs[name].dtype, EXP_RANGE["float32"])
+
+    def inputs(self, kind: str, s: float) -> dict:
+        if kind.endswith("@h"):  # the same draw, every float input times ``headroom``
+            out = {}
+            for n, x in self.inputs(kind[:-2], s).items():
+                if self.a.inputs[n].dtype == "bool":
+                    out[n] = x
+                elif np.ndim(x) and not any(x.strides):  # a broadcast stays one
+                    out[n] = np.broadcast_to(x.reshape(-1)[:1] * self.headroom, x.shape)
+                else:
+                    out[n] = x * self.headroom
+            return out
+        if kind == "constant":  # read-only views: no memory per input
+            return {n: np.broadcast_to(np.float64(s), z.shape) for n, z in self.normal.items()}
+        if kind == "peak":  # input s (every input: -1) at its largest finite value, others 1
+            names = list(self.normal)
+            big = self.peak(int(s)) / self.headroom
+            return {n: np.broadcast_to(np.float64(big if s < 0 or n == names[int(s)] else 1.0),
+                                       z.shape) for n, z in self.normal.items()}
+        if kind == "peakfold":  # input s folded up to its largest finite value, others 0.5|z|
+            name = list(self.normal)[int(s)]
+            big = self._fold(int(s))
+            return {n: np.abs(z) * (big if n == name else 0.5) for n, z in self.normal.items()}
+        if kind == "exponent":  # z * 2^k, one k for every input, uniform across the
+            k = self._power(int(s))  # narrowest input range
+            return {n: z if self.a.inputs[n].dtype == "bool" else z * 2.0 ** k
+                    for n, z in self.normal.items()}
+        if kind == "spread":  # each element +-2^e, e uniform in [-s, s] (0: the whole range)
+            g = np.random.default_rng([self.base, 2, int(s)])
+            out = {}
+            for n, z in self.normal.items():
+                lo, hi = self._range(n)
+                lo, hi = (max(lo, -s), min(hi - 1, s)) if s else (lo, hi - 1)
+                out[n] = z if self.a.inputs[n].dtype == "bool" else (
+                    np.copysign(np.exp2(g.uniform(lo, hi, z.shape)), z))
+            return out
+        if kind == "logits":  # N(0, c^2), c setting the exp arguments' spread to LOGIT_STD
+            return {n: z * self.logit_scale() for n, z in self.normal.items()}
+        return {n: (np.abs(z) if kind == "folded" else z) * s for n, z in self.normal.items()}
+
+    def _times(self, rounded: dict, factor: float) -> dict:
+        """A rounded draw times a power of two >= 1: exact, or past the dtype's largest
+        (inf), so no second rounding pass."""
+        out = {}
+        for n, x in rounded.items():
+            dt = self.a.inputs[n].dtype
+            if dt == "bool":
+                out[n] = x
+                continue
+            with np.errstate(over="ignore"):
+                if x.ndim and not any(x.strides):
+                    out[n] = np.broadcast_to(round_to(x.reshape(-1)[:1] * np.float32(factor),
+                                                      dt), x.shape)
+                    continue
+                y = x * np.float32(factor)
+            if dt == "float16":
+                over = np.abs(y) > NATIVE_MAX["float16"]
+                y[over] = np.copysign(np.float32(np.inf), y[over])
+            out[n] = y
+        return out
+
+    def _power(self, j: int) -> int:
+        """The exponent k of exponent draw ``j``: uniform across the inputs' range."""
+        g = np.random.default_rng([self.base, 1, j])
+        lo = max(self._range(n)[0] for n in self.normal)
+        hi = min(self._range(n)[1] for n in self.normal)
+        return int(g.integers(lo, hi - 2))  # |z| < 8: stays below the dtype's largest
+
+    def _fold(self, i: int) -> float:
+        """The factor that takes input ``i``'s largest |z| to its peak over the headroom."""
+        z = self.normal[list(self.normal)[i]]
+        return self.peak(i) / self.headroom / max(float(np.max(np.abs(z))), 1e-300)
+
+    def rounded(self, kind: str, s: float) -> dict:
+        """The draw rounded once to each input's dtype (both programs read the same)."""
+        key = ("rounded", kind, s)
+        if key not in self.memo:
+            self.memo[key] = self._rounded(kind, s)
+        return self.memo[key]
+
+    def _rounded(self, kind: str, s: float) -> dict:
+        if kind.endswith("@h"):
+            return self._times(self.rounded(kind[:-2], s), self.headroom)
+        if kind == "exponent" and self._power(int(s)) >= 0:
+            return self._times(self.rounded("signed", 1.0), 2.0 ** self._power(int(s)))
+        if kind == "peakfold":  # the others as in ("folded", 0.5): rounded once already
+            name = list(self.normal)[int(s)]
+            out = dict(self.rounded("folded", 0.5))
+            out[name] = round_to(np.abs(self.normal[name]) * self._fold(int(s)),
+                                 self.a.inputs[name].dtype)
+            return out
+        return rounded_inputs(self.a, self.inputs(kind, s))
+
+    def out_a(self, dtype: str | None, kind: str, s: float, of_rounded: bool = False) -> dict:
+        """The first program's outputs on the draw (kind, s), as drawn or rounded to the
+        inputs' dtypes (``of_rounded``), in float64 (``dtype=None``) or natively; memoized."""
+        key = (dtype, kind, s, of_rounded)
+        if key not in self.memo:
+            inputs = self.rounded(kind, s) if of_rounded else self.inputs(kind, s)
+            self.memo[key] = evaluate(self.a, inputs, dtype=dtype,
+                                      rounded=of_rounded and dtype == "native")
+        return self.memo[key]
+
+    def truth(self, kind: str, s: float, of_rounded: bool = True) -> tuple[dict, str]:
+        """The first program's ground truth on the draw, rounded to the inputs' dtypes
+        (``of_rounded``) or as drawn (``truth.truth``: wider than float64 within its work
+        bound), and the precision it was computed in; memoized."""
+        key = ("truth", kind, s, of_rounded)
+        if key not in self.memo:
+            inputs = self.rounded(kind, s) if of_rounded else self.inputs(kind, s)
+            self.memo[key] = truth(self.a, inputs, self.out_a(None, kind, s, of_rounded))
+        return self.memo[key]
+
+    def _finite(self, values: dict) -> bool:
+        out = evaluate(self.a, rounded_inputs(self.a, {
+            n: np.broadcast_to(np.float64(v), self.normal[n].shape) for n, v in values.items()}),
+            dtype="native", rounded=True)
+        with np.errstate(invalid="ignore"):
+            return all(bool(np.all(np.abs(x) < self.limit)) for x in out.values())
+
+    def peak(self, i: int) -> float:
+        """The largest magnitude for which the first program stays finite (in its dtypes)
+        when input ``i`` (-1: every input) is that one value and the others are 1: a
+        bisection over the binary exponent (to a quarter), from 1 up to the dtype's
+        largest; 1 when it is not finite at 1."""
+        key = ("peak", i)
+        with self.lock:
+            if key in self.memo:
+                return self.memo[key]
+            names = list(self.normal)
+
+            def ok(k: float) -> bool:
+                return self._finite({n: 2.0 ** k if i < 0 or n == names[i] else 1.0
+                                     for n in names})
+
+            hi = max(self._range(n)[1] for n in names) if i < 0 else self._range(names[i])[1]
+            lo, top = 0.0, hi + 1.0  # ok(lo), not ok(top)
+            if not ok(lo):
+                self.memo[key] = 1.0
+                return 1.0
+            if ok(hi + 0.99):
+                lo = top = hi + 0.99
+            while top - lo > 0.25:
+                mid = math.floor((lo + top) * 2.0) / 4.0
+                mid = mid if lo < mid < top else (lo + top) / 2.0
+                lo, top = (mid, top) if ok(mid) else (lo, mid)
+            self.memo[key] = 2.0 ** lo
+            return self.memo[key]
+
+    def logit_scale(self) -> float:
+        """The input scale c at which the first program's exp arguments on N(0, c^2)
+        inputs have standard deviation ``LOGIT_STD`` (estimated from scales 1 and 2 in
+        float64, as a power law); 1 without an exp."""
+        with self.lock:
+            if "logits" not in self.memo:
+                self.memo["logits"] = self._logit_scale()
+            return self.memo["logits"]
+
+    def _logit_scale(self) -> float:
+        if not is_graph(self.a):
+            return 1.0
+        exps = [n.srcs[0] for n in self.a.nodes() if n.op is Op.EXP]
+        if not exps:
+            return 1.0
+
+        def spread(s: float) -> float:
+            with np.errstate(all="ignore"):
+                    env = run(self.a, FLOAT_SEMANTICS, float_ctx(self.a, self.inputs("signed", s),
+                                                             None, False), outputs=False)
+            best = 0.0
+            with np.errstate(all="ignore"):
+                for n in exps:
+                    v = np.asarray(env[id(n)])
+                    v = v[np.isfinite(v)]
+                    best = max(best, float(np.std(v)) if v.size else 0.0)
+            env.clear()
+            return best
+
+        s1 = spread(1.0)
+        if not s1 > 0.0:
+            return 1.0
+        s2 = spread(2.0)
+        degree = min(max(math.log2(s2 / s1), 0.5), 4.0) if s2 > 0 else 1.0
+        return float((LOGIT_STD / s1) ** (1.0 / degree))
+
+    def static(self, b) -> str:
+        """The static float-safety checks of ``b`` on this draw (``floatsafe.static_check``;
+        for a MuGraph also ``kernelsafe.kernel_check``, inside its kernels)."""
+        inputs = self.inputs("signed", 1.0)
+        with self.lock:
+            if "fingerprints" not in self.memo:
+                self.memo["fingerprints"] = fingerprints(self.a, inputs) if is_graph(
+                    self.a) else None
+        fa = self.memo["fingerprints"]
+        why = static_check(self.a, b, fa, fingerprints(b, inputs) if fa is not None
+                           and is_graph(b) else None)
+        if not why and fa is not None and hasattr(b, "node_samples"):  # in a MuGraph's kernels
+            why = kernel_check(self.a, b, inputs)
+        return why
