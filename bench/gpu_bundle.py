@@ -32,8 +32,8 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import eqsat_mirage as em  # noqa: E402
-from bench.gpu_bench import roofline, section, write_section  # noqa: E402
 from bench import programs  # noqa: E402
+from bench.gpu_bench import roofline, section, write_section  # noqa: E402
 from bench.programs import BATCHES, SAFE, cases, program  # noqa: E402
 from eqsat_mirage.codegen.source import triton_source  # noqa: E402
 from eqsat_mirage.cost.profile import GPUProfile  # noqa: E402
