@@ -267,13 +267,25 @@ def _search(graph, rulesets, rule_list, options: SearchOptions, hw, record: Sear
 NOT_IN_TIME = "time limit reached before a candidate verified; input returned"
 
 
-def _check_input(graph, program, lax: bool, vplan: VerifyPlan):
+def _check_input(graph, program, lax: bool, vplan: VerifyPlan, ver: VerificationRecord):
     """The input returned as it is, checked against itself (one trial) when time is left;
-    None when it is not Lax or the time limit has passed (the caller records which)."""
-    if not lax or vplan.deadline.expired():
+    None when it is not Lax, or when the check did not conclude: ``ver`` then says why in
+    its note (the time limit, or the verifier's own reason, e.g. a denominator that vanishes
+    on every draw where a mask empties a whole row)."""
+    if not lax:
+        return None
+    if vplan.deadline.expired():
+        ver.time_out(NOT_IN_TIME, overwrite=False)
         return None
     res = _verify(graph, program, vplan, trials=1)
-    return res if res.equivalent else None  # cut short by the deadline part way through
+    if res.equivalent:
+        return res
+    if vplan.deadline.expired():  # cut short part way through
+        ver.time_out(NOT_IN_TIME, overwrite=False)
+    elif ver.note is None:
+        ver.note = (f"no candidate verified ({len(ver.rejected)} rejected), and the input "
+                    f"could not be checked against itself ({res.reason}); input returned")
+    return None
 
 
 def _verify(graph, program, vplan: VerifyPlan, trials: int | None = None):
@@ -330,9 +342,7 @@ def _kernel_level(graph, cands, hw, lax, vplan: VerifyPlan, progress, stats,
     if chosen is None:  # nothing cheaper verified: the input program is the answer
         program = graph_from_outputs(graph, graph.outputs, f"{graph.name}_opt")
         cost = baseline
-        result = _check_input(graph, program, lax, vplan)
-        if result is None and lax:
-            ver.time_out(NOT_IN_TIME, overwrite=False)
+        result = _check_input(graph, program, lax, vplan, ver)
     else:
         program, cost = chosen.program, chosen.cost_us
     ver.seconds = time.perf_counter() - t
@@ -446,9 +456,7 @@ def _mugraph_level(graph, cands, bounds, prof, options: SearchOptions, lax, timi
     stats["plans"] = summary
     if chosen is None:  # nothing verified (or not Lax): the input, one kernel per op
         program, cost = base_mg, baseline
-        result = _check_input(graph, program, lax, vplan)
-        if result is None and lax:
-            ver.time_out(NOT_IN_TIME, overwrite=False)
+        result = _check_input(graph, program, lax, vplan, ver)
         stats["regions"] = []
     else:
         program, cost = chosen.mugraph, mugraph_cost(chosen.mugraph, prof).total_us

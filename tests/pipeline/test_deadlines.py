@@ -98,3 +98,17 @@ def test_shares_give_unused_time_to_the_jobs_after():
     assert Shares(None, [1, 2]).share(1) is None
     spent = Shares(1.0, [1, 1], start=now - 5.0)
     assert spent.share(0) == spent.share(1) == Shares.LEAST  # positive: a valid time limit
+
+
+def test_an_input_the_verifier_cannot_decide_is_not_reported_as_a_time_limit():
+    """A denominator that vanishes on every draw (y - y) leaves every candidate and the
+    input's own check inconclusive: the note says so, and the search is not reported as cut
+    by the time limit (issue 31: "reports say the true reason")."""
+    g = em.Graph("zden")
+    x, y = g.input("x", (4, 8)), g.input("y", (4, 8))
+    g.output(x / (y - y) + x * 2.0, "o")
+    res = em.optimize(g, time_limit_s=600, cache=False)
+    assert res.verified is None
+    assert not res.stats["time_limited"]
+    assert "denominator vanished" in res.stats["note"]
+    assert "time limit" not in res.stats["note"]
