@@ -34,7 +34,10 @@ Search (deterministic, bounded):
    never costs more than one kernel per op. Then the region search
    (``regions.py``: exact dynamic programming over the partitions of programs of at most
    6 units, local moves on larger ones) takes the greedy plan as its incumbent and
-   replaces it only by a strictly cheaper partition under the same full pricing.
+   replaces it only by a strictly cheaper partition under the same full pricing (the
+   refused merges of the new regions are the report's "why not"). Without a deadline it
+   runs to its count bounds (exact up to 6 units); under one, for at most
+   ``DEADLINE_SHARE`` times the greedy's time.
 5. The last round's refused merges are the report's "why not": no legal
    schedule (a value carrying the loop index after a reduction over it, as in
    softmax before its division is moved), every legal schedule infeasible
@@ -68,6 +71,9 @@ from .strategy import Strategy, candidate_schedules
 # priced per final region (candidate_schedules lists small grids first; grids that fill the
 # SMs and split reductions come later).
 DEFAULT_STRATEGY = Strategy(max_candidates=512, allow_split_reduction=True)
+# Under a deadline (em.optimize), the region search runs at most this many times as long as
+# the greedy merging before it, so planning stays within about twice its greedy time.
+DEADLINE_SHARE = 1.0
 
 
 @dataclass
@@ -351,7 +357,10 @@ class _Planner:
         return sorted((frozenset(g) for g in groups.values()), key=min)
 
     def search(self, budget: int) -> tuple[list[frozenset], dict[frozenset, list[str]]]:
-        """Quick greedy from the forced regions, full-pricing greedy, then the whole graph."""
+        """Quick greedy from the forced regions, full-pricing greedy, the whole graph, then
+        the region search from that incumbent (under a deadline: for at most
+        ``DEADLINE_SHARE`` times the greedy's seconds more)."""
+        t0 = time.perf_counter()
         regions, _ = self.greedy(self.forced(), False, budget)
         regions, notes = self.greedy(regions, True, budget)
         whole = frozenset(range(len(self.ops)))
@@ -359,22 +368,23 @@ class _Planner:
             pw = self.price(whole, True)
             if pw.cost_us < sum(self.price(r, True).cost_us for r in regions) - 1e-9:
                 regions, notes = [whole], []
-        better = improve(self.space(budget), regions,
+        until = math.inf if self.deadline is None else min(
+            self.deadline.end, time.perf_counter() + DEADLINE_SHARE * (time.perf_counter() - t0))
+        better = improve(self.space(budget, until), regions,
                          sum(self.price(r, True).cost_us for r in regions))
-        if better is not None:  # strictly cheaper: keep the notes on regions it kept
-            kept = set(better)
-            regions = better
-            notes = [(ra, rb, t) for ra, rb, t in notes if ra in kept and rb in kept]
+        if better is not None:  # strictly cheaper: the refused merges of its regions
+            regions, notes = self.greedy(better, True, budget)
         why_not: dict[frozenset, list[str]] = {r: [] for r in regions}
         for ra, rb, text in notes:
             why_not[ra].append(f"with ops {sorted(rb)} ({text})")
             why_not[rb].append(f"with ops {sorted(ra)} ({text})")
         return regions, why_not
 
-    def space(self, budget: int) -> RegionSpace:
-        """The region search's view of this planner (``regions.py``): full pricing."""
+    def space(self, budget: int, until: float = math.inf) -> RegionSpace:
+        """The region search's view of this planner (``regions.py``): full pricing, stopped
+        by the evaluation budget, the plan's deadline or ``until`` (perf_counter seconds)."""
         def stop() -> bool:
-            return self.evaluations >= budget or (
+            return self.evaluations >= budget or time.perf_counter() >= until or (
                 self.deadline is not None and self.deadline.expired())
         return RegionSpace(self.forced(), self.users,
                            lambda r: self.price(r, True).cost_us,
