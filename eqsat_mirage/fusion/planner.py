@@ -32,19 +32,17 @@ Search (deterministic, bounded):
    grids), and finally the whole graph as one kernel is priced and taken if
    cheaper. The search schedules are a subset of the final ones, so the plan
    never costs more than one kernel per op. Then the region search
-   (``regions.py``: exact dynamic programming over the partitions of programs of at most
-   6 units, local moves on larger ones) takes the greedy plan as its incumbent and
-   replaces it only by a strictly cheaper partition under the same full pricing (the
-   refused merges of the new regions are the report's "why not"). Without a deadline it
-   runs to its count bounds (exact up to 6 units); under one, for at most
-   ``DEADLINE_SHARE`` times the greedy's time.
-5. The last round's refused merges are the report's "why not": no legal
-   schedule (a value carrying the loop index after a reduction over it, as in
-   softmax before its division is moved), every legal schedule infeasible
-   (tiles exceed shared memory, K < 16), or simply dearer than separate kernels.
+   (``regions.py``: exact dynamic programming over the partitions of at most 6 units,
+   local moves beyond) takes the greedy plan as incumbent and replaces it only by a
+   strictly cheaper partition under the same full pricing; under a deadline it runs at
+   most ``DEADLINE_SHARE`` times the greedy's time.
+5. The last round's refused merges (over the final regions) are the report's "why not":
+   no legal schedule (a value carrying the loop index after a reduction over it, as in
+   softmax before its division is moved), every legal schedule infeasible (tiles exceed
+   shared memory, K < 16), or simply dearer than separate kernels.
 
-At most n - 1 merges for n ops, each round pricing O(edges + siblings) pairs;
-the benchmarks (5-15 ops) plan in 0.1-2 s on one core.
+Bounded by ``max_evaluations`` fragments and the deadline; the region search fully prices
+every region of a <= 6-unit program (bench/RESULTS.md, "Planner against brute force").
 """
 
 from __future__ import annotations
@@ -71,9 +69,7 @@ from .strategy import Strategy, candidate_schedules
 # priced per final region (candidate_schedules lists small grids first; grids that fill the
 # SMs and split reductions come later).
 DEFAULT_STRATEGY = Strategy(max_candidates=512, allow_split_reduction=True)
-# Under a deadline (em.optimize), the region search runs at most this many times as long as
-# the greedy merging before it, so planning stays within about twice its greedy time.
-DEADLINE_SHARE = 1.0
+DEADLINE_SHARE = 1.0  # under a deadline: the region search's time over the greedy's
 
 
 @dataclass

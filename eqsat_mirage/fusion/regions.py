@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 EXACT_MAX_UNITS = 6  # 2**6 - 1 = 63 regions at most (as many as the brute force prices)
 EXACT_MAX_NEW = 64  # regions not priced before that the DP may price
-LOCAL_MAX_ROUNDS = 8  # improving moves applied at most
-LOCAL_MAX_NEW = 32  # regions not priced before that the local search may price
+LOCAL_MAX_ROUNDS = 4  # improving moves applied at most
+LOCAL_MAX_NEW = 12  # regions not priced before that the local search may price
 EPS_US = 1e-9
 
 
