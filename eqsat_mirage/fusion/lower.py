@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..frontend.graph import Graph, Tensor
-from ..ir.node import Node, Op, make, numel, toposort
+from ..ir.node import ELEMENTWISE, Node, Op, make, numel, toposort
 from ..mugraph.kernels import CustomKernel
 from ..mugraph.program import MuGraph
 from ..mugraph.validate import validate_running_outputs
@@ -308,3 +308,28 @@ def lower(fragment: Graph, schedule: Schedule, name: str | None = None,
     for oname in fragment.outputs:
         mg.output(oname)
     return mg.validate()
+
+
+def fuse_threads(k: CustomKernel) -> None:
+    """Record maximal elementwise chains of each stage as thread graphs."""
+    for stage in ("loop", "post"):
+        g = k.stage(stage)
+        nodes = g.nodes()
+        users: dict[int, list[Node]] = {}
+        for n in nodes:
+            for s in n.srcs:
+                users.setdefault(id(s), []).append(n)
+        outs = {id(n) for n in g.outputs.values()}
+        taken: set[int] = set()
+        for n in nodes:
+            if n.op not in ELEMENTWISE or id(n) in taken:
+                continue
+            chain = [n]
+            while id(chain[-1]) not in outs and len(users.get(id(chain[-1]), [])) == 1:
+                nxt = users[id(chain[-1])][0]
+                if nxt.op not in ELEMENTWISE or id(nxt) in taken:
+                    break
+                chain.append(nxt)
+            if len(chain) > 1:
+                taken.update(id(c) for c in chain)
+                k.fuse(*(Tensor(c, g) for c in chain))

@@ -31,14 +31,18 @@ Search (deterministic, bounded):
    ``max_candidates`` schedules, splits included, plus up to 96 SM-filling
    grids), and finally the whole graph as one kernel is priced and taken if
    cheaper. The search schedules are a subset of the final ones, so the plan
-   never costs more than one kernel per op.
-5. The last round's refused merges are the report's "why not": no legal
-   schedule (a value carrying the loop index after a reduction over it, as in
-   softmax before its division is moved), every legal schedule infeasible
-   (tiles exceed shared memory, K < 16), or simply dearer than separate kernels.
+   never costs more than one kernel per op. Then the region search
+   (``regions.py``: exact dynamic programming over the partitions of at most 6 units,
+   local moves beyond) takes the greedy plan as incumbent and replaces it only by a
+   strictly cheaper partition under the same full pricing; under a deadline it runs at
+   most ``DEADLINE_SHARE`` times the greedy's time.
+5. The last round's refused merges (over the final regions) are the report's "why not":
+   no legal schedule (a value carrying the loop index after a reduction over it, as in
+   softmax before its division is moved), every legal schedule infeasible (tiles exceed
+   shared memory, K < 16), or simply dearer than separate kernels.
 
-At most n - 1 merges for n ops, each round pricing O(edges + siblings) pairs;
-the benchmarks (5-15 ops) plan in 0.1-2 s on one core.
+Bounded by ``max_evaluations`` fragments and the deadline; the region search fully prices
+every region of a <= 6-unit program (bench/RESULTS.md, "Planner against brute force").
 """
 
 from __future__ import annotations
@@ -50,13 +54,14 @@ from pathlib import Path
 
 from ..cost.gpucost import kernel_cost, mugraph_cost
 from ..cost.profile import GPUProfile
-from ..frontend.graph import Graph, Tensor
+from ..frontend.graph import Graph
 from ..ir.errors import MirageError
-from ..ir.node import ELEMENTWISE, ITEMSIZE, Node, Op, fmt_shape, numel
-from ..mugraph.kernels import CustomKernel, PredefinedKernel
+from ..ir.node import ITEMSIZE, Node, Op, fmt_shape, numel
+from ..mugraph.kernels import PredefinedKernel
 from ..mugraph.program import MuGraph, from_graph
 from .indexing import Indexing, ScheduleError, UnionFind, index_fragment
-from .lower import add_kernel
+from .lower import add_kernel, fuse_threads
+from .regions import RegionSpace, improve
 from .schedule import Schedule, classify
 from .strategy import Strategy, candidate_schedules
 
@@ -64,6 +69,7 @@ from .strategy import Strategy, candidate_schedules
 # priced per final region (candidate_schedules lists small grids first; grids that fill the
 # SMs and split reductions come later).
 DEFAULT_STRATEGY = Strategy(max_candidates=512, allow_split_reduction=True)
+DEADLINE_SHARE = 1.0  # under a deadline: the region search's time over the greedy's
 
 
 @dataclass
@@ -347,7 +353,10 @@ class _Planner:
         return sorted((frozenset(g) for g in groups.values()), key=min)
 
     def search(self, budget: int) -> tuple[list[frozenset], dict[frozenset, list[str]]]:
-        """Quick greedy from the forced regions, full-pricing greedy, then the whole graph."""
+        """Quick greedy from the forced regions, full-pricing greedy, the whole graph, then
+        the region search from that incumbent (under a deadline: for at most
+        ``DEADLINE_SHARE`` times the greedy's seconds more)."""
+        t0 = time.perf_counter()
         regions, _ = self.greedy(self.forced(), False, budget)
         regions, notes = self.greedy(regions, True, budget)
         whole = frozenset(range(len(self.ops)))
@@ -355,11 +364,27 @@ class _Planner:
             pw = self.price(whole, True)
             if pw.cost_us < sum(self.price(r, True).cost_us for r in regions) - 1e-9:
                 regions, notes = [whole], []
+        until = math.inf if self.deadline is None else min(
+            self.deadline.end, time.perf_counter() + DEADLINE_SHARE * (time.perf_counter() - t0))
+        better = improve(self.space(budget, until), regions,
+                         sum(self.price(r, True).cost_us for r in regions))
+        if better is not None:  # strictly cheaper: the refused merges of its regions
+            regions, notes = self.greedy(better, True, budget)
         why_not: dict[frozenset, list[str]] = {r: [] for r in regions}
         for ra, rb, text in notes:
             why_not[ra].append(f"with ops {sorted(rb)} ({text})")
             why_not[rb].append(f"with ops {sorted(ra)} ({text})")
         return regions, why_not
+
+    def space(self, budget: int, until: float = math.inf) -> RegionSpace:
+        """The region search's view of this planner (``regions.py``): full pricing, stopped
+        by the evaluation budget, the plan's deadline or ``until`` (perf_counter seconds)."""
+        def stop() -> bool:
+            return self.evaluations >= budget or time.perf_counter() >= until or (
+                self.deadline is not None and self.deadline.expired())
+        return RegionSpace(self.forced(), self.users,
+                           lambda r: self.price(r, True).cost_us,
+                           lambda r: r in self.final, stop)
 
     # -- assembly -----------------------------------------------------------------------------
     def order(self, regions: list[frozenset]) -> list[frozenset]:
@@ -390,7 +415,7 @@ class _Planner:
                     self._predefined(mg, self.ops[i])
             else:
                 for k in add_kernel(mg, p.fragment, p.schedule, indexing=p.indexing):
-                    _fuse_threads(k)
+                    fuse_threads(k)
             names = [k.name for k in mg.kernels[before:]]
             outs = list(p.fragment.outputs)
             kind = "custom" if p.schedule is not None else "predefined"
@@ -444,31 +469,6 @@ def _why_none(ix: Indexing, scheds: list[Schedule], infeasible: str) -> str:
         return "no legal schedule; " + ("; ".join(loops) or "no grid fits the strategy")
     head = f"all {len(scheds)} legal schedules are infeasible ({infeasible})"
     return head + (f"; {loops[0]}" if loops else "")
-
-
-def _fuse_threads(k: CustomKernel) -> None:
-    """Record maximal elementwise chains of each stage as thread graphs."""
-    for stage in ("loop", "post"):
-        g = k.stage(stage)
-        nodes = g.nodes()
-        users: dict[int, list[Node]] = {}
-        for n in nodes:
-            for s in n.srcs:
-                users.setdefault(id(s), []).append(n)
-        outs = {id(n) for n in g.outputs.values()}
-        taken: set[int] = set()
-        for n in nodes:
-            if n.op not in ELEMENTWISE or id(n) in taken:
-                continue
-            chain = [n]
-            while id(chain[-1]) not in outs and len(users.get(id(chain[-1]), [])) == 1:
-                nxt = users[id(chain[-1])][0]
-                if nxt.op not in ELEMENTWISE or id(nxt) in taken:
-                    break
-                chain.append(nxt)
-            if len(chain) > 1:
-                taken.update(id(c) for c in chain)
-                k.fuse(*(Tensor(c, g) for c in chain))
 
 
 def plan(graph: Graph, profile: GPUProfile | str | Path = "h100",

@@ -199,7 +199,7 @@ def test_plan_report_says_why_not():
     assert "shared memory" in rms.report() and "infeasible" in rms.report()
     assert rms.cost_us < rms.baseline_us
     for p in (gqa, rms):
-        assert p.seconds < 5 and p.evaluations <= 400
+        assert p.evaluations <= 400  # bounded by count (seconds depend on the machine)
         kinds = {r.kind for r in p.regions}
         assert kinds <= {"custom", "predefined"} and sum(len(r.ops) for r in p.regions) == len(
             p.ops)

@@ -1,0 +1,241 @@
+"""Region search: the partition of a program's ops into kernels of least total price.
+
+``fusion.plan`` first merges regions greedily (``planner.py``); this module then searches the
+partitions themselves, with the planner's own full pricing (``RegionSpace.price``), and
+``improve`` returns a partition only when it is strictly cheaper than the greedy one (the
+incumbent), so the plan never gets dearer.
+
+Units: the search works on *units*, the planner's forced groups (ops joined across every
+edge where no tiling rule allows a kernel boundary; one op each when every edge may be cut).
+A region is a set of units; a partition is valid when its kernel graph is acyclic.
+
+1. Exact, for at most ``EXACT_MAX_UNITS`` units: dynamic programming over the downward-closed
+   unit sets (ideals: with every unit, its producers). ``best(S) = min over ideals T < S of
+   best(T) + price(S - T)``: each step peels one region ``S - T``, which is convex (a path
+   leaving and re-entering it would put a unit of T after one of ``S - T``), and every
+   acyclic partition is such a sequence of peels (take its kernels in topological order),
+   so the minimum over all acyclic partitions is found. Region prices are memoized by the
+   planner; a region is priced only when ``best(T)`` leaves room under both the best so far
+   for ``S`` and the incumbent's total (prices are never negative), and the DP is given up
+   (``None``) when it would price more than ``EXACT_MAX_NEW`` regions not priced before.
+2. Local, for larger programs (or when the DP is given up): from the incumbent, rounds of
+   moves: one unit moved to a neighbouring region or split off on its own, two regions
+   merged. Each round applies the move that lowers the total most; it stops when none does,
+   after ``LOCAL_MAX_ROUNDS`` rounds, or when ``LOCAL_MAX_NEW`` new regions were priced.
+
+Both stop when ``RegionSpace.stop()`` says so (the planner's deadline or evaluation budget);
+whatever was found by then is only taken if it is valid and cheaper. Bounds are counts, not
+seconds, so a plan does not depend on the machine's speed (except through the deadline).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+EXACT_MAX_UNITS = 6  # 2**6 - 1 = 63 regions at most (as many as the brute force prices)
+EXACT_MAX_NEW = 64  # regions not priced before that the DP may price
+LOCAL_MAX_ROUNDS = 4  # improving moves applied at most
+LOCAL_MAX_NEW = 12  # regions not priced before that the local search may price
+EPS_US = 1e-9
+
+
+@dataclass
+class RegionSpace:
+    """What the search needs of one planner: the units (forced op groups), the ops' users,
+    the full price of an op set (``inf``: no feasible kernel), whether an op set is already
+    priced, and when to stop (deadline passed or evaluation budget spent)."""
+
+    units: list[frozenset[int]]
+    users: list[set[int]]
+    price: Callable[[frozenset[int]], float]
+    priced: Callable[[frozenset[int]], bool]
+    stop: Callable[[], bool]
+
+    def __post_init__(self) -> None:
+        owner = {i: u for u, ops in enumerate(self.units) for i in ops}
+        self.succ = [{owner[w] for i in ops for w in self.users[i]} - {u}
+                     for u, ops in enumerate(self.units)]
+        self.pred: list[set[int]] = [set() for _ in self.units]
+        for u, s in enumerate(self.succ):
+            for v in s:
+                self.pred[v].add(u)
+        self.owner = owner
+
+    def ops(self, mask: int) -> frozenset[int]:
+        """The ops of the units in bitmask ``mask``."""
+        return frozenset(i for u, ops in enumerate(self.units) if mask >> u & 1 for i in ops)
+
+    def acyclic(self, regions: list[int]) -> bool:
+        """Whether the partition (unit bitmasks) has an acyclic kernel graph."""
+        where = {u: r for r, m in enumerate(regions) for u in range(len(self.units)) if m >> u & 1}
+        succ = [{where[v] for u in range(len(self.units)) if regions[r] >> u & 1
+                 for v in self.succ[u]} - {r} for r in range(len(regions))]
+        indeg = [0] * len(regions)
+        for s in succ:
+            for r in s:
+                indeg[r] += 1
+        ready = [r for r in range(len(regions)) if indeg[r] == 0]
+        seen = 0
+        while ready:
+            r = ready.pop()
+            seen += 1
+            for q in succ[r]:
+                indeg[q] -= 1
+                if indeg[q] == 0:
+                    ready.append(q)
+        return seen == len(regions)
+
+
+class _Counter:
+    """Prices op sets through the space, counting the ones not priced before."""
+
+    def __init__(self, space: RegionSpace, limit: int) -> None:
+        self.space, self.limit, self.new = space, limit, 0
+        self.cache: dict[int, float] = {}
+
+    def __call__(self, mask: int) -> float | None:
+        """The price of unit set ``mask``; None once the search must stop."""
+        if mask in self.cache:
+            return self.cache[mask]
+        ops = self.space.ops(mask)
+        if not self.space.priced(ops):
+            if self.new >= self.limit or self.space.stop():
+                return None
+            self.new += 1
+        cost = self.space.price(ops)
+        self.cache[mask] = cost
+        return cost
+
+
+def _ideals(space: RegionSpace) -> list[int] | None:
+    """Every downward-closed unit set as a bitmask, smallest first; None if the unit graph
+    has a cycle (the forced groups cannot be ordered)."""
+    m = len(space.units)
+    pred = [sum(1 << p for p in space.pred[u]) for u in range(m)]
+    found, frontier = {0}, [0]
+    while frontier:
+        nxt = []
+        for s in frontier:
+            for u in range(m):
+                if not s >> u & 1 and pred[u] & ~s == 0:
+                    t = s | 1 << u
+                    if t not in found:
+                        found.add(t)
+                        nxt.append(t)
+        frontier = nxt
+    full = (1 << m) - 1
+    return sorted(found, key=lambda s: (bin(s).count("1"), s)) if full in found else None
+
+
+def exact(space: RegionSpace, incumbent_us: float
+          ) -> tuple[bool, list[frozenset[int]] | None]:
+    """The cheapest acyclic partition (module docstring, step 1): (whether the DP ran to the
+    end, the partition if it is cheaper than ``incumbent_us`` else None). Not run (False)
+    when the program is too large, its units cannot be ordered, or a bound stopped it."""
+    m = len(space.units)
+    if m > EXACT_MAX_UNITS or m < 2:
+        return m < 2, None
+    ideals = _ideals(space)
+    if ideals is None:
+        return False, None
+    price = _Counter(space, EXACT_MAX_NEW)
+    best: dict[int, tuple[float, int]] = {0: (0.0, 0)}
+    for s in ideals[1:]:
+        subs = sorted((best[t][0], t) for t in best if t & ~s == 0 and t != s)
+        top = (math.inf, -1)
+        for base, t in subs:
+            if base >= min(top[0], incumbent_us) - EPS_US:
+                break  # sorted: no later T can do better
+            cost = price(s & ~t)
+            if cost is None:
+                return False, None
+            if base + cost < top[0] - EPS_US:
+                top = (base + cost, t)
+        best[s] = top
+    full = (1 << m) - 1
+    total, _ = best[full]
+    if not total < incumbent_us - EPS_US:
+        return True, None
+    regions, s = [], full
+    while s:
+        t = best[s][1]
+        regions.append(space.ops(s & ~t))
+        s = t
+    return True, sorted(regions, key=min)
+
+
+def _moves(space: RegionSpace, regions: list[int]) -> list[list[int]]:
+    """The partitions one move away from ``regions`` (unit bitmasks), valid or not."""
+    m = len(space.units)
+    out = []
+    for a, ra in enumerate(regions):  # move unit u out of region a
+        units = [u for u in range(m) if ra >> u & 1]
+        if len(units) < 2:
+            continue
+        for u in units:
+            rest = [r for k, r in enumerate(regions) if k != a] + [ra & ~(1 << u)]
+            out.append(rest + [1 << u])  # split off on its own
+            near = {k for k, r in enumerate(regions) if k != a and any(
+                r >> v & 1 for v in space.succ[u] | space.pred[u])}
+            for b in sorted(near):
+                moved = [r for k, r in enumerate(regions) if k not in (a, b)]
+                out.append(moved + [ra & ~(1 << u), regions[b] | 1 << u])
+    for a in range(len(regions)):  # merge two regions
+        for b in range(a + 1, len(regions)):
+            rest = [r for k, r in enumerate(regions) if k not in (a, b)]
+            out.append(rest + [regions[a] | regions[b]])
+    return out
+
+
+def local(space: RegionSpace, start: list[frozenset[int]]) -> list[frozenset[int]] | None:
+    """Local moves from ``start`` (module docstring, step 2): the improved partition, or
+    None when no move lowers the cost within the bounds."""
+    bit = {u: 1 << u for u in range(len(space.units))}
+    cur = []
+    for r in start:
+        mask = 0
+        for i in r:
+            mask |= bit[space.owner[i]]
+        cur.append(mask)
+    price = _Counter(space, LOCAL_MAX_NEW)
+    costs = [price(r) for r in cur]
+    if any(c is None for c in costs):
+        return None
+    total, improved = sum(costs), False
+    for _ in range(LOCAL_MAX_ROUNDS):
+        best = None
+        seen: set[frozenset[int]] = set()
+        for cand in _moves(space, cur):
+            key = frozenset(cand)
+            if key in seen or not space.acyclic(cand):
+                continue
+            seen.add(key)
+            cost = 0.0
+            for r in cand:
+                c = price(r)
+                if c is None:
+                    break
+                cost += c
+            else:
+                if cost < total - EPS_US and (best is None or cost < best[0] - EPS_US):
+                    best = (cost, cand)
+                continue
+            break  # a bound stopped the search: keep what was found
+        if best is None:
+            break
+        total, cur, improved = best[0], best[1], True
+    if not improved:
+        return None
+    return sorted((space.ops(r) for r in cur), key=min)
+
+
+def improve(space: RegionSpace, incumbent: list[frozenset[int]], incumbent_us: float
+            ) -> list[frozenset[int]] | None:
+    """A partition strictly cheaper than ``incumbent`` (costing ``incumbent_us``), by the
+    exact DP for small programs, else by local moves; None when none is found."""
+    done, found = exact(space, incumbent_us)
+    if done:  # the DP saw every partition: nothing cheaper than ``found`` exists
+        return found
+    return local(space, incumbent)
