@@ -162,7 +162,7 @@ def run(hidden: int, heads: int, kv_heads: int, intermediate: int, seq: int, dty
             "intermediate": intermediate, "seq": seq, "dtype": dtype, "layers": layers,
             "time_limit_s": be.options["time_limit_s"], "compile_seconds": seconds,
             "ops": s["ops"], "compute_ops": s["compute_ops"],
-            "optimized_ops": s["optimized_ops"], "partitions": s["optimized_partitions"],
+            "optimized_ops": s["optimized_compute_ops"], "partitions": s["optimized_partitions"],
             "before_us": s["predicted_us"][0], "after_us": s["predicted_us"][1],
             "max_error": err, "finite": bool(torch.isfinite(got).all()),
             "peak_bytes": peak_bytes(), "estimate_bytes": est.most,

@@ -102,11 +102,13 @@ class PartitionReport:
     eager_calls: int = 0  # calls whose sizes the program does not serve (they ran eagerly)
     replan: str = ""  # a second search, when a call moved a size Dynamo left symbolic
     optimized_ops: int = 0  # its ops whose piece was optimized (all of them: one piece)
+    optimized_compute_ops: int = 0  # those of them that compute (``specs.computes``)
 
 
-def _optimized_ops(sub: fx.GraphModule, cv: Converter, result: Any) -> int:
-    """The call ops of an optimized partition that ran in an optimized piece: those whose
-    result is not computed by a piece left unchanged (a whole program's pieces)."""
+def _optimized_ops(sub: fx.GraphModule, cv: Converter, result: Any) -> tuple[int, int]:
+    """The call ops of an optimized partition that ran in an optimized piece (those whose
+    result is not computed by a piece left unchanged, a whole program's pieces), and how
+    many of them compute (``specs.computes``: the coverage's numerator)."""
     kept = {id(n) for piece, did in (getattr(result, "pieces", None) or []) if not did
             for n in piece.ops}
 
@@ -118,9 +120,10 @@ def _optimized_ops(sub: fx.GraphModule, cv: Converter, result: Any) -> int:
         return []
 
     # a bool mask (a folded comparison) computes no float tensor: not a compute op
-    return sum(1 for n in sub.graph.nodes if n.op.startswith("call")
-               and not isinstance(cv.env.get(n), BoolMask)
-               and not any(id(m) in kept for m in nodes(cv.env.get(n))))
+    ran = [n for n in sub.graph.nodes if n.op.startswith("call")
+           and not isinstance(cv.env.get(n), BoolMask)
+           and not any(id(m) in kept for m in nodes(cv.env.get(n)))]
+    return len(ran), sum(computes(n) for n in ran)
 
 
 def ran_out_of_time(entry: PartitionReport) -> list[str]:
@@ -346,6 +349,7 @@ class Backend:
         late = [t for e in entries for t in ran_out_of_time(e)]
         graph = {"graph": number, "ops": total, "compute_ops": compute,
                  "optimized_ops": sum(e.optimized_ops for e in done),
+                 "optimized_compute_ops": sum(e.optimized_compute_ops for e in done),
                  "partitions": len(entries), "optimized_partitions": len(done),
                  "time_limited": late,
                  "predicted_us": [before, after], "eager": eager,
@@ -364,7 +368,8 @@ class Backend:
     def summary(self) -> dict:
         """What ran optimized and what stayed eager and why, over every graph searched so
         far: the totals (``ops``: call nodes; ``compute_ops``: those computing a non-empty
-        float tensor), ``graphs``, one dict per graph as its warning said it, and
+        float tensor; ``optimized_compute_ops``: those of them in optimized pieces, the
+        coverage's numerator), ``graphs``, one dict per graph as its warning said it, and
         ``eager_only``: the graphs not searched, which so far ran only their ``warmup``
         calls (a static graph Dynamo replaced after one call stays there; its ops are not
         in the totals)."""
@@ -374,6 +379,7 @@ class Backend:
         return {"ops": sum(g["ops"] for g in graphs),
                 "compute_ops": sum(g["compute_ops"] for g in graphs),
                 "optimized_ops": sum(g["optimized_ops"] for g in graphs),
+                "optimized_compute_ops": sum(g["optimized_compute_ops"] for g in graphs),
                 "optimized_partitions": sum(g["optimized_partitions"] for g in graphs),
                 "predicted_us": [before, after],
                 "eager": [e for g in graphs for e in g["eager"]], "graphs": graphs,
@@ -441,7 +447,7 @@ class Backend:
             entry.seconds = time.perf_counter() - t0
             return None
         entry.status, entry.seconds = "optimized", time.perf_counter() - t0
-        entry.optimized_ops = _optimized_ops(sub, cv, entry.result)
+        entry.optimized_ops, entry.optimized_compute_ops = _optimized_ops(sub, cv, entry.result)
         return mod
 
     def _convert(self, name: str, sub: fx.GraphModule, sizes: SymbolicSizes) -> tuple:

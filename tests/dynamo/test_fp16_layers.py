@@ -59,8 +59,9 @@ def test_float16_llama_layer_at_hidden_512_is_optimized_and_equals_eager():
     assert torch.isfinite(got).all()
     assert float((got - want).abs().max() / want.abs().max()) <= TOLERANCE["float16"]
     s = be.summary()
-    covered = s["optimized_ops"] + time_limited_ops(be.report)  # pieces cut by the time limit
-    assert covered >= 0.9 * s["compute_ops"], (s["optimized_ops"], s["eager"])  # are the machine's
+    # pieces cut by the time limit are the machine's
+    covered = s["optimized_compute_ops"] + time_limited_ops(be.report)
+    assert covered >= 0.9 * s["compute_ops"], (s["optimized_ops"], s["eager"])
     for entry in be.report:
         if entry.result is not None:
             note = entry.result.stats.get("note") or ""
