@@ -10,8 +10,11 @@ a split value runs once per part (``split_op``):
   by the full count);
 - a transpose: per part, the axis permuted with it;
 - a matmul: operands split along the contraction dim with equal parts give the sum of
-  one ``tl.dot`` per pair (LoRA's ``concat(X, XA) @ concat(W, B)``); a split along M, N
-  or a batch dim gives a split result;
+  one ``tl.dot`` per pair (LoRA's ``concat(X, XA) @ concat(W, B)``); an operand split
+  along K beside a whole one cuts the whole one in the same parts where it can be
+  (``split_node``: a block input loaded part by part, elementwise ops per part: GPT-NeoX's
+  ``Q @ concat(rotated, passed).T``); a split along M, N or a batch dim gives a split
+  result;
 - an accumulator or a block output of a split value: one per part, each part stored at
   its offset along the axis (``kernel.py``).
 
@@ -28,7 +31,13 @@ from ..ir.node import ELEMENTWISE, REDUCE, Node, Op, Shape, fmt_shape, numel
 
 
 class CodegenError(MirageError):
-    """A MuGraph the Triton code generator cannot lower (names kernel and op)."""
+    """A MuGraph the Triton code generator cannot lower (names kernel and op).
+
+    ``kernel``: the custom kernel the writer refused (set by ``KernelWriter.write``; None
+    for a refusal of the whole module), so the compile check refuses that kernel's
+    structure alone, not every kernel of the plan."""
+
+    kernel = None
 
 
 def squeezed(shape: Shape) -> tuple[int, ...]:
@@ -239,9 +248,16 @@ class ConcatOps:
                                           else b.axis + r - rb)
         axes = [a.axis if a.parts else None, b.axis if b.parts else None]
         if "K" in (out_a, out_b):
-            if out_a != out_b:
-                self.plain(a if out_a == "K" else b, node, "a matmul needs both operands split "
-                           "along its contraction dim, with equal parts")
+            if out_a != out_b:  # the other operand cut along K in the same parts, if it can be
+                cut, i = (a, 1) if out_a == "K" else (b, 0)
+                src, v = node.srcs[i], srcs[i]
+                j = len(src.shape) - 1 if i == 0 else len(src.shape) - 2
+                other = None if v.parts or v.const is not None else self.split_node(
+                    src, j, [p.shape[cut.axis] for p in cut.parts], section, label)
+                if other is None:
+                    self.plain(cut, node, "a matmul needs both operands split along its "
+                               "contraction dim, with equal parts")
+                srcs, axes[i] = [other if n == i else x for n, x in enumerate(srcs)], j
             return self._total(node, self.per_part(node, srcs, axes, None, section, label),
                                section, label)
         outs = {o for o in (out_a, out_b) if o is not None}

@@ -85,12 +85,16 @@ class KernelWriter(TileOps):
         ``family``: a shape family's ``FamilyLayout`` (its growing tensors and loops, the
         inputs read unpadded): the kernel's source is then the same at every padded size;
         loads of an unpadded input are masked past L (``seq_len``)."""
-        writer = cls(k, specs, fn_name, causal=causal, family=family)
-        writer.text = writer.source()
-        block = writer.bumped()
-        if block is not None:
-            writer = cls(k, specs, fn_name, block, causal, family)
+        try:
+            writer = cls(k, specs, fn_name, causal=causal, family=family)
             writer.text = writer.source()
+            block = writer.bumped()
+            if block is not None:
+                writer = cls(k, specs, fn_name, block, causal, family)
+                writer.text = writer.source()
+        except CodegenError as exc:  # which kernel the backend cannot lower
+            exc.kernel = exc.kernel or k
+            raise
         return writer
 
     # -- block inputs and outputs -----------------------------------------------------------

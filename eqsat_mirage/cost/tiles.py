@@ -112,6 +112,15 @@ def tile_key(k: CustomKernel) -> tuple:
     return (k.grid, k.forloop, stages)
 
 
+def structure_key(k: CustomKernel) -> tuple:
+    """What a code-generation refusal of ``k`` depends on: its stages' ops and dtypes in
+    order, without grid, loop range or tile shapes (the Triton backend refuses a structure,
+    such as a matmul reading a concat split unequally along K, at every tile size; keyed by
+    ``tile_key`` alone, the re-plan would try the same structure at the next tile size)."""
+    return ("structure",) + tuple(tuple((n.op.name, n.dtype, len(n.srcs)) for n in st.nodes())
+                                  for st in (k.loop, k.post))
+
+
 _REFUSED: ContextVar[dict | None] = ContextVar("refused", default=None)
 
 
@@ -131,7 +140,9 @@ def refusal(k: CustomKernel) -> str:
                 return (f"it reads dim {d} of {bi.tensor!r} whole, and that dim is a dynamic "
                         "size: its tile would grow with it (one search serves every size)")
     refused = _REFUSED.get()
-    return refused.get(tile_key(k), "") if refused else ""
+    if not refused:
+        return ""
+    return refused.get(tile_key(k)) or refused.get(structure_key(k), "")
 
 
 def dynamic_context() -> tuple[dict, int] | None:

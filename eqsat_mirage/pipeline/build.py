@@ -18,7 +18,7 @@ import subprocess
 from ..codegen.concat import CodegenError
 from ..codegen.tune import TuneResult, tune
 from ..cost.gpucost import mugraph_cost, refusing
-from ..cost.tiles import tile_key
+from ..cost.tiles import structure_key, tile_key
 from ..ir.errors import MirageError, unexpected
 from .records import CompileRecord
 
@@ -42,7 +42,8 @@ class Builder:
         from ..fusion.planner import plan
 
         custom = [k for k in p.mugraph.kernels if k.kind == "custom"]
-        known = {key: self.refused[key] for key in map(tile_key, custom) if key in self.refused}
+        known = {key: self.refused[key] for k in custom for key in (tile_key(k),
+                 structure_key(k)) if key in self.refused}
         if known:  # a schedule refused before: no need to build it again
             result = TuneResult(self.prof.name, refused=known)
         elif self.deadline.expired():  # past its share of the time limit: verify unbuilt
@@ -52,7 +53,12 @@ class Builder:
         else:
             try:
                 result = tune(p.mugraph, self.prof.name, self.deadline)
-            except (CodegenError, subprocess.SubprocessError, OSError) as exc:
+            except CodegenError as exc:  # the backend cannot lower it: that kernel's structure
+                why = f"the target's compiler failed on it: {exc}"[:500]
+                bad = [k for k in custom if k is exc.kernel] or custom
+                result = TuneResult(self.prof.name, refused={
+                    key: why for k in bad for key in (tile_key(k), structure_key(k))})
+            except (subprocess.SubprocessError, OSError) as exc:
                 why = f"the target's compiler failed on it: {exc}"[:500]
                 result = TuneResult(self.prof.name, refused={tile_key(k): why for k in custom})
             except Exception as exc:  # a bug on this one candidate: refused, the search goes on
@@ -73,7 +79,7 @@ class Builder:
             self.builds.append(f"{how}: {result.summary()}")
             return True
         self.refused.update(result.refused)
-        entry["compiled"] = "; ".join(result.refused.values())
+        entry["compiled"] = "; ".join(dict.fromkeys(result.refused.values()))
         if self.progress:
             self.progress(f"MuGraph from {how} refused by the compile check: "
                           f"{entry['compiled']}")
@@ -99,5 +105,6 @@ class Builder:
     def report(self) -> CompileRecord:
         """What the check did: builds, refusals, re-plans, compiles and seconds
         (``as_stats()`` is ``res.stats["compiled"]``)."""
-        return CompileRecord(self.prof.name, list(self.builds), list(self.refused.values()),
+        return CompileRecord(self.prof.name, list(self.builds),
+                             list(dict.fromkeys(self.refused.values())),
                              self.replans, self.compiles, round(self.seconds, 2), self.skipped)

@@ -139,6 +139,10 @@ def unchanged_reason(res) -> str:
         return f"{len(rejected)} cheaper candidate(s) rejected by the verifier"
     if st.get("time_limited"):  # a pass cut short: the search did not finish
         return "time limit reached before a cheaper candidate verified; input returned"
+    refused = list(dict.fromkeys((st.get("compiled") or {}).get("refused") or []))
+    if refused:  # every cheaper plan refused by the compile check: say so, with the first why
+        return (f"{len(refused)} cheaper plan(s) refused by the compile check "
+                f"(first: {refused[0][:300]})")
     return "no candidate cheaper than one kernel per op"
 
 
