@@ -36,8 +36,16 @@ def _session_results_cache(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def _results_cache(tmp_path_factory, monkeypatch):
-    """Each test gets its own empty results cache (``em.optimize`` caches by default)."""
+    """Each test gets its own empty results cache (``em.optimize`` caches by default); the
+    project's environment variables are as they were after each test (a docs block that set
+    ``EQSAT_MIRAGE_MEMORY_BUDGET=256M`` in os.environ once refused the verification of
+    every test that ran after it)."""
+    before = {k: v for k, v in os.environ.items() if k.startswith("EQSAT_MIRAGE_")}
     monkeypatch.setenv("EQSAT_MIRAGE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    yield
+    for k in [k for k in os.environ if k.startswith("EQSAT_MIRAGE_") and k not in before]:
+        del os.environ[k]
+    os.environ.update(before)
 
 
 def pytest_terminal_summary(terminalreporter, config):

@@ -384,7 +384,11 @@ def _small():
 @pytest.mark.slow  # a bounded search, then a program refused for its memory
 @runs("docs/limits.md", "limits")
 def test_limits(monkeypatch):
-    monkeypatch.delenv("EQSAT_MIRAGE_MEMORY_BUDGET", raising=False)  # restored afterwards
+    # the block sets the budget in os.environ: recorded by setenv first, so that it is
+    # removed again afterwards (a delenv of an unset variable records nothing to undo, and
+    # the block's 256M then refused every later test's verification)
+    monkeypatch.setenv("EQSAT_MIRAGE_MEMORY_BUDGET", "8G")
+    monkeypatch.delenv("EQSAT_MIRAGE_MEMORY_BUDGET")
     ns, out = _printed(block("docs/limits.md", "limits"))
     _verified_or_out_of_time(ns["res"])
     first, refusal = out.splitlines()[0], out.splitlines()[-1]
