@@ -127,16 +127,18 @@ def test_a_plan_reading_the_dynamic_dim_whole_does_not_scale_and_the_search_avoi
     from eqsat_mirage.cost.tiles import dynamic_dims
     from eqsat_mirage.fusion.planner import plan as fusion_plan
 
-    g = attention(64)
-    padded = padded_graph(plan_masks(g), {"L": 64}, {"L": 64})
-    whole = fusion_plan(padded).mugraph  # unconstrained: a 64-long L fits one tile
+    # planned at L = 96, a size no static dim has, as the family's search picks it (the
+    # padded size names the dynamic dims of intermediates too)
+    g = attention(96)
+    padded = padded_graph(plan_masks(g), {"L": 96}, {"L": 96})
+    whole = fusion_plan(padded).mugraph  # unconstrained: a 96-long L fits one tile
     with pytest.raises(NotScalableError, match="whole"):
-        scaling(whole, g.dynamic, "L", 64)
-    with dynamic_dims({"K": {2}, "V": {1}}):  # a family's search refuses such schedules
+        scaling(whole, g.dynamic, "L", 96)
+    with dynamic_dims({"K": {2}, "V": {1}}, 96):  # a family's search refuses such schedules
         tiled = fusion_plan(padded).mugraph
-    assert scaling(tiled, g.dynamic, "L", 64).granule <= 64
+    assert scaling(tiled, g.dynamic, "L", 96).granule <= 96
     # one kernel per op always scales: predefined kernels run at any size
-    assert scaling(from_graph(padded), g.dynamic, "L", 64).granule == 1
+    assert scaling(from_graph(padded), g.dynamic, "L", 96).granule == 1
 
 
 def _kernels(source: str) -> str:
