@@ -317,6 +317,12 @@ def main(argv=None) -> int:
             print(table(rows[-1:]).splitlines()[-1], flush=True)
             for e in rows[-1]["eager"]:
                 print(f"    eager: {e}", flush=True)
+            for e in rows[-1]["backend"].report:  # pieces left as they were, and why
+                pieces = getattr(e.result, "stats", {}).get("pieces") or []
+                for p in pieces:
+                    if p["status"] != "optimized":
+                        print(f"    unchanged: {e.name} piece {p['index']} "
+                              f"({len(p['ops'])} ops): {p['reason']}", flush=True)
     text = table(rows)
     mode = "Triton kernels (TRITON_INTERPRET=1)" if os.environ.get("TRITON_INTERPRET") == "1" \
         else "torch code of the chosen programs"
