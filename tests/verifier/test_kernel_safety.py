@@ -3,6 +3,7 @@ docs/verifier.md section 5): a custom kernel that rounds to float16 a value the 
 program computes in float32, or takes an exp the input max-subtracts without the max, is
 refused with the kernel and the op in the reason; the safe forms verify."""
 
+import attention_graphs
 import numpy as np
 import pytest
 from mugraph_examples import online_attention
@@ -67,17 +68,8 @@ def test_the_kernel_that_keeps_float32_verifies():
 
 
 def attention(safe: bool, b=1, m=8, d=16, n=32) -> em.Graph:
-    g = em.Graph("attn_safe" if safe else "attn")
-    q, k = g.input("Q", (b, m, d), "float32"), g.input("K", (b, d, n), "float32")
-    v = g.input("V", (b, n, d), "float32")
-    s = (q @ k) * 0.125
-    if safe:
-        p = em.softmax(s, axis=-1)
-    else:
-        e = em.exp(s)
-        p = e / e.sum(axis=-1, keepdims=True)
-    g.output(p @ v, "O")
-    return g
+    """The shared attention in float32, scores scaled by 1/8."""
+    return attention_graphs.attention(safe, "float32", b, m, d, n, scale=0.125)
 
 
 def test_a_kernel_exp_without_the_max_is_refused():

@@ -6,6 +6,7 @@ eager torch does, is verified equal to the unsafe form by the field test (softma
 invariant to a shift of its row), and runs finite when compiled (Triton interpreter).
 """
 
+import attention_graphs
 import numpy as np
 import pytest
 
@@ -15,18 +16,8 @@ from eqsat_mirage.semantics.primes import field_primes
 
 
 def attention(safe: bool, b=2, m=16, d=64, n=128, dtype="float16") -> em.Graph:
-    g = em.Graph("attn_safe" if safe else "attn")
-    q = g.input("Q", (b, m, d), dtype)
-    k = g.input("K", (b, d, n), dtype)
-    v = g.input("V", (b, n, d), dtype)
-    s = q @ k
-    if safe:
-        p = em.softmax(s, axis=-1)
-    else:
-        e = em.exp(s)
-        p = e / e.sum(axis=-1, keepdims=True)
-    g.output(p @ v, "O")
-    return g
+    """The shared attention, scores unscaled."""
+    return attention_graphs.attention(safe, dtype, b, m, d, n)
 
 
 def logits_inputs(top: float, b=2, m=16, d=64, n=128, seed=0) -> dict[str, np.ndarray]:
