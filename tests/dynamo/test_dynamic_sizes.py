@@ -13,13 +13,6 @@ F = torch.nn.functional
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 def decode_step(q, k, v, wo):
     """One decode step: 8 query heads over 2 KV heads (GQA), then the output projection."""
     o = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # (1, 8, 1, 64)

@@ -42,13 +42,6 @@ def _llama_layer(hidden: int, seq: int, dtype: str):
                           position_ids=pos)), x
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 def test_float16_llama_layer_at_hidden_512_is_optimized_and_equals_eager():
     fn, x = _llama_layer(512, 64, "float16")
     be = em.backend(time_limit_s=600, warn=False, warmup=0, cache=False)

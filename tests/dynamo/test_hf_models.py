@@ -21,13 +21,6 @@ from bench.hf_models import TOLERANCE, case, first, run  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 def _meets_the_bar(r: dict, share: float = 0.9) -> None:
     assert r["finite"], r
     assert r["error"] <= TOLERANCE[r["dtype"]], r

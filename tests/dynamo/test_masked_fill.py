@@ -28,13 +28,6 @@ from eqsat_mirage.frontend.from_torch import graph_inputs  # noqa: E402
 FILLS = [float("-inf"), -1e4]
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 def _numpy(feed: dict) -> dict:
     return {k: v.detach().double().numpy() if v.is_floating_point() else v.numpy()
             for k, v in feed.items()}

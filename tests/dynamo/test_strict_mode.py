@@ -15,13 +15,6 @@ from eqsat_mirage.dynamo import backend as torch_backend  # noqa: E402
 FAST = dict(time_limit_s=60.0, iter_limit=4, warmup=0)  # ends when done (4 iterations)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 @pytest.fixture
 def internal_bug(monkeypatch):
     """The search raises a KeyError, as a bug in the pipeline would."""

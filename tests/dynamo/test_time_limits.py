@@ -19,13 +19,6 @@ from eqsat_mirage.dynamo import backend as torch_backend  # noqa: E402
 nn = torch.nn
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 class SortInTheMiddle(nn.Module):
     """Two partitions: the sort between them is not supported."""
 

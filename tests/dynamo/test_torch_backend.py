@@ -21,13 +21,6 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 FAST = dict(time_limit_s=60.0, iter_limit=4, warmup=0)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 
 
 class SortInTheMiddle(nn.Module):

@@ -10,13 +10,6 @@ import eqsat_mirage as em
 torch = pytest.importorskip("torch")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 def test_split_attention_runs_optimized_on_the_torch_path(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
 
