@@ -44,8 +44,8 @@ def is_graph(program) -> bool:
     return not hasattr(program, "evaluate") and hasattr(program, "nodes")
 
 
-def _deps(program) -> dict[int, frozenset]:
-    """The input names each node depends on."""
+def input_deps(program) -> dict[int, frozenset]:
+    """The input names each node of ``program`` depends on (by ``id`` of the node)."""
     out: dict[int, frozenset] = {}
     for n in program.nodes():
         out[id(n)] = (frozenset((n.arg,)) if n.op is Op.INPUT
@@ -66,7 +66,7 @@ def _sample(value, shape) -> np.ndarray:
 
 def fingerprints(program, inputs: dict) -> list[tuple[Node, np.ndarray, frozenset]]:
     """(node, sampled float64 value, input names) of every node of a Graph on ``inputs``."""
-    deps = _deps(program)
+    deps = input_deps(program)
     with np.errstate(all="ignore"):
         env = run(program, FLOAT_SEMANTICS, float_ctx(program, inputs, None, False),
                   outputs=False)
@@ -148,7 +148,7 @@ def guarded(arg: Node, resolve=None) -> bool:
 
 def unguarded_exp(a, b) -> str:
     """Why ``b`` takes an exp without the max subtraction the input program has, or ""."""
-    da, db = _deps(a), _deps(b)
+    da, db = input_deps(a), input_deps(b)
     safe = [da[id(n)] for n in a.nodes() if n.op is Op.EXP and guarded(n.srcs[0])]
     bare = [da[id(n)] for n in a.nodes() if n.op is Op.EXP and not guarded(n.srcs[0])]
     if not safe:

@@ -30,7 +30,7 @@ import numpy as np
 from ..ir.node import Node, Op
 from ..semantics.floating import FLOAT_SEMANTICS, float_ctx
 from ..semantics.interp import run
-from .floatsafe import at_least, guarded
+from .floatsafe import at_least, guarded, input_deps
 
 _HALF = ("float16", "bfloat16")
 _SAMPLES = 7
@@ -119,14 +119,6 @@ def _all_nodes(mg) -> list[tuple[Node, str, str]]:
     return out
 
 
-def _deps_graph(a) -> dict[int, frozenset]:
-    out: dict[int, frozenset] = {}
-    for n in a.nodes():
-        out[id(n)] = (frozenset((n.arg,)) if n.op is Op.INPUT
-                      else frozenset().union(*(out[id(s)] for s in n.srcs)))
-    return out
-
-
 def _describe(n: Node, kernel: str, stage: str) -> str:
     loc = f" (from {n.loc})" if n.loc else ""
     return f"kernel {kernel!r}, {stage} op {n.op.name.lower()} {tuple(n.shape)}{loc}"
@@ -135,7 +127,7 @@ def _describe(n: Node, kernel: str, stage: str) -> str:
 def unguarded_exp(a, mg, prod: _Producers) -> str:
     """Why the MuGraph ``mg`` takes an exp without the max subtraction the input program
     ``a`` has, or ""."""
-    da = _deps_graph(a)
+    da = input_deps(a)
     safe = [da[id(n)] for n in a.nodes() if n.op is Op.EXP and guarded(n.srcs[0])]
     bare = [da[id(n)] for n in a.nodes() if n.op is Op.EXP and not guarded(n.srcs[0])]
     if not safe:
@@ -205,7 +197,7 @@ def _found(a, inputs: dict, groups: list[np.ndarray], deps: list[frozenset],
     a function of them alone). A group is not searched for when no node with its inputs
     has a dtype wider than (or incomparable with) its own: whatever is found, nothing is
     refused (an all-float16 program's float16 kernels cost no search)."""
-    da = _deps_graph(a)
+    da = input_deps(a)
     by_deps: dict[frozenset, list[int]] = {}
     for i, (g, d, dt) in enumerate(zip(groups, deps, dtypes)):
         if len(g) and _threatened(a, da, d, dt):
@@ -259,7 +251,7 @@ def narrowing(a, mg, inputs: dict, prod: _Producers) -> str:
         points.append((r, prod.deps(v, memo), v, dtype, kernel, stage, what))
     if not points:
         return ""
-    da = _deps_graph(a)
+    da = input_deps(a)
     wanted = {id(r) for r, d, _, dtype, *_ in points if _threatened(a, da, d, dtype)}
     got = mg.node_samples(inputs, wanted, _pick) if wanted else {}
     found = _found(a, inputs, [got.get(id(r), np.zeros(0)) for r, *_ in points],
