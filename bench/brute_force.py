@@ -35,9 +35,10 @@ from eqsat_mirage.frontend.graph import Graph
 from eqsat_mirage.fusion.indexing import ScheduleError, index_fragment
 from eqsat_mirage.fusion.lower import add_kernel
 from eqsat_mirage.fusion.planner import DEFAULT_STRATEGY, plan
+from eqsat_mirage.fusion.space import OpSpace
 from eqsat_mirage.fusion.strategy import Strategy, candidate_schedules
 from eqsat_mirage.ir.errors import MirageError
-from eqsat_mirage.ir.node import Node, Op
+from eqsat_mirage.ir.node import Op
 from eqsat_mirage.mugraph.kernels import PredefinedKernel
 from eqsat_mirage.mugraph.program import MuGraph
 
@@ -53,56 +54,9 @@ class BruteForceError(MirageError):
 # -- one program's ops and fragments, formed as the planner forms them -----------------------
 
 
-class Space:
-    """The ops of ``graph`` (inputs and constants left out), their users and tensor names;
-    ``fragment(region)`` is the region as one kernel's program (``fusion.plan`` forms the
-    same: outside values become inputs named after their tensors, values used outside or
-    returned become outputs)."""
-
-    def __init__(self, graph: Graph) -> None:
-        self.graph = graph
-        self.ops = [n for n in graph.nodes() if n.op not in (Op.INPUT, Op.CONST)]
-        self.index = {id(n): i for i, n in enumerate(self.ops)}
-        self.users: list[set[int]] = [set() for _ in self.ops]
-        for i, n in enumerate(self.ops):
-            for s in n.srcs:
-                if id(s) in self.index:
-                    self.users[self.index[id(s)]].add(i)
-        self.out_ids = {id(n) for n in graph.outputs.values()}
-        names = {id(n): name for name, n in graph.inputs.items()}
-        for name, n in graph.outputs.items():
-            names.setdefault(id(n), name)
-        used = set(graph.inputs) | set(graph.outputs)
-        for i, n in enumerate(self.ops):
-            if id(n) not in names:
-                name = f"t{i}"
-                while name in used:
-                    name += "_"
-                used.add(name)
-                names[id(n)] = name
-        self.tensor = names
-
-    def fragment(self, region: frozenset[int], name: str | None = None) -> Graph:
-        """The ops of ``region`` as a Graph reading device tensors (see the class)."""
-        frag = Graph(name or f"{self.graph.name}.r{min(region)}")
-        new: dict[int, Node] = {}
-        for i in sorted(region):
-            n = self.ops[i]
-            srcs = []
-            for s in n.srcs:
-                if s.op is Op.CONST or self.index.get(id(s)) in region:
-                    srcs.append(s if s.op is Op.CONST else new[id(s)])
-                    continue
-                tname = self.tensor[id(s)]
-                if tname not in frag.inputs:
-                    frag.inputs[tname] = Node(Op.INPUT, (), tname, s.shape, s.dtype)
-                srcs.append(frag.inputs[tname])
-            new[id(n)] = Node(n.op, tuple(srcs), n.arg, n.shape, n.dtype, n.loc)
-        for i in sorted(region):
-            n = self.ops[i]
-            if id(n) in self.out_ids or self.users[i] - region:
-                frag.outputs[self.tensor[id(n)]] = new[id(n)]
-        return frag
+class Space(OpSpace):
+    """The ops of ``graph`` as ``fusion.plan`` numbers and names them (``OpSpace``: the
+    planner's own class), with the acyclicity test of a partition into kernels."""
 
     def acyclic(self, label: tuple[int, ...]) -> bool:
         """Whether the kernels of partition ``label`` (op -> kernel) form an acyclic graph."""

@@ -2,7 +2,9 @@
 
 ``schedule.py``: einsum-style schedules (index names mapped to grid axes or the loop) and
 their legality. ``strategy.py``: candidate grids and loop ranges. ``lower.py``: a fragment
-under a schedule to custom kernels. ``planner.py``: ``plan`` groups a candidate's ops into
+under a schedule to custom kernels. ``space.py``: a program's ops, their users and tensor
+names, and a region of them cut out as one kernel's program. ``regions.py``: the region
+search after the greedy merging. ``planner.py``: ``plan`` groups a candidate's ops into
 kernels and picks each kernel's schedule by the GPU cost model.
 
 Takes: a kernel-level ``Graph`` and the edges that may be cut.

@@ -63,6 +63,7 @@ from .indexing import Indexing, ScheduleError, UnionFind, index_fragment
 from .lower import add_kernel, fuse_threads
 from .regions import RegionSpace, improve
 from .schedule import Schedule, classify
+from .space import OpSpace
 from .strategy import Strategy, candidate_schedules
 
 # Mirage's ranges and block counts, FlashDecoding splits allowed, and up to 512 schedules
@@ -133,11 +134,12 @@ class FusionPlan:
         return self.report()
 
 
-class _Planner:
+class _Planner(OpSpace):
     def __init__(self, graph: Graph, prof: GPUProfile, strategy: Strategy,
                  search_candidates: int, cuts: frozenset | None = None,
                  shared: dict | None = None) -> None:
-        self.graph, self.prof, self.strategy = graph, prof, strategy
+        super().__init__(graph)
+        self.prof, self.strategy = prof, strategy
         self.cuts, self.deadline = cuts, None  # plan() sets the deadline
         self.shared = shared  # fragment shape -> best schedule's position and cost, across plans
         # candidate_schedules lists small grids first: ``filled`` starts at one block per SM
@@ -147,59 +149,11 @@ class _Planner:
                               allow_split_reduction=False),
                       replace(strategy, max_candidates=quick // 3, allow_split_reduction=False))
         self.full = (strategy, replace(filled, max_candidates=min(96, strategy.max_candidates)))
-        self.ops = [n for n in graph.nodes() if n.op not in (Op.INPUT, Op.CONST)]
-        self.index = {id(n): i for i, n in enumerate(self.ops)}
-        self.users: list[set[int]] = [set() for _ in self.ops]
-        for i, n in enumerate(self.ops):
-            for s in n.srcs:
-                if id(s) in self.index:
-                    self.users[self.index[id(s)]].add(i)
-        self.out_ids = {id(n) for n in graph.outputs.values()}
-        self.tensor = self._names()
         self.memo: dict[frozenset, Pricing] = {}  # search pricing (quick strategy)
         self.final: dict[frozenset, Pricing] = {}  # the chosen regions, full strategy
         self.evaluations = 0  # fragments priced as custom kernels
 
-    def _names(self) -> dict[int, str]:
-        names = {id(n): name for name, n in self.graph.inputs.items()}
-        for name, n in self.graph.outputs.items():
-            names.setdefault(id(n), name)
-        used = set(self.graph.inputs) | set(self.graph.outputs)
-        for i, n in enumerate(self.ops):
-            if id(n) not in names:
-                name = f"t{i}"
-                while name in used:
-                    name += "_"
-                used.add(name)
-                names[id(n)] = name
-        return names
-
     # -- regions ------------------------------------------------------------------------------
-    def reads(self, region: frozenset) -> set[str]:
-        return {self.tensor[id(s)] for i in region for s in self.ops[i].srcs
-                if s.op is not Op.CONST and self.index.get(id(s)) not in region}
-
-    def fragment(self, region: frozenset) -> Graph:
-        frag = Graph(f"{self.graph.name}.r{min(region)}")
-        new: dict[int, Node] = {}
-        for i in sorted(region):
-            n = self.ops[i]
-            srcs = []
-            for s in n.srcs:
-                if s.op is Op.CONST or self.index.get(id(s)) in region:
-                    srcs.append(s if s.op is Op.CONST else new[id(s)])
-                    continue
-                name = self.tensor[id(s)]
-                if name not in frag.inputs:
-                    frag.inputs[name] = Node(Op.INPUT, (), name, s.shape, s.dtype)
-                srcs.append(frag.inputs[name])
-            new[id(n)] = Node(n.op, tuple(srcs), n.arg, n.shape, n.dtype, n.loc)
-        for i in sorted(region):
-            n = self.ops[i]
-            if id(n) in self.out_ids or self.users[i] - region:
-                frag.outputs[self.tensor[id(n)]] = new[id(n)]
-        return frag
-
     def price(self, region: frozenset, final: bool = False) -> Pricing:
         memo = self.final if final else self.memo
         if region in memo:
