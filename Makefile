@@ -1,6 +1,8 @@
 # The two entry points of README.md: `make demo` (main job) and `make test`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# test workers (pytest-xdist): the reference machine has 2 cores; tests of one file share a worker
+TEST_JOBS ?= 2
 STAMP := $(VENV)/.installed-stamp
 
 .PHONY: install demo test lint bench clean
@@ -18,7 +20,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check eqsat_mirage tests bench
-	TRITON_INTERPRET=1 $(PY) -m pytest -q
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 bench: $(STAMP)
 	$(PY) bench/verify_bench.py --write bench/RESULTS.md

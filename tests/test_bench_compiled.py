@@ -44,8 +44,10 @@ def test_chosen_program_compiles_and_matches_reference(name, batch, monkeypatch)
     dtype = np.float32 if name in FP32 else np.float16
     monkeypatch.setattr(programs, "DTYPE", "float32" if name in FP32 else "float16")
     g = program(name, batch)
-    res = em.optimize(g, trials=2)
-    assert res.verified.equivalent
+    # the test checks the code of the chosen program, not the search's speed: give it the
+    # time it needs on a loaded machine (b=8 searches took 60 s at load 10, over the default)
+    res = em.optimize(g, trials=2, time_limit_s=900)
+    assert res.verified is not None and res.verified.equivalent, res.stats.get("note")
     fn = res.compile()
     inputs = _inputs(g, dtype)
     tdtype = torch.float32 if name in FP32 else torch.float16

@@ -75,7 +75,9 @@ def test_readme_make_commands(capsys):
     assert ".venv/bin/eqsat-mirage demo" in dry
     assert ".venv/bin/python -m ruff check eqsat_mirage tests bench" in dry
     pytest_line = next(ln for ln in dry.splitlines() if "-m pytest" in ln)
-    assert pytest_line.split("-m pytest", 1)[1].split() == ["-q"], pytest_line  # no -m
+    # every test (no -m selection), in two workers on the 2-core reference machine
+    assert pytest_line.split("-m pytest", 1)[1].split() == ["-q", "-n", "2", "--dist",
+                                                            "loadfile"], pytest_line
     from eqsat_mirage.cli.main import main
 
     assert main(["demo", "--quiet"]) == 0

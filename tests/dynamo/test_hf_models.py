@@ -95,8 +95,14 @@ def test_llama_decoding_with_a_growing_cache_through_automatic_dynamic_shapes():
     covered = dyn["optimized_compute_ops"] + r["time_limited_ops"]
     assert covered >= 0.6 * dyn["compute_ops"], (r["time_limited_ops"], dyn["eager"])
     assert any("is computed from the symbolic size" in e for e in dyn["eager"])  # the cat
+    # two attention families; one whose search ran out of the shared 300 s on a loaded
+    # machine is the machine's (it runs eagerly, said so), any other outcome is a defect
+    assert len(r["families"]) == 2, r["families"]
     fams = [e for e in r["families"] if e.status == "optimized"]
-    assert len(fams) == 2 and all(e.calls == 3 and e.eager_calls == 0 for e in fams)
+    late = [e for e in r["families"] if e.status != "optimized" and (
+        "time limit" in e.reason or (e.result is not None and e.result.stats.get("time_limited")))]
+    assert fams and len(fams) + len(late) == 2, [(e.status, e.reason) for e in r["families"]]
+    assert all(e.calls == 3 and e.eager_calls == 0 for e in fams)
     assert all(all(e.result.stats["family"]["verified_sizes"].values()) for e in fams)
 
 
