@@ -166,7 +166,10 @@ class Draws:
 
     def rounded(self, kind: str, s: float) -> dict:
         """The draw rounded once to each input's dtype (both programs read the same), as
-        float32 arrays; kept in the memo in the inputs' own 2-byte formats (``packed``)."""
+        float32 arrays; kept in the memo in the inputs' own 2-byte formats (``packed``),
+        except a draw at the headroom (``@h``): only the first program reads it, once."""
+        if kind.endswith("@h"):
+            return self._rounded(kind, s)
         return {n: unpack(x) for n, x in self._packed(kind, s).items()}
 
     def _packed(self, kind: str, s: float) -> dict:

@@ -36,8 +36,8 @@ from ..semantics.interp import last_reads
 # 1.1 GB a trial) are drawn again from the trial's generator for each candidate
 MEMO_INPUTS = 256 * 2**20
 # rounded float draws of every input a search's memo keeps: signed, two folded, two
-# exponent-range draws and each at the headroom, one input at a time for the peakfold draws
-DRAW_SETS = 8
+# exponent-range draws, the logits draw, and one input at a time for the peakfold draws
+DRAW_SETS = 7
 BASE = 128 * 2**20  # what a process verifying anything holds besides (measured: 70-130 MB)
 WORD = 8  # bytes of one part of a field value (int64) or of a float64 value
 
@@ -194,8 +194,9 @@ def verify_parts(a, b, threads: int, trials: int, memo: bool = True) -> list[tup
             "first-program outputs (inputs drawn again)"
         parts.append((f"{trials} trials' {kept} kept for the next candidate",
                       trials * (ia * keeps_inputs(ia) + oa)))
-        parts.append(("the float checks' draws and first-program outputs",
-                      DRAW_SETS * packed_inputs(a) + 12 * fa_out))
+        parts.append(("the float checks' draws (a standard-normal draw per call, the rounded "
+                      "draws kept) and first-program outputs",
+                      fa_in + DRAW_SETS * packed_inputs(a) + 12 * fa_out))
     return parts
 
 

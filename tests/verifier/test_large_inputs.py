@@ -76,8 +76,9 @@ def test_large_trial_inputs_are_not_kept():
     kept = [n for d, n in parts.items() if "trials'" in d]
     assert kept == [4 * 4 * 11008 * 8]  # the first program's outputs only
     assert "inputs drawn again" in next(d for d in parts if "trials'" in d)
-    draws = parts["the float checks' draws and first-program outputs"]
-    assert draws == memory.DRAW_SETS * 2 * (4 * 4096 + 4096 * 11008) + 12 * 4 * 11008 * 8
+    draws = next(n for d, n in parts.items() if d.startswith("the float checks"))
+    elements = 4 * 4096 + 4096 * 11008
+    assert draws == 8 * elements + memory.DRAW_SETS * 2 * elements + 12 * 4 * 11008 * 8
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
@@ -93,3 +94,18 @@ def test_pack_keeps_every_rounded_value(dtype):
     np.testing.assert_array_equal(back.view(np.uint32), r.view(np.uint32))  # bit for bit
     one = np.broadcast_to(np.float32(3.0), (5, 7))
     assert pack(one, dtype) is one and unpack(one) is one
+
+
+def test_the_memo_keeps_rounded_draws_packed_and_not_the_headroom_ones():
+    a, good, bad = attention(dtype="float16"), attention(dtype="float16"), \
+        attention(wrong=True, dtype="float16")
+    memo: dict = {}
+    assert em.verify(a, good, seed=1, memo=memo).equivalent
+    kept = {k: v for k, v in memo.items() if isinstance(k, tuple) and k[0] == "rounded"}
+    assert kept and not any(k[1].endswith("@h") for k in kept)
+    arrays = [x for d in kept.values() for x in d.values() if x.ndim and any(x.strides)]
+    assert arrays and all(x.dtype == np.float16 for x in arrays)
+    # the same verdicts as without a memo, the wrong program still refused
+    assert em.verify(a, good, seed=1, memo=memo).equivalent
+    assert not em.verify(a, bad, seed=1, memo=memo).equivalent
+    assert em.verify(a, good, seed=1).equivalent
