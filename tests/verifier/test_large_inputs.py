@@ -109,3 +109,14 @@ def test_the_memo_keeps_rounded_draws_packed_and_not_the_headroom_ones():
     assert em.verify(a, good, seed=1, memo=memo).equivalent
     assert not em.verify(a, bad, seed=1, memo=memo).equivalent
     assert em.verify(a, good, seed=1).equivalent
+
+
+def test_the_piece_verification_bench_verifies_a_real_candidate_twice():
+    pytest.importorskip("transformers")
+    from bench import real_sizes
+
+    r = real_sizes.verify_piece(3, 8, {"hidden": 64, "heads": 2, "kv_heads": 1,
+                                       "intermediate": 128}, "float32")
+    assert r["candidate"].endswith("_fused")  # the search's fusion plan, a MuGraph
+    assert [run["equivalent"] for run in r["runs"]] == [True, True]
+    assert r["estimate_bytes"][1] <= r["estimate_bytes"][2] and r["peak_bytes"] > 0
