@@ -20,7 +20,9 @@ fresh results cache, and prints where the compile time went:
   (h100 cost model), and the largest error against eager (relative to max |eager|).
 
 One experiment per process: the machine is shared, run one 7B-size experiment at a time.
-``--layers N`` stacks N identical layers (the identical-pieces case).
+``--layers N`` stacks N identical layers (the identical-pieces case). ``--verify-piece I``
+only times the verification of piece I's first candidate, twice with one memo (the second
+is what each further candidate of a search costs), with the memory estimate and peak.
 """
 
 from __future__ import annotations
@@ -214,6 +216,77 @@ def show(r: dict) -> str:
     return "\n".join(lines)
 
 
+def pieces(hidden: int, heads: int, kv_heads: int, intermediate: int, seq: int,
+           dtype: str) -> list:
+    """The Lax pieces (em.Graph each) the backend cuts the layer into, without searching."""
+    import torch
+
+    from eqsat_mirage.partition.pieces import partition
+    from eqsat_mirage.pipeline import whole
+
+    class CapturedError(em.MirageError):  # a project error: the backend goes eager quietly
+        pass
+
+    got: list = []
+    real = whole.optimize_whole
+
+    def capture(graph, options, cache, progress, piece_ops=None, jobs=1):
+        got.extend(p.graph for p in (partition(graph, piece_ops) if piece_ops
+                                     else partition(graph)))
+        raise CapturedError
+
+    fn, args = layer(hidden, heads, kv_heads, intermediate, seq, dtype)
+    torch._dynamo.reset()
+    whole.optimize_whole = capture
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.compile(fn, backend=em.backend(warmup=0, cache=None))(*args)
+    finally:
+        whole.optimize_whole = real
+    return got
+
+
+def verify_piece(index: int, seq: int, dims: dict, dtype: str = "float16") -> dict:
+    """Verification of one piece at real size, as a search runs it: the piece's first
+    candidate (its search's fusion plan, found by ``em.optimize`` with the verifier
+    recording instead of deciding), then verified twice with one memo (the first
+    candidate pays for the input program's values, the next ones reuse them); seconds,
+    verdicts, the memory estimate and this process's peak."""
+    from eqsat_mirage.pipeline import optimize as opt
+    from eqsat_mirage.verifier import memory
+    from eqsat_mirage.verifier.verify import VerifyResult, verify
+
+    graph = pieces(dims["hidden"], dims["heads"], dims["kv_heads"], dims["intermediate"],
+                   seq, dtype)[index]
+    seen: list = []
+
+    def record(a, b, **kwargs):
+        seen.append(b)
+        return VerifyResult(False, 1.0, reason="recorded", inconclusive=True)
+
+    opt.verify = record
+    try:
+        em.optimize(graph, time_limit_s=900, cache=None)
+    finally:
+        opt.verify = verify
+    mugraphs = [b for b in seen if b is not graph and hasattr(b, "kernels")]
+    cand = mugraphs[0] if mugraphs else seen[0]
+    memo: dict = {}
+    est = {t: sum(n for _, n in memory.verify_parts(graph, cand, t, 4)) for t in (1, 2)}
+    load = os.getloadavg()
+    runs = []
+    for _ in range(2):
+        t = time.perf_counter()
+        r = verify(graph, cand, trials=3, seed=0, max_bound=1e-9 / 4, memo=memo,
+                   float_first=True)
+        runs.append({"seconds": time.perf_counter() - t, "verdict": str(r),
+                     "equivalent": r.equivalent})
+    return {"piece": index, "ops": len(graph.nodes()), "candidate": cand.name, "seq": seq,
+            "estimate_bytes": est, "peak_bytes": peak_bytes(), "runs": runs,
+            "load": [load, os.getloadavg()]}
+
+
 def main(argv=None) -> int:
     """Run one experiment and print its profile (``--json``: the figures as one JSON line)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -228,7 +301,14 @@ def main(argv=None) -> int:
     ap.add_argument("--time-limit", type=float, default=None,
                     help="time_limit_s (default: em.backend's default)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--verify-piece", type=int, default=None, metavar="INDEX",
+                    help="only time the verification of piece INDEX's first candidate")
     args = ap.parse_args(argv)
+    if args.verify_piece is not None:
+        dims = {"hidden": args.hidden, "heads": args.heads, "kv_heads": args.kv_heads,
+                "intermediate": args.intermediate}
+        print(json.dumps(verify_piece(args.verify_piece, args.seq, dims, args.dtype)))
+        return 0
     r = run(args.hidden, args.heads, args.kv_heads, args.intermediate, args.seq, args.dtype,
             args.time_limit, args.layers, args.jobs)
     print(json.dumps(r) if args.json else show(r))

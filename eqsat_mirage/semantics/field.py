@@ -66,6 +66,7 @@ class FieldCtx:
     _tables: tuple[np.ndarray, np.ndarray] | None = None
     limb_cache: dict = field(default_factory=dict)
     pinned: set[int] = field(default_factory=set)  # ids of the inputs' arrays
+    q_order: list[str] = field(default_factory=list)  # inputs whose q part was drawn, in order
 
     def __post_init__(self) -> None:
         while self.omega in (0, 1):
@@ -89,11 +90,19 @@ class FieldCtx:
         The q part is drawn on first use: only inputs that reach an exp need it.
         """
         out = {name: LazyPair(self.rng.integers(0, self.p, node.shape, dtype=np.int64),
-                              node.shape, self)
+                              node.shape, self, name)
                for name, node in program.inputs.items()}
         self.pinned = {id(pair[0]) for pair in out.values()}  # q parts: added when drawn
         self.limb_cache = self.input_cache()
         return out
+
+    def replay(self, program, q_order: list[str]) -> None:
+        """Draw ``program``'s inputs again as ``random_inputs`` drew them on a generator in
+        the same state, the q parts in ``q_order`` (the order an earlier evaluation drew
+        them in): the same values, without keeping them between evaluations."""
+        self.inputs = self.random_inputs(program)
+        for name in q_order:
+            self.inputs[name][1]
 
     def input_cache(self) -> dict:
         """A fresh ``limb_cache`` that keeps conversions of the trial's inputs only."""
@@ -131,8 +140,8 @@ class FieldCtx:
 class LazyPair:
     """An input's (p part, q part); the q part is drawn uniformly on first access."""
 
-    def __init__(self, p_part: np.ndarray, shape, ctx: FieldCtx) -> None:
-        self._p, self._q, self._shape, self._ctx = p_part, None, shape, ctx
+    def __init__(self, p_part: np.ndarray, shape, ctx: FieldCtx, name: str = "") -> None:
+        self._p, self._q, self._shape, self._ctx, self._name = p_part, None, shape, ctx, name
 
     def __getitem__(self, i: int) -> np.ndarray:
         if i == 0:
@@ -140,6 +149,7 @@ class LazyPair:
         if self._q is None:
             self._q = self._ctx.rng.integers(0, self._ctx.q, self._shape, dtype=np.int64)
             self._ctx.pinned.add(id(self._q))
+            self._ctx.q_order.append(self._name)
         return self._q
 
     def __iter__(self):

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..ir.node import Node, Op, slice_index
 from ..ir.ops import SPECS
+from .gemm import matmul as gemm
 from .interp import check_inputs, run
 
 
@@ -149,8 +150,11 @@ def _mean(ctx, n, x):
 
 def _matmul(ctx, n, a, b):
     acc = accumulator(ctx, n)
-    return ctx.fix(n, np.matmul(np.asarray(a).astype(acc, copy=False),
-                                np.asarray(b).astype(acc, copy=False)))
+    a, b = np.asarray(a).astype(acc, copy=False), np.asarray(b).astype(acc, copy=False)
+    # one GEMM where an operand is broadcast over the batch (the tiled interpreter's
+    # products, in float64 or its float32 tiles); a Graph's own dtypes keep NumPy's
+    # batching, which rounds bit for bit as eager torch does
+    return ctx.fix(n, np.matmul(a, b) if ctx.mode == "native" else gemm(a, b))
 
 
 def _elementwise(fn):

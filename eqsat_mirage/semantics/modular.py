@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from .gemm import batch_broadcast
+
 EXACT_K = 1 << 15  # longest contraction done in one BLAS call (keeps digits >= 8 bits)
 
 
@@ -166,7 +168,37 @@ def _matmul_mod(a, b, ca, cb, m: int, cache: dict | None) -> np.ndarray:
     split_a = ca.size <= cb.size
     (cut, ccut), (whole, cwhole) = ((a, ca), (b, cb)) if split_a else ((b, cb), (a, ca))
     digits = _cached(cache, cut, ("digits", m, w), lambda: _signed_digits(ccut, m, w))
+    joined = _one_gemm(digits, cwhole, split_a)
+    if joined is not None:  # a replicated tile against each block's tile: one GEMM
+        digits, whole_f, finish = joined
+        return finish(_horner(digits, whole_f, True, w, m))
     whole_f = _cached(cache, whole, ("float64",), lambda: cwhole.astype(np.float64))
+    return _horner(digits, whole_f, split_a, w, m)
+
+
+def _one_gemm(digits: list, whole: np.ndarray, split_a: bool):
+    """``(digit matrices, whole as a float64 matrix, finish)`` when the cut operand is the
+    same matrix for every batch element and the whole one is not (``gemm.one_gemm``'s
+    "columns side by side": the whole operand converted straight into that layout), else
+    None. Every product is exact, so the values are those of the batched products."""
+    cut = digits[0]
+    if not split_a or cut.ndim < 2 or whole.ndim < 3 or not batch_broadcast(cut) \
+            or batch_broadcast(whole):
+        return None
+    batch = np.broadcast_shapes(cut.shape[:-2], whole.shape[:-2])
+    (rows, k), n = cut.shape[-2:], whole.shape[-1]
+    dst = np.empty((k, *batch, n))  # the whole operand's columns, block after block
+    np.copyto(dst, np.moveaxis(np.broadcast_to(whole, (*batch, k, n)), -2, 0))
+    first = (0,) * (cut.ndim - 2)
+
+    def finish(r: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(np.moveaxis(r.reshape((rows, *batch, n)), 0, -2))
+    return [d[first] for d in digits], dst.reshape(k, -1), finish
+
+
+def _horner(digits: list, whole_f: np.ndarray, split_a: bool, w: int, m: int) -> np.ndarray:
+    """sum_j digits[j] @ whole_f * 2**(w j) mod m (``whole_f @ digits[j]`` when not
+    ``split_a``), each float64 product exact."""
     shift = pow(2, w, m)
 
     def product(j: int, out=None):

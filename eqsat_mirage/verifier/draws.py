@@ -37,6 +37,28 @@ STATIC = "float safety (static)"
 HEADROOM = 2.0
 
 
+def pack(x: np.ndarray, dtype: str) -> np.ndarray:
+    """A rounded input (float32 values of ``dtype``) in ``dtype``'s own 2 bytes where it has
+    them (float16 as float16, bfloat16 as its upper 16 bits), exactly; a broadcast of one
+    value, or an array already packed, as it is."""
+    if x.dtype != np.float32 or (x.ndim and not any(x.strides)):
+        return x
+    if dtype == "float16":
+        return x.astype(np.float16)
+    if dtype == "bfloat16":
+        return (np.ascontiguousarray(x).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+    return x
+
+
+def unpack(x: np.ndarray) -> np.ndarray:
+    """The float32 array ``pack`` packed (float32 arrays and broadcasts as they are)."""
+    if x.dtype == np.float16:
+        return x.astype(np.float32)
+    if x.dtype == np.uint16:
+        return (x.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return x
+
+
 class Draws:
     """One standard-normal draw per input, scaled, folded (|z|), replaced by a constant, or
     spread over the inputs' exponent ranges on demand; the first program's outputs per draw
@@ -143,10 +165,18 @@ class Draws:
         return self.peak(i) / self.headroom / max(float(np.max(np.abs(z))), 1e-300)
 
     def rounded(self, kind: str, s: float) -> dict:
-        """The draw rounded once to each input's dtype (both programs read the same)."""
+        """The draw rounded once to each input's dtype (both programs read the same), as
+        float32 arrays; kept in the memo in the inputs' own 2-byte formats (``packed``),
+        except a draw at the headroom (``@h``): only the first program reads it, once."""
+        if kind.endswith("@h"):
+            return self._rounded(kind, s)
+        return {n: unpack(x) for n, x in self._packed(kind, s).items()}
+
+    def _packed(self, kind: str, s: float) -> dict:
         key = ("rounded", kind, s)
         if key not in self.memo:
-            self.memo[key] = self._rounded(kind, s)
+            self.memo[key] = {n: pack(x, self.a.inputs[n].dtype)
+                              for n, x in self._rounded(kind, s).items()}
         return self.memo[key]
 
     def _rounded(self, kind: str, s: float) -> dict:
@@ -154,9 +184,9 @@ class Draws:
             return self._times(self.rounded(kind[:-2], s), self.headroom)
         if kind == "exponent" and self._power(int(s)) >= 0:
             return self._times(self.rounded("signed", 1.0), 2.0 ** self._power(int(s)))
-        if kind == "peakfold":  # the others as in ("folded", 0.5): rounded once already
+        if kind == "peakfold":  # the others as in ("folded", 0.5): rounded (and kept) once
             name = list(self.normal)[int(s)]
-            out = dict(self.rounded("folded", 0.5))
+            out = dict(self._packed("folded", 0.5))
             out[name] = round_to(np.abs(self.normal[name]) * self._fold(int(s)),
                                  self.a.inputs[name].dtype)
             return out

@@ -14,8 +14,9 @@ holding what they hold and adding each op's transient scratch, and takes the pea
   live values of one iteration and of its epilogue, and what it writes;
 - one trial holds its inputs, the first program's outputs while the second runs, and the
   larger of the two programs' peaks; ``threads`` trials run at once;
-- a search's ``memo`` keeps each trial's inputs and first-program outputs (and the float
-  checks' draws and outputs) for the next candidate.
+- a search's ``memo`` keeps each trial's first-program outputs, its inputs up to
+  ``MEMO_INPUTS`` (larger ones are drawn again), and the float checks' rounded draws
+  (``DRAW_SETS`` copies of the inputs in their 2-byte formats) and outputs.
 
 ``verify_parts`` gives (description, bytes) of each of these, which
 ``limits.check_bytes`` compares with the budget; ``threads_that_fit`` lowers the number of
@@ -31,6 +32,12 @@ from ..ir.node import Op, fmt_shape
 from ..semantics.field import p_needed, q_needed
 from ..semantics.interp import last_reads
 
+# A search's memo keeps a trial's inputs up to this size; larger ones (a 7B layer's weights:
+# 1.1 GB a trial) are drawn again from the trial's generator for each candidate
+MEMO_INPUTS = 256 * 2**20
+# rounded float draws of every input a search's memo keeps: signed, two folded, two
+# exponent-range draws, the logits draw, and one input at a time for the peakfold draws
+DRAW_SETS = 7
 BASE = 128 * 2**20  # what a process verifying anything holds besides (measured: 70-130 MB)
 WORD = 8  # bytes of one part of a field value (int64) or of a float64 value
 
@@ -183,11 +190,32 @@ def verify_parts(a, b, threads: int, trials: int, memo: bool = True) -> list[tup
     parts = [(f"{threads} trial(s) at once, each peaking at {at}", threads * job),
              ("the interpreter itself (Python, NumPy, both programs)", BASE)]
     if memo:
-        parts.append((f"{trials} trials' inputs and first-program outputs kept for the next "
-                      "candidate", trials * (inputs + oa)))
-        parts.append(("the float checks' draws and first-program outputs",
-                      4 * fa_in + 12 * fa_out))
+        kept = "inputs and first-program outputs" if keeps_inputs(ia) else \
+            "first-program outputs (inputs drawn again)"
+        parts.append((f"{trials} trials' {kept} kept for the next candidate",
+                      trials * (ia * keeps_inputs(ia) + oa)))
+        parts.append(("the float checks' draws (a standard-normal draw per call, the rounded "
+                      "draws kept) and first-program outputs",
+                      fa_in + DRAW_SETS * packed_inputs(a) + 12 * fa_out))
     return parts
+
+
+def packed_inputs(program) -> int:
+    """Bytes of one rounded float draw of ``program``'s inputs as the memo keeps it
+    (``draws.pack``: 2 bytes an element in float16 and bfloat16, else 4)."""
+    program = getattr(program, "program", program)
+    return sum(size(n) * (2 if n.dtype in ("float16", "bfloat16") else 4)
+               for n in program.inputs.values())
+
+
+def keeps_inputs(nbytes: int) -> bool:
+    """Whether a search's memo keeps a trial's inputs of ``nbytes`` (``MEMO_INPUTS``)."""
+    return nbytes <= MEMO_INPUTS
+
+
+def trial_inputs(program) -> int:
+    """Bytes of one field trial's inputs of ``program`` (the parts it uses)."""
+    return program_peak(program, True)[0]
 
 
 def check_parts(program) -> list[tuple[str, int]]:

@@ -30,7 +30,7 @@ from ..semantics.field import FieldCtx, FieldZeroDivisionError, SharedValues, ev
 from ..semantics.primes import draw_primes, program_constants
 from .bound import PerTrial, per_trial_bound
 from .floatcheck import Counterexample, float_checks
-from .memory import threads_that_fit, verify_parts
+from .memory import keeps_inputs, threads_that_fit, trial_inputs, verify_parts
 from .plan import TrialPlan
 from .runner import THREADS, Runner, runner
 
@@ -139,7 +139,10 @@ def _field_trial(a, b, t: int, base: int, bits: int, avoid: set[int], max_redraw
                  memo: dict | None) -> _Trial:
     """Trial ``t`` with its own generator ``(base, t, redraw)``: primes, omega, random
     functions and inputs; a redraw when a denominator vanishes. With a ``memo`` (same
-    ``a``, same ``base``) ``a``'s values of a draw are computed once across calls."""
+    ``a``, same ``base``) ``a``'s values of a draw are computed once across calls; the
+    draw's inputs are kept with them when small (``memory.keeps_inputs``), else drawn
+    again from the same generator (the same values) for each call."""
+    keep = memo is not None and keeps_inputs(trial_inputs(a))
     for r in range(max_redraws + 1):
         rng = np.random.default_rng([base, t, r])
         p, q = draw_primes(rng, bits, avoid)
@@ -154,15 +157,18 @@ def _field_trial(a, b, t: int, base: int, bits: int, avoid: set[int], max_redraw
                 if len(graphs) == 2 and memo is None:
                     shared = SharedValues(*graphs)
                 out_a = _field_outputs(a, ctx, shared)
-                if memo is not None:
-                    memo[key] = (ctx, out_a)
+                if memo is not None:  # the ctx, or what draws its inputs again
+                    memo[key] = (ctx if keep else list(ctx.q_order), out_a)
             else:
                 ctx, out_a = hit
+                if not isinstance(ctx, FieldCtx):  # the same generator state as above
+                    order, ctx = ctx, FieldCtx(p, q, rng)
+                    ctx.replay(a, order)
             out_b = _field_outputs(b, ctx, shared)
         except FieldZeroDivisionError:
             continue
         finally:
-            if memo is not None and key in memo:
+            if memo is not None and isinstance(memo.get(key, (None,))[0], FieldCtx):
                 memo[key][0].limb_cache = memo[key][0].input_cache()  # not kept between calls
         return _Trial(p, q, _field_mismatch(a, out_a, out_b, ctx, t))
     return _Trial(vanished=True)

@@ -1,0 +1,65 @@
+"""One matrix product where NumPy would run many: a batched matmul one of whose operands is
+broadcast over the batch axes, as the tiled interpreter builds them (a tile replicated over
+the grid, multiplied by each block's tile of a weight).
+
+``np.matmul`` runs such a product as one small GEMM per batch element (172 products of
+128 x 64 @ 64 x 64 for one loop step of a 7B MLP kernel), at a small fraction of the rate
+of one GEMM of the same work. ``one_gemm`` rewrites it as a single 2-D product over the
+joined batch, with the same values: each output element is the same dot product of the
+same row and column (only the batching differs), so the float64 and float32 results are
+those of a matmul of those rows and columns, and the exact field products
+(``modular.matmul_mod``) are equal element by element.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+MIN_BATCH = 2  # below this a batched product is one GEMM already
+
+
+def batch_broadcast(x: np.ndarray) -> bool:
+    """True when every batch axis of ``x`` (all but the last two) has length 1 or stride 0:
+    the same matrix for every batch element."""
+    return all(n == 1 or st == 0 for n, st in zip(x.shape[:-2], x.strides[:-2]))
+
+
+def one_gemm(a: np.ndarray, b: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray, Callable[[np.ndarray], np.ndarray]] | None:
+    """``(a2, b2, finish)`` with ``np.matmul(a, b) == finish(a2 @ b2)`` (two 2-D operands),
+    or None when ``np.matmul`` runs one product already (no batch, a 1-D operand, or no
+    operand broadcast over the batch). ``a2``/``b2`` are views where the layout allows,
+    else one copy of the batched operand (its broadcast size); ``finish`` returns a
+    C-contiguous array of the broadcast result shape."""
+    if a.ndim < 2 or b.ndim < 2 or max(a.ndim, b.ndim) < 3:
+        return None
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    count = math.prod(batch)
+    if count < MIN_BATCH:
+        return None
+    (m, k), n = a.shape[-2:], b.shape[-1]
+    first = (0,) * (a.ndim - 2), (0,) * (b.ndim - 2)
+    if batch_broadcast(a) and batch_broadcast(b):  # one product, broadcast back
+        return a[first[0]], b[first[1]], lambda r: np.ascontiguousarray(
+            np.broadcast_to(r, batch + (m, n)))
+    if batch_broadcast(b):  # rows of every batch element stacked: (count * m, k) @ (k, n)
+        a2 = np.broadcast_to(a, batch + (m, k)).reshape(count * m, k)
+        return a2, b[first[1]], lambda r: r.reshape(batch + (m, n))
+    if batch_broadcast(a):  # columns of every batch element side by side: (m, k) @ (k, count * n)
+        b2 = np.moveaxis(np.broadcast_to(b, batch + (k, n)), -2, 0).reshape(k, count * n)
+        return a[first[0]], b2, lambda r: np.ascontiguousarray(
+            np.moveaxis(r.reshape((m,) + batch + (n,)), 0, -2))
+    return None
+
+
+def matmul(a, b) -> np.ndarray:
+    """``np.matmul(a, b)``, as one GEMM where ``one_gemm`` allows."""
+    a, b = np.asarray(a), np.asarray(b)
+    form = one_gemm(a, b)
+    if form is None:
+        return np.matmul(a, b)
+    a2, b2, finish = form
+    return finish(a2 @ b2)

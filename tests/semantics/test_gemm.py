@@ -1,0 +1,65 @@
+"""``semantics/gemm.py``: a batched matmul with an operand broadcast over the batch, run as
+one GEMM, gives NumPy's values (the tiled interpreter's products of a replicated tile)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from eqsat_mirage.semantics.gemm import batch_broadcast, matmul, one_gemm
+from eqsat_mirage.semantics.modular import matmul_mod
+
+CASES = [  # (a shape, a broadcast to, b shape, b broadcast to): None keeps the array whole
+    ((1, 5, 7), (6, 5, 7), (6, 7, 3), None),          # a tile replicated over 6 blocks
+    ((5, 7), None, (6, 7, 3), None),                  # a 2-D operand against a batch
+    ((6, 5, 7), None, (1, 7, 3), (6, 7, 3)),          # the other side replicated
+    ((6, 5, 7), None, (7, 3), None),                  # rows of every batch element stacked
+    ((1, 1, 5, 7), (4, 3, 5, 7), (4, 3, 7, 2), None),  # two batch axes
+    ((1, 5, 7), (6, 5, 7), (1, 7, 3), (6, 7, 3)),     # both replicated: one product
+]
+
+
+def operand(rng, shape, to, dtype):
+    x = rng.integers(-50, 50, shape).astype(dtype)
+    return x if to is None else np.broadcast_to(x, to)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("sa,ta,sb,tb", CASES)
+def test_one_gemm_gives_numpys_values(sa, ta, sb, tb, dtype):
+    rng = np.random.default_rng(0)
+    a, b = operand(rng, sa, ta, dtype), operand(rng, sb, tb, dtype)
+    want = np.matmul(a, b)
+    got = matmul(a, b)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)  # small integers: every sum is exact
+    assert got.flags.c_contiguous
+    assert one_gemm(a, b) is not None  # every case here is rewritten
+
+
+def test_random_floats_agree_to_rounding():
+    rng = np.random.default_rng(1)
+    a = np.broadcast_to(rng.standard_normal((1, 16, 64)), (40, 16, 64))
+    b = rng.standard_normal((40, 64, 8)).transpose(0, 2, 1).copy().transpose(0, 2, 1)
+    np.testing.assert_allclose(matmul(a, b), np.matmul(a, b), rtol=1e-12, atol=1e-12)
+
+
+def test_products_numpy_runs_once_already_are_left_alone():
+    rng = np.random.default_rng(2)
+    assert one_gemm(rng.standard_normal((5, 7)), rng.standard_normal((7, 3))) is None
+    assert one_gemm(rng.standard_normal((1, 5, 7)), rng.standard_normal((1, 7, 3))) is None
+    assert one_gemm(rng.standard_normal((7,)), rng.standard_normal((4, 7, 3))) is None
+    both = rng.standard_normal((4, 5, 7)), rng.standard_normal((4, 7, 3))
+    assert one_gemm(*both) is None  # no operand shared by the batch
+    assert batch_broadcast(np.broadcast_to(both[0][:1], (4, 5, 7)))
+    assert not batch_broadcast(both[0])
+
+
+def test_the_exact_field_product_of_a_replicated_tile_is_unchanged():
+    rng = np.random.default_rng(3)
+    m = 2147483647
+    a = np.broadcast_to(rng.integers(0, m, (1, 8, 300)), (12, 8, 300))
+    b = rng.integers(0, m, (12, 300, 5))
+    want = np.array([[[sum(int(x) * int(y) for x, y in zip(a[i, r], b[i, :, c])) % m
+                       for c in range(5)] for r in range(8)] for i in range(12)])
+    np.testing.assert_array_equal(matmul_mod(a, b, m), want)

@@ -1,0 +1,122 @@
+"""Verification of programs with large inputs (a 7B layer's weights): a search's memo draws
+a trial's inputs again instead of keeping them (``memory.MEMO_INPUTS``), and keeps the
+rounded float draws in the inputs' 2-byte formats (``draws.pack``). Both give the values,
+verdicts and bounds of keeping everything."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import eqsat_mirage as em
+from eqsat_mirage.semantics.field import FieldCtx
+from eqsat_mirage.semantics.floating import round_to
+from eqsat_mirage.semantics.primes import draw_primes
+from eqsat_mirage.verifier import memory
+from eqsat_mirage.verifier.draws import pack, unpack
+
+
+def attention(wrong: bool = False, dtype: str = "float32") -> em.Graph:
+    """Softmax attention (exp: the q parts of Q and K are drawn); ``wrong`` divides by the
+    row sum of the wrong rows (only the last query row differs)."""
+    g = em.Graph("att_wrong" if wrong else "att")
+    q, k, v = (g.input(n, s, dtype) for n, s in (("Q", (2, 8, 4)), ("K", (2, 4, 16)),
+                                                 ("V", (2, 16, 4))))
+    a = em.exp(q @ k)
+    s = a.sum(axis=-1, keepdims=True)
+    if wrong:
+        s = em.concat([s[:, :7], s[:, 6:7]], axis=1)
+    g.output((a @ v) / s, "O")
+    return g
+
+
+def test_replay_draws_the_same_inputs_in_the_same_order():
+    g = attention()
+    rng = np.random.default_rng([5, 0, 0])
+    p, q = draw_primes(rng, 30, set())
+    first = FieldCtx(p, q, rng)
+    first.inputs = first.random_inputs(g)
+    values = {n: (x[0].copy(), x[1].copy()) for n, x in reversed(list(first.inputs.items()))}
+    assert first.q_order == ["V", "K", "Q"]  # the order they were read in
+    rng = np.random.default_rng([5, 0, 0])
+    assert draw_primes(rng, 30, set()) == (p, q)
+    again = FieldCtx(p, q, rng)
+    again.replay(g, first.q_order)
+    for n, (vp, vq) in values.items():
+        np.testing.assert_array_equal(again.inputs[n][0], vp)
+        np.testing.assert_array_equal(again.inputs[n][1], vq)
+
+
+@pytest.mark.parametrize("limit", [memory.MEMO_INPUTS, 0])
+def test_a_memo_that_draws_inputs_again_gives_the_same_verdicts(monkeypatch, limit):
+    monkeypatch.setattr(memory, "MEMO_INPUTS", limit)
+    a, good, bad = attention(), attention(), attention(wrong=True)
+    memo: dict = {}
+    results = [em.verify(a, b, seed=3, memo=memo, float_check=False) for b in
+               (good, bad, good, bad)]
+    kept = [v[0] for k, v in memo.items() if isinstance(k, tuple) and k[0] == "field"]
+    assert kept and all(isinstance(x, FieldCtx) == bool(limit) for x in kept)
+    assert [r.equivalent for r in results] == [True, False, True, False]
+    assert results[0].false_positive_bound == results[2].false_positive_bound <= 1e-9
+    assert results[0].primes == results[2].primes
+    # the wrong row is found in the same trial and element either way
+    assert results[1].counterexample.index == results[3].counterexample.index
+    alone = em.verify(a, bad, seed=3, float_check=False)
+    assert (alone.counterexample.trial, alone.counterexample.index) == (
+        results[1].counterexample.trial, results[1].counterexample.index)
+
+
+def test_large_trial_inputs_are_not_kept():
+    assert memory.keeps_inputs(memory.MEMO_INPUTS)
+    assert not memory.keeps_inputs(memory.MEMO_INPUTS + 1)
+    g = em.Graph("mlp")
+    x, w = g.input("X", (4, 4096), "float16"), g.input("W", (4096, 11008), "float16")
+    g.output(x @ w, "Y")
+    parts = dict(memory.verify_parts(g, g, 1, 4))
+    kept = [n for d, n in parts.items() if "trials'" in d]
+    assert kept == [4 * 4 * 11008 * 8]  # the first program's outputs only
+    assert "inputs drawn again" in next(d for d in parts if "trials'" in d)
+    draws = next(n for d, n in parts.items() if d.startswith("the float checks"))
+    elements = 4 * 4096 + 4096 * 11008
+    assert draws == 8 * elements + memory.DRAW_SETS * 2 * elements + 12 * 4 * 11008 * 8
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_pack_keeps_every_rounded_value(dtype):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(4000) * np.exp2(rng.integers(-30, 30, 4000))
+    x[:4] = [np.inf, -np.inf, np.nan, -0.0]
+    r = round_to(x, dtype)
+    packed = pack(r, dtype)
+    assert packed.itemsize == (4 if dtype == "float32" else 2)
+    back = unpack(packed)
+    assert back.dtype == np.float32
+    np.testing.assert_array_equal(back.view(np.uint32), r.view(np.uint32))  # bit for bit
+    one = np.broadcast_to(np.float32(3.0), (5, 7))
+    assert pack(one, dtype) is one and unpack(one) is one
+
+
+def test_the_memo_keeps_rounded_draws_packed_and_not_the_headroom_ones():
+    a, good, bad = attention(dtype="float16"), attention(dtype="float16"), \
+        attention(wrong=True, dtype="float16")
+    memo: dict = {}
+    assert em.verify(a, good, seed=1, memo=memo).equivalent
+    kept = {k: v for k, v in memo.items() if isinstance(k, tuple) and k[0] == "rounded"}
+    assert kept and not any(k[1].endswith("@h") for k in kept)
+    arrays = [x for d in kept.values() for x in d.values() if x.ndim and any(x.strides)]
+    assert arrays and all(x.dtype == np.float16 for x in arrays)
+    # the same verdicts as without a memo, the wrong program still refused
+    assert em.verify(a, good, seed=1, memo=memo).equivalent
+    assert not em.verify(a, bad, seed=1, memo=memo).equivalent
+    assert em.verify(a, good, seed=1).equivalent
+
+
+def test_the_piece_verification_bench_verifies_a_real_candidate_twice():
+    pytest.importorskip("transformers")
+    from bench import real_sizes
+
+    r = real_sizes.verify_piece(3, 8, {"hidden": 64, "heads": 2, "kv_heads": 1,
+                                       "intermediate": 128}, "float32")
+    assert r["candidate"].endswith("_fused")  # the search's fusion plan, a MuGraph
+    assert [run["equivalent"] for run in r["runs"]] == [True, True]
+    assert r["estimate_bytes"][1] <= r["estimate_bytes"][2] and r["peak_bytes"] > 0
