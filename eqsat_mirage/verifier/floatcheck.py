@@ -64,8 +64,15 @@ def _compare(out_a: dict, out_b: dict, drawn: str, rtol: float, domain: str,
     both are finite and not both below 1e-150 (float64 at large scales, where either side
     may leave float64's range); "finite-only": ``out_b`` finite wherever ``out_a`` is;
     "a-finite" (native dtype): wherever ``out_a`` is finite, ``out_b`` must be finite and
-    as close to ``ref`` (the ground truth, ``truth.py``) as ``out_a`` is, give or take the
-    tolerance (more accurate is fine, overflowing where ``out_a`` does not is not). With
+    as close to ``ref`` (the ground truth, ``truth.py``) as ``out_a`` is on that output,
+    give or take the tolerance (more accurate is fine, overflowing where ``out_a`` does not
+    is not). ``out_a``'s own error counts per output, its largest over the compared
+    elements (a norm, as accuracy is measured in numerical analysis), not per element: an
+    element where the first program's rounding errors happen to cancel is no place where
+    it is more accurate (Phi-3's RMSNorm and fused QKV projection in float16: the first
+    program 6e-8 from the truth at one element, 1.44e-6 at others; the same program with
+    its product and matmul in float32 registers 1.43e-6 there, 6.2e-6 at most against the
+    first's 9.6e-6, refused under a per-element rule). With
     ``ref`` the other rules measure closeness that way too (the float64 checks, when the
     truth is wider than float64); without it, ``out_b`` against ``out_a``. The tolerance is
     ``rtol * (scale + |a|)``, ``scale`` the largest finite ``|a|`` of the output, at least
@@ -82,8 +89,11 @@ def _compare(out_a: dict, out_b: dict, drawn: str, rtol: float, domain: str,
         with np.errstate(invalid="ignore", over="ignore"):
             tol = rtol * (scale + np.abs(x))
             if ref is not None:  # against the truth, allowing the first program's own error
-                r = ref[name]
-                tol = np.where(np.isfinite(r), tol + 2.0 * np.abs(x - r), tol)
+                r = ref[name]  # (its largest on this output: a norm)
+                known = np.isfinite(r)
+                own = np.abs(x - r)
+                worst = float(np.max(np.where(fin_a & known, own, 0.0), initial=0.0))
+                tol = np.where(known, tol + 2.0 * np.maximum(own, worst), tol)
                 close = fin_b & (np.abs(y - np.where(np.isfinite(r), r, x)) <= tol)
             else:
                 close = fin_b & (np.abs(x - y) <= tol)
