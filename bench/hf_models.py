@@ -359,15 +359,17 @@ def main(argv=None) -> int:
             for line in row["rejected"]:
                 print(f"    {line}", flush=True)
             row = {k: v for k, v in row.items() if k != "backend"}
-            rows.append({**row, "case": i, "time_limit": args.time_limit, "commit": commit()})
+            rows.append({**row, "case": i, "time_limit": args.time_limit, "commit": commit(),
+                         "triton": os.environ.get("TRITON_INTERPRET") == "1"})
             if args.rows:
                 with open(args.rows, "a") as f:
                     f.write(json.dumps(rows[-1]) + "\n")
     if args.table_only:
         rows = stored(Path(args.rows))
     text = table(rows)
-    mode = "Triton kernels (TRITON_INTERPRET=1)" if os.environ.get("TRITON_INTERPRET") == "1" \
-        else "torch code of the chosen programs"
+    ran = {r.get("triton", os.environ.get("TRITON_INTERPRET") == "1") for r in rows}
+    mode = " and ".join(("Triton kernels (TRITON_INTERPRET=1)" if t else
+                         "torch code of the chosen programs") for t in sorted(ran, reverse=True))
     if args.write and rows:
         from bench.results_md import replace_section
 
