@@ -1,6 +1,8 @@
 """Hugging Face models through torch.compile (issue 15): real LLaMA and GPT-2 layers.
 
     python bench/hf_models.py [--write bench/RESULTS.md]
+    python bench/hf_models.py --case 4 --rows rows.jsonl     # one row of CASES, kept
+    python bench/hf_models.py --rows rows.jsonl --table-only --write bench/RESULTS.md
 
 Each case builds a real ``transformers`` module from a tiny random-init config
 (nothing is downloaded): hidden size 256, 4 heads (2 key/value heads for LLaMA),
@@ -17,8 +19,10 @@ torch code of the chosen program.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -191,7 +195,9 @@ def run(name: str, dtype: str = "float32", impl: str = "sdpa", time_limit_s: flo
 
     fn, args = case(name, dtype, impl, seq=seq, hidden=hidden)
     torch._dynamo.reset()  # one call: searched when Dynamo compiles it (warmup=0)
-    be = em.backend(time_limit_s=time_limit_s, warn=False, warmup=0,
+    said: list[str] = []  # the search's progress lines: the verifier's refusals among them
+    load = os.getloadavg()[0]
+    be = em.backend(time_limit_s=time_limit_s, warn=False, warmup=0, progress=said.append,
                     **({"cache": cache} if cache is not None else {}))
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -210,7 +216,9 @@ def run(name: str, dtype: str = "float32", impl: str = "sdpa", time_limit_s: flo
             "time_limited_ops": timed_out,
             "before": s["predicted_us"][0], "after": s["predicted_us"][1], "error": err,
             "finite": bool(torch.isfinite(got).all()), "seconds": seconds,
-            "eager": s["eager"], "backend": be}
+            "eager": s["eager"], "backend": be,
+            "rejected": [line for line in said if "rejected by the verifier" in line],
+            "load": (load, os.getloadavg()[0])}
 
 
 def decode(steps: int = 4, dynamic=None, time_limit_s: float = 30.0, cache=None) -> dict:
@@ -300,43 +308,87 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def commit() -> str:
+    """The repository's commit (short), "+" if the work tree differs from it."""
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout
+    return git("rev-parse", "--short", "HEAD").strip() + ("+" if git("status", "--porcelain",
+                                                                     "eqsat_mirage") else "")
+
+
+def stored(path: Path) -> list[dict]:
+    """The rows kept in ``path`` (JSON lines), the latest of each case, in ``CASES`` order."""
+    latest = {}
+    for line in path.read_text().splitlines() if path.exists() else []:
+        row = json.loads(line)
+        latest[row["case"]] = row
+    return [latest[i] for i in sorted(latest)]
+
+
 def main(argv=None) -> int:
-    """Run every case, print the table, optionally write it into RESULTS.md."""
+    """Run the cases (all, ``--only`` names, ``--case`` indices), print the table, optionally
+    keep the rows (``--rows``) and write the table into RESULTS.md (``--table-only``: the
+    kept rows, nothing run)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--time-limit", type=float, default=120.0)
     ap.add_argument("--write", metavar="RESULTS.md")
     ap.add_argument("--only", action="append", help="run the cases whose name starts so")
+    ap.add_argument("--case", action="append", type=int, help="run CASES[i]")
+    ap.add_argument("--rows", metavar="FILE.jsonl", help="append each row's figures here")
+    ap.add_argument("--table-only", action="store_true",
+                    help="run nothing: the table of the rows kept in --rows")
     args = ap.parse_args(argv)
+    if args.table_only and not args.rows:
+        ap.error("--table-only needs --rows")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, (name, dtype, impl, seq, hidden) in enumerate(CASES):
-            if args.only and not any(name.startswith(o) for o in args.only):
+            if args.table_only or args.only and not any(name.startswith(o) for o in args.only) \
+                    or args.case and i not in args.case:
                 continue
-            rows.append(run(name, dtype, impl, args.time_limit, Path(tmp) / f"c{i}.sqlite",
-                            seq, hidden))
-            print(table(rows[-1:]).splitlines()[-1], flush=True)
-            for e in rows[-1]["eager"]:
+            row = run(name, dtype, impl, args.time_limit, Path(tmp) / f"c{i}.sqlite", seq, hidden)
+            print(table([row]).splitlines()[-1], flush=True)
+            for e in row["eager"]:
                 print(f"    eager: {e}", flush=True)
-            for e in rows[-1]["backend"].report:  # pieces left as they were, and why
+            for e in row["backend"].report:  # pieces left as they were, and why
                 pieces = getattr(e.result, "stats", {}).get("pieces") or []
                 for p in pieces:
                     if p["status"] != "optimized":
                         print(f"    unchanged: {e.name} piece {p['index']} "
                               f"({len(p['ops'])} ops): {p['reason']}", flush=True)
+            for line in row["rejected"]:
+                print(f"    {line}", flush=True)
+            row = {k: v for k, v in row.items() if k != "backend"}
+            rows.append({**row, "case": i, "time_limit": args.time_limit, "commit": commit(),
+                         "triton": os.environ.get("TRITON_INTERPRET") == "1"})
+            if args.rows:
+                with open(args.rows, "a") as f:
+                    f.write(json.dumps(rows[-1]) + "\n")
+    if args.table_only:
+        rows = stored(Path(args.rows))
     text = table(rows)
-    mode = "Triton kernels (TRITON_INTERPRET=1)" if os.environ.get("TRITON_INTERPRET") == "1" \
-        else "torch code of the chosen programs"
-    if args.write:
+    ran = {r.get("triton", os.environ.get("TRITON_INTERPRET") == "1") for r in rows}
+    mode = " and ".join(("Triton kernels (TRITON_INTERPRET=1)" if t else
+                         "torch code of the chosen programs") for t in sorted(ran, reverse=True))
+    if args.write and rows:
         from bench.results_md import replace_section
 
+        loads = [x for r in rows for x in r.get("load", ())]
+        commits = sorted({r.get("commit", "?") for r in rows})
+        limits = sorted({r.get("time_limit", args.time_limit) for r in rows})
         body = (f"{SECTION}\n\nCommand: `TRITON_INTERPRET=1 python bench/hf_models.py --write "
-                f"bench/RESULTS.md`. Machine: {platform.machine()} CPU, Python "
-                f"{platform.python_version()}; transformers modules from tiny random-init "
-                "configs (head dim 64, half as many key/value heads where the family has them, "
-                f"batch 1; BERT: batch 2, the second padded), search time limit "
-                f"{args.time_limit:.0f} s; optimized partitions ran as {mode}. Predicted times are "
+                f"bench/RESULTS.md` (one row: `--case I --rows FILE`, then `--rows FILE "
+                f"--table-only --write bench/RESULTS.md`). Machine: {platform.machine()} CPU, "
+                f"{os.cpu_count()} cores, shared (load average {min(loads, default=0):.1f} to "
+                f"{max(loads, default=0):.1f} at the rows' start and end), Python "
+                f"{platform.python_version()}; commit {', '.join(commits)}; transformers "
+                "modules from tiny random-init configs (head dim 64, half as many key/value "
+                "heads where the family has them, batch 1; BERT: batch 2, the second padded), "
+                f"nothing downloaded; `torch.compile(fn, backend=em.backend(time_limit_s="
+                f"{'/'.join(f'{t:.0f}' for t in limits)}, warmup=0))`, one call, a fresh "
+                f"results cache per row; optimized partitions ran as {mode}. Predicted times are "
                 "the h100 cost model's, summed over the optimized partitions; compile seconds "
-                "are wall clock here (search included, fresh cache).\n\n" + text + "\n")
+                "are the first call's wall clock here (search included).\n\n" + text + "\n")
         replace_section(Path(args.write), SECTION, body)
     print(text)
     return 0

@@ -35,10 +35,12 @@ import torch
 from torch import fx
 
 from ..ir.errors import DTypeError, GraphError, MirageError, UnsupportedOpError
-from ..ir.node import DTYPES, canonical_dtype
+from ..ir.node import DTYPES, Node, Op, canonical_dtype
 from .graph import Graph, Tensor
 from .torch_masks import FOLD_LIMIT, Snapshot, constant_mask, source_value
 from .torch_ops import METHODS, MODULES, SUPPORTED, function_handler
+
+FACTORIES = (torch.zeros, torch.ones, torch.full)  # a 0-dim float constant (``factory``)
 
 __all__ = ["Converter", "from_torch", "graph_inputs", "op_name", "source_line", "trace",
            "unique_identifier"]
@@ -259,6 +261,8 @@ class Converter:
         Raises ``UnsupportedOpError`` naming the op and its source line when the
         table has none.
         """
+        if node.op == "call_function" and any(node.target is f for f in FACTORIES):
+            return (lambda *_, **__: self.factory(node)), ()
         if node.op == "call_function":
             handler, extra = function_handler(node.target), ()
         elif node.op == "call_method":
@@ -301,6 +305,28 @@ class Converter:
             return None
         self._roots[node] = frozenset().union(*(self._roots.get(s, frozenset()) for s in srcs))
         return value
+
+    def factory(self, node: fx.Node) -> Tensor:
+        """A constant made by a factory (``torch.zeros((), dtype=dtype)``: transformers' additive
+        mask is ``torch.where(mask, torch.zeros((), dtype=dtype), min)``): one value, 0-dim."""
+        if node.all_input_nodes:  # a size or value computed in the graph
+            raise UnsupportedOpError(f"{self.where(node)}: a constant whose size or value is "
+                                     "computed (a 0-dim float one of constant value is "
+                                     "supported)")
+        kwargs = {k: v for k, v in node.kwargs.items() if k != "device"}
+        try:
+            with torch.no_grad():
+                value = node.target(*node.args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - arguments torch refuses: not converted
+            raise UnsupportedOpError(f"unsupported arguments to {self.where(node)}: "
+                                     f"{exc}") from None
+        dtype = str(value.dtype).removeprefix("torch.")
+        if value.dim() != 0 or dtype not in ("float16", "bfloat16", "float32"):
+            raise UnsupportedOpError(f"{self.where(node)}: a constant of shape "
+                                     f"{list(value.shape)} and dtype {dtype} (a 0-dim float one "
+                                     "is supported)")
+        const = Tensor(Node(Op.CONST, (), float(value), (), "float32"), self.graph)
+        return const if dtype == "float32" else const.astype(dtype)
 
     def run(self, node: fx.Node) -> Any:
         """Convert one call/get_attr node (its operands already in ``env``); returns its value."""

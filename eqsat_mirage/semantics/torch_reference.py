@@ -91,8 +91,9 @@ class _TorchOps:
             return xs[0].reshape(*n.arg)
         if n.op is Op.CONCAT:
             return torch.cat(self.cast(xs), dim=n.arg)
-        if n.op is Op.CAST:
-            return xs[0].to(getattr(torch, n.arg))
+        if n.op is Op.CAST:  # (a constant, a Python float here, cast: a 0-dim tensor)
+            x = xs[0] if isinstance(xs[0], torch.Tensor) else torch.tensor(xs[0])
+            return x.to(getattr(torch, n.arg))
         if n.op is Op.SLICE:
             return xs[0][slice_index(n.arg)]
         if n.op is Op.CAUSAL:
