@@ -24,8 +24,8 @@ from ..cost.per_op import Hardware, graph_cost_us
 from ..cost.profile import GPUProfile
 from ..egraph.encode import graph_from_outputs
 from ..egraph.extract import extract
-from ..egraph.rulefiles import builtin_rules_dir, load_rules, rule_paths
-from ..egraph.saturate import DEFAULT_PHASES, Limits, Saturator
+from ..egraph.rulefiles import builtin_rules_dir, load_rule_files, rule_paths
+from ..egraph.saturate import DEFAULT_PHASES, KERNEL_PHASES, Limits, Saturator
 from ..ir.check import check, check_lax
 from ..ir.errors import BudgetError, LaxError, MirageError, TimeLimitError, unexpected
 from ..ir.limits import check_bytes
@@ -177,7 +177,7 @@ def _run(graph, options: SearchOptions, progress) -> OptimizeResult:
         assert_sound([str(p) for p in user], strict=not options.allow_unchecked_rules,
                      time_limit_s=budget.rule_checks(),
                      allow_float_unsafe=options.allow_float_unsafe_rules)
-    rulesets, rule_list = load_rules(options.rules)
+    rulesets, rule_list, facts = load_rule_files(options.rules)
     stats: dict = {"target": hw.name, "target_spec": str(options.target),
                    "guards": options.guards, "rules": len(rule_list), "level": options.level,
                    "cache": "off"}
@@ -188,8 +188,8 @@ def _run(graph, options: SearchOptions, progress) -> OptimizeResult:
         lax = False
     record = SearchRecord(verification=VerificationRecord())
     try:
-        cands, data, ctors = _search(graph, rulesets, rule_list, options, hw, record, budget,
-                                     progress)
+        cands, data, ctors = _search(graph, (rulesets, rule_list, facts), options, hw, record,
+                                     budget, progress)
     except TimeLimitError as exc:  # nothing to extract in time: the input is the answer
         record.search_timed_out = True
         record.verification.note = f"time limit: {exc}; input returned"
@@ -233,19 +233,20 @@ def _write_stats(stats: dict, record: SearchRecord, candidates: int) -> None:
     stats["phase_seconds"] = record.phase_seconds()
 
 
-def _search(graph, rulesets, rule_list, options: SearchOptions, hw, record: SearchRecord,
+def _search(graph, loaded, options: SearchOptions, hw, record: SearchRecord,
             budget: Budget, progress):
-    """The saturate and extract passes: the candidates, the serialized e-graph, its ctors
-    (their records into ``record``)."""
+    """The saturate and extract passes over ``loaded`` (the rule files' rulesets, rules and
+    facts): the candidates, the serialized e-graph, its ctors (records into ``record``)."""
     t1 = time.perf_counter()
+    rulesets, rule_list, facts = loaded
     sat = Saturator(graph, rulesets, rule_list, guards=options.guards,
                     splits=candidate_splits(graph, options.split_factors),
-                    deadline=budget.saturation())
+                    deadline=budget.saturation(), facts=facts)
     limits = Limits(node_limit=options.node_limit, iter_limit=options.iter_limit,
                     time_limit_s=budget.seconds)
     level = options.level
     phases = [(name, tuple(r for r in rs if r in rulesets)) for name, rs in DEFAULT_PHASES
-              if level == "mugraph" or name != "tiling"]  # kernel level: no boundaries
+              if level == "mugraph" or name not in KERNEL_PHASES]  # kernel level: no kernels
     extra = tuple(r for r in rulesets if all(r not in rs for _, rs in DEFAULT_PHASES))
     if extra:
         phases.append(("user", extra))
