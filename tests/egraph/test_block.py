@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from saturation import saturated
 
 import eqsat_mirage as em
 from bench.brute_force_bench import random_programs
@@ -16,7 +17,6 @@ from eqsat_mirage.egraph.rulefiles import (
     load_rule_files,
     parse_rule_file,
 )
-from eqsat_mirage.egraph.saturate import DEFAULT_PHASES, Limits, Saturator
 from eqsat_mirage.egraph.view import view
 from eqsat_mirage.frontend.graph import Graph
 from eqsat_mirage.fusion.indexing import index_fragment
@@ -28,22 +28,9 @@ from eqsat_mirage.fusion.strategy import (
 )
 from eqsat_mirage.ir.errors import RuleError
 from eqsat_mirage.ir.node import Node, Op
-from eqsat_mirage.pipeline.optimize import DEFAULT_SPLITS, candidate_splits
 
 BLOCK = builtin_rules_dir() / "block.egg"
 REDUCTIONS = ("Sum", "Mean", "Max", "MatMul")
-
-
-def saturated(graph, rules=("rules",), guards=True):
-    """The program saturated as ``optimize`` does: every phase, the files' facts."""
-    rulesets, rule_list, facts = load_rule_files(rules)
-    sat = Saturator(graph, rulesets, rule_list, guards=guards, facts=facts,
-                    splits=candidate_splits(graph, DEFAULT_SPLITS))
-    for name, rs in DEFAULT_PHASES:
-        rs = tuple(r for r in rs if r in rulesets)
-        if rs:
-            sat.run_phase(name, rs, Limits())
-    return sat
 
 
 def test_block_rules_load_with_one_comment_each_and_their_facts():
