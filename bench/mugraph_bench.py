@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 import eqsat_mirage as em  # noqa: E402
 from bench.programs import BENCHMARKS, program  # noqa: E402
 from bench.results_md import replace_section  # noqa: E402
-from eqsat_mirage.egraph.rulefiles import load_rules  # noqa: E402
+from eqsat_mirage.egraph.rulefiles import load_rule_files  # noqa: E402
 from eqsat_mirage.egraph.saturate import DEFAULT_PHASES, Limits, Saturator  # noqa: E402
 from eqsat_mirage.pipeline.optimize import DEFAULT_SPLITS, candidate_splits  # noqa: E402
 
@@ -42,9 +42,9 @@ SECTION = "## Multi-level search (issue 4)"
 
 def enodes_without_guards(graph, time_limit_s: float) -> tuple[int, float]:
     """Tensor e-nodes and seconds of the same saturation as ``optimize``, guards off."""
-    rulesets, rule_list = load_rules(["rules"])
+    rulesets, rule_list, facts = load_rule_files(["rules"])
     t = time.perf_counter()
-    sat = Saturator(graph, rulesets, rule_list, guards=False,
+    sat = Saturator(graph, rulesets, rule_list, guards=False, facts=facts,
                     splits=candidate_splits(graph, DEFAULT_SPLITS))
     limits = Limits(time_limit_s=time_limit_s)
     for name, rs in DEFAULT_PHASES:

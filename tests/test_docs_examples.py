@@ -341,6 +341,21 @@ def test_rules_tiling_excerpt_is_in_the_tiling_file():
     assert block("docs/rules.md", "tiling-excerpt").text in (ROOT / "rules/tiling.egg").read_text()
 
 
+@runs("docs/rules.md", "block-excerpt")
+def test_rules_block_excerpt_is_in_the_block_file():
+    assert block("docs/rules.md", "block-excerpt").text in (ROOT / "rules/block.egg").read_text()
+
+
+@pytest.mark.slow  # two searches with user block files
+@runs("docs/rules.md", "loops16.egg", "rules-block")
+def test_rules_block_files_change_the_plan(tmp_path, monkeypatch):
+    _files(tmp_path, "docs/rules.md")
+    monkeypatch.chdir(tmp_path)
+    ns, out = _printed(block("docs/rules.md", "rules-block"))
+    assert out == "[16]\nFalse\n", out
+    _verified_or_out_of_time(ns["res"])
+
+
 # -- cache.md and limits.md ----------------------------------------------------------------
 
 

@@ -31,6 +31,11 @@ from .rulefiles import Rule, Schema, SList, Sym, load_rules, to_text
 
 _POOLS = ((2, 3), (1, 2, 3), (2, 3, 4), (1, 2, 3, 4, 6), (2, 4, 6), (3,), (1, 2))
 _FLOATS = (0.5, 1.5, -2.0, 3.0, 0.25, -0.75)
+# A block-level rule (rules/block.egg) must keep the value for every fact a user file may add
+# (any loop range, split part count or bound), so a relation's unbound argument is drawn
+# from these small values and a bound (min-loop-range, max-loop-range) leaves the range open.
+_FACT_VALUES = (1, 2, 4)
+_OPEN_BOUND = {"min": 1, "max": 2**31}
 
 
 class _Fail(Exception):  # noqa: N818 - no instance here: a fact is false or a term undefined
@@ -181,6 +186,12 @@ class _Instance:
         op, args = x.head(), x.items[1:]
         if op in self.schema.constructors:
             return self.build(x, lhs=False)
+        if op in self.schema.others:  # a schedule term (Sched, LoopOver, ...): its arguments
+            sorts = self.schema.others[op][0]
+            return (op, *(self.build(a, lhs=False) if s == "T" else self.eval(a)
+                          for s, a in zip(sorts, args)))
+        if op in self.schema.bounds:
+            return _OPEN_BOUND[op.split("-")[0]]
         if op in ("ndim", "dim"):
             try:
                 t = self.build(args[0], lhs=False)
@@ -194,7 +205,11 @@ class _Instance:
         if op == "/" and v[1] == 0:
             raise _Fail("division by zero in a fact")
         ints = all(isinstance(y, int) for y in v)  # i64 division truncates towards zero
+        if op == "%" and v[1] == 0:
+            raise _Fail("remainder by zero in a fact")
         fns = {"+": lambda: v[0] + v[1], "-": lambda: v[0] - v[1], "*": lambda: v[0] * v[1],
+               "%": lambda: math.fmod(v[0], v[1]) if not ints else
+               int(math.copysign(abs(v[0]) % abs(v[1]), v[0])),
                "max": lambda: max(v), "min": lambda: min(v), "to-f64": lambda: float(v[0]),
                "vec-of": lambda: tuple(v), "/": lambda: (abs(v[0]) // abs(v[1]) * (
                    1 if (v[0] < 0) == (v[1] < 0) else -1)) if ints else v[0] / v[1]}
@@ -219,6 +234,10 @@ class _Instance:
                 self.env.setdefault(str(a), v)
             return
         if op == "is-op":  # where a boundary may go, not whether it is sound: any term will do
+            return
+        if op in self.schema.relations:  # a block-level fact: any value a file may add
+            for a in unbound:
+                self.env[str(a)] = self.drawn[str(a)] = self.rng.choice(_FACT_VALUES)
             return
         a, b = (self.eval(x) for x in args)
         try:
@@ -255,7 +274,9 @@ def _thresholds(rule: Rule) -> tuple[int, ...]:
 
     walk([rule.lhs, rule.rhs, rule.when])
     top = max(found, default=0)
-    return (top + 1, top + 2, 2 * top + 1) if top > 4 else ()
+    facts = any(isinstance(w, SList) and w.head() in Schema.load().relations for w in rule.when)
+    extra = (4 * top,) if facts else ()  # a block rule's divisibility: a multiple of 1, 2, 4
+    return (top + 1, top + 2, 2 * top + 1) + extra if top > 4 else ()
 
 
 def _draw_shapes(names: list[str], rng: random.Random,

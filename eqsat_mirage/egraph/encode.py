@@ -147,6 +147,8 @@ def build_node(ctor: str, args: list, inputs: dict[str, Node]) -> Node:
         return make(Op.CONCAT, (args[1], args[2]), int(args[0]))
     if ctor == "Dev":  # a kernel boundary is the identity on values
         return args[0]
+    if ctor == "Kern":  # so is a kernel choice (argument 0: its schedule)
+        return args[1]
     raise NotImplementedError(f"cannot decode constructor {ctor}")
 
 

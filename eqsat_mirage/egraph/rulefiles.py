@@ -2,7 +2,10 @@
 
 A rule file holds ``(ruleset NAME)`` declarations and ``(rewrite LHS RHS
 [:when (FACTS)] [:ruleset NAME])`` / ``(birewrite ...)`` forms, each preceded
-by a one-line ``;`` comment that becomes its description. Every constructor a
+by a one-line ``;`` comment that becomes its description, and facts of the block
+level: ``(loop-range 16)``, ``(split-parts 8)``, ``(block-range 32 4096)`` (a relation of
+rules/schema.egg over integer literals) and ``(set (max-loop-range) 16)`` (a bound; the
+schema's merge keeps the tightest of all files). Every constructor a
 rule names must exist in rules/schema.egg with the right arity; a malformed
 file gets a ``RuleError`` naming the file and line.
 """
@@ -21,7 +24,7 @@ from ..ir.errors import RuleError
 
 # Primitive functions and relations a rule may use in conditions and computed arguments
 # (``is-op``: the term is computed by an operation; rules/schema.egg).
-PRIMITIVES = {"+", "-", "*", "/", "max", "min", "to-f64", "vec-of", "=", "!=", ">=", "<=",
+PRIMITIVES = {"+", "-", "*", "/", "%", "max", "min", "to-f64", "vec-of", "=", "!=", ">=", "<=",
               ">", "<", "ndim", "dim", "split", "is-op"}
 
 
@@ -85,9 +88,16 @@ def to_text(x) -> str:
 
 @dataclass(frozen=True)
 class Schema:
-    """Constructors of sort T: name -> argument sorts."""
+    """Constructors of sort T: name -> argument sorts (``Kern``, declared with
+    ``constructor``, included); ``others``: the constructors of the other sorts (the block
+    level's Loop, Split, Schedule): name -> (argument sorts, sort); ``relations``: name ->
+    argument sorts; ``bounds``: the zero-argument i64 functions a fact may set
+    (``min-loop-range``, ``max-loop-range``)."""
 
     constructors: dict[str, tuple[str, ...]]
+    others: dict[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
+    relations: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    bounds: frozenset = frozenset()
 
     @classmethod
     @functools.cache
@@ -95,11 +105,43 @@ class Schema:
         """Read rules/schema.egg (once per process: it is package data)."""
         text = schema_text()
         ctors: dict[str, tuple[str, ...]] = {}
+        others: dict[str, tuple[tuple[str, ...], str]] = {}
+        relations: dict[str, tuple[str, ...]] = {}
+        bounds: set[str] = set()
         for form, _ in parse_sexprs(text, "schema.egg"):
-            if form.head() == "datatype" and form.items[1] == "T":
+            head = form.head()
+            if head == "datatype":
                 for c in form.items[2:]:
-                    ctors[str(c.items[0])] = tuple(str(s) for s in c.items[1:])
-        return cls(ctors)
+                    sorts = tuple(str(s) for s in c.items[1:])
+                    if form.items[1] == "T":
+                        ctors[str(c.items[0])] = sorts
+                    else:
+                        others[str(c.items[0])] = (sorts, str(form.items[1]))
+            elif head == "constructor" and form.items[3] == "T":
+                ctors[str(form.items[1])] = tuple(str(s) for s in form.items[2].items)
+            elif head == "relation":
+                relations[str(form.items[1])] = tuple(str(s) for s in form.items[2].items)
+            elif head == "function" and not form.items[2].items and form.items[3] == "i64":
+                bounds.add(str(form.items[1]))
+        return cls(ctors, others, relations, frozenset(bounds))
+
+
+@dataclass(frozen=True)
+class Fact:
+    """A fact of a rule file: ``(loop-range 16)`` (a relation over integer literals) or
+    ``(set (max-loop-range) 16)`` (a bound; the schema's merge keeps the tightest)."""
+
+    relation: str
+    args: tuple[int, ...]
+    path: str = ""
+    line: int = 0
+    bound: bool = False  # a (set (f) v) form
+
+    def egglog(self) -> str:
+        """The fact as one egglog command."""
+        if self.bound:
+            return f"(set ({self.relation}) {self.args[0]})"
+        return f"({self.relation} {' '.join(map(str, self.args))})"
 
 
 @dataclass
@@ -153,18 +195,19 @@ def _check_term(x, schema: Schema, path: str, line: int) -> None:
     line = x.line or line
     if head is None:
         raise RuleError(f"{path}:{line}: expected an operator at the start of {to_text(x)}")
-    if head in schema.constructors:
-        want = len(schema.constructors[head])
+    sorts = schema.constructors.get(head) or schema.others.get(head, ((),))[0]
+    if head in schema.constructors or head in schema.others:
+        want = len(sorts)
         if len(x.items) - 1 != want:
             raise RuleError(f"{path}:{line}: {head} takes {want} arguments, got "
                             f"{len(x.items) - 1} in {to_text(x)}")
-        for k, (sort, item) in enumerate(zip(schema.constructors[head], x.items[1:])):
+        for k, (sort, item) in enumerate(zip(sorts, x.items[1:])):
             literal = isinstance(item, str) and item.startswith('"')
             if literal != (sort == "String") and (literal or not _is_pattern_var(item)):
                 got = f"the string literal {item}" if literal else to_text(item)
                 raise RuleError(f"{path}:{line}: {head} argument {k + 1} is a {sort}, got "
                                 f"{got} in {to_text(x)}")
-    elif head not in PRIMITIVES:
+    elif head not in PRIMITIVES and head not in schema.relations and head not in schema.bounds:
         known = ", ".join(sorted(schema.constructors))
         raise RuleError(f"{path}:{line}: unknown constructor {head!r} in {to_text(x)} "
                         f"(the schema has: {known})")
@@ -172,8 +215,8 @@ def _check_term(x, schema: Schema, path: str, line: int) -> None:
         _check_term(item, schema, path, line)
 
 
-_FACTS = {"=", "!=", ">=", "<=", ">", "<", "is-op", "split"}  # what a :when fact may be
-_ARITH = {"+", "-", "*", "/", "max", "min"}
+_FACTS = {"=", "!=", ">=", "<=", ">", "<", "is-op", "split"}  # and the schema's relations
+_ARITH = {"+", "-", "*", "/", "%", "max", "min"}
 _I64 = re.compile(r"-?\d+")
 _F64 = re.compile(r"-?(\d+\.\d*|\.\d+|\d+)([eE][-+]?\d+)?")
 INTERNAL_RULESETS = ("shapes", "absrules", "axioms", "reach")  # schema.egg and guards.egg
@@ -200,12 +243,19 @@ def _sort(x, schema: Schema, where: str) -> str | None:
                 raise RuleError(f"{where}: {head} takes {want} here, got {got} {to_text(a)} "
                                 f"in {to_text(x)}")
         return "T"
+    if head in schema.others:
+        for a, want in zip(args, schema.others[head][0]):
+            got = _sort(a, schema, where)
+            if got is not None and got != want:
+                raise RuleError(f"{where}: {head} takes {want} here, got {got} {to_text(a)} "
+                                f"in {to_text(x)}")
+        return schema.others[head][1]
     sorts = [_sort(a, schema, where) for a in args]
-    if head in ("ndim", "dim"):
+    if head in ("ndim", "dim") or head in schema.bounds:
         return "i64"
     if head == "to-f64":
         return "f64"
-    if head == "/" and len(args) == 2 and not isinstance(args[1], SList) and sorts[1] \
+    if head in ("/", "%") and len(args) == 2 and not isinstance(args[1], SList) and sorts[1] \
             and float(args[1]) == 0.0:
         raise RuleError(f"{where}: division by zero in {to_text(x)}")
     known = {s for s in sorts if s is not None}
@@ -218,26 +268,59 @@ def _sort(x, schema: Schema, where: str) -> str | None:
 def _check_facts(when: list, schema: Schema, where: str) -> None:
     """Every :when fact is a comparison or relation over well-sorted terms."""
     for fact in when:
-        if not isinstance(fact, SList) or fact.head() not in _FACTS:
+        if not isinstance(fact, SList) or (fact.head() not in _FACTS
+                                           and fact.head() not in schema.relations):
             raise RuleError(f"{where}: a :when fact must be a comparison such as "
                             f"(= (ndim a) 2) or (is-op a), got {to_text(fact)}")
 
 
+def _fact(form: SList, schema: Schema, path: str) -> Fact | None:
+    """``form`` as a fact of the block level (None when it is not one); ``RuleError`` when
+    it names a relation or bound with arguments other than integer literals."""
+    head, args = form.head(), form.items[1:]
+    if head == "set" and len(args) == 2 and isinstance(args[0], SList) \
+            and args[0].head() in schema.bounds and not args[0].items[1:]:
+        name, args, bound = str(args[0].head()), args[1:], True
+    elif head in schema.relations and head != "is-op":
+        name, bound = str(head), False
+        if len(args) != len(schema.relations[head]):
+            raise RuleError(f"{path}:{form.line}: {head} takes {len(schema.relations[head])} "
+                            f"arguments, got {len(args)} in {to_text(form)}")
+    else:
+        return None
+    if not all(isinstance(a, str) and _I64.fullmatch(a) and int(a) >= 1 for a in args):
+        raise RuleError(f"{path}:{form.line}: a fact takes positive integer literals, got "
+                        f"{to_text(form)}")
+    return Fact(name, tuple(int(a) for a in args), path, form.line, bound)
+
+
 def parse_rules(text: str, path: str, schema: Schema | None = None) -> tuple[list[str], list[Rule]]:
     """Parse a rule file's text: (rulesets declared, rules). Raises ``RuleError``."""
+    rulesets, rules, _ = parse_rule_file(text, path, schema)
+    return rulesets, rules
+
+
+def parse_rule_file(text: str, path: str, schema: Schema | None = None
+                    ) -> tuple[list[str], list[Rule], list[Fact]]:
+    """Parse a rule file's text: (rulesets declared, rules, facts). Raises ``RuleError``."""
     schema = schema or Schema.load()
     rulesets: list[str] = []
     rules: list[Rule] = []
+    facts: list[Fact] = []
     for form, comment in parse_sexprs(text, path):
         head = form.head()
+        fact = _fact(form, schema, path)
+        if fact is not None:
+            facts.append(fact)
+            continue
         if head == "ruleset":
             if len(form.items) != 2:
                 raise RuleError(f"{path}:{form.line}: (ruleset NAME) takes one name")
             rulesets.append(str(form.items[1]))
             continue
         if head not in ("rewrite", "birewrite"):
-            raise RuleError(f"{path}:{form.line}: expected (rewrite ...), (birewrite ...) or "
-                            f"(ruleset ...), got ({head} ...)")
+            raise RuleError(f"{path}:{form.line}: expected (rewrite ...), (birewrite ...), "
+                            f"(ruleset ...) or a fact such as (loop-range 16), got ({head} ...)")
         if len(form.items) < 3:
             raise RuleError(f"{path}:{form.line}: {head} needs a left and a right side")
         lhs, rhs, opts = form.items[1], form.items[2], form.items[3:]
@@ -282,11 +365,15 @@ def parse_rules(text: str, path: str, schema: Schema | None = None) -> tuple[lis
         if rule.ruleset not in rulesets:
             raise RuleError(f"{rule.path}:{rule.line}: ruleset {rule.ruleset!r} is not declared "
                             f"in this file (add (ruleset {rule.ruleset}))")
-    return rulesets, rules
+    return rulesets, rules, facts
 
 
 def builtin_rules_dir() -> Path:
-    """The folder of the built-in rule files (package data, or the source tree)."""
+    """The folder of the built-in rule files: the source tree's beside this package when it
+    has one (a checkout, or a worktree of one, reads its own rules), else the package data."""
+    tree = Path(__file__).resolve().parents[2] / "rules"
+    if (tree / "schema.egg").exists():
+        return tree
     try:
         path = Path(str(resources.files("eqsat_mirage.rules")))
         if (path / "schema.egg").exists():
@@ -324,7 +411,19 @@ def rule_paths(specs) -> list[Path]:
 
 def load_rules(specs=("rules",)) -> tuple[list[str], list[Rule]]:
     """Load and check every rule file named by ``specs``; rulesets and rules in order."""
+    rulesets, rules, _ = load_rule_files(specs)
+    return rulesets, rules
+
+
+def load_facts(specs=("rules",)) -> list[Fact]:
+    """The facts of every rule file named by ``specs`` (``(loop-range 16)``, ...), in order."""
+    return load_rule_files(specs)[2]
+
+
+def load_rule_files(specs=("rules",)) -> tuple[list[str], list[Rule], list[Fact]]:
+    """Load and check every rule file named by ``specs``: rulesets, rules and facts."""
     schema = Schema.load()
+    facts: list[Fact] = []
     rulesets: list[str] = []
     rules: list[Rule] = []
     builtin, paths = builtin_rules_dir(), rule_paths(specs)
@@ -342,7 +441,8 @@ def load_rules(specs=("rules",)) -> tuple[list[str], list[Rule]]:
             line = path.read_bytes()[:exc.start].count(b"\n") + 1
             raise RuleError(f"{path}:{line}: not UTF-8 text (byte {exc.object[exc.start]:#04x} "
                             f"at offset {exc.start})") from None
-        rs, rl = parse_rules(text, str(path), schema)
+        rs, rl, fs = parse_rule_file(text, str(path), schema)
+        facts += fs
         if path.parent != builtin:
             for r in rs:
                 if r in reserved:
@@ -352,4 +452,4 @@ def load_rules(specs=("rules",)) -> tuple[list[str], list[Rule]]:
                                     "replace it)")
         rulesets += [r for r in rs if r not in rulesets]
         rules += rl
-    return rulesets, rules
+    return rulesets, rules, facts

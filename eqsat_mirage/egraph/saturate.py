@@ -28,14 +28,17 @@ from .encode import Encoder
 from .rulefiles import Rule, SList, Sym, builtin_rules_dir, schema_text, to_text
 
 # Abstract constructor of each T constructor (how its arguments map): the ops' specs' guards;
-# a kernel boundary (Dev) is the identity.
-ABSTRACT = {**{s.egglog: s.guard for s in SPECS.values() if s.guard is not None}, "Dev": "{0}"}
+# a kernel boundary (Dev) and a kernel choice (Kern, argument 0 its value) are the identity.
+ABSTRACT = {**{s.egglog: s.guard for s in SPECS.values() if s.guard is not None}, "Dev": "{0}",
+            "Kern": "{0}"}
 
 _ABS_CTORS = {"AVar", "AConst", "AAdd", "AMul", "ADiv", "AExp", "ASum", "AFn", "ACat"}
 
-# The phases in order: algebra first, then where kernel boundaries may go (rules/tiling.egg).
+# The phases in order: algebra first, then where kernel boundaries may go (rules/tiling.egg),
+# then the schedules a kernel may run under (rules/block.egg: Kern nodes).
 DEFAULT_PHASES = (("algebraic", ("assoc", "distrib", "lora", "scalar", "expo", "reduce", "comm")),
-                  ("tiling", ("tiling",)))
+                  ("tiling", ("tiling",)), ("block", ("block",)))
+KERNEL_PHASES = ("tiling", "block")  # the MuGraph level's phases (not run at the kernel level)
 
 
 @dataclass
@@ -102,7 +105,7 @@ class Saturator:
 
     def __init__(self, graph, rulesets: list[str], rules: list[Rule], guards: bool = True,
                  splits: list[tuple[int, int, int]] = (), guard_limits: Limits | None = None,
-                 deadline: Deadline | None = None):
+                 deadline: Deadline | None = None, facts=()):
         from .rulefiles import Schema
 
         self.deadline = deadline or Deadline(None)
@@ -114,6 +117,7 @@ class Saturator:
         self.stats: list[PhaseStats] = []
         parts = [schema_text(), "(relation split (i64 i64 i64))"]
         parts += [f"(split {n} {i} {j})" for n, i, j in splits]
+        parts += [f.egglog() for f in facts]  # the rule files' facts (rulefiles.Fact)
         if guards:
             parts.append((builtin_rules_dir() / "guards.egg").read_text())
         parts += [f"(ruleset {r})" for r in rulesets]

@@ -64,7 +64,7 @@ from .lower import add_kernel, fuse_threads
 from .regions import RegionSpace, improve
 from .schedule import Schedule, classify
 from .space import OpSpace
-from .strategy import Strategy, candidate_schedules
+from .strategy import Strategy, candidate_schedules, kern_choice
 
 # Mirage's ranges and block counts, FlashDecoding splits allowed, and up to 512 schedules
 # priced per final region (candidate_schedules lists small grids first; grids that fill the
@@ -137,8 +137,9 @@ class FusionPlan:
 class _Planner(OpSpace):
     def __init__(self, graph: Graph, prof: GPUProfile, strategy: Strategy,
                  search_candidates: int, cuts: frozenset | None = None,
-                 shared: dict | None = None) -> None:
+                 shared: dict | None = None, permit=None) -> None:
         super().__init__(graph)
+        self.permit = permit  # the schedules the e-graph's Kern nodes allow (plan's permit)
         self.prof, self.strategy = prof, strategy
         self.cuts, self.deadline = cuts, None  # plan() sets the deadline
         self.shared = shared  # fragment shape -> best schedule's position and cost, across plans
@@ -158,14 +159,15 @@ class _Planner(OpSpace):
         memo = self.final if final else self.memo
         if region in memo:
             return memo[region]
-        frag = self.fragment(region)
+        origin: dict[int, int] = {}
+        frag = self.fragment(region, origin=origin)
         if len(region) == 1:
             node = frag.outputs[next(iter(frag.outputs))]
             k = PredefinedKernel(node, next(iter(frag.outputs)), "k")
             p = Pricing(frag, None, None, kernel_cost(k, MuGraph(), self.prof).time_us)
             self.memo[region] = self.final[region] = p  # exact at both depths
             return p
-        p = self._price_custom(frag, final)
+        p = self._price_custom(frag, final, origin)
         memo[region] = p
         return p
 
@@ -178,9 +180,19 @@ class _Planner(OpSpace):
         costs = [kernel_cost(k, mg, self.prof) for k in ks]
         return sum(c.time_us for c in costs), costs
 
-    def _price_custom(self, frag: Graph, final: bool) -> Pricing:
+    def _permitted(self, ix: Indexing, s: Schedule, origin: dict[int, int]) -> bool:
+        """Whether ``permit`` lets ``s`` loop over / split its index: every reduction of that
+        index in the fragment (mapped to this graph's op by ``origin``) has a Kern node
+        with that (loop range, split parts)."""
+        for idx in {s.loop, s.split} - {None}:
+            reds = [self.ops[origin[id(n)]] for n in ix.reduced.get(idx, [])]
+            if not self.permit.allows(kern_choice(s, idx), reds):
+                return False
+        return True
+
+    def _price_custom(self, frag: Graph, final: bool, origin: dict[int, int]) -> Pricing:
         """The cheapest schedule of ``frag`` as one custom kernel, with the full strategies
-        (``final``) or the quick ones of the search."""
+        (``final``) or the quick ones of the search, less those ``permit`` refuses."""
         if self.deadline is not None and self.deadline.expired():
             return Pricing(frag, None, None, math.inf, "not priced: the time limit ran out")
         self.evaluations += 1
@@ -191,6 +203,10 @@ class _Planner(OpSpace):
         except (ScheduleError, MirageError) as exc:
             return Pricing(frag, None, None, math.inf, f"cannot be indexed: {exc}")
         key = (_shape_key(frag), final)
+        if self.permit is not None:
+            scheds = [s for s in scheds if self._permitted(ix, s, origin)]
+            key += (self.permit.key([self.ops[origin[id(n)]] for n in frag.nodes()
+                                     if id(n) in origin]),)
         known = None if self.shared is None else self.shared.get(key)
         if known is not None:  # an equal fragment of another plan: check its best, keep it
             pos, cost, reason = known
@@ -428,14 +444,18 @@ def _why_none(ix: Indexing, scheds: list[Schedule], infeasible: str) -> str:
 def plan(graph: Graph, profile: GPUProfile | str | Path = "h100",
          strategy: Strategy | None = None, max_evaluations: int = 400,
          search_candidates: int = 24, cuts: frozenset | None = None,
-         shared: dict | None = None, deadline=None) -> FusionPlan:
+         shared: dict | None = None, deadline=None, permit=None) -> FusionPlan:
     """Partition ``graph`` into fused custom kernels and predefined kernels (module docstring).
 
     ``cuts`` holds the (id(producer), id(consumer)) op edges that may be kernel
     boundaries (``boundaries.Boundaries.edges``: what rules/tiling.egg allows);
     every other edge stays inside one kernel. None allows a boundary anywhere.
     ``shared``: a dict kept across plans of one search (same profile and strategy);
-    a fragment equal up to names to one priced before reuses its best schedule. Past
+    a fragment equal up to names to one priced before reuses its best schedule.
+    ``permit``: the block level read from the e-graph (``egraph.kernels.SchedulePermit``):
+    a schedule that loops over or splits an index is priced only when
+    ``permit.allows(kern_choice(schedule, index), reductions)`` holds for the graph's nodes
+    reducing that index in the region; None allows every schedule of ``strategy``. Past
     ``deadline`` (an ``ir.limits.Deadline``) no new fragment is priced (left unfused).
     Returns a ``FusionPlan`` whose ``mugraph`` computes the same outputs as
     ``graph`` (same input and output names) and whose ``regions`` say why each
@@ -443,7 +463,8 @@ def plan(graph: Graph, profile: GPUProfile | str | Path = "h100",
     """
     start = time.perf_counter()
     prof = GPUProfile.load(profile)
-    planner = _Planner(graph, prof, strategy or DEFAULT_STRATEGY, search_candidates, cuts, shared)
+    planner = _Planner(graph, prof, strategy or DEFAULT_STRATEGY, search_candidates, cuts, shared,
+                       permit)
     planner.deadline = deadline
     regions, why_not = planner.search(max_evaluations)
     mg, report = planner.build(regions, why_not)

@@ -46,9 +46,11 @@ class OpSpace:
         return {self.tensor[id(s)] for i in region for s in self.ops[i].srcs
                 if s.op is not Op.CONST and self.index.get(id(s)) not in region}
 
-    def fragment(self, region: frozenset, name: str | None = None) -> Graph:
+    def fragment(self, region: frozenset, name: str | None = None,
+                 origin: dict[int, int] | None = None) -> Graph:
         """The ops of ``region`` as one kernel's program: values from outside become inputs
-        named after their tensors; values used outside or returned become outputs."""
+        named after their tensors; values used outside or returned become outputs.
+        ``origin`` (when given) receives id(fragment node) -> the op's position."""
         frag = Graph(name or f"{self.graph.name}.r{min(region)}")
         new: dict[int, Node] = {}
         for i in sorted(region):
@@ -63,6 +65,8 @@ class OpSpace:
                     frag.inputs[tname] = Node(Op.INPUT, (), tname, s.shape, s.dtype)
                 srcs.append(frag.inputs[tname])
             new[id(n)] = Node(n.op, tuple(srcs), n.arg, n.shape, n.dtype, n.loc)
+            if origin is not None:
+                origin[id(new[id(n)])] = i
         for i in sorted(region):
             n = self.ops[i]
             if id(n) in self.out_ids or self.users[i] - region:

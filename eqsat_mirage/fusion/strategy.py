@@ -255,3 +255,19 @@ def _interleave(a: list, b: list) -> list[tuple]:
     """[(a0, b0), (a1, b1), ...] then the rest of the longer list, one at a time."""
     n = min(len(a), len(b))
     return [(a[i], b[i]) for i in range(n)] + [(x,) for x in a[n:] + b[n:]]
+
+
+def reduction_index(ix: Indexing, node) -> str | None:
+    """The index that ``node`` (a node of ``ix``'s fragment) reduces: the reduced axis of a
+    sum, mean or max, a matmul's contraction; None when it reduces none. This maps a block
+    rule's ``(LoopOver r F)`` / ``(SplitOver r P)``, named by the reduction r, to an index."""
+    for idx, nodes in ix.reduced.items():
+        if any(n is node for n in nodes):
+            return idx
+    return None
+
+
+def kern_choice(s: Schedule, idx: str) -> tuple[int, int]:
+    """What schedule ``s`` does with index ``idx`` as a Kern term says it: (loop range F,
+    split parts P), 1 for no loop (``NoLoop``) and for no split (``NoSplit``)."""
+    return (s.forloop if s.loop == idx else 1, dict(s.grid).get(idx, 1) if s.split == idx else 1)

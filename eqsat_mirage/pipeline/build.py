@@ -28,8 +28,9 @@ MAX_REPLANS = 4  # re-plans per optimize call after refusals (each re-prices the
 class Builder:
     """The compile check of one optimize call (see the module docstring)."""
 
-    def __init__(self, prof, strategy, todo: list, deadline, progress=None) -> None:
-        self.prof, self.strategy, self.todo = prof, strategy, todo
+    def __init__(self, prof, kernels, todo: list, deadline, progress=None) -> None:
+        # kernels: the egraph.kernels.KernelPlanner that planned the forms of ``todo``
+        self.prof, self.kernels, self.todo = prof, kernels, todo
         self.deadline, self.progress = deadline, progress
         self.refused: dict = {}
         self.replans = 0
@@ -39,8 +40,6 @@ class Builder:
     def clean(self, p, i: int, how: str, entry: dict, queue: list) -> bool:
         """Whether plan ``p`` (candidate ``i``) builds cleanly; pins retuned warps on it and
         fixes its cost. When not, queues a re-plan of the candidate and returns False."""
-        from ..fusion.planner import plan
-
         custom = [k for k in p.mugraph.kernels if k.kind == "custom"]
         known = {key: self.refused[key] for k in custom for key in (tile_key(k),
                  structure_key(k)) if key in self.refused}
@@ -86,11 +85,9 @@ class Builder:
         if self.replans >= MAX_REPLANS or self.deadline.expired():
             return False
         self.replans += 1
-        _, graph, cuts = self.todo[i]
         try:
             with refusing(self.refused):
-                again = plan(graph, self.prof, self.strategy, cuts=cuts, shared=None,
-                             deadline=self.deadline)
+                again = self.kernels.plan(self.todo[i], None, self.deadline)
         except Exception as exc:  # the planner refused the program (a bug too, outside
             if unexpected(exc):   # strict mode: the candidate is dropped, the search goes on)
                 raise

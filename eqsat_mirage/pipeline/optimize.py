@@ -3,7 +3,8 @@
 build/check -> load rules (user rules checked for soundness) -> encode +
 saturate (phases, guarded) -> extract (k best kernel-level Graphs, DAG-aware) ->
 fusion (``level="mugraph"``, the default: each candidate and the input program
-planned into a MuGraph of custom and predefined kernels, ``fusion.plan``, and
+planned into a MuGraph of custom and predefined kernels by ``egraph.kernels`` under the
+Kern nodes and facts of the block phase, calling ``fusion.plan``, and
 costed with ``gpucost``) -> verify (cheapest first; the first that passes
 ``em.verify`` against the input, tiled interpreter included, wins).
 
@@ -24,8 +25,8 @@ from ..cost.per_op import Hardware, graph_cost_us
 from ..cost.profile import GPUProfile
 from ..egraph.encode import graph_from_outputs
 from ..egraph.extract import extract
-from ..egraph.rulefiles import builtin_rules_dir, load_rules, rule_paths
-from ..egraph.saturate import DEFAULT_PHASES, Limits, Saturator
+from ..egraph.rulefiles import builtin_rules_dir, load_rule_files, rule_paths
+from ..egraph.saturate import DEFAULT_PHASES, KERNEL_PHASES, Limits, Saturator
 from ..ir.check import check, check_lax
 from ..ir.errors import BudgetError, LaxError, MirageError, TimeLimitError, unexpected
 from ..ir.limits import check_bytes
@@ -177,7 +178,7 @@ def _run(graph, options: SearchOptions, progress) -> OptimizeResult:
         assert_sound([str(p) for p in user], strict=not options.allow_unchecked_rules,
                      time_limit_s=budget.rule_checks(),
                      allow_float_unsafe=options.allow_float_unsafe_rules)
-    rulesets, rule_list = load_rules(options.rules)
+    rulesets, rule_list, facts = load_rule_files(options.rules)
     stats: dict = {"target": hw.name, "target_spec": str(options.target),
                    "guards": options.guards, "rules": len(rule_list), "level": options.level,
                    "cache": "off"}
@@ -188,8 +189,8 @@ def _run(graph, options: SearchOptions, progress) -> OptimizeResult:
         lax = False
     record = SearchRecord(verification=VerificationRecord())
     try:
-        cands, data, ctors = _search(graph, rulesets, rule_list, options, hw, record, budget,
-                                     progress)
+        cands, data, ctors = _search(graph, (rulesets, rule_list, facts), options, hw, record,
+                                     budget, progress)
     except TimeLimitError as exc:  # nothing to extract in time: the input is the answer
         record.search_timed_out = True
         record.verification.note = f"time limit: {exc}; input returned"
@@ -200,8 +201,8 @@ def _run(graph, options: SearchOptions, progress) -> OptimizeResult:
     else:
         from ..egraph.boundaries import Boundaries
 
-        res = _mugraph_level(graph, cands, Boundaries(data, ctors) if data else None, prof,
-                             options, lax, (vplan, budget), progress, stats, record)
+        res = _mugraph_level(graph, cands, (data, Boundaries(data, ctors) if data else None),
+                             prof, options, lax, (vplan, budget), progress, stats, record)
     _write_stats(stats, record, len(cands))
     stats["seconds"] = time.perf_counter() - t0
     record.deadline_passed = budget.expired()
@@ -233,19 +234,20 @@ def _write_stats(stats: dict, record: SearchRecord, candidates: int) -> None:
     stats["phase_seconds"] = record.phase_seconds()
 
 
-def _search(graph, rulesets, rule_list, options: SearchOptions, hw, record: SearchRecord,
+def _search(graph, loaded, options: SearchOptions, hw, record: SearchRecord,
             budget: Budget, progress):
-    """The saturate and extract passes: the candidates, the serialized e-graph, its ctors
-    (their records into ``record``)."""
+    """The saturate and extract passes over ``loaded`` (the rule files' rulesets, rules and
+    facts): the candidates, the serialized e-graph, its ctors (records into ``record``)."""
     t1 = time.perf_counter()
+    rulesets, rule_list, facts = loaded
     sat = Saturator(graph, rulesets, rule_list, guards=options.guards,
                     splits=candidate_splits(graph, options.split_factors),
-                    deadline=budget.saturation())
+                    deadline=budget.saturation(), facts=facts)
     limits = Limits(node_limit=options.node_limit, iter_limit=options.iter_limit,
                     time_limit_s=budget.seconds)
     level = options.level
     phases = [(name, tuple(r for r in rs if r in rulesets)) for name, rs in DEFAULT_PHASES
-              if level == "mugraph" or name != "tiling"]  # kernel level: no boundaries
+              if level == "mugraph" or name not in KERNEL_PHASES]  # kernel level: no kernels
     extra = tuple(r for r in rulesets if all(r not in rs for _, rs in DEFAULT_PHASES))
     if extra:
         phases.append(("user", extra))
@@ -349,81 +351,36 @@ def _kernel_level(graph, cands, hw, lax, vplan: VerifyPlan, progress, stats,
     return OptimizeResult(program, cost, baseline, result, stats, cands, graph)
 
 
-def _canonical(graph) -> int:
-    """A hash of ``graph`` up to the order of add/mul operands (duplicates are planned once)."""
-    from ..ir.node import Op
-
-    memo: dict[int, int] = {}
-    for n in graph.nodes():
-        kids = [memo[id(s)] for s in n.srcs]
-        if n.op in (Op.ADD, Op.MUL):
-            kids.sort()
-        memo[id(n)] = hash((n.op, n.arg, n.shape, n.dtype, tuple(kids)))
-    return hash(tuple(sorted((name, memo[id(n)]) for name, n in graph.outputs.items())))
-
-
-def _plan_key(mg) -> str:
-    """The MuGraph's listing without its name and fragment names (duplicates verify once)."""
-    lines = str(mg).splitlines()[1:]
-    return "\n".join(line for line in lines if not line.lstrip().startswith("source:"))
-
-
-def _plan_all(graph, todo: list, prof, strategy, late, record: PlanningRecord) -> tuple:
-    """Each distinct candidate of ``todo`` planned into a MuGraph until ``late``: the plans
-    in cost order, and each candidate's op edges where a kernel boundary is allowed."""
-    from ..fusion.planner import plan
-
-    plans, seen, distinct, priced, allowed = [], set(), set(), {}, {}
-    for i, (how, g, cuts) in enumerate(todo):
-        canon = _canonical(g)
-        if canon in distinct:
-            continue
-        if plans and late.expired():  # planned in time: the rest are dropped (and counted)
-            record.skipped += 1
-            continue
-        distinct.add(canon)
-        edges = {(id(s), id(n)) for n in g.nodes() for s in n.srcs if n.srcs and s.srcs}
-        allowed[i] = f"{len(edges) if cuts is None else len(cuts & edges)}/{len(edges)}"
-        try:
-            p = plan(g, prof, strategy, cuts=cuts, shared=priced, deadline=late)
-            if late.expired():  # the planner may have left fragments unfused
-                record.skipped += 1
-        except Exception as exc:  # a refused schedule or program: recorded, skipped (a bug
-            if unexpected(exc):   # too, outside strict mode: one candidate never sinks a piece)
-                raise
-            why = str(exc) if isinstance(exc, MirageError) else f"{type(exc).__name__}: {exc}"
-            record.errors.append(f"{how}: {why}")
-            continue
-        key = _plan_key(p.mugraph)
-        if key not in seen:
-            seen.add(key)
-            plans.append((p.cost_us, i, how, p))
-    plans.sort(key=lambda x: (x[0], x[1]))
-    return plans, allowed
-
-
-def _mugraph_level(graph, cands, bounds, prof, options: SearchOptions, lax, timing, progress,
+def _mugraph_level(graph, cands, egraph, prof, options: SearchOptions, lax, timing, progress,
                    stats, record: SearchRecord) -> OptimizeResult:
-    """Plan every candidate and the input into MuGraphs; the cheapest that builds cleanly for
-    the target (``options``: the strategy, and whether to compile-check) and verifies wins.
-    ``timing``: the verify plan and the search's budget."""
+    """Plan every candidate and the input into MuGraphs (``egraph.kernels``: under the Kern
+    nodes and facts of the saturated e-graph ``egraph``, its serialized data and kernel
+    boundaries); the cheapest that builds cleanly for the target (``options``: the base
+    strategy, and whether to compile-check) and verifies wins. ``timing``: the verify plan
+    and the search's budget."""
     from ..cost.gpucost import mugraph_cost, roofline_us
+    from ..egraph.kernels import Form, KernelPlanner
+    from ..fusion.planner import DEFAULT_STRATEGY, plan
     from ..mugraph.program import from_graph
 
+    data, bounds = egraph
     vplan, budget = timing
     base_mg = from_graph(graph)
     baseline = mugraph_cost(base_mg, prof).total_us
     t = time.perf_counter()
-    todo = [(c.how, c.program, bounds.edges(c.program, c.keys)) for c in cands]
+    todo = [Form(c.how, c.program, bounds.edges(c.program, c.keys), c.keys) for c in cands]
     if not any(c.how == "input" for c in cands):  # its terms were not found: any boundary
-        todo.append(("input (any boundary)", graph, None))
+        todo.append(Form("input (any boundary)", graph, None))
     record.planning = planning = PlanningRecord()
-    plans, allowed = _plan_all(graph, todo, prof, options.strategy, budget.planning(), planning)
+    # extraction over kernel nodes: each form planned under the e-graph's Kern nodes and facts
+    kernels = KernelPlanner(data, plan, prof,
+                            options.strategy or DEFAULT_STRATEGY)
+    plans, allowed = kernels.plan_all(todo, budget.planning(), planning)
     planning.seconds = time.perf_counter() - t
     t = time.perf_counter()
     chosen, result, summary = None, None, []
     ver = record.verification
-    builder = (Builder(prof, options.strategy, todo, budget.compile_check(), progress)
+    builder = (Builder(prof, kernels, todo, budget.compile_check(), progress)
                if options.compile_check else None)
     while plans:
         cost, i, how, p = plans.pop(0)

@@ -1,0 +1,224 @@
+"""The block level read from the saturated e-graph (the rules of rules/block.egg).
+
+After the "block" phase, the e-class of a reduction r (a Sum, Mean, Max or MatMul term)
+holds ``(Kern (Sched LOOP SPLIT) r)`` for every schedule a block rule allowed: ``(LoopOver
+r F)`` loops over r's reduced axis in F steps, ``(SplitOver r P)`` cuts it into P parts on
+the grid. ``read_kernels`` collects them, with the facts (loop ranges, split parts, block
+range), as a ``KernelChoices``; a Kern term is decoded as the pair (F, P), 1 standing for
+``NoLoop`` / ``NoSplit``. Kern nodes are identities on values: ``view.py`` leaves them out,
+so they never change which algebraic form is extracted or its per-op cost.
+
+``KernelChoices.permit`` turns them into the schedule filter of the region search
+(``fusion.plan(..., permit=)``): a candidate schedule of a kernel region that loops over or
+splits an index is kept only when every reduction of that index in the region has a Kern
+node with that (F, P). ``plan_forms`` plans each extracted form so, with the planning
+function passed in (``fusion.plan``: lowering and pricing stay in Python, called from
+here), and with the strategy's loop ranges, block range and split switch read from the
+e-graph, so a user rule file changes the plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class KernelChoices:
+    """The schedules the block rules allowed: per reduction e-class, the (F, P) pairs of its
+    Kern nodes; and the facts: loop ranges, split part counts and the block range."""
+
+    by_class: dict[str, frozenset[tuple[int, int]]] = field(default_factory=dict)
+    loop_facts: tuple[int, ...] = ()
+    split_facts: tuple[int, ...] = ()
+    block_range: tuple[int, int] | None = None  # the intersection of every block-range fact
+
+    @property
+    def kern_nodes(self) -> int:
+        """How many Kern e-nodes the e-graph holds."""
+        return sum(len(v) for v in self.by_class.values())
+
+    @property
+    def loop_ranges(self) -> tuple[int, ...]:
+        """Every loop range some Kern node uses."""
+        return tuple(sorted({f for v in self.by_class.values() for f, _ in v if f > 1}))
+
+    @property
+    def splits(self) -> bool:
+        """Whether some Kern node splits a reduction."""
+        return any(p > 1 for v in self.by_class.values() for _, p in v)
+
+    def strategy(self, base):
+        """``base`` (a ``fusion.strategy.Strategy``) with the loop ranges, the block range
+        and the split switch the e-graph allows (splits only if ``base`` allows them too)."""
+        changes: dict = {"loop_ranges": self.loop_ranges,
+                         "allow_split_reduction": base.allow_split_reduction and self.splits}
+        if self.block_range is not None:
+            lo, hi = self.block_range
+            changes.update(min_blocks=lo, max_blocks=hi)
+        return replace(base, **changes)
+
+    def permit(self, eclass_of: dict[int, str] | None) -> SchedulePermit:
+        """The schedule filter for one form: ``eclass_of`` maps id(node) of the form's
+        nodes to their e-classes (None: a program not read from the e-graph, whose
+        reductions may take any (F, P) some Kern node of the same kind takes)."""
+        return SchedulePermit(self, eclass_of)
+
+
+@dataclass
+class SchedulePermit:
+    """Which (F, P) each reduction of one extracted form may take (``KernelChoices``)."""
+
+    choices: KernelChoices
+    eclass_of: dict[int, str] | None
+
+    def pairs(self, node) -> frozenset[tuple[int, int]]:
+        """The (loop range, split parts) pairs of ``node``'s Kern nodes (no loop, no split:
+        (1, 1), always allowed)."""
+        if self.eclass_of is None:
+            found = frozenset(p for v in self.choices.by_class.values() for p in v)
+        else:
+            found = self.choices.by_class.get(self.eclass_of.get(id(node), ""), frozenset())
+        return found | {(1, 1)}
+
+    def allows(self, choice: tuple[int, int], reductions: list) -> bool:
+        """Whether every one of ``reductions`` (nodes of this form reducing one index) may
+        take ``choice`` (``fusion.strategy.kern_choice`` of a schedule and that index)."""
+        return all(choice in self.pairs(n) for n in reductions)
+
+    def key(self, reductions: list) -> tuple:
+        """What ``allows`` depends on for these nodes (part of a memo key)."""
+        return tuple(tuple(sorted(self.pairs(n))) for n in reductions)
+
+
+def _int(data: dict, key: str) -> int:
+    return int(data["nodes"][key]["op"])
+
+
+def read_kernels(data: dict) -> KernelChoices:
+    """The Kern nodes and block-level facts of serialized e-graph ``data``."""
+    nodes = data["nodes"]
+    by_class: dict[str, set[tuple[int, int]]] = {}
+    loops: set[int] = set()
+    splits: set[int] = set()
+    lo, hi, ranged = 1, 2**62, False
+    bounds = {"min-loop-range": 1, "max-loop-range": 2**62}
+    for n in nodes.values():
+        op, kids = n["op"], n["children"]
+        if op == "loop-range":
+            loops.add(_int(data, kids[0]))
+        elif op == "split-parts":
+            splits.add(_int(data, kids[0]))
+        elif op == "block-range":
+            lo, hi, ranged = max(lo, _int(data, kids[0])), min(hi, _int(data, kids[1])), True
+        elif op in bounds:
+            bounds[op] = next(int(m["op"]) for m in nodes.values()  # its value's node
+                              if m["eclass"] == n["eclass"] and m["op"].lstrip("-").isdigit())
+    for n in nodes.values():
+        if n["op"] != "Kern" or n.get("subsumed"):
+            continue
+        loop, split = nodes[nodes[n["children"][0]]["children"][0]], \
+            nodes[nodes[n["children"][0]]["children"][1]]
+        f = _int(data, loop["children"][1]) if loop["op"] == "LoopOver" else 1
+        p = _int(data, split["children"][1]) if split["op"] == "SplitOver" else 1
+        named = loop if loop["op"] == "LoopOver" else split  # the reduction the Kern names
+        cls = nodes[named["children"][0]]["eclass"] if named["children"] else n["eclass"]
+        by_class.setdefault(cls, set()).add((f, p))
+    in_range = tuple(sorted(f for f in loops
+                            if bounds["min-loop-range"] <= f <= bounds["max-loop-range"]))
+    return KernelChoices({c: frozenset(v) for c, v in by_class.items()}, in_range,
+                         tuple(sorted(splits)), (lo, hi) if ranged else None)
+
+
+def canonical(graph) -> int:
+    """A hash of ``graph`` up to the order of add/mul operands (duplicates are planned once)."""
+    from ..ir.node import Op
+
+    memo: dict[int, int] = {}
+    for n in graph.nodes():
+        kids = [memo[id(s)] for s in n.srcs]
+        if n.op in (Op.ADD, Op.MUL):
+            kids.sort()
+        memo[id(n)] = hash((n.op, n.arg, n.shape, n.dtype, tuple(kids)))
+    return hash(tuple(sorted((name, memo[id(n)]) for name, n in graph.outputs.items())))
+
+
+def plan_key(mg) -> str:
+    """The MuGraph's listing without its name and fragment names (duplicates verify once)."""
+    lines = str(mg).splitlines()[1:]
+    return "\n".join(line for line in lines if not line.lstrip().startswith("source:"))
+
+
+@dataclass
+class Form:
+    """One extracted algebraic form to plan: how it was found, its program, the op edges
+    that may be kernel boundaries (None: any) and id(node) -> its e-node key (None: not
+    read from the e-graph)."""
+
+    how: str
+    graph: object
+    cuts: frozenset | None
+    keys: dict[int, str] | None = None
+
+
+class KernelPlanner:
+    """Extraction over kernel nodes: each extracted form planned into a MuGraph by the
+    region search (``plan_fn``: ``fusion.plan``, passed in by the pipeline, so that lowering
+    and pricing stay in Python and are called from here), under the schedules the
+    e-graph's Kern nodes allow and the strategy its facts give (``KernelChoices``)."""
+
+    def __init__(self, data: dict | None, plan_fn, profile, base_strategy) -> None:
+        self.data, self.plan_fn, self.profile = data, plan_fn, profile
+        # no e-graph (saturation ran out of time): the base strategy, every schedule allowed
+        self.choices = read_kernels(data) if data is not None else None
+        self.strategy = (self.choices.strategy(base_strategy) if self.choices is not None
+                         else base_strategy)
+
+    def permit(self, form: Form) -> SchedulePermit | None:
+        """The schedule filter of ``form`` (its reductions' Kern nodes)."""
+        if self.choices is None:
+            return None
+        if form.keys is None:
+            return self.choices.permit(None)
+        nodes = self.data["nodes"]
+        return self.choices.permit({i: nodes[k]["eclass"] for i, k in form.keys.items()
+                                    if k in nodes})
+
+    def plan(self, form: Form, shared: dict | None, deadline):
+        """``form`` planned into a ``FusionPlan`` (``plan_fn``'s result)."""
+        return self.plan_fn(form.graph, self.profile, self.strategy, cuts=form.cuts,
+                            shared=shared, deadline=deadline, permit=self.permit(form))
+
+    def plan_all(self, forms: list[Form], late, record) -> tuple[list, dict]:
+        """Each distinct form planned until ``late`` (a ``Deadline``): the plans as (cost,
+        form index, how, plan) in cost order, and per form "cuttable/all" op edges.
+        ``record`` counts forms skipped (``skipped``) and refused (``errors``)."""
+        from ..ir.errors import MirageError, unexpected
+
+        plans, seen, distinct, priced, allowed = [], set(), set(), {}, {}
+        for i, form in enumerate(forms):
+            g, cuts = form.graph, form.cuts
+            canon = canonical(g)
+            if canon in distinct:
+                continue
+            if plans and late.expired():  # planned in time: the rest are dropped (and counted)
+                record.skipped += 1
+                continue
+            distinct.add(canon)
+            edges = {(id(s), id(n)) for n in g.nodes() for s in n.srcs if n.srcs and s.srcs}
+            allowed[i] = f"{len(edges) if cuts is None else len(cuts & edges)}/{len(edges)}"
+            try:
+                p = self.plan(form, priced, late)
+                if late.expired():  # the planner may have left fragments unfused
+                    record.skipped += 1
+            except Exception as exc:  # a refused schedule or program: recorded, skipped (a
+                if unexpected(exc):   # bug too, outside strict mode: one form never sinks it)
+                    raise
+                why = str(exc) if isinstance(exc, MirageError) else f"{type(exc).__name__}: {exc}"
+                record.errors.append(f"{form.how}: {why}")
+                continue
+            key = plan_key(p.mugraph)
+            if key not in seen:
+                seen.add(key)
+                plans.append((p.cost_us, i, form.how, p))
+        plans.sort(key=lambda x: (x[0], x[1]))
+        return plans, allowed

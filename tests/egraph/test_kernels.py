@@ -1,0 +1,78 @@
+"""Extraction over kernel nodes (egraph/kernels.py): each extracted form planned under the
+schedules the block rules put in the e-graph, so a user rule file changes the plan."""
+
+from __future__ import annotations
+
+import pytest
+from saturation import saturated
+
+import eqsat_mirage as em
+from bench.programs import program
+from eqsat_mirage.egraph.kernels import Form, KernelPlanner, read_kernels
+from eqsat_mirage.egraph.rulefiles import builtin_rules_dir
+from eqsat_mirage.fusion.planner import DEFAULT_STRATEGY, plan
+from eqsat_mirage.fusion.strategy import Strategy
+
+ONLY_16 = ("; loops of 16 steps only: both bounds of the loop ranges at 16\n"
+           "(set (min-loop-range) 16)\n(set (max-loop-range) 16)\n")
+
+
+def _schedules(res):
+    return [r.schedule for r in res.plan.regions if r.schedule is not None]
+
+
+def test_the_strategy_comes_from_the_egraph(tmp_path):
+    g = program("gqa", 1)
+    choices = read_kernels(saturated(g).serialize())
+    s = choices.strategy(DEFAULT_STRATEGY)
+    assert s.loop_ranges == (4, 16, 64) and (s.min_blocks, s.max_blocks) == (32, 4096)
+    assert s.allow_split_reduction and s.max_candidates == DEFAULT_STRATEGY.max_candidates
+    # a base strategy without splits keeps them off; facts narrow the block range
+    assert not choices.strategy(Strategy()).allow_split_reduction
+    mine = tmp_path / "blocks.egg"
+    mine.write_text("; grids of 64 to 1024 blocks\n(block-range 64 1024)\n")
+    narrowed = read_kernels(saturated(g, ("rules", str(mine))).serialize())
+    assert narrowed.strategy(DEFAULT_STRATEGY).min_blocks == 64
+    assert narrowed.strategy(DEFAULT_STRATEGY).max_blocks == 1024
+
+
+def test_a_form_without_kern_nodes_gets_grid_only_schedules():
+    g = program("gatedmlp", 1)
+    rules = [str(builtin_rules_dir() / f) for f in ("algebra.egg", "tiling.egg")]
+    kernels = KernelPlanner(saturated(g, rules).serialize(), plan, "h100", DEFAULT_STRATEGY)
+    p = kernels.plan(Form("input", g, None), None, None)
+    assert kernels.strategy.loop_ranges == () and not kernels.strategy.allow_split_reduction
+    assert all(r.schedule.loop is None and r.schedule.split is None
+               for r in p.regions if r.schedule is not None)
+    default = KernelPlanner(saturated(g).serialize(), plan, "h100", DEFAULT_STRATEGY)
+    assert default.plan(Form("input", g, None), None, None).cost_us < p.cost_us
+
+
+def test_a_user_file_restricting_loop_ranges_to_16_changes_the_plan(tmp_path):
+    mine = tmp_path / "only16.egg"
+    mine.write_text(ONLY_16)
+    g = program("lora", 1)
+    default = em.optimize(g, cache=False, trials=1)
+    only = em.optimize(g, rules=["rules", str(mine)], cache=False, trials=1)
+    assert default.verified.equivalent and only.verified.equivalent
+    looped = [s for s in _schedules(default) if s.loop is not None]
+    assert looped and any(s.forloop != 16 for s in looped), [str(s) for s in looped]
+    mine_looped = [s for s in _schedules(only) if s.loop is not None]
+    assert mine_looped and all(s.forloop == 16 for s in mine_looped), \
+        [str(s) for s in _schedules(only)]
+    assert [str(s) for s in _schedules(only)] != [str(s) for s in _schedules(default)]
+
+
+@pytest.mark.slow  # two searches of gqa
+def test_a_rules_selection_without_the_split_rules_forbids_splits(tmp_path):
+    block = (builtin_rules_dir() / "block.egg").read_text().splitlines()
+    mine = tmp_path / "nosplit.egg"  # block.egg less every split rule and fact
+    mine.write_text("\n".join(line for line in block if "split" not in line.lower()) + "\n")
+    rules = [str(builtin_rules_dir() / f) for f in ("algebra.egg", "tiling.egg")]
+    g = program("gqa", 1)
+    default = em.optimize(g, cache=False, trials=1)
+    nosplit = em.optimize(g, rules=rules + [str(mine)], cache=False, trials=1)
+    assert default.verified.equivalent and nosplit.verified.equivalent
+    assert any(s.split is not None for s in _schedules(default))
+    assert _schedules(nosplit) and all(s.split is None for s in _schedules(nosplit))
+    assert nosplit.cost_us > default.cost_us
