@@ -155,3 +155,10 @@ def test_readme_layout_names_what_is_there():
     folders = {ln.split()[0].rstrip("/") for ln in block(README, "layout").text.splitlines()}
     top = {p.name for p in Path(ROOT).iterdir() if p.is_dir() and not p.name.startswith(".")}
     assert {"eqsat_mirage", "rules", "extract", "tests", "bench", "docs"} <= folders & top
+
+
+@runs("loops16.egg")
+def test_readme_block_rule_file_is_the_one_the_rules_docs_run():
+    """The README's block-level rule file is docs/rules.md's, which
+    tests/test_docs_examples.py loads into a search that then loops 16 steps only."""
+    assert block(README, "loops16.egg").text == block("docs/rules.md", "loops16.egg").text
