@@ -49,9 +49,9 @@ class KernelChoices:
 
     def strategy(self, base):
         """``base`` (a ``fusion.strategy.Strategy``) with the loop ranges, the block range
-        and the split switch the e-graph allows (splits only if ``base`` allows them too)."""
-        changes: dict = {"loop_ranges": self.loop_ranges,
-                         "allow_split_reduction": base.allow_split_reduction and self.splits}
+        and the split switch the e-graph allows: splits are priced exactly when some
+        SplitOver Kern node exists (``base``'s switch is not read: the rules decide)."""
+        changes: dict = {"loop_ranges": self.loop_ranges, "allow_split_reduction": self.splits}
         if self.block_range is not None:
             lo, hi = self.block_range
             changes.update(min_blocks=lo, max_blocks=hi)

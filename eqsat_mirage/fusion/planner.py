@@ -66,10 +66,11 @@ from .schedule import Schedule, classify
 from .space import OpSpace
 from .strategy import Strategy, candidate_schedules, kern_choice
 
-# Mirage's ranges and block counts, FlashDecoding splits allowed, and up to 512 schedules
-# priced per final region (candidate_schedules lists small grids first; grids that fill the
-# SMs and split reductions come later).
-DEFAULT_STRATEGY = Strategy(max_candidates=512, allow_split_reduction=True)
+# Mirage's ranges and block counts, and up to 512 schedules priced per final region
+# (candidate_schedules lists small grids first; grids that fill the SMs and split reductions
+# come later). No split reductions: whether a split is priced is decided by the SplitOver
+# Kern nodes of rules/block.egg (egraph/kernels.py sets allow_split_reduction from them).
+DEFAULT_STRATEGY = Strategy(max_candidates=512)
 DEADLINE_SHARE = 1.0  # under a deadline: the region search's time over the greedy's
 
 

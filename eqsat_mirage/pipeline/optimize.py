@@ -106,7 +106,8 @@ def optimize(graph, target: str | Path = DEFAULTS.target, rules=DEFAULTS.rules,
     is refused at once with a ``BudgetError``. ``level``
     is "mugraph" (the default: ``res.program`` is a ``MuGraph`` of fused custom
     kernels, costed by ``gpucost``; ``strategy`` is the ``strategy.Strategy``
-    for the candidate schedules, ``fusion.DEFAULT_STRATEGY`` if None) or
+    for the candidate schedules, ``fusion.DEFAULT_STRATEGY`` if None; its loop ranges,
+    block range and split switch are replaced by what the block rules allow) or
     "kernel" (a kernel-level ``Graph``, costed one kernel per op). Every
     returned program other than the input itself passed ``em.verify`` against
     ``graph`` with a false-positive bound of at most ``max_bound`` (at least

@@ -7,7 +7,7 @@ import pytest
 from saturation import saturated
 
 import eqsat_mirage as em
-from bench.programs import program
+from bench.programs import gqa_rewritten, program
 from eqsat_mirage.egraph.kernels import Form, KernelPlanner, read_kernels
 from eqsat_mirage.egraph.rulefiles import builtin_rules_dir
 from eqsat_mirage.fusion.planner import DEFAULT_STRATEGY, plan
@@ -27,8 +27,10 @@ def test_the_strategy_comes_from_the_egraph(tmp_path):
     s = choices.strategy(DEFAULT_STRATEGY)
     assert s.loop_ranges == (4, 16, 64) and (s.min_blocks, s.max_blocks) == (32, 4096)
     assert s.allow_split_reduction and s.max_candidates == DEFAULT_STRATEGY.max_candidates
-    # a base strategy without splits keeps them off; facts narrow the block range
-    assert not choices.strategy(Strategy()).allow_split_reduction
+    # the split switch is the e-graph's alone: a base strategy without splits gets them
+    # from the SplitOver Kern nodes; facts narrow the block range
+    assert not DEFAULT_STRATEGY.allow_split_reduction
+    assert choices.strategy(Strategy()).allow_split_reduction
     mine = tmp_path / "blocks.egg"
     mine.write_text("; grids of 64 to 1024 blocks\n(block-range 64 1024)\n")
     narrowed = read_kernels(saturated(g, ("rules", str(mine))).serialize())
@@ -63,15 +65,40 @@ def test_a_user_file_restricting_loop_ranges_to_16_changes_the_plan(tmp_path):
     assert [str(s) for s in _schedules(only)] != [str(s) for s in _schedules(default)]
 
 
+def _without_split_rules(tmp_path):
+    """The built-in rules with block.egg less every line naming SplitOver (its split rules:
+    the only place a split is written), loaded instead of the built-in block file."""
+    block = (builtin_rules_dir() / "block.egg").read_text().splitlines()
+    mine = tmp_path / "nosplit.egg"
+    kept = [line for line in block if "SplitOver" not in line]
+    gone = [line for line in block if line.startswith("(rewrite") and line not in kept]
+    assert len(gone) == 8  # split, and split with a loop, for Sum, Mean, Max and MatMul
+    mine.write_text("\n".join(kept) + "\n")
+    return [str(builtin_rules_dir() / f) for f in ("algebra.egg", "tiling.egg")] + [str(mine)]
+
+
+def test_removing_the_builtin_split_rules_changes_the_plan(tmp_path):
+    # split-K / FlashDecoding's split is written once, as block.egg's SplitOver rules: with
+    # them removed no schedule splits (the split-parts facts stay), and gqa's plan is dearer
+    # (gqa b=1 with the division after `@ V`, the form em.optimize picks: 10.13 us split in
+    # 4 over the keys, 10.69 us without)
+    g = gqa_rewritten(1)
+    nosplit = KernelPlanner(saturated(g, _without_split_rules(tmp_path)).serialize(), plan,
+                            "h100", DEFAULT_STRATEGY)
+    default = KernelPlanner(saturated(g).serialize(), plan, "h100", DEFAULT_STRATEGY)
+    assert default.strategy.allow_split_reduction and not nosplit.strategy.allow_split_reduction
+    mine, theirs = (k.plan(Form("input", g, None), None, None) for k in (nosplit, default))
+    split = [r.schedule for r in theirs.regions if r.schedule is not None and r.schedule.split]
+    assert split, [str(r.schedule) for r in theirs.regions]
+    assert all(r.schedule.split is None for r in mine.regions if r.schedule is not None)
+    assert mine.cost_us > theirs.cost_us
+
+
 @pytest.mark.slow  # two searches of gqa
 def test_a_rules_selection_without_the_split_rules_forbids_splits(tmp_path):
-    block = (builtin_rules_dir() / "block.egg").read_text().splitlines()
-    mine = tmp_path / "nosplit.egg"  # block.egg less every split rule and fact
-    mine.write_text("\n".join(line for line in block if "split" not in line.lower()) + "\n")
-    rules = [str(builtin_rules_dir() / f) for f in ("algebra.egg", "tiling.egg")]
     g = program("gqa", 1)
     default = em.optimize(g, cache=False, trials=1)
-    nosplit = em.optimize(g, rules=rules + [str(mine)], cache=False, trials=1)
+    nosplit = em.optimize(g, rules=_without_split_rules(tmp_path), cache=False, trials=1)
     assert default.verified.equivalent and nosplit.verified.equivalent
     assert any(s.split is not None for s in _schedules(default))
     assert _schedules(nosplit) and all(s.split is None for s in _schedules(nosplit))
