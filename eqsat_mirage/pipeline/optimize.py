@@ -70,6 +70,9 @@ def lowers(mugraph, entry: dict) -> bool:
 
 
 def candidate_splits(graph, factors) -> list[tuple[int, int, int]]:
+    """The ``(split n i j)`` facts for ``graph``: n = i * j for each dim n of its tensors and
+    each factor j of ``factors`` (``split_factors``) with i, j >= 2. No built-in rule reads
+    them (split-K is rules/block.egg's SplitOver rules); they are there for user rules."""
     dims = {d for n in graph.nodes() for d in n.shape}
     return sorted({(n, n // f, f) for n in dims for f in factors if n % f == 0 and n // f > 1
                    and f > 1})

@@ -28,7 +28,7 @@ from ..ir.errors import MirageError
 from ..ir.limits import Deadline
 
 LEVELS = ("mugraph", "kernel")
-DEFAULT_SPLITS = (4, 16, 64)  # Mirage's loop ranges: candidate inner factors of split-K
+DEFAULT_SPLITS = (4, 16, 64)  # Mirage's loop ranges: the j of user rules' (split n i j) facts
 COUNTED = ("node_limit", "iter_limit", "k", "trials")  # positive integers
 
 
