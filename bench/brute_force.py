@@ -2,7 +2,7 @@
 
 For a program of at most ``MAX_OPS`` ops, ``brute_force`` prices every partition of its ops
 into kernels whose kernel graph is acyclic: each multi-op kernel with every schedule the
-planner's final pricing offers (``full_strategies``: ``fusion.DEFAULT_STRATEGY``'s candidate
+planner's final pricing offers (``full_strategies``: ``BUILTIN_STRATEGY``'s candidate
 grids, loops and FlashDecoding splits, plus up to 96 grids of one block per SM or more), a
 single op as its library kernel, all by the one GPU cost model (``gpucost.kernel_cost``,
 target h100). ``compare`` sets the cheapest partition against ``fusion.plan`` on the SAME
@@ -45,6 +45,9 @@ from eqsat_mirage.mugraph.program import MuGraph
 MAX_OPS = 6  # Bell(6) = 203 partitions, at most 63 regions to price per program
 TIME_LIMIT_S = 120.0  # per program: past it the enumeration stops, flagged incomplete
 EQUAL_RTOL = 1e-6  # planner / brute force within this ratio counts as equal
+# the strategy em.optimize plans under with the built-in rules: fusion.DEFAULT_STRATEGY with
+# splits, as egraph/kernels.py sets it where rules/block.egg's SplitOver rules fire
+BUILTIN_STRATEGY = replace(DEFAULT_STRATEGY, allow_split_reduction=True)
 
 
 class BruteForceError(MirageError):
@@ -100,7 +103,7 @@ def shape_key(frag: Graph) -> tuple:
 # -- pricing ---------------------------------------------------------------------------------
 
 
-def full_strategies(prof: GPUProfile, strategy: Strategy = DEFAULT_STRATEGY
+def full_strategies(prof: GPUProfile, strategy: Strategy = BUILTIN_STRATEGY
                     ) -> tuple[Strategy, Strategy]:
     """The schedule lists the planner prices a final region with (``fusion/planner.py``,
     step 4): ``strategy`` itself, and up to 96 grids of at least one block per SM."""
@@ -123,7 +126,7 @@ class Pricer:
     """Regions priced with every schedule of ``full_strategies``, memoized by fragment shape
     (an equal fragment of another program is priced once)."""
 
-    def __init__(self, target: str = "h100", strategy: Strategy = DEFAULT_STRATEGY) -> None:
+    def __init__(self, target: str = "h100", strategy: Strategy = BUILTIN_STRATEGY) -> None:
         self.prof = GPUProfile.load(target)
         self.strategy = strategy
         self.strategies = full_strategies(self.prof, strategy)

@@ -23,6 +23,7 @@ import argparse
 import json
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the repository root importable
@@ -60,7 +61,9 @@ def variants(name: str, batch: int, target: str, limit: int
 def _lowered(frag, name: str, batch: int, target: str) -> list:
     out = []
     try:
-        schedules = candidate_schedules(frag, DEFAULT_STRATEGY)
+        # splits too, as under the built-in rules (egraph/kernels.py where SplitOver fires)
+        schedules = candidate_schedules(frag, replace(DEFAULT_STRATEGY,
+                                                      allow_split_reduction=True))
     except ScheduleError:
         return out
     for sched in schedules:
