@@ -149,6 +149,8 @@ def test_the_gpu_bundle_ingest_fits_and_writes_the_measured_file(tmp_path):
 def _variants(limit: int = 12):
     """Schedules of one fused RMSNorm + Linear: grids, loops and splits (what a sweep
     measures)."""
+    from dataclasses import replace
+
     from eqsat_mirage.fusion.planner import DEFAULT_STRATEGY
     from eqsat_mirage.fusion.strategy import candidate_schedules
 
@@ -158,7 +160,8 @@ def _variants(limit: int = 12):
     ms = em.rsqrt((x * x).mean(axis=1, keepdims=True) + 1e-6)
     g.output((x @ w) * ms, "Y")
     out = []
-    for s in candidate_schedules(g, DEFAULT_STRATEGY):
+    # splits too, as the sweep (bench/schedule_sweep.py) and the built-in block rules allow
+    for s in candidate_schedules(g, replace(DEFAULT_STRATEGY, allow_split_reduction=True)):
         out.append((str(s), lower(g, s)))
         if len(out) == limit:
             break
