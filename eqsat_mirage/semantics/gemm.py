@@ -27,13 +27,14 @@ def batch_broadcast(x: np.ndarray) -> bool:
     return all(n == 1 or st == 0 for n, st in zip(x.shape[:-2], x.strides[:-2]))
 
 
-def one_gemm(a: np.ndarray, b: np.ndarray
+def one_gemm(a: np.ndarray, b: np.ndarray, dtype=None
              ) -> tuple[np.ndarray, np.ndarray, Callable[[np.ndarray], np.ndarray]] | None:
     """``(a2, b2, finish)`` with ``np.matmul(a, b) == finish(a2 @ b2)`` (two 2-D operands),
     or None when ``np.matmul`` runs one product already (no batch, a 1-D operand, or no
     operand broadcast over the batch). ``a2``/``b2`` are views where the layout allows,
     else one copy of the batched operand (its broadcast size); ``finish`` returns a
-    C-contiguous array of the broadcast result shape."""
+    C-contiguous array of the broadcast result shape. ``dtype``: the batched ``b`` laid out
+    side by side is copied straight into it (the field products' float64 operand)."""
     if a.ndim < 2 or b.ndim < 2 or max(a.ndim, b.ndim) < 3:
         return None
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
@@ -49,7 +50,9 @@ def one_gemm(a: np.ndarray, b: np.ndarray
         a2 = np.broadcast_to(a, batch + (m, k)).reshape(count * m, k)
         return a2, b[first[1]], lambda r: r.reshape(batch + (m, n))
     if batch_broadcast(a):  # columns of every batch element side by side: (m, k) @ (k, count * n)
-        b2 = np.moveaxis(np.broadcast_to(b, batch + (k, n)), -2, 0).reshape(k, count * n)
+        b2 = np.empty((k,) + batch + (n,), dtype or b.dtype)  # its columns, block after block
+        np.copyto(b2, np.moveaxis(np.broadcast_to(b, batch + (k, n)), -2, 0))
+        b2 = b2.reshape(k, count * n)
         return a[first[0]], b2, lambda r: np.ascontiguousarray(
             np.moveaxis(r.reshape((m,) + batch + (n,)), 0, -2))
     return None

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .gemm import batch_broadcast
+from .gemm import batch_broadcast, one_gemm
 
 EXACT_K = 1 << 15  # longest contraction done in one BLAS call (keeps digits >= 8 bits)
 
@@ -179,21 +179,17 @@ def _matmul_mod(a, b, ca, cb, m: int, cache: dict | None) -> np.ndarray:
 def _one_gemm(digits: list, whole: np.ndarray, split_a: bool):
     """``(digit matrices, whole as a float64 matrix, finish)`` when the cut operand is the
     same matrix for every batch element and the whole one is not (``gemm.one_gemm``'s
-    "columns side by side": the whole operand converted straight into that layout), else
+    "columns side by side", the whole operand converted straight into that layout), else
     None. Every product is exact, so the values are those of the batched products."""
     cut = digits[0]
-    if not split_a or cut.ndim < 2 or whole.ndim < 3 or not batch_broadcast(cut) \
-            or batch_broadcast(whole):
+    if not split_a or not batch_broadcast(cut) or batch_broadcast(whole):
         return None
-    batch = np.broadcast_shapes(cut.shape[:-2], whole.shape[:-2])
-    (rows, k), n = cut.shape[-2:], whole.shape[-1]
-    dst = np.empty((k, *batch, n))  # the whole operand's columns, block after block
-    np.copyto(dst, np.moveaxis(np.broadcast_to(whole, (*batch, k, n)), -2, 0))
+    form = one_gemm(cut, whole, np.float64)
+    if form is None:
+        return None
+    _, whole_f, finish = form
     first = (0,) * (cut.ndim - 2)
-
-    def finish(r: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(np.moveaxis(r.reshape((rows, *batch, n)), 0, -2))
-    return [d[first] for d in digits], dst.reshape(k, -1), finish
+    return [d[first] for d in digits], whole_f, finish
 
 
 def _horner(digits: list, whole_f: np.ndarray, split_a: bool, w: int, m: int) -> np.ndarray:
