@@ -20,6 +20,7 @@ e-graph, so a user rule file changes the plan.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,12 @@ class KernelChoices:
     def loop_ranges(self) -> tuple[int, ...]:
         """Every loop range some Kern node uses."""
         return tuple(sorted({f for v in self.by_class.values() for f, _ in v if f > 1}))
+
+    @cached_property
+    def any_pairs(self) -> frozenset[tuple[int, int]]:
+        """Every (F, P) some Kern node takes (a program not read from the e-graph may take
+        any of them)."""
+        return frozenset(p for v in self.by_class.values() for p in v)
 
     @property
     def splits(self) -> bool:
@@ -75,7 +82,7 @@ class SchedulePermit:
         """The (loop range, split parts) pairs of ``node``'s Kern nodes (no loop, no split:
         (1, 1), always allowed)."""
         if self.eclass_of is None:
-            found = frozenset(p for v in self.choices.by_class.values() for p in v)
+            found = self.choices.any_pairs
         else:
             found = self.choices.by_class.get(self.eclass_of.get(id(node), ""), frozenset())
         return found | {(1, 1)}
