@@ -149,6 +149,8 @@ def build_node(ctor: str, args: list, inputs: dict[str, Node]) -> Node:
         return args[0]
     if ctor == "Kern":  # so is a kernel choice (argument 0: its schedule)
         return args[1]
+    if ctor == "Online":  # and an exp that may read a running maximum
+        return args[0]
     raise NotImplementedError(f"cannot decode constructor {ctor}")
 
 

@@ -6,7 +6,9 @@ r F)`` loops over r's reduced axis in F steps, ``(SplitOver r P)`` cuts it into 
 the grid. ``read_kernels`` collects them, with the facts (loop ranges, split parts, block
 range), as a ``KernelChoices``; a Kern term is decoded as the pair (F, P), 1 standing for
 ``NoLoop`` / ``NoSplit``. Kern nodes are identities on values: ``view.py`` leaves them out,
-so they never change which algebraic form is extracted or its per-op cost.
+so they never change which algebraic form is extracted or its per-op cost. ``(Online e)``
+(the online-softmax rule) marks an exp that may read a running maximum: a schedule whose
+loop or split grows a max is kept only when every exp reading that max in the loop has one.
 
 ``KernelChoices.permit`` turns them into the schedule filter of the region search
 (``fusion.plan(..., permit=)``): a candidate schedule of a kernel region that loops over or
@@ -32,6 +34,7 @@ class KernelChoices:
     loop_facts: tuple[int, ...] = ()
     split_facts: tuple[int, ...] = ()
     block_range: tuple[int, int] | None = None  # the intersection of every block-range fact
+    online: frozenset[str] = frozenset()  # e-classes of exps holding an Online node
 
     @property
     def kern_nodes(self) -> int:
@@ -92,9 +95,16 @@ class SchedulePermit:
         take ``choice`` (``fusion.strategy.kern_choice`` of a schedule and that index)."""
         return all(choice in self.pairs(n) for n in reductions)
 
+    def online(self, node) -> bool:
+        """Whether exp ``node`` may read a running maximum (its e-class holds an ``Online``
+        node; a program not read from the e-graph: whether any exp's does)."""
+        if self.eclass_of is None:
+            return bool(self.choices.online)
+        return self.eclass_of.get(id(node), "") in self.choices.online
+
     def key(self, reductions: list) -> tuple:
-        """What ``allows`` depends on for these nodes (part of a memo key)."""
-        return tuple(tuple(sorted(self.pairs(n))) for n in reductions)
+        """What ``allows`` and ``online`` depend on for these nodes (part of a memo key)."""
+        return tuple((tuple(sorted(self.pairs(n))), self.online(n)) for n in reductions)
 
 
 def _int(data: dict, key: str) -> int:
@@ -120,6 +130,8 @@ def read_kernels(data: dict) -> KernelChoices:
         elif op in bounds:
             bounds[op] = next(int(m["op"]) for m in nodes.values()  # its value's node
                               if m["eclass"] == n["eclass"] and m["op"].lstrip("-").isdigit())
+    online = frozenset(n["eclass"] for n in nodes.values()
+                       if n["op"] == "Online" and not n.get("subsumed"))
     for n in nodes.values():
         if n["op"] != "Kern" or n.get("subsumed"):
             continue
@@ -133,7 +145,7 @@ def read_kernels(data: dict) -> KernelChoices:
     in_range = tuple(sorted(f for f in loops
                             if bounds["min-loop-range"] <= f <= bounds["max-loop-range"]))
     return KernelChoices({c: frozenset(v) for c, v in by_class.items()}, in_range,
-                         tuple(sorted(splits)), (lo, hi) if ranged else None)
+                         tuple(sorted(splits)), (lo, hi) if ranged else None, online)
 
 
 def canonical(graph) -> int:

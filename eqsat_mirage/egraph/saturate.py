@@ -28,9 +28,10 @@ from .encode import Encoder
 from .rulefiles import Rule, SList, Sym, builtin_rules_dir, schema_text, to_text
 
 # Abstract constructor of each T constructor (how its arguments map): the ops' specs' guards;
-# a kernel boundary (Dev) and a kernel choice (Kern, argument 0 its value) are the identity.
+# a kernel boundary (Dev), a kernel choice (Kern: its one T argument) and an online exp
+# (Online) are the identity.
 ABSTRACT = {**{s.egglog: s.guard for s in SPECS.values() if s.guard is not None}, "Dev": "{0}",
-            "Kern": "{0}"}
+            "Kern": "{0}", "Online": "{0}"}
 
 _ABS_CTORS = {"AVar", "AConst", "AAdd", "AMul", "ADiv", "AExp", "ASum", "AFn", "ACat"}
 

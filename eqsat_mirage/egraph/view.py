@@ -60,8 +60,9 @@ def view(data: dict, ctors: dict[str, tuple[str, ...]], inputs: dict[str, Node],
     classes: dict[str, list[str]] = {}
     for key, n in data["nodes"].items():
         sorts = ctors.get(n["op"])
-        # boundaries (boundaries.py) and kernel choices (kernels.py) are identities on values
-        if sorts is None or n.get("subsumed") or n["op"] in ("Dev", "Kern"):
+        # boundaries (boundaries.py), kernel choices and online exps (kernels.py) are
+        # identities on values
+        if sorts is None or n.get("subsumed") or n["op"] in ("Dev", "Kern", "Online"):
             continue
         kids = [data["nodes"][c]["eclass"] if s == "T" else _literal(data, c)
                 for c, s in zip(n["children"], sorts)]

@@ -62,7 +62,7 @@ from ..mugraph.program import MuGraph, from_graph
 from .indexing import Indexing, ScheduleError, UnionFind, index_fragment
 from .lower import add_kernel, fuse_threads
 from .regions import RegionSpace, improve
-from .schedule import Schedule, classify
+from .schedule import Schedule, classify, running_exps
 from .space import OpSpace
 from .strategy import Strategy, candidate_schedules, kern_choice
 
@@ -72,6 +72,9 @@ from .strategy import Strategy, candidate_schedules, kern_choice
 # Kern nodes of rules/block.egg (egraph/kernels.py sets allow_split_reduction from them).
 DEFAULT_STRATEGY = Strategy(max_candidates=512)
 DEADLINE_SHARE = 1.0  # under a deadline: the region search's time over the greedy's
+# why the block level read from the e-graph refuses a schedule (Pricing.reason)
+_LEFT_OUT = {"Kern": "looping or splitting a reduction with no such Kern node",
+             "Online": "where an exp reads a running maximum and has no Online node"}
 
 
 @dataclass
@@ -181,15 +184,27 @@ class _Planner(OpSpace):
         costs = [kernel_cost(k, mg, self.prof) for k in ks]
         return sum(c.time_us for c in costs), costs
 
-    def _permitted(self, ix: Indexing, s: Schedule, origin: dict[int, int]) -> bool:
-        """Whether ``permit`` lets ``s`` loop over / split its index: every reduction of that
-        index in the fragment (mapped to this graph's op by ``origin``) has a Kern node
-        with that (loop range, split parts)."""
-        for idx in {s.loop, s.split} - {None}:
+    def _refused(self, ix: Indexing, s: Schedule, origin: dict[int, int],
+                 online: dict[str, bool]) -> str:
+        """Why ``permit`` refuses ``s`` ("" when it does not): ``s`` may loop over / split an
+        index only when every reduction of that index in the fragment (mapped to this graph's
+        op by ``origin``) has a Kern node with that (loop range, split parts), and every exp
+        reading a running maximum over it an Online node (``online`` memoizes that per
+        index)."""
+        for idx in sorted({s.loop, s.split} - {None}):
             reds = [self.ops[origin[id(n)]] for n in ix.reduced.get(idx, [])]
             if not self.permit.allows(kern_choice(s, idx), reds):
-                return False
-        return True
+                return "Kern"
+            if idx not in online:
+                try:
+                    exps = running_exps(ix, idx)
+                except ScheduleError:  # no legal schedule loops over idx
+                    exps = None
+                online[idx] = exps is not None and all(
+                    self.permit.online(self.ops[origin[id(n)]]) for n in exps)
+            if not online[idx]:
+                return "Online"
+        return ""
 
     def _price_custom(self, frag: Graph, final: bool, origin: dict[int, int]) -> Pricing:
         """The cheapest schedule of ``frag`` as one custom kernel, with the full strategies
@@ -204,8 +219,12 @@ class _Planner(OpSpace):
         except (ScheduleError, MirageError) as exc:
             return Pricing(frag, None, None, math.inf, f"cannot be indexed: {exc}")
         key = (_shape_key(frag), final)
+        left_out: dict[str, int] = {}
         if self.permit is not None:
-            scheds = [s for s in scheds if self._permitted(ix, s, origin)]
+            online: dict[str, bool] = {}
+            refused = [self._refused(ix, s, origin, online) for s in scheds]
+            left_out = {w: refused.count(w) for w in ("Kern", "Online") if w in refused}
+            scheds = [s for s, why in zip(scheds, refused) if not why]
             key += (self.permit.key([self.ops[origin[id(n)]] for n in frag.nodes()
                                      if id(n) in origin]),)
         known = None if self.shared is None else self.shared.get(key)
@@ -234,6 +253,9 @@ class _Planner(OpSpace):
                 self.shared[key] = (best_i, best, "")
             return Pricing(frag, ix, scheds[best_i], best, tried=len(scheds))
         reason = _why_none(ix, scheds, infeasible)
+        if left_out:  # what the e-graph's block level left out, said after the rest
+            reason += "; the e-graph (rules/block.egg) left out " + ", ".join(
+                f"{n} schedules {_LEFT_OUT[w]}" for w, n in left_out.items())
         if self.shared is not None:
             self.shared[key] = (None, math.inf, reason)
         return Pricing(frag, ix, None, math.inf, reason, len(scheds))
@@ -456,7 +478,9 @@ def plan(graph: Graph, profile: GPUProfile | str | Path = "h100",
     ``permit``: the block level read from the e-graph (``egraph.kernels.SchedulePermit``):
     a schedule that loops over or splits an index is priced only when
     ``permit.allows(kern_choice(schedule, index), reductions)`` holds for the graph's nodes
-    reducing that index in the region; None allows every schedule of ``strategy``. Past
+    reducing that index in the region, and ``permit.online(exp)`` for every exp reading a
+    running maximum over it (``schedule.running_exps``); None allows every schedule of
+    ``strategy``. Past
     ``deadline`` (an ``ir.limits.Deadline``) no new fragment is priced (left unfused).
     Returns a ``FusionPlan`` whose ``mugraph`` computes the same outputs as
     ``graph`` (same input and output names) and whose ``regions`` say why each

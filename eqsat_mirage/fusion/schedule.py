@@ -196,6 +196,22 @@ def classify(ix: Indexing, idx: str | None, running: bool = False) -> dict[int, 
     return kind
 
 
+def running_exps(ix: Indexing, idx: str) -> list[Node]:
+    """The exps that read a running maximum when ``idx`` is the loop (or split) index: the
+    ``exp(x - m)`` of an online softmax, m a max over ``idx`` still growing in the loop,
+    whose sums are rescaled as m grows (rules/block.egg's ``Online`` rule permits each).
+    Raises ``ScheduleError`` as ``classify`` does."""
+    kind = classify(ix, idx, running=True)
+    reads = {id(n) for n in ix.nodes if kind[id(n)] == "max"}
+    found = []
+    for n in ix.nodes:
+        if kind[id(n)] != "post" and any(id(s) in reads for s in n.srcs):
+            reads.add(id(n))
+            if n.op is Op.EXP:
+                found.append(n)
+    return found
+
+
 _KEEPS = (Op.TRANSPOSE, Op.RESHAPE)
 
 

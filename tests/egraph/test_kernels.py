@@ -103,3 +103,50 @@ def test_a_rules_selection_without_the_split_rules_forbids_splits(tmp_path):
     assert any(s.split is not None for s in _schedules(default))
     assert _schedules(nosplit) and all(s.split is None for s in _schedules(nosplit))
     assert nosplit.cost_us > default.cost_us
+
+
+def _safe_attention(b: int = 1) -> em.Graph:
+    """GQA's shapes with a safe softmax, the division already after ``@ V`` (the form
+    em.optimize plans): exp(S - max(S)) summed and multiplied by V over the keys."""
+    g = em.Graph("safe_rewritten")
+    q = g.input("Q", (2 * b, 256, 64), dtype="float16")
+    k = g.input("K", (2 * b, 64, 4096), dtype="float16")
+    v = g.input("V", (2 * b, 4096, 64), dtype="float16")
+    s = q @ k
+    a = em.exp(s - em.max(s, axis=2, keepdims=True))
+    g.output((a @ v) / a.sum(axis=2, keepdims=True), "O")
+    return g
+
+
+def _without_online_rule(tmp_path):
+    """The built-in rules with block.egg less its one Online rule (the online softmax)."""
+    block = (builtin_rules_dir() / "block.egg").read_text().splitlines()
+    kept = [line for line in block if not (line.startswith("(rewrite") and "Online" in line)]
+    assert len(block) - len(kept) == 1
+    mine = tmp_path / "noonline.egg"
+    mine.write_text("\n".join(kept) + "\n")
+    return [str(builtin_rules_dir() / f) for f in ("algebra.egg", "tiling.egg")] + [str(mine)]
+
+
+def test_the_online_rule_marks_the_exp_of_a_max_shifted_value():
+    safe = read_kernels(saturated(_safe_attention()).serialize())
+    assert len(safe.online) == 1  # exp(S - max(S)): its e-class
+    assert not read_kernels(saturated(program("gqa", 1)).serialize()).online  # exp(S) only
+
+
+def test_removing_the_builtin_online_rule_changes_the_plan(tmp_path):
+    # the online softmax is written once, as block.egg's Online rule: with it a loop (or a
+    # split) over the keys carries the running maximum and rescales the sums (10.09 us, one
+    # split kernel pair); without it the max must finish before any exp reads it
+    g = _safe_attention()
+    none = KernelPlanner(saturated(g, _without_online_rule(tmp_path)).serialize(), plan,
+                         "h100", DEFAULT_STRATEGY)
+    default = KernelPlanner(saturated(g).serialize(), plan, "h100", DEFAULT_STRATEGY)
+    assert not none.choices.online and default.choices.online
+    mine, theirs = (k.plan(Form("input", g, None), None, None) for k in (none, default))
+    running = [r for r in theirs.regions if r.schedule is not None
+               and (r.schedule.loop or r.schedule.split) and len(r.ops) == len(g.nodes()) - 3]
+    assert running, theirs.report()
+    assert mine.cost_us > theirs.cost_us * 1.2, (mine.cost_us, theirs.cost_us)
+    # the report says the e-graph left the running-maximum schedules out
+    assert any("no Online node" in w for r in mine.regions for w in r.why_not), mine.report()
