@@ -351,6 +351,11 @@ def test_rules_online_excerpt_is_in_the_block_file():
     assert block("docs/rules.md", "online-excerpt").text in (ROOT / "rules/block.egg").read_text()
 
 
+@runs("docs/rules.md", "thread-excerpt")
+def test_rules_thread_excerpt_is_in_the_thread_file():
+    assert block("docs/rules.md", "thread-excerpt").text in (ROOT / "rules/thread.egg").read_text()
+
+
 @pytest.mark.slow  # two searches with user block files
 @runs("docs/rules.md", "loops16.egg", "rules-block")
 def test_rules_block_files_change_the_plan(tmp_path, monkeypatch):

@@ -114,6 +114,11 @@ def encode_graph(graph: Graph) -> tuple[str, dict[str, str]]:
     return "\n".join(enc.lines), roots
 
 
+# Constructors that are the identity on values (their one T argument): a kernel boundary, a
+# kernel choice, an exp that may read a running maximum, a value that may stay in registers
+IDENTITIES = ("Dev", "Kern", "Online", "Reg")
+
+
 def build_node(ctor: str, args: list, inputs: dict[str, Node]) -> Node:
     """Rebuild an IR node from a constructor name and decoded arguments.
 
@@ -149,8 +154,8 @@ def build_node(ctor: str, args: list, inputs: dict[str, Node]) -> Node:
         return args[0]
     if ctor == "Kern":  # so is a kernel choice (argument 0: its schedule)
         return args[1]
-    if ctor == "Online":  # and an exp that may read a running maximum
-        return args[0]
+    if ctor in ("Online", "Reg"):  # an exp that may read a running maximum, a value that
+        return args[0]              # may stay in registers: identities too
     raise NotImplementedError(f"cannot decode constructor {ctor}")
 
 

@@ -9,6 +9,8 @@ range), as a ``KernelChoices``; a Kern term is decoded as the pair (F, P), 1 sta
 so they never change which algebraic form is extracted or its per-op cost. ``(Online e)``
 (the online-softmax rule) marks an exp that may read a running maximum: a schedule whose
 loop or split grows a max is kept only when every exp reading that max in the loop has one.
+``(Reg x)`` (rules/thread.egg) marks a value that may stay in registers: a kernel's thread
+graphs (its elementwise chains) link only such values, when the kernel is priced and built.
 
 ``KernelChoices.permit`` turns them into the schedule filter of the region search
 (``fusion.plan(..., permit=)``): a candidate schedule of a kernel region that loops over or
@@ -35,6 +37,7 @@ class KernelChoices:
     split_facts: tuple[int, ...] = ()
     block_range: tuple[int, int] | None = None  # the intersection of every block-range fact
     online: frozenset[str] = frozenset()  # e-classes of exps holding an Online node
+    registers: frozenset[str] = frozenset()  # e-classes holding a Reg node (rules/thread.egg)
 
     @property
     def kern_nodes(self) -> int:
@@ -102,9 +105,19 @@ class SchedulePermit:
             return bool(self.choices.online)
         return self.eclass_of.get(id(node), "") in self.choices.online
 
-    def key(self, reductions: list) -> tuple:
-        """What ``allows`` and ``online`` depend on for these nodes (part of a memo key)."""
-        return tuple((tuple(sorted(self.pairs(n))), self.online(n)) for n in reductions)
+    def in_registers(self, node) -> bool:
+        """Whether ``node``'s value may stay in registers for its one elementwise user (a
+        thread graph: its e-class holds a ``Reg`` node; a program not read from the e-graph:
+        whether any e-class does)."""
+        if self.eclass_of is None:
+            return bool(self.choices.registers)
+        return self.eclass_of.get(id(node), "") in self.choices.registers
+
+    def key(self, nodes: list) -> tuple:
+        """What ``allows``, ``online`` and ``in_registers`` depend on for these nodes (part of
+        a memo key)."""
+        return tuple((tuple(sorted(self.pairs(n))), self.online(n), self.in_registers(n))
+                     for n in nodes)
 
 
 def _int(data: dict, key: str) -> int:
@@ -130,8 +143,9 @@ def read_kernels(data: dict) -> KernelChoices:
         elif op in bounds:
             bounds[op] = next(int(m["op"]) for m in nodes.values()  # its value's node
                               if m["eclass"] == n["eclass"] and m["op"].lstrip("-").isdigit())
-    online = frozenset(n["eclass"] for n in nodes.values()
-                       if n["op"] == "Online" and not n.get("subsumed"))
+    online, registers = (frozenset(n["eclass"] for n in nodes.values()
+                                   if n["op"] == op and not n.get("subsumed"))
+                         for op in ("Online", "Reg"))
     for n in nodes.values():
         if n["op"] != "Kern" or n.get("subsumed"):
             continue
@@ -145,7 +159,7 @@ def read_kernels(data: dict) -> KernelChoices:
     in_range = tuple(sorted(f for f in loops
                             if bounds["min-loop-range"] <= f <= bounds["max-loop-range"]))
     return KernelChoices({c: frozenset(v) for c, v in by_class.items()}, in_range,
-                         tuple(sorted(splits)), (lo, hi) if ranged else None, online)
+                         tuple(sorted(splits)), (lo, hi) if ranged else None, online, registers)
 
 
 def canonical(graph) -> int:

@@ -24,22 +24,23 @@ import egglog.bindings as eb
 from ..ir.errors import MirageError, TimeLimitError
 from ..ir.limits import Deadline
 from ..ir.ops import SPECS
-from .encode import Encoder
+from .encode import IDENTITIES, Encoder
 from .rulefiles import Rule, SList, Sym, builtin_rules_dir, schema_text, to_text
 
 # Abstract constructor of each T constructor (how its arguments map): the ops' specs' guards;
-# a kernel boundary (Dev), a kernel choice (Kern: its one T argument) and an online exp
-# (Online) are the identity.
-ABSTRACT = {**{s.egglog: s.guard for s in SPECS.values() if s.guard is not None}, "Dev": "{0}",
-            "Kern": "{0}", "Online": "{0}"}
+# a kernel boundary (Dev), a kernel choice (Kern: its one T argument), an online exp (Online)
+# and a value kept in registers (Reg) are the identity.
+ABSTRACT = {**{s.egglog: s.guard for s in SPECS.values() if s.guard is not None},
+            **{c: "{0}" for c in IDENTITIES}}
 
 _ABS_CTORS = {"AVar", "AConst", "AAdd", "AMul", "ADiv", "AExp", "ASum", "AFn", "ACat"}
 
 # The phases in order: algebra first, then where kernel boundaries may go (rules/tiling.egg),
-# then the schedules a kernel may run under (rules/block.egg: Kern nodes).
+# then the schedules a kernel may run under (rules/block.egg: Kern and Online nodes), then
+# the values a kernel may keep in registers (rules/thread.egg: Reg nodes).
 DEFAULT_PHASES = (("algebraic", ("assoc", "distrib", "lora", "scalar", "expo", "reduce", "comm")),
-                  ("tiling", ("tiling",)), ("block", ("block",)))
-KERNEL_PHASES = ("tiling", "block")  # the MuGraph level's phases (not run at the kernel level)
+                  ("tiling", ("tiling",)), ("block", ("block",)), ("thread", ("thread",)))
+KERNEL_PHASES = ("tiling", "block", "thread")  # the MuGraph level's (not run at kernel level)
 
 
 @dataclass

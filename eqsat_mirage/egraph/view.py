@@ -14,7 +14,7 @@ from ..cost.per_op import Hardware, node_cost_us
 from ..ir.errors import MirageError, TimeLimitError, unexpected
 from ..ir.limits import Deadline
 from ..ir.node import Node
-from .encode import build_node
+from .encode import IDENTITIES, build_node
 
 
 @dataclass
@@ -60,9 +60,9 @@ def view(data: dict, ctors: dict[str, tuple[str, ...]], inputs: dict[str, Node],
     classes: dict[str, list[str]] = {}
     for key, n in data["nodes"].items():
         sorts = ctors.get(n["op"])
-        # boundaries (boundaries.py), kernel choices and online exps (kernels.py) are
-        # identities on values
-        if sorts is None or n.get("subsumed") or n["op"] in ("Dev", "Kern", "Online"):
+        # boundaries (boundaries.py), kernel choices, online exps and register values
+        # (kernels.py) are identities on values
+        if sorts is None or n.get("subsumed") or n["op"] in IDENTITIES:
             continue
         kids = [data["nodes"][c]["eclass"] if s == "T" else _literal(data, c)
                 for c, s in zip(n["children"], sorts)]

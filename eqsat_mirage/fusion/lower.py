@@ -53,10 +53,11 @@ def _fresh(prefix: str, used: set[str]) -> str:
 
 
 class _Stage:
-    """Rebuilds fragment nodes on tiles; ``leaf`` supplies inputs, accumulators, constants."""
+    """Rebuilds fragment nodes on tiles; ``leaf`` supplies inputs, accumulators, constants.
+    ``origin`` collects id(tile node) -> the fragment node it computes."""
 
-    def __init__(self, plan: Plan, leaf: Leaf) -> None:
-        self.plan, self.leaf, self.memo = plan, leaf, {}
+    def __init__(self, plan: Plan, leaf: Leaf, origin: dict[int, Node]) -> None:
+        self.plan, self.leaf, self.memo, self.origin = plan, leaf, {}, origin
 
     def __call__(self, n: Node) -> Node:
         if id(n) in self.memo:
@@ -73,6 +74,7 @@ class _Stage:
             if v.shape != self.plan.tile(n):
                 raise ScheduleError(f"internal: tile of {n.describe()} is {v.shape}, expected "
                                     f"{self.plan.tile(n)}")
+            self.origin[id(v)] = n
         self.memo[id(n)] = v
         return v
 
@@ -94,13 +96,17 @@ def _maps(ix: Indexing, node: Node, axes: dict[str, int], loop: str | None):
 
 
 def add_kernel(mg: MuGraph, fragment: Graph, schedule: Schedule, name: str | None = None,
-               indexing: Indexing | None = None) -> list[CustomKernel]:
+               indexing: Indexing | None = None,
+               registers: Callable[[Node], bool] | None = None) -> list[CustomKernel]:
     """Append the custom kernel(s) implementing ``fragment`` under ``schedule`` to ``mg``.
 
     The fragment's inputs must be device tensors of ``mg`` with the same names;
     its outputs become new device tensors of the same names. Returns the new
-    kernels (one; two for a split schedule). Raises ``ScheduleError`` (``TilingError``
-    for a tile written in the loop that reads a running maximum).
+    kernels (one; two for a split schedule), their elementwise chains already fused into
+    thread graphs (``fuse_threads``): a value links a chain only where ``registers`` (a
+    predicate on the fragment's nodes: rules/thread.egg's Reg nodes) allows it, anywhere
+    when it is None. Raises ``ScheduleError`` (``TilingError`` for a tile written in the
+    loop that reads a running maximum).
     """
     ix = indexing or index_fragment(fragment)
     plan = check_schedule(ix, schedule)
@@ -108,8 +114,22 @@ def add_kernel(mg: MuGraph, fragment: Graph, schedule: Schedule, name: str | Non
     if missing:
         raise ScheduleError(f"fragment {fragment.name!r} reads {missing}, which are not device "
                             f"tensors of mugraph {mg.name!r}")
+    origin: dict[int, Node] = {}
     if schedule.split is not None:
-        return _add_split(mg, fragment, plan, name)
+        kernels = _add_split(mg, fragment, plan, name, origin)
+    else:
+        kernels = _add_one(mg, fragment, plan, name, origin)
+    keep = None if registers is None else (
+        lambda v: id(v) in origin and registers(origin[id(v)]))
+    for k in kernels:
+        fuse_threads(k, keep)
+    return kernels
+
+
+def _add_one(mg: MuGraph, fragment: Graph, plan: Plan, name: str | None,
+             origin: dict[int, Node]) -> list[CustomKernel]:
+    """The one custom kernel of an unsplit schedule."""
+    ix, schedule = plan.indexing, plan.schedule
     s, kind = schedule, plan.kind
     axes = s.axes
     grid = tuple(b for _, b in s.grid) or (1,)
@@ -149,7 +169,7 @@ def add_kernel(mg: MuGraph, fragment: Graph, schedule: Schedule, name: str | Non
             raise ScheduleError(f"internal: loop value {n.describe()} used after the loop")
         return k.tile(n.arg).node if n.op is Op.INPUT else None
 
-    loop, post = _Stage(plan, loop_leaf), _Stage(plan, post_leaf)
+    loop, post = _Stage(plan, loop_leaf, origin), _Stage(plan, post_leaf, origin)
     for oname, out in fragment.outputs.items():
         omap, fmap = _maps(ix, out, axes, s.loop)
         if kind[id(out)] == "loop":
@@ -160,14 +180,15 @@ def add_kernel(mg: MuGraph, fragment: Graph, schedule: Schedule, name: str | Non
     return [k]
 
 
-def _part_values(k1: CustomKernel, plan: Plan, used: set[str]) -> Callable[[Node], Node]:
+def _part_values(k1: CustomKernel, plan: Plan, used: set[str],
+                 origin: dict[int, Node]) -> Callable[[Node], Node]:
     """The first kernel's value of each reduction over the split index (a post-stage node)."""
     ix, s = plan.indexing, plan.schedule
     for iname, node in ix.graph.inputs.items():
         imap, fmap = _maps(ix, node, s.axes, s.loop)
         k1.input(iname, imap=imap, fmap=fmap)
     if s.loop is None and "max" not in plan.kind.values():  # one pass: all post-stage work
-        return _Stage(plan, lambda n: k1.tile(n.arg).node if n.op is Op.INPUT else None)
+        return _Stage(plan, lambda n: k1.tile(n.arg).node if n.op is Op.INPUT else None, origin)
     # (a maximum over the split goes through the loop stage even in one pass, F = 1: its
     # running value reads -inf as 0 there, so a split the mask empties gives 0, not NaN)
 
@@ -186,7 +207,7 @@ def _part_values(k1: CustomKernel, plan: Plan, used: set[str]) -> Callable[[Node
             return k1.running(maximum(n)).node
         return k1.loop.inputs[n.arg] if n.op is Op.INPUT else None
 
-    loop = _Stage(plan, loop_leaf)
+    loop = _Stage(plan, loop_leaf, origin)
 
     def value(n: Node) -> Node:  # the accumulated partial sum (a mean's division waits)
         if plan.kind[id(n)] == "max":
@@ -198,14 +219,15 @@ def _part_values(k1: CustomKernel, plan: Plan, used: set[str]) -> Callable[[Node
     return value
 
 
-def _add_split(mg: MuGraph, fragment: Graph, plan: Plan, name: str | None) -> list[CustomKernel]:
+def _add_split(mg: MuGraph, fragment: Graph, plan: Plan, name: str | None,
+               origin: dict[int, Node]) -> list[CustomKernel]:
     ix, s, kind = plan.indexing, plan.schedule, plan.kind
     axes, split = s.axes, s.split
     base = name or f"k{len(mg.kernels)}"
     k1 = mg.custom_kernel(grid=tuple(b for _, b in s.grid), forloop=s.forloop,
                           name=f"{base}_part")
     used = set(mg.tensors) | set(fragment.outputs)
-    stage1 = _part_values(k1, plan, used)
+    stage1 = _part_values(k1, plan, used, origin)
     reds = [n for n in ix.nodes if kind[id(n)] in ("red", "max")]  # written as parts
     rest = [(i, b) for i, b in s.grid if i != split]
     parts = {}
@@ -277,7 +299,7 @@ def _add_split(mg: MuGraph, fragment: Graph, plan: Plan, name: str | None) -> li
             return k2.tile(n.arg).node
         return None
 
-    stage2 = _Stage(plan2, leaf2)
+    stage2 = _Stage(plan2, leaf2, origin)
     for oname, out in late.items():
         k2.output(Tensor(stage2(out), k2.post), oname, omap=_maps(ix, out, axes2, None)[0],
                   dtype=out.dtype)
@@ -310,8 +332,10 @@ def lower(fragment: Graph, schedule: Schedule, name: str | None = None,
     return mg.validate()
 
 
-def fuse_threads(k: CustomKernel) -> None:
-    """Record maximal elementwise chains of each stage as thread graphs."""
+def fuse_threads(k: CustomKernel, keep: Callable[[Node], bool] | None = None) -> None:
+    """Record maximal elementwise chains of each stage as thread graphs: a tile with one
+    elementwise user continues its chain (staying in registers) where ``keep`` allows it
+    (None: everywhere)."""
     for stage in ("loop", "post"):
         g = k.stage(stage)
         nodes = g.nodes()
@@ -325,7 +349,8 @@ def fuse_threads(k: CustomKernel) -> None:
             if n.op not in ELEMENTWISE or id(n) in taken:
                 continue
             chain = [n]
-            while id(chain[-1]) not in outs and len(users.get(id(chain[-1]), [])) == 1:
+            while id(chain[-1]) not in outs and len(users.get(id(chain[-1]), [])) == 1 \
+                    and (keep is None or keep(chain[-1])):
                 nxt = users[id(chain[-1])][0]
                 if nxt.op not in ELEMENTWISE or id(nxt) in taken:
                     break

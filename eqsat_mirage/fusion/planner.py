@@ -49,18 +49,19 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 from ..cost.gpucost import kernel_cost, mugraph_cost
 from ..cost.profile import GPUProfile
 from ..frontend.graph import Graph
 from ..ir.errors import MirageError
-from ..ir.node import ITEMSIZE, Node, Op, fmt_shape, numel
+from ..ir.node import ITEMSIZE, Node, Op, numel
 from ..mugraph.kernels import PredefinedKernel
 from ..mugraph.program import MuGraph, from_graph
 from .indexing import Indexing, ScheduleError, UnionFind, index_fragment
-from .lower import add_kernel, fuse_threads
+from .lower import add_kernel
+from .plans import FusionPlan, Pricing, Region
 from .regions import RegionSpace, improve
 from .schedule import Schedule, classify, running_exps
 from .space import OpSpace
@@ -75,67 +76,6 @@ DEADLINE_SHARE = 1.0  # under a deadline: the region search's time over the gree
 # why the block level read from the e-graph refuses a schedule (Pricing.reason)
 _LEFT_OUT = {"Kern": "looping or splitting a reduction with no such Kern node",
              "Online": "where an exp reads a running maximum and has no Online node"}
-
-
-@dataclass
-class Pricing:
-    """The best way to run one region (op set): its fragment, schedule, cost and why."""
-
-    fragment: Graph
-    indexing: Indexing | None
-    schedule: Schedule | None  # None: predefined kernel(s)
-    cost_us: float
-    reason: str = ""  # why no custom kernel (when cost_us is inf)
-    tried: int = 0
-
-
-@dataclass
-class Region:
-    """One region of the final plan and the report on it."""
-
-    ops: tuple[int, ...]
-    kind: str  # "custom" or "predefined"
-    kernels: list[str]
-    outputs: list[str]
-    cost_us: float
-    schedule: Schedule | None = None
-    why: str = ""
-    why_not: list[str] = field(default_factory=list)
-
-    def __str__(self) -> str:
-        head = (f"ops {list(self.ops)} -> {self.kind} {', '.join(self.kernels)}"
-                f"{f' {self.schedule}' if self.schedule else ''}: {self.cost_us:.2f} us, "
-                f"writes {', '.join(self.outputs)}")
-        lines = [head] + ([f"  fused: {self.why}"] if self.why else [])
-        return "\n".join(lines + [f"  not fused: {w}" for w in self.why_not])
-
-
-@dataclass
-class FusionPlan:
-    """``plan``'s result: the MuGraph, its cost, and a per-region report."""
-
-    graph: Graph
-    mugraph: MuGraph
-    regions: list[Region]
-    cost_us: float
-    baseline_us: float
-    evaluations: int
-    seconds: float
-    ops: list[Node] = field(repr=False, default_factory=list)
-
-    def report(self) -> str:
-        """Readable: each op, then each region with why it was (not) fused."""
-        lines = [f"fusion plan for {self.graph.name!r}: {len(self.mugraph.kernels)} kernels, "
-                 f"{self.cost_us:.2f} us (this candidate's ops one kernel each: "
-                 f"{self.baseline_us:.2f} us); "
-                 f"{self.evaluations} fragments priced in {self.seconds:.2f} s"]
-        lines += [f"  op {i}: {n.describe()} {fmt_shape(n.shape)}" for i, n in enumerate(self.ops)]
-        for r in self.regions:
-            lines += ["  " + line for line in str(r).splitlines()]
-        return "\n".join(lines)
-
-    def __str__(self) -> str:
-        return self.report()
 
 
 class _Planner(OpSpace):
@@ -175,12 +115,22 @@ class _Planner(OpSpace):
         memo[region] = p
         return p
 
-    def _cost(self, frag: Graph, s: Schedule, ix: Indexing) -> tuple[float, list]:
-        """The fragment as one custom kernel with schedule ``s``: its cost and the kernels'."""
+    def registers(self, origin: dict[int, int]):
+        """Which of a fragment's nodes may stay in registers (``add_kernel``'s predicate):
+        those whose op's e-class holds a Reg node (rules/thread.egg); None (any) without an
+        e-graph."""
+        if self.permit is None:
+            return None
+        return lambda n: id(n) in origin and self.permit.in_registers(self.ops[origin[id(n)]])
+
+    def _cost(self, frag: Graph, s: Schedule, ix: Indexing,
+              origin: dict[int, int]) -> tuple[float, list]:
+        """The fragment as one custom kernel with schedule ``s`` (its thread graphs included):
+        its cost and the kernels'."""
         mg = MuGraph("scratch")
         for name, node in frag.inputs.items():
             mg.input(name, node.shape, node.dtype)
-        ks = add_kernel(mg, frag, s, indexing=ix)
+        ks = add_kernel(mg, frag, s, indexing=ix, registers=self.registers(origin))
         costs = [kernel_cost(k, mg, self.prof) for k in ks]
         return sum(c.time_us for c in costs), costs
 
@@ -232,8 +182,9 @@ class _Planner(OpSpace):
             pos, cost, reason = known
             try:
                 if pos is not None and pos < len(scheds) and \
-                        self._cost(frag, scheds[pos], ix)[0] == cost:
-                    return Pricing(frag, ix, scheds[pos], cost, tried=len(scheds))
+                        self._cost(frag, scheds[pos], ix, origin)[0] == cost:
+                    return Pricing(frag, ix, scheds[pos], cost, tried=len(scheds),
+                                   origin=origin)
             except (ScheduleError, MirageError):
                 pass
             if pos is None:
@@ -241,7 +192,7 @@ class _Planner(OpSpace):
         best, best_i, infeasible = math.inf, None, ""
         for i, s in enumerate(scheds):
             try:
-                total, costs = self._cost(frag, s, ix)
+                total, costs = self._cost(frag, s, ix, origin)
             except (ScheduleError, MirageError):
                 continue
             if total < best - 1e-12:
@@ -251,7 +202,7 @@ class _Planner(OpSpace):
         if best_i is not None:
             if self.shared is not None:
                 self.shared[key] = (best_i, best, "")
-            return Pricing(frag, ix, scheds[best_i], best, tried=len(scheds))
+            return Pricing(frag, ix, scheds[best_i], best, tried=len(scheds), origin=origin)
         reason = _why_none(ix, scheds, infeasible)
         if left_out:  # what the e-graph's block level left out, said after the rest
             reason += "; the e-graph (rules/block.egg) left out " + ", ".join(
@@ -407,8 +358,8 @@ class _Planner(OpSpace):
                 for i in sorted(reg):
                     self._predefined(mg, self.ops[i])
             else:
-                for k in add_kernel(mg, p.fragment, p.schedule, indexing=p.indexing):
-                    fuse_threads(k)
+                add_kernel(mg, p.fragment, p.schedule, indexing=p.indexing,
+                           registers=self.registers(p.origin or {}))
             names = [k.name for k in mg.kernels[before:]]
             outs = list(p.fragment.outputs)
             kind = "custom" if p.schedule is not None else "predefined"

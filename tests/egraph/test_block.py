@@ -128,8 +128,8 @@ def test_the_block_phase_runs_after_tiling_and_counts_its_kern_nodes():
     g = program("gqa", 1)
     sat = saturated(g)
     names = [s.name for s in sat.stats]
-    assert names[-3:] == ["algebraic", "tiling", "block"]
-    tiling, block = sat.stats[-2], sat.stats[-1]
+    assert names[-4:] == ["algebraic", "tiling", "block", "thread"]
+    tiling, block = sat.stats[-3], sat.stats[-2]
     kern = read_kernels(sat.serialize()).kern_nodes
     online = sum(n["op"] == "Online" for n in sat.serialize()["nodes"].values())
     # Kern and Online nodes are T e-nodes (node_limit); gqa's exp reads no max

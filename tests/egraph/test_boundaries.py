@@ -133,7 +133,7 @@ def test_forced_regions_follow_the_cuts():
 
 def test_optimize_reports_boundaries_per_plan():
     res = em.optimize(program("lora", 1), trials=1, cache=False)
-    assert [p["name"] for p in res.stats["phases"]][-2:] == ["tiling", "block"]
+    assert [p["name"] for p in res.stats["phases"]][-3:] == ["tiling", "block", "thread"]
     assert all(p["boundaries"].split("/")[0] == p["boundaries"].split("/")[1]
                for p in res.stats["plans"])
     assert res.verified.equivalent

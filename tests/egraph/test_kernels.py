@@ -74,7 +74,8 @@ def _without_split_rules(tmp_path):
     gone = [line for line in block if line.startswith("(rewrite") and line not in kept]
     assert len(gone) == 8  # split, and split with a loop, for Sum, Mean, Max and MatMul
     mine.write_text("\n".join(kept) + "\n")
-    return [str(builtin_rules_dir() / f) for f in ("algebra.egg", "tiling.egg")] + [str(mine)]
+    return [str(builtin_rules_dir() / f) for f in ("algebra.egg", "tiling.egg", "thread.egg")] \
+        + [str(mine)]
 
 
 def test_removing_the_builtin_split_rules_changes_the_plan(tmp_path):
@@ -125,7 +126,8 @@ def _without_online_rule(tmp_path):
     assert len(block) - len(kept) == 1
     mine = tmp_path / "noonline.egg"
     mine.write_text("\n".join(kept) + "\n")
-    return [str(builtin_rules_dir() / f) for f in ("algebra.egg", "tiling.egg")] + [str(mine)]
+    return [str(builtin_rules_dir() / f) for f in ("algebra.egg", "tiling.egg", "thread.egg")] \
+        + [str(mine)]
 
 
 def test_the_online_rule_marks_the_exp_of_a_max_shifted_value():
@@ -150,3 +152,37 @@ def test_removing_the_builtin_online_rule_changes_the_plan(tmp_path):
     assert mine.cost_us > theirs.cost_us * 1.2, (mine.cost_us, theirs.cost_us)
     # the report says the e-graph left the running-maximum schedules out
     assert any("no Online node" in w for r in mine.regions for w in r.why_not), mine.report()
+
+
+def _wide_chain() -> em.Graph:
+    """A 64-deep matmul writing a wide output through a chain of eight elementwise ops: the
+    chain's tiles take shared memory unless they stay in registers (thread graphs)."""
+    g = em.Graph("wide_chain")
+    x = g.input("X", (512, 64), dtype="float16")
+    w = g.input("W", (64, 16384), dtype="float16")
+    h = x @ w
+    y = em.silu(em.exp(-h) * h + h)
+    g.output(em.sqrt(em.relu(y) + 1.0), "O")
+    return g
+
+
+def test_thread_graphs_come_from_the_reg_rules_and_are_priced_in_the_search():
+    # rules/thread.egg's Reg nodes are the only source of thread graphs: with them the
+    # chain's interior tiles stay in registers, in the price the search compares as in the
+    # built kernel; without the file there are none, and the schedule the default plan
+    # picks (its tiles too large for shared memory without them) is not chosen
+    g = _wide_chain()
+    rules = [str(builtin_rules_dir() / f) for f in ("algebra.egg", "tiling.egg", "block.egg")]
+    none = KernelPlanner(saturated(g, rules).serialize(), plan, "h100", DEFAULT_STRATEGY)
+    default = KernelPlanner(saturated(g).serialize(), plan, "h100", DEFAULT_STRATEGY)
+    assert not none.choices.registers and len(default.choices.registers) >= 7
+    mine, theirs = (k.plan(Form("input", g, None), None, None) for k in (none, default))
+    for p in (mine, theirs):  # the region prices are the built kernels' (threads included)
+        assert p.cost_us == pytest.approx(sum(r.cost_us for r in p.regions), rel=1e-9)
+    custom = [k for k in theirs.mugraph.kernels if k.kind == "custom"]
+    assert custom and any(k.threads for k in custom)
+    assert not any(k.threads for k in mine.mugraph.kernels if k.kind == "custom")
+    fused = [r.schedule for r in theirs.regions if r.schedule is not None]
+    plain = [r.schedule for r in mine.regions if r.schedule is not None]
+    assert fused and plain and fused != plain, (fused, plain)
+    assert mine.cost_us >= theirs.cost_us

@@ -123,13 +123,15 @@ def test_explosive_user_rules_stop_at_the_node_and_time_limits(tmp_path):
     path.write_text(AC_RULES)
     g = sum_of_products()
     t = time.perf_counter()
+    # 8 s: the rule loading and guard setup before the phases must fit on a loaded machine
     res = em.optimize(g, rules=["rules", str(path)], guards=False, node_limit=1000,
-                      time_limit_s=4.0, cache=False, allow_unchecked_rules=True)
+                      time_limit_s=8.0, cache=False, allow_unchecked_rules=True)
     wall = time.perf_counter() - t
+    assert "phases" in res.stats, res.stats.get("note")
     user = [p for p in res.stats["phases"] if p["name"] == "user"][0]
     assert user["stop"] in ("node limit", "iteration limit", "time limit", "saturated")
     assert res.stats["enodes"] < 20_000  # one iteration cannot blow far past the node limit
-    assert wall < 3 * 4.0  # generous on a loaded machine; bench/limits_bench.py measures it
+    assert wall < 3 * 8.0  # generous on a loaded machine; bench/limits_bench.py measures it
     assert res.verified is not None and res.verified.equivalent
     x = {n: np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
          for n in g.inputs}
