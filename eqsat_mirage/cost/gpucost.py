@@ -35,7 +35,7 @@ padded: K < 16 is INFEASIBLE, since tensor-core tiles need K >= 16)::
     INFEASIBLE when smem/block > smem_per_block_KiB
     warps = tiles.warps_for(k): 4, 8 or 16 by the registers the live tiles take, or the
             count the compile check pinned; INFEASIBLE when none holds them (ptxas spills),
-            or when the compile check refused the schedule (tiles.refusing)
+            or when the compile check refused the schedule (``refused``, tiles.refusal)
     bps   = min(smem_per_sm // smem/block, max_blocks_per_sm, max_threads_per_sm // T,
                 registers_per_sm // (T x 128))   # T = 32 x warps, 128 registers per thread
     DRAM  = sum over inputs: tensor bytes x (1 + (R - 1) x r_f)
@@ -81,6 +81,7 @@ rewrites move them (the softmax division after the matmul), so it stays below an
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,14 +101,13 @@ from .tiles import (
     padded_shapes,
     pow2_ceil,
     refusal,
-    refusing,
     stages_for,
     tile_key,
     warps_for,
 )
 
 __all__ = ["GPUProfile", "KernelCost", "MuGraphCost", "Work", "block_reads", "kernel_cost",
-           "kept_fraction", "mugraph_cost", "refusing", "roofline_us", "smem_bytes",
+           "kept_fraction", "mugraph_cost", "roofline_us", "smem_bytes",
            "tensor_bytes", "tile_key", "warps_for"]  # transfers: transfers.py
 
 # per element of each elementwise op: (CUDA-core FLOPs, SFU ops), from its spec
@@ -318,7 +318,8 @@ def in_flight_bytes(k: CustomKernel, mg: MuGraph) -> int:
                for bi in k.inputs.values() if bi.tensor in specs)
 
 
-def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile) -> KernelCost:
+def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile,
+                 refused: Mapping[tuple, str] | None = None) -> KernelCost:
     frac = kept_fraction(k, mg)  # a causal mask's empty tiles are skipped
     blocks, f_range = math.prod(k.grid), k.forloop * frac
     launch = prof.launch_overhead_us
@@ -332,7 +333,7 @@ def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile) -> KernelCost:
         reasons.append(f"needs {smem / 1024:.1f} KiB of shared memory per block, more than "
                        f"the {prof.smem_per_block_KiB:g} KiB {prof.name} allows (inputs with "
                        "an fmap count once per pipeline stage; accumulators at 4 bytes)")
-    if why := refusal(k):
+    if why := refusal(k, refused):
         reasons.append(why)
     warps = warps_for(k)
     if warps is None:
@@ -393,15 +394,16 @@ def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile) -> KernelCost:
                       full + int(rest > 0), smem, l2_bytes=hits)
 
 
-def kernel_cost(kernel: Kernel, mugraph: MuGraph,
-                profile: GPUProfile | str | Path = "h100") -> KernelCost:
-    """Predicted cost of one kernel of ``mugraph`` (``math.inf`` with a reason if infeasible)."""
+def kernel_cost(kernel: Kernel, mugraph: MuGraph, profile: GPUProfile | str | Path = "h100",
+                refused: Mapping[tuple, str] | None = None) -> KernelCost:
+    """Predicted cost of one kernel of ``mugraph`` (``math.inf`` with a reason if infeasible;
+    ``refused``: the compile check's refusals, tile or structure key -> reason)."""
     prof = GPUProfile.load(profile)
     if isinstance(kernel, PredefinedKernel):
         if kernel.node.op is Op.CAUSAL and kernel.output not in mugraph.materialized():
             return KernelCost(kernel.name, kernel.kind, 0.0)  # computed inside its readers
         return _predefined_cost(kernel, prof)
-    return _custom_cost(kernel, mugraph, prof)
+    return _custom_cost(kernel, mugraph, prof, refused)
 
 
 def mugraph_cost(mugraph: MuGraph, profile: GPUProfile | str | Path = "h100") -> MuGraphCost:

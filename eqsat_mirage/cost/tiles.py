@@ -3,13 +3,14 @@
 ``padded_shapes`` pads every tile dim to a power of two (a matmul's M and N to at least 16);
 ``live_registers`` counts the 32-bit registers one block's live tiles take; ``warps_for``
 picks 4, 8 or 16 warps from that (or the count the compile check pinned), or None when no
-count holds them without spilling. ``refusing`` feeds the compile check's refusals
-(``codegen.tune``) back into the cost model, keyed by ``tile_key``.
+count holds them without spilling. ``refusal`` reads the compile check's refusals
+(``codegen.tune``), keyed by ``tile_key`` or ``structure_key``, from the mapping the caller
+passes (the kernel planner's facts; no hidden state).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -121,16 +122,14 @@ def structure_key(k: CustomKernel) -> tuple:
                                   for st in (k.loop, k.post))
 
 
-_REFUSED: ContextVar[dict | None] = ContextVar("refused", default=None)
-
-
 # a shape family's search: (input -> dynamic axes, the padded size); None outside one
 _DYNAMIC: ContextVar[tuple[dict, int] | None] = ContextVar("dynamic", default=None)
 
 
-def refusal(k: CustomKernel) -> str:
-    """Why ``k``'s schedule is refused ("" when it is not): the compile check refused it, or
-    it reads a dynamic (symbolic) dim whole, so its tile would grow with the size."""
+def refusal(k: CustomKernel, refused: Mapping[tuple, str] | None = None) -> str:
+    """Why ``k``'s schedule is refused ("" when it is not): the compile check refused it
+    (its ``tile_key`` or ``structure_key`` in ``refused``, key -> reason), or it reads a
+    dynamic (symbolic) dim whole, so its tile would grow with the size."""
     axes, size = _DYNAMIC.get() or ({}, None)
     for bi in k.inputs.values() if size is not None else ():
         tile = k.loop.inputs[bi.name].shape  # an intermediate's dim as long as the padded size
@@ -139,7 +138,6 @@ def refusal(k: CustomKernel) -> str:
             if d not in bi.imap and d != bi.fmap:
                 return (f"it reads dim {d} of {bi.tensor!r} whole, and that dim is a dynamic "
                         "size: its tile would grow with it (one search serves every size)")
-    refused = _REFUSED.get()
     if not refused:
         return ""
     return refused.get(tile_key(k)) or refused.get(structure_key(k), "")
@@ -162,17 +160,6 @@ def dynamic_dims(axes: dict[str, set[int]], size: int = 0) -> Iterator[None]:
         yield
     finally:
         _DYNAMIC.reset(token)
-
-
-@contextmanager
-def refusing(refused: dict) -> Iterator[None]:
-    """Price the kernels whose ``tile_key`` is in ``refused`` (key -> reason) as infeasible
-    inside the block: the compile check's findings, fed back to the planner."""
-    token = _REFUSED.set({**(_REFUSED.get() or {}), **refused})
-    try:
-        yield
-    finally:
-        _REFUSED.reset(token)
 
 
 def warps_for(k: CustomKernel) -> int | None:

@@ -201,6 +201,7 @@ class KernelPlanner:
 
     def __init__(self, data: dict | None, plan_fn, profile, base_strategy) -> None:
         self.data, self.plan_fn, self.profile = data, plan_fn, profile
+        self.refused: dict[tuple, str] = {}  # the compile check's refusals (``refuse``)
         # no e-graph (saturation ran out of time): the base strategy, every schedule allowed
         self.choices = read_kernels(data) if data is not None else None
         self.strategy = (self.choices.strategy(base_strategy) if self.choices is not None
@@ -216,10 +217,18 @@ class KernelPlanner:
         return self.choices.permit({i: nodes[k]["eclass"] for i, k in form.keys.items()
                                     if k in nodes})
 
+    def refuse(self, found: dict[tuple, str]) -> None:
+        """Keep the compile check's refusals (``codegen.tune``: a kernel's tile or structure
+        key -> why) as facts of this search: every later plan prices such a kernel as
+        infeasible."""
+        self.refused.update(found)
+
     def plan(self, form: Form, shared: dict | None, deadline):
-        """``form`` planned into a ``FusionPlan`` (``plan_fn``'s result)."""
+        """``form`` planned into a ``FusionPlan`` (``plan_fn``'s result), every refused
+        kernel priced as infeasible."""
         return self.plan_fn(form.graph, self.profile, self.strategy, cuts=form.cuts,
-                            shared=shared, deadline=deadline, permit=self.permit(form))
+                            shared=shared, deadline=deadline, permit=self.permit(form),
+                            refused=dict(self.refused) or None)
 
     def plan_all(self, forms: list[Form], late, record) -> tuple[list, dict]:
         """Each distinct form planned until ``late`` (a ``Deadline``): the plans as (cost,

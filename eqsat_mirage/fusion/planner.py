@@ -81,8 +81,9 @@ _LEFT_OUT = {"Kern": "looping or splitting a reduction with no such Kern node",
 class _Planner(OpSpace):
     def __init__(self, graph: Graph, prof: GPUProfile, strategy: Strategy,
                  search_candidates: int, cuts: frozenset | None = None,
-                 shared: dict | None = None, permit=None) -> None:
+                 shared: dict | None = None, permit=None, refused: dict | None = None) -> None:
         super().__init__(graph)
+        self.refused = refused  # the compile check's refusals: tile/structure key -> reason
         self.permit = permit  # the schedules the e-graph's Kern nodes allow (plan's permit)
         self.prof, self.strategy = prof, strategy
         self.cuts, self.deadline = cuts, None  # plan() sets the deadline
@@ -131,7 +132,7 @@ class _Planner(OpSpace):
         for name, node in frag.inputs.items():
             mg.input(name, node.shape, node.dtype)
         ks = add_kernel(mg, frag, s, indexing=ix, registers=self.registers(origin))
-        costs = [kernel_cost(k, mg, self.prof) for k in ks]
+        costs = [kernel_cost(k, mg, self.prof, self.refused) for k in ks]
         return sum(c.time_us for c in costs), costs
 
     def _refused(self, ix: Indexing, s: Schedule, origin: dict[int, int],
@@ -418,7 +419,8 @@ def _why_none(ix: Indexing, scheds: list[Schedule], infeasible: str) -> str:
 def plan(graph: Graph, profile: GPUProfile | str | Path = "h100",
          strategy: Strategy | None = None, max_evaluations: int = 400,
          search_candidates: int = 24, cuts: frozenset | None = None,
-         shared: dict | None = None, deadline=None, permit=None) -> FusionPlan:
+         shared: dict | None = None, deadline=None, permit=None,
+         refused: dict | None = None) -> FusionPlan:
     """Partition ``graph`` into fused custom kernels and predefined kernels (module docstring).
 
     ``cuts`` holds the (id(producer), id(consumer)) op edges that may be kernel
@@ -431,8 +433,10 @@ def plan(graph: Graph, profile: GPUProfile | str | Path = "h100",
     ``permit.allows(kern_choice(schedule, index), reductions)`` holds for the graph's nodes
     reducing that index in the region, and ``permit.online(exp)`` for every exp reading a
     running maximum over it (``schedule.running_exps``); None allows every schedule of
-    ``strategy``. Past
-    ``deadline`` (an ``ir.limits.Deadline``) no new fragment is priced (left unfused).
+    ``strategy``; a kernel's values stay in registers where ``permit.in_registers`` allows
+    (thread graphs). ``refused``: the compile check's refusals (tile or structure key ->
+    reason), priced as infeasible. Past ``deadline`` (an ``ir.limits.Deadline``) no new
+    fragment is priced (left unfused).
     Returns a ``FusionPlan`` whose ``mugraph`` computes the same outputs as
     ``graph`` (same input and output names) and whose ``regions`` say why each
     group of ops was or was not fused. The plan is not verified here.
@@ -440,7 +444,7 @@ def plan(graph: Graph, profile: GPUProfile | str | Path = "h100",
     start = time.perf_counter()
     prof = GPUProfile.load(profile)
     planner = _Planner(graph, prof, strategy or DEFAULT_STRATEGY, search_candidates, cuts, shared,
-                       permit)
+                       permit, refused)
     planner.deadline = deadline
     regions, why_not = planner.search(max_evaluations)
     mg, report = planner.build(regions, why_not)

@@ -3,8 +3,9 @@
 ``Builder.clean(plan, ...)`` runs ``codegen.tune`` on the plan's MuGraph (every custom
 kernel compiled for the target; spilling kernels rebuilt at other warp counts). A plan
 with a kernel that cannot build cleanly is dropped, and its candidate program is planned
-again with every refused schedule priced as infeasible (``gpucost.refusing``); the new
-plan joins the queue in cost order. Past its deadline (optimize gives it until 70% of the
+again with every refused schedule priced as infeasible (the refusals become facts of the
+kernel planner, ``KernelPlanner.refuse``, read by every later plan); the new plan joins the
+queue in cost order. Past its deadline (optimize gives it until 70% of the
 time limit) a plan is verified without being built, and counted as skipped, and so is a plan
 whose warp retries the deadline cut short (``tune``'s ``cut_short``). ``report()`` is
 its ``CompileRecord`` (``res.stats["compiled"]`` is its ``as_stats()``).
@@ -17,7 +18,7 @@ import subprocess
 
 from ..codegen.concat import CodegenError
 from ..codegen.tune import TuneResult, tune
-from ..cost.gpucost import mugraph_cost, refusing
+from ..cost.gpucost import mugraph_cost
 from ..cost.tiles import structure_key, tile_key
 from ..ir.errors import MirageError, unexpected
 from .records import CompileRecord
@@ -78,6 +79,7 @@ class Builder:
             self.builds.append(f"{how}: {result.summary()}")
             return True
         self.refused.update(result.refused)
+        self.kernels.refuse(result.refused)
         entry["compiled"] = "; ".join(dict.fromkeys(result.refused.values()))
         if self.progress:
             self.progress(f"MuGraph from {how} refused by the compile check: "
@@ -86,8 +88,7 @@ class Builder:
             return False
         self.replans += 1
         try:
-            with refusing(self.refused):
-                again = self.kernels.plan(self.todo[i], None, self.deadline)
+            again = self.kernels.plan(self.todo[i], None, self.deadline)
         except Exception as exc:  # the planner refused the program (a bug too, outside
             if unexpected(exc):   # strict mode: the candidate is dropped, the search goes on)
                 raise

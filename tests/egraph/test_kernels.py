@@ -186,3 +186,21 @@ def test_thread_graphs_come_from_the_reg_rules_and_are_priced_in_the_search():
     plain = [r.schedule for r in mine.regions if r.schedule is not None]
     assert fused and plain and fused != plain, (fused, plain)
     assert mine.cost_us >= theirs.cost_us
+
+
+def test_compile_check_refusals_are_facts_the_next_plan_reads():
+    # a refusal is data the kernel planner keeps (no hidden state): every later plan of any
+    # form prices the refused kernel as infeasible and picks another schedule
+    from eqsat_mirage.cost.tiles import tile_key
+
+    g = gqa_rewritten(1)
+    kernels = KernelPlanner(saturated(g).serialize(), plan, "h100", DEFAULT_STRATEGY)
+    first = kernels.plan(Form("input", g, None), None, None)
+    keys = {tile_key(k) for k in first.mugraph.kernels if k.kind == "custom"}
+    assert keys
+    kernels.refuse({key: "kernel spilled (a test's refusal)" for key in keys})
+    again = kernels.plan(Form("input", g, None), None, None)
+    assert not keys & {tile_key(k) for k in again.mugraph.kernels if k.kind == "custom"}
+    assert again.cost_us >= first.cost_us
+    fresh = KernelPlanner(saturated(g).serialize(), plan, "h100", DEFAULT_STRATEGY)
+    assert fresh.plan(Form("input", g, None), None, None).cost_us == first.cost_us
