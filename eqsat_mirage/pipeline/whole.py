@@ -220,7 +220,7 @@ def optimize_whole(graph, options: SearchOptions, cache, progress,
     if any(did):
         ran = float_check(graph, mugraph, seed=options.seed,
                           time_limit_s=max(deadline.remaining(), END_TO_END_MIN_S),
-                          peaked=peaked_inputs(pieces, texts))
+                          peaked=peaked_inputs(graph, pieces, texts))
         if ran.counterexample is not None:  # never a silent wrong answer: the input
             failed = f"failed ({ran.counterexample})"
         elif ran.cut_short:  # nothing found, nothing proven: the pieces' own checks stand
@@ -276,19 +276,22 @@ def contexts(pieces: list[Piece], texts: list[str]) -> list[tuple]:
             for p, text in zip(pieces, texts)]
 
 
-def peaked_inputs(pieces: list[Piece], texts: list[str]) -> list[str] | None:
-    """The inputs of the whole program that the end-to-end check's per-input draws take
-    (docs/verifier.md, section 5): those read by the first piece of each distinct context;
-    None (every input) when no context repeats."""
+def peaked_inputs(graph, pieces: list[Piece], texts: list[str]) -> list[str] | None:
+    """The inputs of ``graph`` that the end-to-end check's per-input draws take
+    (docs/verifier.md, section 5): those read by the first piece of each distinct context,
+    and any that no piece reads; None (every input) when no context repeats."""
     seen: set[tuple] = set()
-    names: list[str] = []
+    first: set[str] = set()
+    read: set[str] = set()
     for p, ctx in zip(pieces, contexts(pieces, texts)):
-        if ctx in seen:
-            continue
-        seen.add(ctx)
-        names += [node.arg for node in p.inputs.values()
-                  if node.op is Op.INPUT and node.arg not in names]
-    return None if len(seen) == len(pieces) else names
+        names = {node.arg for node in p.inputs.values() if node.op is Op.INPUT}
+        read |= names
+        if ctx not in seen:
+            seen.add(ctx)
+            first |= names
+    if len(seen) == len(pieces):
+        return None
+    return [n for n in graph.inputs if n in first or n not in read]
 
 
 def _text(piece: Piece) -> str:

@@ -16,7 +16,7 @@ from eqsat_mirage.verifier.endtoend import float_check
 def _contexts(graph):
     pieces = partition(graph)
     texts = [program_text(p.graph) for p in pieces]
-    return pieces, texts, whole.contexts(pieces, texts)
+    return pieces, texts, whole.contexts(pieces, texts), graph
 
 
 def _read(pieces) -> set[str]:
@@ -29,20 +29,21 @@ def test_a_stack_repeats_the_contexts_of_its_second_block():
     from bench.whole_programs import decoder_stack
 
     one = _contexts(em.from_torch(*decoder_stack(1, d=64, heads=2, f=128, seq=16)))
-    pieces, texts, ctx = _contexts(em.from_torch(*decoder_stack(4, d=64, heads=2, f=128,
-                                                                seq=16)))
+    pieces, texts, ctx, graph = _contexts(em.from_torch(*decoder_stack(4, d=64, heads=2,
+                                                                       f=128, seq=16)))
     n = len(one[0])
     assert len(pieces) == 4 * n and len(set(one[2])) == n
     # the first block reads the program's input; the second reads the first block: a context
     # of its own (its first piece at least); the third and fourth repeat the second
     assert ctx[n:2 * n] == ctx[2 * n:3 * n] == ctx[3 * n:] and ctx[0] != ctx[n]
-    peaked = whole.peaked_inputs(pieces, texts)
+    peaked = whole.peaked_inputs(graph, pieces, texts)
     assert set(peaked) == _read(pieces[:n]) | _read(
         [p for p, c in zip(pieces[n:2 * n], ctx[n:2 * n]) if c not in ctx[:n]])
     assert not set(peaked) & (_read(pieces[2 * n:]) - _read(pieces[:2 * n]))
-    assert len(peaked) < len(pieces[0].graph.inputs) + len(_read(pieces))
+    assert _read(pieces) == set(graph.inputs) and len(peaked) < len(graph.inputs)
+    assert peaked == [name for name in graph.inputs if name in set(peaked)]  # in order
     # nothing repeats in one block: every input gets its per-input draws
-    assert whole.peaked_inputs(one[0], one[1]) is None
+    assert whole.peaked_inputs(one[3], one[0], one[1]) is None
 
 
 def _stack(name: str, unsafe: bool, blocks: int = 3) -> em.Graph:
