@@ -4,7 +4,7 @@ The verifier's runner (``runner.py``) evaluates field trials and float draws on 
 threads, one per core; each job's matmuls go to NumPy's BLAS, which by default starts a
 thread per core of its own. Two pool threads times two BLAS threads on a 2-core machine
 shared with other processes spin against each other: OpenBLAS's threads busy-wait, and a
-(64, 256) @ (256, 256) product measured 0.3 ms on one thread and 8-25 ms with the pool
+(64, 256) @ (256, 256) product measured 0.3 ms on one thread and 7-23 ms with the pool
 (load 6-9). ``single_threaded`` holds every OpenBLAS library the process loaded (NumPy's,
 SciPy's) at one thread while a pool of more than one thread runs, and gives back the
 thread count it found when the last such pool ends. Where no OpenBLAS is found (another
