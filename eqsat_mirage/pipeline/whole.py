@@ -38,6 +38,7 @@ from collections.abc import Callable
 from ..ir.check import check
 from ..ir.errors import MirageError, unexpected
 from ..ir.limits import Deadline, check_bytes
+from ..ir.node import Op
 from ..partition.pieces import DEFAULT_PIECE_OPS, Piece, needs_partition, partition
 from ..partition.stitch import stitch
 from ..verifier.endtoend import FloatCheck, float_check
@@ -218,7 +219,8 @@ def optimize_whole(graph, options: SearchOptions, cache, progress,
     failed, ran = None, FloatCheck(None, False, False, 0.0, "not needed (every piece unchanged)")
     if any(did):
         ran = float_check(graph, mugraph, seed=options.seed,
-                          time_limit_s=max(deadline.remaining(), END_TO_END_MIN_S))
+                          time_limit_s=max(deadline.remaining(), END_TO_END_MIN_S),
+                          peaked=peaked_inputs(graph, pieces, texts))
         if ran.counterexample is not None:  # never a silent wrong answer: the input
             failed = f"failed ({ran.counterexample})"
         elif ran.cut_short:  # nothing found, nothing proven: the pieces' own checks stand
@@ -258,6 +260,38 @@ def optimize_whole(graph, options: SearchOptions, cache, progress,
     out = OptimizeResult(program, cost, baseline, verdict, stats, [], graph, roof)
     out.pieces = [(p, d and failed is None) for p, d in zip(pieces, did)]
     return out
+
+
+def contexts(pieces: list[Piece], texts: list[str]) -> list[tuple]:
+    """Each piece's context: its program (``texts``, equal up to renaming) and, for each of
+    its inputs in order, the program and output name of the piece that computes it, or
+    "input" for an input of the whole program. Pieces with one context are the same
+    program fed by the same kinds of producers (the layers of a stack after the first)."""
+    made: dict[int, tuple[str, str]] = {}
+    for p, text in zip(pieces, texts):
+        for name, node in p.outputs.items():
+            made[id(node)] = (text, name)
+    return [(text, tuple(("input",) if node.op is Op.INPUT else
+                         made.get(id(node), ("node", id(node))) for node in p.inputs.values()))
+            for p, text in zip(pieces, texts)]
+
+
+def peaked_inputs(graph, pieces: list[Piece], texts: list[str]) -> list[str] | None:
+    """The inputs of ``graph`` that the end-to-end check's per-input draws take
+    (docs/verifier.md, section 5): those read by the first piece of each distinct context,
+    and any that no piece reads; None (every input) when no context repeats."""
+    seen: set[tuple] = set()
+    first: set[str] = set()
+    read: set[str] = set()
+    for p, ctx in zip(pieces, contexts(pieces, texts)):
+        names = {node.arg for node in p.inputs.values() if node.op is Op.INPUT}
+        read |= names
+        if ctx not in seen:
+            seen.add(ctx)
+            first |= names
+    if len(seen) == len(pieces):
+        return None
+    return [n for n in graph.inputs if n in first or n not in read]
 
 
 def _text(piece: Piece) -> str:

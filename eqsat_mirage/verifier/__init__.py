@@ -5,6 +5,8 @@ counterexample). ``bound.py``: the degree analysis behind the bound. ``floatchec
 the float checks; ``draws.py``: their input draws (scales, exponent range, peaks, logits);
 ``conditioning.py``: whether rounding alone decides an output on a draw
 (the end-to-end check of ``endtoend.py`` then asks only for finiteness there).
+``runner.py``: jobs on a pool of threads under a deadline; ``blas.py``: NumPy's BLAS on one
+thread while such a pool runs.
 
 Takes: two programs with the same inputs and outputs (a ``Graph``, or any program that
 provides ``evaluate``/``evaluate_field``/``check_lax``/``degrees``, such as a MuGraph).

@@ -213,40 +213,49 @@ class Draws:
         return self.memo[key]
 
     def _finite(self, values: dict) -> bool:
+        """Whether the first program is finite (below the dtype's largest) with every input
+        one value (``values``); memoized by those values: the bisection of every input
+        starts at every input 1, one evaluation for all of them."""
+        key = ("finite", tuple(float(values[n]) for n in self.normal))
+        if key in self.memo:
+            return self.memo[key]
         out = evaluate(self.a, rounded_inputs(self.a, {
             n: np.broadcast_to(np.float64(v), self.normal[n].shape) for n, v in values.items()}),
             dtype="native", rounded=True)
         with np.errstate(invalid="ignore"):
-            return all(bool(np.all(np.abs(x) < self.limit)) for x in out.values())
+            found = all(bool(np.all(np.abs(x) < self.limit)) for x in out.values())
+        self.memo[key] = found
+        return found
 
     def peak(self, i: int) -> float:
         """The largest magnitude for which the first program stays finite (in its dtypes)
         when input ``i`` (-1: every input) is that one value and the others are 1: a
         bisection over the binary exponent (to a quarter), from 1 up to the dtype's
-        largest; 1 when it is not finite at 1."""
+        largest; 1 when it is not finite at 1. Memoized; the bisections of several inputs
+        run at once on the verifier's threads (each is deterministic: a second thread that
+        computes the same one finds the same value)."""
         key = ("peak", i)
-        with self.lock:
-            if key in self.memo:
-                return self.memo[key]
-            names = list(self.normal)
-
-            def ok(k: float) -> bool:
-                return self._finite({n: 2.0 ** k if i < 0 or n == names[i] else 1.0
-                                     for n in names})
-
-            hi = max(self._range(n)[1] for n in names) if i < 0 else self._range(names[i])[1]
-            lo, top = 0.0, hi + 1.0  # ok(lo), not ok(top)
-            if not ok(lo):
-                self.memo[key] = 1.0
-                return 1.0
-            if ok(hi + 0.99):
-                lo = top = hi + 0.99
-            while top - lo > 0.25:
-                mid = math.floor((lo + top) * 2.0) / 4.0
-                mid = mid if lo < mid < top else (lo + top) / 2.0
-                lo, top = (mid, top) if ok(mid) else (lo, mid)
-            self.memo[key] = 2.0 ** lo
+        if key in self.memo:
             return self.memo[key]
+        names = list(self.normal)
+
+        def ok(k: float) -> bool:
+            return self._finite({n: 2.0 ** k if i < 0 or n == names[i] else 1.0
+                                 for n in names})
+
+        hi = max(self._range(n)[1] for n in names) if i < 0 else self._range(names[i])[1]
+        lo, top = 0.0, hi + 1.0  # ok(lo), not ok(top)
+        if not ok(lo):
+            self.memo[key] = 1.0
+            return 1.0
+        if ok(hi + 0.99):
+            lo = top = hi + 0.99
+        while top - lo > 0.25:
+            mid = math.floor((lo + top) * 2.0) / 4.0
+            mid = mid if lo < mid < top else (lo + top) / 2.0
+            lo, top = (mid, top) if ok(mid) else (lo, mid)
+        self.memo[key] = 2.0 ** lo
+        return self.memo[key]
 
     def logit_scale(self) -> float:
         """The input scale c at which the first program's exp arguments on N(0, c^2)

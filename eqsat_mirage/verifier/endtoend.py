@@ -18,11 +18,12 @@ largest); the message names those draws.
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..ir.errors import TimeLimitError
+from ..ir.errors import MirageError, TimeLimitError
 from ..ir.limits import Deadline
 from .floatcheck import Counterexample, float_checks
 from .memory import float_parts, threads_that_fit
@@ -49,12 +50,21 @@ class FloatCheck:
 
 
 def float_check(a, b, seed: int | None = 0, rtol: float = 1e-7, native: bool = True,
-                time_limit_s: float | Deadline | None = None) -> FloatCheck:
+                time_limit_s: float | Deadline | None = None,
+                peaked: Collection[str] | None = None) -> FloatCheck:
     """``b`` against ``a`` on random float inputs (float64, and native dtype when
     ``native``); a ``FloatCheck``, whose message names the checks ("float64 and native
-    dtype, 0.42 s") or says the time limit cut them short."""
+    dtype, 0.42 s") or says the time limit cut them short. ``peaked``: the names of the
+    inputs that get the per-input draws (``peak``, ``peakfold``; None: every input); a
+    stitched program of repeated pieces passes the inputs of one occurrence of each piece
+    context (``pipeline.whole.peaked_inputs``; docs/verifier.md, section 5)."""
     start = time.perf_counter()
     match_interfaces(a, b)
+    names = list(a.inputs)
+    if peaked is not None and not set(peaked) <= set(names):
+        raise MirageError(f"float_check: peaked names inputs {sorted(set(peaked) - set(names))} "
+                          f"that {a.name!r} does not have")
+    where = None if peaked is None else [i for i, n in enumerate(names) if n in set(peaked)]
     threads = threads_that_fit(lambda n: float_parts(a, b, n), THREADS,
                                f"checking {b.name!r} against {a.name!r}")
     deadline = time_limit_s if isinstance(time_limit_s, Deadline) else Deadline(time_limit_s)
@@ -64,12 +74,15 @@ def float_check(a, b, seed: int | None = 0, rtol: float = 1e-7, native: bool = T
         with runner(deadline, threads) as pool:
             cex, ran_native = float_checks(a, b, rng, rtol, native, None, pool,
                                             constant_finite=True, conditioned=True,
-                                            skipped=skipped)
+                                            skipped=skipped, peaked=where)
     except TimeLimitError as exc:
         return FloatCheck(None, True, False, time.perf_counter() - start,
                           f"cut short by the time limit ({exc})")
     seconds = time.perf_counter() - start
     what = "float64" + (" and native dtype" if ran_native else "")
+    if ran_native and where is not None and len(where) < len(names):
+        what += (f" (per-input draws on {len(where)} of {len(names)} inputs: one occurrence "
+                 "of each piece context)")
     if skipped:
         what += (f" (finiteness only on {len(skipped)} ill-conditioned native draw(s): "
                  f"{'; '.join(sorted(set(skipped)))})")

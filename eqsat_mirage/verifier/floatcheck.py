@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -169,7 +170,8 @@ _NORMAL = ("signed", "folded", "logits")  # normal draws (``conditioned`` looks 
 def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
                   memo: dict | None = None, pool: Runner | None = None,
                   constant_finite: bool = False, static: bool = True,
-                  conditioned: bool = False, skipped: list | None = None
+                  conditioned: bool = False, skipped: list | None = None,
+                  peaked: Collection[int] | None = None
                   ) -> tuple[Counterexample | None, bool]:
     """The static float-safety checks, float64 at ``FLOAT64_SCALES`` and both programs in
     their own dtypes at ``NATIVE_DRAWS`` and the exponent-range draws (see
@@ -189,7 +191,9 @@ def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
     ``static=False`` leaves the static checks out (the draws alone). ``conditioned``
     (``endtoend``): where a normal draw finds a difference and rounding alone decides the
     first program's output on it (``conditioning.ill_conditioned``), only finiteness
-    counts there; such draws are listed in ``skipped``.
+    counts there; such draws are listed in ``skipped``. ``peaked``: the positions (in
+    ``a.inputs``) of the inputs that get the per-input draws (``peak``, ``peakfold``);
+    None: every input (``endtoend``: one piece context each, docs/verifier.md, section 5).
     """
     pool = pool or Runner(None, Deadline(None))
     skipped = skipped if skipped is not None else []
@@ -206,10 +210,11 @@ def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
     n_in = len(a.inputs)
     drawn = [("native", kind, s) for kind, s in NATIVE_DRAWS] if native else []
     if native:
-        drawn += [("native", "peak", float(i)) for i in range(n_in)]
+        each = range(n_in) if peaked is None else sorted(set(peaked) & set(range(n_in)))
+        drawn += [("native", "peak", float(i)) for i in each]
         drawn += [("native", "exponent", float(j)) for j in range(EXPONENT_DRAWS)]
         drawn += [("native", "spread", float(w)) for w in SPREADS]
-        drawn += [("native", "peakfold", float(i)) for i in range(n_in)]
+        drawn += [("native", "peakfold", float(i)) for i in each]
         if is_graph(a) and any(n.op is Op.EXP for n in a.nodes()):
             drawn += [("native", "logits", 0.0)]
     first, rest = ([c for c in drawn if (c[1] in _CONSTANT) == k] for k in (True, False))

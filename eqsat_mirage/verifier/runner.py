@@ -12,6 +12,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from ..ir.errors import TimeLimitError
 from ..ir.limits import Deadline, matmul_scratch
 from ..ir.node import fmt_shape
+from .blas import single_threaded
 
 THREADS = max(1, min(4, os.cpu_count() or 1))  # field trials / float evaluations at once
 
@@ -20,14 +21,16 @@ THREADS = max(1, min(4, os.cpu_count() or 1))  # field trials / float evaluation
 def runner(deadline: Deadline, threads: int | None = None):
     """A ``Runner`` on a pool of ``threads`` threads (``THREADS`` if None; NumPy and BLAS
     release the GIL) under ``deadline``; at the deadline the pool is left to finish its
-    running jobs on its own."""
+    running jobs on its own. While a pool of several threads runs, NumPy's BLAS runs on
+    one thread (``blas.single_threaded``: the pool already uses the cores)."""
     count = THREADS if threads is None else max(1, threads)
     if count == 1:
         yield Runner(None, deadline)
         return
     threads = ThreadPoolExecutor(count, thread_name_prefix="em-verify")
     try:
-        yield Runner(threads, deadline)
+        with single_threaded():
+            yield Runner(threads, deadline)
     finally:
         threads.shutdown(wait=not deadline.expired(), cancel_futures=True)
 

@@ -1,0 +1,123 @@
+"""NumPy's BLAS on one thread while the verifier runs several jobs at once.
+
+The verifier's runner (``runner.py``) evaluates field trials and float draws on a pool of
+threads, one per core; each job's matmuls go to NumPy's BLAS, which by default starts a
+thread per core of its own. Two pool threads times two BLAS threads on a 2-core machine
+shared with other processes spin against each other: OpenBLAS's threads busy-wait, and a
+(64, 256) @ (256, 256) product measured 0.3 ms on one thread and 7-23 ms with the pool
+(load 6-9). ``single_threaded`` holds every OpenBLAS library the process loaded (NumPy's,
+SciPy's) at one thread while a pool of more than one thread runs, and gives back the
+thread count it found when the last such pool ends. Where no OpenBLAS is found (another
+BLAS, another platform) it does nothing. The setting is process-wide: other threads' NumPy
+products run on one thread too while such a pool runs.
+
+What changes besides speed: OpenBLAS sums a large product in another order on one thread
+than on two (a float32 (2, 300, 700) @ (2, 700, 130) differs in the last bits), as it does
+between machines and BLAS builds. Nothing the verifier decides rests on that order: the
+field trials' float64 products are exact integers whatever the order (docs/verifier.md,
+section 1), and the float checks' tolerances hold for any order of a float32 or float64
+sum (section 4).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import os
+import threading
+from dataclasses import dataclass
+
+# the thread-count entry points of a plain OpenBLAS build and of the scipy-openblas wheels
+# (NumPy's: 64-bit integers, symbols prefixed "scipy_" and suffixed "64_")
+_NAMES = (("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_threads64_"),
+          ("scipy_openblas_get_num_threads", "scipy_openblas_set_num_threads"),
+          ("openblas_get_num_threads64_", "openblas_set_num_threads64_"),
+          ("openblas_get_num_threads", "openblas_set_num_threads"))
+
+
+@dataclass(frozen=True)
+class Library:
+    """One loaded OpenBLAS: its path and thread-count functions."""
+
+    path: str
+    get: object
+    set: object
+
+    def threads(self) -> int:
+        """Its thread count now."""
+        return int(self.get())
+
+    def use(self, n: int) -> None:
+        """Set its thread count to ``n`` (at least 1)."""
+        self.set(max(1, int(n)))
+
+
+def loaded_paths() -> list[str]:
+    """The paths of the OpenBLAS shared libraries this process has loaded (from
+    /proc/self/maps; empty where there is none, or no such file)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    out: list[str] = []
+    for line in lines:
+        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+        name = os.path.basename(path)
+        if "openblas" in name.lower() and ".so" in name and path not in out:
+            out.append(path)
+    return out
+
+
+def libraries() -> tuple[Library, ...]:
+    """Every loaded OpenBLAS with thread-count entry points (NumPy imported first)."""
+    import numpy  # noqa: F401  (loads NumPy's BLAS)
+
+    return _open(tuple(loaded_paths()))
+
+
+@functools.cache
+def _open(paths: tuple[str, ...]) -> tuple[Library, ...]:
+    found = []
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for get_name, set_name in _NAMES:
+            get, put = getattr(lib, get_name, None), getattr(lib, set_name, None)
+            if get is not None and put is not None:
+                get.restype, get.argtypes = ctypes.c_int, []
+                put.restype, put.argtypes = None, [ctypes.c_int]
+                found.append(Library(path, get, put))
+                break
+    return tuple(found)
+
+
+_LOCK = threading.Lock()
+_HELD: list = [0, ()]  # pools holding BLAS at one thread; (library, thread count found)
+
+
+@contextlib.contextmanager
+def single_threaded(active: bool = True):
+    """Every loaded OpenBLAS at one thread inside the block (``active``; nested and
+    concurrent blocks count: the thread counts found by the first come back when the last
+    ends)."""
+    if not active:
+        yield
+        return
+    with _LOCK:
+        if _HELD[0] == 0:
+            _HELD[1] = tuple((lib, lib.threads()) for lib in libraries())
+            for lib, _ in _HELD[1]:
+                lib.use(1)
+        _HELD[0] += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _HELD[0] -= 1
+            if _HELD[0] == 0:
+                for lib, n in _HELD[1]:
+                    lib.use(n)

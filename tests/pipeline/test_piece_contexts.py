@@ -1,0 +1,83 @@
+"""The end-to-end check of a stitched program of repeated pieces: its per-input draws
+(peak, peakfold) on one occurrence of each piece context (docs/verifier.md, section 5),
+and what they still catch."""
+
+from __future__ import annotations
+
+import pytest
+
+import eqsat_mirage as em
+from eqsat_mirage.partition import partition
+from eqsat_mirage.pipeline import whole
+from eqsat_mirage.pipeline.cache import program_text
+from eqsat_mirage.verifier.endtoend import float_check
+
+
+def _contexts(graph):
+    pieces = partition(graph)
+    texts = [program_text(p.graph) for p in pieces]
+    return pieces, texts, whole.contexts(pieces, texts), graph
+
+
+def _read(pieces) -> set[str]:
+    """The whole program's inputs that ``pieces`` read."""
+    return {n.arg for p in pieces for n in p.inputs.values() if n.op.name == "INPUT"}
+
+
+def test_a_stack_repeats_the_contexts_of_its_second_block():
+    pytest.importorskip("torch")
+    from bench.whole_programs import decoder_stack
+
+    one = _contexts(em.from_torch(*decoder_stack(1, d=64, heads=2, f=128, seq=16)))
+    pieces, texts, ctx, graph = _contexts(em.from_torch(*decoder_stack(4, d=64, heads=2,
+                                                                       f=128, seq=16)))
+    n = len(one[0])
+    assert len(pieces) == 4 * n and len(set(one[2])) == n
+    # the first block reads the program's input; the second reads the first block: a context
+    # of its own (its first piece at least); the third and fourth repeat the second
+    assert ctx[n:2 * n] == ctx[2 * n:3 * n] == ctx[3 * n:] and ctx[0] != ctx[n]
+    peaked = whole.peaked_inputs(graph, pieces, texts)
+    assert set(peaked) == _read(pieces[:n]) | _read(
+        [p for p, c in zip(pieces[n:2 * n], ctx[n:2 * n]) if c not in ctx[:n]])
+    assert not set(peaked) & (_read(pieces[2 * n:]) - _read(pieces[:2 * n]))
+    assert _read(pieces) == set(graph.inputs) and len(peaked) < len(graph.inputs)
+    assert peaked == [name for name in graph.inputs if name in set(peaked)]  # in order
+    # nothing repeats in one block: every input gets its per-input draws
+    assert whole.peaked_inputs(one[3], one[0], one[1]) is None
+
+
+def _stack(name: str, unsafe: bool, blocks: int = 3) -> em.Graph:
+    """``blocks`` times h <- (h / 256)^2 w in float16; ``unsafe``: (h h) / 65536 w, equal
+    over the reals, overflowing float16 where h passes 256 and the first does not."""
+    g = em.Graph(name)
+    h = g.input("x", (8, 16), dtype="float16")
+    for i in range(blocks):
+        w = g.input(f"w{i}", (8, 16), dtype="float16")
+        h = ((h * h) * (1.0 / 65536.0)) * w if unsafe else \
+            ((h * (1.0 / 256.0)) * (h * (1.0 / 256.0))) * w
+    g.output(h, "out")
+    return g
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_draws_of_the_first_contexts_still_catch_an_unsafe_repeated_piece(seed):
+    """Every block runs the same (unsafe) program, as a stitched stack runs one verified
+    program per distinct piece: the per-input draws of the first blocks' inputs catch it
+    as the draws of every input do; without per-input draws no other draw does."""
+    a, b = _stack("a", False), _stack("b", True)
+    every = float_check(a, b, seed=seed)
+    first = float_check(a, b, seed=seed, peaked=["x", "w0", "w1"])
+    for ran in (every, first):
+        cex = ran.counterexample
+        assert cex is not None and cex.domain == "native dtype", ran.message
+        assert "non-finite where the first program is finite" in cex.detail
+        assert "largest value keeping the first program finite" in cex.detail
+    assert "per-input draws on 3 of 4 inputs" in first.message
+    assert float_check(a, b, seed=seed, peaked=[]).passed  # the per-input draws catch it
+    assert float_check(a, _stack("c", False), seed=seed, peaked=["x", "w0", "w1"]).passed
+
+
+def test_peaked_names_an_input_the_program_has():
+    a = _stack("a", False, blocks=1)
+    with pytest.raises(em.MirageError, match=r"peaked names inputs \['w7'\]"):
+        float_check(a, a, peaked=["x", "w7"])

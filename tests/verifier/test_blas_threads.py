@@ -1,0 +1,86 @@
+"""NumPy's BLAS on one thread while the verifier's pool of several threads runs
+(``verifier/blas.py``): set inside, given back after, left alone by a one-thread runner."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import eqsat_mirage as em
+from eqsat_mirage.ir.limits import Deadline
+from eqsat_mirage.verifier import blas
+from eqsat_mirage.verifier.runner import runner
+
+
+@pytest.fixture
+def libs():
+    found = blas.libraries()
+    if not found:
+        pytest.skip("no OpenBLAS loaded in this process (another BLAS or platform)")
+    before = [lib.threads() for lib in found]
+    for lib in found:
+        lib.use(2)
+    yield found
+    for lib, n in zip(found, before):
+        lib.use(n)
+
+
+def _threads() -> list[int]:
+    return [lib.threads() for lib in blas.libraries()]
+
+
+def test_numpys_openblas_is_found():
+    import numpy as np
+
+    info = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+    if "openblas" not in str(info.get("name", "")).lower():
+        pytest.skip(f"NumPy's BLAS is {info.get('name')!r}")
+    assert any("openblas" in lib.path.lower() for lib in blas.libraries())
+
+
+def test_a_pool_of_two_runs_blas_on_one_thread_and_gives_it_back(libs):
+    with runner(Deadline(None), 2) as pool:
+        seen = list(pool.in_order([_threads, _threads, _threads]))
+    assert seen == [[1] * len(libs)] * 3
+    assert _threads() == [2] * len(libs)
+
+
+def test_a_one_thread_runner_leaves_blas_alone(libs):
+    with runner(Deadline(None), 1) as pool:
+        assert list(pool.in_order([_threads])) == [[2] * len(libs)]
+
+
+def test_nested_and_overlapping_holds_give_back_the_first_count(libs):
+    with blas.single_threaded():
+        with blas.single_threaded():
+            assert _threads() == [1] * len(libs)
+        assert _threads() == [1] * len(libs)  # the outer hold still runs
+    assert _threads() == [2] * len(libs)
+    with blas.single_threaded(active=False):
+        assert _threads() == [2] * len(libs)
+
+
+def test_the_count_comes_back_when_a_job_raises(libs):
+    with pytest.raises(ZeroDivisionError):
+        with runner(Deadline(None), 2) as pool:
+            list(pool.in_order([lambda: 1 / 0]))
+    assert _threads() == [2] * len(libs)
+
+
+def test_verification_in_the_pool_gives_the_same_verdict(libs):
+    """A verification whose pool holds BLAS at one thread decides as before (the field
+    trials are exact; the float checks' tolerances hold for any summation order)."""
+    def prog(name, split):
+        g = em.Graph(name)
+        x, w = g.input("x", (64, 256), "float32"), g.input("w", (256, 128), "float32")
+        g.output((x @ w) * 0.5 if split else (x * 0.5) @ w, "y")
+        return g
+
+    a, b = prog("a", False), prog("b", True)
+    r = em.verify(a, b, trials=2, seed=0)
+    assert r.equivalent and r.float_checked and _threads() == [2] * len(libs)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 256))
+    with blas.single_threaded():
+        one = x @ x.T
+    assert np.allclose(one, x @ x.T, rtol=1e-12, atol=1e-12)
