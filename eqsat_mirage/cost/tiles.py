@@ -5,7 +5,7 @@
 picks 4, 8 or 16 warps from that (or the count the compile check pinned), or None when no
 count holds them without spilling. ``refusal`` reads the compile check's refusals
 (``codegen.tune``), keyed by ``tile_key`` or ``structure_key``, from the mapping the caller
-passes (the kernel planner's facts; no hidden state).
+passes (the refusals the kernel planner keeps; not a context variable).
 """
 
 from __future__ import annotations

@@ -115,8 +115,9 @@ def encode_graph(graph: Graph) -> tuple[str, dict[str, str]]:
 
 
 # Constructors that are the identity on values (their one T argument): a kernel boundary, a
-# kernel choice, an exp that may read a running maximum, a value that may stay in registers
-IDENTITIES = ("Dev", "Kern", "Online", "Reg")
+# kernel choice, a max-shifted value and an exp of one (the online softmax), a value that may
+# stay in registers
+IDENTITIES = ("Dev", "Kern", "Shifted", "Online", "Reg")
 
 
 def build_node(ctor: str, args: list, inputs: dict[str, Node]) -> Node:
@@ -154,8 +155,8 @@ def build_node(ctor: str, args: list, inputs: dict[str, Node]) -> Node:
         return args[0]
     if ctor == "Kern":  # so is a kernel choice (argument 0: its schedule)
         return args[1]
-    if ctor in ("Online", "Reg"):  # an exp that may read a running maximum, a value that
-        return args[0]              # may stay in registers: identities too
+    if ctor in ("Shifted", "Online", "Reg"):  # the online softmax's marks and a value that
+        return args[0]                         # may stay in registers: identities too
     raise NotImplementedError(f"cannot decode constructor {ctor}")
 
 

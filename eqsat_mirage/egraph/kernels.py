@@ -15,10 +15,14 @@ graphs (its elementwise chains) link only such values, when the kernel is priced
 ``KernelChoices.permit`` turns them into the schedule filter of the region search
 (``fusion.plan(..., permit=)``): a candidate schedule of a kernel region that loops over or
 splits an index is kept only when every reduction of that index in the region has a Kern
-node with that (F, P). ``plan_forms`` plans each extracted form so, with the planning
-function passed in (``fusion.plan``: lowering and pricing stay in Python, called from
-here), and with the strategy's loop ranges, block range and split switch read from the
-e-graph, so a user rule file changes the plan.
+node with that (F, P), and every exp reading a running maximum over it an Online node;
+a value links a thread graph only where its class has a Reg node. ``KernelPlanner.plan_all``
+plans each extracted form so, with the planning function passed in (``fusion.plan``:
+lowering and pricing stay in Python, called from here), and with the strategy's loop
+ranges, block range and split switch read from the e-graph, so a user rule file changes
+the plan. A level whose phase was cut short (``unsettled``) permits everything: its nodes
+are incomplete, and refusing what is missing would fail closed. The compile check's
+refusals are kept by the planner (``refuse``) and passed to every later plan.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ class KernelChoices:
     block_range: tuple[int, int] | None = None  # the intersection of every block-range fact
     online: frozenset[str] = frozenset()  # e-classes of exps holding an Online node
     registers: frozenset[str] = frozenset()  # e-classes holding a Reg node (rules/thread.egg)
+    # levels whose phase was cut short (time or node limit): their nodes are incomplete, so
+    # everything is permitted there ("block": loops, splits, running maxima; "thread")
+    unsettled: frozenset[str] = frozenset()
 
     @property
     def kern_nodes(self) -> int:
@@ -65,6 +72,9 @@ class KernelChoices:
         and the split switch the e-graph allows: splits are priced exactly when some
         SplitOver Kern node exists (``base``'s switch is not read: the rules decide)."""
         changes: dict = {"loop_ranges": self.loop_ranges, "allow_split_reduction": self.splits}
+        if "block" in self.unsettled:  # the facts' ranges, whatever Kern nodes were made
+            changes = {"loop_ranges": self.loop_facts or base.loop_ranges,
+                       "allow_split_reduction": bool(self.split_facts)}
         if self.block_range is not None:
             lo, hi = self.block_range
             changes.update(min_blocks=lo, max_blocks=hi)
@@ -96,11 +106,14 @@ class SchedulePermit:
     def allows(self, choice: tuple[int, int], reductions: list) -> bool:
         """Whether every one of ``reductions`` (nodes of this form reducing one index) may
         take ``choice`` (``fusion.strategy.kern_choice`` of a schedule and that index)."""
-        return all(choice in self.pairs(n) for n in reductions)
+        return "block" in self.choices.unsettled or all(choice in self.pairs(n)
+                                                         for n in reductions)
 
     def online(self, node) -> bool:
         """Whether exp ``node`` may read a running maximum (its e-class holds an ``Online``
         node; a program not read from the e-graph: whether any exp's does)."""
+        if "block" in self.choices.unsettled:
+            return True
         if self.eclass_of is None:
             return bool(self.choices.online)
         return self.eclass_of.get(id(node), "") in self.choices.online
@@ -109,6 +122,8 @@ class SchedulePermit:
         """Whether ``node``'s value may stay in registers for its one elementwise user (a
         thread graph: its e-class holds a ``Reg`` node; a program not read from the e-graph:
         whether any e-class does)."""
+        if "thread" in self.choices.unsettled:
+            return True
         if self.eclass_of is None:
             return bool(self.choices.registers)
         return self.eclass_of.get(id(node), "") in self.choices.registers
@@ -197,13 +212,17 @@ class KernelPlanner:
     """Extraction over kernel nodes: each extracted form planned into a MuGraph by the
     region search (``plan_fn``: ``fusion.plan``, passed in by the pipeline, so that lowering
     and pricing stay in Python and are called from here), under the schedules the
-    e-graph's Kern nodes allow and the strategy its facts give (``KernelChoices``)."""
+    e-graph's Kern, Online and Reg nodes allow and the strategy its facts give
+    (``KernelChoices``), and the compile check's refusals (``refuse``)."""
 
-    def __init__(self, data: dict | None, plan_fn, profile, base_strategy) -> None:
+    def __init__(self, data: dict | None, plan_fn, profile, base_strategy,
+                 unsettled: frozenset[str] = frozenset()) -> None:
         self.data, self.plan_fn, self.profile = data, plan_fn, profile
         self.refused: dict[tuple, str] = {}  # the compile check's refusals (``refuse``)
-        # no e-graph (saturation ran out of time): the base strategy, every schedule allowed
-        self.choices = read_kernels(data) if data is not None else None
+        # no e-graph (saturation ran out of time): the base strategy, every schedule allowed;
+        # ``unsettled``: the kernel levels whose phase was cut short (KernelChoices)
+        self.choices = (replace(read_kernels(data), unsettled=frozenset(unsettled))
+                        if data is not None else None)
         self.strategy = (self.choices.strategy(base_strategy) if self.choices is not None
                          else base_strategy)
 

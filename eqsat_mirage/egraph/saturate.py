@@ -41,6 +41,10 @@ _ABS_CTORS = {"AVar", "AConst", "AAdd", "AMul", "ADiv", "AExp", "ASum", "AFn", "
 DEFAULT_PHASES = (("algebraic", ("assoc", "distrib", "lora", "scalar", "expo", "reduce", "comm")),
                   ("tiling", ("tiling",)), ("block", ("block",)), ("thread", ("thread",)))
 KERNEL_PHASES = ("tiling", "block", "thread")  # the MuGraph level's (not run at kernel level)
+# Each phase's weight in the saturation time (a phase that ends early leaves its time to the
+# next): the algebraic and user phases do the search, the kernel phases add identities
+# (milliseconds to a second; a cut-short kernel phase leaves its level unsettled, permitted).
+PHASE_WEIGHT = {"tiling": 0.5, "block": 0.25, "thread": 0.25}
 
 
 @dataclass

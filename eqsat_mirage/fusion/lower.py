@@ -119,8 +119,10 @@ def add_kernel(mg: MuGraph, fragment: Graph, schedule: Schedule, name: str | Non
         kernels = _add_split(mg, fragment, plan, name, origin)
     else:
         kernels = _add_one(mg, fragment, plan, name, origin)
+    # tiles the lowering makes itself (a mean's division, a split's rescale) are not terms
+    # of the e-graph: they may always stay in registers
     keep = None if registers is None else (
-        lambda v: id(v) in origin and registers(origin[id(v)]))
+        lambda v: id(v) not in origin or registers(origin[id(v)]))
     for k in kernels:
         fuse_threads(k, keep)
     return kernels

@@ -135,7 +135,7 @@ class _Planner(OpSpace):
         costs = [kernel_cost(k, mg, self.prof, self.refused) for k in ks]
         return sum(c.time_us for c in costs), costs
 
-    def _refused(self, ix: Indexing, s: Schedule, origin: dict[int, int],
+    def _left_out(self, ix: Indexing, s: Schedule, origin: dict[int, int],
                  online: dict[str, bool]) -> str:
         """Why ``permit`` refuses ``s`` ("" when it does not): ``s`` may loop over / split an
         index only when every reduction of that index in the fragment (mapped to this graph's
@@ -173,9 +173,9 @@ class _Planner(OpSpace):
         left_out: dict[str, int] = {}
         if self.permit is not None:
             online: dict[str, bool] = {}
-            refused = [self._refused(ix, s, origin, online) for s in scheds]
-            left_out = {w: refused.count(w) for w in ("Kern", "Online") if w in refused}
-            scheds = [s for s, why in zip(scheds, refused) if not why]
+            why_out = [self._left_out(ix, s, origin, online) for s in scheds]
+            left_out = {w: why_out.count(w) for w in ("Kern", "Online") if w in why_out}
+            scheds = [s for s, why in zip(scheds, why_out) if not why]
             key += (self.permit.key([self.ops[origin[id(n)]] for n in frag.nodes()
                                      if id(n) in origin]),)
         known = None if self.shared is None else self.shared.get(key)
@@ -426,7 +426,8 @@ def plan(graph: Graph, profile: GPUProfile | str | Path = "h100",
     ``cuts`` holds the (id(producer), id(consumer)) op edges that may be kernel
     boundaries (``boundaries.Boundaries.edges``: what rules/tiling.egg allows);
     every other edge stays inside one kernel. None allows a boundary anywhere.
-    ``shared``: a dict kept across plans of one search (same profile and strategy);
+    ``shared``: a dict kept across plans of one search (same profile, strategy and
+    refusals);
     a fragment equal up to names to one priced before reuses its best schedule.
     ``permit``: the block level read from the e-graph (``egraph.kernels.SchedulePermit``):
     a schedule that loops over or splits an index is priced only when

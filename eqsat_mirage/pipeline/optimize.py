@@ -26,7 +26,7 @@ from ..cost.profile import GPUProfile
 from ..egraph.encode import graph_from_outputs
 from ..egraph.extract import extract
 from ..egraph.rulefiles import builtin_rules_dir, load_rule_files, rule_paths
-from ..egraph.saturate import DEFAULT_PHASES, KERNEL_PHASES, Limits, Saturator
+from ..egraph.saturate import DEFAULT_PHASES, KERNEL_PHASES, PHASE_WEIGHT, Limits, Saturator
 from ..ir.check import check, check_lax
 from ..ir.errors import BudgetError, LaxError, MirageError, TimeLimitError, unexpected
 from ..ir.limits import check_bytes
@@ -253,12 +253,12 @@ def _search(graph, loaded, options: SearchOptions, hw, record: SearchRecord,
     phases = [(name, tuple(r for r in rs if r in rulesets)) for name, rs in DEFAULT_PHASES
               if level == "mugraph" or name not in KERNEL_PHASES]  # kernel level: no kernels
     extra = tuple(r for r in rulesets if all(r not in rs for _, rs in DEFAULT_PHASES))
-    if extra:
-        phases.append(("user", extra))
+    if extra:  # user rulesets right after the algebra, so the kernel phases see their terms
+        phases.insert(1, ("user", extra))
     phases = [(name, rs) for name, rs in phases if rs]
-    spent = budget.spent()
-    for i, (name, rs) in enumerate(phases):  # each phase gets an equal share of saturation's
-        share = spent + (budget.SATURATION - spent) * (i + 1) / len(phases)
+    spent, weights = budget.spent(), [PHASE_WEIGHT.get(name, 1.0) for name, _ in phases]
+    for i, (name, rs) in enumerate(phases):  # each phase's share of saturation's, by weight
+        share = spent + (budget.SATURATION - spent) * sum(weights[:i + 1]) / sum(weights)
         sat.run_phase(name, rs, limits, progress, budget.share(share))
     record.saturation = SaturationRecord(time.perf_counter() - t1,
                                          [vars(p) for p in sat.stats], sat.size())
@@ -375,10 +375,14 @@ def _mugraph_level(graph, cands, egraph, prof, options: SearchOptions, lax, timi
     todo = [Form(c.how, c.program, bounds.edges(c.program, c.keys), c.keys) for c in cands]
     if not any(c.how == "input" for c in cands):  # its terms were not found: any boundary
         todo.append(Form("input (any boundary)", graph, None))
-    record.planning = planning = PlanningRecord()
+    # a kernel level whose phase ran and did not saturate is unsettled: planned as permitted
+    phases = record.saturation.phases if record.saturation is not None else []
+    unsettled = [p["name"] for p in phases
+                 if p["name"] in ("block", "thread") and p["stop"] != "saturated"]
+    record.planning = planning = PlanningRecord(unsettled=unsettled)
     # extraction over kernel nodes: each form planned under the e-graph's Kern nodes and facts
-    kernels = KernelPlanner(data, plan, prof,
-                            options.strategy or DEFAULT_STRATEGY)
+    kernels = KernelPlanner(data, plan, prof, options.strategy or DEFAULT_STRATEGY,
+                            unsettled=frozenset(unsettled))
     plans, allowed = kernels.plan_all(todo, budget.planning(), planning)
     planning.seconds = time.perf_counter() - t
     t = time.perf_counter()

@@ -46,12 +46,15 @@ class ExtractionRecord:
 
 @dataclass
 class PlanningRecord:
-    """Fusion planning: seconds, the candidates it failed on (with why), and how many
-    candidates the time limit left unplanned or planned in part (``skipped``)."""
+    """Fusion planning: seconds, the candidates it failed on (with why), how many
+    candidates the time limit left unplanned or planned in part (``skipped``), and the
+    kernel levels ("block", "thread") whose saturation phase did not finish (``unsettled``:
+    planned as if their rules allowed everything)."""
 
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
     skipped: int = 0
+    unsettled: list[str] = field(default_factory=list)
 
     def write(self, stats: dict) -> None:
         """Its ``res.stats`` entries (``fusion_skipped`` and ``fusion_errors`` only when
@@ -61,6 +64,8 @@ class PlanningRecord:
         stats["fusion_seconds"] = self.seconds
         if self.errors:
             stats["fusion_errors"] = list(self.errors)
+        if self.unsettled:
+            stats["unsettled_levels"] = list(self.unsettled)
 
 
 @dataclass

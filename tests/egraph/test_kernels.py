@@ -3,6 +3,8 @@ schedules the block rules put in the e-graph, so a user rule file changes the pl
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from saturation import saturated
 
@@ -40,7 +42,7 @@ def test_the_strategy_comes_from_the_egraph(tmp_path):
 
 def test_a_form_without_kern_nodes_gets_grid_only_schedules():
     g = program("gatedmlp", 1)
-    rules = [str(builtin_rules_dir() / f) for f in ("algebra.egg", "tiling.egg")]
+    rules = [str(builtin_rules_dir() / f) for f in ("algebra.egg", "tiling.egg", "thread.egg")]
     kernels = KernelPlanner(saturated(g, rules).serialize(), plan, "h100", DEFAULT_STRATEGY)
     p = kernels.plan(Form("input", g, None), None, None)
     assert kernels.strategy.loop_ranges == () and not kernels.strategy.allow_split_reduction
@@ -204,3 +206,32 @@ def test_compile_check_refusals_are_facts_the_next_plan_reads():
     assert again.cost_us >= first.cost_us
     fresh = KernelPlanner(saturated(g).serialize(), plan, "h100", DEFAULT_STRATEGY)
     assert fresh.plan(Form("input", g, None), None, None).cost_us == first.cost_us
+
+
+@pytest.mark.slow  # one search of safe attention
+def test_optimize_reads_online_and_reg_nodes_through_the_extracted_forms():
+    # em.optimize plans the extracted forms with their e-classes (not the fallback of a form
+    # not read from the e-graph): the safe softmax runs online and the chains are fused
+    res = em.optimize(_safe_attention(), trials=1, cache=False, time_limit_s=600)
+    assert res.verified.equivalent and res.cost_us < 11.0, res.plan.report()
+    custom = [k for k in res.program.kernels if k.kind == "custom"]
+    assert any(k.running_inputs() for k in custom), res.plan.report()
+    assert any(k.threads for k in custom), res.plan.report()
+    assert "unsettled_levels" not in res.stats
+
+
+def test_an_unsettled_level_permits_what_its_rules_did_not_mark_yet():
+    # a thread phase cut short (here: not run at all, as if its time ran out) must not
+    # leave every value out of registers: the planner treats the level as unsettled
+    g = _wide_chain()
+    rules = [str(builtin_rules_dir() / f) for f in ("algebra.egg", "tiling.egg", "block.egg")]
+    data = saturated(g, rules).serialize()
+    closed = KernelPlanner(data, plan, "h100", DEFAULT_STRATEGY)
+    open_ = KernelPlanner(data, plan, "h100", DEFAULT_STRATEGY, unsettled=frozenset({"thread"}))
+    p_closed, p_open = (k.plan(Form("input", g, None), None, None) for k in (closed, open_))
+    assert not any(k.threads for k in p_closed.mugraph.kernels if k.kind == "custom")
+    assert any(k.threads for k in p_open.mugraph.kernels if k.kind == "custom")
+    # an unsettled block level: every loop range of the facts, splits as the facts allow
+    none = read_kernels(saturated(g, [rules[0], rules[1]]).serialize())
+    assert replace(none, unsettled=frozenset({"block"})).strategy(DEFAULT_STRATEGY).loop_ranges \
+        == DEFAULT_STRATEGY.loop_ranges

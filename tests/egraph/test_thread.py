@@ -38,3 +38,18 @@ def test_the_thread_phase_marks_every_elementwise_class_once():
     assert marked == elementwise  # every class holding an elementwise e-node, no other
     block, thread = sat.stats[-2], sat.stats[-1]
     assert thread.enodes == block.enodes + len(regs)  # Reg nodes count against node_limit
+
+
+def test_a_user_files_rulesets_run_before_the_kernel_phases(tmp_path):
+    # so the terms a user rule makes get their Dev, Kern, Online and Reg nodes too
+    mine = tmp_path / "mine.egg"
+    mine.write_text("(ruleset mine)\n; subtraction is addition of a negation\n"
+                    "(rewrite (Sub a b) (Add a (Neg b)) :ruleset mine)\n")
+    g = em.Graph("sub")
+    x = g.input("X", (64, 256), dtype="float32")
+    y = g.input("Y", (64, 256), dtype="float32")
+    g.output(em.exp(x - y), "O")
+    res = em.optimize(g, rules=["rules", str(mine)], trials=1, cache=False,
+                      allow_unchecked_rules=True, time_limit_s=600)
+    names = [p["name"] for p in res.stats["phases"]]
+    assert names[-5:] == ["algebraic", "user", "tiling", "block", "thread"], names
