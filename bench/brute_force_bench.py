@@ -1,15 +1,20 @@
 """The planner against brute force on a fixed set of small programs (``bench/brute_force.py``).
 
     python bench/brute_force_bench.py [--random N] [--limit S] [--no-cache] [--json PATH]
-                                      [--all] [--optimize PREFIX]
+                                      [--all] [--only PREFIX]... [--optimize PREFIX]
+                                      [--no-compile-check]
 
 Programs: the benchmark inputs, rewritten and safe forms of ``bench/programs.py`` (batches
 1 and 8) whole when they have at most ``MAX_OPS`` ops, else every window of ``MAX_OPS``
 consecutive ops (topological order), and random programs from
 ``eqsat_mirage.testing.programs`` (drawn deterministically, N at dims up to 6 and N at dims
 up to 64); duplicates equal up to names are dropped. Prints the summary (how many equal,
-the worst ratio, where greedy loses), every row with ``--all``. ``--optimize PREFIX`` also
-runs ``em.optimize`` (compile check off) on the programs whose label starts with PREFIX.
+the worst ratio, where the planner loses), every row with ``--all``. ``--only PREFIX``
+(repeatable) keeps the programs whose label starts with one of the PREFIXes.
+``--optimize PREFIX`` also runs ``em.optimize`` (its defaults: the compile check on where
+Triton's NVIDIA compiler is installed, unless ``--no-compile-check``) on the programs whose
+label starts with PREFIX ("" for all) and sets its returned cost against the brute force
+over the program as written.
 
 Cached: finished comparisons are kept in ``brute_force.json`` beside the results cache
 (``pipeline.cache.default_dir()``), keyed by the program, the package's source digest, the
@@ -24,7 +29,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the repository root importable
@@ -187,32 +192,87 @@ def report(comps: list[Comparison], skipped: list[str]) -> str:
     return "\n".join(lines)
 
 
-def optimize_cost(graph: Graph) -> float:
-    """``em.optimize``'s cost for ``graph`` (compile check off, the results cache on): what the
-    whole search returns today, the extracted algebraic forms included, so it may be below
-    the brute force over the input's form."""
+@dataclass
+class OptimizeRow:
+    """``em.optimize``'s returned cost for one program against the brute force over the
+    program as written (``ratio`` 1.0 or below: at most the brute force's cost; below:
+    another algebraic form is cheaper than any partition of the program as written)."""
+
+    label: str
+    optimize_us: float
+    brute_us: float
+    verified: bool  # the returned program passed em.verify (the input: checked against itself)
+    how: str  # which planned form won ("input" when the input itself was returned)
+    seconds: float
+    replans: int = 0  # plans the compile check sent back to the planner
+
+    @property
+    def ratio(self) -> float:
+        """em.optimize over brute force."""
+        return 1.0 if self.optimize_us == self.brute_us else self.optimize_us / self.brute_us
+
+    @property
+    def at_most(self) -> bool:
+        """Whether em.optimize costs at most the brute force (within ``EQUAL_RTOL``)."""
+        return self.ratio <= 1 + EQUAL_RTOL
+
+    @property
+    def cheaper(self) -> bool:
+        """Whether em.optimize found a form strictly cheaper than the brute force's."""
+        return self.ratio < 1 - EQUAL_RTOL
+
+
+def optimize_row(label: str, graph: Graph, brute_us: float, compile_check: bool | None = None,
+                 cache: bool = True) -> OptimizeRow:
+    """``em.optimize(graph)`` (its defaults; ``compile_check`` None: on where it can run)
+    against ``brute_us``, the brute force's cost over ``graph`` as written."""
     import eqsat_mirage as em
 
-    return em.optimize(graph, compile_check=False).cost_us
+    t = time.perf_counter()
+    res = em.optimize(graph, compile_check=compile_check, cache=cache)
+    seconds = time.perf_counter() - t
+    won = [p["how"] for p in res.stats.get("plans", []) if p.get("verified")]
+    compiled = res.stats.get("compiled") or {}
+    return OptimizeRow(label, res.cost_us, brute_us,
+                       res.verified is not None and res.verified.equivalent,
+                       won[0] if won else "input", seconds, compiled.get("replans", 0))
 
 
-def optimize_report(comps: list[Comparison], graphs: dict[str, Graph], prefix: str) -> str:
-    """``em.optimize`` against the brute force on the programs whose label starts with
-    ``prefix``: how many cost at most the brute force's (1.0 or below), the worst ratio."""
+def optimize_rows(comps: list[Comparison], graphs: dict[str, Graph], prefix: str = "",
+                  compile_check: bool | None = None, cache: bool = True,
+                  progress=None) -> list[OptimizeRow]:
+    """``optimize_row`` for every complete comparison whose label starts with ``prefix``."""
     rows = []
     for c in comps:
         if c.label.startswith(prefix) and c.brute.complete:
-            opt = optimize_cost(graphs[c.label])
-            rows.append((opt / c.brute.cost_us, c.label, opt, c.brute.cost_us))
+            rows.append(optimize_row(c.label, graphs[c.label], c.brute.cost_us,
+                                     compile_check, cache))
+            if progress:
+                r = rows[-1]
+                progress(f"em.optimize {r.label}: {r.optimize_us:.4f} us, brute force "
+                         f"{r.brute_us:.4f} us ({r.ratio:.3f}x, {r.how}, {r.seconds:.1f} s)")
+    return rows
+
+
+def optimize_summary(rows: list[OptimizeRow]) -> str:
+    """How many of ``rows`` cost at most the brute force, how many less, the worst ratio."""
     if not rows:
-        return f"em.optimize: no program labelled {prefix!r}"
-    at_most = sum(r <= 1 + EQUAL_RTOL for r, *_ in rows)
-    worst = max(rows)
-    lines = [f"em.optimize (compile check off) on {len(rows)} programs {prefix!r}...: "
-             f"{at_most} at most the brute force's cost, worst ratio {worst[0]:.3f}x "
-             f"({worst[1]})"]
-    lines += [f"- {label}: em.optimize {opt:.2f} us, brute force {b:.2f} us ({r:.3f}x)"
-              for r, label, opt, b in sorted(rows, reverse=True) if r > 1 + EQUAL_RTOL]
+        return "em.optimize: no program"
+    worst = max(rows, key=lambda r: r.ratio)
+    at_most = sum(r.at_most for r in rows)
+    return (f"em.optimize on {len(rows)} programs: {at_most} at most the brute force's cost "
+            f"({100 * at_most / len(rows):.1f}%, {sum(r.cheaper for r in rows)} strictly "
+            f"cheaper), worst ratio {worst.ratio:.3f}x ({worst.label}), "
+            f"{sum(not r.verified for r in rows)} unverified, "
+            f"{sum(r.seconds for r in rows):.1f} s")
+
+
+def optimize_report(rows: list[OptimizeRow]) -> str:
+    """``optimize_summary`` and a line per program where em.optimize costs more."""
+    lines = [optimize_summary(rows)]
+    lines += [f"- {r.label}: em.optimize {r.optimize_us:.4f} us ({r.how}), brute force "
+              f"{r.brute_us:.4f} us ({r.ratio:.3f}x)"
+              for r in sorted(rows, key=lambda r: -r.ratio) if not r.at_most]
     return "\n".join(lines)
 
 
@@ -226,11 +286,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     ap.add_argument("--json", type=Path, help="write every comparison here")
     ap.add_argument("--all", action="store_true", help="print every program's row")
+    ap.add_argument("--only", metavar="PREFIX", action="append",
+                    help="keep only the programs whose label starts with PREFIX (repeatable)")
     ap.add_argument("--optimize", metavar="PREFIX",
                     help="also run em.optimize on the programs whose label starts with PREFIX")
+    ap.add_argument("--no-compile-check", action="store_true",
+                    help="em.optimize with compile_check=False")
     args = ap.parse_args(argv)
     t = time.perf_counter()
     progs = fixed_set(args.random)
+    if args.only:
+        progs = [(label, g) for label, g in progs if label.startswith(tuple(args.only))]
     comps, skipped = run(progs, Pricer(), args.limit, None if args.no_cache else cache_path(),
                          progress=(lambda line: print(line, file=sys.stderr)))
     if args.all:
@@ -238,12 +304,18 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(row(c) for c in comps))
         print()
     print(report(comps, skipped))
-    if args.optimize:
+    rows = []
+    if args.optimize is not None:
+        rows = optimize_rows(comps, dict(progs), args.optimize,
+                             False if args.no_compile_check else None,
+                             progress=(lambda line: print(line, file=sys.stderr)))
         print()
-        print(optimize_report(comps, dict(progs), args.optimize))
+        print(optimize_report(rows))
     print(f"\n{len(progs)} programs in {time.perf_counter() - t:.1f} s")
     if args.json:
-        args.json.write_text(json.dumps([{**asdict(c), "ratio": c.ratio} for c in comps],
+        opt = {r.label: {**asdict(r), "ratio": r.ratio} for r in rows}
+        args.json.write_text(json.dumps([{**asdict(c), "ratio": c.ratio,
+                                          "optimize": opt.get(c.label)} for c in comps],
                                         indent=1))
     return 0
 
