@@ -9,14 +9,17 @@ Edges without one must stay inside one kernel; ``fusion.plan`` starts from
 those forced regions and merges further where the cost model says so.
 
 The input program is decoded from its own encoded terms (the ``let`` names of
-``encode``), so it is planned under the same rules as the extracted candidates.
+``encode``), so it is planned under the same rules as the extracted candidates; and so is
+the program as written (``written_form``), whose multi-axis reductions, transposes and
+n-ary concats the encoding splits into several terms.
 """
 
 from __future__ import annotations
 
 from ..frontend.graph import Graph
 from ..ir.node import Op
-from .encode import Encoder
+from .encode import REDUCE_CTOR_OP, Encoder
+from .kernels import Terms
 from .rulefiles import parse_sexprs
 from .saturate import let_classes
 from .view import EGraphView
@@ -94,3 +97,67 @@ def input_selection(ev: EGraphView, data: dict, encoder: Encoder) -> dict[str, s
         else:
             return None
     return sel
+
+
+def _let_enode(name: str, encoder: Encoder, by_let: dict[str, str], nodes: dict,
+               by_class: dict[str, list[str]]) -> tuple[str, list] | None:
+    """The e-node key of ``let`` ``name``'s own term (its constructor over its operands'
+    classes) and the term's arguments; None when the e-graph does not hold it."""
+    cls = by_let.get(name)
+    if cls is None:
+        return None
+    term = parse_sexprs(encoder.terms[name], "encode")[0][0]
+    args = term.items[1:]
+    want = {p: by_let.get(str(a)) for p, a in enumerate(args) if str(a).startswith("$")}
+    for key in by_class.get(cls, ()):
+        en = nodes[key]
+        kids = [nodes[c]["eclass"] for c in en["children"]]
+        if en["op"] == term.head() and len(kids) == len(args) and all(
+                kids[p] == c for p, c in want.items()):
+            return key, args
+    return None
+
+
+def written_form(graph: Graph, encoder: Encoder, data: dict, bounds: Boundaries
+                 ) -> tuple[frozenset[tuple[int, int]], dict[int, Terms]] | None:
+    """The program ``graph`` as written (``encoder`` loaded it) read against the saturated
+    e-graph ``data``: the op edges that may be kernel boundaries, and per op its ``Terms``
+    (the e-class of its value, where its Online and Reg nodes sit, and those of its
+    reduction terms, where the Kern nodes that allow its schedules sit).
+
+    The e-graph holds a multi-axis reduction as nested single-axis ones, a transpose as
+    axis swaps, an n-ary concat as binary ones (``encode``); the form decoded from those
+    terms is another program. An edge of ``graph`` may be cut when every term of the
+    consumer that reads the producer may read it from device memory; an op's schedule is
+    allowed when every one of its reduction terms allows it. None when a term is not found.
+    """
+    nodes = data["nodes"]
+    by_let = let_classes(data)
+    by_class: dict[str, list[str]] = {}
+    for key, en in nodes.items():
+        by_class.setdefault(en["eclass"], []).append(key)
+    cuts: set[tuple[int, int]] = set()
+    classes: dict[int, Terms] = {}
+    reducing = {"MatMul", *(ctor for ctor in REDUCE_CTOR_OP)}
+    for n in graph.nodes():
+        if n.op in (Op.INPUT, Op.CONST):
+            continue
+        lets = encoder.parts.get(id(n))
+        if not lets:  # an op with no term of its own (a transpose that moves no axis)
+            return None
+        found = [_let_enode(name, encoder, by_let, nodes, by_class) for name in lets]
+        if any(f is None for f in found):
+            return None
+        classes[id(n)] = Terms(by_let[lets[-1]], tuple(
+            by_let[name] for name, (key, _) in zip(lets, found) if nodes[key]["op"] in reducing))
+        for src in {id(s): s for s in n.srcs}.values():
+            if src.op in (Op.INPUT, Op.CONST):
+                continue
+            ref = encoder.names[id(src)]
+            slots = [(key, p) for key, args in found for p, a in enumerate(args)
+                     if str(a) == ref]
+            if not slots:
+                return None
+            if all(bounds.cuttable(key, p) for key, p in slots):
+                cuts.add((id(src), id(n)))
+    return frozenset(cuts), classes

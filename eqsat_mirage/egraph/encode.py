@@ -49,12 +49,17 @@ class Encoder:
     def __init__(self) -> None:
         self.lines: list[str] = []
         self.names: dict[int, str] = {}
+        # id(node) -> the lets its own terms made, in order (several for a multi-axis
+        # reduction, a transpose, an n-ary concat or a matmul of a 1-d operand)
+        self.parts: dict[int, list[str]] = {}
+        self.terms: dict[str, str] = {}  # let name -> its term
         self._k = 0
 
     def _let(self, term: str) -> str:
         name = f"$t{self._k}"
         self._k += 1
         self.lines.append(f"(let {name} {term})")
+        self.terms[name] = term
         return name
 
     def encode(self, node: Node) -> str:
@@ -62,6 +67,7 @@ class Encoder:
         if id(node) in self.names:
             return self.names[id(node)]
         src = [self.encode(s) for s in node.srcs]
+        first = self._k
         op = node.op
         if op is Op.INPUT:
             name = self._let(f'(Input "{node.arg}")')
@@ -104,6 +110,7 @@ class Encoder:
         else:
             raise NotImplementedError(f"cannot encode {op}")
         self.names[id(node)] = name
+        self.parts[id(node)] = [f"$t{k}" for k in range(first, self._k)]
         return name
 
 

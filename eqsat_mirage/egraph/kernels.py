@@ -80,11 +80,22 @@ class KernelChoices:
             changes.update(min_blocks=lo, max_blocks=hi)
         return replace(base, **changes)
 
-    def permit(self, eclass_of: dict[int, str] | None) -> SchedulePermit:
+    def permit(self, eclass_of: dict[int, str | Terms] | None) -> SchedulePermit:
         """The schedule filter for one form: ``eclass_of`` maps id(node) of the form's
-        nodes to their e-classes (None: a program not read from the e-graph, whose
-        reductions may take any (F, P) some Kern node of the same kind takes)."""
+        nodes to their e-class, or to ``Terms`` when the e-graph holds the node as several
+        terms (the program as written: ``boundaries.written_form``); None: a program not
+        read from the e-graph, whose reductions may take any (F, P) some Kern node takes."""
         return SchedulePermit(self, eclass_of)
+
+
+@dataclass(frozen=True)
+class Terms:
+    """A node of the program as written that the e-graph holds as several terms (a
+    multi-axis reduction as nested ones, a transpose as swaps): the e-class of its value and
+    those of its reduction terms, where its Kern nodes sit (``boundaries.written_form``)."""
+
+    value: str
+    reductions: tuple[str, ...] = ()
 
 
 @dataclass
@@ -92,15 +103,22 @@ class SchedulePermit:
     """Which (F, P) each reduction of one extracted form may take (``KernelChoices``)."""
 
     choices: KernelChoices
-    eclass_of: dict[int, str] | None
+    eclass_of: dict[int, str | Terms] | None
+
+    def _value(self, node) -> str:
+        held = self.eclass_of.get(id(node), "")
+        return held.value if isinstance(held, Terms) else held
 
     def pairs(self, node) -> frozenset[tuple[int, int]]:
         """The (loop range, split parts) pairs of ``node``'s Kern nodes (no loop, no split:
-        (1, 1), always allowed)."""
+        (1, 1), always allowed); for a node held as several terms, those all its reduction
+        terms' Kern nodes take."""
         if self.eclass_of is None:
-            found = self.choices.any_pairs
-        else:
-            found = self.choices.by_class.get(self.eclass_of.get(id(node), ""), frozenset())
+            return self.choices.any_pairs | {(1, 1)}
+        held = self.eclass_of.get(id(node), "")
+        classes = (held,) if isinstance(held, str) else held.reductions or (held.value,)
+        found = frozenset.intersection(*(self.choices.by_class.get(c, frozenset())
+                                         for c in classes))
         return found | {(1, 1)}
 
     def allows(self, choice: tuple[int, int], reductions: list) -> bool:
@@ -116,7 +134,7 @@ class SchedulePermit:
             return True
         if self.eclass_of is None:
             return bool(self.choices.online)
-        return self.eclass_of.get(id(node), "") in self.choices.online
+        return self._value(node) in self.choices.online
 
     def in_registers(self, node) -> bool:
         """Whether ``node``'s value may stay in registers for its one elementwise user (a
@@ -126,7 +144,7 @@ class SchedulePermit:
             return True
         if self.eclass_of is None:
             return bool(self.choices.registers)
-        return self.eclass_of.get(id(node), "") in self.choices.registers
+        return self._value(node) in self.choices.registers
 
     def key(self, nodes: list) -> tuple:
         """What ``allows``, ``online`` and ``in_registers`` depend on for these nodes (part of
@@ -198,14 +216,17 @@ def plan_key(mg) -> str:
 
 @dataclass
 class Form:
-    """One extracted algebraic form to plan: how it was found, its program, the op edges
-    that may be kernel boundaries (None: any) and id(node) -> its e-node key (None: not
-    read from the e-graph)."""
+    """One algebraic form to plan: how it was found, its program, the op edges that may be
+    kernel boundaries (None: any) and id(node) -> its e-node key (None: not read from the
+    e-graph), or -> its e-classes (``classes``)."""
 
     how: str
     graph: object
     cuts: frozenset | None
     keys: dict[int, str] | None = None
+    # id(node) -> its terms' e-classes, for a form not decoded from single e-nodes (the
+    # program as written, ``boundaries.written_form``); read instead of ``keys``
+    classes: dict[int, Terms] | None = None
 
 
 class KernelPlanner:
@@ -230,6 +251,8 @@ class KernelPlanner:
         """The schedule filter of ``form`` (its reductions' Kern nodes)."""
         if self.choices is None:
             return None
+        if form.classes is not None:
+            return self.choices.permit(form.classes)
         if form.keys is None:
             return self.choices.permit(None)
         nodes = self.data["nodes"]

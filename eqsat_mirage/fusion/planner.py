@@ -34,8 +34,10 @@ Search (deterministic, bounded):
    never costs more than one kernel per op. Then the region search
    (``regions.py``: exact dynamic programming over the partitions of at most 6 units,
    local moves beyond) takes the greedy plan as incumbent and replaces it only by a
-   strictly cheaper partition under the same full pricing; under a deadline it runs at
-   most ``DEADLINE_SHARE`` times the greedy's time.
+   strictly cheaper partition under the same full pricing. Under a deadline the exact
+   search (at most 6 units; bounded by ``regions.EXACT_MAX_NEW`` regions priced) runs
+   until the deadline, so a small program's plan does not depend on the machine's speed;
+   the local moves run at most ``DEADLINE_SHARE`` times the greedy's time.
 5. The last round's refused merges (over the final regions) are the report's "why not":
    no legal schedule (a value carrying the loop index after a reduction over it, as in
    softmax before its division is moved), every legal schedule infeasible (tiles exceed
@@ -62,7 +64,7 @@ from ..mugraph.program import MuGraph, from_graph
 from .indexing import Indexing, ScheduleError, UnionFind, index_fragment
 from .lower import add_kernel
 from .plans import FusionPlan, Pricing, Region
-from .regions import RegionSpace, improve
+from .regions import EXACT_MAX_UNITS, RegionSpace, improve
 from .schedule import Schedule, classify, running_exps
 from .space import OpSpace
 from .strategy import Strategy, candidate_schedules, kern_choice
@@ -72,7 +74,7 @@ from .strategy import Strategy, candidate_schedules, kern_choice
 # come later). No split reductions: whether a split is priced is decided by the SplitOver
 # Kern nodes of rules/block.egg (egraph/kernels.py sets allow_split_reduction from them).
 DEFAULT_STRATEGY = Strategy(max_candidates=512)
-DEADLINE_SHARE = 1.0  # under a deadline: the region search's time over the greedy's
+DEADLINE_SHARE = 1.0  # under a deadline: the local moves' time over the greedy's
 # why the block level read from the e-graph refuses a schedule (Pricing.reason)
 _LEFT_OUT = {"Kern": "looping or splitting a reduction with no such Kern node",
              "Online": "where an exp reads a running maximum and has no Online node"}
@@ -299,8 +301,9 @@ class _Planner(OpSpace):
 
     def search(self, budget: int) -> tuple[list[frozenset], dict[frozenset, list[str]]]:
         """Quick greedy from the forced regions, full-pricing greedy, the whole graph, then
-        the region search from that incumbent (under a deadline: for at most
-        ``DEADLINE_SHARE`` times the greedy's seconds more)."""
+        the region search from that incumbent (under a deadline: the exact search until the
+        deadline, the local moves for at most ``DEADLINE_SHARE`` times the greedy's seconds
+        more)."""
         t0 = time.perf_counter()
         regions, _ = self.greedy(self.forced(), False, budget)
         regions, notes = self.greedy(regions, True, budget)
@@ -309,8 +312,12 @@ class _Planner(OpSpace):
             pw = self.price(whole, True)
             if pw.cost_us < sum(self.price(r, True).cost_us for r in regions) - 1e-9:
                 regions, notes = [whole], []
-        until = math.inf if self.deadline is None else min(
-            self.deadline.end, time.perf_counter() + DEADLINE_SHARE * (time.perf_counter() - t0))
+        until = math.inf
+        if self.deadline is not None:  # the exact DP is bounded by counts: only the deadline
+            until = self.deadline.end
+            if len(self.forced()) > EXACT_MAX_UNITS:
+                until = min(until, time.perf_counter()
+                            + DEADLINE_SHARE * (time.perf_counter() - t0))
         better = improve(self.space(budget, until), regions,
                          sum(self.price(r, True).cost_us for r in regions))
         if better is not None:  # strictly cheaper: the refused merges of its regions

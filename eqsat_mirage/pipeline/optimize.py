@@ -193,19 +193,20 @@ def _run(graph, options: SearchOptions, progress) -> OptimizeResult:
         lax = False
     record = SearchRecord(verification=VerificationRecord())
     try:
-        cands, data, ctors = _search(graph, (rulesets, rule_list, facts), options, hw, record,
-                                     budget, progress)
+        cands, data, ctors, encoder = _search(graph, (rulesets, rule_list, facts), options,
+                                              hw, record, budget, progress)
     except TimeLimitError as exc:  # nothing to extract in time: the input is the answer
         record.search_timed_out = True
         record.verification.note = f"time limit: {exc}; input returned"
-        cands, data, ctors = [], None, None
+        cands, data, ctors, encoder = [], None, None, None
     vplan = VerifyPlan.of(options, budget)
     if options.level == "kernel":
         res = _kernel_level(graph, cands, hw, lax, vplan, progress, stats, record)
     else:
         from ..egraph.boundaries import Boundaries
 
-        res = _mugraph_level(graph, cands, (data, Boundaries(data, ctors) if data else None),
+        res = _mugraph_level(graph, cands, (data, Boundaries(data, ctors) if data else None,
+                                            encoder),
                              prof, options, lax, (vplan, budget), progress, stats, record)
     _write_stats(stats, record, len(cands))
     stats["seconds"] = time.perf_counter() - t0
@@ -241,7 +242,8 @@ def _write_stats(stats: dict, record: SearchRecord, candidates: int) -> None:
 def _search(graph, loaded, options: SearchOptions, hw, record: SearchRecord,
             budget: Budget, progress):
     """The saturate and extract passes over ``loaded`` (the rule files' rulesets, rules and
-    facts): the candidates, the serialized e-graph, its ctors (records into ``record``)."""
+    facts): the candidates, the serialized e-graph, its ctors and the encoder that loaded
+    ``graph`` (records into ``record``)."""
     t1 = time.perf_counter()
     rulesets, rule_list, facts = loaded
     sat = Saturator(graph, rulesets, rule_list, guards=options.guards,
@@ -267,7 +269,7 @@ def _search(graph, loaded, options: SearchOptions, hw, record: SearchRecord,
                             encoder=sat.encoder if level == "mugraph" else None,
                             deadline=budget.extraction())
     record.extraction = ExtractionRecord(xstats, len(cands))
-    return cands, data, sat.ctors
+    return cands, data, sat.ctors, sat.encoder
 
 
 NOT_IN_TIME = "time limit reached before a candidate verified; input returned"
@@ -358,22 +360,30 @@ def _kernel_level(graph, cands, hw, lax, vplan: VerifyPlan, progress, stats,
 def _mugraph_level(graph, cands, egraph, prof, options: SearchOptions, lax, timing, progress,
                    stats, record: SearchRecord) -> OptimizeResult:
     """Plan every candidate and the input into MuGraphs (``egraph.kernels``: under the Kern
-    nodes and facts of the saturated e-graph ``egraph``, its serialized data and kernel
-    boundaries); the cheapest that builds cleanly for the target (``options``: the base
-    strategy, and whether to compile-check) and verifies wins. ``timing``: the verify plan
+    nodes and facts of the saturated e-graph ``egraph``, its serialized data, kernel
+    boundaries and the encoder that loaded ``graph``): the input both as decoded from its
+    own terms and as written (a multi-axis reduction, a transpose or an n-ary concat is
+    several terms in the e-graph, so the two can differ); the cheapest that builds cleanly
+    for the target (``options``: the base strategy, and whether to compile-check) and
+    verifies wins. ``timing``: the verify plan
     and the search's budget."""
     from ..cost.gpucost import mugraph_cost, roofline_us
+    from ..egraph.boundaries import written_form
     from ..egraph.kernels import Form, KernelPlanner
     from ..fusion.planner import DEFAULT_STRATEGY, plan
     from ..mugraph.program import from_graph
 
-    data, bounds = egraph
+    data, bounds, encoder = egraph
     vplan, budget = timing
     base_mg = from_graph(graph)
     baseline = mugraph_cost(base_mg, prof).total_us
     t = time.perf_counter()
     todo = [Form(c.how, c.program, bounds.edges(c.program, c.keys), c.keys) for c in cands]
-    if not any(c.how == "input" for c in cands):  # its terms were not found: any boundary
+    written = (written_form(graph, encoder, data, bounds)
+               if any(c.how == "input" for c in cands) else None)
+    if written is not None:  # the program as written, unless equal to the input's terms
+        todo.append(Form("input as written", graph, written[0], classes=written[1]))
+    elif not any(c.how == "input" for c in cands):  # its terms were not found: any boundary
         todo.append(Form("input (any boundary)", graph, None))
     # a kernel level whose phase ran and did not saturate is unsettled: planned as permitted
     phases = record.saturation.phases if record.saturation is not None else []

@@ -1,5 +1,6 @@
 """The fusion planner against brute force (``bench/brute_force.py``, issue 33's yardstick;
-the program sets and the command line are ``bench/brute_force_bench.py``).
+the program sets and the command line are ``bench/brute_force_bench.py``), and
+``em.optimize`` against the same brute force.
 
 The brute force prices every acyclic partition of a small program's ops into kernels with
 the planner's own schedules and cost model, so it is a lower bound on the planner's plan of
@@ -22,8 +23,15 @@ from bench.brute_force import (
     partitions,
     summarize,
 )
-from bench.brute_force_bench import random_programs, run
+from bench.brute_force_bench import (
+    optimize_report,
+    optimize_rows,
+    optimize_summary,
+    random_programs,
+    run,
+)
 from bench.programs import program
+from eqsat_mirage.codegen.tune import can_tune
 from eqsat_mirage.fusion.planner import plan
 
 BELL = [1, 1, 2, 5, 15, 52, 203]
@@ -80,22 +88,34 @@ def test_brute_force_covers_every_op_once_and_bounds_the_planner(pricer):
     assert math.isfinite(res.cost_us)
 
 
-# The planner on the fixed set below (bench/RESULTS.md, "Planner against brute force"): the
-# greedy merging alone reached 51 of 53 (gqa b=8's input program 59.43 us in 3 kernels
-# against 35.85 us in 2, 1.66x); with the region search (fusion/regions.py: exact DP for
-# programs of at most 6 ops) all 53. This is a floor against regression, and the issue's
-# bar is asserted too: equal cost on at least 95% of the programs, never above 1.05x.
+# The set both slow tests below run on: five benchmark inputs of at most 6 ops and 48 random
+# programs (bench/RESULTS.md, "Planner against brute force").
+SET = [("gqa", 1), ("gqa", 8), ("rmsnorm", 1), ("lora", 1), ("gatedmlp", 1)]
+
+
+@pytest.fixture(scope="module")
+def brute_set(pricer):
+    """The programs, their comparisons with the brute force and those skipped (computed once
+    for the module)."""
+    progs = [(f"{name} b={b}", program(name, b)) for name, b in SET]
+    progs += [(f"random d<=6 #{i}", g) for i, g in enumerate(random_programs(24, 6))]
+    progs += [(f"random d<=64 #{i}", g) for i, g in enumerate(random_programs(24, 64))]
+    comps, skipped = run(progs, pricer)
+    return progs, comps, skipped
+
+
+# The planner on that set: the greedy merging alone reached 51 of 53 (gqa b=8's input
+# program 59.43 us in 3 kernels against 35.85 us in 2, 1.66x); with the region search
+# (fusion/regions.py: exact DP for programs of at most 6 ops) all 53. This is a floor
+# against regression, and the issue's bar is asserted too: equal cost on at least 95% of
+# the programs, never above 1.05x.
 TODAY_EQUAL = 53
 BAR_EQUAL, BAR_RATIO = 0.95, 1.05
 
 
 @pytest.mark.slow
-def test_planner_against_brute_force(pricer):
-    progs = [(f"{name} b={b}", program(name, b)) for name, b in
-             [("gqa", 1), ("gqa", 8), ("rmsnorm", 1), ("lora", 1), ("gatedmlp", 1)]]
-    progs += [(f"random d<=6 #{i}", g) for i, g in enumerate(random_programs(24, 6))]
-    progs += [(f"random d<=64 #{i}", g) for i, g in enumerate(random_programs(24, 64))]
-    comps, skipped = run(progs, pricer)
+def test_planner_against_brute_force(brute_set):
+    _, comps, skipped = brute_set
     s = summarize(comps, skipped)
     print(f"\nplanner against brute force: {s}")
     for c in s.losers:
@@ -106,3 +126,35 @@ def test_planner_against_brute_force(pricer):
     assert not s.violations, f"brute force dearer than the planner on {s.violations}"
     assert s.equal >= TODAY_EQUAL, f"regression: {s.equal} equal, today {TODAY_EQUAL}"
     assert s.equal >= BAR_EQUAL * s.complete and s.worst_ratio <= BAR_RATIO, str(s)
+
+
+# em.optimize's returned cost against the brute force over each program as written (the
+# issue's "Must show"), on the 48 random programs and the two benchmark inputs whose search
+# is short (gqa b=1, lora; gqa b=8, rmsnorm and gatedmlp take 35 to 105 s each on the
+# shared 2-core machine: their figures are bench/RESULTS.md's, their em.optimize costs are
+# tests/test_bench_costs.py's). em.optimize may find a cheaper algebraic form: at most the
+# brute force's cost is the pass. Before the program as written was planned among the forms
+# (pipeline/optimize.py, boundaries.written_form), 46 of these 50 (random d<=6 #3 and d<=64
+# #3: a max over two axes planned only as two nested maxes, 3.69 / 3.65 us against a library
+# kernel's 3.00; d<=64 #4 and #5 1.000003x and 1.000002x); now all 50, 3 strictly cheaper
+# (gqa b=1 10.13 us against 15.30). The compile check as em.optimize defaults to outside the
+# test suite: on where Triton's NVIDIA compiler is installed (a refused plan is re-planned),
+# and a time limit that does not depend on the machine's load.
+OPTIMIZE_SET = ("random ", "gqa b=1", "lora b=1")
+TODAY_AT_MOST = 50
+
+
+@pytest.mark.slow
+def test_optimize_against_brute_force(brute_set):
+    progs, comps, _ = brute_set
+    chosen = [c for c in comps if c.label.startswith(OPTIMIZE_SET)]
+    rows = optimize_rows(chosen, dict(progs), compile_check=can_tune("h100"), cache=False,
+                         time_limit_s=3600)
+    print(f"\n{optimize_report(rows)}")
+    assert len(rows) >= 50
+    assert all(r.verified and not r.time_limited for r in rows), \
+        [r.label for r in rows if not r.verified or r.time_limited]
+    at_most = sum(r.at_most for r in rows)
+    worst = max(r.ratio for r in rows)
+    assert at_most >= TODAY_AT_MOST, f"regression: {at_most} at most, today {TODAY_AT_MOST}"
+    assert at_most >= BAR_EQUAL * len(rows) and worst <= BAR_RATIO, optimize_summary(rows)
