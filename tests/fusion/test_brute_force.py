@@ -25,7 +25,7 @@ from bench.brute_force import (
 )
 from bench.brute_force_bench import (
     optimize_report,
-    optimize_rows,
+    optimize_row,
     optimize_summary,
     random_programs,
     run,
@@ -130,26 +130,32 @@ def test_planner_against_brute_force(brute_set):
 
 # em.optimize's returned cost against the brute force over each program as written (the
 # issue's "Must show"), on the 48 random programs and the two benchmark inputs whose search
-# is short (gqa b=1, lora; gqa b=8, rmsnorm and gatedmlp take 35 to 105 s each on the
+# is short (gqa b=1, lora; gqa b=8, rmsnorm and gatedmlp take 20 to 105 s each on the
 # shared 2-core machine: their figures are bench/RESULTS.md's, their em.optimize costs are
 # tests/test_bench_costs.py's). em.optimize may find a cheaper algebraic form: at most the
 # brute force's cost is the pass. Before the program as written was planned among the forms
 # (pipeline/optimize.py, boundaries.written_form), 46 of these 50 (random d<=6 #3 and d<=64
 # #3: a max over two axes planned only as two nested maxes, 3.69 / 3.65 us against a library
 # kernel's 3.00; d<=64 #4 and #5 1.000003x and 1.000002x); now all 50, 3 strictly cheaper
-# (gqa b=1 10.13 us against 15.30). The compile check as em.optimize defaults to outside the
-# test suite: on where Triton's NVIDIA compiler is installed (a refused plan is re-planned),
-# and a time limit that does not depend on the machine's load.
+# (gqa b=1 10.13 us against 15.30). The compile check, on by default in em.optimize where
+# Triton's NVIDIA compiler is installed, is on here for the four former losers (d<=64 #4's
+# first plan is refused by the Triton backend and re-planned) and off for the rest: in the
+# suite (TRITON_INTERPRET=1) each build runs in a child Python, and all 50 with the check
+# took 686 s on the loaded 2-core machine; bench/RESULTS.md's figures have it on for all.
+# A time limit that does not depend on the machine's load.
 OPTIMIZE_SET = ("random ", "gqa b=1", "lora b=1")
+CHECKED = ("random d<=6 #3", "random d<=64 #3", "random d<=64 #4", "random d<=64 #5")
 TODAY_AT_MOST = 50
 
 
 @pytest.mark.slow
 def test_optimize_against_brute_force(brute_set):
     progs, comps, _ = brute_set
-    chosen = [c for c in comps if c.label.startswith(OPTIMIZE_SET)]
-    rows = optimize_rows(chosen, dict(progs), compile_check=can_tune("h100"), cache=False,
+    graphs = dict(progs)
+    rows = [optimize_row(c.label, graphs[c.label], c.brute.cost_us, cache=False,
+                         compile_check=c.label in CHECKED and can_tune("h100"),
                          time_limit_s=3600)
+            for c in comps if c.label.startswith(OPTIMIZE_SET) and c.brute.complete]
     print(f"\n{optimize_report(rows)}")
     assert len(rows) >= 50
     assert all(r.verified and not r.time_limited for r in rows), \
