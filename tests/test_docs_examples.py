@@ -336,24 +336,15 @@ def test_rules_unsound_rule_is_refused(tmp_path, monkeypatch):
     assert "unsound.egg:3: unsound rule 'wrong: a quotient" in out, out
 
 
-@runs("docs/rules.md", "tiling-excerpt")
-def test_rules_tiling_excerpt_is_in_the_tiling_file():
-    assert block("docs/rules.md", "tiling-excerpt").text in (ROOT / "rules/tiling.egg").read_text()
+RULE_EXCERPTS = {"tiling-excerpt": "tiling.egg", "block-excerpt": "block.egg",
+                 "online-excerpt": "block.egg", "thread-excerpt": "thread.egg"}
 
 
-@runs("docs/rules.md", "block-excerpt")
-def test_rules_block_excerpt_is_in_the_block_file():
-    assert block("docs/rules.md", "block-excerpt").text in (ROOT / "rules/block.egg").read_text()
-
-
-@runs("docs/rules.md", "online-excerpt")
-def test_rules_online_excerpt_is_in_the_block_file():
-    assert block("docs/rules.md", "online-excerpt").text in (ROOT / "rules/block.egg").read_text()
-
-
-@runs("docs/rules.md", "thread-excerpt")
-def test_rules_thread_excerpt_is_in_the_thread_file():
-    assert block("docs/rules.md", "thread-excerpt").text in (ROOT / "rules/thread.egg").read_text()
+@runs("docs/rules.md", *RULE_EXCERPTS)
+@pytest.mark.parametrize("name", sorted(RULE_EXCERPTS))
+def test_rules_excerpt_is_in_its_rule_file(name):
+    text = (ROOT / "rules" / RULE_EXCERPTS[name]).read_text()
+    assert block("docs/rules.md", name).text in text
 
 
 @pytest.mark.slow  # two searches with user block files

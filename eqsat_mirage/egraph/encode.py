@@ -158,12 +158,8 @@ def build_node(ctor: str, args: list, inputs: dict[str, Node]) -> Node:
         return make(Op.RESHAPE, (args[1],), tuple(args[0]))
     if ctor == "Concat":
         return make(Op.CONCAT, (args[1], args[2]), int(args[0]))
-    if ctor == "Dev":  # a kernel boundary is the identity on values
-        return args[0]
-    if ctor == "Kern":  # so is a kernel choice (argument 0: its schedule)
-        return args[1]
-    if ctor in ("Shifted", "Online", "Reg"):  # the online softmax's marks and a value that
-        return args[0]                         # may stay in registers: identities too
+    if ctor in IDENTITIES:  # the value is the last argument (a Kern's first: its schedule)
+        return args[-1]
     raise NotImplementedError(f"cannot decode constructor {ctor}")
 
 

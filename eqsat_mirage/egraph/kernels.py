@@ -130,21 +130,23 @@ class SchedulePermit:
     def online(self, node) -> bool:
         """Whether exp ``node`` may read a running maximum (its e-class holds an ``Online``
         node; a program not read from the e-graph: whether any exp's does)."""
-        if "block" in self.choices.unsettled:
-            return True
-        if self.eclass_of is None:
-            return bool(self.choices.online)
-        return self._value(node) in self.choices.online
+        return self._marked(node, "block", self.choices.online)
 
     def in_registers(self, node) -> bool:
         """Whether ``node``'s value may stay in registers for its one elementwise user (a
         thread graph: its e-class holds a ``Reg`` node; a program not read from the e-graph:
         whether any e-class does)."""
-        if "thread" in self.choices.unsettled:
+        return self._marked(node, "thread", self.choices.registers)
+
+    def _marked(self, node, level: str, classes: frozenset[str]) -> bool:
+        """Whether ``node``'s value class is among ``classes`` (the e-classes holding one
+        kind of mark of ``level``): always when that level is unsettled; for a program not
+        read from the e-graph, whenever any class is."""
+        if level in self.choices.unsettled:
             return True
         if self.eclass_of is None:
-            return bool(self.choices.registers)
-        return self._value(node) in self.choices.registers
+            return bool(classes)
+        return self._value(node) in classes
 
     def key(self, nodes: list) -> tuple:
         """What ``allows``, ``online`` and ``in_registers`` depend on for these nodes (part of

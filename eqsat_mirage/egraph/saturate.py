@@ -28,8 +28,8 @@ from .encode import IDENTITIES, Encoder
 from .rulefiles import Rule, SList, Sym, builtin_rules_dir, schema_text, to_text
 
 # Abstract constructor of each T constructor (how its arguments map): the ops' specs' guards;
-# a kernel boundary (Dev), a kernel choice (Kern: its one T argument), an online exp (Online)
-# and a value kept in registers (Reg) are the identity.
+# the identities of encode.IDENTITIES (a kernel boundary, a kernel choice, the online
+# softmax's marks, a value kept in registers) map to their one T argument.
 ABSTRACT = {**{s.egglog: s.guard for s in SPECS.values() if s.guard is not None},
             **{c: "{0}" for c in IDENTITIES}}
 

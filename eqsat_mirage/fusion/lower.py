@@ -131,8 +131,7 @@ def add_kernel(mg: MuGraph, fragment: Graph, schedule: Schedule, name: str | Non
 def _add_one(mg: MuGraph, fragment: Graph, plan: Plan, name: str | None,
              origin: dict[int, Node]) -> list[CustomKernel]:
     """The one custom kernel of an unsplit schedule."""
-    ix, schedule = plan.indexing, plan.schedule
-    s, kind = schedule, plan.kind
+    ix, s, kind = plan.indexing, plan.schedule, plan.kind
     axes = s.axes
     grid = tuple(b for _, b in s.grid) or (1,)
     k = mg.custom_kernel(grid=grid, forloop=s.forloop, name=name, source=fragment)

@@ -17,7 +17,8 @@ def _program(scale: float) -> em.Graph:
     return g
 
 
-def _peaks(program, memo: dict, monkeypatch) -> tuple[list[float], int]:
+def _counted(work, monkeypatch):
+    """``work()``'s result and how many programs it evaluated (``draws.evaluate`` calls)."""
     calls = []
     real = draws_mod.evaluate
 
@@ -26,10 +27,15 @@ def _peaks(program, memo: dict, monkeypatch) -> tuple[list[float], int]:
         return real(*args, **kwargs)
 
     monkeypatch.setattr(draws_mod, "evaluate", counted)
+    try:
+        return work(), len(calls)
+    finally:
+        monkeypatch.setattr(draws_mod, "evaluate", real)
+
+
+def _peaks(program, memo: dict, monkeypatch) -> tuple[list[float], int]:
     d = Draws(program, np.random.default_rng(0), memo, 65504.0)
-    peaks = [d.peak(i) for i in range(3)]
-    monkeypatch.setattr(draws_mod, "evaluate", real)
-    return peaks, len(calls)
+    return _counted(lambda: [d.peak(i) for i in range(3)], monkeypatch)
 
 
 def test_every_bisection_reads_one_evaluation_at_every_input_one(monkeypatch):
@@ -39,17 +45,8 @@ def test_every_bisection_reads_one_evaluation_at_every_input_one(monkeypatch):
 
 
 def _peak_alone(program, i: int, monkeypatch) -> tuple[float, int]:
-    calls = []
-    real = draws_mod.evaluate
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(draws_mod, "evaluate", counted)
-    peak = Draws(program, np.random.default_rng(0), {}, 65504.0).peak(i)
-    monkeypatch.setattr(draws_mod, "evaluate", real)
-    return peak, len(calls)
+    d = Draws(program, np.random.default_rng(0), {}, 65504.0)
+    return _counted(lambda: d.peak(i), monkeypatch)
 
 
 def test_shared_evaluations_give_the_peaks_computed_one_by_one(monkeypatch):
