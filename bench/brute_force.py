@@ -7,12 +7,12 @@ grids, loops and FlashDecoding splits, plus up to 96 grids of one block per SM o
 single op as its library kernel, all by the one GPU cost model (``gpucost.kernel_cost``,
 target h100). ``compare`` sets the cheapest partition against ``fusion.plan`` on the SAME
 program (the same algebraic form, no tiling-rule cuts): like with like, so the brute force
-is a lower bound by construction and any gap is the greedy merging's. Both sides are summed
-per kernel region, as the planner prices its search (``FusionPlan.regions``); the planner's
-built MuGraph's ``mugraph_cost`` is kept beside it. That one can be lower than the region
-sum: a causal mask read only inside fused kernels is computed from positions
-for free, and thread fusion keeps chain interiors out of shared memory; the brute force
-bounds the region sum, the scale both searches price on.
+is a lower bound by construction and any gap is the region search's (``fusion/regions.py``).
+Both sides are summed per kernel region, as the planner prices its search
+(``FusionPlan.regions``); the planner's built MuGraph's ``mugraph_cost`` is kept beside
+it. That one can be lower than the region sum: a causal mask read only inside fused kernels
+is computed from positions for free, and thread fusion keeps chain interiors out of shared
+memory; the brute force bounds the region sum, the scale both searches price on.
 
 Not compared here: the algebraic choice (``em.optimize`` plans k extracted forms and keeps
 the cheapest; ``bench/brute_force_bench.py --optimize`` reports it), the compile check's
@@ -296,7 +296,7 @@ def compare(label: str, graph: Graph, pricer: Pricer, time_limit_s: float = TIME
 
 @dataclass
 class Summary:
-    """The figures of a run: how many programs, equal, the worst ratio, where greedy lost."""
+    """The figures of a run: how many programs, equal, the worst ratio, where the planner lost."""
 
     programs: int
     complete: int

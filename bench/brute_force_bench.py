@@ -188,7 +188,7 @@ HEADER = ("| program | ops | planner us | kernels | brute force us | kernels | r
 
 
 def report(comps: list[Comparison], skipped: list[str]) -> str:
-    """The summary line and the programs where greedy loses, as Markdown."""
+    """The summary line and the programs where the planner loses, as Markdown."""
     s = summarize(comps, skipped)
     lines = [str(s), "", HEADER] + [row(c) for c in s.losers]
     for c in s.losers:

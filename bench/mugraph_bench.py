@@ -122,8 +122,8 @@ def write(rows: list[dict], path: Path, argv: list[str], seconds: float) -> None
         "processes on the machine).", "",
         "`em.optimize(program(name, b))` at its defaults: level \"mugraph\", guards on, k = 4 "
         "algebraic candidates plus the input program, each planned into a MuGraph by "
-        "`egraph/kernels.py` calling `fusion.plan` (greedy region merging, then the region "
-        "search: exact over the partitions of at most 6 units, local moves beyond; schedules "
+        "`egraph/kernels.py` calling `fusion.plan` (the region search: exact over the "
+        "partitions of at most 6 units; beyond, merging neighbours, then local moves; schedules "
         "from `fusion.DEFAULT_STRATEGY` with the loop ranges, splits and online softmax of "
         "rules/block.egg's Kern and Online nodes, thread graphs where rules/thread.egg's Reg "
         "nodes allow), "

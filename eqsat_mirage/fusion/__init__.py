@@ -4,8 +4,9 @@
 their legality. ``strategy.py``: candidate grids and loop ranges. ``lower.py``: a fragment
 under a schedule to custom kernels. ``space.py``: a program's ops, their users and tensor
 names, and a region of them cut out as one kernel's program. ``regions.py``: the region
-search after the greedy merging. ``planner.py``: ``plan`` groups a candidate's ops into
-kernels and picks each kernel's schedule by the GPU cost model; ``plans.py``: its records
+search, which decides which ops share a kernel. ``planner.py``: ``plan`` prices regions
+(each kernel's schedule by the GPU cost model), calls the region search and builds the
+chosen partition; ``plans.py``: its records
 (a region's pricing, the plan and its per-region report).
 
 Takes: a kernel-level ``Graph`` and the edges that may be cut.

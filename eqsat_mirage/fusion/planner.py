@@ -9,42 +9,36 @@ legal schedule (``strategy.candidate_schedules``) of least ``gpucost`` and is
 lowered with ``lower.add_kernel``. Inside a custom kernel, chains of
 elementwise tile ops are recorded as thread graphs (``CustomKernel.fuse``).
 
-Search (deterministic, bounded):
+This module prices regions and builds the chosen partition; which ops share a kernel is
+decided by the region search (``regions.search``), called from ``plan``:
 
-1. Start with one region per op (the one-kernel-per-op program), joined
-   across every edge where no rule of rules/tiling.egg allows a kernel
-   boundary (``cuts``, read from the e-graph by ``boundaries.py``).
-2. Candidate merges: a producer region with a consumer region, and two regions
-   reading a common device tensor (siblings: GatedMLP's two matmuls reading X,
-   RMSNorm's mean and matmul reading X). A merge must keep the region graph
-   acyclic.
-3. Each candidate is priced: the merged fragment's best legal, feasible
-   schedule (memoized by op set). Greedy best-improvement: apply the merge that
-   lowers the total cost most (ties: lowest op indices), repeat until no merge
-   lowers the cost or ``max_evaluations`` fragments were priced. Elementwise
-   chains need no special case: fusing them saves launches and round trips, so
-   they join their producer's or consumer's region.
-4. Two pricing depths keep it fast: during the search a fragment is priced with
-   ``search_candidates`` schedules (two thirds from grids of at least one block
-   per SM, a third in Mirage's order, no splits); then the greedy merging is
-   repeated over the resulting regions with full pricing (``strategy``, up to
-   ``max_candidates`` schedules, splits included, plus up to 96 SM-filling
-   grids), and finally the whole graph as one kernel is priced and taken if
-   cheaper. The search schedules are a subset of the final ones, so the plan
-   never costs more than one kernel per op. Then the region search
-   (``regions.py``: exact dynamic programming over the partitions of at most 6 units,
-   local moves beyond) takes the greedy plan as incumbent and replaces it only by a
-   strictly cheaper partition under the same full pricing. Under a deadline the exact
-   search (at most 6 units; bounded by ``regions.EXACT_MAX_NEW`` regions priced) runs
-   until the deadline, so a small program's plan does not depend on the machine's speed;
-   the local moves run at most ``DEADLINE_SHARE`` times the greedy's time.
-5. The last round's refused merges (over the final regions) are the report's "why not":
-   no legal schedule (a value carrying the loop index after a reduction over it, as in
-   softmax before its division is moved), every legal schedule infeasible (tiles exceed
-   shared memory, K < 16), or simply dearer than separate kernels.
+1. Units: one per op, joined across every edge where no rule of rules/tiling.egg allows a
+   kernel boundary (``cuts``, read from the e-graph by ``boundaries.py``). Neighbours: a
+   producer and its consumer, and two units reading a common device tensor (siblings:
+   GatedMLP's two matmuls reading X, RMSNorm's mean and matmul reading X).
+2. A region's price: its fragment's best legal, feasible schedule (memoized by op set and,
+   across the plans of one search, by fragment shape through ``shared``), at two depths:
+   quick (``search_candidates`` schedules, two thirds from grids of at least one block per
+   SM, a third in Mirage's order, no splits) and full (``strategy``, up to
+   ``max_candidates`` schedules, splits included, plus up to 96 SM-filling grids). The quick
+   schedules are a subset of the full ones, so a quick price bounds the full one from above.
+   A region of one op is its predefined kernel; the e-graph's Kern, Online and Reg nodes
+   (``permit``) decide which schedules and thread graphs are priced at all.
+3. The search (``regions.py``): exact dynamic programming over every acyclic partition of a
+   program of at most ``regions.EXACT_MAX_UNITS`` units, bounded by the quick descent's
+   total; for larger programs best-improvement merging of neighbours (quick, then full
+   pricing), the whole program as one kernel, and local moves (under a deadline at most
+   ``DEADLINE_SHARE`` times the seconds spent before them). Elementwise chains need no
+   special case: fusing them saves launches and round trips, so they join their producer's
+   or consumer's region. The result never costs more than one kernel per unit.
+4. For each pair of neighbouring regions of the result, the report's "why not" (``why_not``,
+   priced in full): the merge would make a cycle, has no legal schedule (a value carrying
+   the loop index after a reduction over it, as in softmax before its division is moved),
+   every legal schedule is infeasible (tiles exceed shared memory, K < 16), or it is simply
+   dearer than separate kernels.
 
-Bounded by ``max_evaluations`` fragments and the deadline; the region search fully prices
-every region of a <= 6-unit program (bench/RESULTS.md, "Planner against brute force").
+Bounded by ``max_evaluations`` fragments priced and the deadline; a program of at most 6
+units is searched exactly (bench/RESULTS.md, "Planner against brute force").
 """
 
 from __future__ import annotations
@@ -64,7 +58,7 @@ from ..mugraph.program import MuGraph, from_graph
 from .indexing import Indexing, ScheduleError, UnionFind, index_fragment
 from .lower import add_kernel
 from .plans import FusionPlan, Pricing, Region
-from .regions import EXACT_MAX_UNITS, RegionSpace, improve
+from .regions import RegionSpace, search
 from .schedule import Schedule, classify, running_exps
 from .space import OpSpace
 from .strategy import Strategy, candidate_schedules, kern_choice
@@ -74,7 +68,7 @@ from .strategy import Strategy, candidate_schedules, kern_choice
 # come later). No split reductions: whether a split is priced is decided by the SplitOver
 # Kern nodes of rules/block.egg (egraph/kernels.py sets allow_split_reduction from them).
 DEFAULT_STRATEGY = Strategy(max_candidates=512)
-DEADLINE_SHARE = 1.0  # under a deadline: the local moves' time over the greedy's
+DEADLINE_SHARE = 1.0  # under a deadline: the local moves' time over the descent's
 # why the block level read from the e-graph refuses a schedule (Pricing.reason)
 _LEFT_OUT = {"Kern": "looping or splitting a reduction with no such Kern node",
              "Online": "where an exp reads a running maximum and has no Online node"}
@@ -230,61 +224,6 @@ class _Planner(OpSpace):
                     found.setdefault((a, b), f"siblings reading {sorted(reads[a] & reads[b])}")
         return sorted((a, b, why) for (a, b), why in found.items())
 
-    def acyclic(self, regions: list[frozenset]) -> bool:
-        owner = {i: r for r, reg in enumerate(regions) for i in reg}
-        succ = [{owner[u] for i in reg for u in self.users[i]} - {r}
-                for r, reg in enumerate(regions)]
-        state = [0] * len(regions)
-        for start in range(len(regions)):
-            if state[start]:
-                continue
-            stack = [(start, iter(succ[start]))]
-            state[start] = 1
-            while stack:
-                node, it = stack[-1]
-                nxt = next(it, None)
-                if nxt is None:
-                    state[node] = 2
-                    stack.pop()
-                elif state[nxt] == 1:
-                    return False
-                elif state[nxt] == 0:
-                    state[nxt] = 1
-                    stack.append((nxt, iter(succ[nxt])))
-        return True
-
-    def greedy(self, regions: list[frozenset], final: bool, budget: int
-               ) -> tuple[list[frozenset], list[tuple[frozenset, frozenset, str]]]:
-        """Best-improvement merging from ``regions``; returns them and the refused merges."""
-        memo = self.final if final else self.memo
-        while True:
-            best, notes = None, []
-            for a, b, why in self.pairs(regions):
-                ra, rb = regions[a], regions[b]
-                merged = ra | rb
-                rest = [r for k, r in enumerate(regions) if k not in (a, b)]
-                if not self.acyclic(rest + [merged]):
-                    notes.append((ra, rb, "the region graph would have a cycle"))
-                    continue
-                if merged not in memo and self.evaluations >= budget:
-                    notes.append((ra, rb, "search budget (max_evaluations) spent"))
-                    continue
-                pm = self.price(merged, final)
-                now = self.price(ra, final).cost_us + self.price(rb, final).cost_us
-                gain = now - pm.cost_us
-                if gain > 1e-9 and (best is None or gain > best[0] + 1e-9):
-                    best = (gain, a, b)
-                elif not math.isfinite(pm.cost_us):
-                    notes.append((ra, rb, f"{why}: {pm.reason}"))
-                else:
-                    notes.append((ra, rb, f"{why}: one kernel {pm.schedule} would cost "
-                                          f"{pm.cost_us:.2f} us, separately {now:.2f} us"))
-            if best is None:
-                return regions, notes
-            _, a, b = best
-            regions = sorted([r for k, r in enumerate(regions) if k not in (a, b)]
-                             + [regions[a] | regions[b]], key=min)
-
     def forced(self) -> list[frozenset]:
         """The starting regions: ops joined by every edge that may not be a kernel boundary."""
         uf = UnionFind()
@@ -300,43 +239,44 @@ class _Planner(OpSpace):
         return sorted((frozenset(g) for g in groups.values()), key=min)
 
     def search(self, budget: int) -> tuple[list[frozenset], dict[frozenset, list[str]]]:
-        """Quick greedy from the forced regions, full-pricing greedy, the whole graph, then
-        the region search from that incumbent (under a deadline: the exact search until the
-        deadline, the local moves for at most ``DEADLINE_SHARE`` times the greedy's seconds
-        more)."""
-        t0 = time.perf_counter()
-        regions, _ = self.greedy(self.forced(), False, budget)
-        regions, notes = self.greedy(regions, True, budget)
-        whole = frozenset(range(len(self.ops)))
-        if len(regions) > 1 and self.evaluations < budget:
-            pw = self.price(whole, True)
-            if pw.cost_us < sum(self.price(r, True).cost_us for r in regions) - 1e-9:
-                regions, notes = [whole], []
-        until = math.inf
-        if self.deadline is not None:  # the exact DP is bounded by counts: only the deadline
-            until = self.deadline.end
-            if len(self.forced()) > EXACT_MAX_UNITS:
-                until = min(until, time.perf_counter()
-                            + DEADLINE_SHARE * (time.perf_counter() - t0))
-        better = improve(self.space(budget, until), regions,
-                         sum(self.price(r, True).cost_us for r in regions))
-        if better is not None:  # strictly cheaper: the refused merges of its regions
-            regions, notes = self.greedy(better, True, budget)
-        why_not: dict[frozenset, list[str]] = {r: [] for r in regions}
-        for ra, rb, text in notes:
-            why_not[ra].append(f"with ops {sorted(rb)} ({text})")
-            why_not[rb].append(f"with ops {sorted(ra)} ({text})")
-        return regions, why_not
+        """The region search (``regions.search``) over this planner's prices, and why each
+        pair of neighbouring regions of the result is not one kernel."""
+        local_share = DEADLINE_SHARE if self.deadline is not None else None
+        found = search(self.space(budget), self.space(budget, quick=True), local_share)
+        return found, self.why_not(found, budget)
 
-    def space(self, budget: int, until: float = math.inf) -> RegionSpace:
-        """The region search's view of this planner (``regions.py``): full pricing, stopped
-        by the evaluation budget, the plan's deadline or ``until`` (perf_counter seconds)."""
+    def why_not(self, regions: list[frozenset], budget: int) -> dict[frozenset, list[str]]:
+        """For each region, why it is not merged with each neighbour (``pairs``): a cycle,
+        no feasible schedule, or a dearer kernel (priced, within the budget)."""
+        why: dict[frozenset, list[str]] = {r: [] for r in regions}
+        space = self.space(budget)
+        for a, b, kind in self.pairs(regions):
+            ra, rb = regions[a], regions[b]
+            rest = [r for k, r in enumerate(regions) if k not in (a, b)]
+            if not space.acyclic(space.masks(rest + [ra | rb])):
+                text = "the region graph would have a cycle"
+            elif ra | rb not in self.final and space.stop():
+                text = "search budget (max_evaluations) spent"
+            else:
+                pm = self.price(ra | rb, True)
+                now = self.price(ra, True).cost_us + self.price(rb, True).cost_us
+                text = (f"{kind}: {pm.reason}" if not math.isfinite(pm.cost_us) else
+                        f"{kind}: one kernel {pm.schedule} would cost {pm.cost_us:.2f} us, "
+                        f"separately {now:.2f} us")
+            why[ra].append(f"with ops {sorted(rb)} ({text})")
+            why[rb].append(f"with ops {sorted(ra)} ({text})")
+        return why
+
+    def space(self, budget: int, quick: bool = False) -> RegionSpace:
+        """The region search's view of this planner (``regions.py``): full pricing (or the
+        search's quick pricing), stopped by the evaluation budget or the plan's deadline."""
         def stop() -> bool:
-            return self.evaluations >= budget or time.perf_counter() >= until or (
+            return self.evaluations >= budget or (
                 self.deadline is not None and self.deadline.expired())
-        return RegionSpace(self.forced(), self.users,
-                           lambda r: self.price(r, True).cost_us,
-                           lambda r: r in self.final, stop)
+        units = self.forced()
+        return RegionSpace(units, self.users, lambda r: self.price(r, not quick).cost_us,
+                           lambda r: r in (self.memo if quick else self.final), stop,
+                           [frozenset(self.reads(u)) for u in units])
 
     # -- assembly -----------------------------------------------------------------------------
     def order(self, regions: list[frozenset]) -> list[frozenset]:

@@ -1,9 +1,9 @@
 """Region search: the partition of a program's ops into kernels of least total price.
 
-``fusion.plan`` first merges regions greedily (``planner.py``); this module then searches the
-partitions themselves, with the planner's own full pricing (``RegionSpace.price``), and
-``improve`` returns a partition only when it is strictly cheaper than the greedy one (the
-incumbent), so the plan never gets dearer.
+This module decides which ops share a kernel (``fusion.plan`` calls ``search``; the planner
+only prices a region, ``RegionSpace.price``, and builds the chosen partition). Prices come
+from the planner: each region's cheapest legal schedule under ``gpucost``, with the
+schedules the e-graph's Kern, Online and Reg nodes allow.
 
 Units: the search works on *units*, the planner's forced groups (ops joined across every
 edge where no tiling rule allows a kernel boundary; one op each when every edge may be cut).
@@ -18,21 +18,28 @@ A region is a set of units; a partition is valid when its kernel graph is acycli
    planner; a region is priced only when ``best(T)`` leaves room under both the best so far
    for ``S`` and the incumbent's total (prices are never negative), and the DP is given up
    (``None``) when it would price more than ``EXACT_MAX_NEW`` regions not priced before.
-2. Local, for larger programs (or when the DP is given up): from the incumbent, rounds of
-   moves: one unit moved to a neighbouring region or split off on its own, two regions
-   merged. Each round applies the move that lowers the total most; it stops when none does,
-   after ``LOCAL_MAX_ROUNDS`` rounds, or when ``LOCAL_MAX_NEW`` new regions were priced.
+2. Descent, for larger programs (or when a bound stopped the DP): from one region per unit,
+   best-improvement merging of two neighbouring regions (a producer and its consumer, or
+   two regions reading a common tensor) while a merge lowers the total and keeps the kernel
+   graph acyclic, first with the planner's quick pricing (fewer schedules per region), then
+   with full pricing; then the whole program as one region if that is cheaper.
+3. Local moves from the descent's partition: one unit moved to a neighbouring region or
+   split off on its own, two regions merged. Each round applies the move that lowers the
+   total most; it stops when none does, after ``LOCAL_MAX_ROUNDS`` rounds, or when
+   ``LOCAL_MAX_NEW`` new regions were priced.
 
-Both stop when ``RegionSpace.stop()`` says so (the planner's deadline or evaluation budget);
-whatever was found by then is only taken if it is valid and cheaper. Bounds are counts, not
-seconds, so a plan does not depend on the machine's speed (except through the deadline).
+All stop when ``RegionSpace.stop()`` says so (the planner's deadline or evaluation budget);
+what is already priced is still used, so the result is always a valid partition no dearer
+than one kernel per unit. Bounds are counts, not seconds, so a plan does not depend on the
+machine's speed (except through the deadline).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 EXACT_MAX_UNITS = 6  # 2**6 - 1 = 63 regions at most (as many as the brute force prices)
 EXACT_MAX_NEW = 64  # regions not priced before that the DP may price
@@ -44,14 +51,17 @@ EPS_US = 1e-9
 @dataclass
 class RegionSpace:
     """What the search needs of one planner: the units (forced op groups), the ops' users,
-    the full price of an op set (``inf``: no feasible kernel), whether an op set is already
-    priced, and when to stop (deadline passed or evaluation budget spent)."""
+    the price of an op set (``inf``: no feasible kernel), whether an op set is already
+    priced, when to stop (deadline passed or evaluation budget spent), and optionally the
+    device tensors each unit reads from outside it (units reading a common one are
+    neighbours too: siblings, as GatedMLP's two matmuls reading X)."""
 
     units: list[frozenset[int]]
     users: list[set[int]]
     price: Callable[[frozenset[int]], float]
     priced: Callable[[frozenset[int]], bool]
     stop: Callable[[], bool]
+    reads: list[frozenset[str]] | None = None
 
     def __post_init__(self) -> None:
         owner = {i: u for u, ops in enumerate(self.units) for i in ops}
@@ -62,6 +72,17 @@ class RegionSpace:
             for v in s:
                 self.pred[v].add(u)
         self.owner = owner
+        self.near = [sum(1 << v for v in self.succ[u] | self.pred[u])
+                     for u in range(len(self.units))]
+        if self.reads is not None:
+            for u, a in enumerate(self.reads):
+                for v, b in enumerate(self.reads):
+                    if u != v and a & b:
+                        self.near[u] |= 1 << v
+
+    def masks(self, regions: list[frozenset[int]]) -> list[int]:
+        """Op-index regions as unit bitmasks (each region a union of units)."""
+        return [sum(1 << u for u in {self.owner[i] for i in r}) for r in regions]
 
     def ops(self, mask: int) -> frozenset[int]:
         """The ops of the units in bitmask ``mask``."""
@@ -239,3 +260,74 @@ def improve(space: RegionSpace, incumbent: list[frozenset[int]], incumbent_us: f
     if done:  # the DP saw every partition: nothing cheaper than ``found`` exists
         return found
     return local(space, incumbent)
+
+
+def _lowest(mask: int) -> int:
+    return (mask & -mask).bit_length()
+
+
+def descend(space: RegionSpace, start: list[frozenset[int]]) -> list[frozenset[int]]:
+    """Best-improvement merging from ``start`` (module docstring, step 2): repeatedly merge
+    the two neighbouring regions whose merge lowers the total most (ties: the lowest
+    units), keeping the kernel graph acyclic, until no merge lowers it. A region the space
+    may no longer price (``stop``) is not a candidate; what is priced still is."""
+    price = _Counter(space, 1 << 62)
+    cur = sorted(space.masks(start), key=_lowest)
+    while True:
+        costs = [price(r) for r in cur]
+        best = None
+        for a in range(len(cur)):
+            adj = 0
+            for u in range(len(space.units)):
+                if cur[a] >> u & 1:
+                    adj |= space.near[u]
+            for b in range(a + 1, len(cur)):
+                if not adj & cur[b] or costs[a] is None or costs[b] is None:
+                    continue
+                merged = [r for k, r in enumerate(cur) if k not in (a, b)] + [cur[a] | cur[b]]
+                if not space.acyclic(merged):
+                    continue
+                c = price(cur[a] | cur[b])
+                if c is None:
+                    continue
+                gain = costs[a] + costs[b] - c
+                if gain > EPS_US and (best is None or gain > best[0] + EPS_US):
+                    best = (gain, a, b)
+        if best is None:
+            return sorted((space.ops(r) for r in cur), key=min)
+        _, a, b = best
+        cur = sorted([r for k, r in enumerate(cur) if k not in (a, b)] + [cur[a] | cur[b]],
+                     key=_lowest)
+
+
+def total(space: RegionSpace, regions: list[frozenset[int]]) -> float:
+    """The price of a partition (op-index regions)."""
+    return sum(space.price(r) for r in regions)
+
+
+def search(full: RegionSpace, quick: RegionSpace | None = None,
+           local_share: float | None = None) -> list[frozenset[int]]:
+    """The partition of least price found (module docstring): the exact DP for at most
+    ``EXACT_MAX_UNITS`` units, else the descent (with ``quick`` pricing first, when given),
+    the whole program as one region, and local moves. ``local_share``: the local moves run
+    at most that many times the seconds spent before them (None: only the space's bounds)."""
+    t0 = time.perf_counter()
+    units = list(full.units)
+    whole = frozenset(i for u in units for i in u)
+    regions = descend(quick, units) if quick is not None else units
+    if len(units) <= EXACT_MAX_UNITS:
+        # quick prices bound full ones from above (their schedules are a subset): the quick
+        # descent's total bounds the optimum, and its partition attains it if nothing beats it
+        bound = total(quick, regions) if quick is not None else math.inf
+        done, found = exact(full, bound)
+        if done:
+            return found or (regions if math.isfinite(bound) else units)
+    regions = descend(full, regions)
+    if len(regions) > 1 and (full.priced(whole) or not full.stop()):
+        if full.price(whole) < total(full, regions) - EPS_US:
+            regions = [whole]
+    space = full
+    if local_share is not None:
+        until = time.perf_counter() + local_share * (time.perf_counter() - t0)
+        space = replace(full, stop=lambda: full.stop() or time.perf_counter() >= until)
+    return local(space, regions) or regions
