@@ -1,7 +1,9 @@
 """optimize's compile check: each candidate MuGraph built for the target before it is verified.
 
 ``Builder.clean(plan, ...)`` runs ``codegen.tune`` on the plan's MuGraph (every custom
-kernel compiled for the target; spilling kernels rebuilt at other warp counts). A plan
+kernel compiled for the target; spilling kernels rebuilt at other warp counts); with the
+compile check off (``build=False``) it only writes the plan's Triton source, and a kernel
+the Triton backend refuses (a ``CodegenError``) is refused the same way. A plan
 with a kernel that cannot build cleanly is dropped, and its candidate program is planned
 again with every refused schedule priced as infeasible (the refusals become facts of the
 kernel planner, ``KernelPlanner.refuse``, read by every later plan); the new plan joins the
@@ -29,9 +31,11 @@ MAX_REPLANS = 4  # re-plans per optimize call after refusals (each re-prices the
 class Builder:
     """The compile check of one optimize call (see the module docstring)."""
 
-    def __init__(self, prof, kernels, todo: list, deadline, progress=None) -> None:
-        # kernels: the egraph.kernels.KernelPlanner that planned the forms of ``todo``
-        self.prof, self.kernels, self.todo = prof, kernels, todo
+    def __init__(self, prof, kernels, todo: list, deadline, progress=None,
+                 build: bool = True) -> None:
+        # kernels: the egraph.kernels.KernelPlanner that planned the forms of ``todo``;
+        # build: compile every kernel for the target (False: write the Triton source only)
+        self.prof, self.kernels, self.todo, self.build = prof, kernels, todo, build
         self.deadline, self.progress = deadline, progress
         self.refused: dict = {}
         self.replans = 0
@@ -46,6 +50,10 @@ class Builder:
                  structure_key(k)) if key in self.refused}
         if known:  # a schedule refused before: no need to build it again
             result = TuneResult(self.prof.name, refused=known)
+        elif not self.build:  # compile check off: the source is still written (fast)
+            result = self._written(p.mugraph, custom)
+            if result is None:
+                return True
         elif self.deadline.expired():  # past its share of the time limit: verify unbuilt
             entry["compiled"] = "not built: the compile check's share of the time limit ran out"
             self.skipped += 1
@@ -82,8 +90,8 @@ class Builder:
         self.kernels.refuse(result.refused)
         entry["compiled"] = "; ".join(dict.fromkeys(result.refused.values()))
         if self.progress:
-            self.progress(f"MuGraph from {how} refused by the compile check: "
-                          f"{entry['compiled']}")
+            what = "the compile check" if self.build else "the Triton backend"
+            self.progress(f"MuGraph from {how} refused by {what}: {entry['compiled']}")
         if self.replans >= MAX_REPLANS or self.deadline.expired():
             return False
         self.replans += 1
@@ -99,6 +107,22 @@ class Builder:
             bisect.insort(queue, (again.cost_us, i, f"{how} (re-planned)", again),
                           key=lambda x: (x[0], x[1]))
         return False
+
+    def _written(self, mugraph, custom: list) -> TuneResult | None:
+        """None when the Triton backend writes ``mugraph``'s source, else the refusal of the
+        kernel it refused (its tile and structure keys; every custom kernel's tile key when
+        the whole module was refused)."""
+        from ..codegen.source import triton_source
+
+        try:
+            triton_source(mugraph)
+        except CodegenError as exc:
+            why = f"refused by the Triton backend: {exc}"[:500]
+            bad = [k for k in custom if k is exc.kernel]
+            keys = ([key for k in bad for key in (tile_key(k), structure_key(k))]
+                    or [tile_key(k) for k in custom])
+            return TuneResult(self.prof.name, refused=dict.fromkeys(keys, why))
+        return None
 
     def report(self) -> CompileRecord:
         """What the check did: builds, refusals, re-plans, compiles and seconds

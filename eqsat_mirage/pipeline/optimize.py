@@ -54,21 +54,6 @@ from .result import OptimizeResult
 __all__ = ["DEFAULT_SPLITS", "LEVELS", "OptimizeResult", "optimize", "search"]
 
 
-def lowers(mugraph, entry: dict) -> bool:
-    """Without the compile check, a plan's Triton source is still written before the plan is
-    verified: one the Triton backend refuses (a ``CodegenError``) is dropped with its reason
-    in ``entry["compiled"]``, and the search goes on (it would fail at ``compile()``)."""
-    from ..codegen.concat import CodegenError
-    from ..codegen.source import triton_source
-
-    try:
-        triton_source(mugraph)
-    except CodegenError as exc:
-        entry["compiled"] = f"refused by the Triton backend: {exc}"[:500]
-        return False
-    return True
-
-
 def candidate_splits(graph, factors) -> list[tuple[int, int, int]]:
     """The ``(split n i j)`` facts for ``graph``: n = i * j for each dim n of its tensors and
     each factor j of ``factors`` (``split_factors``) with i, j >= 2. No built-in rule reads
@@ -398,8 +383,8 @@ def _mugraph_level(graph, cands, egraph, prof, options: SearchOptions, lax, timi
     t = time.perf_counter()
     chosen, result, summary = None, None, []
     ver = record.verification
-    builder = (Builder(prof, kernels, todo, budget.compile_check(), progress)
-               if options.compile_check else None)
+    builder = Builder(prof, kernels, todo, budget.compile_check(), progress,
+                      build=options.compile_check)
     while plans:
         cost, i, how, p = plans.pop(0)
         entry = {"how": how, "cost_us": cost, "kernels": len(p.mugraph.kernels), "verified": None,
@@ -410,9 +395,7 @@ def _mugraph_level(graph, cands, egraph, prof, options: SearchOptions, lax, timi
         if vplan.deadline.expired():
             ver.time_out(NOT_IN_TIME)
             continue
-        if builder is not None and not builder.clean(p, i, how, entry, plans):
-            continue
-        if builder is None and not lowers(p.mugraph, entry):
+        if not builder.clean(p, i, how, entry, plans):
             continue
         if plans and p.cost_us > max(cost, plans[0][0]):  # retuned warps cost more than the
             summary.pop()                                # next plan: that one goes first
@@ -426,7 +409,7 @@ def _mugraph_level(graph, cands, egraph, prof, options: SearchOptions, lax, timi
             ver.rejected.append(f"MuGraph from {how}: {res.reason}")
             if progress:
                 progress(f"MuGraph from {how} rejected by the verifier: {res.reason}")
-    if builder is not None:
+    if options.compile_check:
         record.compile = builder.report()
     stats["plans"] = summary
     if chosen is None:  # nothing verified (or not Lax): the input, one kernel per op

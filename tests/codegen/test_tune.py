@@ -129,6 +129,22 @@ def test_optimize_replans_a_refused_candidate(monkeypatch):
     assert res.cost_us >= first.cost_us
 
 
+def test_the_triton_backends_refusal_is_replanned_with_the_compile_check_off():
+    # a random program whose cheapest plan reshapes padded tiles: the Triton backend refuses
+    # that kernel; with the compile check off the candidate is planned again, not dropped
+    from bench.brute_force_bench import random_programs
+
+    g = random_programs(24, 64)[4]
+    res = em.optimize(g, cache=False, compile_check=False, time_limit_s=600)
+    plans = res.stats["plans"]
+    refused = [p for p in plans if "refused by the Triton backend" in p.get("compiled", "")]
+    assert refused and "reshape" in refused[0]["compiled"]
+    again = [p for p in plans if p["how"] == f"{refused[0]['how']} (re-planned)"]
+    assert again and again[0]["cost_us"] < float("inf")
+    assert res.verified.equivalent and "compiled" not in res.stats
+    triton_source(res.program)  # what was chosen lowers
+
+
 @needs_compiler
 def test_optimize_builds_the_chosen_kernels_for_the_target():
     res = em.optimize(_rmslin(), cache=False, compile_check=True)
