@@ -242,3 +242,16 @@ def test_cli_benchmark_choices_match_the_registry():
     from eqsat_mirage.cli.parser import BENCH_NAMES
 
     assert set(BENCH_NAMES) == set(bp.BENCHMARKS) | set(bp.SAFE)
+
+
+def test_egraph_bench_row_and_table():
+    from bench.egraph_bench import PHASES, one, table
+
+    row = one("lora", 1, True)
+    nodes = [p["enodes"] for p in row["phases"]]
+    assert [p["name"] for p in row["phases"]] == list(PHASES)
+    assert nodes == sorted(nodes) and nodes[0] > 0  # phases only add e-nodes
+    assert row["json_bytes"] > 0 and row["peak"] >= row["loaded"] >= 0
+    lines = table([row]).splitlines()
+    assert len(lines) == 3 and lines[2].startswith("| lora b=1 | on | " + " | ".join(
+        str(n) for n in nodes))
