@@ -301,9 +301,16 @@ def main(argv=None) -> int:
     ap.add_argument("--time-limit", type=float, default=None,
                     help="time_limit_s (default: em.backend's default)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--verify-threads", type=int, default=None, metavar="N",
+                    help="the verifier's threads (default: verifier.runner.THREADS): "
+                         "1 measures what the second core gives")
     ap.add_argument("--verify-piece", type=int, default=None, metavar="INDEX",
                     help="only time the verification of piece INDEX's first candidate")
     args = ap.parse_args(argv)
+    if args.verify_threads is not None:
+        from eqsat_mirage.verifier import endtoend, runner, verify
+
+        runner.THREADS = verify.THREADS = endtoend.THREADS = max(1, args.verify_threads)
     if args.verify_piece is not None:
         dims = {"hidden": args.hidden, "heads": args.heads, "kv_heads": args.kv_heads,
                 "intermediate": args.intermediate}

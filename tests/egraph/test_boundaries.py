@@ -12,6 +12,7 @@ from eqsat_mirage.cost.per_op import Hardware
 from eqsat_mirage.egraph.boundaries import Boundaries, input_selection, written_form
 from eqsat_mirage.egraph.check_rules import check_rules
 from eqsat_mirage.egraph.extract import decode_with_keys
+from eqsat_mirage.egraph.kernels import canonical
 from eqsat_mirage.egraph.rulefiles import Schema, builtin_rules_dir, load_rules, parse_rules
 from eqsat_mirage.egraph.saturate import DEFAULT_PHASES, Limits, Saturator, _guard_facts
 from eqsat_mirage.egraph.view import view
@@ -81,7 +82,9 @@ def test_builtin_rules_allow_a_boundary_on_every_op_edge(name):
     prog, cuts = _decoded_input(graph)
     edges = _op_edges(prog)
     assert edges and cuts == edges
-    assert em.verify(graph, prog, trials=1).equivalent
+    # the decoded input is the program as written, up to the order of add/mul operands
+    # (a structural check: verifying it at the benchmarks' sizes took 19-24 s a case)
+    assert canonical(prog) == canonical(graph)
 
 
 def test_tiling_phase_is_reported_and_guards_keep_it_smaller():
