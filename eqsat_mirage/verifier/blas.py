@@ -11,6 +11,14 @@ thread count it found when the last such pool ends. Where no OpenBLAS is found (
 BLAS, another platform) it does nothing. The setting is process-wide: other threads' NumPy
 products run on one thread too while such a pool runs.
 
+A one-thread runner (a verification the memory budget lets run only one trial at a time,
+the 7B-size pieces) holds BLAS at one thread too when the machine is ``busy``: other
+processes' load leaves less than every core spare. Measured on the shared 2-core machine at
+load 2 (bench/RESULTS.md, "Tiny layers and stacks"): a (128, 4096) @ (4096, 11008) float64
+product 0.20-0.21 s on one thread against 0.25-0.27 s on two, and the tiny layer with one
+verifier thread 23-29 s with BLAS on two threads against 11-15 s on one. On an idle machine
+the big products keep every core.
+
 What changes besides speed: OpenBLAS sums a large product in another order on one thread
 than on two (a float32 (2, 300, 700) @ (2, 700, 130) differs in the last bits), as it does
 between machines and BLAS builds. Nothing the verifier decides rests on that order: the
@@ -93,6 +101,16 @@ def _open(paths: tuple[str, ...]) -> tuple[Library, ...]:
                 found.append(Library(path, get, put))
                 break
     return tuple(found)
+
+
+def busy(cores: int | None = None) -> bool:
+    """Whether other processes use the cores: the 1-minute load average, less this process's
+    one running thread, is at least half a core (False where there is no load average)."""
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return False
+    return (cores or os.cpu_count() or 1) > 1 and load - 1.0 >= 0.5
 
 
 _LOCK = threading.Lock()

@@ -12,7 +12,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from ..ir.errors import TimeLimitError
 from ..ir.limits import Deadline, matmul_scratch
 from ..ir.node import fmt_shape
-from .blas import single_threaded
+from .blas import busy, single_threaded
 
 THREADS = max(1, min(4, os.cpu_count() or 1))  # field trials / float evaluations at once
 
@@ -22,10 +22,12 @@ def runner(deadline: Deadline, threads: int | None = None):
     """A ``Runner`` on a pool of ``threads`` threads (``THREADS`` if None; NumPy and BLAS
     release the GIL) under ``deadline``; at the deadline the pool is left to finish its
     running jobs on its own. While a pool of several threads runs, NumPy's BLAS runs on
-    one thread (``blas.single_threaded``: the pool already uses the cores)."""
+    one thread (``blas.single_threaded``: the pool already uses the cores); in a one-thread
+    runner too when other processes keep the cores busy (``blas.busy``)."""
     count = THREADS if threads is None else max(1, threads)
     if count == 1:
-        yield Runner(None, deadline)
+        with single_threaded(active=busy()):
+            yield Runner(None, deadline)
         return
     threads = ThreadPoolExecutor(count, thread_name_prefix="em-verify")
     try:

@@ -1,5 +1,6 @@
 """NumPy's BLAS on one thread while the verifier's pool of several threads runs
-(``verifier/blas.py``): set inside, given back after, left alone by a one-thread runner."""
+(``verifier/blas.py``): set inside, given back after; a one-thread runner holds it only
+when other processes keep the cores busy."""
 
 from __future__ import annotations
 
@@ -45,9 +46,25 @@ def test_a_pool_of_two_runs_blas_on_one_thread_and_gives_it_back(libs):
     assert _threads() == [2] * len(libs)
 
 
-def test_a_one_thread_runner_leaves_blas_alone(libs):
+def test_a_one_thread_runner_leaves_blas_alone_on_an_idle_machine(libs, monkeypatch):
+    monkeypatch.setattr(blas.os, "getloadavg", lambda: (1.2, 1.0, 1.0))  # this process alone
     with runner(Deadline(None), 1) as pool:
         assert list(pool.in_order([_threads])) == [[2] * len(libs)]
+
+
+def test_a_one_thread_runner_holds_blas_at_one_thread_on_a_busy_machine(libs, monkeypatch):
+    monkeypatch.setattr(blas.os, "getloadavg", lambda: (3.0, 3.0, 3.0))
+    monkeypatch.setattr(blas.os, "cpu_count", lambda: 2)
+    with runner(Deadline(None), 1) as pool:
+        assert list(pool.in_order([_threads])) == [[1] * len(libs)]
+    assert _threads() == [2] * len(libs)
+
+
+def test_busy_reads_the_load_less_this_process(monkeypatch):
+    monkeypatch.setattr(blas.os, "getloadavg", lambda: (1.4, 0.0, 0.0))
+    assert not blas.busy(2)
+    monkeypatch.setattr(blas.os, "getloadavg", lambda: (1.6, 0.0, 0.0))
+    assert blas.busy(2) and not blas.busy(1)  # one core: BLAS has one thread anyway
 
 
 def test_nested_and_overlapping_holds_give_back_the_first_count(libs):
