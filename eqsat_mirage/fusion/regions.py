@@ -16,7 +16,9 @@ A region is a set of units; a partition is valid when its kernel graph is acycli
    acyclic partition is such a sequence of peels (take its kernels in topological order),
    so the minimum over all acyclic partitions is found. Region prices are memoized by the
    planner; a region is priced only when ``best(T)`` leaves room under both the best so far
-   for ``S`` and the incumbent's total (prices are never negative), and the DP is given up
+   for ``S`` and the incumbent's total (prices are never negative; ``search`` passes the
+   total of step 2's quick descent, an upper bound since a quick price is never below the
+   full one, and keeps that partition when nothing beats it), and the DP is given up
    (``None``) when it would price more than ``EXACT_MAX_NEW`` regions not priced before.
 2. Descent, for larger programs (or when a bound stopped the DP): from one region per unit,
    best-improvement merging of two neighbouring regions (a producer and its consumer, or
@@ -308,9 +310,10 @@ def total(space: RegionSpace, regions: list[frozenset[int]]) -> float:
 def search(full: RegionSpace, quick: RegionSpace | None = None,
            local_share: float | None = None) -> list[frozenset[int]]:
     """The partition of least price found (module docstring): the exact DP for at most
-    ``EXACT_MAX_UNITS`` units, else the descent (with ``quick`` pricing first, when given),
-    the whole program as one region, and local moves. ``local_share``: the local moves run
-    at most that many times the seconds spent before them (None: only the space's bounds)."""
+    ``EXACT_MAX_UNITS`` units (bounded by the quick descent's total), else the descent (with
+    ``quick`` pricing first, when given), the whole program as one region, and local moves.
+    ``local_share``: the local moves run at most that many times the seconds spent before
+    them (None: only the space's bounds)."""
     t0 = time.perf_counter()
     units = list(full.units)
     whole = frozenset(i for u in units for i in u)
