@@ -9,7 +9,9 @@ again with every refused schedule priced as infeasible (the refusals become fact
 kernel planner, ``KernelPlanner.refuse``, read by every later plan); the new plan joins the
 queue in cost order. Past its deadline (optimize gives it until 70% of the
 time limit) a plan is verified without being built, and counted as skipped, and so is a plan
-whose warp retries the deadline cut short (``tune``'s ``cut_short``). ``report()`` is
+whose warp retries the deadline cut short (``tune``'s ``cut_short``). A refusal that comes
+back after that deadline is still re-planned until planning's own (85%): before, whether a
+piece kept its input depended on which side of the deadline a 15 s build finished. ``report()`` is
 its ``CompileRecord`` (``res.stats["compiled"]`` is its ``as_stats()``).
 """
 
@@ -32,11 +34,15 @@ class Builder:
     """The compile check of one optimize call (see the module docstring)."""
 
     def __init__(self, prof, kernels, todo: list, deadline, progress=None,
-                 build: bool = True) -> None:
+                 build: bool = True, replan=None) -> None:
         # kernels: the egraph.kernels.KernelPlanner that planned the forms of ``todo``;
-        # build: compile every kernel for the target (False: write the Triton source only)
+        # build: compile every kernel for the target (False: write the Triton source only);
+        # replan: until when a refused candidate is planned again (default ``deadline``: a
+        # refusal that comes back after the compile check's share still gets its re-plan,
+        # verified unbuilt, when planning's share allows)
         self.prof, self.kernels, self.todo, self.build = prof, kernels, todo, build
         self.deadline, self.progress = deadline, progress
+        self.replan_deadline = replan or deadline
         self.refused: dict = {}
         self.replans = 0
         self.builds: list[str] = []
@@ -92,11 +98,11 @@ class Builder:
         if self.progress:
             what = "the compile check" if self.build else "the Triton backend"
             self.progress(f"MuGraph from {how} refused by {what}: {entry['compiled']}")
-        if self.replans >= MAX_REPLANS or self.deadline.expired():
+        if self.replans >= MAX_REPLANS or self.replan_deadline.expired():
             return False
         self.replans += 1
         try:
-            again = self.kernels.plan(self.todo[i], None, self.deadline)
+            again = self.kernels.plan(self.todo[i], None, self.replan_deadline)
         except Exception as exc:  # the planner refused the program (a bug too, outside
             if unexpected(exc):   # strict mode: the candidate is dropped, the search goes on)
                 raise

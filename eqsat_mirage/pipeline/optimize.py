@@ -384,7 +384,7 @@ def _mugraph_level(graph, cands, egraph, prof, options: SearchOptions, lax, timi
     chosen, result, summary = None, None, []
     ver = record.verification
     builder = Builder(prof, kernels, todo, budget.compile_check(), progress,
-                      build=options.compile_check)
+                      build=options.compile_check, replan=budget.planning())
     while plans:
         cost, i, how, p = plans.pop(0)
         entry = {"how": how, "cost_us": cost, "kernels": len(p.mugraph.kernels), "verified": None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 from mugraph_examples import attention_tiles
@@ -127,6 +128,29 @@ def test_optimize_replans_a_refused_candidate(monkeypatch):
     assert any("re-planned" in p["how"] for p in res.stats["plans"])
     assert res.cost_us == pytest.approx(mugraph_cost(res.program).total_us)
     assert res.cost_us >= first.cost_us
+
+
+def test_a_refusal_after_the_compile_checks_share_is_still_replanned(monkeypatch):
+    # the build that refuses the plan ends past the compile check's share: the candidate is
+    # planned again (and verified unbuilt), not dropped for the input
+    g = em.Graph("rmslin")
+    x = g.input("X", (16, 256), dtype="float16")
+    w = g.input("W", (256, 512), dtype="float16")
+    g.output(em.rms_norm(x) @ w, "Y")
+    first = em.optimize(g, cache=False)
+    (k0,) = _custom(first.program)
+
+    def late_refusal(mg, target, deadline=None):
+        deadline.end = time.perf_counter()  # the share runs out while this build runs
+        return TuneResult(target, refused={tile_key(k0): "kernel k0 spilled (test)"})
+
+    monkeypatch.setattr(build, "tune", late_refusal)
+    res = em.optimize(g, cache=False, compile_check=True, time_limit_s=600)
+    plans = res.stats["plans"]
+    assert any(p["how"].endswith("(re-planned)") for p in plans)  # queued, in cost order
+    assert res.stats["compiled"]["replans"] >= 1
+    assert res.verified.equivalent and res.cost_us < res.baseline_cost_us
+    assert tile_key(k0) not in [tile_key(k) for k in _custom(res.program)]
 
 
 def test_the_triton_backends_refusal_is_replanned_with_the_compile_check_off():
