@@ -20,8 +20,9 @@ decided by the region search (``regions.search``), called from ``plan``:
    across the plans of one search, by fragment shape through ``shared``), at two depths:
    quick (``search_candidates`` schedules, two thirds from grids of at least one block per
    SM, a third in Mirage's order, no splits) and full (``strategy``, up to
-   ``max_candidates`` schedules, splits included, plus up to 96 SM-filling grids). The quick
-   schedules are a subset of the full ones, so a quick price bounds the full one from above.
+   ``max_candidates`` schedules, splits included, plus up to 96 SM-filling grids, plus any
+   quick schedule those left out). The quick schedules are a subset of the full ones, so a
+   quick price bounds the full one from above.
    A region of one op is its predefined kernel; the e-graph's Kern, Online and Reg nodes
    (``permit``) decide which schedules and thread graphs are priced at all.
 3. The search (``regions.py``): exact dynamic programming over every acyclic partition of a
@@ -30,7 +31,8 @@ decided by the region search (``regions.search``), called from ``plan``:
    pricing), the whole program as one kernel, and local moves (under a deadline at most
    ``DEADLINE_SHARE`` times the seconds spent before them). Elementwise chains need no
    special case: fusing them saves launches and round trips, so they join their producer's
-   or consumer's region. The result never costs more than one kernel per unit.
+   or consumer's region. The result never costs more than one kernel per unit (a region a
+   passed deadline left unpriced is split back into its units: left unfused).
 4. For each pair of neighbouring regions of the result, the report's "why not" (``why_not``,
    priced in full): the merge would make a cycle, has no legal schedule (a value carrying
    the loop index after a reduction over it, as in softmax before its division is moved),
@@ -90,7 +92,11 @@ class _Planner(OpSpace):
         self.quick = (replace(filled, max_candidates=quick - quick // 3,
                               allow_split_reduction=False),
                       replace(strategy, max_candidates=quick // 3, allow_split_reduction=False))
-        self.full = (strategy, replace(filled, max_candidates=min(96, strategy.max_candidates)))
+        # the full schedules include the quick ones (appended where a small max_candidates
+        # left them out), so a quick price never falls below the full one (regions.search
+        # bounds its exact search by the quick descent's total)
+        self.full = (strategy, replace(filled, max_candidates=min(96, strategy.max_candidates)),
+                     *self.quick)
         self.memo: dict[frozenset, Pricing] = {}  # search pricing (quick strategy)
         self.final: dict[frozenset, Pricing] = {}  # the chosen regions, full strategy
         self.evaluations = 0  # fragments priced as custom kernels
@@ -256,7 +262,8 @@ class _Planner(OpSpace):
             if not space.acyclic(space.masks(rest + [ra | rb])):
                 text = "the region graph would have a cycle"
             elif ra | rb not in self.final and space.stop():
-                text = "search budget (max_evaluations) spent"
+                text = ("the time limit ran out" if self.deadline is not None
+                        and self.deadline.expired() else "search budget (max_evaluations) spent")
             else:
                 pm = self.price(ra | rb, True)
                 now = self.price(ra, True).cost_us + self.price(rb, True).cost_us

@@ -268,26 +268,75 @@ def _lowest(mask: int) -> int:
     return (mask & -mask).bit_length()
 
 
+def _bits(mask: int):
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
+
+
+def reachability(space: RegionSpace, cur: list[int]) -> tuple[list[int], list[int]]:
+    """Per region of the acyclic partition ``cur`` (unit bitmasks): its successor regions
+    and every region reachable from it, as bitmasks over region indices."""
+    where = {u: r for r, m in enumerate(cur) for u in _bits(m)}
+    succ = [0] * len(cur)
+    for r, m in enumerate(cur):
+        for u in _bits(m):
+            for v in space.succ[u]:
+                if where[v] != r:
+                    succ[r] |= 1 << where[v]
+    reach = [-1] * len(cur)
+
+    def close(r: int) -> int:  # depth-first, memoized (the region graph is acyclic)
+        stack = [r]
+        while stack:
+            x = stack[-1]
+            todo = [s for s in _bits(succ[x]) if reach[s] < 0]
+            if todo:
+                stack.extend(todo)
+                continue
+            stack.pop()
+            if reach[x] < 0:
+                acc = succ[x]
+                for s in _bits(succ[x]):
+                    acc |= reach[s]
+                reach[x] = acc
+        return reach[r]
+
+    for r in range(len(cur)):
+        close(r)
+    return succ, reach
+
+
+def merge_cycles(succ: list[int], reach: list[int], a: int, b: int) -> bool:
+    """Whether merging regions ``a`` and ``b`` of an acyclic partition (``reachability``'s
+    bitmasks) makes a cycle: one reaches the other through a third region."""
+    ab, ba = 1 << b, 1 << a
+    return any(reach[s] & ab for s in _bits(succ[a] & ~ab)) or any(
+        reach[s] & ba for s in _bits(succ[b] & ~ba))
+
+
 def descend(space: RegionSpace, start: list[frozenset[int]]) -> list[frozenset[int]]:
     """Best-improvement merging from ``start`` (module docstring, step 2): repeatedly merge
     the two neighbouring regions whose merge lowers the total most (ties: the lowest
     units), keeping the kernel graph acyclic, until no merge lowers it. A region the space
-    may no longer price (``stop``) is not a candidate; what is priced still is."""
+    may no longer price (``stop``) is not a candidate; what is priced still is. Merging
+    regions a and b makes a cycle exactly when one reaches the other through a third
+    region; that is read from each round's reachability (``reachability``)."""
     price = _Counter(space, 1 << 62)
     cur = sorted(space.masks(start), key=_lowest)
     while True:
         costs = [price(r) for r in cur]
+        succ, reach = reachability(space, cur)
         best = None
         for a in range(len(cur)):
             adj = 0
-            for u in range(len(space.units)):
-                if cur[a] >> u & 1:
-                    adj |= space.near[u]
+            for u in _bits(cur[a]):
+                adj |= space.near[u]
             for b in range(a + 1, len(cur)):
                 if not adj & cur[b] or costs[a] is None or costs[b] is None:
                     continue
-                merged = [r for k, r in enumerate(cur) if k not in (a, b)] + [cur[a] | cur[b]]
-                if not space.acyclic(merged):
+                if merge_cycles(succ, reach, a, b):
                     continue
                 c = price(cur[a] | cur[b])
                 if c is None:
@@ -319,12 +368,12 @@ def search(full: RegionSpace, quick: RegionSpace | None = None,
     whole = frozenset(i for u in units for i in u)
     regions = descend(quick, units) if quick is not None else units
     if len(units) <= EXACT_MAX_UNITS:
-        # quick prices bound full ones from above (their schedules are a subset): the quick
+        # quick prices bound full ones from above (the full schedules include them): the quick
         # descent's total bounds the optimum, and its partition attains it if nothing beats it
         bound = total(quick, regions) if quick is not None else math.inf
         done, found = exact(full, bound)
         if done:
-            return found or (regions if math.isfinite(bound) else units)
+            return settle(full, found or (regions if math.isfinite(bound) else units))
     regions = descend(full, regions)
     if len(regions) > 1 and (full.priced(whole) or not full.stop()):
         if full.price(whole) < total(full, regions) - EPS_US:
@@ -333,4 +382,18 @@ def search(full: RegionSpace, quick: RegionSpace | None = None,
     if local_share is not None:
         until = time.perf_counter() + local_share * (time.perf_counter() - t0)
         space = replace(full, stop=lambda: full.stop() or time.perf_counter() >= until)
-    return local(space, regions) or regions
+    return settle(full, local(space, regions) or regions)
+
+
+def settle(space: RegionSpace, regions: list[frozenset[int]]) -> list[frozenset[int]]:
+    """``regions`` with every region of several units that has no finite full price (a
+    passed deadline left it unpriced) split back into its units: left unfused. Splitting a
+    region of an acyclic partition keeps it acyclic (the region is convex)."""
+    out = []
+    for r in regions:
+        units = [u for u in space.units if u <= r]
+        if len(units) > 1 and not math.isfinite(space.price(r)):
+            out.extend(units)
+        else:
+            out.append(r)
+    return sorted(out, key=min)

@@ -57,9 +57,13 @@ class Builder:
         if known:  # a schedule refused before: no need to build it again
             result = TuneResult(self.prof.name, refused=known)
         elif not self.build:  # compile check off: the source is still written (fast)
-            result = self._written(p.mugraph, custom)
-            if result is None:
+            why, keys = self._written(p.mugraph, custom)
+            if why is None:
                 return True
+            if not keys:  # the module refused, no custom kernel to re-plan around: dropped
+                entry["compiled"] = why
+                return False
+            result = TuneResult(self.prof.name, refused=dict.fromkeys(keys, why))
         elif self.deadline.expired():  # past its share of the time limit: verify unbuilt
             entry["compiled"] = "not built: the compile check's share of the time limit ran out"
             self.skipped += 1
@@ -96,8 +100,8 @@ class Builder:
         self.kernels.refuse(result.refused)
         entry["compiled"] = "; ".join(dict.fromkeys(result.refused.values()))
         if self.progress:
-            what = "the compile check" if self.build else "the Triton backend"
-            self.progress(f"MuGraph from {how} refused by {what}: {entry['compiled']}")
+            what = "refused by the compile check: " if self.build else ""
+            self.progress(f"MuGraph from {how} {what}{entry['compiled']}")
         if self.replans >= MAX_REPLANS or self.replan_deadline.expired():
             return False
         self.replans += 1
@@ -114,10 +118,10 @@ class Builder:
                           key=lambda x: (x[0], x[1]))
         return False
 
-    def _written(self, mugraph, custom: list) -> TuneResult | None:
-        """None when the Triton backend writes ``mugraph``'s source, else the refusal of the
-        kernel it refused (its tile and structure keys; every custom kernel's tile key when
-        the whole module was refused)."""
+    def _written(self, mugraph, custom: list) -> tuple[str | None, list]:
+        """(None, []) when the Triton backend writes ``mugraph``'s source, else why not and
+        the keys to refuse: the refused kernel's tile and structure keys, or every custom
+        kernel's tile key when the whole module was refused (none: nothing to re-plan)."""
         from ..codegen.source import triton_source
 
         try:
@@ -127,8 +131,8 @@ class Builder:
             bad = [k for k in custom if k is exc.kernel]
             keys = ([key for k in bad for key in (tile_key(k), structure_key(k))]
                     or [tile_key(k) for k in custom])
-            return TuneResult(self.prof.name, refused=dict.fromkeys(keys, why))
-        return None
+            return why, keys
+        return None, []
 
     def report(self) -> CompileRecord:
         """What the check did: builds, refusals, re-plans, compiles and seconds
@@ -136,3 +140,4 @@ class Builder:
         return CompileRecord(self.prof.name, list(self.builds),
                              list(dict.fromkeys(self.refused.values())),
                              self.replans, self.compiles, round(self.seconds, 2), self.skipped)
+

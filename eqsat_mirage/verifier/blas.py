@@ -13,7 +13,7 @@ products run on one thread too while such a pool runs.
 
 A one-thread runner (a verification the memory budget lets run only one trial at a time,
 the 7B-size pieces) holds BLAS at one thread too when the machine is ``busy``: other
-processes' load leaves less than every core spare. Measured on the shared 2-core machine at
+processes' load leaves under 1.5 cores spare. Measured on the shared 2-core machine at
 load 2 (bench/RESULTS.md, "Tiny layers and stacks"): a (128, 4096) @ (4096, 11008) float64
 product 0.20-0.21 s on one thread against 0.25-0.27 s on two, and the tiny layer with one
 verifier thread 23-29 s with BLAS on two threads against 11-15 s on one. On an idle machine
@@ -104,13 +104,17 @@ def _open(paths: tuple[str, ...]) -> tuple[Library, ...]:
 
 
 def busy(cores: int | None = None) -> bool:
-    """Whether other processes use the cores: the 1-minute load average, less this process's
-    one running thread, is at least half a core (False where there is no load average)."""
+    """Whether the cores are nearly all in use: the 1-minute load average, less this
+    process's one running thread, leaves under 1.5 cores spare (on 2 cores: other load of
+    half a core or more). False on one core and where there is no load average. The
+    average also counts this process's own recent threads (a pool that just ran), so
+    right after one it can read busy on an idle machine."""
     try:
         load = os.getloadavg()[0]
     except (OSError, AttributeError):
         return False
-    return (cores or os.cpu_count() or 1) > 1 and load - 1.0 >= 0.5
+    n = cores or os.cpu_count() or 1
+    return n > 1 and n - (load - 1.0) < 1.5
 
 
 _LOCK = threading.Lock()

@@ -153,6 +153,29 @@ def test_a_refusal_after_the_compile_checks_share_is_still_replanned(monkeypatch
     assert tile_key(k0) not in [tile_key(k) for k in _custom(res.program)]
 
 
+def test_a_module_refusal_with_no_custom_kernel_drops_the_plan(monkeypatch):
+    # nothing to re-plan around: the plan is dropped with the backend's reason, not verified
+    from eqsat_mirage.codegen import source
+    from eqsat_mirage.codegen.concat import CodegenError
+    from eqsat_mirage.fusion.plans import FusionPlan
+    from eqsat_mirage.ir.limits import Deadline
+    from eqsat_mirage.mugraph.program import from_graph
+
+    g = _rmslin()
+    mg = from_graph(g)  # library kernels only
+    assert not _custom(mg)
+
+    def refuse(mugraph):
+        raise CodegenError("no torch form for this op (test)")
+
+    monkeypatch.setattr(source, "triton_source", refuse)
+    b = build.Builder(None, None, [], Deadline(None), build=False)
+    p = FusionPlan(g, mg, [], 1.0, 1.0, 0, 0.0, [])
+    entry: dict = {}
+    assert not b.clean(p, 0, "input", entry, [])
+    assert entry["compiled"] == "refused by the Triton backend: no torch form for this op (test)"
+
+
 def test_the_triton_backends_refusal_is_replanned_with_the_compile_check_off():
     # a random program whose cheapest plan reshapes padded tiles: the Triton backend refuses
     # that kernel; with the compile check off the candidate is planned again, not dropped

@@ -12,7 +12,16 @@ from bench.brute_force import Pricer, brute_force, partitions
 from bench.programs import program
 from eqsat_mirage.fusion import regions as rs
 from eqsat_mirage.fusion.planner import plan
-from eqsat_mirage.fusion.regions import RegionSpace, descend, exact, improve, local, search
+from eqsat_mirage.fusion.regions import (
+    RegionSpace,
+    descend,
+    exact,
+    improve,
+    local,
+    merge_cycles,
+    reachability,
+    search,
+)
 
 
 def random_dag(n: int, seed: int) -> list[set[int]]:
@@ -192,6 +201,61 @@ def test_siblings_are_neighbours():
                         lambda r: False, lambda: False, [frozenset({"X"}), frozenset({"X"})])
     assert space.near == [0b10, 0b01]
     assert search(space) == [frozenset({0, 1})]  # one launch instead of two
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_merge_cycle_check_agrees_with_the_partition_graph(seed):
+    # descend's cycle test (reachability through a third region) against a full check
+    rng = random.Random(seed)
+    n = 10 + seed
+    users = random_dag(n, seed)
+    space = space_of(users, lambda r: 1.0)
+    parts = [rng.randrange(4) for _ in range(n)]  # groups of a topological order: acyclic
+    order = sorted(range(n), key=lambda i: (sorted(parts)[i], i))
+    cur = [m for m in ({k: sum(1 << i for i in order if sorted(parts)[order.index(i)] == k)
+                        for k in set(parts)}).values() if m]
+    assert space.acyclic(cur)
+    succ, reach = reachability(space, cur)
+    for a in range(len(cur)):
+        for b in range(a + 1, len(cur)):
+            merged = [r for k, r in enumerate(cur) if k not in (a, b)] + [cur[a] | cur[b]]
+            assert merge_cycles(succ, reach, a, b) == (not space.acyclic(merged))
+
+
+class Expiring:
+    """A deadline that expires after ``n`` checks (a search cut at every point in turn)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.end = n, math.inf
+
+    def expired(self) -> bool:
+        self.n -= 1
+        return self.n < 0
+
+    def remaining(self) -> float:
+        return 1.0
+
+
+@pytest.mark.parametrize("name", ["qknorm", "gatedmlp", "rmsnorm"])
+def test_a_deadline_passing_mid_search_leaves_ops_unfused_never_an_error(name):
+    g = program(name, 1)
+    base = plan(g, deadline=Expiring(0)).cost_us  # nothing fused in time
+    for n in range(3, 90, 6):
+        p = plan(g, deadline=Expiring(n))
+        assert p.cost_us <= base + 1e-9
+
+
+def test_a_small_full_strategy_still_bounds_the_quick_prices():
+    # with few full schedules and splits the quick ones were not all among them, and the
+    # quick descent's partition could have no full price: plan raised (review, step 9)
+    from dataclasses import replace
+
+    from eqsat_mirage.fusion.planner import DEFAULT_STRATEGY
+
+    g = program("rmsnorm", 1)
+    s = replace(DEFAULT_STRATEGY, allow_split_reduction=True, max_candidates=10)
+    p = plan(g, "h100", s)
+    assert math.isfinite(p.cost_us) and p.cost_us <= p.baseline_us
 
 
 def test_plan_reaches_the_brute_force_on_gqa_b8():

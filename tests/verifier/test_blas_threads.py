@@ -65,6 +65,9 @@ def test_busy_reads_the_load_less_this_process(monkeypatch):
     assert not blas.busy(2)
     monkeypatch.setattr(blas.os, "getloadavg", lambda: (1.6, 0.0, 0.0))
     assert blas.busy(2) and not blas.busy(1)  # one core: BLAS has one thread anyway
+    assert not blas.busy(16)  # one other busy core leaves a big machine's BLAS its cores
+    monkeypatch.setattr(blas.os, "getloadavg", lambda: (16.0, 0.0, 0.0))
+    assert blas.busy(16)
 
 
 def test_nested_and_overlapping_holds_give_back_the_first_count(libs):
