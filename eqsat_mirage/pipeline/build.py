@@ -140,4 +140,3 @@ class Builder:
         return CompileRecord(self.prof.name, list(self.builds),
                              list(dict.fromkeys(self.refused.values())),
                              self.replans, self.compiles, round(self.seconds, 2), self.skipped)
-
