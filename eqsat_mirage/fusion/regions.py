@@ -50,6 +50,14 @@ LOCAL_MAX_NEW = 12  # regions not priced before that the local search may price
 EPS_US = 1e-9
 
 
+def _bits(mask: int):
+    """The set bits of ``mask``, lowest first."""
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
+
+
 @dataclass
 class RegionSpace:
     """What the search needs of one planner: the units (forced op groups), the ops' users,
@@ -88,13 +96,13 @@ class RegionSpace:
 
     def ops(self, mask: int) -> frozenset[int]:
         """The ops of the units in bitmask ``mask``."""
-        return frozenset(i for u, ops in enumerate(self.units) if mask >> u & 1 for i in ops)
+        return frozenset(i for u in _bits(mask) for i in self.units[u])
 
     def acyclic(self, regions: list[int]) -> bool:
         """Whether the partition (unit bitmasks) has an acyclic kernel graph."""
-        where = {u: r for r, m in enumerate(regions) for u in range(len(self.units)) if m >> u & 1}
-        succ = [{where[v] for u in range(len(self.units)) if regions[r] >> u & 1
-                 for v in self.succ[u]} - {r} for r in range(len(regions))]
+        where = {u: r for r, m in enumerate(regions) for u in _bits(m)}
+        succ = [{where[v] for u in _bits(m) for v in self.succ[u]} - {r}
+                for r, m in enumerate(regions)]
         indeg = [0] * len(regions)
         for s in succ:
             for r in s:
@@ -266,13 +274,6 @@ def improve(space: RegionSpace, incumbent: list[frozenset[int]], incumbent_us: f
 
 def _lowest(mask: int) -> int:
     return (mask & -mask).bit_length()
-
-
-def _bits(mask: int):
-    while mask:
-        low = mask & -mask
-        yield low.bit_length() - 1
-        mask ^= low
 
 
 def reachability(space: RegionSpace, cur: list[int]) -> tuple[list[int], list[int]]:

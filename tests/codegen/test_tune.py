@@ -19,11 +19,11 @@ from eqsat_mirage.pipeline import build
 needs_compiler = pytest.mark.skipif(not can_tune("h100"), reason="no Triton NVIDIA compiler")
 
 
-def _rmslin():
+def _rmslin(rows: int = 4, d: int = 64, n: int = 32):
     """A small fused RMSNorm + Linear program (one custom kernel once optimized)."""
     g = em.Graph("rmslin")
-    x = g.input("X", (4, 64), dtype="float16")
-    w = g.input("W", (64, 32), dtype="float16")
+    x = g.input("X", (rows, d), dtype="float16")
+    w = g.input("W", (d, n), dtype="float16")
     g.output(em.rms_norm(x) @ w, "Y")
     return g
 
@@ -104,10 +104,7 @@ def test_tiles_no_warp_count_holds_are_refused():
 
 
 def test_optimize_replans_a_refused_candidate(monkeypatch):
-    g = em.Graph("rmslin")
-    x = g.input("X", (16, 256), dtype="float16")
-    w = g.input("W", (256, 512), dtype="float16")
-    g.output(em.rms_norm(x) @ w, "Y")
+    g = _rmslin(16, 256, 512)
     first = em.optimize(g, cache=False)
     (k0,) = _custom(first.program)
     seen = []
@@ -133,10 +130,7 @@ def test_optimize_replans_a_refused_candidate(monkeypatch):
 def test_a_refusal_after_the_compile_checks_share_is_still_replanned(monkeypatch):
     # the build that refuses the plan ends past the compile check's share: the candidate is
     # planned again (and verified unbuilt), not dropped for the input
-    g = em.Graph("rmslin")
-    x = g.input("X", (16, 256), dtype="float16")
-    w = g.input("W", (256, 512), dtype="float16")
-    g.output(em.rms_norm(x) @ w, "Y")
+    g = _rmslin(16, 256, 512)
     first = em.optimize(g, cache=False)
     (k0,) = _custom(first.program)
 
@@ -232,10 +226,7 @@ def test_a_bug_on_one_candidate_is_contained_outside_strict_mode(monkeypatch):
     In strict mode (the test suite) the same bug propagates."""
     from eqsat_mirage.ir.errors import STRICT_ENV
 
-    g = em.Graph("rmslin")
-    x = g.input("X", (16, 256), dtype="float16")
-    w = g.input("W", (256, 512), dtype="float16")
-    g.output(em.rms_norm(x) @ w, "Y")
+    g = _rmslin(16, 256, 512)
     calls = []
 
     def buggy_once(mg, target, deadline=None):
