@@ -16,7 +16,8 @@ from typing import Any
 from ..frontend.graph import Graph
 from ..ir.check import check, masked_fact
 from ..ir.errors import LaxError, ShapeError
-from ..ir.node import Node, Op, fmt_shape, make
+from ..ir.node import OPAQUE, Node, Op, fmt_shape, make
+from ..ir.ops import SPECS
 from ..verifier.bound import FRESH, Degree, accumulated, node_degree, unit_axes
 from .kernels import (
     CustomKernel,
@@ -37,13 +38,14 @@ def _fold_graph(graph: Graph, leaves: Mapping[str, Any], on_node: Callable) -> d
 
 
 def fold(mg: KernelGraph, leaf: Any, on_node: Callable, on_acc: Callable,
-         on_write: Callable | None = None) -> dict[str, Any]:
+         on_write: Callable | None = None, on_tile: Callable | None = None) -> dict[str, Any]:
     """Fold a per-node fact through every kernel; returns the facts of all device tensors.
 
     ``on_node(kernel, stage, node, operand_facts)``; ``on_acc(kernel, fact)`` turns a loop
     value's fact into its accumulator's (a sum over ``kernel.forloop`` iterations);
     ``on_write(kernel, block_output, fact)`` (if given) turns a tile's fact into the fact of
-    the device tensor the tiles are written to.
+    the device tensor the tiles are written to; ``on_tile(kernel, block_input, fact)`` (if
+    given) turns a device tensor's fact into its tiles'.
     """
     env = {name: leaf for name in mg.inputs}
     for k in mg.kernels:
@@ -53,7 +55,8 @@ def fold(mg: KernelGraph, leaf: Any, on_node: Callable, on_acc: Callable,
             facts = _fold_graph(frag, env, lambda n, fs, k=k: on_node(k, "kernel", n, fs))
             env[k.output] = facts[id(k.node)]
             continue
-        tiles = {bi.name: env[bi.tensor] for bi in k.inputs.values()}
+        tiles = {bi.name: env[bi.tensor] if on_tile is None else on_tile(k, bi, env[bi.tensor])
+                 for bi in k.inputs.values()}
         node_fact = (lambda n, fs, k=k: on_node(k, "loop", n, fs))
         maxima = _running(k, tiles, node_fact)
         loop = _fold_graph(k.loop, {**tiles, **{f"{a}_run": f for a, f in maxima.items()}},
@@ -125,25 +128,65 @@ def check_lax(mg: KernelGraph, what: str = "program") -> None:
             raise LaxError(f"{what} {mg.name!r}: output {name!r} holds -inf where masked")
 
 
+def _tile_degree(k: CustomKernel, bi, f: tuple) -> tuple:
+    """A tile's degree fact with what its values and its denominator vary with across
+    blocks and iterations: ``("grid", axis)`` for each grid axis that cuts it, ``"loop"``
+    when the loop does; the denominator only where the tensor's is not one function along
+    the cut dim."""
+    d = f[0]
+    cuts = {ax: ("grid", g) for ax, g in bi.imap.items()}
+    if bi.fmap is not None:
+        cuts[bi.fmap] = "loop"
+    return (d, frozenset(cuts.values()),
+            frozenset(v for ax, v in cuts.items() if not d.common(ax)))
+
+
+def _node_degree(k, stage, n: Node, fs: list[tuple]) -> tuple:
+    """A tile op's degree fact and variation: its values vary with whatever an operand's
+    do; its denominator with what the operands' denominators do, and with all of a value
+    that becomes one (a divisor, rsqrt's argument: the only ops that make a denominator)."""
+    d = node_degree(n, [f[0] for f in fs])
+    every = frozenset().union(*(f[1] for f in fs))
+    if d.den == 0:
+        return (d, every, frozenset())
+    den = frozenset().union(*(f[2] for f in fs))
+    if n.op is Op.DIV:
+        den |= fs[1][1]
+    elif n.op in OPAQUE and SPECS[n.op].reciprocal_of is not None:
+        den |= fs[0][1]
+    return (d, every, den)
+
+
 def degrees(mg: KernelGraph) -> dict[str, Degree]:
     """Degree facts (see ``verifier/bound.py``) of each output, from the tiled computation.
 
-    An accumulator sums F loop values read from different tiles (distinct denominators, the
-    worst case); a tile's common-denominator axes survive into its device tensor only along
-    dims that no block or loop iteration splits (``omap``/``fmap``).
+    An accumulator sums F loop values read from different tiles: their denominators are
+    distinct (the worst case) unless the loop value's denominator reads no tile the loop
+    cuts along a dim where that tile's denominator varies (a row's RMS computed before the
+    loop, a tensor whose denominator is one function along the cut dim). A tile's
+    common-denominator axes survive into its device tensor along a dim the grid or the
+    loop splits only when its denominator does not vary with that grid axis or the loop.
     """
-    def acc(k, d):
-        return accumulated(d, k.forloop)
+    def acc(k, f):
+        d, every, den = f
+        return (accumulated(d, k.forloop, shared="loop" not in den),
+                every - {"loop"}, den - {"loop"})
 
-    def write(k, bo, d):
+    def write(k, bo, f):
+        d, _, den = f
         if d.den == 0:
-            return d
-        split = set(bo.omap) | ({bo.fmap} if bo.fmap is not None else set())
+            return (d, frozenset(), frozenset())
+        split = {ax for ax, g in bo.omap.items() if ("grid", g) in den}
+        if bo.fmap is not None and "loop" in den:
+            split.add(bo.fmap)
         shape = k.output_specs()[bo.tensor].shape
-        return replace(d, inv=(d.inv - split) | unit_axes(shape))
+        return (replace(d, inv=(d.inv - split) | unit_axes(shape),
+                        groups=tuple((ax, g) for ax, g in d.groups if ax not in split)),
+                frozenset(), frozenset())
 
-    env = fold(mg, FRESH, lambda k, stage, n, ds: node_degree(n, ds), acc, write)
-    return {name: env[t] for name, t in mg.output_tensors.items()}
+    leaf = (FRESH, frozenset(), frozenset())
+    env = fold(mg, leaf, _node_degree, acc, write, _tile_degree)
+    return {name: env[t][0] for name, t in mg.output_tensors.items()}
 
 
 # -- the reference graph --------------------------------------------------------------------

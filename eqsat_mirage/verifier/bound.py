@@ -31,7 +31,10 @@ class Degree:
     log2 of their coefficients' L1 norms; ``arg``/``abits``: the largest
     ``num + den`` and ``nbits + dbits`` of an exp argument upstream; ``inv``:
     axes of the node's shape along which the denominator is one and the same
-    function (none known by default; irrelevant when ``den`` is 0).
+    function (none known by default; irrelevant when ``den`` is 0); ``groups``:
+    ``(axis, count)`` pairs, at most ``count`` distinct denominators along an axis not in
+    ``inv`` (a merge of a varying axis with an invariant one: attention heads joined
+    with their head dim); an axis not named has as many as its size.
     """
 
     num: int = 0
@@ -42,10 +45,17 @@ class Degree:
     abits: float = 0.0
     inv: frozenset = frozenset()
     keep: int = 0  # a masked value (-inf where masked): the mask's degree, paid by its exp
+    groups: tuple = ()
 
     def common(self, axis: int) -> bool:
         """Whether the denominator is one function along ``axis``."""
         return self.den == 0 or axis in self.inv
+
+    def distinct(self, axis: int, size: int) -> int:
+        """How many distinct denominators there are along ``axis`` (of length ``size``)."""
+        if self.common(axis):
+            return 1
+        return min(size, dict(self.groups).get(axis, size))
 
 
 FRESH = Degree(1, 0)  # an input, an exp or opaque result: one variable
@@ -74,13 +84,22 @@ def _meet(shape, *invs) -> frozenset:
     return frozenset.intersection(*known) | unit_axes(shape)
 
 
-def _sum(d: Degree, k: int, shared: bool) -> tuple[int, int, float, float]:
-    """num, den, nbits, dbits of a sum of k terms of ``d`` (``shared``: one denominator)."""
+def _sum(d: Degree, k: int, distinct: int) -> tuple[int, int, float, float]:
+    """num, den, nbits, dbits of a sum of k terms of ``d`` whose denominators are at most
+    ``distinct`` different functions (1: one common denominator): over the product of
+    the distinct ones, the common denominator."""
     lk = math.log2(k) if k > 1 else 0.0
-    if shared or d.den == 0:
+    g = max(1, min(k, distinct))
+    if g == 1 or d.den == 0:
         return d.num, d.den, d.nbits + lk, d.dbits
-    return (d.num + (k - 1) * d.den, k * d.den,
-            d.nbits + (k - 1) * d.dbits + lk, k * d.dbits)
+    return (d.num + (g - 1) * d.den, g * d.den,
+            d.nbits + (g - 1) * d.dbits + lk, g * d.dbits)
+
+
+def _grouped(inv, shape, groups: dict[int, int]) -> tuple:
+    """``groups`` as a Degree's field: the bounds below their axis's size, off ``inv``."""
+    return tuple(sorted((ax, g) for ax, g in groups.items()
+                        if 1 < g < shape[ax] and ax not in inv))
 
 
 def const_bits(value: float) -> tuple[float, float]:
@@ -110,9 +129,24 @@ def _binary(node, a: Degree, b: Degree) -> Degree:
             if a.den == 0:  # only b's numerator is in the denominator
                 inv = frozenset(range(len(shape)))
             inv = (inv - varies) | unit_axes(shape)
+    groups: tuple = ()
+    if den:  # per axis: the product's distinct denominators, at most the operands' product
+        ga, gb = _counts(a, sa, shape), _counts(b, sb, shape)
+        if op is Op.DIV and b.num > 0:  # b's numerator: one function only where b is 1 wide
+            off = len(shape) - len(sb)
+            gb = {i: 1 if i < off or sb[i - off] == 1 else shape[i] for i in range(len(shape))}
+        groups = _grouped(inv, shape, {i: ga[i] * gb[i] for i in range(len(shape))})
     return Degree(num, den, arg=max(a.arg, b.arg), nbits=nbits, dbits=dbits,
                   abits=max(a.abits, b.abits), inv=inv if den else frozenset(),
-                  keep=max(a.keep, b.keep))
+                  keep=max(a.keep, b.keep), groups=groups)
+
+
+def _counts(d: Degree, shape, out_shape) -> dict[int, int]:
+    """Distinct denominators of operand ``d`` (of ``shape``) along each axis of the
+    broadcast result ``out_shape`` (1 where it has none, or is broadcast)."""
+    off = len(out_shape) - len(shape)
+    return {i: 1 if d.den == 0 or i < off or shape[i - off] == 1
+            else d.distinct(i - off, shape[i - off]) for i in range(len(out_shape))}
 
 
 def _matmul(node, a: Degree, b: Degree) -> Degree:
@@ -121,11 +155,12 @@ def _matmul(node, a: Degree, b: Degree) -> Degree:
     prod = Degree(a.num + b.num, a.den + b.den, nbits=a.nbits + b.nbits,
                   dbits=a.dbits + b.dbits)
     if len(sa) < 2 or len(sb) < 2:  # vector operands: no invariance tracked
-        num, den, nbits, dbits = _sum(prod, k, False)
+        num, den, nbits, dbits = _sum(prod, k, k)
         return Degree(num, den, max(a.arg, b.arg), nbits, dbits, max(a.abits, b.abits),
                       unit_axes(node.shape))
-    shared = a.common(len(sa) - 1) and b.common(len(sb) - 2)
-    num, den, nbits, dbits = _sum(prod, k, shared)
+    # a term's denominator is a's along the row times b's along the column
+    distinct = a.distinct(len(sa) - 1, k) * b.distinct(len(sb) - 2, k)
+    num, den, nbits, dbits = _sum(prod, k, distinct)
     out = node.shape
     inv = frozenset()
     if den:
@@ -147,8 +182,11 @@ def _reduce(node, a: Degree) -> Degree:
     axes, keep = node.arg
     src = node.srcs[0].shape
     k = math.prod(src[ax] for ax in axes)
-    shared = all(a.common(ax) for ax in axes)
-    num, den, nbits, dbits = _sum(a, k, shared)
+    varying = [ax for ax in axes if not a.common(ax)]
+    # along one axis the count is per line; over several varying axes, every term's own
+    distinct = (1 if not varying else a.distinct(varying[0], src[varying[0]])
+                if len(varying) == 1 else k)
+    num, den, nbits, dbits = _sum(a, k, distinct)
     if node.op is Op.MEAN and k > 1:  # times the constant 1/k
         dbits += math.log2(k)
     inv = frozenset()
@@ -163,16 +201,46 @@ def _reduce(node, a: Degree) -> Degree:
     return Degree(num, den, a.arg, nbits, dbits, a.abits, inv)
 
 
+def _runs(src, out) -> list[tuple[list[int], list[int]]] | None:
+    """The reshape ``src -> out`` as runs of source axes and output axes of equal product
+    (unit axes left out), or None when the sizes do not line up in order."""
+    big_src = [i for i, s in enumerate(src) if s != 1]
+    big_out = [i for i, s in enumerate(out) if s != 1]
+    runs, i, j = [], 0, 0
+    while i < len(big_src) and j < len(big_out):
+        rs, ro = [big_src[i]], [big_out[j]]
+        ps, po = src[big_src[i]], out[big_out[j]]
+        i, j = i + 1, j + 1
+        while ps != po:
+            if ps < po and i < len(big_src):
+                rs.append(big_src[i])
+                ps, i = ps * src[big_src[i]], i + 1
+            elif po < ps and j < len(big_out):
+                ro.append(big_out[j])
+                po, j = po * out[big_out[j]], j + 1
+            else:
+                return None
+        runs.append((rs, ro))
+    return runs if i == len(big_src) and j == len(big_out) else None
+
+
 def _reshape(node, a: Degree) -> Degree:
+    """A reshape keeps the denominator facts run by run: an axis split keeps its count on
+    every part; axes merged where all but one are invariant keep that one's count (for a
+    fixed position elsewhere, the merged positions meet only its denominators)."""
     if a.den == 0:
         return a
     src, out = node.srcs[0].shape, node.shape
-    big_src = [i for i, s in enumerate(src) if s != 1]
-    big_out = [i for i, s in enumerate(out) if s != 1]
-    inv = unit_axes(out)
-    if [src[i] for i in big_src] == [out[i] for i in big_out]:  # only unit dims moved
-        inv |= frozenset(o for i, o in zip(big_src, big_out) if i in a.inv)
-    return replace(a, inv=inv)
+    inv, groups = set(unit_axes(out)), {}
+    for rs, ro in _runs(src, out) or []:
+        varying = [i for i in rs if i not in a.inv]
+        if not varying:
+            inv.update(ro)
+        elif len(rs) == 1 or (len(ro) == 1 and len(varying) == 1):
+            for o in ro:
+                groups[o] = a.distinct(varying[0], src[varying[0]])
+    inv = frozenset(inv)
+    return replace(a, inv=inv, groups=_grouped(inv, out, groups))
 
 
 def node_degree(node, ds: list[Degree]) -> Degree:
@@ -192,7 +260,9 @@ def node_degree(node, ds: list[Degree]) -> Degree:
         a = ds[0]
         if a.den == 0:
             return a
-        return replace(a, inv=frozenset(j for j, i in enumerate(node.arg) if i in a.inv))
+        where = {i: j for j, i in enumerate(node.arg)}
+        return replace(a, inv=frozenset(j for j, i in enumerate(node.arg) if i in a.inv),
+                       groups=tuple(sorted((where[ax], g) for ax, g in a.groups)))
     if op is Op.RESHAPE:
         return _reshape(node, ds[0])
     if op is Op.CONCAT:
@@ -236,13 +306,14 @@ def node_degree(node, ds: list[Degree]) -> Degree:
     raise NotImplementedError(f"no degree rule for {op}")
 
 
-def accumulated(d: Degree, iterations: int) -> Degree:
+def accumulated(d: Degree, iterations: int, shared: bool = False) -> Degree:
     """A forloop accumulator: the sum of ``iterations`` loop values of degree ``d``.
 
-    The iterations read different tiles, so their denominators are taken as
-    distinct (the worst case) unless there is none.
+    The iterations read different tiles, so their denominators are taken as distinct (the
+    worst case) unless there is none, or ``shared``: the caller has shown the loop value's
+    denominator is one function in every iteration.
     """
-    num, den, nbits, dbits = _sum(d, iterations, False)
+    num, den, nbits, dbits = _sum(d, iterations, 1 if shared else iterations)
     return Degree(num, den, d.arg, nbits, dbits, d.abits)
 
 
