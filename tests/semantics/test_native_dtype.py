@@ -132,3 +132,21 @@ def test_neighbour_is_one_unit_in_the_last_place(dtype):
     assert np.isinf(up[6]) and np.isnan(up[7])
     with pytest.raises(ValueError, match="bool"):
         neighbour(x, "bool", up > 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_float16_rounding_paths_agree_bit_for_bit(dtype, monkeypatch):
+    """NumPy 2's cast and the bit arithmetic kept for older NumPy round the same, across
+    the exponent range, at the overflow threshold, subnormals, signed zeros, inf and nan."""
+    from eqsat_mirage.semantics import floating
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(200_000) * 2.0 ** rng.integers(-40, 40, 200_000)
+    x = np.concatenate([x, [0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 65519.99, 65520.0,
+                            -65520.0, 2.0**-25, 2.0**-24, 3 * 2.0**-26, 1e-30]]).astype(dtype)
+    monkeypatch.setattr(floating, "_NUMPY_CASTS", True)
+    fast = floating.round_to(x, "float16")
+    monkeypatch.setattr(floating, "_NUMPY_CASTS", False)
+    bits = floating.round_to(x, "float16")
+    assert fast.dtype == bits.dtype == np.float32
+    assert np.array_equal(fast.view(np.uint32), bits.view(np.uint32))
