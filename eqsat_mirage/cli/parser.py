@@ -151,8 +151,9 @@ def _search_options(p: argparse.ArgumentParser) -> None:
                    help="rule file or folder (repeatable; default: the built-in rules)")
     p.add_argument("--no-guards", action="store_true",
                    help="switch off the abstract-expression guards")
-    p.add_argument("--time-limit", type=float, default=60.0,
-                   help="wall-clock seconds for the whole search (default: 60)")
+    p.add_argument("--time-limit", type=_time_limit, default="auto",
+                   help="wall-clock seconds for the whole search, or 'auto' (the default: "
+                        "60 s for a small program, more for a large one)")
     p.add_argument("--node-limit", type=int, default=200_000,
                    help="tensor e-nodes per phase (default: 200000)")
     p.add_argument("--iter-limit", type=int, default=12,
@@ -170,3 +171,13 @@ def _cache_options(p: argparse.ArgumentParser) -> None:
     group.add_argument("--cache-dir", default=None, metavar="DIR",
                        help="results cache folder (default: $EQSAT_MIRAGE_CACHE_DIR, else "
                             "~/.cache/eqsat-mirage; see `eqsat-mirage cache path`)")
+
+
+def _time_limit(text: str):
+    """``--time-limit``: seconds, or "auto"."""
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds or 'auto', got {text!r}") from None

@@ -72,10 +72,11 @@ from ..frontend.graph import Graph, Tensor
 from ..frontend.torch_masks import BoolMask
 from ..frontend.torch_movement import Empty
 from ..ir.errors import MirageError, unexpected
-from ..ir.limits import Shares
+from ..ir.limits import AUTO, Shares, resolve_time_limit
 from ..pipeline.whole import improved, optimize, unchanged_reason
+from ..verifier import blas
 from .runtime import OptimizedPartition, Warmup, uses_triton
-from .specs import SymbolicSizes, computes, node_spec, split_runs
+from .specs import SymbolicSizes, computes, matmul_flops, node_spec, split_runs
 from .support import CONSTANTS, NodeSupport, buffer_constants, constant_input, mutation, served
 
 __all__ = ["Backend", "PartitionReport", "backend", "mutation", "node_spec"]
@@ -163,11 +164,17 @@ def _left_out(gm: fx.GraphModule, support: NodeSupport, placed: list) -> list[st
     return out
 
 
+AUTO_BASE_S = 30.0  # time_limit_s="auto": the limit of a graph of toy size
+
+
 class Backend:
     """The ``torch.compile`` backend (see the module docstring); ``backend`` is one.
 
     Options: ``target`` (hardware profile), ``time_limit_s`` (wall-clock bound on
-    the search of one compiled graph, its partitions together), ``min_ops`` (smallest
+    the search of one compiled graph, its partitions together; "auto", the default: 30 s
+    for a graph of toy size, more for a large one, ``limits.auto_time_limit``: 300 float64
+    evaluations of its matmuls at this machine's measured rate on top, at most 600 s; the
+    value used is in ``summary()``'s graphs), ``min_ops`` (smallest
     partition to optimize, in ops), ``warn`` (each graph's summary warning, and warnings
     on fallbacks at run time),
     ``warmup`` (see below), ``size_hint`` and ``size_max`` (the family size's planning hint
@@ -189,7 +196,7 @@ class Backend:
     searched when Dynamo compiles it.
     """
 
-    def __init__(self, target: str = "h100", time_limit_s: float = 30.0, min_ops: int = 2,
+    def __init__(self, target: str = "h100", time_limit_s: float | str = AUTO, min_ops: int = 2,
                  warn: bool = True, warmup: int | None = None, size_hint: int | None = None,
                  size_max: int | None = None, **optimize_options: Any) -> None:
         if warmup is not None and (not isinstance(warmup, int) or isinstance(warmup, bool)
@@ -207,6 +214,7 @@ class Backend:
         self._summaries: list[dict] = []
         self._graphs = 0
         self._warming: set[int] = set()  # graphs in their warmup calls
+        self._limits: dict[int, float | None] = {}  # graph number -> its time limit (s)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """``(gm, example_inputs)``: compile (Dynamo's call); keywords only: a new Backend."""
@@ -304,6 +312,10 @@ class Backend:
         if not parts:
             self._summarize(total, [], eager, sizes, number)
             return gm.forward
+        flops = matmul_flops([n for q in parts for n in q.nodes])  # before fusing moves them
+        limit = resolve_time_limit(self.options.get("time_limit_s"), flops, AUTO_BASE_S,
+                                   blas.gflops)
+        self._limits[number] = limit
         prefix = f"{_PREFIX}{number}_"
         fused = part.fuse_partitions(parts, prefix=prefix)
         support.fold_all(fused)  # the nodes fusing made: which partition inputs are constant
@@ -312,7 +324,7 @@ class Backend:
                  and str(node.target).startswith(prefix)]
         subs = [fused.get_submodule(node.target) for node in nodes]
         weights = [sum(n.op.startswith("call") for n in sub.graph.nodes) for sub in subs]
-        shares = Shares(self.options.get("time_limit_s"), weights, start)
+        shares = Shares(limit, weights, start)
         for i, (node, sub) in enumerate(zip(nodes, subs)):
             places = [n for n in sub.graph.nodes if n.op == "placeholder"]
             known = [support.known(a) if isinstance(a, fx.Node) else None
@@ -353,7 +365,8 @@ class Backend:
                  "partitions": len(entries), "optimized_partitions": len(done),
                  "time_limited": late,
                  "predicted_us": [before, after], "eager": eager,
-                 "sizes": sizes.describe() if sizes.dynamic else "static"}
+                 "sizes": sizes.describe() if sizes.dynamic else "static",
+                 "time_limit_s": self._limits.get(number)}
         self._summaries.append(graph)
         shown = eager[:8] + ([f"... and {len(eager) - 8} more"] if len(eager) > 8 else [])
         self._warn(f"{graph['optimized_ops']} of {total} ops in {len(done)} optimized "
@@ -361,7 +374,7 @@ class Backend:
                    + (f"; {graph['sizes']}, one search serves every value"
                       if sizes.dynamic else "")
                    + (f"; eager: {', '.join(shown)}" if shown else "")
-                   + (f"; ran out of time (time_limit_s={self.options.get('time_limit_s')}, "
+                   + (f"; ran out of time (time_limit_s={graph['time_limit_s']}, "
                       f"kept as they were): {', '.join(late)}" if late else ""),
                    prefix="eqsat-mirage: ")
 

@@ -33,7 +33,8 @@ from torch import fx
 from ..ir.dims import Dim
 from ..ir.node import ALL_DTYPES
 
-__all__ = ["SymbolicSizes", "computes", "empty", "node_spec", "split_runs", "values"]
+__all__ = ["SymbolicSizes", "computes", "empty", "matmul_flops", "node_spec", "split_runs",
+           "values"]
 
 
 def recorded(node: fx.Node) -> Any:
@@ -276,3 +277,39 @@ class SymbolicSizes:
         fam = ", ".join(f"{e}={self.values[e]}" for e in sorted(self.family, key=str))
         spec = ", ".join(f"{e}={h}" for e, h in sorted(self.specialized.items(), key=str))
         return f"symbolic size {fam}" + (f"; specialized at {spec}" if spec else "")
+
+
+_CONTRACTIONS = {"matmul": 0, "mm": 0, "bmm": 0, "linear": 0, "addmm": 1, "baddbmm": 1,
+                 "addbmm": 1}  # op name -> the operand whose last dim is contracted
+
+
+def matmul_flops(nodes) -> float:
+    """The float64 work of one evaluation of the matmuls among fx ``nodes`` (``F.linear``,
+    ``@``, ``bmm``, ``addmm``, scaled-dot-product attention: 2 flops per multiply-add),
+    from the shapes
+    Dynamo recorded (symbolic sizes at their hints; a node without shapes counts 0)."""
+    total = 0.0
+    for n in nodes:
+        if n.op not in ("call_function", "call_method"):
+            continue
+        name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+        try:
+            out = recorded(n)
+            numel = float(_hint(out.numel()))
+            if name in _CONTRACTIONS:
+                src = recorded(n.args[_CONTRACTIONS[name]])
+                total += 2.0 * numel * float(_hint(src.shape[-1]))
+            elif name == "scaled_dot_product_attention":
+                q, k = recorded(n.args[0]), recorded(n.args[1])
+                keys = float(_hint(k.shape[-2]))
+                total += 2.0 * keys * (float(_hint(q.numel())) + numel)
+        except (AttributeError, IndexError, TypeError, ValueError):
+            continue
+    return total
+
+
+def _hint(size: Any) -> int:
+    """A size as an int: a SymInt at its hint."""
+    if isinstance(size, torch.SymInt):
+        return int(size.node.hint)
+    return int(size)

@@ -69,6 +69,47 @@ class Shares:
         return max(self.LEAST, self.deadline.remaining() * self.weights[i] / rest)
 
 
+AUTO = "auto"  # a time limit that grows with the program's size (``auto_time_limit``)
+AUTO_EVALS = 300  # float64 evaluations of the whole program a full search takes (measured)
+AUTO_MAX_S = 600.0  # the most an automatic time limit gives
+
+
+def matmul_flops(nodes: Iterable) -> float:
+    """Floating-point operations of the matmuls among ``nodes`` (2 per multiply-add): what
+    one float64 evaluation of the program costs, nearly all of it at real sizes."""
+    total = 0.0
+    for n in nodes:
+        if getattr(getattr(n, "op", None), "name", "") == "MATMUL":
+            total += 2.0 * math.prod(n.shape) * n.srcs[0].shape[-1]
+    return total
+
+
+def auto_time_limit(flops: float, base: float, gflops: float) -> float:
+    """The automatic time limit of a program whose float64 evaluation takes ``flops``, on
+    a machine whose float64 matmuls run at ``gflops`` GFLOP/s: ``base`` seconds plus
+    ``AUTO_EVALS`` such evaluations, at most ``AUTO_MAX_S`` (or ``base`` when that is
+    more), to a tenth of a second. Small programs get ``base``; a LLaMA-7B-size layer at
+    sequence 128 (46 GFLOP) about 270 s on a 2-core machine whose one BLAS thread does
+    57 GFLOP/s (bench/RESULTS.md, "Real sizes")."""
+    if flops <= 0 or gflops <= 0:
+        return float(base)
+    extra = AUTO_EVALS * flops / (gflops * 1e9)
+    return round(float(min(max(base, AUTO_MAX_S), base + extra)), 1)
+
+
+def resolve_time_limit(value, flops, base: float, gflops):
+    """``value`` as given, or for ``AUTO`` the automatic limit (``auto_time_limit``) of a
+    program of ``flops``; ``flops`` and ``gflops`` are numbers or functions computing them
+    (called only for ``AUTO``: measuring the machine takes a few milliseconds)."""
+    if isinstance(value, str):
+        if value != AUTO:
+            raise MirageError(f"time_limit_s must be a number of seconds or {AUTO!r}, got "
+                              f"{value!r}")
+        return auto_time_limit(flops() if callable(flops) else flops, base,
+                               gflops() if callable(gflops) else gflops)
+    return value
+
+
 def memory_budget() -> int:
     """The verifier's memory budget in bytes: ``$EQSAT_MIRAGE_MEMORY_BUDGET`` (bytes, or
     with a K/M/G/T suffix), else 8 GiB or half the machine's memory, whichever is less."""

@@ -29,7 +29,8 @@ from ..egraph.rulefiles import builtin_rules_dir, load_rule_files, rule_paths
 from ..egraph.saturate import DEFAULT_PHASES, KERNEL_PHASES, PHASE_WEIGHT, Limits, Saturator
 from ..ir.check import check, check_lax
 from ..ir.errors import BudgetError, LaxError, MirageError, TimeLimitError, unexpected
-from ..ir.limits import check_bytes
+from ..ir.limits import AUTO, check_bytes, matmul_flops, resolve_time_limit
+from ..verifier import blas
 from ..verifier.memory import check_parts
 from ..verifier.verify import VerifyResult, verify
 from .build import Builder
@@ -64,7 +65,7 @@ def candidate_splits(graph, factors) -> list[tuple[int, int, int]]:
 
 
 def optimize(graph, target: str | Path = DEFAULTS.target, rules=DEFAULTS.rules,
-             guards: bool = DEFAULTS.guards, time_limit_s: float = DEFAULTS.time_limit_s,
+             guards: bool = DEFAULTS.guards, time_limit_s: float | str = AUTO,
              node_limit: int = DEFAULTS.node_limit, iter_limit: int = DEFAULTS.iter_limit,
              k: int = DEFAULTS.k, trials: int = DEFAULTS.trials, seed: int = DEFAULTS.seed,
              split_factors=DEFAULTS.split_factors,
@@ -86,7 +87,10 @@ def optimize(graph, target: str | Path = DEFAULTS.target, rules=DEFAULTS.rules,
     float-unsafe") is refused too, unless ``allow_float_unsafe_rules`` is True. Saturation
     stops at ``node_limit`` tensor e-nodes, ``iter_limit`` iterations per phase.
     ``time_limit_s`` bounds the whole call
-    (wall clock, within about 10%): rule checks get up to 30% of it, saturation
+    (wall clock, within about 10%); "auto" (the default) is 60 s for a program of toy size
+    and more for a large one (``limits.auto_time_limit``: 300 float64 evaluations of the
+    program at this machine's measured matmul rate on top, at most 600 s; the value used is
+    ``res.stats["time_limit_s"]``): rule checks get up to 30% of it, saturation
     runs until 50%, extraction until 70%, fusion planning starts no plan after
     85%, and verification stops at 100%; a pass that reaches its share stops with
     what it has, and when no candidate verified in time the input is returned.
@@ -120,14 +124,25 @@ def optimize(graph, target: str | Path = DEFAULTS.target, rules=DEFAULTS.rules,
     a ``cache.ResultCache``, or False/None (no cache); ``res.stats["cache"]``
     says "hit", "miss" or "off". A hit returns the stored result at once.
     """
+    limit = resolve_time_limit(time_limit_s, lambda: program_flops(graph),
+                               DEFAULTS.time_limit_s, blas.gflops)
     options = SearchOptions(target=target, rules=rules, guards=guards,
-                            time_limit_s=time_limit_s, node_limit=node_limit,
+                            time_limit_s=limit, node_limit=node_limit,
                             iter_limit=iter_limit, k=k, trials=trials, seed=seed,
                             split_factors=split_factors, level=level, strategy=strategy,
                             max_bound=max_bound, allow_unchecked_rules=allow_unchecked_rules,
                             compile_check=compile_check, launch=launch,
                             allow_float_unsafe_rules=allow_float_unsafe_rules)
     return search(graph, options, progress, cache)
+
+
+def program_flops(graph) -> float:
+    """The float64 work of one evaluation of ``graph`` (its matmuls), 0 where unknown (a
+    program with symbolic sizes, which ``auto`` gives the base limit)."""
+    try:
+        return matmul_flops(graph.nodes())
+    except (AttributeError, TypeError):
+        return 0.0
 
 
 def search(graph, options: SearchOptions, progress: Callable[[str], None] | None = None,

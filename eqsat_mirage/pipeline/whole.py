@@ -37,16 +37,18 @@ from collections.abc import Callable
 
 from ..ir.check import check
 from ..ir.errors import MirageError, unexpected
-from ..ir.limits import Deadline, check_bytes
+from ..ir.limits import AUTO, Deadline, check_bytes, resolve_time_limit
 from ..ir.node import Op
 from ..partition.pieces import DEFAULT_PIECE_OPS, Piece, needs_partition, partition
 from ..partition.stitch import stitch
+from ..verifier import blas
 from ..verifier.endtoend import FloatCheck, float_check
 from ..verifier.memory import check_parts
 from ..verifier.verify import VerifyResult
 from .optimize import optimize as optimize_search
+from .optimize import program_flops
 from .optimize import search as optimize_piece
-from .options import SearchOptions, progress_fn
+from .options import DEFAULTS, SearchOptions, progress_fn
 from .result import OptimizeResult
 
 SHARE_END = 0.85  # piece searches end by this fraction of the time limit; the rest: stitch
@@ -74,12 +76,19 @@ def optimize(graph, *args, partition: bool | str = "auto", piece_ops: int = DEFA
     if getattr(graph, "is_family", False):  # symbolic sizes: one search for every size
         from .family import optimize_family
 
-        return optimize_family(graph, options, progress, cache)
-    if partition is not False:
-        check(graph)
-    if partition is False or (partition == "auto" and not needs_partition(graph, piece_ops)):
-        return optimize_piece(graph, options, progress=progress, cache=cache)
-    return optimize_whole(graph, options, cache, progress, piece_ops=piece_ops, jobs=jobs)
+        res = optimize_family(graph, options, progress, cache)
+    else:
+        if partition is not False:
+            check(graph)
+        if partition is False or (partition == "auto" and not needs_partition(graph,
+                                                                              piece_ops)):
+            res = optimize_piece(graph, options, progress=progress, cache=cache)
+        else:
+            res = optimize_whole(graph, options, cache, progress, piece_ops=piece_ops,
+                                 jobs=jobs)
+    res.stats["time_limit_s"] = options.time_limit_s
+    res.stats["time_limit_auto"] = kwargs.get("time_limit_s", AUTO) == AUTO
+    return res
 
 
 def search_options(graph, args: tuple, kwargs: dict) -> tuple[SearchOptions, object, object]:
@@ -91,6 +100,9 @@ def search_options(graph, args: tuple, kwargs: dict) -> tuple[SearchOptions, obj
         raise MirageError(f"optimize: {exc}") from None
     bound.apply_defaults()
     given = bound.arguments
+    given["time_limit_s"] = resolve_time_limit(given["time_limit_s"],
+                                               lambda: program_flops(graph),
+                                               DEFAULTS.time_limit_s, blas.gflops)
     return (SearchOptions(**{name: given[name] for name in SearchOptions.names()}),
             progress_fn(given["progress"]), given["cache"])
 

@@ -32,9 +32,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import math
 import os
 import threading
+import time
 from dataclasses import dataclass
+
+import numpy as np
 
 # the thread-count entry points of a plain OpenBLAS build and of the scipy-openblas wheels
 # (NumPy's: 64-bit integers, symbols prefixed "scipy_" and suffixed "64_")
@@ -143,3 +147,22 @@ def single_threaded(active: bool = True):
             if _HELD[0] == 0:
                 for lib, n in _HELD[1]:
                     lib.use(n)
+
+
+_RATE: list[float] = []
+
+
+def gflops() -> float:
+    """This machine's float64 matmul rate in GFLOP/s on one BLAS thread, as the verifier's
+    big products run on a shared machine (the best of three 512 x 512 products, about
+    15 ms, measured once per process)."""
+    if not _RATE:
+        a = np.random.default_rng(0).standard_normal((512, 512))
+        best = math.inf
+        with single_threaded():
+            for _ in range(3):
+                t = time.perf_counter()
+                a @ a
+                best = min(best, time.perf_counter() - t)
+        _RATE.append(2 * 512**3 / max(best, 1e-6) / 1e9)
+    return _RATE[0]

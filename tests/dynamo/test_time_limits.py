@@ -86,3 +86,73 @@ def test_a_piece_cut_by_the_time_limit_is_named_and_the_others_run_optimized(mon
     s = be.summary()
     assert 0 < s["optimized_ops"] < s["ops"]
     assert s["graphs"][0]["time_limited"] == torch_backend.ran_out_of_time(entry)
+
+
+# -- time_limit_s="auto" (the default): the limit grows with the program's work ------------
+
+
+def test_the_automatic_limit_grows_with_the_work_and_is_capped():
+    from eqsat_mirage.ir.limits import AUTO_EVALS, AUTO_MAX_S, auto_time_limit
+
+    assert auto_time_limit(0.0, 30.0, 50.0) == 30.0
+    seven_b = 45.6e9  # a LLaMA-7B layer's matmuls at sequence 128
+    assert auto_time_limit(seven_b, 30.0, 57.0) == pytest.approx(
+        30.0 + AUTO_EVALS * seven_b / 57e9, abs=0.1)
+    assert auto_time_limit(1e15, 30.0, 57.0) == AUTO_MAX_S  # capped
+    assert auto_time_limit(1e15, 900.0, 57.0) == 900.0  # never below the base
+    assert auto_time_limit(seven_b, 30.0, 100.0) < auto_time_limit(seven_b, 30.0, 50.0)
+
+
+def test_a_time_limit_that_is_neither_seconds_nor_auto_is_refused():
+    g = em.Graph("t")
+    g.output(g.input("x", (4, 8)) @ g.input("w", (8, 4)), "y")
+    with pytest.raises(ValueError, match="'auto'"):
+        em.optimize(g, time_limit_s="soon", cache=None)
+
+
+def test_optimize_reports_the_limit_it_used():
+    g = em.Graph("t")
+    g.output(g.input("x", (4, 8)) @ g.input("w", (8, 4)), "y")
+    res = em.optimize(g, cache=None, iter_limit=2)
+    assert res.stats["time_limit_auto"] is True
+    assert 60.0 <= res.stats["time_limit_s"] < 60.5  # a toy program: the base
+    res = em.optimize(g, cache=None, iter_limit=2, time_limit_s=20)
+    assert res.stats["time_limit_s"] == 20 and res.stats["time_limit_auto"] is False
+
+
+def test_fx_matmul_flops_count_linear_matmul_and_attention():
+    from eqsat_mirage.dynamo.specs import matmul_flops
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(16, 32, bias=False)
+
+        def forward(self, q, k, v, x):
+            a = torch.nn.functional.scaled_dot_product_attention(q, k, v)  # (1, 2, 8, 4)
+            return self.proj(x), a, x @ x.transpose(0, 1)
+
+    counted = []
+
+    def be(gm, example):
+        counted.append(matmul_flops(gm.graph.nodes))
+        return gm.forward
+
+    q, k, v = torch.randn(1, 2, 8, 4), torch.randn(1, 2, 6, 4), torch.randn(1, 2, 6, 4)
+    x = torch.randn(5, 16)
+    torch._dynamo.reset()
+    torch.compile(Block(), backend=be)(q, k, v, x)
+    want = (2 * 5 * 32 * 16            # linear: 5 x 32 outputs of 16 products
+            + 2 * 6 * (1 * 2 * 8 * 4) * 2  # attention: q k^T and p v, 6 keys
+            + 2 * 5 * 5 * 16)          # x @ x^T
+    assert counted == [want]
+
+
+def test_the_backend_reports_each_graphs_limit():
+    torch.manual_seed(0)
+    m, x = SortInTheMiddle().eval(), torch.randn(3, 8)
+    be = em.backend(iter_limit=2, warmup=0, warn=False)
+    with torch.no_grad():
+        torch.compile(m, backend=be)(x)
+    (graph,) = be.summary()["graphs"]
+    assert 30.0 <= graph["time_limit_s"] < 30.5  # a toy graph: the base
