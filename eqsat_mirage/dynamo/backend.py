@@ -72,11 +72,18 @@ from ..frontend.graph import Graph, Tensor
 from ..frontend.torch_masks import BoolMask
 from ..frontend.torch_movement import Empty
 from ..ir.errors import MirageError, unexpected
-from ..ir.limits import AUTO, Shares, resolve_time_limit
+from ..ir.limits import AUTO, Shares, evaluation_work, resolve_time_limit
 from ..pipeline.whole import improved, optimize, unchanged_reason
 from ..verifier import blas
 from .runtime import OptimizedPartition, Warmup, uses_triton
-from .specs import SymbolicSizes, computes, matmul_flops, node_spec, split_runs
+from .specs import (
+    SymbolicSizes,
+    computes,
+    input_elements,
+    matmul_flops,
+    node_spec,
+    split_runs,
+)
 from .support import CONSTANTS, NodeSupport, buffer_constants, constant_input, mutation, served
 
 __all__ = ["Backend", "PartitionReport", "backend", "mutation", "node_spec"]
@@ -172,9 +179,9 @@ class Backend:
 
     Options: ``target`` (hardware profile), ``time_limit_s`` (wall-clock bound on
     the search of one compiled graph, its partitions together; "auto", the default: 30 s
-    for a graph of toy size, more for a large one, ``limits.auto_time_limit``: 300 float64
-    evaluations of its matmuls at this machine's measured rate on top, at most 600 s; the
-    value used is in ``summary()``'s graphs), ``min_ops`` (smallest
+    for a graph of toy size, more for a large one, ``limits.auto_time_limit``: 130 float64
+    evaluations of it at this machine's measured rate on top, at most 600 s; the value
+    used is in ``summary()``'s graphs), ``min_ops`` (smallest
     partition to optimize, in ops), ``warn`` (each graph's summary warning, and warnings
     on fallbacks at run time),
     ``warmup`` (see below), ``size_hint`` and ``size_max`` (the family size's planning hint
@@ -312,8 +319,9 @@ class Backend:
         if not parts:
             self._summarize(total, [], eager, sizes, number)
             return gm.forward
-        flops = matmul_flops([n for q in parts for n in q.nodes])  # before fusing moves them
-        limit = resolve_time_limit(self.options.get("time_limit_s"), flops, AUTO_BASE_S,
+        nodes = [n for q in parts for n in q.nodes]  # measured before fusing moves them
+        work = evaluation_work(matmul_flops(nodes), input_elements(nodes))
+        limit = resolve_time_limit(self.options.get("time_limit_s"), work, AUTO_BASE_S,
                                    blas.gflops)
         self._limits[number] = limit
         prefix = f"{_PREFIX}{number}_"

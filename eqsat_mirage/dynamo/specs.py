@@ -33,8 +33,8 @@ from torch import fx
 from ..ir.dims import Dim
 from ..ir.node import ALL_DTYPES
 
-__all__ = ["SymbolicSizes", "computes", "empty", "matmul_flops", "node_spec", "split_runs",
-           "values"]
+__all__ = ["SymbolicSizes", "computes", "empty", "input_elements", "matmul_flops", "node_spec",
+           "split_runs", "values"]
 
 
 def recorded(node: fx.Node) -> Any:
@@ -305,6 +305,22 @@ def matmul_flops(nodes) -> float:
                 total += 2.0 * keys * (float(_hint(q.numel())) + numel)
         except (AttributeError, IndexError, TypeError, ValueError):
             continue
+    return total
+
+
+def input_elements(nodes) -> float:
+    """The elements of the values fx ``nodes`` read from outside themselves (inputs,
+    parameters and buffers; what a verification draws), from the shapes Dynamo recorded."""
+    inside, total, seen = set(nodes), 0.0, set()
+    for n in inside:
+        for a in n.all_input_nodes:
+            if a in inside or a in seen:
+                continue
+            seen.add(a)
+            try:
+                total += float(_hint(recorded(a).numel()))
+            except (AttributeError, TypeError, ValueError):
+                continue
     return total
 
 

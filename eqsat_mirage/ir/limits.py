@@ -70,8 +70,17 @@ class Shares:
 
 
 AUTO = "auto"  # a time limit that grows with the program's size (``auto_time_limit``)
-AUTO_EVALS = 300  # float64 evaluations of the whole program a full search takes (measured)
+AUTO_EVALS = 130  # float64 evaluations of the whole program a full search takes (85-90
+#   measured on LLaMA-7B-size layers at sequences 1 and 128, and half as much again)
+ELEMENT_FLOPS = 500  # an evaluation's passes over one input element (drawn, scaled,
+#   rounded), in matmul flops: what a program of large weights and few rows costs
 AUTO_MAX_S = 600.0  # the most an automatic time limit gives
+
+
+def evaluation_work(flops: float, elements: float) -> float:
+    """One float64 evaluation of a program, in matmul flops: its matmuls' ``flops`` and
+    ``ELEMENT_FLOPS`` for each of its inputs' ``elements``."""
+    return float(flops) + ELEMENT_FLOPS * float(elements)
 
 
 def matmul_flops(nodes: Iterable) -> float:
@@ -85,12 +94,14 @@ def matmul_flops(nodes: Iterable) -> float:
 
 
 def auto_time_limit(flops: float, base: float, gflops: float) -> float:
-    """The automatic time limit of a program whose float64 evaluation takes ``flops``, on
-    a machine whose float64 matmuls run at ``gflops`` GFLOP/s: ``base`` seconds plus
-    ``AUTO_EVALS`` such evaluations, at most ``AUTO_MAX_S`` (or ``base`` when that is
-    more), to a tenth of a second. Small programs get ``base``; a LLaMA-7B-size layer at
-    sequence 128 (46 GFLOP) about 270 s on a 2-core machine whose one BLAS thread does
-    57 GFLOP/s (bench/RESULTS.md, "Real sizes")."""
+    """The automatic time limit of a program whose float64 evaluation is ``flops`` of work
+    (``evaluation_work``), on a machine whose float64 matmuls run at ``gflops`` GFLOP/s:
+    ``base`` seconds plus ``AUTO_EVALS`` such evaluations, at most ``AUTO_MAX_S`` (or
+    ``base`` when that is more), to a tenth of a second. Small programs get ``base``; a
+    LLaMA-7B-size layer (180 M weights) at sequence 128 (46 GFLOP of matmuls) about 340 s
+    on a 2-core machine whose one BLAS thread does 57 GFLOP/s, where its search took about
+    200 s; at sequence 1 about 240 s, where it took 140 s (bench/RESULTS.md, "Real
+    sizes")."""
     if flops <= 0 or gflops <= 0:
         return float(base)
     extra = AUTO_EVALS * flops / (gflops * 1e9)

@@ -54,7 +54,7 @@ from .cache import (
     reverifier,
     store_result,
 )
-from .optimize import optimize, program_flops, search
+from .optimize import optimize, program_work, search
 from .options import DEFAULTS, SearchOptions
 
 EXECUTORS = ("process", "ray")
@@ -148,7 +148,7 @@ def optimize_many(programs: Iterable, jobs: int | None = None, executor: str = "
         raise MirageError(f"optimize_many: jobs must be at least 1, got {jobs}")
     opts = _options(optimize_kwargs)
     opts["time_limit_s"] = resolve_time_limit(  # "auto": the largest program's limit, for all
-        opts["time_limit_s"], lambda: max((program_flops(g) for g in programs), default=0.0),
+        opts["time_limit_s"], lambda: max((program_work(g) for g in programs), default=0.0),
         DEFAULTS.time_limit_s, blas.gflops)
     options = SearchOptions(**opts).resolved()  # checked once, here
     store = open_cache(optimize_kwargs.get("cache", True))

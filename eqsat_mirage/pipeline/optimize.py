@@ -17,6 +17,7 @@ verified) the input itself is returned, one kernel per op.
 from __future__ import annotations
 
 import bisect
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +30,13 @@ from ..egraph.rulefiles import builtin_rules_dir, load_rule_files, rule_paths
 from ..egraph.saturate import DEFAULT_PHASES, KERNEL_PHASES, PHASE_WEIGHT, Limits, Saturator
 from ..ir.check import check, check_lax
 from ..ir.errors import BudgetError, LaxError, MirageError, TimeLimitError, unexpected
-from ..ir.limits import AUTO, check_bytes, matmul_flops, resolve_time_limit
+from ..ir.limits import (
+    AUTO,
+    check_bytes,
+    evaluation_work,
+    matmul_flops,
+    resolve_time_limit,
+)
 from ..verifier import blas
 from ..verifier.memory import check_parts
 from ..verifier.verify import VerifyResult, verify
@@ -88,12 +95,12 @@ def optimize(graph, target: str | Path = DEFAULTS.target, rules=DEFAULTS.rules,
     stops at ``node_limit`` tensor e-nodes, ``iter_limit`` iterations per phase.
     ``time_limit_s`` bounds the whole call
     (wall clock, within about 10%); "auto" (the default) is 60 s for a program of toy size
-    and more for a large one (``limits.auto_time_limit``: 300 float64 evaluations of the
-    program at this machine's measured matmul rate on top, at most 600 s; the value used is
-    ``res.stats["time_limit_s"]``): rule checks get up to 30% of it, saturation
-    runs until 50%, extraction until 70%, fusion planning starts no plan after
-    85%, and verification stops at 100%; a pass that reaches its share stops with
-    what it has, and when no candidate verified in time the input is returned.
+    and more for a large one (``limits.auto_time_limit``: 130 float64 evaluations of the
+    program, its matmuls and its inputs' elements, at this machine's measured matmul rate
+    on top, at most 600 s; the value used is ``res.stats["time_limit_s"]``): rule checks
+    get up to 30% of it, saturation runs until 50%, extraction until 70%, fusion planning
+    starts no plan after 85%, and verification stops at 100%; a pass that reaches its
+    share stops with what it has, and when no candidate verified in time the input is returned.
     A program too large to verify within the memory budget (``ir/limits.py``)
     is refused at once with a ``BudgetError``. ``level``
     is "mugraph" (the default: ``res.program`` is a ``MuGraph`` of fused custom
@@ -124,7 +131,7 @@ def optimize(graph, target: str | Path = DEFAULTS.target, rules=DEFAULTS.rules,
     a ``cache.ResultCache``, or False/None (no cache); ``res.stats["cache"]``
     says "hit", "miss" or "off". A hit returns the stored result at once.
     """
-    limit = resolve_time_limit(time_limit_s, lambda: program_flops(graph),
+    limit = resolve_time_limit(time_limit_s, lambda: program_work(graph),
                                DEFAULTS.time_limit_s, blas.gflops)
     options = SearchOptions(target=target, rules=rules, guards=guards,
                             time_limit_s=limit, node_limit=node_limit,
@@ -136,11 +143,13 @@ def optimize(graph, target: str | Path = DEFAULTS.target, rules=DEFAULTS.rules,
     return search(graph, options, progress, cache)
 
 
-def program_flops(graph) -> float:
-    """The float64 work of one evaluation of ``graph`` (its matmuls), 0 where unknown (a
-    program with symbolic sizes, which ``auto`` gives the base limit)."""
+def program_work(graph) -> float:
+    """The float64 work of one evaluation of ``graph`` (``limits.evaluation_work``: its
+    matmuls and its inputs' elements), 0 where unknown (a program with symbolic sizes,
+    which ``auto`` gives the base limit)."""
     try:
-        return matmul_flops(graph.nodes())
+        return evaluation_work(matmul_flops(graph.nodes()), sum(
+            math.prod(x.shape) for x in graph.inputs.values()))
     except (AttributeError, TypeError):
         return 0.0
 

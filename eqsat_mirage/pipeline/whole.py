@@ -46,7 +46,7 @@ from ..verifier.endtoend import FloatCheck, float_check
 from ..verifier.memory import check_parts
 from ..verifier.verify import VerifyResult
 from .optimize import optimize as optimize_search
-from .optimize import program_flops
+from .optimize import program_work
 from .optimize import search as optimize_piece
 from .options import DEFAULTS, SearchOptions, progress_fn
 from .result import OptimizeResult
@@ -101,7 +101,7 @@ def search_options(graph, args: tuple, kwargs: dict) -> tuple[SearchOptions, obj
     bound.apply_defaults()
     given = bound.arguments
     given["time_limit_s"] = resolve_time_limit(given["time_limit_s"],
-                                               lambda: program_flops(graph),
+                                               lambda: program_work(graph),
                                                DEFAULTS.time_limit_s, blas.gflops)
     return (SearchOptions(**{name: given[name] for name in SearchOptions.names()}),
             progress_fn(given["progress"]), given["cache"])

@@ -121,7 +121,7 @@ def test_optimize_reports_the_limit_it_used():
 
 
 def test_fx_matmul_flops_count_linear_matmul_and_attention():
-    from eqsat_mirage.dynamo.specs import matmul_flops
+    from eqsat_mirage.dynamo.specs import input_elements, matmul_flops
 
     class Block(nn.Module):
         def __init__(self):
@@ -135,7 +135,9 @@ def test_fx_matmul_flops_count_linear_matmul_and_attention():
     counted = []
 
     def be(gm, example):
-        counted.append(matmul_flops(gm.graph.nodes))
+        calls = [n for n in gm.graph.nodes if n.op.startswith("call")]
+        counted.append(matmul_flops(calls))
+        counted.append(input_elements(calls))
         return gm.forward
 
     q, k, v = torch.randn(1, 2, 8, 4), torch.randn(1, 2, 6, 4), torch.randn(1, 2, 6, 4)
@@ -145,7 +147,8 @@ def test_fx_matmul_flops_count_linear_matmul_and_attention():
     want = (2 * 5 * 32 * 16            # linear: 5 x 32 outputs of 16 products
             + 2 * 6 * (1 * 2 * 8 * 4) * 2  # attention: q k^T and p v, 6 keys
             + 2 * 5 * 5 * 16)          # x @ x^T
-    assert counted == [want]
+    drawn = q.numel() + k.numel() + v.numel() + x.numel() + 32 * 16  # inputs and weight
+    assert counted == [want, drawn]
 
 
 def test_the_backend_reports_each_graphs_limit():
