@@ -163,6 +163,7 @@ def run(hidden: int, heads: int, kv_heads: int, intermediate: int, seq: int, dty
     return {"hidden": hidden, "heads": heads, "kv_heads": kv_heads,
             "intermediate": intermediate, "seq": seq, "dtype": dtype, "layers": layers,
             "time_limit_s": be.options["time_limit_s"], "compile_seconds": seconds,
+            "time_limit_used_s": [g.get("time_limit_s") for g in s["graphs"]],
             "ops": s["ops"], "compute_ops": s["compute_ops"],
             "optimized_ops": s["optimized_compute_ops"], "partitions": s["optimized_partitions"],
             "before_us": s["predicted_us"][0], "after_us": s["predicted_us"][1],
@@ -176,7 +177,9 @@ def show(r: dict) -> str:
     gb = 1e9
     lines = [f"LlamaDecoderLayer x{r['layers']}: hidden {r['hidden']}, {r['heads']} heads, "
              f"{r['kv_heads']} KV heads, intermediate {r['intermediate']}, batch 1, seq "
-             f"{r['seq']}, {r['dtype']}; time_limit_s={r['time_limit_s']}",
+             f"{r['seq']}, {r['dtype']}; time_limit_s={r['time_limit_s']}"
+             + (f" ({', '.join(f'{x:g} s' for x in r['time_limit_used_s'] if x)})"
+                if r["time_limit_s"] == "auto" else ""),
              f"compile call: {r['compile_seconds']:.1f} s; coverage {r['optimized_ops']} / "
              f"{r['compute_ops']} compute ops / {r['ops']} ops in {r['partitions']} optimized "
              f"partition(s); predicted {r['before_us']:.1f} -> {r['after_us']:.1f} us; max "
