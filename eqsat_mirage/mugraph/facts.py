@@ -132,13 +132,14 @@ def _tile_degree(k: CustomKernel, bi, f: tuple) -> tuple:
     """A tile's degree fact with what its values and its denominator vary with across
     blocks and iterations: ``("grid", axis)`` for each grid axis that cuts it, ``"loop"``
     when the loop does; the denominator only where the tensor's is not one function along
-    the cut dim."""
+    the cut dim. A dim in both maps (a split reduction's loop inside each split) is cut by
+    both: its tile varies with the grid axis and with the loop."""
     d = f[0]
-    cuts = {ax: ("grid", g) for ax, g in bi.imap.items()}
+    cuts = [(ax, ("grid", g)) for ax, g in bi.imap.items()]
     if bi.fmap is not None:
-        cuts[bi.fmap] = "loop"
-    return (d, frozenset(cuts.values()),
-            frozenset(v for ax, v in cuts.items() if not d.common(ax)))
+        cuts.append((bi.fmap, "loop"))
+    return (d, frozenset(v for _, v in cuts),
+            frozenset(v for ax, v in cuts if not d.common(ax)))
 
 
 def _node_degree(k, stage, n: Node, fs: list[tuple]) -> tuple:

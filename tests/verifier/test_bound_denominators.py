@@ -210,3 +210,30 @@ def test_a_seven_b_attention_projection_needs_fewer_trials():
     g.output(o.transpose((1, 0, 2)).reshape((16, 4096)) @ w, "y")
     eps = per_trial_bound(g, g)
     assert eps.dp < 100 and eps.value < 1e-4, eps.explain()
+
+
+def _split_with_loop():
+    """sum over columns of x / s with the columns split across the grid and each split
+    walked by the loop (a dim in both imap and fmap: fusion/lower.py's split reduction with
+    a loop inside each split); the second kernel sums the splits' partials."""
+    from eqsat_mirage.fusion.indexing import index_fragment
+    from eqsat_mirage.fusion.lower import lower
+    from eqsat_mirage.fusion.schedule import Schedule
+
+    g = em.Graph("split_rows")
+    x = g.input("x", (2, 8), dtype="float32")
+    s = g.input("s", (2, 8), dtype="float32")
+    g.output((x / s).sum(axis=1), "y")
+    ix = index_fragment(g)
+    rows, cols = ix.input_index("x", 0), ix.input_index("x", 1)
+    return g, lower(g, Schedule(grid={rows: 2, cols: 2}, loop=cols, forloop=2, split=cols))
+
+
+def test_a_dim_cut_by_the_grid_and_the_loop_varies_with_both():
+    g, mg = _split_with_loop()
+    part = mg.kernels[0]
+    assert all(bi.imap.get(1) == 1 and bi.fmap == 1 for bi in part.inputs.values())
+    assert em.verify(g, mg, seed=0).equivalent
+    truth, facts = assert_bound_holds(mg, g)
+    # every column its own denominator: 8 of them, whichever kernel sums them
+    assert truth["y"][1] == 8 and facts["y"].den == 8
