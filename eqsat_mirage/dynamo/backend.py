@@ -57,7 +57,6 @@ that produce a tuple of tensors (``split``, ``chunk``) join partitions like any 
 
 from __future__ import annotations
 
-import operator
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -68,23 +67,25 @@ from torch import fx
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 
 from ..frontend.from_torch import Converter, op_name, source_line, unique_identifier
-from ..frontend.graph import Graph, Tensor
+from ..frontend.graph import Graph
 from ..frontend.torch_masks import BoolMask
 from ..frontend.torch_movement import Empty
 from ..ir.errors import MirageError, unexpected
-from ..ir.limits import AUTO, Shares, evaluation_work, resolve_time_limit
+from ..ir.limits import AUTO, Shares, resolve_time_limit
 from ..pipeline.whole import improved, optimize, unchanged_reason
 from ..verifier import blas
 from .runtime import OptimizedPartition, Warmup, uses_triton
-from .specs import (
-    SymbolicSizes,
-    computes,
-    input_elements,
-    matmul_flops,
-    node_spec,
-    split_runs,
+from .specs import SymbolicSizes, computes, graph_work, node_spec, split_runs
+from .support import (
+    CONSTANTS,
+    NodeSupport,
+    buffer_constants,
+    constant_input,
+    left_out,
+    mutation,
+    optimized_ops,
+    served,
 )
-from .support import CONSTANTS, NodeSupport, buffer_constants, constant_input, mutation, served
 
 __all__ = ["Backend", "PartitionReport", "backend", "mutation", "node_spec"]
 
@@ -113,27 +114,6 @@ class PartitionReport:
     optimized_compute_ops: int = 0  # those of them that compute (``specs.computes``)
 
 
-def _optimized_ops(sub: fx.GraphModule, cv: Converter, result: Any) -> tuple[int, int]:
-    """The call ops of an optimized partition that ran in an optimized piece (those whose
-    result is not computed by a piece left unchanged, a whole program's pieces), and how
-    many of them compute (``specs.computes``: the coverage's numerator)."""
-    kept = {id(n) for piece, did in (getattr(result, "pieces", None) or []) if not did
-            for n in piece.ops}
-
-    def nodes(value: Any) -> list:
-        if isinstance(value, Tensor):
-            return [value.node]
-        if isinstance(value, (tuple, list)):
-            return [n for v in value for n in nodes(v)]
-        return []
-
-    # a bool mask (a folded comparison) computes no float tensor: not a compute op
-    ran = [n for n in sub.graph.nodes if n.op.startswith("call")
-           and not isinstance(cv.env.get(n), BoolMask)
-           and not any(id(m) in kept for m in nodes(cv.env.get(n)))]
-    return len(ran), sum(computes(n) for n in ran)
-
-
 def ran_out_of_time(entry: PartitionReport) -> list[str]:
     """The pieces of a partition (or the partition itself, searched as one piece) whose
     search the time limit cut short, in words: ``part_1_0 piece 2 (18 ops: mm, silu, ...)``."""
@@ -153,21 +133,6 @@ def ran_out_of_time(entry: PartitionReport) -> list[str]:
             equal = [q["index"] for q in pieces if q.get("same_as") == p["index"]]
             also = (f"; and the equal piece(s) {', '.join(map(str, equal))}" if equal else "")
             out.append(f"{entry.name} piece {p['index']} ({len(p['ops'])} ops: {shown}{also})")
-    return out
-
-
-def _left_out(gm: fx.GraphModule, support: NodeSupport, placed: list) -> list[str]:
-    """The supported call ops that torch.fx's partitioner put in no partition, with why."""
-    inside = set(placed)
-    out = []
-    for n in gm.graph.nodes:
-        if n.op.startswith("call") and n not in inside and support.reason(n) is None:
-            why = ("the partitioner keeps an indexing op with its source when every user of "
-                   "the source indexes it, and its source is outside every partition") \
-                if n.op == "call_function" and n.target is operator.getitem else \
-                "left out of every partition by torch.fx's partitioner"
-            loc = source_line(n).split(" (`")[0]
-            out.append(op_name(n, gm) + (f" at {loc}" if loc else "") + f" ({why})")
     return out
 
 
@@ -210,6 +175,7 @@ class Backend:
                                    or warmup < 0):
             raise MirageError(f"em.backend(warmup=...) takes a count of calls >= 0 or None, "
                               f"got {warmup!r}")
+        resolve_time_limit(time_limit_s, 0.0, AUTO_BASE_S, 1.0)  # bad: a MirageError now
         self.options = dict(target=target, time_limit_s=time_limit_s, **optimize_options)
         for name, v in (("size_hint", size_hint), ("size_max", size_max)):
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
@@ -313,16 +279,15 @@ class Backend:
                 eager.append(name + (f" at {short}" if short else "") + f" ({why})")
         eager += [f"{op_name(n, gm)} (a partition of {len(p.nodes)} op(s), below min_ops="
                   f"{self.min_ops})" for p in small for n in p.nodes if n.op.startswith("call")]
-        eager += _left_out(gm, support, [n for p in parts + small for n in p.nodes])
+        eager += left_out(gm, support, [n for p in parts + small for n in p.nodes])
         total = sum(n.op.startswith("call") for n in gm.graph.nodes)
         total = (total, sum(computes(n) for n in gm.graph.nodes))
         if not parts:
             self._summarize(total, [], eager, sizes, number)
             return gm.forward
-        nodes = [n for q in parts for n in q.nodes]  # measured before fusing moves them
-        work = evaluation_work(matmul_flops(nodes), input_elements(nodes))
-        limit = resolve_time_limit(self.options.get("time_limit_s"), work, AUTO_BASE_S,
-                                   blas.gflops)
+        limit = resolve_time_limit(self.options.get("time_limit_s"),  # before fusing
+                                   graph_work([n for q in parts for n in q.nodes]),
+                                   AUTO_BASE_S, blas.gflops)
         self._limits[number] = limit
         prefix = f"{_PREFIX}{number}_"
         fused = part.fuse_partitions(parts, prefix=prefix)
@@ -454,10 +419,10 @@ class Backend:
             mod.held = {ident: sizes.held(places[ref]) for ident, (kind, ref)
                         in cv.sources.items() if kind == "arg"}
             if report and any(mod.held.values()):
-                def replan(sym, name=name, sub=sub, sizes=sizes):
-                    again = PartitionReport(name, ops)
-                    return self._partition(name, sub, sizes.focus(sym), False, again), \
-                        again.reason
+                def replan(sym, name=name, sub=sub, sizes=sizes, limit=time_limit_s):
+                    again = PartitionReport(name, ops)  # the share this partition had
+                    return self._partition(name, sub, sizes.focus(sym), False, again,
+                                           limit), again.reason
                 mod.replan = replan
             if device is not None and uses_triton(device):
                 mod._fn(device)  # compile now: codegen errors fall back here
@@ -468,7 +433,7 @@ class Backend:
             entry.seconds = time.perf_counter() - t0
             return None
         entry.status, entry.seconds = "optimized", time.perf_counter() - t0
-        entry.optimized_ops, entry.optimized_compute_ops = _optimized_ops(sub, cv, entry.result)
+        entry.optimized_ops, entry.optimized_compute_ops = optimized_ops(sub, cv, entry.result)
         return mod
 
     def _convert(self, name: str, sub: fx.GraphModule, sizes: SymbolicSizes) -> tuple:

@@ -31,10 +31,11 @@ import torch
 from torch import fx
 
 from ..ir.dims import Dim
+from ..ir.limits import evaluation_work
 from ..ir.node import ALL_DTYPES
 
-__all__ = ["SymbolicSizes", "computes", "empty", "input_elements", "matmul_flops", "node_spec",
-           "split_runs", "values"]
+__all__ = ["SymbolicSizes", "computes", "empty", "graph_work", "input_elements", "matmul_flops",
+           "node_spec", "split_runs", "values"]
 
 
 def recorded(node: fx.Node) -> Any:
@@ -298,7 +299,8 @@ def matmul_flops(nodes) -> float:
             numel = float(_hint(out.numel()))
             if name in _CONTRACTIONS:
                 src = recorded(n.args[_CONTRACTIONS[name]])
-                total += 2.0 * numel * float(_hint(src.shape[-1]))
+                batch = float(_hint(src.shape[0])) if name == "addbmm" else 1.0  # summed over
+                total += 2.0 * numel * batch * float(_hint(src.shape[-1]))
             elif name == "scaled_dot_product_attention":
                 q, k = recorded(n.args[0]), recorded(n.args[1])
                 keys = float(_hint(k.shape[-2]))
@@ -306,6 +308,13 @@ def matmul_flops(nodes) -> float:
         except (AttributeError, IndexError, TypeError, ValueError):
             continue
     return total
+
+
+def graph_work(nodes) -> float:
+    """One float64 evaluation of fx ``nodes`` (``limits.evaluation_work``: their matmuls and
+    the elements they read from outside), what ``time_limit_s="auto"`` scales with."""
+    nodes = list(nodes)
+    return evaluation_work(matmul_flops(nodes), input_elements(nodes))
 
 
 def input_elements(nodes) -> float:

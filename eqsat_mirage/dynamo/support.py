@@ -18,12 +18,12 @@ import torch
 from torch import fx
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from ..frontend.from_torch import Converter
+from ..frontend.from_torch import Converter, op_name, source_line
 from ..frontend.graph import Graph, Tensor
 from ..frontend.torch_masks import FOLD_LIMIT, BoolMask, Snapshot, constant_mask
 from ..frontend.torch_movement import Empty
 from ..ir.errors import MirageError, unexpected
-from .specs import SymbolicSizes, empty
+from .specs import SymbolicSizes, computes, empty
 
 __all__ = ["CONSTANTS", "NodeSupport", "buffer_constants", "constant_input", "mutation",
            "served"]
@@ -227,3 +227,39 @@ def mutation(gm: fx.GraphModule) -> fx.Node | None:
         if name.endswith("_") and not name.startswith("__"):
             return n
     return None
+
+
+def left_out(gm: fx.GraphModule, support: NodeSupport, placed: list) -> list[str]:
+    """The supported call ops that torch.fx's partitioner put in no partition, with why."""
+    inside = set(placed)
+    out = []
+    for n in gm.graph.nodes:
+        if n.op.startswith("call") and n not in inside and support.reason(n) is None:
+            why = ("the partitioner keeps an indexing op with its source when every user of "
+                   "the source indexes it, and its source is outside every partition") \
+                if n.op == "call_function" and n.target is operator.getitem else \
+                "left out of every partition by torch.fx's partitioner"
+            loc = source_line(n).split(" (`")[0]
+            out.append(op_name(n, gm) + (f" at {loc}" if loc else "") + f" ({why})")
+    return out
+
+
+def optimized_ops(sub: fx.GraphModule, cv: Converter, result: Any) -> tuple[int, int]:
+    """The call ops of an optimized partition that ran in an optimized piece (those whose
+    result is not computed by a piece left unchanged, a whole program's pieces), and how
+    many of them compute (``specs.computes``: the coverage's numerator)."""
+    kept = {id(n) for piece, did in (getattr(result, "pieces", None) or []) if not did
+            for n in piece.ops}
+
+    def nodes(value: Any) -> list:
+        if isinstance(value, Tensor):
+            return [value.node]
+        if isinstance(value, (tuple, list)):
+            return [n for v in value for n in nodes(v)]
+        return []
+
+    # a bool mask (a folded comparison) computes no float tensor: not a compute op
+    ran = [n for n in sub.graph.nodes if n.op.startswith("call")
+           and not isinstance(cv.env.get(n), BoolMask)
+           and not any(id(m) in kept for m in nodes(cv.env.get(n)))]
+    return len(ran), sum(computes(n) for n in ran)

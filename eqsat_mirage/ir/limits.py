@@ -25,6 +25,10 @@ class Deadline:
     """A wall-clock deadline: ``seconds`` from now (or from ``start``), None for none."""
 
     def __init__(self, seconds: float | None, start: float | None = None) -> None:
+        if seconds is not None and (isinstance(seconds, bool | str)
+                                    or not isinstance(seconds, int | float)):
+            raise MirageError(f"time_limit_s must be a number of seconds or None here, got "
+                              f"{seconds!r}")
         self.start = time.perf_counter() if start is None else start
         self.seconds = seconds
         self.end = math.inf if seconds is None else self.start + seconds
@@ -91,6 +95,16 @@ def matmul_flops(nodes: Iterable) -> float:
         if getattr(getattr(n, "op", None), "name", "") == "MATMUL":
             total += 2.0 * math.prod(n.shape) * n.srcs[0].shape[-1]
     return total
+
+
+def program_work(program) -> float:
+    """One float64 evaluation of a Graph (``evaluation_work``: its matmuls and its inputs'
+    elements), 0 where its sizes are not all numbers."""
+    try:
+        return evaluation_work(matmul_flops(program.nodes()), sum(
+            math.prod(x.shape) for x in program.inputs.values()))
+    except (AttributeError, TypeError):
+        return 0.0
 
 
 def auto_time_limit(flops: float, base: float, gflops: float) -> float:

@@ -42,9 +42,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
 from ..ir.errors import MirageError
-from ..ir.limits import resolve_time_limit
 from ..ir.node import Node
-from ..verifier import blas
 from .cache import (
     ResultCache,
     cached_optimize,
@@ -54,8 +52,8 @@ from .cache import (
     reverifier,
     store_result,
 )
-from .optimize import optimize, program_work, search
-from .options import DEFAULTS, SearchOptions
+from .optimize import optimize, search
+from .options import SearchOptions
 
 EXECUTORS = ("process", "ray")
 
@@ -135,7 +133,7 @@ def optimize_many(programs: Iterable, jobs: int | None = None, executor: str = "
     "return" (the exception in that program's slot); ``progress`` gets one
     line per finished program. Every other keyword goes to ``em.optimize``
     (``cache=`` included: the same cache serves every worker); ``time_limit_s="auto"``
-    (the default) gives every program the automatic limit of the largest.
+    (the default) gives each program its own automatic limit.
     """
     programs = list(programs)
     if executor not in EXECUTORS:
@@ -146,11 +144,7 @@ def optimize_many(programs: Iterable, jobs: int | None = None, executor: str = "
     jobs = (os.cpu_count() or 1) if jobs is None else int(jobs)
     if jobs < 1:
         raise MirageError(f"optimize_many: jobs must be at least 1, got {jobs}")
-    opts = _options(optimize_kwargs)
-    opts["time_limit_s"] = resolve_time_limit(  # "auto": the largest program's limit, for all
-        opts["time_limit_s"], lambda: max((program_work(g) for g in programs), default=0.0),
-        DEFAULTS.time_limit_s, blas.gflops)
-    options = SearchOptions(**opts).resolved()  # checked once, here
+    options = SearchOptions(**_options(optimize_kwargs)).resolved()  # checked once, here
     store = open_cache(optimize_kwargs.get("cache", True))
     n = len(programs)
     results: list = [None] * n

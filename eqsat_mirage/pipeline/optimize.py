@@ -17,7 +17,6 @@ verified) the input itself is returned, one kernel per op.
 from __future__ import annotations
 
 import bisect
-import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,11 +32,7 @@ from ..ir.errors import BudgetError, LaxError, MirageError, TimeLimitError, unex
 from ..ir.limits import (
     AUTO,
     check_bytes,
-    evaluation_work,
-    matmul_flops,
-    resolve_time_limit,
 )
-from ..verifier import blas
 from ..verifier.memory import check_parts
 from ..verifier.verify import VerifyResult, verify
 from .build import Builder
@@ -131,27 +126,14 @@ def optimize(graph, target: str | Path = DEFAULTS.target, rules=DEFAULTS.rules,
     a ``cache.ResultCache``, or False/None (no cache); ``res.stats["cache"]``
     says "hit", "miss" or "off". A hit returns the stored result at once.
     """
-    limit = resolve_time_limit(time_limit_s, lambda: program_work(graph),
-                               DEFAULTS.time_limit_s, blas.gflops)
     options = SearchOptions(target=target, rules=rules, guards=guards,
-                            time_limit_s=limit, node_limit=node_limit,
+                            time_limit_s=time_limit_s, node_limit=node_limit,
                             iter_limit=iter_limit, k=k, trials=trials, seed=seed,
                             split_factors=split_factors, level=level, strategy=strategy,
                             max_bound=max_bound, allow_unchecked_rules=allow_unchecked_rules,
                             compile_check=compile_check, launch=launch,
                             allow_float_unsafe_rules=allow_float_unsafe_rules)
     return search(graph, options, progress, cache)
-
-
-def program_work(graph) -> float:
-    """The float64 work of one evaluation of ``graph`` (``limits.evaluation_work``: its
-    matmuls and its inputs' elements), 0 where unknown (a program with symbolic sizes,
-    which ``auto`` gives the base limit)."""
-    try:
-        return evaluation_work(matmul_flops(graph.nodes()), sum(
-            math.prod(x.shape) for x in graph.inputs.values()))
-    except (AttributeError, TypeError):
-        return 0.0
 
 
 def search(graph, options: SearchOptions, progress: Callable[[str], None] | None = None,
@@ -170,9 +152,18 @@ def search(graph, options: SearchOptions, progress: Callable[[str], None] | None
 
 
 def _run(graph, options: SearchOptions, progress) -> OptimizeResult:
+    """One uncached search; its stats say the time limit it ran under."""
+    limit = options.limit_for(graph)
+    res = _passes(graph, options, progress, limit)
+    res.stats["time_limit_s"] = limit
+    res.stats["time_limit_auto"] = options.time_limit_s == AUTO
+    return res
+
+
+def _passes(graph, options: SearchOptions, progress, limit: float) -> OptimizeResult:
     """The passes of one uncached search (module docstring)."""
     t0 = time.perf_counter()
-    budget = Budget.start(options.time_limit_s, t0)
+    budget = Budget.start(limit, t0)
     check(graph)
     check_bytes(check_parts(graph), f"verifying {graph.name!r}")
     prof = GPUProfile.load(options.target).for_launch(options.launch)  # both models use it

@@ -25,21 +25,26 @@ from typing import ClassVar
 
 from ..cost.profile import LAUNCH_MODES
 from ..ir.errors import MirageError
-from ..ir.limits import Deadline
+from ..ir.limits import AUTO, Deadline, program_work, resolve_time_limit
+from ..verifier import blas
 
 LEVELS = ("mugraph", "kernel")
 DEFAULT_SPLITS = (4, 16, 64)  # Mirage's loop ranges: the j of user rules' (split n i j) facts
 COUNTED = ("node_limit", "iter_limit", "k", "trials")  # positive integers
+BASE_TIME_LIMIT_S = 60.0  # time_limit_s="auto": the limit of a program of toy size
 
 
 def check_limits(**limits) -> None:
     """Every limit a positive number (ints where counted); a MirageError naming the first bad."""
     for name, value in limits.items():
         counted = name != "time_limit_s"
+        if not counted and value == AUTO:
+            continue
         ok = isinstance(value, int | float) and not isinstance(value, bool) and (
             isinstance(value, int) or not counted) and 0 < value < float("inf")
         if not ok:
-            kind = "a positive integer" if counted else "a positive finite number of seconds"
+            kind = ("a positive integer" if counted else
+                    f"a positive finite number of seconds or {AUTO!r}")
             raise MirageError(f"optimize: {name} must be {kind}, got {value!r}")
 
 
@@ -77,7 +82,7 @@ class SearchOptions:
     target: str | Path | object = "h100"
     rules: object = ("rules",)
     guards: bool = True
-    time_limit_s: float = 60.0
+    time_limit_s: float | str = AUTO
     node_limit: int = 200_000
     iter_limit: int = 12
     k: int = 4
@@ -91,6 +96,13 @@ class SearchOptions:
     compile_check: bool | None = None
     launch: str = "plain"
     allow_float_unsafe_rules: bool = False
+
+    def limit_for(self, graph) -> float:
+        """``time_limit_s`` in seconds for a search of ``graph``: as given, or for "auto"
+        ``BASE_TIME_LIMIT_S`` plus the program's work (``limits.auto_time_limit``). The
+        cache key keeps "auto" itself, so a machine's measured speed never changes it."""
+        return resolve_time_limit(self.time_limit_s, lambda: program_work(graph),
+                                  BASE_TIME_LIMIT_S, blas.gflops)
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:

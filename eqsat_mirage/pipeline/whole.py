@@ -37,18 +37,16 @@ from collections.abc import Callable
 
 from ..ir.check import check
 from ..ir.errors import MirageError, unexpected
-from ..ir.limits import AUTO, Deadline, check_bytes, resolve_time_limit
+from ..ir.limits import AUTO, Deadline, check_bytes
 from ..ir.node import Op
 from ..partition.pieces import DEFAULT_PIECE_OPS, Piece, needs_partition, partition
 from ..partition.stitch import stitch
-from ..verifier import blas
 from ..verifier.endtoend import FloatCheck, float_check
 from ..verifier.memory import check_parts
 from ..verifier.verify import VerifyResult
 from .optimize import optimize as optimize_search
-from .optimize import program_work
 from .optimize import search as optimize_piece
-from .options import DEFAULTS, SearchOptions, progress_fn
+from .options import SearchOptions, progress_fn
 from .result import OptimizeResult
 
 SHARE_END = 0.85  # piece searches end by this fraction of the time limit; the rest: stitch
@@ -86,8 +84,6 @@ def optimize(graph, *args, partition: bool | str = "auto", piece_ops: int = DEFA
         else:
             res = optimize_whole(graph, options, cache, progress, piece_ops=piece_ops,
                                  jobs=jobs)
-    res.stats["time_limit_s"] = options.time_limit_s
-    res.stats["time_limit_auto"] = kwargs.get("time_limit_s", AUTO) == AUTO
     return res
 
 
@@ -100,9 +96,6 @@ def search_options(graph, args: tuple, kwargs: dict) -> tuple[SearchOptions, obj
         raise MirageError(f"optimize: {exc}") from None
     bound.apply_defaults()
     given = bound.arguments
-    given["time_limit_s"] = resolve_time_limit(given["time_limit_s"],
-                                               lambda: program_work(graph),
-                                               DEFAULTS.time_limit_s, blas.gflops)
     return (SearchOptions(**{name: given[name] for name in SearchOptions.names()}),
             progress_fn(given["progress"]), given["cache"])
 
@@ -204,7 +197,8 @@ def optimize_whole(graph, options: SearchOptions, cache, progress,
     hw = Hardware.load(prof)
     rule_paths(options.rules)  # a bad rules= is reported once, not once per piece
     t0 = time.perf_counter()
-    deadline = Deadline(options.time_limit_s, t0)
+    limit = options.limit_for(graph)
+    deadline = Deadline(limit, t0)
     pieces = partition(graph, piece_ops)
     texts = [_text(p) for p in pieces]
     first: dict[str, int] = {}
@@ -227,7 +221,8 @@ def optimize_whole(graph, options: SearchOptions, cache, progress,
     entries = [_entry(p, r, first[text], d) for p, r, text, d in zip(pieces, results, texts, did)]
     stats = {"target": hw.name, "target_spec": str(options.target), "level": options.level,
              "guards": options.guards, "cache": "pieces", "pieces": entries,
-             "partition_seconds": t_part, "search_seconds": t_search}
+             "partition_seconds": t_part, "search_seconds": t_search,
+             "time_limit_s": limit, "time_limit_auto": options.time_limit_s == AUTO}
     failed, ran = None, FloatCheck(None, False, False, 0.0, "not needed (every piece unchanged)")
     if any(did):
         ran = float_check(graph, mugraph, seed=options.seed,

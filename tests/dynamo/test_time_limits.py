@@ -159,3 +159,32 @@ def test_the_backend_reports_each_graphs_limit():
         torch.compile(m, backend=be)(x)
     (graph,) = be.summary()["graphs"]
     assert 30.0 <= graph["time_limit_s"] < 30.5  # a toy graph: the base
+
+
+def test_the_cache_key_keeps_auto_not_the_measured_limit(monkeypatch):
+    """"auto" resolves through a timing of this machine; the results cache keys on "auto"
+    itself, so two processes (two measured speeds) share their entries."""
+    from eqsat_mirage.pipeline.cache import make_key
+    from eqsat_mirage.pipeline.options import SearchOptions
+    from eqsat_mirage.verifier import blas
+
+    g = em.Graph("big")
+    g.output(g.input("x", (64, 1024)) @ g.input("w", (1024, 1024)), "y")
+    opts = SearchOptions()
+    assert opts.time_limit_s == "auto"
+    keys, limits = [], []
+    for rate in (40.0, 90.0):
+        monkeypatch.setattr(blas, "gflops", lambda rate=rate: rate)
+        limits.append(opts.limit_for(g))
+        keys.append(make_key(g, opts.resolved().key_data()))
+    assert limits[0] > limits[1] > 60.0  # a slower machine gets more time
+    assert keys[0] == keys[1]
+
+
+def test_bad_time_limits_are_refused_where_they_are_given():
+    with pytest.raises(ValueError, match="'auto'"):
+        em.backend(time_limit_s="soon")
+    g = em.Graph("t")
+    g.output(g.input("x", (4, 8)) @ g.input("w", (8, 4)), "y")
+    with pytest.raises(ValueError, match="number of seconds"):
+        em.verify(g, g, time_limit_s="auto")
