@@ -29,10 +29,7 @@ from ..egraph.rulefiles import builtin_rules_dir, load_rule_files, rule_paths
 from ..egraph.saturate import DEFAULT_PHASES, KERNEL_PHASES, PHASE_WEIGHT, Limits, Saturator
 from ..ir.check import check, check_lax
 from ..ir.errors import BudgetError, LaxError, MirageError, TimeLimitError, unexpected
-from ..ir.limits import (
-    AUTO,
-    check_bytes,
-)
+from ..ir.limits import AUTO, check_bytes
 from ..verifier.memory import check_parts
 from ..verifier.verify import VerifyResult, verify
 from .build import Builder

@@ -74,17 +74,12 @@ def optimize(graph, *args, partition: bool | str = "auto", piece_ops: int = DEFA
     if getattr(graph, "is_family", False):  # symbolic sizes: one search for every size
         from .family import optimize_family
 
-        res = optimize_family(graph, options, progress, cache)
-    else:
-        if partition is not False:
-            check(graph)
-        if partition is False or (partition == "auto" and not needs_partition(graph,
-                                                                              piece_ops)):
-            res = optimize_piece(graph, options, progress=progress, cache=cache)
-        else:
-            res = optimize_whole(graph, options, cache, progress, piece_ops=piece_ops,
-                                 jobs=jobs)
-    return res
+        return optimize_family(graph, options, progress, cache)
+    if partition is not False:
+        check(graph)
+    if partition is False or (partition == "auto" and not needs_partition(graph, piece_ops)):
+        return optimize_piece(graph, options, progress=progress, cache=cache)
+    return optimize_whole(graph, options, cache, progress, piece_ops=piece_ops, jobs=jobs)
 
 
 def search_options(graph, args: tuple, kwargs: dict) -> tuple[SearchOptions, object, object]:
