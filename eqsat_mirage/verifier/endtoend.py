@@ -35,18 +35,20 @@ from .verify import match_interfaces
 class FloatCheck:
     """What ``float_check`` found: a ``counterexample`` (None when none was found);
     ``cut_short``: the time limit stopped it (then nothing is proven); ``native``: the
-    native-dtype draws ran; ``message``: what ran, in words, for reports."""
+    native-dtype draws ran; ``message``: what ran, in words, for reports; ``over_budget``:
+    not run, the memory budget refused it (its caller's record: nothing is proven)."""
 
     counterexample: Counterexample | None
     cut_short: bool
     native: bool
     seconds: float
     message: str
+    over_budget: bool = False
 
     @property
     def passed(self) -> bool:
         """Whether it ran to the end and found no difference."""
-        return self.counterexample is None and not self.cut_short
+        return self.counterexample is None and not self.cut_short and not self.over_budget
 
 
 def float_check(a, b, seed: int | None = 0, rtol: float = 1e-7, native: bool = True,
