@@ -71,7 +71,7 @@ from ..frontend.graph import Graph
 from ..frontend.torch_masks import BoolMask
 from ..frontend.torch_movement import Empty
 from ..ir.errors import MirageError, unexpected
-from ..ir.limits import AUTO, Shares, resolve_time_limit
+from ..ir.limits import AUTO, Shares, check_time_limit, resolve_time_limit
 from ..pipeline.whole import improved, optimize, unchanged_reason
 from ..verifier import blas
 from .runtime import OptimizedPartition, Warmup, uses_triton
@@ -175,7 +175,7 @@ class Backend:
                                    or warmup < 0):
             raise MirageError(f"em.backend(warmup=...) takes a count of calls >= 0 or None, "
                               f"got {warmup!r}")
-        resolve_time_limit(time_limit_s, 0.0, AUTO_BASE_S, 1.0)  # bad: a MirageError now
+        check_time_limit(time_limit_s)  # now, not inside torch.compile
         self.options = dict(target=target, time_limit_s=time_limit_s, **optimize_options)
         for name, v in (("size_hint", size_hint), ("size_max", size_max)):
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):

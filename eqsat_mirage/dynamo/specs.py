@@ -287,8 +287,8 @@ _CONTRACTIONS = {"matmul": 0, "mm": 0, "bmm": 0, "linear": 0, "addmm": 1, "baddb
 def matmul_flops(nodes) -> float:
     """The float64 work of one evaluation of the matmuls among fx ``nodes`` (``F.linear``,
     ``@``, ``bmm``, ``addmm``, scaled-dot-product attention: 2 flops per multiply-add),
-    from the shapes
-    Dynamo recorded (symbolic sizes at their hints; a node without shapes counts 0)."""
+    from the shapes Dynamo recorded (symbolic sizes at their hints; a node without shapes
+    counts 0)."""
     total = 0.0
     for n in nodes:
         if n.op not in ("call_function", "call_method"):

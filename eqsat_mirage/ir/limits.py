@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable
 
 from .errors import BudgetError, MirageError
+from .node import Op
 
 MEMORY_ENV = "EQSAT_MIRAGE_MEMORY_BUDGET"
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -92,7 +93,7 @@ def matmul_flops(nodes: Iterable) -> float:
     one float64 evaluation of the program costs, nearly all of it at real sizes."""
     total = 0.0
     for n in nodes:
-        if getattr(getattr(n, "op", None), "name", "") == "MATMUL":
+        if n.op is Op.MATMUL:
             total += 2.0 * math.prod(n.shape) * n.srcs[0].shape[-1]
     return total
 
@@ -122,14 +123,19 @@ def auto_time_limit(flops: float, base: float, gflops: float) -> float:
     return round(float(min(max(base, AUTO_MAX_S), base + extra)), 1)
 
 
+def check_time_limit(value) -> None:
+    """A MirageError for a ``time_limit_s`` given as text other than ``AUTO``."""
+    if isinstance(value, str) and value != AUTO:
+        raise MirageError(f"time_limit_s must be a number of seconds or {AUTO!r}, got "
+                          f"{value!r}")
+
+
 def resolve_time_limit(value, flops, base: float, gflops):
     """``value`` as given, or for ``AUTO`` the automatic limit (``auto_time_limit``) of a
     program of ``flops``; ``flops`` and ``gflops`` are numbers or functions computing them
     (called only for ``AUTO``: measuring the machine takes a few milliseconds)."""
-    if isinstance(value, str):
-        if value != AUTO:
-            raise MirageError(f"time_limit_s must be a number of seconds or {AUTO!r}, got "
-                              f"{value!r}")
+    check_time_limit(value)
+    if value == AUTO:
         return auto_time_limit(flops() if callable(flops) else flops, base,
                                gflops() if callable(gflops) else gflops)
     return value

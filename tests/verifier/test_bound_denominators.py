@@ -136,17 +136,23 @@ def test_transposed_and_merged_groups_stay_sound(order):
     assert_bound_holds(g)
 
 
-def _loop_sum(shared: bool):
-    """sum over columns of x / s, the columns walked by the loop; s is (rows, 1) read
-    whole (shared) or (rows, cols) cut by the loop like x."""
+def _row_sum_of_quotients(name: str, shared: bool):
+    """sum over the 8 columns of x / s, with s (rows, 1) (``shared``: one denominator per
+    row) or (rows, cols); the Graph, and a MuGraph with its inputs declared."""
     cols = 1 if shared else 8
-    g = em.Graph("loop_sum")
+    g = em.Graph(name)
     x = g.input("x", (2, 8), dtype="float32")
     s = g.input("s", (2, cols), dtype="float32")
     g.output((x / s).sum(axis=1, keepdims=True), "y")
-    mg = em.MuGraph("loop_sum_tiled")
+    mg = em.MuGraph(f"{name}_tiled")
     mg.input("x", (2, 8), "float32")
     mg.input("s", (2, cols), "float32")
+    return g, mg, cols
+
+
+def _loop_sum(shared: bool):
+    """The columns walked by the loop: s read whole, or cut by the loop like x."""
+    g, mg, _ = _row_sum_of_quotients("loop_sum", shared)
     k = mg.custom_kernel(grid=(1,), forloop=4, source=g)
     xt = k.input("x", fmap=1)
     st = k.input("s") if shared else k.input("s", fmap=1)
@@ -155,27 +161,11 @@ def _loop_sum(shared: bool):
     return g, mg
 
 
-@pytest.mark.parametrize("shared", [True, False])
-def test_an_accumulator_shares_a_denominator_only_when_no_iteration_cuts_it(shared):
-    g, mg = _loop_sum(shared)
-    assert em.verify(g, mg, seed=0).equivalent
-    truth, facts = assert_bound_holds(mg, g)
-    assert truth["y"][1] == (1 if shared else 8)
-    assert facts["y"].den == truth["y"][1]
-
-
 def _grid_then_sum(shared: bool):
     """t = x / s written by blocks over the columns, then summed over them by a second
-    kernel: s is (rows, 1), read by every block (one denominator per row across blocks),
-    or (rows, cols), cut by the grid like x."""
-    cols = 1 if shared else 8
-    g = em.Graph("grid_sum")
-    x = g.input("x", (2, 8), dtype="float32")
-    s = g.input("s", (2, cols), dtype="float32")
-    g.output((x / s).sum(axis=1, keepdims=True), "y")
-    mg = em.MuGraph("grid_sum_tiled")
-    mg.input("x", (2, 8), "float32")
-    mg.input("s", (2, cols), "float32")
+    kernel: s read by every block (one denominator per row across blocks), or cut by the
+    grid like x."""
+    g, mg, cols = _row_sum_of_quotients("grid_sum", shared)
     src = em.Graph("div")
     src.output(src.input("x", (2, 8), dtype="float32") / src.input("s", (2, cols),
                                                                    dtype="float32"), "t")
@@ -188,8 +178,12 @@ def _grid_then_sum(shared: bool):
 
 
 @pytest.mark.parametrize("shared", [True, False])
-def test_a_written_tile_keeps_its_common_denominator_only_when_no_block_cuts_it(shared):
-    g, mg = _grid_then_sum(shared)
+@pytest.mark.parametrize("build", [_loop_sum, _grid_then_sum], ids=["loop", "grid"])
+def test_a_denominator_is_shared_across_tiles_only_when_nothing_that_cuts_them_varies_it(
+        build, shared):
+    """An accumulator's iterations (loop), or a tile written by blocks and summed after
+    (grid), share one denominator only when s is read whole by every iteration or block."""
+    g, mg = build(shared)
     assert em.verify(g, mg, seed=0).equivalent
     truth, facts = assert_bound_holds(mg, g)
     assert truth["y"][1] == (1 if shared else 8)
