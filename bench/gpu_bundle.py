@@ -117,10 +117,51 @@ def export_family(folder: Path, target: str, time_limit_s: float, first: int = D
             "verified": [n for n, ok in fam["verified_sizes"].items() if ok]}
 
 
+def layer_scales(graph) -> dict[str, float]:
+    """Input scales of a LlamaDecoderLayer partition, as the model sees them: linear weights
+    (2-D, named ``..._weight...``) get the config's init std 0.02; hidden states, norm weights
+    and the rotary tables stay at 1."""
+    return {n: 0.02 if "weight" in n and len(node.shape) == 2 else 1.0
+            for n, node in graph.inputs.items()}
+
+
+def export_layers(folder: Path, seqs, target: str) -> list[dict]:
+    """Each optimized partition of one LLaMA-7B-size LlamaDecoderLayer (bench/real_sizes.py,
+    float16, batch 1) at each sequence length in ``seqs``, compiled here through
+    ``em.backend`` with its defaults, as one case: ours is the stitched Triton module, the
+    reference the partition's ops one torch call each."""
+    import tempfile
+
+    import torch
+
+    from bench.real_sizes import SEVEN_B, layer
+
+    prof = GPUProfile.load(target)
+    entries = []
+    for seq in seqs:
+        fn, args = layer(**SEVEN_B, seq=seq, dtype="float16")
+        torch._dynamo.reset()
+        with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+            be = em.backend(target=target, warmup=0, cache=str(Path(tmp) / "c.sqlite"))
+            torch.compile(fn, backend=be)(*args)
+        for i, e in enumerate(x for x in be.report if x.status == "optimized"):
+            scales = layer_scales(e.graph)
+            entry = export_case(folder, f"llama7b_s{seq}_{i}", f"7B layer s={seq} "
+                                f"{e.name}", e.graph, e.result, prof, sdpa=False)
+            for n, spec in entry["inputs"].items():
+                spec["scale"] = scales[n]
+            entries.append(entry)
+            print(f"  7B layer s={seq} {e.name}: {len(e.result.program.kernels)} kernels, "
+                  f"{e.result.cost_us:.1f} us predicted ({e.seconds:.0f} s)", flush=True)
+    return entries
+
+
 def export(folder: Path, selected, target: str, time_limit_s: float,
-           decode: bool = True, dtypes: tuple[str, ...] = ("float16",)) -> dict:
+           decode: bool = True, dtypes: tuple[str, ...] = ("float16",),
+           layer_seqs=()) -> dict:
     """Optimize and write every selected (name, batch) case in each of ``dtypes`` (cases
-    in a dtype other than float16 get it in their id and label); returns the manifest."""
+    in a dtype other than float16 get it in their id and label), and the 7B-size layer at
+    each of ``layer_seqs`` (``export_layers``); returns the manifest."""
     folder.mkdir(parents=True, exist_ok=True)
     prof = GPUProfile.load(target)
     entries = []
@@ -143,6 +184,7 @@ def export(folder: Path, selected, target: str, time_limit_s: float,
                                 text=True, cwd=Path(__file__).parent).stdout.strip()
     except OSError:
         commit = ""
+    entries += export_layers(folder, layer_seqs, target)
     families = [export_family(folder, target, time_limit_s)] if decode else []
     manifest = {"made": {"commit": commit, "target": target, "version": em.__version__},
                 "cases": entries, "families": families}
@@ -239,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="input dtype of the cases (repeatable; float16 by default)")
     ex.add_argument("--no-decode", action="store_true",
                     help="leave out the decode family (64 steps of a growing KV cache)")
+    ex.add_argument("--layer-seq", type=int, action="append", default=[],
+                    help="also a LLaMA-7B-size layer at this sequence length (repeatable; "
+                         "minutes each here, defaults of em.backend)")
     ing = sub.add_parser("ingest")
     ing.add_argument("folder", type=Path)
     ing.add_argument("results", type=Path)
@@ -254,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         selected = [(n, b) for n, b in every if (not args.bench or n in args.bench)
                     and (not args.batch or b in args.batch)]
         manifest = export(args.folder, selected, args.target, args.time_limit,
-                          not args.no_decode, tuple(args.dtype or ("float16",)))
+                          not args.no_decode, tuple(args.dtype or ("float16",)),
+                          args.layer_seq)
         print(f"wrote {len(manifest['cases'])} cases to {args.folder}")
         return 0
     manifest = json.loads((args.folder / "manifest.json").read_text())

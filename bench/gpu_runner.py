@@ -101,12 +101,25 @@ def reference64(ref, inputs: dict) -> dict:
     """The eager module recomputed in float64 (its dtype checks widened to float64)."""
     import torch
 
-    saved = ref.INPUTS
+    saved, module_torch = ref.INPUTS, ref.torch
     ref.INPUTS = {n: (shape, torch.float64) for n, (shape, _) in saved.items()}
+    ref.torch = _Float64(torch)  # the program's own casts (x.to(torch.float16)) stay wide
     try:
         return ref.run(**{n: x.double() for n, x in inputs.items()})
     finally:
-        ref.INPUTS = saved
+        ref.INPUTS, ref.torch = saved, module_torch
+
+
+class _Float64:
+    """``torch`` with its floating dtypes read as float64 (``reference64``)."""
+
+    def __init__(self, torch):
+        self._torch = torch
+
+    def __getattr__(self, name):
+        if name in ("float16", "bfloat16", "float32", "half", "float"):
+            return self._torch.float64
+        return getattr(self._torch, name)
 
 
 def check(got: dict, want: dict) -> tuple[float, int]:
