@@ -32,11 +32,11 @@ from bench.gpu_bundle import RUNNER  # noqa: E402
 from eqsat_mirage.codegen.source import triton_source  # noqa: E402
 from eqsat_mirage.cost.gpucost import mugraph_cost  # noqa: E402
 from eqsat_mirage.cost.profile import GPUProfile  # noqa: E402
-from eqsat_mirage.ir.errors import MirageError  # noqa: E402
 from eqsat_mirage.fusion.lower import lower  # noqa: E402
 from eqsat_mirage.fusion.planner import DEFAULT_STRATEGY  # noqa: E402
 from eqsat_mirage.fusion.schedule import ScheduleError  # noqa: E402
 from eqsat_mirage.fusion.strategy import candidate_schedules  # noqa: E402
+from eqsat_mirage.ir.errors import MirageError  # noqa: E402
 from eqsat_mirage.mugraph.program import from_graph  # noqa: E402
 
 LOOP_RANGES = (4, 16, 32, 43, 64, 86, 128, 172)  # 11008 = 43 * 256; 4096 = 2^12

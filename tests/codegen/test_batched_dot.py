@@ -33,8 +33,7 @@ def spec(name, shape, dtype="float16"):
 def program() -> MuGraph:
     """o = (q @ k) @ v per KV head, q (1, KV, GROUP, SEQ, D), k (1, KV, 1, D, SEQ),
     v (1, KV, 1, SEQ, D): grid (KV, SEQ / 16), the loop over D in 2 steps of 32."""
-    q, k, v, o = (1, KV, GROUP, SEQ, D), (1, KV, 1, D, SEQ), (1, KV, 1, SEQ, D), \
-        (1, KV, GROUP, SEQ, D)
+    q, k, v = (1, KV, GROUP, SEQ, D), (1, KV, 1, D, SEQ), (1, KV, 1, SEQ, D)
     tq, tk, tv = (1, 1, GROUP, 16, 32), (1, 1, 1, 32, SEQ), (1, 1, 1, SEQ, D)
     ts, to = (1, 1, GROUP, 16, SEQ), (1, 1, GROUP, 16, D)
     kernel = {
