@@ -5,7 +5,8 @@
 literals as polynomials of the padded size. ``host.py``: the launcher's
 input checks once per input signature, constexpr strides, output buffers
 (``reuse_outputs``). ``kernel.py``: one custom kernel's body. ``tiles.py``: tile
-expressions (``tl.dot``, reductions, masks). ``concat.py``: concatenation and the code
+expressions (``tl.dot``, reductions, masks); ``dots.py``: which tile matmuls become
+``tl.dot`` (a left operand's batch dims merged into M). ``concat.py``: concatenation and the code
 generator's errors. ``compiled.py``: ``compile_report``, each generated kernel compiled
 for the real target (sm_90a) without a GPU, with its registers, spills and shared
 memory. ``graphs.py``: ``GraphRunner``, CUDA-graph capture once per input signature and
