@@ -130,6 +130,8 @@ def export_layers(folder: Path, seqs, target: str) -> list[dict]:
     float16, batch 1) at each sequence length in ``seqs``, compiled here through
     ``em.backend`` with its defaults, as one case: ours is the stitched Triton module, the
     reference the partition's ops one torch call each."""
+    if not seqs:
+        return []
     import tempfile
 
     import torch

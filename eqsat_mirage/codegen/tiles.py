@@ -12,12 +12,15 @@ logical shapes (``[:, None]`` where an operand lacks a dim); keepdims is free
 (size-1 dims are not stored). Elementwise ops and reductions run in fp32;
 ``tl.dot`` reads its operands in the matmul's dtype (fp16/bf16 on tensor cores,
 fp32 with ``input_precision="ieee"``; bf16 through the module constant ``BF16_DOT``, fp32
-under the interpreter) and accumulates in fp32; a tile matmul
-with M, K or N of 1, or with broadcast batch dims, is a broadcast product
-summed over K. Constant subexpressions are folded to literals.
+under the interpreter) and accumulates in fp32. A left operand whose batch dims the
+right one lacks (attention's group of query heads against one key tile) has them merged
+into M for one ``tl.dot`` of at least 16 rows (``dots.merges_batch``: only K and N are
+padded to 16 there; the merge and the reshape back are row-major, so padded rows stay
+where they were); any other tile matmul with M, K or N of 1, or with broadcast batch dims,
+is a broadcast product summed over K. Constant subexpressions are folded to literals.
 
 A concat of tiles is kept as its parts (``concat.py``). Refused
-(``CodegenError``): a reshape that splits or merges padded dims (one that only
+(``CodegenError``): a user reshape that splits or merges padded dims (one that only
 adds or drops dims of size 1 is free, one over unpadded power-of-two dims is
 ``tl.reshape``), non-finite constants, blocks over 2**20 padded elements.
 """

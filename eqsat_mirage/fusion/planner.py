@@ -63,7 +63,7 @@ from .plans import FusionPlan, Pricing, Region
 from .regions import RegionSpace, search
 from .schedule import Schedule, classify, running_exps
 from .space import OpSpace
-from .strategy import Strategy, candidate_schedules, kern_choice
+from .strategy import Strategy, candidate_schedules, kern_choice, prefer_pow2_chunks
 
 # Mirage's ranges and block counts, and up to 512 schedules priced per final region
 # (candidate_schedules lists small grids first; grids that fill the SMs and split reductions
@@ -180,6 +180,7 @@ class _Planner(OpSpace):
             scheds = [s for s, why in zip(scheds, why_out) if not why]
             key += (self.permit.key([self.ops[origin[id(n)]] for n in frag.nodes()
                                      if id(n) in origin]),)
+        scheds = prefer_pow2_chunks(ix, scheds)
         known = None if self.shared is None else self.shared.get(key)
         if known is not None:  # an equal fragment of another plan: check its best, keep it
             pos, cost, reason = known

@@ -13,9 +13,10 @@ schedules of a fragment (``schedule.py``) in a deterministic order, bounded by
   largest count <= max_blocks that they do allow;
 - loop: each reduced index whose single-pass lowering is legal (longest first), with each range
   of ``loop_ranges`` that divides it, preferring ranges that keep a matmul's
-  contraction tile >= ``min_tile`` (the smallest dividing range otherwise) and, of
-  those, the ones whose contraction chunk is a power of two (Triton pads any other: on an
-  H100 a chunk of 172, held as 256, ran 2.2x slower than one of 256);
+  contraction tile >= ``min_tile`` (the smallest dividing range otherwise);
+  ``prefer_pow2_chunks`` then drops, among the schedules a caller may use, the loops over
+  a matmul contraction whose chunk Triton pads when another loop over it has a chunk that
+  is a power of two (on an H100 a chunk of 172, held as 256, ran 2.2x slower than 256);
   no loop only when no index can be looped;
 - split (``allow_split_reduction``): a reduced index on a grid axis instead,
   FlashDecoding style (two kernels, see ``lower.py``). Split grids
@@ -110,14 +111,35 @@ def loop_choices(ix: Indexing, strategy: Strategy) -> list[tuple[str | None, int
         ranges = [f for f in strategy.loop_ranges if f >= 1 and size % f == 0]
         floor = strategy.min_tile if idx in ix.matmul else 1
         good = [f for f in ranges if size // f >= floor]
-        if idx in ix.matmul:  # a contraction chunk Triton holds unpadded, where one exists
-            good = [f for f in good if _pow2(size // f)] or good
         out += [(idx, f) for f in (good or ranges[:1])]
     return out or [(None, 1)]
 
 
 def _pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
+
+
+def loop_chunk(ix: Indexing, s: Schedule) -> int:
+    """The elements of ``s``'s loop index one loop iteration takes (per split part)."""
+    size = ix.sizes[s.loop]
+    if s.split == s.loop:
+        size //= dict(s.grid).get(s.split, 1)
+    return size // max(1, s.forloop)
+
+
+def prefer_pow2_chunks(ix: Indexing, scheds: list[Schedule]) -> list[Schedule]:
+    """``scheds`` less the loops over a matmul contraction whose chunk is not a power of two
+    (Triton pads it: 11008 / 64 = 172 is held as 256) where another of ``scheds`` loops over
+    the same index in chunks that are; the order is kept. Applied to the schedules a caller
+    may use (after the e-graph's permit), so a loop is never dropped for one it may not
+    take."""
+    def padded(s: Schedule) -> bool | None:  # None: not a loop over a contraction
+        if s.loop is None or s.forloop < 2 or s.loop not in ix.matmul:
+            return None
+        return not _pow2(loop_chunk(ix, s))
+
+    aligned = {s.loop for s in scheds if padded(s) is False}
+    return [s for s in scheds if not (padded(s) and s.loop in aligned)]
 
 
 def _grids(ix: Indexing, indices: list[str], strategy: Strategy,

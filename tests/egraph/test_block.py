@@ -99,7 +99,6 @@ def _round_trip(graph) -> tuple[int, int]:
     checked = 0
     for cls, pairs in kernels.by_class.items():
         listed: set[tuple[int, int]] = set()
-        padded: set[tuple[int, int]] = set()  # loops left out for a power-of-two chunk
         for key in ev.classes.get(cls, []):
             if ev.nodes[key].ctor not in REDUCTIONS:
                 continue
@@ -108,13 +107,7 @@ def _round_trip(graph) -> tuple[int, int]:
             idx = reduction_index(ix, out)
             assert idx is not None, (key, ev.nodes[key].ctor)
             listed |= {kern_choice(s, idx) for s in candidate_schedules(ix, strategy)}
-            if idx in ix.matmul:
-                n = ix.sizes[idx]
-                pow2 = [(f, p) for f, p in pairs if p == 1 and f > 1 and n % f == 0
-                        and n // f >= 16 and (n // f) & (n // f - 1) == 0]
-                padded |= {(f, 1) for f, p in pairs if pow2 and p == 1 and f > 1
-                           and (n // f) & (n // f - 1)}
-        missing = pairs - listed - padded
+        missing = pairs - listed
         assert not missing, (f"{graph.name}: Kern (loop range, split parts) {sorted(missing)} of "
                              f"class {cls} ({ev.reps[cls].describe()}) names no listed schedule")
         checked += len(pairs)

@@ -4,15 +4,16 @@ On an H100 the 7B layer's down projection (contraction 11008 = 43 x 256) ran wit
 loop ranges {4, 16, 64}, whose chunks (2752, 688, 172) Triton pads to the next power of
 two: 170 us against 84 for chunks of 256 and 63 for chunks of 64 on a finer grid
 (bench/RESULTS.md). The block rules now add loop ranges that cut a contraction into chunks
-of 64 and 256 (``loop-tile`` facts, rules/block.egg), and the strategy keeps, of the
-ranges that divide a contraction, those whose chunk is a power of two where any is.
+of 64 and 256 (``loop-tile`` facts, rules/block.egg), and of the schedules the e-graph
+permits the planner drops loops over a contraction in padded chunks where an aligned loop
+over it is permitted (``strategy.prefer_pow2_chunks``).
 """
 
 from __future__ import annotations
 
 import eqsat_mirage as em
 from eqsat_mirage.fusion.schedule import index_fragment
-from eqsat_mirage.fusion.strategy import Strategy, loop_choices
+from eqsat_mirage.fusion.strategy import Strategy, candidate_schedules, prefer_pow2_chunks
 from eqsat_mirage.mugraph.kernels import CustomKernel
 
 
@@ -29,18 +30,34 @@ def contraction(ix) -> str:
     return idx
 
 
-def test_loop_choices_keep_power_of_two_chunks_where_some_range_gives_one():
+def test_padded_chunks_are_dropped_only_beside_an_aligned_loop_of_the_same_index():
     ix = index_fragment(projection(2752))  # 2752 = 43 x 64
     k = contraction(ix)
-    chosen = {f for i, f in loop_choices(ix, Strategy(loop_ranges=(4, 16, 43, 64))) if i == k}
-    assert chosen == {43}  # chunks of 64; not 688 (4), 172 (16) or 43 (64)
-    # no range gives a power of two: the dividing ones stay as before
-    mirage = {f for i, f in loop_choices(ix, Strategy(loop_ranges=(4, 16, 64))) if i == k}
-    assert mirage == {4, 16, 64}
-    # a power-of-two contraction keeps every range
-    ix2 = index_fragment(projection(4096))
-    assert {f for i, f in loop_choices(ix2, Strategy()) if i == contraction(ix2)} == \
-        {4, 16, 64}
+    scheds = candidate_schedules(ix, Strategy(loop_ranges=(4, 16, 43, 64)))
+    loops = {s.forloop for s in scheds if s.loop == k}
+    assert loops == {4, 16, 43, 64}  # the candidates keep every dividing range
+    kept = prefer_pow2_chunks(ix, scheds)
+    assert {s.forloop for s in kept if s.loop == k} == {43}  # chunks of 64
+    assert [s for s in scheds if s.loop != k] == [s for s in kept if s.loop != k]
+    # no aligned loop among those a caller may use (the e-graph permits only F = 16):
+    # the padded loop stays, so a fused loop is never traded for none
+    only16 = [s for s in scheds if s.loop != k or s.forloop == 16]
+    assert prefer_pow2_chunks(ix, only16) == only16
+
+
+def test_attention_over_a_key_length_that_is_no_power_of_two_keeps_its_fused_loop():
+    # keys 960 = 15 x 64: the loop-tile rule gives the P @ V contraction F = 15, which the
+    # max and the sum over the keys do not have; the loop of F = 16 (chunks of 60) must
+    # stay (a review found it dropped for the refused F = 15: two kernels, 7.64 us)
+    g = em.Graph("attn960")
+    q = g.input("Q", (2, 256, 64), dtype="float16")
+    k = g.input("K", (2, 64, 960), dtype="float16")
+    v = g.input("V", (2, 960, 64), dtype="float16")
+    g.output(em.softmax(q @ k, axis=-1) @ v, "O")
+    res = em.optimize(g, time_limit_s=300, cache=False)
+    assert res.verified is not None and res.verified.equivalent
+    custom = [x for x in res.program.kernels if isinstance(x, CustomKernel)]
+    assert len(res.program.kernels) == 1 and custom and custom[0].forloop > 1, res.program
 
 
 def test_optimize_loops_over_power_of_two_chunks_of_an_odd_contraction():
