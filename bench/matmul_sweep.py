@@ -17,8 +17,6 @@ costs. Variants are measurements, never returned to a user.
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -28,15 +26,10 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 import eqsat_mirage as em  # noqa: E402
 from bench.gpu_bench import roofline  # noqa: E402
-from bench.gpu_bundle import RUNNER  # noqa: E402
+from bench.schedule_sweep import lowered, variant_entry, write_manifest  # noqa: E402
 from eqsat_mirage.codegen.source import triton_source  # noqa: E402
-from eqsat_mirage.cost.gpucost import mugraph_cost  # noqa: E402
 from eqsat_mirage.cost.profile import GPUProfile  # noqa: E402
-from eqsat_mirage.fusion.lower import lower  # noqa: E402
 from eqsat_mirage.fusion.planner import DEFAULT_STRATEGY  # noqa: E402
-from eqsat_mirage.fusion.schedule import ScheduleError  # noqa: E402
-from eqsat_mirage.fusion.strategy import candidate_schedules  # noqa: E402
-from eqsat_mirage.ir.errors import MirageError  # noqa: E402
 from eqsat_mirage.mugraph.program import from_graph  # noqa: E402
 
 LOOP_RANGES = (4, 16, 32, 43, 64, 86, 128, 172)  # 11008 = 43 * 256; 4096 = 2^12
@@ -65,35 +58,17 @@ def export(folder: Path, target: str, limit: int) -> dict:
         ref = f"{name}_ref.py"
         (folder / ref).write_text(triton_source(from_graph(graph), header=f"# {name}"),
                                   encoding="utf-8")
-        moved, flops, mem_bound = roofline(graph, prof)
-        found = []
-        for sched in candidate_schedules(graph, strategy):
-            try:
-                mg = lower(graph, sched, name=name)
-                found.append((str(sched), mg, mugraph_cost(mg, prof).total_us,
-                              triton_source(mg)))
-            except (ScheduleError, MirageError):
-                continue
-        found = sorted((v for v in found if v[2] < float("inf")), key=lambda v: v[2])
+        roof = roofline(graph, prof)
+        inputs = {"x": {"shape": [1, seq, k], "dtype": "float16", "scale": 1.0},
+                  "w": {"shape": [n, k], "dtype": "float16", "scale": 0.02}}
+        found = sorted((v for v in lowered(graph, name, prof, strategy) if v[2] < float("inf")),
+                       key=lambda v: v[2])
         step = max(1, len(found) // limit)  # cheapest first, then a spread of the rest
         keep = found[:limit // 2] + found[limit // 2::step][:limit - limit // 2]
         print(f"{name}: {len(found)} schedules, {len(keep)} exported", flush=True)
-        for i, (sched, mg, cost, source) in enumerate(keep):
-            vid = f"{name}_v{i:02d}"
-            (folder / f"{vid}.py").write_text(source, encoding="utf-8")
-            entries.append({"id": vid, "case": f"{name} #{i}", "ours": f"{vid}.py",
-                            "ref": ref, "schedule": sched, "predicted_us": cost,
-                            "kernels": len(mg.kernels), "min_bytes": moved, "flops": flops,
-                            "memory_bound": mem_bound, "sdpa": None,
-                            "mugraph": json.loads(mg.to_json()),
-                            "inputs": {"x": {"shape": [1, seq, k], "dtype": "float16",
-                                             "scale": 1.0},
-                                       "w": {"shape": [n, k], "dtype": "float16",
-                                             "scale": 0.02}}})
-    manifest = {"made": {"target": target, "sweep": True}, "cases": entries, "families": []}
-    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-    shutil.copy(RUNNER, folder / "gpu_runner.py")
-    return manifest
+        entries += [variant_entry(folder, f"{name}_v{i:02d}", f"{name} #{i}", ref, v, roof,
+                                  inputs) for i, v in enumerate(keep)]
+    return write_manifest(folder, target, entries)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,28 +53,53 @@ def variants(name: str, batch: int, target: str, limit: int
     out = []
     for frag in (rewritten(name, batch), program(name, batch)):
         if not out:  # the rewritten form, else the input program as one fragment
-            out = _lowered(frag, name, batch, target)
+            out = lowered(frag, f"{name}_b{batch}", target)
     out.sort(key=lambda v: v[2])
     return out[:limit]
 
 
-def _lowered(frag, name: str, batch: int, target: str) -> list:
+def lowered(frag, name: str, target, strategy=None) -> list:
+    """(schedule text, MuGraph, predicted us, Triton source) of ``frag`` lowered as one
+    fragment under every schedule of ``strategy`` (the default one with splits, as under the
+    built-in rules: egraph/kernels.py where SplitOver fires) that the lowering, the cost
+    model and the Triton backend accept."""
     out = []
+    strategy = strategy or replace(DEFAULT_STRATEGY, allow_split_reduction=True)
     try:
-        # splits too, as under the built-in rules (egraph/kernels.py where SplitOver fires)
-        schedules = candidate_schedules(frag, replace(DEFAULT_STRATEGY,
-                                                      allow_split_reduction=True))
+        schedules = candidate_schedules(frag, strategy)
     except ScheduleError:
         return out
     for sched in schedules:
         try:
-            mg = lower(frag, sched, name=f"{name}_b{batch}")
+            mg = lower(frag, sched, name=name)
             cost = mugraph_cost(mg, target).total_us
             source = triton_source(mg)
         except (ScheduleError, MirageError):
             continue  # a schedule the lowering, the cost model or the Triton backend refuses
         out.append((str(sched), mg, cost, source))
     return out
+
+
+def variant_entry(folder: Path, vid: str, label: str, ref: str, variant: tuple, roof: tuple,
+                  inputs: dict) -> dict:
+    """Write one variant's module (``vid``.py) into ``folder``; its manifest entry (``roof``:
+    ``roofline``'s bytes, flops and memory-bound flag; ``inputs``: name -> shape, dtype and
+    scale)."""
+    sched, mg, cost, source = variant
+    moved, flops, mem_bound = roof
+    (folder / f"{vid}.py").write_text(source, encoding="utf-8")
+    return {"id": vid, "case": label, "ours": f"{vid}.py", "ref": ref, "schedule": sched,
+            "predicted_us": cost, "kernels": len(mg.kernels), "min_bytes": moved,
+            "flops": flops, "memory_bound": mem_bound, "sdpa": None,
+            "mugraph": json.loads(mg.to_json()), "inputs": inputs}
+
+
+def write_manifest(folder: Path, target: str, entries: list[dict]) -> dict:
+    """A sweep's ``manifest.json`` and a copy of the runner in ``folder``; the manifest."""
+    manifest = {"made": {"target": target, "sweep": True}, "cases": entries, "families": []}
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+    shutil.copy(RUNNER, folder / "gpu_runner.py")
+    return manifest
 
 
 def export(folder: Path, cases, target: str, limit: int) -> dict:
@@ -87,23 +112,14 @@ def export(folder: Path, cases, target: str, limit: int) -> dict:
         ref = f"{name}_b{batch}_ref.py"
         (folder / ref).write_text(triton_source(from_graph(graph), header=f"# {name} b={batch}:"
                                                 " the input program"), encoding="utf-8")
-        moved, flops, mem_bound = roofline(graph, prof)
+        roof = roofline(graph, prof)
+        inputs = {n: {"shape": list(node.shape), "dtype": node.dtype, "scale": 0.1}
+                  for n, node in graph.inputs.items()}
         found = variants(name, batch, target, limit)
         print(f"{name} b={batch}: {len(found)} schedules", flush=True)
-        for i, (sched, mg, cost, source) in enumerate(found):
-            vid = f"{name}_b{batch}_v{i:02d}"
-            (folder / f"{vid}.py").write_text(source, encoding="utf-8")
-            entries.append({"id": vid, "case": f"{name} b={batch} #{i}", "ours": f"{vid}.py",
-                            "ref": ref, "schedule": sched, "predicted_us": cost,
-                            "kernels": len(mg.kernels), "min_bytes": moved, "flops": flops,
-                            "memory_bound": mem_bound, "sdpa": None,
-                            "mugraph": json.loads(mg.to_json()),
-                            "inputs": {n: {"shape": list(node.shape), "dtype": node.dtype,
-                                           "scale": 0.1} for n, node in graph.inputs.items()}})
-    manifest = {"made": {"target": target, "sweep": True}, "cases": entries, "families": []}
-    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-    shutil.copy(RUNNER, folder / "gpu_runner.py")
-    return manifest
+        entries += [variant_entry(folder, f"{name}_b{batch}_v{i:02d}", f"{name} b={batch} #{i}",
+                                  ref, v, roof, inputs) for i, v in enumerate(found)]
+    return write_manifest(folder, target, entries)
 
 
 def _ranks(xs: list[float]) -> list[float]:

@@ -406,8 +406,9 @@ class TileOps(ConcatOps):
                 return None
             return self.mask(kk) + index(pos, len(v.dims))
 
-        merge = not uses_dot(node) and merges_batch(node)
-        if uses_dot(node) or merge:
+        dot = uses_dot(node)
+        merge = not dot and merges_batch(node)
+        if dot or merge:
             self.dot_sizes.update((kk, n) if merge else (m, kk, n))
             want = BF16_DOT if node.dtype == "bfloat16" else TL_DTYPE[node.dtype]
             ops = []
