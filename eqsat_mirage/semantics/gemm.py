@@ -50,12 +50,27 @@ def one_gemm(a: np.ndarray, b: np.ndarray, dtype=None
         a2 = np.broadcast_to(a, batch + (m, k)).reshape(count * m, k)
         return a2, b[first[1]], lambda r: r.reshape(batch + (m, n))
     if batch_broadcast(a):  # columns of every batch element side by side: (m, k) @ (k, count * n)
-        b2 = np.empty((k,) + batch + (n,), dtype or b.dtype)  # its columns, block after block
-        np.copyto(b2, np.moveaxis(np.broadcast_to(b, batch + (k, n)), -2, 0))
-        b2 = b2.reshape(k, count * n)
+        moved = np.moveaxis(np.broadcast_to(b, batch + (k, n)), -2, 0)
+        b2 = _view(moved, (k, count * n)) if dtype in (None, b.dtype) else None
+        if b2 is None:  # its columns, block after block, copied (and converted) once
+            b2 = np.empty((k,) + batch + (n,), dtype or b.dtype)
+            np.copyto(b2, moved)
+            b2 = b2.reshape(k, count * n)
         return a[first[0]], b2, lambda r: np.ascontiguousarray(
             np.moveaxis(r.reshape((m,) + batch + (n,)), 0, -2))
     return None
+
+
+def _view(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+    """``x`` reshaped to the 2-D ``shape`` without a copy, with unit stride along its rows
+    (BLAS reads it in place), or None. The tiles of a weight whose columns the grid cuts
+    and whose rows the loop cuts are, side by side, a slice of that weight's rows."""
+    try:
+        y = np.reshape(x, shape, copy=False)
+    except (TypeError, ValueError):  # a copy would be needed (or NumPy < 2.1)
+        return None
+    return y if y.strides[-1] == y.itemsize and y.strides[0] >= shape[-1] * y.itemsize \
+        else None
 
 
 def matmul(a, b) -> np.ndarray:

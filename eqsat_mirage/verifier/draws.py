@@ -13,11 +13,19 @@ import threading
 import numpy as np
 
 from ..ir.node import Op
-from ..semantics.floating import FLOAT_SEMANTICS, evaluate, float_ctx, round_to, rounded_inputs
+from ..semantics.floating import (
+    FLOAT_SEMANTICS,
+    evaluate,
+    float_ctx,
+    round_to,
+    rounded_inputs,
+    to_half,
+    uniform,
+)
 from ..semantics.interp import run
 from .floatsafe import fingerprints, is_graph, static_check
 from .kernelsafe import kernel_check
-from .truth import truth
+from .truth import precision, truth
 
 NATIVE_MAX = {"float16": 65504.0, "bfloat16": 3.3895e38, "float32": 3.4028e38}
 # Float safety (docs/verifier.md, section 5): draws across each input dtype's exponent range.
@@ -35,6 +43,13 @@ STATIC = "float safety (static)"
 # ((A @ B) @ C), and then overflows within that factor of where the input program does;
 # the unsafe rewrites overflow far below it.
 HEADROOM = 2.0
+
+
+def _read_only(x: np.ndarray) -> np.ndarray:
+    """A read-only view of ``x``: a draw shared by several evaluations is never written."""
+    view = x.view()
+    view.flags.writeable = False
+    return view
 
 
 def pack(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -74,6 +89,7 @@ class Draws:
         self.base = int(rng.integers(0, 2**62))  # the exponent-range draws' own generators
         self.lock = threading.Lock()
         self.headroom = HEADROOM
+        self._current = threading.local()  # per thread: the rounded draw it reads now
 
     @functools.cached_property
     def top(self) -> float:
@@ -129,6 +145,8 @@ class Draws:
             return out
         if kind == "logits":  # N(0, c^2), c setting the exp arguments' spread to LOGIT_STD
             return {n: z * self.logit_scale() for n, z in self.normal.items()}
+        if kind == "signed" and s == 1.0:  # the draw itself, read-only: no copy
+            return {n: _read_only(z) for n, z in self.normal.items()}
         return {n: (np.abs(z) if kind == "folded" else z) * s for n, z in self.normal.items()}
 
     def _times(self, rounded: dict, factor: float) -> dict:
@@ -170,7 +188,17 @@ class Draws:
         except a draw at the headroom (``@h``): only the first program reads it, once."""
         if kind.endswith("@h"):
             return self._rounded(kind, s)
-        return {n: unpack(x) for n, x in self._packed(kind, s).items()}
+        cur = self._current  # up to four evaluations read a draw in a row (the first
+        if getattr(cur, "key", None) != (kind, s):  # program, at the headroom, its truth,
+            cur.key = cur.value = None  # the second): unpacked once per thread, the last
+            cur.value = {n: _read_only(unpack(x))  # one dropped before the next is made
+                         for n, x in self._packed(kind, s).items()}
+            cur.key = (kind, s)
+        return cur.value
+
+    def release(self) -> None:
+        """Drop this thread's unpacked draw (``rounded``): its check is done."""
+        self._current.key = self._current.value = None
 
     def _packed(self, kind: str, s: float) -> dict:
         key = ("rounded", kind, s)
@@ -178,6 +206,15 @@ class Draws:
             self.memo[key] = {n: pack(x, self.a.inputs[n].dtype)
                               for n, x in self._rounded(kind, s).items()}
         return self.memo[key]
+
+    def _round(self, name: str, x: np.ndarray) -> np.ndarray:
+        """Input ``name``'s draw ``x`` rounded once to its dtype: a float16 input straight
+        to float16 (``pack``'s format: one conversion instead of three), the others as
+        ``round_to`` rounds them."""
+        dtype = self.a.inputs[name].dtype
+        if dtype == "float16" and np.ndim(x) and not uniform(x):
+            return to_half(x)
+        return round_to(np.asarray(x), dtype)  # a broadcast of one value stays one
 
     def _rounded(self, kind: str, s: float) -> dict:
         if kind.endswith("@h"):
@@ -187,17 +224,20 @@ class Draws:
         if kind == "peakfold":  # the others as in ("folded", 0.5): rounded (and kept) once
             name = list(self.normal)[int(s)]
             out = dict(self._packed("folded", 0.5))
-            out[name] = round_to(np.abs(self.normal[name]) * self._fold(int(s)),
-                                 self.a.inputs[name].dtype)
+            out[name] = self._round(name, np.abs(self.normal[name]) * self._fold(int(s)))
             return out
-        return rounded_inputs(self.a, self.inputs(kind, s))
+        drawn = self.inputs(kind, s)
+        return {n: self._round(n, drawn.pop(n)) for n in list(drawn)}  # each freed once rounded
 
-    def out_a(self, dtype: str | None, kind: str, s: float, of_rounded: bool = False) -> dict:
+    def out_a(self, dtype: str | None, kind: str, s: float, of_rounded: bool = False,
+              inputs: dict | None = None) -> dict:
         """The first program's outputs on the draw (kind, s), as drawn or rounded to the
-        inputs' dtypes (``of_rounded``), in float64 (``dtype=None``) or natively; memoized."""
+        inputs' dtypes (``of_rounded``), in float64 (``dtype=None``) or natively; memoized.
+        ``inputs``: that draw, when the caller already holds it."""
         key = (dtype, kind, s, of_rounded)
         if key not in self.memo:
-            inputs = self.rounded(kind, s) if of_rounded else self.inputs(kind, s)
+            if inputs is None:
+                inputs = self.rounded(kind, s) if of_rounded else self.inputs(kind, s)
             self.memo[key] = evaluate(self.a, inputs, dtype=dtype,
                                       rounded=of_rounded and dtype == "native")
         return self.memo[key]
@@ -208,8 +248,12 @@ class Draws:
         bound), and the precision it was computed in; memoized."""
         key = ("truth", kind, s, of_rounded)
         if key not in self.memo:
-            inputs = self.rounded(kind, s) if of_rounded else self.inputs(kind, s)
-            self.memo[key] = truth(self.a, inputs, self.out_a(None, kind, s, of_rounded))
+            float64 = self.out_a(None, kind, s, of_rounded)
+            if precision(self.a) == "float64":  # the float64 outputs are the truth
+                self.memo[key] = float64, "float64"
+            else:
+                inputs = self.rounded(kind, s) if of_rounded else self.inputs(kind, s)
+                self.memo[key] = truth(self.a, inputs, float64)
         return self.memo[key]
 
     def _finite(self, values: dict) -> bool:

@@ -237,6 +237,7 @@ def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
             # that is 0 in exact arithmetic (x + (-x), squared) is rounding noise in both
             # both against the ground truth where it is wider than float64: the second
             # may be as far from it as the first is, give or take the tolerance
+            draws.out_a(None, kind, s, inputs=inputs)
             ref, how = draws.truth(kind, s, False)
             return _compare(draws.out_a(None, kind, s), evaluate(b, inputs), where, rtol,
                             "float64", inputs, i, "strict" if strict else "finite",
@@ -269,6 +270,12 @@ def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
                         "native dtype", inputs, i, rule, floor, limit, ref)
 
     def checked(i: int, dtype: str | None, kind: str, s: float) -> Counterexample | None:
+        try:
+            return judged(i, dtype, kind, s)
+        finally:
+            draws.release()
+
+    def judged(i: int, dtype: str | None, kind: str, s: float) -> Counterexample | None:
         cex = check_one(i, dtype, kind, s)
         # a difference on a draw where rounding alone moves the first program's output
         # past the tolerance says nothing: there only finiteness counts (``conditioned``)
