@@ -63,14 +63,16 @@ def one_gemm(a: np.ndarray, b: np.ndarray, dtype=None
 
 def _view(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
     """``x`` reshaped to the 2-D ``shape`` without a copy, with unit stride along its rows
-    (BLAS reads it in place), or None. The tiles of a weight whose columns the grid cuts
-    and whose rows the loop cuts are, side by side, a slice of that weight's rows."""
+    or its columns (BLAS reads it in place), or None. The tiles of a weight whose columns
+    the grid cuts and whose rows the loop cuts are, side by side, a slice of that weight's
+    rows (of its columns, for a transposed weight)."""
     try:
         y = np.reshape(x, shape, copy=False)
     except (TypeError, ValueError):  # a copy would be needed (or NumPy < 2.1)
         return None
-    return y if y.strides[-1] == y.itemsize and y.strides[0] >= shape[-1] * y.itemsize \
-        else None
+    (r, c), size = y.strides, y.itemsize
+    rows = c == size and r >= shape[1] * size  # row-major, or column-major (a transposed
+    return y if rows or (r == size and c >= shape[0] * size) else None  # weight, x @ W.T)
 
 
 def matmul(a, b) -> np.ndarray:
