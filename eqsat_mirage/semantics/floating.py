@@ -281,9 +281,16 @@ def float_ctx(program, inputs: Mapping[str, Any], dtype: str | None, rounded: bo
     from ..ir.node import canonical_dtype
 
     mode = None if dtype is None else ("native" if dtype == "native" else canonical_dtype(dtype))
-    if rounded and mode == "native" and isinstance(inputs, Mapping) and set(inputs) == set(
-            program.inputs) and all(isinstance(inputs[n], np.ndarray) and inputs[n].dtype ==
-                                    np.float32 and inputs[n].shape == node.shape
-                                    for n, node in program.inputs.items()):
+    if rounded and mode == "native" and _as_given(program, inputs, (np.float32,)):
         return FloatCtx(dict(inputs), mode, rounded=True)
-    return FloatCtx(check_inputs(program, inputs), mode)
+    if mode is None and _as_given(program, inputs, (np.float32, np.float64)):
+        return FloatCtx(dict(inputs), mode)  # each converted to float64 as it is read (fix),
+    return FloatCtx(check_inputs(program, inputs), mode)  # not all of them at once
+
+
+def _as_given(program, inputs: Mapping[str, Any], dtypes: tuple) -> bool:
+    """Whether ``inputs`` are NumPy arrays of ``dtypes``, one per input of ``program``, of
+    its shapes: usable without ``check_inputs``'s float64 copies."""
+    return isinstance(inputs, Mapping) and set(inputs) == set(program.inputs) and all(
+        isinstance(inputs[n], np.ndarray) and inputs[n].dtype in dtypes
+        and inputs[n].shape == node.shape for n, node in program.inputs.items())

@@ -43,6 +43,8 @@ STATIC = "float safety (static)"
 # ((A @ B) @ C), and then overflows within that factor of where the input program does;
 # the unsafe rewrites overflow far below it.
 HEADROOM = 2.0
+_ONE_BY_ONE = ("signed", "folded", "exponent", "logits", "peakfold")  # drawn input by input
+_SHARED = {("folded", 0.5), ("signed", 1.0)}  # rounded draws that other draws are made from
 
 
 def _read_only(x: np.ndarray) -> np.ndarray:
@@ -50,6 +52,14 @@ def _read_only(x: np.ndarray) -> np.ndarray:
     view = x.view()
     view.flags.writeable = False
     return view
+
+
+def _scaled(z: np.ndarray, factor: float) -> np.ndarray:
+    """``z`` (the float32 draw) times ``factor``, in float64 where the factor or the
+    product could leave float32's normal range (a per-input peak near float32's largest)."""
+    if 2.0**-100 <= abs(factor) <= 2.0**100 or factor == 0.0:
+        return z * np.float32(factor)
+    return z.astype(np.float64) * factor
 
 
 def pack(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -82,10 +92,14 @@ class Draws:
     def __init__(self, a, rng: np.random.Generator, memo: dict | None,
                  limit: float = np.inf) -> None:
         self.a, self.memo, self.limit = a, memo if memo is not None else {}, limit
-        # a bool mask input: random bits, mostly kept (1.0 where it holds, as it evaluates)
+        # a bool mask input: random bits, mostly kept (1.0 where it holds, as it evaluates);
+        # the normal draw kept in float32 (every input dtype is float32 or narrower): half
+        # the memory of float64 for a 7B layer's weights (drawn in float64 as before, so
+        # the generator's later draws, and so every seed's exponents, stay as they were)
         self.normal = {n: (rng.random(node.shape) < 0.75).astype(np.float64)
-                       if node.dtype == "bool" else rng.standard_normal(node.shape)
-                       for n, node in a.inputs.items()}
+                       if node.dtype == "bool" else rng.standard_normal(node.shape).astype(
+                           np.float32) for n, node in a.inputs.items()}
+        self.keeps = memo is not None  # a search's memo keeps every rounded draw
         self.base = int(rng.integers(0, 2**62))  # the exponent-range draws' own generators
         self.lock = threading.Lock()
         self.headroom = HEADROOM
@@ -126,14 +140,8 @@ class Draws:
             big = self.peak(int(s)) / self.headroom
             return {n: np.broadcast_to(np.float64(big if s < 0 or n == names[int(s)] else 1.0),
                                        z.shape) for n, z in self.normal.items()}
-        if kind == "peakfold":  # input s folded up to its largest finite value, others 0.5|z|
-            name = list(self.normal)[int(s)]
-            big = self._fold(int(s))
-            return {n: np.abs(z) * (big if n == name else 0.5) for n, z in self.normal.items()}
-        if kind == "exponent":  # z * 2^k, one k for every input, uniform across the
-            k = self._power(int(s))  # narrowest input range
-            return {n: z if self.a.inputs[n].dtype == "bool" else z * 2.0 ** k
-                    for n, z in self.normal.items()}
+        if kind in _ONE_BY_ONE:
+            return {n: self._draw(kind, s, n) for n in self.normal}
         if kind == "spread":  # each element +-2^e, e uniform in [-s, s] (0: the whole range)
             g = np.random.default_rng([self.base, 2, int(s)])
             out = {}
@@ -143,11 +151,22 @@ class Draws:
                 out[n] = z if self.a.inputs[n].dtype == "bool" else (
                     np.copysign(np.exp2(g.uniform(lo, hi, z.shape)), z))
             return out
+        raise ValueError(f"unknown float draw {kind!r}")
+
+    def _draw(self, kind: str, s: float, name: str) -> np.ndarray:
+        """Input ``name``'s value in the draw (``kind``, ``s``), one of ``_ONE_BY_ONE``."""
+        z = self.normal[name]
+        if kind == "peakfold":  # input s folded up to its largest finite value, others 0.5|z|
+            return _scaled(np.abs(z), self._fold(int(s)) if name == list(self.normal)[int(s)]
+                           else 0.5)
+        if kind == "exponent":  # z * 2^k, one k for every input, uniform across the
+            return z if self.a.inputs[name].dtype == "bool" else (  # narrowest input range
+                _scaled(z, 2.0 ** self._power(int(s))))
         if kind == "logits":  # N(0, c^2), c setting the exp arguments' spread to LOGIT_STD
-            return {n: z * self.logit_scale() for n, z in self.normal.items()}
+            return _scaled(z, self.logit_scale())
         if kind == "signed" and s == 1.0:  # the draw itself, read-only: no copy
-            return {n: _read_only(z) for n, z in self.normal.items()}
-        return {n: (np.abs(z) if kind == "folded" else z) * s for n, z in self.normal.items()}
+            return _read_only(z)
+        return _scaled(np.abs(z) if kind == "folded" else z, s)
 
     def _times(self, rounded: dict, factor: float) -> dict:
         """A rounded draw times a power of two >= 1: exact, or past the dtype's largest
@@ -196,9 +215,14 @@ class Draws:
             cur.key = (kind, s)
         return cur.value
 
-    def release(self) -> None:
-        """Drop this thread's unpacked draw (``rounded``): its check is done."""
+    def release(self, kind: str, s: float) -> None:
+        """The check on draw (``kind``, ``s``) is done: drop this thread's unpacked draw
+        (``rounded``), and without a search's memo the rounded draw too, unless another
+        draw is made from it (("folded", 0.5) for the per-input draws, ("signed", 1) for
+        the exponent draws)."""
         self._current.key = self._current.value = None
+        if not self.keeps and (kind, s) not in _SHARED:
+            self.memo.pop(("rounded", kind, s), None)
 
     def _packed(self, kind: str, s: float) -> dict:
         key = ("rounded", kind, s)
@@ -224,10 +248,11 @@ class Draws:
         if kind == "peakfold":  # the others as in ("folded", 0.5): rounded (and kept) once
             name = list(self.normal)[int(s)]
             out = dict(self._packed("folded", 0.5))
-            out[name] = self._round(name, np.abs(self.normal[name]) * self._fold(int(s)))
+            out[name] = self._round(name, self._draw(kind, s, name))
             return out
-        drawn = self.inputs(kind, s)
-        return {n: self._round(n, drawn.pop(n)) for n in list(drawn)}  # each freed once rounded
+        if kind in _ONE_BY_ONE:  # one input's draw at a time, freed once rounded
+            return {n: self._round(n, self._draw(kind, s, n)) for n in self.normal}
+        return {n: self._round(n, x) for n, x in self.inputs(kind, s).items()}
 
     def out_a(self, dtype: str | None, kind: str, s: float, of_rounded: bool = False,
               inputs: dict | None = None) -> dict:

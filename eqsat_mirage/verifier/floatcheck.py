@@ -273,7 +273,7 @@ def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
         try:
             return judged(i, dtype, kind, s)
         finally:
-            draws.release()
+            draws.release(kind, s)
 
     def judged(i: int, dtype: str | None, kind: str, s: float) -> Counterexample | None:
         cex = check_one(i, dtype, kind, s)
