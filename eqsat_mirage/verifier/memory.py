@@ -229,7 +229,9 @@ def float_parts(a, b, threads: int) -> list[tuple[str, int]]:
     fa_in, fa_out, fpa, at = program_peak(a, False)
     _, _, fpb, at_b = program_peak(b, False)
     return [(f"{threads} float check(s) at once, each peaking at {at if fpa >= fpb else at_b}",
-             threads * (fa_in + max(fpa, fpb + fa_out)))]
+             threads * (fa_in + max(fpa, fpb + fa_out))),
+            ("the draws the checks are made from (a standard-normal draw in float32, and two "
+             "rounded draws others are made from)", fa_in // 2 + 2 * packed_inputs(a))]
 
 
 def threads_that_fit(parts_for: Callable[[int], list], most: int, what: str,
