@@ -63,3 +63,25 @@ def test_the_exact_field_product_of_a_replicated_tile_is_unchanged():
     want = np.array([[[sum(int(x) * int(y) for x, y in zip(a[i, r], b[i, :, c])) % m
                        for c in range(5)] for r in range(8)] for i in range(12)])
     np.testing.assert_array_equal(matmul_mod(a, b, m), want)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_weights_tiles_side_by_side_are_read_in_place(transposed):
+    """The tiles a grid cuts from a weight's columns (its rows cut by the loop) are, side by
+    side, a slice of the weight: one GEMM reads it without a copy, row-major or, for
+    ``x @ W.T``, column-major, and gives NumPy's batched values."""
+    rng = np.random.default_rng(0)
+    w = rng.integers(-50, 50, (24, 40) if not transposed else (40, 24)).astype(np.float32)
+    w = w.T if transposed else w  # (24, 40) either way
+    tiles = w.reshape(3, 8, 5, 8).transpose(0, 2, 1, 3)  # (loop 3, grid 5, k 8, n 8)
+    x = np.broadcast_to(rng.integers(-50, 50, (6, 8)).astype(np.float32), (5, 6, 8))
+    for f in range(3):
+        a2, b2, finish = one_gemm(x, tiles[f])
+        assert np.shares_memory(b2, w) and b2.shape == (8, 40)
+        np.testing.assert_array_equal(finish(a2 @ b2), np.matmul(x, tiles[f]))
+    # the field's float64 operand of an int64 weight is converted: a copy, the same values
+    wi = w.astype(np.int64)
+    ti = wi.reshape(3, 8, 5, 8).transpose(0, 2, 1, 3)
+    _, b2, _ = one_gemm(np.broadcast_to(x[0].astype(np.int64), x.shape), ti[0], np.float64)
+    assert b2.dtype == np.float64 and not np.shares_memory(b2, wi)
+    np.testing.assert_array_equal(b2, wi[:8].astype(np.float64))

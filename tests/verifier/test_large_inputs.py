@@ -120,3 +120,61 @@ def test_the_piece_verification_bench_verifies_a_real_candidate_twice():
     assert r["candidate"].endswith("_fused")  # the search's fusion plan, a MuGraph
     assert [run["equivalent"] for run in r["runs"]] == [True, True]
     assert r["estimate_bytes"][1] <= r["estimate_bytes"][2] and r["peak_bytes"] > 0
+
+
+def test_draws_without_a_memo_keep_only_the_draws_others_are_made_from():
+    """The end-to-end check (no search memo) keeps the rounded draws that others are made
+    from, ("folded", 0.5) and ("signed", 1), and drops the rest once checked; a search's
+    memo keeps them all. A draw is unpacked once per check and thread, read-only."""
+    from eqsat_mirage.verifier.draws import Draws
+
+    a = attention(dtype="float16")
+    for memo in (None, {}):
+        d = Draws(a, np.random.default_rng(0), memo, 65504.0)
+        assert all(z.dtype == np.float32 for z in d.normal.values())
+        for kind, s in (("folded", 0.25), ("folded", 0.5), ("signed", 1.0), ("exponent", 0.0),
+                        ("peakfold", 1.0)):
+            x = d.rounded(kind, s)
+            assert d.rounded(kind, s) is x  # held for this check's further evaluations
+            assert all(not v.flags.writeable for v in x.values())
+            with pytest.raises(ValueError):
+                x["Q"][0, 0, 0] = 1.0
+            d.release(kind, s)
+            assert d.rounded(kind, s) is not x
+            d.release(kind, s)
+        kept = {k[1:] for k in d.memo if isinstance(k, tuple) and k[0] == "rounded"}
+        want = {("folded", 0.5), ("signed", 1.0)} if memo is None else \
+            {("folded", 0.25), ("folded", 0.5), ("signed", 1.0), ("exponent", 0.0),
+             ("peakfold", 1.0)}
+        assert kept == want, kept
+
+
+def test_a_peak_near_float32s_largest_is_drawn_in_float64():
+    """The per-input draws scale the float32 normal draw by a factor up to a dtype's
+    largest value over its largest |z|: past float32's range the product is float64."""
+    from eqsat_mirage.verifier.draws import _scaled
+
+    z = np.array([0.25, -0.5, 1.0], dtype=np.float32)
+    big = _scaled(z, 2.0**127)
+    assert big.dtype == np.float64 and np.all(np.isfinite(big)) and big[2] == 2.0**127
+    assert _scaled(z, 0.5).dtype == np.float32 and _scaled(z, 0.5)[1] == -0.25
+
+
+def test_float32_inputs_give_the_float64_evaluation_of_their_values():
+    """A float64 evaluation takes float32 inputs as given and converts each as it reads it:
+    the values of converting them all first."""
+    g = attention()
+    rng = np.random.default_rng(2)
+    x32 = {n: rng.standard_normal(v.shape).astype(np.float32) for n, v in g.inputs.items()}
+    got = em.evaluate(g, x32)
+    want = em.evaluate(g, {n: v.astype(np.float64) for n, v in x32.items()})
+    assert all(got[k].dtype == np.float64 for k in got)
+    assert all(np.array_equal(got[k], want[k]) for k in want)
+
+
+def test_the_end_to_end_estimate_counts_the_draws():
+    a = attention(dtype="float16")
+    parts = dict(memory.float_parts(a, a, 1))
+    draws = [n for what, n in parts.items() if what.startswith("the draws")]
+    inputs = sum(int(np.prod(v.shape)) for v in a.inputs.values())
+    assert draws == [inputs * 4 + 2 * inputs * 2]  # the float32 normal draw, two rounded
