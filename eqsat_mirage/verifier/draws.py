@@ -140,8 +140,8 @@ class Draws:
             big = self.peak(int(s)) / self.headroom
             return {n: np.broadcast_to(np.float64(big if s < 0 or n == names[int(s)] else 1.0),
                                        z.shape) for n, z in self.normal.items()}
-        if kind in _ONE_BY_ONE:
-            return {n: self._draw(kind, s, n) for n in self.normal}
+        if kind in _ONE_BY_ONE:  # as float64 evaluations read them (``_as_drawn``)
+            return {n: self._as_drawn(kind, s, n) for n in self.normal}
         if kind == "spread":  # each element +-2^e, e uniform in [-s, s] (0: the whole range)
             g = np.random.default_rng([self.base, 2, int(s)])
             out = {}
@@ -167,6 +167,12 @@ class Draws:
         if kind == "signed" and s == 1.0:  # the draw itself, read-only: no copy
             return _read_only(z)
         return _scaled(np.abs(z) if kind == "folded" else z, s)
+
+    def _as_drawn(self, kind: str, s: float, name: str) -> np.ndarray:
+        """``_draw`` for ``inputs``: the normal draw itself (read-only, ("signed", 1)), else
+        in float64, so that a float64 evaluation holds no converted copy beside it."""
+        x = self._draw(kind, s, name)
+        return x if kind == "signed" and s == 1.0 else np.asarray(x, dtype=np.float64)
 
     def _times(self, rounded: dict, factor: float) -> dict:
         """A rounded draw times a power of two >= 1: exact, or past the dtype's largest
@@ -235,10 +241,12 @@ class Draws:
         """Input ``name``'s draw ``x`` rounded once to its dtype: a float16 input straight
         to float16 (``pack``'s format: one conversion instead of three), the others as
         ``round_to`` rounds them."""
-        dtype = self.a.inputs[name].dtype
-        if dtype == "float16" and np.ndim(x) and not uniform(x):
+        dtype, x = self.a.inputs[name].dtype, np.asarray(x)
+        if x.ndim and uniform(x):  # a broadcast of one value stays one (a bool mask too)
+            return np.broadcast_to(round_to(x.reshape(-1)[:1], dtype)[0], x.shape)
+        if dtype == "float16" and x.ndim:
             return to_half(x)
-        return round_to(np.asarray(x), dtype)  # a broadcast of one value stays one
+        return round_to(x, dtype)
 
     def _rounded(self, kind: str, s: float) -> dict:
         if kind.endswith("@h"):

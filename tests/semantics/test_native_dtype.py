@@ -167,3 +167,21 @@ def test_only_subnormal_heavy_arrays_take_the_bit_arithmetic():
     assert floating._subnormal_heavy(z * 2.0**-15)  # most below 2^-14
     assert not floating._subnormal_heavy(z[:1000] * 2.0**-15)  # too small to matter
     assert not floating._subnormal_heavy(np.zeros(100_000))  # zeros are not subnormal
+
+
+def test_the_subnormal_sample_copies_no_transposed_array():
+    """``_subnormal_heavy`` picks its sample by position: a transposed or strided array is
+    not copied whole to be sampled (``reshape(-1)`` would), and it decides as for the
+    same values laid out contiguously."""
+    import tracemalloc
+
+    from eqsat_mirage.semantics import floating
+
+    x = np.random.default_rng(0).standard_normal((512, 1024)).astype(np.float32) * 2.0**-15
+    for view in (x.T, x[:, ::2], x[::-1]):
+        tracemalloc.start()
+        heavy = floating._subnormal_heavy(view)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert heavy == floating._subnormal_heavy(np.ascontiguousarray(view)) is True
+        assert peak < view.size * view.itemsize // 8, peak

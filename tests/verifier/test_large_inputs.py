@@ -178,3 +178,40 @@ def test_the_end_to_end_estimate_counts_the_draws():
     draws = [n for what, n in parts.items() if what.startswith("the draws")]
     inputs = sum(int(np.prod(v.shape)) for v in a.inputs.values())
     assert draws == [inputs * 4 + 2 * inputs * 2]  # the float32 normal draw, two rounded
+
+
+def test_a_bool_mask_in_the_constant_draws_stays_one_value():
+    """Every input of a constant or peak draw is one value (a read-only broadcast: no
+    memory per element, evaluated on one element), a bool mask input too, rounded or not."""
+    from eqsat_mirage.verifier.draws import Draws
+
+    g = em.Graph("masked")
+    x, m = g.input("X", (64, 64), "float16"), g.input("M", (64, 64), "bool")
+    g.output(em.where(m, x * 2.0, x - 1.0), "Y")
+    d = Draws(g, np.random.default_rng(0), None, 65504.0)
+    for kind, s in (("constant", 0.5), ("peak", 0.0)):
+        for x in d.rounded(kind, s).values():
+            assert x.dtype == np.float32 and not any(x.strides), (kind, x.strides)
+        packed = d.memo[("rounded", kind, s)]
+        assert all(not any(x.strides) for x in packed.values())
+    assert d.rounded("constant", 0.5)["M"][0, 0] == 1.0  # 0.5 holds as a mask
+
+
+def test_the_float64_checks_scaled_draws_are_float64():
+    """The float64 checks read the draws as drawn (``Draws.inputs``): N(0, 1) itself (the
+    float32 normal draw, read-only), and a scaled draw in float64, which a float64
+    evaluation reads as given: no float32 copy held beside the float64 one (a MuGraph's
+    tiled interpreter converts every input as it starts)."""
+    from eqsat_mirage.verifier.draws import Draws
+
+    a = attention(dtype="float16")
+    d = Draws(a, np.random.default_rng(0), None, 65504.0)
+    one = d.inputs("signed", 1.0)
+    assert all(x.dtype == np.float32 and not x.flags.writeable for x in one.values())
+    for kind, s in (("signed", 30.0), ("signed", 1000.0), ("folded", 0.5)):
+        got = d.inputs(kind, s)
+        for n, x in got.items():
+            assert x.dtype == np.float64, (kind, s, n)
+            z = d.normal[n]
+            want = (np.abs(z) if kind == "folded" else z) * np.float32(s)
+            np.testing.assert_array_equal(x, want.astype(np.float64))
