@@ -5,10 +5,13 @@ the grid, multiplied by each block's tile of a weight).
 ``np.matmul`` runs such a product as one small GEMM per batch element (172 products of
 128 x 64 @ 64 x 64 for one loop step of a 7B MLP kernel), at a small fraction of the rate
 of one GEMM of the same work. ``one_gemm`` rewrites it as a single 2-D product over the
-joined batch, with the same values: each output element is the same dot product of the
-same row and column (only the batching differs), so the float64 and float32 results are
-those of a matmul of those rows and columns, and the exact field products
-(``modular.matmul_mod``) are equal element by element.
+joined batch: each output element is the same dot product of the same row and column
+(only the batching differs). The exact field products (``modular.matmul_mod``) are equal
+element by element; float64 and float32 results agree to rounding, not bit for bit (the
+BLAS may sum a dot product in another order for another layout: with OpenBLAS 0.3.31 the
+last bit differs in about a quarter of the tiled products), which is why only the float64
+and explicit-dtype evaluations, compared with tolerances, use it, and the native dtype
+keeps ``np.matmul``'s batching (bit-equal to eager torch).
 """
 
 from __future__ import annotations

@@ -231,7 +231,10 @@ def float_parts(a, b, threads: int) -> list[tuple[str, int]]:
     return [(f"{threads} float check(s) at once, each peaking at {at if fpa >= fpb else at_b}",
              threads * (fa_in + max(fpa, fpb + fa_out))),
             ("the draws the checks are made from (a standard-normal draw in float32, and two "
-             "rounded draws others are made from)", fa_in // 2 + 2 * packed_inputs(a))]
+             "rounded draws others are made from)", fa_in // 2 + 2 * packed_inputs(a)),
+            ("the first program's outputs kept per draw (native, float64, at the headroom, "
+             "its truth)", 12 * fa_out),
+            ("the interpreter itself (Python, NumPy, both programs)", BASE)]
 
 
 def threads_that_fit(parts_for: Callable[[int], list], most: int, what: str,

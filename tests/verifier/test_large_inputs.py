@@ -178,6 +178,10 @@ def test_the_end_to_end_estimate_counts_the_draws():
     draws = [n for what, n in parts.items() if what.startswith("the draws")]
     inputs = sum(int(np.prod(v.shape)) for v in a.inputs.values())
     assert draws == [inputs * 4 + 2 * inputs * 2]  # the float32 normal draw, two rounded
+    outputs = sum(int(np.prod(v.shape)) for v in a.outputs.values())
+    kept = [n for what, n in parts.items() if what.startswith("the first program's outputs")]
+    assert kept == [12 * 8 * outputs] and parts[next(w for w in parts if "interpreter" in w)] \
+        == memory.BASE
 
 
 def test_a_bool_mask_in_the_constant_draws_stays_one_value():
