@@ -190,7 +190,7 @@ class Draws:
                     continue
                 y = x * np.float32(factor)
             if dt == "float16":  # past float16's largest: inf (in place; at a 7B layer's
-                np.copysign(np.float32(np.inf), y, out=y,  # headroom, 2^28, most values)
+                np.copysign(np.float32(np.inf), y, out=y,  # headroom, 2^27, most values)
                             where=np.abs(y) > NATIVE_MAX["float16"])
             out[n] = y
         return out

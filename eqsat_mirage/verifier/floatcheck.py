@@ -244,7 +244,7 @@ def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
                             draws.largest(kind, s), ref=None if how == "float64" else ref)
         if kind in _RANGE_KINDS and not any(  # valid only where it has headroom: none
                 np.any(np.isfinite(x) & (np.abs(x) < limit))  # (a float16 matmul over 11008
-                for x in draws.out_a("native", kind + "@h", s, True).values()):  # at 2^28)
+                for x in draws.out_a("native", kind + "@h", s, True).values()):  # at 2^27)
             return None
         xa = draws.out_a("native", kind, s, True)
         if kind in _RANGE_KINDS and any(np.any(np.isfinite(x) & (np.abs(x) < limit))
