@@ -40,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import combinations, product
 
+from ..cost.tiles import pow2_ceil
 from ..frontend.graph import Graph
 from .indexing import Indexing, ScheduleError, index_fragment
 from .schedule import Schedule, check_schedule, classify
@@ -115,10 +116,6 @@ def loop_choices(ix: Indexing, strategy: Strategy) -> list[tuple[str | None, int
     return out or [(None, 1)]
 
 
-def _pow2(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
-
-
 def loop_chunk(ix: Indexing, s: Schedule) -> int:
     """The elements of ``s``'s loop index one loop iteration takes (per split part)."""
     size = ix.sizes[s.loop]
@@ -136,7 +133,8 @@ def prefer_pow2_chunks(ix: Indexing, scheds: list[Schedule]) -> list[Schedule]:
     def padded(s: Schedule) -> bool | None:  # None: not a loop over a contraction
         if s.loop is None or s.forloop < 2 or s.loop not in ix.matmul:
             return None
-        return not _pow2(loop_chunk(ix, s))
+        chunk = loop_chunk(ix, s)
+        return pow2_ceil(chunk) != chunk  # held padded to a power of two
 
     aligned = {s.loop for s in scheds if padded(s) is False}
     return [s for s in scheds if not (padded(s) and s.loop in aligned)]

@@ -45,6 +45,12 @@ def _subnormal_heavy(x: np.ndarray) -> bool:
     return int(np.count_nonzero((sample < _TINY_HALF) & (sample > 0))) * 20 > sample.size
 
 
+def _cast_fast(x: np.ndarray) -> bool:
+    """Whether NumPy's own float16 cast is the fast way to round ``x`` (NumPy 2, a float
+    array, not mostly float16 subnormals)."""
+    return _NUMPY_CASTS and x.dtype in _HALF and not _subnormal_heavy(x)
+
+
 def _round_half(x: np.ndarray) -> np.ndarray:
     """``x`` rounded to float16 values, as float32 (bit-exact with NumPy's conversion).
 
@@ -54,7 +60,7 @@ def _round_half(x: np.ndarray) -> np.ndarray:
     slower, and for arrays with many values in float16's subnormal range, where the cast
     takes 2.6-4.9 s (the float checks' per-input peaks of an attention weight: 2^-15)."""
     x = np.asarray(x)
-    if _NUMPY_CASTS and x.dtype in _HALF and not _subnormal_heavy(x):
+    if _cast_fast(x):
         with np.errstate(over="ignore", invalid="ignore"):
             return x.astype(np.float16).astype(np.float32)
     if x.dtype not in _HALF:
@@ -83,7 +89,7 @@ def to_half(x: np.ndarray) -> np.ndarray:
     """``x`` (float32 or float64) rounded to float16, as a float16 array: ``round_to(x,
     "float16")`` in float16's own 2 bytes, in one conversion where NumPy's cast is fast."""
     x = np.asarray(x)
-    if _NUMPY_CASTS and x.dtype in _HALF and not _subnormal_heavy(x):
+    if _cast_fast(x):
         with np.errstate(over="ignore", invalid="ignore"):
             return x.astype(np.float16)
     return _round_half(x).astype(np.float16)
@@ -110,10 +116,10 @@ def round_to(x: np.ndarray, dtype: str | None) -> np.ndarray:
     A broadcast of one value is rounded once and stays a broadcast."""
     if dtype is None:
         return x
-    if dtype == "bool":  # a mask: 1.0 where it holds, else 0.0
-        return (np.asarray(x) != 0).astype(np.float32)
     if np.ndim(x) and uniform(x):
         return _spread(round_to(_one(x), dtype), np.shape(x))
+    if dtype == "bool":  # a mask: 1.0 where it holds, else 0.0
+        return (np.asarray(x) != 0).astype(np.float32)
     if dtype == "float16":
         return _round_half(x)
     if dtype == "bfloat16":

@@ -242,11 +242,9 @@ class Draws:
         to float16 (``pack``'s format: one conversion instead of three), the others as
         ``round_to`` rounds them."""
         dtype, x = self.a.inputs[name].dtype, np.asarray(x)
-        if x.ndim and uniform(x):  # a broadcast of one value stays one (a bool mask too)
-            return np.broadcast_to(round_to(x.reshape(-1)[:1], dtype)[0], x.shape)
-        if dtype == "float16" and x.ndim:
+        if dtype == "float16" and x.ndim and not uniform(x):
             return to_half(x)
-        return round_to(x, dtype)
+        return round_to(x, dtype)  # a broadcast of one value stays one (a bool mask too)
 
     def _rounded(self, kind: str, s: float) -> dict:
         if kind.endswith("@h"):

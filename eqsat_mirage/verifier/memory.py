@@ -39,6 +39,7 @@ MEMO_INPUTS = 256 * 2**20
 # exponent-range draws, the logits draw, and one input at a time for the peakfold draws
 DRAW_SETS = 7
 BASE = 128 * 2**20  # what a process verifying anything holds besides (measured: 70-130 MB)
+_BASE_PART = ("the interpreter itself (Python, NumPy, both programs)", BASE)
 WORD = 8  # bytes of one part of a field value (int64) or of a float64 value
 
 # transient arrays of an op's result size, per part, beside the result itself
@@ -187,8 +188,7 @@ def verify_parts(a, b, threads: int, trials: int, memo: bool = True) -> list[tup
     trial = inputs + max(pa, oa + pb)
     at = at_a if pa >= oa + pb else at_b
     job = max(trial, fa_in + max(fpa, fpb + fa_out))
-    parts = [(f"{threads} trial(s) at once, each peaking at {at}", threads * job),
-             ("the interpreter itself (Python, NumPy, both programs)", BASE)]
+    parts = [(f"{threads} trial(s) at once, each peaking at {at}", threads * job), _BASE_PART]
     if memo:
         kept = "inputs and first-program outputs" if keeps_inputs(ia) else \
             "first-program outputs (inputs drawn again)"
@@ -233,8 +233,7 @@ def float_parts(a, b, threads: int) -> list[tuple[str, int]]:
             ("the draws the checks are made from (a standard-normal draw in float32, and two "
              "rounded draws others are made from)", fa_in // 2 + 2 * packed_inputs(a)),
             ("the first program's outputs kept per draw (native, float64, at the headroom, "
-             "its truth)", 12 * fa_out),
-            ("the interpreter itself (Python, NumPy, both programs)", BASE)]
+             "its truth)", 12 * fa_out), _BASE_PART]
 
 
 def threads_that_fit(parts_for: Callable[[int], list], most: int, what: str,
