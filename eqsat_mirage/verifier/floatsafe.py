@@ -132,7 +132,8 @@ def _strip(n: Node, resolve=None) -> Node:
 
 
 def guarded(arg: Node, resolve=None) -> bool:
-    """Whether an exp argument is max-subtracted: ``(s - max(...))``, through movement,
+    """Whether an exp argument is max-subtracted: ``(s - max(...))`` or ``s + (-max(...))``,
+    through movement,
     casts, constant scaling and masks. ``resolve`` maps a node to the value it stands for
     (a MuGraph's block input tile to the node that wrote its device tensor, a running
     maximum to its max; ``kernelsafe``), or None."""
@@ -143,7 +144,20 @@ def guarded(arg: Node, resolve=None) -> bool:
         return all(guarded(s, resolve) for s in n.srcs[1:] if s.op is not Op.CONST)
     if n.op is Op.SUB:
         return _strip(n.srcs[1], resolve).op is Op.MAX
+    if n.op is Op.ADD:  # s + (-max s), either way round
+        return any(t.op is Op.NEG and _strip(t, resolve).op is Op.MAX
+                   for t in (_bare(x, resolve) for x in n.srcs))
     return False
+
+
+def _bare(n: Node, resolve=None) -> Node:
+    """``n`` through movement and casts only (``resolve`` as in ``guarded``)."""
+    while True:
+        if resolve is not None:
+            n = resolve(n)
+        if n.op not in _MOVE:
+            return n
+        n = n.srcs[0]
 
 
 def unguarded_exp(a, b) -> str:

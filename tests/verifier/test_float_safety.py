@@ -106,6 +106,22 @@ def test_guarded_sees_max_subtraction_through_scaling_and_masks():
     assert sorted(guarded(n.srcs[0]) for n in exps) == [False, True]
 
 
+def test_adding_the_negated_max_is_max_subtraction():
+    # found by hypothesis: exp(x - max x) against exp(x + (-max x)) was refused statically
+    g, h = em.Graph("sub"), em.Graph("addneg")
+    for graph in (g, h):
+        x = graph.input("x", (3, 8), "float32")
+        m = x.max(axis=-1, keepdims=True)
+        graph.output(em.exp(x - m) if graph is g else em.exp((-m) + x), "O")
+    assert [guarded(n.srcs[0]) for n in h.nodes() if n.op.name == "EXP"] == [True]
+    res = em.verify(g, h, seed=0)
+    assert res.equivalent, res
+    plain = em.Graph("plain")  # adding something that is not a negated max is not
+    x = plain.input("x", (3, 8), "float32")
+    plain.output(em.exp(x + x.max(axis=-1, keepdims=True)), "O")
+    assert [guarded(n.srcs[0]) for n in plain.nodes() if n.op.name == "EXP"] == [False]
+
+
 def test_exp_of_a_difference_is_not_split_in_float16():
     g, h = em.Graph("sub"), em.Graph("split")
     for graph in (g, h):
