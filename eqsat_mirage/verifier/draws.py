@@ -17,6 +17,7 @@ from ..semantics.floating import (
     FLOAT_SEMANTICS,
     evaluate,
     float_ctx,
+    from_half,
     round_to,
     rounded_inputs,
     to_half,
@@ -78,7 +79,7 @@ def pack(x: np.ndarray, dtype: str) -> np.ndarray:
 def unpack(x: np.ndarray) -> np.ndarray:
     """The float32 array ``pack`` packed (float32 arrays and broadcasts as they are)."""
     if x.dtype == np.float16:
-        return x.astype(np.float32)
+        return from_half(x)
     if x.dtype == np.uint16:
         return (x.astype(np.uint32) << np.uint32(16)).view(np.float32)
     return x
@@ -174,15 +175,21 @@ class Draws:
         x = self._draw(kind, s, name)
         return x if kind == "signed" and s == 1.0 else np.asarray(x, dtype=np.float64)
 
-    def _times(self, rounded: dict, factor: float) -> dict:
-        """A rounded draw times a power of two >= 1: exact, or past the dtype's largest
-        (inf), so no second rounding pass."""
+    def _times(self, packed: dict, factor: float) -> dict:
+        """A rounded draw (``_packed``) times a power of two >= 1, as float32: exact, or
+        past the dtype's largest (inf), so no second rounding pass; a float16 input straight
+        from its 2 bytes (``from_half``: at a 7B layer's headroom, 2^27, most values
+        overflow, and NumPy's cast of its subnormals is slow)."""
         out = {}
-        for n, x in rounded.items():
+        for n, x in packed.items():
             dt = self.a.inputs[n].dtype
             if dt == "bool":
                 out[n] = x
                 continue
+            if x.dtype == np.float16:
+                out[n] = from_half(x, factor)
+                continue
+            x = unpack(x)
             with np.errstate(over="ignore"):
                 if x.ndim and not any(x.strides):
                     out[n] = np.broadcast_to(round_to(x.reshape(-1)[:1] * np.float32(factor),
@@ -248,9 +255,9 @@ class Draws:
 
     def _rounded(self, kind: str, s: float) -> dict:
         if kind.endswith("@h"):
-            return self._times(self.rounded(kind[:-2], s), self.headroom)
+            return self._times(self._packed(kind[:-2], s), self.headroom)
         if kind == "exponent" and self._power(int(s)) >= 0:
-            return self._times(self.rounded("signed", 1.0), 2.0 ** self._power(int(s)))
+            return self._times(self._packed("signed", 1.0), 2.0 ** self._power(int(s)))
         if kind == "peakfold":  # the others as in ("folded", 0.5): rounded (and kept) once
             name = list(self.normal)[int(s)]
             out = dict(self._packed("folded", 0.5))

@@ -185,3 +185,48 @@ def test_the_subnormal_sample_copies_no_transposed_array():
         tracemalloc.stop()
         assert heavy == floating._subnormal_heavy(np.ascontiguousarray(view)) is True
         assert peak < view.size * view.itemsize // 8, peak
+
+
+@pytest.mark.parametrize("factor", [1.0, 4.0, 2.0**27])
+def test_from_half_is_the_cast_times_a_power_of_two(factor):
+    """``from_half`` (a table of the 65536 float16 bit patterns) gives NumPy's float16 ->
+    float32 cast bit for bit, subnormals, signed zeros, inf and nan included, and times a
+    power of two: exact, or inf past float16's largest, as a float16 product would be."""
+    from eqsat_mirage.semantics.floating import from_half
+
+    every = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    sub = (np.random.default_rng(0).standard_normal(100_000) * 2.0**-15).astype(np.float16)
+    for x in (every, sub, sub.reshape(200, 500).T):
+        want = x.astype(np.float32) * np.float32(factor)
+        with np.errstate(invalid="ignore"):
+            want[np.abs(want) > 65504] = np.copysign(np.inf, want[np.abs(want) > 65504])
+        got = from_half(x, factor)
+        assert got.dtype == np.float32 and got.shape == x.shape
+        nan = np.isnan(want)  # (a product may quiet a nan's payload)
+        assert np.array_equal(np.isnan(got), nan)
+        assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
+@pytest.mark.parametrize("mode", [None, "native"])
+def test_a_matmul_with_one_uniform_operand_sums_the_other(mode):
+    """A matmul one of whose operands is one value (the float checks' constant draws) is
+    that value times the other's sums over the contraction: no GEMM of a broadcast weight,
+    and the result agrees with the GEMM to the accumulator's rounding."""
+    g = em.Graph("g")
+    x, w = g.input("x", (2, 3, 64), "float16"), g.input("w", (64, 5), "float16")
+    g.output(x @ w, "y")
+    n = next(m for m in g.nodes() if m.op is Op.MATMUL)
+    rng = np.random.default_rng(0)
+    ctx = FloatCtx({}, mode)
+    full_x = rng.standard_normal((2, 3, 64)).astype(np.float32)
+    full_w = rng.standard_normal((64, 5)).astype(np.float32)
+    one_x = np.broadcast_to(np.float32(0.75), (2, 3, 64))
+    one_w = np.broadcast_to(np.float32(-0.5), (64, 5))
+    for a, b in ((full_x, one_w), (one_x, full_w)):
+        from eqsat_mirage.semantics.floating import FLOAT_SEMANTICS
+
+        got = FLOAT_SEMANTICS[Op.MATMUL](ctx, n, a, b)
+        want = ctx.fix(n, np.matmul(np.asarray(a, np.float64), np.asarray(b, np.float64)))
+        assert got.shape == (2, 3, 5) and got.flags.c_contiguous
+        tol = 1e-12 if mode is None else 2e-3 * float(np.max(np.abs(want)))
+        assert np.max(np.abs(got - want)) <= tol
