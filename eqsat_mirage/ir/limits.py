@@ -10,12 +10,13 @@ before anything is allocated, with a ``BudgetError`` naming the largest tensor.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
-from .errors import BudgetError, MirageError
+from .errors import BudgetError, MirageError, TimeLimitError
 from .node import Op
 
 MEMORY_ENV = "EQSAT_MIRAGE_MEMORY_BUDGET"
@@ -207,3 +208,48 @@ def matmul_scratch(n, blocks: int = 1) -> int:
     2**15 terms; ``semantics.modular.matmul_mod``), over ``blocks`` blocks."""
     return blocks * (sum(math.prod(s.shape) for s in n.srcs) + 3 * math.prod(n.shape) +
                      3 * min(math.prod(s.shape) for s in n.srcs))
+
+
+# optimize_many's worker processes share one memory budget: a multiprocessing Value of the
+# bytes their verifications hold now (None in a process that works alone)
+_SHARED = None
+WAIT_S = 0.05  # how often a verification waiting for the shared budget looks again
+
+
+def share_memory(held) -> None:
+    """Make this process one of several that share the memory budget (``optimize_many``'s
+    worker initializer): ``held`` is a ``multiprocessing.Value("q")`` of the bytes that
+    their verifications hold at once, its lock guarding it."""
+    global _SHARED
+    _SHARED = held
+
+
+@contextlib.contextmanager
+def reserved(nbytes: int, deadline: Deadline | None = None) -> Iterator[None]:
+    """Hold ``nbytes`` of the memory budget while the block runs. Alone (no
+    ``share_memory``) there is nothing to do: the caller checked ``nbytes`` against the
+    budget. Shared, it waits while the other processes hold so much that ``nbytes`` more
+    would pass the budget (one that holds nothing is never kept waiting on itself), up to
+    ``deadline``: past it, ``TimeLimitError``."""
+    shared = _SHARED
+    if shared is None:
+        yield
+        return
+    budget, waited = memory_budget(), time.perf_counter()
+    while True:
+        with shared.get_lock():
+            if shared.value == 0 or shared.value + nbytes <= budget:
+                shared.value += nbytes
+                break
+            held = shared.value
+        if deadline is not None and deadline.expired():
+            raise TimeLimitError(f"waited {time.perf_counter() - waited:.1f} s for "
+                                 f"{fmt_bytes(nbytes)} of the memory budget "
+                                 f"({fmt_bytes(budget)}) that the other workers held "
+                                 f"({fmt_bytes(held)})")
+        time.sleep(WAIT_S)
+    try:
+        yield
+    finally:
+        with shared.get_lock():
+            shared.value -= nbytes

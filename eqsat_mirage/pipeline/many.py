@@ -10,7 +10,9 @@ duplicates (equal keys) are searched once, and only the rest goes to workers.
   (``concurrent.futures.ProcessPoolExecutor`` with the "spawn" context: egglog
   and threads do not survive ``fork``). Each worker opens the SQLite cache
   itself and stores what it finds there under the key its parent computed
-  (SQLite serializes the writers).
+  (SQLite serializes the writers). The largest programs (``truth.work``) go first, so
+  the longest search does not start last, and the workers share one memory budget
+  (``limits.reserved``: a verification waits while the others hold too much of it).
   ``jobs=1``, or a single program left to search, runs inline. As with every
   spawn pool, a script that calls this must guard its top level with
   ``if __name__ == "__main__":``.
@@ -38,11 +40,16 @@ import io
 import multiprocessing
 import os
 import pickle
+import re
+import sys
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from pathlib import Path
 
 from ..ir.errors import MirageError
+from ..ir.limits import share_memory
 from ..ir.node import Node
+from ..verifier.truth import work
 from .cache import (
     ResultCache,
     cached_optimize,
@@ -216,14 +223,43 @@ def optimize_many(programs: Iterable, jobs: int | None = None, executor: str = "
                 res = exc
             land(i, res)
     else:
-        _process_map(firsts, payload, jobs, land)
+        _process_map(sorted(firsts, key=lambda i: -_work(programs[i])), payload, jobs, land)
     return results
 
 
+def spawn_safe() -> bool:
+    """Whether spawned workers may start here: a spawned process imports the main script
+    again, so one whose top level is not guarded by ``if __name__ == "__main__":`` would
+    run again in every worker. True where there is no main script (a REPL, a notebook,
+    ``python -c``) or where its source has that guard."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not path:
+        return True
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return False
+    return re.search(r"""__name__\s*==\s*['"]__main__['"]""", text) is not None
+
+
+def _work(program) -> int:
+    """A program's size as the pool orders it (the element operations of one evaluation,
+    ``truth.work``; 0 for what is not a Graph)."""
+    try:
+        return work(program)
+    except Exception:  # noqa: BLE001 - an ordering hint only: a bad program fails in its worker
+        return 0
+
+
 def _process_map(firsts, payload, jobs, land) -> None:
-    """Run ``_run(payload(i))`` for each ``i`` of ``firsts`` in a spawn process pool."""
+    """Run ``_run(payload(i))`` for each ``i`` of ``firsts`` in a spawn process pool, in
+    the order given (``optimize_many``: the largest programs first, so the longest search
+    does not start last); the workers share one memory budget (``limits.share_memory``)."""
     ctx = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(firsts)), mp_context=ctx)
+    held = ctx.Value("q", 0)
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(firsts)), mp_context=ctx,
+                               initializer=share_memory, initargs=(held,))
     try:
         futures = {pool.submit(_run, payload(i)): i for i in firsts}
         pending = set(futures)

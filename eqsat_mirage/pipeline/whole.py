@@ -8,7 +8,8 @@ on a path) goes through these steps:
 1. ``partition.partition`` cuts it into Lax pieces at the cheapest places;
 2. pieces equal up to renaming are searched once; the distinct ones are searched
    one after another (each gets an equal share of the time left), or with
-   ``jobs > 1`` in parallel through ``optimize_many``; each search goes through
+   ``jobs > 1`` in parallel through ``optimize_many`` (``jobs="auto"``, the default:
+   one per core when the pieces are large, ``auto_jobs``); each search goes through
    the results cache, so a piece met before (another layer of the same model) is
    not searched again;
 3. ``partition.stitch`` puts the chosen programs back together as one MuGraph,
@@ -32,6 +33,7 @@ on a path) goes through these steps:
 from __future__ import annotations
 
 import inspect
+import os
 import time
 from collections.abc import Callable
 
@@ -42,6 +44,7 @@ from ..ir.node import Op
 from ..partition.pieces import DEFAULT_PIECE_OPS, Piece, needs_partition, partition
 from ..partition.stitch import stitch
 from ..verifier.endtoend import FloatCheck, float_check
+from ..verifier.truth import work
 from ..verifier.verify import VerifyResult
 from .optimize import optimize as optimize_search
 from .optimize import search as optimize_piece
@@ -50,22 +53,28 @@ from .result import OptimizeResult
 
 SHARE_END = 0.85  # piece searches end by this fraction of the time limit; the rest: stitch
 END_TO_END_MIN_S = 0.5  # the end-to-end check runs at least this long past the piece searches
+PARALLEL_WORK = 2**30  # element operations of the distinct pieces: from here, worker processes
 
 
 def optimize(graph, *args, partition: bool | str = "auto", piece_ops: int = DEFAULT_PIECE_OPS,
-             jobs: int = 1, **kwargs) -> OptimizeResult:
+             jobs: int | str = AUTO, **kwargs) -> OptimizeResult:
     """Superoptimize ``graph``: ``em.optimize`` (every keyword of ``optimize.optimize``,
     whose docstring tells them, plus the three below).
 
     With ``partition`` "auto" (the default) or True, a program that takes exp twice on
     a path or has more than ``piece_ops`` ops is cut into Lax pieces; each piece is
-    optimized (through the results cache; ``jobs`` distinct pieces at once) and the
-    programs are stitched into one MuGraph (module docstring); ``res.stats["pieces"]``
-    reports every piece. ``partition=False`` searches the program as one piece.
+    optimized (through the results cache; ``jobs`` distinct pieces at once: "auto", the
+    default, is one per core in worker processes when the pieces are large, ``auto_jobs``,
+    else 1) and the programs are stitched into one MuGraph (module docstring);
+    ``res.stats["pieces"]`` reports every piece. ``partition=False`` searches the program
+    as one piece.
     """
     for name, value in (("piece_ops", piece_ops), ("jobs", jobs)):
+        if value == AUTO and name == "jobs":
+            continue
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise MirageError(f"optimize: {name} must be a positive integer, got {value!r}")
+            raise MirageError(f"optimize: {name} must be a positive integer"
+                              f"{' or auto' if name == 'jobs' else ''}, got {value!r}")
     if partition not in (True, False, "auto"):
         raise MirageError(f"optimize: partition must be True, False or 'auto', got "
                           f"{partition!r}")
@@ -99,7 +108,7 @@ _PARAMS = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if p.name != "graph" e
            for p in _SIGNATURE.parameters.values()]
 optimize.__signature__ = inspect.Signature(  # what help(em.optimize) shows: every keyword
     _PARAMS + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d) for n, d in
-               (("partition", "auto"), ("piece_ops", DEFAULT_PIECE_OPS), ("jobs", 1))],
+               (("partition", "auto"), ("piece_ops", DEFAULT_PIECE_OPS), ("jobs", AUTO))],
     return_annotation=OptimizeResult)
 
 
@@ -146,16 +155,34 @@ def unchanged_reason(res) -> str:
     return "no candidate cheaper than one kernel per op"
 
 
-def _search_pieces(distinct: list[Piece], options: SearchOptions, jobs: int, cache,
+def auto_jobs(distinct: list[Piece]) -> int:
+    """How many distinct pieces ``jobs="auto"`` searches at once: one per core (up to one
+    per piece) when together they take at least ``PARALLEL_WORK`` element operations to
+    evaluate (``truth.work``), where a worker process's start (imports, a cold Triton
+    cache: about 6 s) is small beside a piece's verification, and the main script may be
+    imported by a spawned worker (``many.spawn_safe``); else 1, in this process.
+    Measured (bench/RESULTS.md, "Real sizes"): a LLaMA-7B-size layer, 3.4e10 operations
+    over 4 distinct pieces, in 109.7 s on two workers against 123.3 s in one process."""
+    from .many import spawn_safe
+
+    cores = os.cpu_count() or 1
+    if len(distinct) < 2 or cores < 2 or sum(work(p.graph) for p in distinct) < PARALLEL_WORK:
+        return 1
+    return min(cores, len(distinct)) if spawn_safe() else 1
+
+
+def _search_pieces(distinct: list[Piece], options: SearchOptions, jobs: int | str, cache,
                    deadline: Deadline, progress) -> list:
     """The OptimizeResult (or the exception) of each distinct piece, in order."""
     opts = options.replace(max_bound=options.max_bound / max(1, len(distinct)))
-    jobs = min(jobs, len(distinct))
+    jobs = min(auto_jobs(distinct) if jobs == AUTO else jobs, len(distinct))
     end = deadline.part(SHARE_END)
     if jobs > 1:
         from .many import optimize_many
 
         opts = opts.replace(time_limit_s=max(0.05, end.remaining() * jobs / len(distinct)))
+        _say(progress, f"{len(distinct)} distinct pieces: searching {jobs} at once in worker "
+                       f"processes (the largest first), {opts.time_limit_s:.1f} s at most each")
         return optimize_many([p.graph for p in distinct], jobs=jobs, errors="return",
                              progress=progress, cache=cache, **opts.key_data())
     out = []
@@ -177,7 +204,7 @@ def _search_pieces(distinct: list[Piece], options: SearchOptions, jobs: int, cac
 
 
 def optimize_whole(graph, options: SearchOptions, cache, progress,
-                   piece_ops: int = DEFAULT_PIECE_OPS, jobs: int = 1) -> OptimizeResult:
+                   piece_ops: int = DEFAULT_PIECE_OPS, jobs: int | str = AUTO) -> OptimizeResult:
     """Partition ``graph`` into pieces of at most ``piece_ops`` ops, optimize each piece
     (``jobs`` at once), stitch and verify (module docstring)."""
     from ..cost.gpucost import mugraph_cost, roofline_us

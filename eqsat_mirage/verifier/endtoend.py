@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir.errors import MirageError, TimeLimitError
-from ..ir.limits import Deadline
+from ..ir.limits import Deadline, reserved
 from .floatcheck import Counterexample, float_checks
 from .memory import float_parts, threads_that_fit
 from .runner import THREADS, runner
@@ -73,7 +73,8 @@ def float_check(a, b, seed: int | None = 0, rtol: float = 1e-7, native: bool = T
     rng = np.random.default_rng(None if seed is None else [seed, 0xE2E])
     skipped: list[str] = []  # native draws where rounding alone decides the output
     try:
-        with runner(deadline, threads) as pool:
+        with reserved(sum(n for _, n in float_parts(a, b, threads)), deadline), \
+                runner(deadline, threads) as pool:
             cex, ran_native = float_checks(a, b, rng, rtol, native, None, pool,
                                             constant_finite=True, conditioned=True,
                                             skipped=skipped, peaked=where)

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..ir.check import check, check_lax
 from ..ir.errors import GraphError, MirageError, TimeLimitError
-from ..ir.limits import Deadline
+from ..ir.limits import Deadline, reserved
 from ..ir.node import fmt_shape
 from ..semantics.field import FieldCtx, FieldZeroDivisionError, SharedValues, evaluate_field
 from ..semantics.primes import draw_primes, program_constants
@@ -276,8 +276,10 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
     base = int(np.random.default_rng().integers(0, 2**63)) if seed is None else seed
     how = TrialPlan(run, seed, base, max_trials, max_bound, prime_bits, avoid, max_redraws,
                     rtol, float_check, native_check, float_first, threads)
+    held = sum(n for _, n in verify_parts(a, b, threads, run, memo is not None))
     try:
-        return _decide(a, b, result, eps, how, memo, start, deadline)
+        with reserved(held, deadline):  # optimize_many's workers share the budget
+            return _decide(a, b, result, eps, how, memo, start, deadline)
     except TimeLimitError as exc:
         result.inconclusive, result.reason = True, f"inconclusive: {exc}"
         result.seconds = time.perf_counter() - start
