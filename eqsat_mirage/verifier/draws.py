@@ -26,6 +26,7 @@ from ..semantics.floating import (
 from ..semantics.interp import run
 from .floatsafe import fingerprints, is_graph, static_check
 from .kernelsafe import kernel_check
+from .memory import keeps_draws
 from .truth import precision, truth
 
 NATIVE_MAX = {"float16": 65504.0, "bfloat16": 3.3895e38, "float32": 3.4028e38}
@@ -100,7 +101,8 @@ class Draws:
         self.normal = {n: (rng.random(node.shape) < 0.75).astype(np.float64)
                        if node.dtype == "bool" else rng.standard_normal(node.shape).astype(
                            np.float32) for n, node in a.inputs.items()}
-        self.keeps = memo is not None  # a search's memo keeps every rounded draw
+        # a search's memo keeps every rounded draw, when they are small (``keeps_draws``)
+        self.keeps = memo is not None and keeps_draws(a)
         self.base = int(rng.integers(0, 2**62))  # the exponent-range draws' own generators
         self.lock = threading.Lock()
         self.headroom = HEADROOM

@@ -16,7 +16,8 @@ holding what they hold and adding each op's transient scratch, and takes the pea
   larger of the two programs' peaks; ``threads`` trials run at once;
 - a search's ``memo`` keeps each trial's first-program outputs, its inputs up to
   ``MEMO_INPUTS`` (larger ones are drawn again), and the float checks' rounded draws
-  (``DRAW_SETS`` copies of the inputs in their 2-byte formats) and outputs.
+  (``DRAW_SETS`` copies of the inputs in their 2-byte formats, while they fit in
+  ``MEMO_INPUTS``: ``keeps_draws``) and outputs.
 
 ``verify_parts`` gives (description, bytes) of each of these, which
 ``limits.check_bytes`` compares with the budget; ``threads_that_fit`` lowers the number of
@@ -194,10 +195,21 @@ def verify_parts(a, b, threads: int, trials: int, memo: bool = True) -> list[tup
             "first-program outputs (inputs drawn again)"
         parts.append((f"{trials} trials' {kept} kept for the next candidate",
                       trials * (ia * keeps_inputs(ia) + oa)))
-        parts.append(("the float checks' draws (a standard-normal draw per call, the rounded "
-                      "draws kept) and first-program outputs",
-                      fa_in + DRAW_SETS * packed_inputs(a) + 12 * fa_out))
+        kept = DRAW_SETS if keeps_draws(a) else 2
+        which = "the rounded draws kept" if kept > 2 else "two rounded draws others are made from"
+        parts.append((f"the float checks' draws (a standard-normal draw in float32 per call, "
+                      f"{which}) and first-program outputs",
+                      fa_in // 2 + kept * packed_inputs(a) + 12 * fa_out))
     return parts
+
+
+def keeps_draws(program) -> bool:
+    """Whether a search's memo keeps the float checks' rounded draws of ``program`` for the
+    next candidate: all ``DRAW_SETS`` of them within ``MEMO_INPUTS``. Larger ones (a 7B
+    MLP piece's: 1.9 GB) are made again for each candidate, and only the two that others
+    are made from are held: what a worker verifying it then leaves of a shared budget is
+    what another piece's verification needs beside it."""
+    return keeps_inputs(DRAW_SETS * packed_inputs(program))
 
 
 def packed_inputs(program) -> int:

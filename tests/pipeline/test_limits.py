@@ -201,3 +201,44 @@ def test_a_result_cut_short_by_the_time_limit_is_not_cached(tmp_path):
     assert first.verified is None and first.cost_us == first.baseline_cost_us
     again = em.optimize(g, time_limit_s=1.0, cache=cache)
     assert again.stats["cache"] == "miss"  # searched again, not served a stale time-out
+
+
+def test_workers_that_share_the_budget_wait_for_each_other(monkeypatch):
+    """``reserved``: alone, nothing to do; sharing one budget (optimize_many's workers), a
+    verification waits while the others hold so much that it would pass the budget, goes
+    on once they let go, and past its deadline stops with a TimeLimitError."""
+    import multiprocessing
+    import threading
+
+    from eqsat_mirage.ir import limits
+    from eqsat_mirage.ir.errors import TimeLimitError
+
+    monkeypatch.setenv(MEMORY_ENV, "1000")
+    with limits.reserved(10**9):  # alone: the caller checked its bytes already
+        pass
+    held = multiprocessing.get_context("spawn").Value("q", 0)
+    monkeypatch.setattr(limits, "_SHARED", held)
+    with limits.reserved(600):
+        assert held.value == 600
+        with pytest.raises(TimeLimitError, match="the other workers held"):
+            with limits.reserved(600, Deadline(0.2)):
+                pass
+        with limits.reserved(400):  # fits beside it
+            assert held.value == 1000
+    assert held.value == 0
+    order = []
+    gate = threading.Event()
+
+    def other():
+        with limits.reserved(700):
+            gate.set()
+            time.sleep(0.3)
+            order.append("other done")
+
+    t = threading.Thread(target=other)
+    t.start()
+    gate.wait()
+    with limits.reserved(700, Deadline(30)):
+        order.append("waited")
+    t.join()
+    assert order == ["other done", "waited"] and held.value == 0

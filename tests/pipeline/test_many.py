@@ -144,3 +144,41 @@ def test_ray_executor(ray_local):
     progs = [tiny("ok", 32), empty()]
     res = em.optimize_many(progs, jobs=2, executor="ray", cache=False, errors="return", **KW)
     assert isinstance(res[1], em.GraphError) and isinstance(res[0], em.OptimizeResult)
+
+
+def test_the_largest_programs_go_to_the_workers_first(monkeypatch):
+    """The process pool takes its programs largest first (``truth.work``), so the longest
+    search does not start last; results still come back in input order."""
+    from eqsat_mirage.pipeline import many
+
+    seen = []
+
+    def record(firsts, payload, jobs, land):
+        seen.extend(firsts)
+        for i in firsts:
+            land(i, em.optimize(progs[i], cache=None, **KW))
+
+    monkeypatch.setattr(many, "_process_map", record)
+    progs = [tiny("p32", 32), tiny("p96", 96), tiny("p64", 64)]
+    results = em.optimize_many(progs, jobs=2, cache=None, **KW)
+    assert seen == [1, 2, 0]
+    check_results(progs, results)
+
+
+def test_spawn_safe_needs_a_guarded_main_script(monkeypatch, tmp_path):
+    """A spawned worker imports the main script again: jobs='auto' uses workers only where
+    that script's top level is guarded, or where there is no script (a REPL, -c)."""
+    import types
+
+    from eqsat_mirage.pipeline.many import spawn_safe
+
+    guarded, bare = tmp_path / "guarded.py", tmp_path / "bare.py"
+    guarded.write_text("import x\n\nif __name__ == '__main__':\n    main()\n")
+    bare.write_text("import torch\ntorch.compile(f, backend=be)(x)\n")
+    for path, want in ((guarded, True), (bare, False), (None, True),
+                       (tmp_path / "gone.py", False)):
+        main = types.ModuleType("__main__")
+        if path is not None:
+            main.__file__ = str(path)
+        monkeypatch.setitem(sys.modules, "__main__", main)
+        assert spawn_safe() is want, path

@@ -184,3 +184,34 @@ def test_an_optimized_piece_is_verified_and_cheaper(chained):
     for e in res.stats["pieces"]:
         if e["status"] == "optimized":
             assert e["cost_after_us"] < e["cost_before_us"] and e["bound"] > 0, e
+
+
+def test_jobs_auto_uses_workers_only_for_large_pieces(monkeypatch):
+    """jobs='auto' (the default): one piece at a time for small programs; one worker
+    process per core (up to one per piece) once the distinct pieces take PARALLEL_WORK
+    element operations, where the main script is spawn-safe."""
+    from eqsat_mirage.partition.pieces import partition
+    from eqsat_mirage.pipeline import many, whole
+
+    g = em.Graph("two")
+    x = g.input("x", (8, 16), "float32")
+    w1, w2 = g.input("w1", (16, 16), "float32"), g.input("w2", (16, 16), "float32")
+    h = em.exp(x @ w1)
+    h = h / h.sum(axis=-1, keepdims=True)
+    y = em.exp(h @ w2)
+    g.output(y / y.sum(axis=-1, keepdims=True), "y")
+    pieces = partition(g)
+    assert len(pieces) >= 2
+    monkeypatch.setattr(whole.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(many, "spawn_safe", lambda: True)
+    assert whole.auto_jobs(pieces) == 1  # small: not worth a worker's start
+    monkeypatch.setattr(whole, "PARALLEL_WORK", 1)
+    assert whole.auto_jobs(pieces) == 2
+    assert whole.auto_jobs(pieces[:1]) == 1
+    monkeypatch.setattr(many, "spawn_safe", lambda: False)
+    assert whole.auto_jobs(pieces) == 1
+    monkeypatch.setattr(whole.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(many, "spawn_safe", lambda: True)
+    assert whole.auto_jobs(pieces) == 1
+    with pytest.raises(em.MirageError, match="positive integer or auto"):
+        em.optimize(g, jobs="many")

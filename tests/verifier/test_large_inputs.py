@@ -78,7 +78,37 @@ def test_large_trial_inputs_are_not_kept():
     assert "inputs drawn again" in next(d for d in parts if "trials'" in d)
     draws = next(n for d, n in parts.items() if d.startswith("the float checks"))
     elements = 4 * 4096 + 4096 * 11008
-    assert draws == 8 * elements + memory.DRAW_SETS * 2 * elements + 12 * 4 * 11008 * 8
+    # 7 rounded draws of 90 MB would pass MEMO_INPUTS: only the two others are made from
+    assert not memory.keeps_draws(g)
+    assert draws == 4 * elements + 2 * 2 * elements + 12 * 4 * 11008 * 8
+    small = em.Graph("small")
+    x, w = small.input("X", (4, 64), "float16"), small.input("W", (64, 128), "float16")
+    small.output(x @ w, "Y")
+    parts = dict(memory.verify_parts(small, small, 1, 4))
+    draws = next(n for d, n in parts.items() if d.startswith("the float checks"))
+    elements = 4 * 64 + 64 * 128
+    assert memory.keeps_draws(small)
+    assert draws == 4 * elements + memory.DRAW_SETS * 2 * elements + 12 * 4 * 128 * 8
+
+
+def test_a_search_memo_keeps_the_rounded_draws_of_small_programs_only():
+    """Draws of a large program are made again per candidate: its memo holds only the two
+    rounded draws the others are made from, and the second call finds the same verdict."""
+    from eqsat_mirage.verifier.draws import Draws
+
+    for shape, kept in (((64, 128), True), ((4096, 11008), False)):
+        g = em.Graph("g")
+        x, w = g.input("X", (4, shape[0]), "float16"), g.input("W", shape, "float16")
+        g.output(x @ w, "Y")
+        memo: dict = {}
+        draws = Draws(g, np.random.default_rng(0), memo)
+        assert draws.keeps is kept
+        for kind, s in (("signed", 1.0), ("folded", 0.5), ("folded", 0.25), ("exponent", 0.0)):
+            draws.rounded(kind, s)
+            draws.release(kind, s)
+        rounded = {k[1:] for k in memo if k[0] == "rounded"}
+        assert rounded == ({("signed", 1.0), ("folded", 0.5), ("folded", 0.25),
+                            ("exponent", 0.0)} if kept else {("signed", 1.0), ("folded", 0.5)})
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
