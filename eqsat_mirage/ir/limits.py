@@ -213,15 +213,41 @@ def matmul_scratch(n, blocks: int = 1) -> int:
 # optimize_many's worker processes share one memory budget: a multiprocessing Value of the
 # bytes their verifications hold now (None in a process that works alone)
 _SHARED = None
+_ACTIVE = None  # and a Value of how many of them are searching now
 WAIT_S = 0.05  # how often a verification waiting for the shared budget looks again
 
 
-def share_memory(held) -> None:
+def share_memory(held, active=None) -> None:
     """Make this process one of several that share the memory budget (``optimize_many``'s
     worker initializer): ``held`` is a ``multiprocessing.Value("q")`` of the bytes that
-    their verifications hold at once, its lock guarding it."""
-    global _SHARED
-    _SHARED = held
+    their verifications hold at once, its lock guarding it; ``active`` one of how many
+    of them are searching (``working``)."""
+    global _SHARED, _ACTIVE
+    _SHARED, _ACTIVE = held, active
+
+
+@contextlib.contextmanager
+def working() -> Iterator[None]:
+    """This worker is searching inside the block (counted in ``share_memory``'s
+    ``active``; nothing to count in a process that works alone)."""
+    active = _ACTIVE
+    if active is None:
+        yield
+        return
+    with active.get_lock():
+        active.value += 1
+    try:
+        yield
+    finally:
+        with active.get_lock():
+            active.value -= 1
+
+
+def others_working() -> bool | None:
+    """Whether another of the workers sharing this process's budget is searching now; None
+    in a process that works alone (then only the load average tells, ``blas.busy``)."""
+    active = _ACTIVE
+    return None if active is None else active.value > 1
 
 
 @contextlib.contextmanager

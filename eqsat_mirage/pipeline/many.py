@@ -47,7 +47,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
 from ..ir.errors import MirageError
-from ..ir.limits import share_memory
+from ..ir.limits import share_memory, working
 from ..ir.node import Node
 from ..verifier.truth import work
 from .cache import (
@@ -101,9 +101,11 @@ def _run(payload: bytes) -> bytes:
     """Worker: optimize one program; ``payload`` is ``dumps((graph, options, cache, key))``
     (``cache`` a path or False, ``key`` the parent's cache key); the result, dumped."""
     graph, options, cache, key = loads(payload)
-    if cache is False:
-        return dumps(search(graph, options, cache=False))
-    return dumps(cached_optimize(graph, ResultCache(cache), None, options, search, key=key))
+    with working():  # the other workers' verifications see this one busy (``runner``)
+        if cache is False:
+            return dumps(search(graph, options, cache=False))
+        return dumps(cached_optimize(graph, ResultCache(cache), None, options, search,
+                                     key=key))
 
 
 def _options(kwargs: dict) -> dict:
@@ -257,9 +259,9 @@ def _process_map(firsts, payload, jobs, land) -> None:
     the order given (``optimize_many``: the largest programs first, so the longest search
     does not start last); the workers share one memory budget (``limits.share_memory``)."""
     ctx = multiprocessing.get_context("spawn")
-    held = ctx.Value("q", 0)
+    held, active = ctx.Value("q", 0), ctx.Value("q", 0)
     pool = ProcessPoolExecutor(max_workers=min(jobs, len(firsts)), mp_context=ctx,
-                               initializer=share_memory, initargs=(held,))
+                               initializer=share_memory, initargs=(held, active))
     try:
         futures = {pool.submit(_run, payload(i)): i for i in firsts}
         pending = set(futures)

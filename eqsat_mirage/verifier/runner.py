@@ -6,11 +6,12 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from ..ir.errors import TimeLimitError
-from ..ir.limits import Deadline, matmul_scratch
+from ..ir.limits import Deadline, matmul_scratch, others_working
 from ..ir.node import fmt_shape
 from .blas import busy, single_threaded
 
@@ -25,6 +26,9 @@ def runner(deadline: Deadline, threads: int | None = None):
     one thread (``blas.single_threaded``: the pool already uses the cores); in a one-thread
     runner too when other processes keep the cores busy (``blas.busy``)."""
     count = THREADS if threads is None else max(1, threads)
+    if count == 1 and others_working() is not None:  # one of optimize_many's workers:
+        yield Runner(None, deadline, others_working)  # BLAS on one thread per job while
+        return  # another worker searches, on every core once it is done (a 7B MLP piece)
     if count == 1:
         with single_threaded(active=busy()):
             yield Runner(None, deadline)
@@ -40,16 +44,20 @@ def runner(deadline: Deadline, threads: int | None = None):
 class Runner:
     """Runs jobs on ``pool`` (None: one by one, here) and stops them at ``deadline``."""
 
-    def __init__(self, pool: ThreadPoolExecutor | None, deadline: Deadline) -> None:
-        self.pool, self.deadline = pool, deadline
+    def __init__(self, pool: ThreadPoolExecutor | None, deadline: Deadline,
+                 single: Callable[[], bool] | None = None) -> None:
+        self.pool, self.deadline, self.single = pool, deadline, single
 
     def in_order(self, jobs: list):
         """Each job's result in order, up to ``THREADS`` at once; jobs not yet started are
-        cancelled when the caller stops early; ``TimeLimitError`` at the deadline."""
+        cancelled when the caller stops early; ``TimeLimitError`` at the deadline. One by
+        one with ``single``: BLAS on one thread for the jobs it says so when they start."""
         if self.pool is None:
             for job in jobs:
                 self.check()
-                yield job()
+                with single_threaded(active=bool(self.single and self.single())):
+                    out = job()
+                yield out
             return
         futures = [self.pool.submit(job) for job in jobs]
         try:

@@ -104,3 +104,34 @@ def test_verification_in_the_pool_gives_the_same_verdict(libs):
     with blas.single_threaded():
         one = x @ x.T
     assert np.allclose(one, x @ x.T, rtol=1e-12, atol=1e-12)
+
+
+def test_a_worker_holds_blas_at_one_thread_only_while_another_worker_searches(libs,
+                                                                               monkeypatch):
+    """One of optimize_many's workers, verifying one job at a time (a 7B MLP piece), holds
+    BLAS at one thread for the jobs that start while another worker searches, and gives
+    it every core for those that start once the others are done (the load average lags
+    by a minute; the shared count does not)."""
+    import multiprocessing
+
+    from eqsat_mirage.ir import limits
+
+    active = multiprocessing.get_context("spawn").Value("q", 0)
+    monkeypatch.setattr(limits, "_ACTIVE", active)
+    seen = []
+
+    def job():
+        seen.append(_threads())
+        return len(seen)
+
+    with limits.working():
+        assert active.value == 1 and limits.others_working() is False
+        with runner(Deadline(None), threads=1) as pool:
+            active.value += 1  # another worker starts searching
+            first = list(pool.in_order([job]))
+            active.value -= 1  # and is done
+            second = list(pool.in_order([job]))
+    assert active.value == 0 and first == [1] and second == [2]
+    assert seen[0] == [1] * len(libs) and seen[1] == [2] * len(libs)
+    monkeypatch.setattr(limits, "_ACTIVE", None)
+    assert limits.others_working() is None  # alone: the load average decides
