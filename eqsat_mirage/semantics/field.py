@@ -34,6 +34,7 @@ from .modular import (  # noqa: F401  (re-exported: the field backend's arithmet
     mod,
     mulmod,
     powmod,
+    residues,
     submod,
 )
 
@@ -89,8 +90,7 @@ class FieldCtx:
 
         The q part is drawn on first use: only inputs that reach an exp need it.
         """
-        out = {name: LazyPair(self.rng.integers(0, self.p, node.shape, dtype=np.int64),
-                              node.shape, self, name)
+        out = {name: LazyPair(residues(self.rng, self.p, node.shape), node.shape, self, name)
                for name, node in program.inputs.items()}
         self.pinned = {id(pair[0]) for pair in out.values()}  # q parts: added when drawn
         self.limb_cache = self.input_cache()
@@ -147,7 +147,7 @@ class LazyPair:
         if i == 0:
             return self._p
         if self._q is None:
-            self._q = self._ctx.rng.integers(0, self._ctx.q, self._shape, dtype=np.int64)
+            self._q = residues(self._ctx.rng, self._ctx.q, self._shape)
             self._ctx.pinned.add(id(self._q))
             self._ctx.q_order.append(self._name)
         return self._q

@@ -85,3 +85,29 @@ def test_a_weights_tiles_side_by_side_are_read_in_place(transposed):
     _, b2, _ = one_gemm(np.broadcast_to(x[0].astype(np.int64), x.shape), ti[0], np.float64)
     assert b2.dtype == np.float64 and not np.shares_memory(b2, wi)
     np.testing.assert_array_equal(b2, wi[:8].astype(np.float64))
+
+
+def test_large_inputs_draw_their_residues_in_chunks_the_same_for_the_same_state(monkeypatch):
+    """``modular.residues``: an input above ``DRAW_CHUNK`` elements is drawn chunk by chunk
+    on threads, each chunk from its own generator seeded by the trial's, so the values
+    depend only on the generator's state (a memo's replay draws them again exactly), are
+    residues in [0, m), cover the whole range and leave the generator where a replay
+    expects it; a small input is drawn as NumPy draws it."""
+    from eqsat_mirage.semantics import modular
+
+    m = (1 << 31) - 1
+    small = modular.residues(np.random.default_rng(5), m, (3, 4))
+    assert np.array_equal(small, np.random.default_rng(5).integers(0, m, (3, 4)))
+    monkeypatch.setattr(modular, "DRAW_CHUNK", 1000)
+    draws = []
+    for seed in (7, 7, 8):
+        rng = np.random.default_rng(seed)
+        x = modular.residues(rng, m, (50, 130))
+        draws.append((x, rng.integers(0, 2**62)))
+        assert x.shape == (50, 130) and x.dtype == np.int64
+        assert x.min() >= 0 and x.max() < m
+        assert 0.45 * m < x.mean() < 0.55 * m
+    assert np.array_equal(draws[0][0], draws[1][0]) and draws[0][1] == draws[1][1]
+    assert not np.array_equal(draws[0][0], draws[2][0])
+    flat = draws[0][0].reshape(-1)  # chunks are not copies of each other
+    assert not np.array_equal(flat[:100], flat[1000:1100])
