@@ -178,18 +178,25 @@ def program_peak(program, field: bool) -> tuple[int, int, int, str]:
 # -- one verification -----------------------------------------------------------------------
 
 
-def verify_parts(a, b, threads: int, trials: int, memo: bool = True) -> list[tuple[str, int]]:
+def verify_parts(a, b, threads: int, trials: int, memo: bool = True,
+                 phase: str | None = None) -> list[tuple[str, int]]:
     """(description, bytes) of what verifying ``b`` against ``a`` holds at its peak with
-    ``threads`` trials (or float checks) at once and ``trials`` trials kept in a memo."""
+    ``threads`` trials (or float checks) at once and ``trials`` trials kept in a memo.
+    ``phase``: "trials" or "floats", the peak of that phase alone (they run one after the
+    other, each with the threads that fit it); None, of either."""
     ia, oa, pa, at_a = program_peak(a, True)
     ib, ob, pb, at_b = program_peak(b, True)
-    fa_in, fa_out, fpa, _ = program_peak(a, False)
-    _, _, fpb, _ = program_peak(b, False)
+    fa_in, fa_out, fpa, at_fa = program_peak(a, False)
+    _, _, fpb, at_fb = program_peak(b, False)
     inputs = max(ia, ib)
     trial = inputs + max(pa, oa + pb)
     at = at_a if pa >= oa + pb else at_b
-    job = max(trial, fa_in + max(fpa, fpb + fa_out))
-    parts = [(f"{threads} trial(s) at once, each peaking at {at}", threads * job), _BASE_PART]
+    floats = fa_in + max(fpa, fpb + fa_out)
+    job = {"trials": trial, "floats": floats}.get(phase, max(trial, floats))
+    if phase == "floats":
+        at = f"{at_fa if fpa >= fpb + fa_out else at_fb} (float checks)"
+    parts = [(f"{threads} {'float check' if phase == 'floats' else 'trial'}(s) at once, each "
+              f"peaking at {at}", threads * job), _BASE_PART]
     if memo:
         kept = "inputs and first-program outputs" if keeps_inputs(ia) else \
             "first-program outputs (inputs drawn again)"

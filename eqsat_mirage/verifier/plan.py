@@ -22,3 +22,4 @@ class TrialPlan:
     native_check: bool
     float_first: bool
     threads: int | None = None  # trials at once (None: runner.THREADS): what fits the budget
+    float_threads: int | None = None  # float checks at once, likewise

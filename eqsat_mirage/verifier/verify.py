@@ -270,13 +270,19 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
     avoid = program_constants(a) | program_constants(b)
     result = VerifyResult(False, 1.0, None, 0, 0, 0, eps.value, max_bound=max_bound)
     run = trials if needed is None or needed > max_trials else needed
-    threads = threads_that_fit(  # trials at once: as many as fit, refused if not even one
-        lambda n: verify_parts(a, b, n, run, memo is not None), THREADS,
-        f"verifying {b.name!r} against {a.name!r}")
+    def parts(n: int, phase: str) -> list:
+        return verify_parts(a, b, n, run, memo is not None, phase)
+
+    # trials, then float checks, at once: as many as fit each phase, refused if not one
+    what = f"verifying {b.name!r} against {a.name!r}"
+    threads = threads_that_fit(lambda n: parts(n, "trials"), THREADS, what)
+    floats = threads_that_fit(lambda n: parts(n, "floats"), THREADS, what) \
+        if float_check else threads
     base = int(np.random.default_rng().integers(0, 2**63)) if seed is None else seed
     how = TrialPlan(run, seed, base, max_trials, max_bound, prime_bits, avoid, max_redraws,
-                    rtol, float_check, native_check, float_first, threads)
-    held = sum(n for _, n in verify_parts(a, b, threads, run, memo is not None))
+                    rtol, float_check, native_check, float_first, threads, floats)
+    held = max(sum(n for _, n in parts(threads, "trials")),
+               sum(n for _, n in parts(floats, "floats")) if float_check else 0)
     try:
         with reserved(held, deadline):  # optimize_many's workers share the budget
             return _decide(a, b, result, eps, how, memo, start, deadline)
@@ -290,10 +296,14 @@ def _decide(a, b, result: VerifyResult, eps: PerTrial, how: TrialPlan, memo, sta
             ) -> VerifyResult:
     """The trials and float checks of ``verify`` into ``result``."""
     seed, rtol, max_bound, max_redraws = how.seed, how.rtol, how.max_bound, how.max_redraws
+
+    def numerics() -> bool:  # the float checks, on the threads that fit them
+        with runner(deadline, how.float_threads) as pool:
+            return _numerics(a, b, result, seed, rtol, how.native_check, memo, start, pool)
+
+    if how.float_check and how.float_first and numerics():
+        return result
     with runner(deadline, how.threads) as pool:
-        if how.float_check and how.float_first and _numerics(
-                a, b, result, seed, rtol, how.native_check, memo, start, pool):
-            return result
         found = _trials(pool, a, b, how.run, how.base, how.prime_bits, how.avoid, max_redraws,
                         memo)
         for t, trial in enumerate(found):
@@ -309,18 +319,17 @@ def _decide(a, b, result: VerifyResult, eps: PerTrial, how: TrialPlan, memo, sta
                 result.counterexample, result.reason = trial.cex, str(trial.cex)
                 result.seconds = time.perf_counter() - start
                 return result
-        result.false_positive_bound = min(1.0, eps.value ** result.trials)
-        if result.false_positive_bound > max_bound:
-            result.inconclusive = True
-            result.reason = (f"no difference found in {result.trials} trials, but the bound "
-                             f"{result.false_positive_bound:.3g} is above max_bound "
-                             f"{max_bound:g} (per trial {eps.value:.3g}: {eps.explain()}; "
-                             f"{how.max_trials} trials allowed)")
-            result.seconds = time.perf_counter() - start
-            return result
-        if how.float_check and not how.float_first and _numerics(
-                a, b, result, seed, rtol, how.native_check, memo, start, pool):
-            return result
+    result.false_positive_bound = min(1.0, eps.value ** result.trials)
+    if result.false_positive_bound > max_bound:
+        result.inconclusive = True
+        result.reason = (f"no difference found in {result.trials} trials, but the bound "
+                         f"{result.false_positive_bound:.3g} is above max_bound "
+                         f"{max_bound:g} (per trial {eps.value:.3g}: {eps.explain()}; "
+                         f"{how.max_trials} trials allowed)")
+        result.seconds = time.perf_counter() - start
+        return result
+    if how.float_check and not how.float_first and numerics():
+        return result
     result.equivalent = True
     result.seconds = time.perf_counter() - start
     return result
