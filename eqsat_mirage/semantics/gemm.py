@@ -78,6 +78,23 @@ def _view(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
     return y if rows or (r == size and c >= shape[0] * size) else None  # weight, x @ W.T)
 
 
+def owner(x: np.ndarray) -> np.ndarray:
+    """The array at the end of ``x``'s chain of views (``x`` itself when it is not a view),
+    through NumPy's ``as_strided`` wrappers too."""
+    for y in ancestors(x):
+        x = y
+    return x
+
+
+def ancestors(x: np.ndarray):
+    """``x`` and the arrays it is a view of, nearest first (through ``as_strided``'s
+    wrapper objects, whose own ``base`` is the array)."""
+    while isinstance(x, np.ndarray):
+        yield x
+        base = x.base
+        x = base if isinstance(base, np.ndarray) else getattr(base, "base", None)
+
+
 def matmul(a, b) -> np.ndarray:
     """``np.matmul(a, b)``, as one GEMM where ``one_gemm`` allows."""
     a, b = np.asarray(a), np.asarray(b)

@@ -126,8 +126,13 @@ def walk(peak: Peak, nodes: list, outputs, nbytes: Callable, field: bool,
     return out
 
 
+_VIEWS = (Op.TRANSPOSE, Op.RESHAPE, Op.SLICE)  # what reads an input through a view of it
+
+
 def pinned(nodes, parts: Callable) -> int:
-    """Bytes of the cached conversions of the inputs matmuls read directly (a trial long)."""
+    """Bytes of the conversions of the trial's inputs that matmuls cache for a trial: the
+    digits of an input a matmul reads directly, the float64 copy of one it reads whole,
+    directly or through a view (``modular._input_float64``: a transposed weight)."""
     seen: dict[tuple, int] = {}
     for n in nodes:
         if n.op is not Op.MATMUL:
@@ -135,10 +140,25 @@ def pinned(nodes, parts: Callable) -> int:
         k = n.srcs[0].shape[-1] if n.srcs[0].shape else 1
         sizes = [math.prod(s.shape) for s in n.srcs]
         for j, s in enumerate(n.srcs):
-            if s.op is Op.INPUT:
-                split = sizes[j] <= sizes[1 - j]
-                seen[(s.arg, split)] = WORD * sizes[j] * (_digits(k) if split else 1) * parts(n)
+            split = sizes[j] <= sizes[1 - j]
+            root = s
+            while root.op in _VIEWS:
+                root = root.srcs[0]
+            if s.op is Op.INPUT or (root.op is Op.INPUT and not split):
+                seen[(root.arg, split)] = WORD * (size(root) if not split else sizes[j]) * (
+                    _digits(k) if split else 1) * parts(n)
     return sum(seen.values())
+
+
+def cached_conversions(program) -> int:
+    """``pinned`` of a Graph (0 for a MuGraph, whose tiles read the same conversions):
+    held from the first program's run to the end of the trial, through the second's."""
+    program = getattr(program, "program", program)
+    if hasattr(program, "memory_peak"):
+        return 0
+    nq = q_needed(program)
+    npp = p_needed(program, nq)
+    return pinned(program.nodes(), lambda n: (id(n) in npp) + (id(n) in nq))
 
 
 # -- one evaluation of one program ----------------------------------------------------------
@@ -189,8 +209,9 @@ def verify_parts(a, b, threads: int, trials: int, memo: bool = True,
     fa_in, fa_out, fpa, at_fa = program_peak(a, False)
     _, _, fpb, at_fb = program_peak(b, False)
     inputs = max(ia, ib)
-    trial = inputs + max(pa, oa + pb)
-    at = at_a if pa >= oa + pb else at_b
+    held = cached_conversions(a)  # the first program's input conversions, through the second
+    trial = inputs + max(pa, held + oa + pb)
+    at = at_a if pa >= held + oa + pb else at_b
     floats = fa_in + max(fpa, fpb + fa_out)
     job = {"trials": trial, "floats": floats}.get(phase, max(trial, floats))
     if phase == "floats":

@@ -114,3 +114,42 @@ def test_matmul_mod_of_broadcast_operands_is_exact(shapes):
     assert got.shape == want.shape
     np.testing.assert_array_equal(got, want.astype(np.int64))
     assert compact(a).size <= a.size
+
+
+def test_a_weights_loop_tiles_join_as_a_view_of_it():
+    """The per-iteration tiles of a weight that the grid cuts by rows and the loop by
+    columns are, side by side, a slice of the weight: joined without a copy, the same
+    values as ``np.concatenate``; tiles that are not adjacent (another order, another
+    array) are concatenated as before."""
+    w = np.arange(12 * 32, dtype=np.int64).reshape(12, 32)
+    tiles = tiled.cut(w, {0: 0}, 1, (3,), 4)  # (4 iterations, 3 blocks, 4, 8)
+    per_iter = [np.swapaxes(tiles[f], -1, -2) for f in range(4)]  # (3, 8, 4) each
+    joined = tiled.adjacent(per_iter, -2)
+    assert joined is not None and not joined.flags.writeable
+    assert np.shares_memory(joined, w)
+    assert np.array_equal(joined, np.concatenate(per_iter, axis=-2))
+    assert tiled.adjacent(per_iter[::-1], -2) is None
+    assert tiled.adjacent([per_iter[0], per_iter[1].copy()], -2) is None
+    assert tiled.adjacent(per_iter[:1], -2) is None
+
+
+def test_a_view_of_a_trial_input_reads_one_float64_conversion_of_it():
+    """A matmul operand that is a view of a trial input (a transposed weight, its loop
+    tiles side by side) is read as a view of that input's float64 conversion, made once
+    per trial and kept in the trial's cache; the exact products are the same."""
+    from eqsat_mirage.semantics import modular
+
+    rng = np.random.default_rng(0)
+    m = (1 << 31) - 1
+    w = rng.integers(0, m, (64, 48))
+    x = rng.integers(0, m, (5, 48))
+    cache = {modular.PINNED: {id(w)}}
+    view = modular._input_float64(cache, w.T)
+    assert view is not None and view.dtype == np.float64 and not view.flags.writeable
+    assert np.array_equal(view, w.T.astype(np.float64))
+    again = modular._input_float64(cache, w[:, 8:40].T)
+    assert np.shares_memory(view, again)  # one conversion for both
+    assert modular._input_float64(cache, x.T) is None  # not a trial input
+    assert modular._input_float64(cache, w) is None  # the input itself: cached as before
+    got = modular.matmul_mod(x, w.T, m, cache)
+    assert np.array_equal(got, modular.matmul_mod(x, w.T.copy(), m))
