@@ -251,31 +251,36 @@ def others_working() -> bool | None:
 
 
 @contextlib.contextmanager
-def reserved(nbytes: int, deadline: Deadline | None = None) -> Iterator[None]:
-    """Hold ``nbytes`` of the memory budget while the block runs. Alone (no
-    ``share_memory``) there is nothing to do: the caller checked ``nbytes`` against the
-    budget. Shared, it waits while the other processes hold so much that ``nbytes`` more
-    would pass the budget (one that holds nothing is never kept waiting on itself), up to
-    ``deadline``: past it, ``TimeLimitError``."""
+def reserved(nbytes: int | list[int], deadline: Deadline | None = None) -> Iterator[int]:
+    """Hold ``nbytes`` of the memory budget while the block runs; a list: the first of
+    them (most threads first, say) that fits what the others leave, and the block gets
+    its index (0 for a single amount). Alone (no ``share_memory``) there is nothing to
+    do: the caller checked the first against the budget. Shared, it waits while the
+    other processes hold so much that not even the last fits (one that holds nothing is
+    never kept waiting on itself), up to ``deadline``: past it, ``TimeLimitError``."""
+    wanted = [nbytes] if isinstance(nbytes, int) else list(nbytes)
     shared = _SHARED
     if shared is None:
-        yield
+        yield 0
         return
     budget, waited = memory_budget(), time.perf_counter()
     while True:
         with shared.get_lock():
-            if shared.value == 0 or shared.value + nbytes <= budget:
+            held = shared.value
+            fits = [i for i, n in enumerate(wanted) if held == 0 or held + n <= budget]
+            if fits:
+                chosen = fits[0]
+                nbytes = wanted[chosen]
                 shared.value += nbytes
                 break
-            held = shared.value
         if deadline is not None and deadline.expired():
             raise TimeLimitError(f"waited {time.perf_counter() - waited:.1f} s for "
-                                 f"{fmt_bytes(nbytes)} of the memory budget "
+                                 f"{fmt_bytes(min(wanted))} of the memory budget "
                                  f"({fmt_bytes(budget)}) that the other workers held "
                                  f"({fmt_bytes(held)})")
         time.sleep(WAIT_S)
     try:
-        yield
+        yield chosen
     finally:
         with shared.get_lock():
             shared.value -= nbytes

@@ -279,12 +279,17 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
     floats = threads_that_fit(lambda n: parts(n, "floats"), THREADS, what) \
         if float_check else threads
     base = int(np.random.default_rng().integers(0, 2**63)) if seed is None else seed
-    how = TrialPlan(run, seed, base, max_trials, max_bound, prime_bits, avoid, max_redraws,
-                    rtol, float_check, native_check, float_first, threads, floats)
-    held = max(sum(n for _, n in parts(threads, "trials")),
-               sum(n for _, n in parts(floats, "floats")) if float_check else 0)
+    # optimize_many's workers share the budget: as many threads as what the others leave
+    caps = range(max(threads, floats), 0, -1)
+    held = [max(sum(n for _, n in parts(min(threads, c), "trials")),
+                sum(n for _, n in parts(min(floats, c), "floats")) if float_check else 0)
+            for c in caps]
     try:
-        with reserved(held, deadline):  # optimize_many's workers share the budget
+        with reserved(held, deadline) as chosen:
+            cap = caps[chosen]
+            how = TrialPlan(run, seed, base, max_trials, max_bound, prime_bits, avoid,
+                            max_redraws, rtol, float_check, native_check, float_first,
+                            min(threads, cap), min(floats, cap))
             return _decide(a, b, result, eps, how, memo, start, deadline)
     except TimeLimitError as exc:
         result.inconclusive, result.reason = True, f"inconclusive: {exc}"

@@ -205,8 +205,9 @@ def test_a_result_cut_short_by_the_time_limit_is_not_cached(tmp_path):
 
 def test_workers_that_share_the_budget_wait_for_each_other(monkeypatch):
     """``reserved``: alone, nothing to do; sharing one budget (optimize_many's workers), a
-    verification waits while the others hold so much that it would pass the budget, goes
-    on once they let go, and past its deadline stops with a TimeLimitError."""
+    verification takes the most threads whose memory fits what the others leave, waits
+    while not even one fits, goes on once they let go, and past its deadline stops with a
+    TimeLimitError."""
     import multiprocessing
     import threading
 
@@ -225,6 +226,8 @@ def test_workers_that_share_the_budget_wait_for_each_other(monkeypatch):
                 pass
         with limits.reserved(400):  # fits beside it
             assert held.value == 1000
+        with limits.reserved([700, 450, 300]) as chosen:  # the most that fits: fewer threads
+            assert chosen == 2 and held.value == 900
     assert held.value == 0
     order = []
     gate = threading.Event()
