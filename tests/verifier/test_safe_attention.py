@@ -172,3 +172,41 @@ def test_sdpa_with_masks_or_dropout_is_refused_by_name(kw):
     x = torch.randn(1, 2, 8, 16)
     with pytest.raises(em.UnsupportedOpError, match="scaled_dot_product_attention with"):
         em.from_torch(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, **kw), x, x, x)
+
+
+def test_the_logit_scale_runs_only_what_the_exp_arguments_need():
+    """``Draws.logit_scale`` evaluates only the exp arguments' ancestors (not the rest of a
+    layer) and finds the scale a whole-program evaluation finds."""
+    import numpy as np
+
+    from eqsat_mirage.ir.node import Op
+    from eqsat_mirage.semantics.floating import FLOAT_SEMANTICS, float_ctx
+    from eqsat_mirage.semantics.interp import run
+    from eqsat_mirage.verifier import draws as draws_mod
+
+    g = em.Graph("attn_mlp")
+    q, k = g.input("Q", (2, 8, 16), "float16"), g.input("K", (2, 16, 8), "float16")
+    v, w = g.input("V", (2, 8, 16), "float16"), g.input("W", (16, 32), "float16")
+    s = q @ k
+    p = em.exp(s - s.max(axis=-1, keepdims=True))
+    o = (p / p.sum(axis=-1, keepdims=True)) @ v
+    g.output(em.silu(o @ w), "Y")
+    d = draws_mod.Draws(g, np.random.default_rng(0), {})
+    ran = []
+    real = draws_mod.run
+    draws_mod.run = lambda prog, *a, **kw: ran.append(len(prog.nodes())) or real(prog, *a, **kw)
+    try:
+        got = d.logit_scale()
+    finally:
+        draws_mod.run = real
+    assert ran and max(ran) < len(g.nodes())  # the MLP after the attention did not run
+    exps = [n.srcs[0] for n in g.nodes() if n.op is Op.EXP]
+
+    def spread(scale):
+        env = run(g, FLOAT_SEMANTICS, float_ctx(g, d.inputs("signed", scale), None, False),
+                  outputs=False)
+        return max(float(np.std(env[id(n)])) for n in exps)
+
+    s1, s2 = spread(1.0), spread(2.0)
+    degree = min(max(np.log2(s2 / s1), 0.5), 4.0)
+    assert got == pytest.approx((draws_mod.LOGIT_STD / s1) ** (1.0 / degree), rel=1e-12)
