@@ -107,6 +107,7 @@ class Draws:
         self.lock = threading.Lock()
         self.headroom = HEADROOM
         self._current = threading.local()  # per thread: the rounded draw it reads now
+        self._folded_h: dict | None = None  # ``_folded_at_headroom``
 
     @functools.cached_property
     def top(self) -> float:
@@ -256,6 +257,11 @@ class Draws:
         return round_to(x, dtype)  # a broadcast of one value stays one (a bool mask too)
 
     def _rounded(self, kind: str, s: float) -> dict:
+        if kind == "peakfold@h":  # the others' values at the headroom made once for all
+            name = list(self.normal)[int(s)]  # the per-input draws (0.65 s a draw at 7B)
+            out = dict(self._folded_at_headroom())
+            out.update(self._times({name: self._packed(kind[:-2], s)[name]}, self.headroom))
+            return out
         if kind.endswith("@h"):
             return self._times(self._packed(kind[:-2], s), self.headroom)
         if kind == "exponent" and self._power(int(s)) >= 0:
@@ -268,6 +274,15 @@ class Draws:
         if kind in _ONE_BY_ONE:  # one input's draw at a time, freed once rounded
             return {n: self._round(n, self._draw(kind, s, n)) for n in self.normal}
         return {n: self._round(n, x) for n, x in self.inputs(kind, s).items()}
+
+    def _folded_at_headroom(self) -> dict:
+        """("folded", 0.5) at the headroom, float32 (read-only), made once per ``Draws``:
+        every per-input draw at the headroom is it with one input changed."""
+        with self.lock:
+            if self._folded_h is None:
+                self._folded_h = {n: _read_only(x) for n, x in self._times(
+                    self._packed("folded", 0.5), self.headroom).items()}
+            return self._folded_h
 
     def out_a(self, dtype: str | None, kind: str, s: float, of_rounded: bool = False,
               inputs: dict | None = None) -> dict:

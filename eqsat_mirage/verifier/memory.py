@@ -226,8 +226,9 @@ def verify_parts(a, b, threads: int, trials: int, memo: bool = True,
         kept = DRAW_SETS if keeps_draws(a) else 2
         which = "the rounded draws kept" if kept > 2 else "two rounded draws others are made from"
         parts.append((f"the float checks' draws (a standard-normal draw in float32 per call, "
-                      f"{which}) and first-program outputs",
-                      fa_in // 2 + kept * packed_inputs(a) + 12 * fa_out))
+                      f"{which}, the folded one at the headroom in float32) and "
+                      f"first-program outputs",
+                      fa_in + kept * packed_inputs(a) + 12 * fa_out))
     return parts
 
 
@@ -270,8 +271,9 @@ def float_parts(a, b, threads: int) -> list[tuple[str, int]]:
     _, _, fpb, at_b = program_peak(b, False)
     return [(f"{threads} float check(s) at once, each peaking at {at if fpa >= fpb else at_b}",
              threads * (fa_in + max(fpa, fpb + fa_out))),
-            ("the draws the checks are made from (a standard-normal draw in float32, and two "
-             "rounded draws others are made from)", fa_in // 2 + 2 * packed_inputs(a)),
+            ("the draws the checks are made from (a standard-normal draw in float32, two "
+             "rounded draws others are made from, the folded one at the headroom in float32)",
+             fa_in + 2 * packed_inputs(a)),
             ("the first program's outputs kept per draw (native, float64, at the headroom, "
              "its truth)", 12 * fa_out), _BASE_PART]
 

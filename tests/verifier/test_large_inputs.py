@@ -80,7 +80,7 @@ def test_large_trial_inputs_are_not_kept():
     elements = 4 * 4096 + 4096 * 11008
     # 7 rounded draws of 90 MB would pass MEMO_INPUTS: only the two others are made from
     assert not memory.keeps_draws(g)
-    assert draws == 4 * elements + 2 * 2 * elements + 12 * 4 * 11008 * 8
+    assert draws == 8 * elements + 2 * 2 * elements + 12 * 4 * 11008 * 8
     small = em.Graph("small")
     x, w = small.input("X", (4, 64), "float16"), small.input("W", (64, 128), "float16")
     small.output(x @ w, "Y")
@@ -88,7 +88,7 @@ def test_large_trial_inputs_are_not_kept():
     draws = next(n for d, n in parts.items() if d.startswith("the float checks"))
     elements = 4 * 64 + 64 * 128
     assert memory.keeps_draws(small)
-    assert draws == 4 * elements + memory.DRAW_SETS * 2 * elements + 12 * 4 * 128 * 8
+    assert draws == 8 * elements + memory.DRAW_SETS * 2 * elements + 12 * 4 * 128 * 8
 
 
 def test_a_search_memo_keeps_the_rounded_draws_of_small_programs_only():
@@ -207,7 +207,8 @@ def test_the_end_to_end_estimate_counts_the_draws():
     parts = dict(memory.float_parts(a, a, 1))
     draws = [n for what, n in parts.items() if what.startswith("the draws")]
     inputs = sum(int(np.prod(v.shape)) for v in a.inputs.values())
-    assert draws == [inputs * 4 + 2 * inputs * 2]  # the float32 normal draw, two rounded
+    # the float32 normal draw, two rounded, the folded one at the headroom in float32
+    assert draws == [inputs * 4 + 2 * inputs * 2 + inputs * 4]
     outputs = sum(int(np.prod(v.shape)) for v in a.outputs.values())
     kept = [n for what, n in parts.items() if what.startswith("the first program's outputs")]
     assert kept == [12 * 8 * outputs] and parts[next(w for w in parts if "interpreter" in w)] \
@@ -249,3 +250,23 @@ def test_the_float64_checks_scaled_draws_are_float64():
             z = d.normal[n]
             want = (np.abs(z) if kind == "folded" else z) * np.float32(s)
             np.testing.assert_array_equal(x, want.astype(np.float64))
+
+
+def test_the_per_input_draws_at_the_headroom_share_the_others_values():
+    """A per-input draw at the headroom is ("folded", 0.5) at the headroom with one input
+    changed: the others' values are made once per ``Draws`` and shared (read-only), and
+    every value is what scaling that draw by the headroom gives."""
+    from eqsat_mirage.verifier.draws import Draws
+
+    g = em.Graph("mlp")
+    x, w = g.input("X", (4, 64), "float16"), g.input("W", (64, 32), "float16")
+    g.output(em.silu(x @ w), "Y")
+    d = Draws(g, np.random.default_rng(0), None, 65504.0)
+    d.headroom = 2.0**12
+    h0, h1 = d._rounded("peakfold@h", 0.0), d._rounded("peakfold@h", 1.0)
+    assert h0["W"] is d._folded_at_headroom()["W"]  # input 0 (X) changed, W shared
+    assert h1["X"] is d._folded_at_headroom()["X"] and not h1["X"].flags.writeable
+    for i, got in enumerate((h0, h1)):
+        want = d._times(d._packed("peakfold", float(i)), d.headroom)
+        for name in got:
+            assert np.array_equal(got[name], want[name], equal_nan=True), (i, name)
