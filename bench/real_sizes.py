@@ -15,7 +15,9 @@ fresh results cache, and prints where the compile time went:
 - the whole compile call's wall-clock seconds against the time limit;
 - peak memory: measured (this process's VmHWM; Linux carries ``ru_maxrss`` across exec
   from a forked parent) and the verifier's estimate (the largest total the memory budget
-  checked: ``verifier/memory.py`` through ``threads_that_fit``);
+  checked in this process: ``verifier/memory.py`` through ``threads_that_fit``), and the
+  largest worker process's peak (``RUSAGE_CHILDREN``) where pieces were searched in
+  worker processes (``jobs="auto"`` at real sizes);
 - coverage (ops optimized / compute ops / all), predicted us one kernel per op -> chosen
   (h100 cost model), and the largest error against eager (relative to max |eager|).
 
@@ -31,6 +33,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import sys
 import tempfile
 import time
@@ -169,6 +172,7 @@ def run(hidden: int, heads: int, kv_heads: int, intermediate: int, seq: int, dty
             "before_us": s["predicted_us"][0], "after_us": s["predicted_us"][1],
             "max_error": err, "finite": bool(torch.isfinite(got).all()),
             "peak_bytes": peak_bytes(), "estimate_bytes": est.most,
+            "worker_peak_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
             "estimate_what": est.what, "warnings": text, "profile": profile(be.report)}
 
 
@@ -185,7 +189,10 @@ def show(r: dict) -> str:
              f"partition(s); predicted {r['before_us']:.1f} -> {r['after_us']:.1f} us; max "
              f"error vs eager {r['max_error']:.2e} (finite: {r['finite']})",
              f"peak memory: measured {r['peak_bytes'] / gb:.2f} GB (VmHWM), estimated "
-             f"{r['estimate_bytes'] / gb:.2f} GB ({r['estimate_what']})"]
+             f"{r['estimate_bytes'] / gb:.2f} GB ({r['estimate_what']})"
+             + (f"; the largest worker process {r['worker_peak_bytes'] / gb:.2f} GB (its "
+                f"estimates are not recorded here)" if r.get("worker_peak_bytes", 0) > 2**30
+                else "")]
     for p in r["profile"]:
         lines.append(f"partition {p['name']} ({p['ops']} ops): {p['status']} in "
                      f"{p['seconds']:.1f} s (optimize {p['optimize_seconds']:.1f} s)"

@@ -23,3 +23,6 @@ class TrialPlan:
     float_first: bool
     threads: int | None = None  # trials at once (None: runner.THREADS): what fits the budget
     float_threads: int | None = None  # float checks at once, likewise
+    # per phase ("trials", "floats"): (threads, bytes held) from the most threads down, for a
+    # budget that worker processes share (``limits.reserved``)
+    fits: dict | None = None

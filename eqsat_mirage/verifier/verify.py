@@ -15,6 +15,7 @@ the first program is finite. They never turn a field mismatch into a pass.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import time
@@ -279,18 +280,14 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
     floats = threads_that_fit(lambda n: parts(n, "floats"), THREADS, what) \
         if float_check else threads
     base = int(np.random.default_rng().integers(0, 2**63)) if seed is None else seed
-    # optimize_many's workers share the budget: as many threads as what the others leave
-    caps = range(max(threads, floats), 0, -1)
-    held = [max(sum(n for _, n in parts(min(threads, c), "trials")),
-                sum(n for _, n in parts(min(floats, c), "floats")) if float_check else 0)
-            for c in caps]
+    # each phase's (threads, bytes), most threads first: optimize_many's workers share the
+    # budget, and a phase takes as many threads as what the others leave it fits
+    fits = {phase: tuple((n, sum(x for _, x in parts(n, phase))) for n in range(most, 0, -1))
+            for phase, most in (("trials", threads), ("floats", floats))}
+    how = TrialPlan(run, seed, base, max_trials, max_bound, prime_bits, avoid, max_redraws,
+                    rtol, float_check, native_check, float_first, threads, floats, fits)
     try:
-        with reserved(held, deadline) as chosen:
-            cap = caps[chosen]
-            how = TrialPlan(run, seed, base, max_trials, max_bound, prime_bits, avoid,
-                            max_redraws, rtol, float_check, native_check, float_first,
-                            min(threads, cap), min(floats, cap))
-            return _decide(a, b, result, eps, how, memo, start, deadline)
+        return _decide(a, b, result, eps, how, memo, start, deadline)
     except TimeLimitError as exc:
         result.inconclusive, result.reason = True, f"inconclusive: {exc}"
         result.seconds = time.perf_counter() - start
@@ -303,12 +300,18 @@ def _decide(a, b, result: VerifyResult, eps: PerTrial, how: TrialPlan, memo, sta
     seed, rtol, max_bound, max_redraws = how.seed, how.rtol, how.max_bound, how.max_redraws
 
     def numerics() -> bool:  # the float checks, on the threads that fit them
-        with runner(deadline, how.float_threads) as pool:
+        with phase("floats") as pool:
             return _numerics(a, b, result, seed, rtol, how.native_check, memo, start, pool)
+
+    @contextlib.contextmanager
+    def phase(name: str):  # a runner on the most threads whose bytes fit the budget now
+        fits = how.fits[name]
+        with reserved([n for _, n in fits], deadline) as i, runner(deadline, fits[i][0]) as pool:
+            yield pool
 
     if how.float_check and how.float_first and numerics():
         return result
-    with runner(deadline, how.threads) as pool:
+    with phase("trials") as pool:
         found = _trials(pool, a, b, how.run, how.base, how.prime_bits, how.avoid, max_redraws,
                         memo)
         for t, trial in enumerate(found):
