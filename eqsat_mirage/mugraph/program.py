@@ -255,10 +255,12 @@ class MuGraph:
         and ``rounded``)."""
         return evaluate_float(self, inputs, dtype, rounded)
 
-    def node_samples(self, inputs: Mapping[str, Any], wanted: set[int], pick) -> dict:
+    def node_samples(self, inputs: Mapping[str, Any], wanted: set[int], pick,
+                     outputs: dict | None = None) -> dict:
         """``pick`` of the float64 values of the kernel nodes whose ids are ``wanted``
-        (``tiled.node_samples``: block-graph, predefined-kernel and input nodes)."""
-        return node_samples(self, inputs, wanted, pick)
+        (``tiled.node_samples``: block-graph, predefined-kernel and input nodes; its
+        ``outputs`` filled with the run's outputs)."""
+        return node_samples(self, inputs, wanted, pick, outputs)
 
     def evaluate_field(self, ctx) -> dict:
         """Run the tiling for real over Z_p x Z_q with the trial ``ctx`` (a ``FieldCtx``)."""

@@ -445,11 +445,12 @@ def evaluate_float(mg: KernelGraph, inputs: Mapping[str, Any], dtype: str | None
 
 
 def node_samples(mg: KernelGraph, inputs: Mapping[str, Any], wanted: set[int],
-                 pick: Callable[[Any], Any]) -> dict[int, Any]:
+                 pick: Callable[[Any], Any], outputs: dict | None = None) -> dict[int, Any]:
     """``pick(value)`` of the float64 value of each node whose id is in ``wanted``: a
     block-graph node of a custom kernel (over all blocks at once, grid dims first; a loop
     node in the first iteration), a predefined kernel's node or an input tensor's node
-    (the verifier's static float-safety checks inside kernels read these)."""
+    (the verifier's static float-safety checks inside kernels read these). ``outputs``:
+    filled with the run's outputs by name (``evaluate_float``'s values, not run again)."""
     mg.validate()
     got = {id(n): pick(np.asarray(inputs[name])) for name, n in mg.inputs.items()
            if id(n) in wanted}
@@ -473,7 +474,10 @@ def node_samples(mg: KernelGraph, inputs: Mapping[str, Any], wanted: set[int],
 
     table = {op: record(fn) for op, fn in FLOAT_SEMANTICS.items()}
     with np.errstate(all="ignore"):
-        execute(mg, staged, table, float_ctx(mg, inputs, None, False), pairs=False)
+        env = execute(mg, staged, table, float_ctx(mg, inputs, None, False), pairs=False)
+    if outputs is not None:
+        outputs.update({name: np.asarray(env[t], dtype=np.float64)
+                        for name, t in mg.output_tensors.items()})
     return got
 
 

@@ -108,6 +108,8 @@ class Draws:
         self.headroom = HEADROOM
         self._current = threading.local()  # per thread: the rounded draw it reads now
         self._folded_h: dict | None = None  # ``_folded_at_headroom``
+        self.static_done = threading.Event()  # ``static`` has run (or will not run: set)
+        self.b_outputs: dict | None = None  # the second program's float64 outputs there
 
     @functools.cached_property
     def top(self) -> float:
@@ -397,18 +399,31 @@ class Draws:
 
     def static(self, b) -> str:
         """The static float-safety checks of ``b`` on this draw (``floatsafe.static_check``;
-        for a MuGraph also ``kernelsafe.kernel_check``, inside its kernels)."""
-        inputs = self.inputs("signed", 1.0)
-        with self.lock:
-            if "fingerprints" not in self.memo:
-                self.memo["fingerprints"] = fingerprints(self.a, inputs) if is_graph(
-                    self.a) else None
-        fa = self.memo["fingerprints"]
-        why = static_check(self.a, b, fa, fingerprints(b, inputs) if fa is not None
-                           and is_graph(b) else None)
-        if not why and fa is not None and hasattr(b, "node_samples"):  # in a MuGraph's kernels
-            why = kernel_check(self.a, b, inputs)
-        return why
+        for a MuGraph also ``kernelsafe.kernel_check``, inside its kernels). The float64
+        outputs of both programs on the draw, where a check ran them, are kept for the
+        float64 check of the same draw (("signed", 1)): ``static_outputs``."""
+        try:
+            inputs = self.inputs("signed", 1.0)
+            sink: dict = {"a": {}, "b": {}}
+            with self.lock:
+                if "fingerprints" not in self.memo:
+                    self.memo["fingerprints"] = fingerprints(self.a, inputs, sink["a"]) \
+                        if is_graph(self.a) else None
+            fa = self.memo["fingerprints"]
+            why = static_check(self.a, b, fa, fingerprints(b, inputs, sink["b"])
+                               if fa is not None and is_graph(b) else None)
+            if not why and fa is not None and hasattr(b, "node_samples"):  # in its kernels
+                why = kernel_check(self.a, b, inputs, sink)
+            outs = {k: {n: np.asarray(v, dtype=np.float64) for n, v in got.items()}
+                    for k, got in sink.items()}
+            if set(outs["a"]) == set(self.a.outputs):
+                with self.lock:
+                    self.memo.setdefault((None, "signed", 1.0, False), outs["a"])
+            if set(outs["b"]) == set(self.a.outputs):
+                self.b_outputs = outs["b"]
+            return why
+        finally:
+            self.static_done.set()
 
 
 class _Args:

@@ -64,13 +64,17 @@ def _sample(value, shape) -> np.ndarray:
     return np.nan_to_num(picked, nan=0.0, posinf=1e300, neginf=-1e300)
 
 
-def fingerprints(program, inputs: dict) -> list[tuple[Node, np.ndarray, frozenset]]:
-    """(node, sampled float64 value, input names) of every node of a Graph on ``inputs``."""
+def fingerprints(program, inputs: dict, outputs: dict | None = None
+                 ) -> list[tuple[Node, np.ndarray, frozenset]]:
+    """(node, sampled float64 value, input names) of every node of a Graph on ``inputs``;
+    ``outputs``: filled with the program's outputs by name (``evaluate``'s values)."""
     deps = input_deps(program)
     with np.errstate(all="ignore"):
         env = run(program, FLOAT_SEMANTICS, float_ctx(program, inputs, None, False),
                   outputs=False)
         out = [(n, _sample(env[id(n)], n.shape), deps[id(n)]) for n in program.nodes()]
+    if outputs is not None:
+        outputs.update({name: env[id(n)] for name, n in program.outputs.items()})
     env.clear()
     return out
 

@@ -188,7 +188,7 @@ def _threatened(a, da: dict, deps: frozenset, dtype: str) -> bool:
 
 
 def _found(a, inputs: dict, groups: list[np.ndarray], deps: list[frozenset],
-           dtypes: list[str]) -> list[set[int]]:
+           dtypes: list[str], outputs: dict | None = None) -> list[set[int]]:
     """For each group of values (rounded to ``dtypes``), the ids of the input program's
     nodes that depend on the same inputs (``deps``: a node computing the same function of
     the inputs does) and hold all of them; the input program is run once in float64, and
@@ -196,7 +196,8 @@ def _found(a, inputs: dict, groups: list[np.ndarray], deps: list[frozenset],
     inputs (the large weights of a benchmark are searched only where a rounded value is
     a function of them alone). A group is not searched for when no node with its inputs
     has a dtype wider than (or incomparable with) its own: whatever is found, nothing is
-    refused (an all-float16 program's float16 kernels cost no search)."""
+    refused (an all-float16 program's float16 kernels cost no search). ``outputs``: filled
+    with ``a``'s outputs when it ran."""
     da = input_deps(a)
     by_deps: dict[frozenset, list[int]] = {}
     for i, (g, d, dt) in enumerate(zip(groups, deps, dtypes)):
@@ -235,13 +236,18 @@ def _found(a, inputs: dict, groups: list[np.ndarray], deps: list[frozenset],
     if sets:
         table = {op: record(fn) for op, fn in FLOAT_SEMANTICS.items()}
         with np.errstate(all="ignore"):
-            run(a, table, float_ctx(a, inputs, None, False))
+            got = run(a, table, float_ctx(a, inputs, None, False))
+        if outputs is not None:
+            outputs.update(got)
     return out
 
 
-def narrowing(a, mg, inputs: dict, prod: _Producers) -> str:
+def narrowing(a, mg, inputs: dict, prod: _Producers, sink: dict | None = None) -> str:
     """Why the MuGraph ``mg`` rounds a value to a narrower dtype than the input program
-    ``a`` computes it in, or "" (``inputs``: one float64 draw)."""
+    ``a`` computes it in, or "" (``inputs``: one float64 draw). ``sink``: its "a" and "b"
+    dicts are filled with the outputs of the programs' float64 runs on ``inputs``, where
+    they ran (the float64 check on the same draw reads them instead of running again)."""
+    sink = sink if sink is not None else {}
     memo: dict = {}
     points = []
     for v, dtype, kernel, stage, what in _rounding_points(mg):
@@ -253,9 +259,9 @@ def narrowing(a, mg, inputs: dict, prod: _Producers) -> str:
         return ""
     da = input_deps(a)
     wanted = {id(r) for r, d, _, dtype, *_ in points if _threatened(a, da, d, dtype)}
-    got = mg.node_samples(inputs, wanted, _pick) if wanted else {}
+    got = mg.node_samples(inputs, wanted, _pick, sink.get("b")) if wanted else {}
     found = _found(a, inputs, [got.get(id(r), np.zeros(0)) for r, *_ in points],
-                   [d for _, d, *_ in points], [p[3] for p in points])
+                   [d for _, d, *_ in points], [p[3] for p in points], sink.get("a"))
     by_id = {id(n): n for n in a.nodes()}
     for (_, d, v, dtype, kernel, stage, what), same in zip(points, found):
         where = f"kernel {kernel!r}, {stage}: {what} ({v.op.name.lower()} {tuple(v.shape)}" + (
@@ -273,8 +279,9 @@ def narrowing(a, mg, inputs: dict, prod: _Producers) -> str:
     return ""
 
 
-def kernel_check(a, mg, inputs: dict) -> str:
+def kernel_check(a, mg, inputs: dict, sink: dict | None = None) -> str:
     """The static float-safety checks of the MuGraph ``mg`` against the Graph ``a`` inside
-    its kernels (module docstring): the reason for a refusal, or ""."""
+    its kernels (module docstring): the reason for a refusal, or "" (``sink``: as in
+    ``narrowing``)."""
     prod = _Producers(mg)
-    return unguarded_exp(a, mg, prod) or narrowing(a, mg, inputs, prod)
+    return unguarded_exp(a, mg, prod) or narrowing(a, mg, inputs, prod, sink)

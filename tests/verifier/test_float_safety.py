@@ -190,3 +190,29 @@ def test_optimize_refuses_a_max_dropping_user_rule_up_front(tmp_path):
         em.optimize(attention(True, "float32", b=1, m=8, d=16, n=32),
                     rules=["rules", str(path)], guards=False, cache=False,
                     compile_check=False, time_limit_s=600)
+
+
+def test_the_float64_check_reads_the_static_checks_runs_of_the_same_draw(monkeypatch):
+    """The static checks run both programs in float64 on the draw the strict float64 check
+    uses (N(0, 1)); that check reads those outputs instead of running them again, and the
+    verdicts stay as they were."""
+    from eqsat_mirage.verifier import floatcheck
+
+    g, h = em.Graph("a"), em.Graph("b")
+    for graph in (g, h):
+        x, w = graph.input("x", (4, 8), "float16"), graph.input("w", (8, 3), "float16")
+        graph.output(x @ w + 1.0 if graph is g else 1.0 + x @ w, "y")
+    seen = []
+    real = floatcheck.evaluate
+    monkeypatch.setattr(floatcheck, "evaluate",
+                        lambda p, inputs, **kw: seen.append((p.name, kw.get("dtype")))
+                        or real(p, inputs, **kw))
+    cex, native = float_checks(g, h, np.random.default_rng(0), 1e-7, True)
+    assert cex is None and native
+    float64_runs = [name for name, dtype in seen if dtype is None]
+    assert float64_runs.count("b") == len(floatcheck.FLOAT64_SCALES) - 1  # not the first
+    bad = em.Graph("b")
+    x, w = bad.input("x", (4, 8), "float16"), bad.input("w", (8, 3), "float16")
+    bad.output(x @ w + 1.001, "y")
+    cex, _ = float_checks(g, bad, np.random.default_rng(0), 1e-7, True)
+    assert cex is not None and cex.domain == "float64", cex
