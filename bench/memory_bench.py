@@ -16,8 +16,10 @@ memory and the plans the memory budget refused. Run ``verify`` with
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -40,6 +42,48 @@ def peak_bytes() -> int:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class TreeMemory:
+    """The largest total resident set of this process and its descendants (the worker
+    processes of ``jobs > 1``), sampled every ``every`` seconds on a thread, from /proc
+    (0 where there is none): ``with TreeMemory() as m: ...``, then ``m.peak``."""
+
+    def __init__(self, every: float = 0.2) -> None:
+        self.every, self.peak = every, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> TreeMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        me = os.getpid()
+        while not self._stop.is_set():
+            parents, rss = {}, {}
+            for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+                if not entry.name.isdigit():
+                    continue
+                try:
+                    with open(f"/proc/{entry.name}/status") as f:
+                        fields = dict(line.split(":", 1) for line in f if ":" in line)
+                except OSError:
+                    continue
+                pid = int(entry.name)
+                parents[pid] = int(fields.get("PPid", "0").strip() or 0)
+                rss[pid] = int(fields.get("VmRSS", "0 kB").split()[0] or 0) * 1024
+            tree, grew = {me}, True
+            while grew:
+                more = {p for p, pp in parents.items() if pp in tree} - tree
+                grew = bool(more)
+                tree |= more
+            self.peak = max(self.peak, sum(rss.get(p, 0) for p in tree))
+            self._stop.wait(self.every)
 
 
 def plans(name: str, batch: int, out: str) -> dict:

@@ -16,7 +16,8 @@ fresh results cache, and prints where the compile time went:
 - peak memory: measured (this process's VmHWM; Linux carries ``ru_maxrss`` across exec
   from a forked parent) and the verifier's estimate (the largest total the memory budget
   checked in this process: ``verifier/memory.py`` through ``threads_that_fit``), and the
-  largest worker process's peak (``RUSAGE_CHILDREN``) where pieces were searched in
+  largest worker process's peak (``RUSAGE_CHILDREN``) and all processes' together
+  (``memory_bench.TreeMemory``: /proc sampled every 0.2 s) where pieces were searched in
   worker processes (``jobs="auto"`` at real sizes);
 - coverage (ops optimized / compute ops / all), predicted us one kernel per op -> chosen
   (h100 cost model), and the largest error against eager (relative to max |eager|).
@@ -45,7 +46,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import eqsat_mirage as em  # noqa: E402
-from bench.memory_bench import peak_bytes  # noqa: E402
+from bench.memory_bench import TreeMemory, peak_bytes  # noqa: E402
 
 SEVEN_B = {"hidden": 4096, "heads": 32, "kv_heads": 8, "intermediate": 11008}
 
@@ -157,8 +158,9 @@ def run(hidden: int, heads: int, kv_heads: int, intermediate: int, seq: int, dty
             warnings.simplefilter("always")
             want = fn(*args).float()
             t = time.perf_counter()
-            got = fn_compiled = torch.compile(fn, backend=be)
-            got = fn_compiled(*args).float()
+            with TreeMemory() as tree:
+                got = fn_compiled = torch.compile(fn, backend=be)
+                got = fn_compiled(*args).float()
             seconds = time.perf_counter() - t
     s = be.summary()
     err = float((got - want).abs().max() / want.abs().max())
@@ -173,6 +175,7 @@ def run(hidden: int, heads: int, kv_heads: int, intermediate: int, seq: int, dty
             "max_error": err, "finite": bool(torch.isfinite(got).all()),
             "peak_bytes": peak_bytes(), "estimate_bytes": est.most,
             "worker_peak_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
+            "tree_peak_bytes": tree.peak,
             "estimate_what": est.what, "warnings": text, "profile": profile(be.report)}
 
 
@@ -191,8 +194,9 @@ def show(r: dict) -> str:
              f"peak memory: measured {r['peak_bytes'] / gb:.2f} GB (VmHWM), estimated "
              f"{r['estimate_bytes'] / gb:.2f} GB ({r['estimate_what']})"
              + (f"; the largest worker process {r['worker_peak_bytes'] / gb:.2f} GB (its "
-                f"estimates are not recorded here)" if r.get("worker_peak_bytes", 0) > 2**30
-                else "")]
+                f"estimates are not recorded here), all processes together "
+                f"{r.get('tree_peak_bytes', 0) / gb:.2f} GB (sampled every 0.2 s)"
+                if r.get("worker_peak_bytes", 0) > 2**30 else "")]
     for p in r["profile"]:
         lines.append(f"partition {p['name']} ({p['ops']} ops): {p['status']} in "
                      f"{p['seconds']:.1f} s (optimize {p['optimize_seconds']:.1f} s)"
