@@ -156,11 +156,15 @@ def memory_budget() -> int:
             raise MirageError(f"${MEMORY_ENV} must be a positive size such as 4G or 500M, "
                               f"got {text!r}")
         return int(value)
+    return int(min(8 * 2**30, physical_memory() // 2))
+
+
+def physical_memory() -> int:
+    """This machine's memory in bytes (16 GiB where the system does not say)."""
     try:
-        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
-        physical = 16 * 2**30
-    return int(min(8 * 2**30, physical // 2))
+        return 16 * 2**30
 
 
 def fmt_bytes(n: float) -> str:

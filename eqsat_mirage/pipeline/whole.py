@@ -39,7 +39,7 @@ from collections.abc import Callable
 
 from ..ir.check import check
 from ..ir.errors import BudgetError, MirageError, unexpected
-from ..ir.limits import AUTO, Deadline
+from ..ir.limits import AUTO, Deadline, memory_budget, physical_memory
 from ..ir.node import Op
 from ..partition.pieces import DEFAULT_PIECE_OPS, Piece, needs_partition, partition
 from ..partition.stitch import stitch
@@ -159,8 +159,11 @@ def auto_jobs(distinct: list[Piece]) -> int:
     """How many distinct pieces ``jobs="auto"`` searches at once: one per core (up to one
     per piece) when together they take at least ``PARALLEL_WORK`` element operations to
     evaluate (``truth.work``), where a worker process's start (imports, a cold Triton
-    cache: about 6 s) is small beside a piece's verification, and the main script may be
-    imported by a spawned worker (``many.spawn_safe``); else 1, in this process.
+    cache: about 6 s) is small beside a piece's verification, where the machine has twice
+    the memory budget in RAM (the workers share the budget for their verifications and
+    each holds about 1.5 GB besides: a 7B-size layer's processes together peaked at 10.1
+    GB against one process's 7.9) and the main script may be imported by a spawned
+    worker (``many.spawn_safe``); else 1, in this process.
     Measured (bench/RESULTS.md, "Real sizes"): a LLaMA-7B-size layer, 3.4e10 operations
     over 4 distinct pieces, in 109.7 s on two workers against 123.3 s in one process."""
     from .many import spawn_safe
@@ -168,6 +171,8 @@ def auto_jobs(distinct: list[Piece]) -> int:
     cores = os.cpu_count() or 1
     if len(distinct) < 2 or cores < 2 or sum(work(p.graph) for p in distinct) < PARALLEL_WORK:
         return 1
+    if physical_memory() < 2 * memory_budget():  # the budget bounds the verifications the
+        return 1  # workers share; each worker holds about 1.5 GB besides (imports, rules)
     return min(cores, len(distinct)) if spawn_safe() else 1
 
 

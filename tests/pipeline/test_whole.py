@@ -208,6 +208,11 @@ def test_jobs_auto_uses_workers_only_for_large_pieces(monkeypatch):
     monkeypatch.setattr(whole, "PARALLEL_WORK", 1)
     assert whole.auto_jobs(pieces) == 2
     assert whole.auto_jobs(pieces[:1]) == 1
+    monkeypatch.setattr(whole, "physical_memory", lambda: 15 * 2**30)  # under twice 8 GiB
+    monkeypatch.setattr(whole, "memory_budget", lambda: 8 * 2**30)
+    assert whole.auto_jobs(pieces) == 1
+    monkeypatch.setattr(whole, "physical_memory", lambda: 32 * 2**30)
+    assert whole.auto_jobs(pieces) == 2
     monkeypatch.setattr(many, "spawn_safe", lambda: False)
     assert whole.auto_jobs(pieces) == 1
     monkeypatch.setattr(whole.os, "cpu_count", lambda: 1)
