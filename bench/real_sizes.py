@@ -193,10 +193,11 @@ def show(r: dict) -> str:
              f"error vs eager {r['max_error']:.2e} (finite: {r['finite']})",
              f"peak memory: measured {r['peak_bytes'] / gb:.2f} GB (VmHWM), estimated "
              f"{r['estimate_bytes'] / gb:.2f} GB ({r['estimate_what']})"
-             + (f"; the largest worker process {r['worker_peak_bytes'] / gb:.2f} GB (its "
-                f"estimates are not recorded here), all processes together "
-                f"{r.get('tree_peak_bytes', 0) / gb:.2f} GB (sampled every 0.2 s)"
-                if r.get("worker_peak_bytes", 0) > 2**30 else "")]
+             + (f"; all processes together {r['tree_peak_bytes'] / gb:.2f} GB (sampled every "
+                f"0.2 s)" if "tree_peak_bytes" in r else "")
+             + (f", the largest worker process {r['worker_peak_bytes'] / gb:.2f} GB (its "
+                f"estimates are not recorded here)" if r.get("tree_peak_bytes", 0)
+                > r["peak_bytes"] + 2**29 else "")]
     for p in r["profile"]:
         lines.append(f"partition {p['name']} ({p['ops']} ops): {p['status']} in "
                      f"{p['seconds']:.1f} s (optimize {p['optimize_seconds']:.1f} s)"

@@ -10,7 +10,7 @@ duplicates (equal keys) are searched once, and only the rest goes to workers.
   (``concurrent.futures.ProcessPoolExecutor`` with the "spawn" context: egglog
   and threads do not survive ``fork``). Each worker opens the SQLite cache
   itself and stores what it finds there under the key its parent computed
-  (SQLite serializes the writers). The largest programs (``truth.work``) go first, so
+  (SQLite serializes the writers). The largest programs (``truth.effort``) go first, so
   the longest search does not start last, and the workers share one memory budget
   (``limits.reserved``: a verification waits while the others hold too much of it).
   ``jobs=1``, or a single program left to search, runs inline. As with every
@@ -49,7 +49,7 @@ from pathlib import Path
 from ..ir.errors import MirageError
 from ..ir.limits import share_memory, working
 from ..ir.node import Node
-from ..verifier.truth import work
+from ..verifier.truth import effort
 from .cache import (
     ResultCache,
     cached_optimize,
@@ -246,10 +246,10 @@ def spawn_safe() -> bool:
 
 
 def _work(program) -> int:
-    """A program's size as the pool orders it (the element operations of one evaluation,
-    ``truth.work``; 0 for what is not a Graph)."""
+    """A program's size as the pool orders it (what verifying it costs, ``truth.effort``;
+    0 for what is not a Graph)."""
     try:
-        return work(program)
+        return effort(program)
     except Exception:  # noqa: BLE001 - an ordering hint only: a bad program fails in its worker
         return 0
 

@@ -44,7 +44,7 @@ from ..ir.node import Op
 from ..partition.pieces import DEFAULT_PIECE_OPS, Piece, needs_partition, partition
 from ..partition.stitch import stitch
 from ..verifier.endtoend import FloatCheck, float_check
-from ..verifier.truth import work
+from ..verifier.truth import effort
 from ..verifier.verify import VerifyResult
 from .optimize import optimize as optimize_search
 from .optimize import search as optimize_piece
@@ -53,7 +53,7 @@ from .result import OptimizeResult
 
 SHARE_END = 0.85  # piece searches end by this fraction of the time limit; the rest: stitch
 END_TO_END_MIN_S = 0.5  # the end-to-end check runs at least this long past the piece searches
-PARALLEL_WORK = 2**30  # element operations of the distinct pieces: from here, worker processes
+PARALLEL_WORK = 2**30  # verification effort of the distinct pieces: from here, worker processes
 
 
 def optimize(graph, *args, partition: bool | str = "auto", piece_ops: int = DEFAULT_PIECE_OPS,
@@ -157,19 +157,19 @@ def unchanged_reason(res) -> str:
 
 def auto_jobs(distinct: list[Piece]) -> int:
     """How many distinct pieces ``jobs="auto"`` searches at once: one per core (up to one
-    per piece) when together they take at least ``PARALLEL_WORK`` element operations to
-    evaluate (``truth.work``), where a worker process's start (imports, a cold Triton
+    per piece) when verifying them takes at least ``PARALLEL_WORK`` element operations
+    (``truth.effort``: a 7B layer's pieces 4.5e10 at sequence 128, 1.1e10 at sequence 1;
+    a hidden-256 layer's 9e7), where a worker process's start (imports, a cold Triton
     cache: about 6 s) is small beside a piece's verification, where the machine has twice
     the memory budget in RAM (the workers share the budget for their verifications and
     each holds about 1.5 GB besides: a 7B-size layer's processes together peaked at 10.1
     GB against one process's 7.9) and the main script may be imported by a spawned
     worker (``many.spawn_safe``); else 1, in this process.
-    Measured (bench/RESULTS.md, "Real sizes"): a LLaMA-7B-size layer, 3.4e10 operations
-    over 4 distinct pieces, in 109.7 s on two workers against 123.3 s in one process."""
+    Measured: bench/RESULTS.md, "Real sizes"."""
     from .many import spawn_safe
 
     cores = os.cpu_count() or 1
-    if len(distinct) < 2 or cores < 2 or sum(work(p.graph) for p in distinct) < PARALLEL_WORK:
+    if len(distinct) < 2 or cores < 2 or sum(effort(p.graph) for p in distinct) < PARALLEL_WORK:
         return 1
     if physical_memory() < 2 * memory_budget():  # the budget bounds the verifications the
         return 1  # workers share; each worker holds about 1.5 GB besides (imports, rules)

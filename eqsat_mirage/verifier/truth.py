@@ -64,6 +64,17 @@ def work(program) -> int:
     return total
 
 
+INPUT_EFFORT = 64  # element operations a verification spends per input element
+
+
+def effort(program) -> int:
+    """How much verifying a Graph costs, in element operations: one evaluation's ``work``
+    and ``INPUT_EFFORT`` per input element (every draw and trial draws, rounds, converts
+    and reads each one: a 7B layer's decode step has few products but 176M weights)."""
+    return work(program) + INPUT_EFFORT * sum(math.prod(n.shape)
+                                               for n in program.inputs.values())
+
+
 def precision(program) -> str:
     """The precision ``truth`` computes ``program``'s ground truth in."""
     if WIDE is None or not is_graph(program) or work(program) > TRUTH_WORK or any(
