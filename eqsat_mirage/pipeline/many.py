@@ -240,13 +240,16 @@ def spawn_safe() -> bool:
     again by a spawned process (``__mp_main__``: it cannot start processes)."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
+    script = os.path.realpath(path) if path else None
     frame = inspect.currentframe()
     while frame is not None:  # the main script's top level, where it is on the stack
         name = frame.f_globals.get("__name__")
-        if frame.f_code.co_name == "<module>" and name in ("__main__", "__mp_main__"):
-            if name == "__mp_main__" or not any(
-                    lo <= frame.f_lineno <= hi for lo, hi in _guards(frame.f_code.co_filename)):
-                return False
+        if frame.f_code.co_name == "<module>" and name == "__mp_main__":
+            return False
+        if frame.f_code.co_name == "<module>" and name == "__main__" and script and \
+                os.path.realpath(frame.f_code.co_filename) == script and not any(
+                    lo <= frame.f_lineno <= hi for lo, hi in _guards(script)):
+            return False
         frame = frame.f_back
     if not path:
         return True

@@ -207,3 +207,7 @@ def test_spawn_safe_is_false_at_a_guarded_scripts_unguarded_top_level(monkeypatc
     again = {"__name__": "__mp_main__", "check": many.spawn_safe}  # a worker importing it
     exec(code, again)
     assert again["outside"] is False and "inside" not in again
+    del main.__file__  # a notebook's cell: top-level code of no script file
+    cell = {"__name__": "__main__", "check": many.spawn_safe}
+    exec(compile("outside = check()\n", "<ipython-input-1>", "exec"), cell)
+    assert cell["outside"] is True
