@@ -139,7 +139,10 @@ def _strip(n: Node, resolve=None) -> tuple[Node, int]:
             if n.op is Op.DIV and n.srcs[0].op is Op.CONST:  # c / x: not a scaling of x
                 return n, sign
             c = next(s for s in n.srcs if s.op is Op.CONST)
-            value = c.arg if isinstance(c.arg, (int, float)) else math.nan
+            try:
+                value = float(c.arg)
+            except (TypeError, ValueError):  # not one number
+                value = math.nan
             sign = sign * (1 if value > 0 else -1 if value < 0 else 0)
             n = next(s for s in n.srcs if s.op is not Op.CONST)
         else:
