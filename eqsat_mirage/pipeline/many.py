@@ -34,6 +34,7 @@ remaining work is cancelled), or leaves the exception in its slot
 
 from __future__ import annotations
 
+import ast
 import copyreg
 import inspect
 import io
@@ -233,9 +234,23 @@ def spawn_safe() -> bool:
     """Whether spawned workers may start here: a spawned process imports the main script
     again, so one whose top level is not guarded by ``if __name__ == "__main__":`` would
     run again in every worker. True where there is no main script (a REPL, a notebook,
-    ``python -c``) or where its source has that guard."""
+    ``python -c``) or where its source has that guard, unless the call comes from the
+    main script's top level outside that guard (``em.optimize`` at module level beside a
+    guarded ``main()``: every worker would run it again), or from a script being imported
+    again by a spawned process (``__mp_main__``: it cannot start processes)."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
+    script = os.path.realpath(path) if path else None
+    frame = inspect.currentframe()
+    while frame is not None:  # the main script's top level, where it is on the stack
+        name = frame.f_globals.get("__name__")
+        if frame.f_code.co_name == "<module>" and name == "__mp_main__":
+            return False
+        if frame.f_code.co_name == "<module>" and name == "__main__" and script and \
+                os.path.realpath(frame.f_code.co_filename) == script and not any(
+                    lo <= frame.f_lineno <= hi for lo, hi in _guards(script)):
+            return False
+        frame = frame.f_back
     if not path:
         return True
     try:
@@ -243,6 +258,25 @@ def spawn_safe() -> bool:
     except OSError:
         return False
     return re.search(r"""__name__\s*==\s*['"]__main__['"]""", text) is not None
+
+
+def _guards(path: str) -> list[tuple[int, int]]:
+    """The line ranges of the top-level ``if __name__ == "__main__":`` blocks of the
+    script at ``path`` (none where it cannot be read or parsed)."""
+    try:
+        tree = ast.parse(Path(path).read_text(errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return []
+    out = []
+    for n in tree.body:
+        test = n.test if isinstance(n, ast.If) else None
+        if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(
+                test.ops[0], ast.Eq):
+            sides = [test.left, test.comparators[0]]
+            if any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides) and any(
+                    isinstance(x, ast.Constant) and x.value == "__main__" for x in sides):
+                out.append((n.lineno, n.end_lineno or n.lineno))
+    return out
 
 
 def _work(program) -> int:

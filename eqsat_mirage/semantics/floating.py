@@ -243,11 +243,14 @@ def _uniform_matmul(ctx, n, a, b):
     constant and peak draws), ``c`` times the other's sums over the contraction, in the
     accumulator's dtype: the same sum in another order, without a GEMM that NumPy runs on a
     broadcast weight at a third of BLAS's rate (0.21 against 0.08 s for a 7B MLP's
-    (128, 4096) @ (4096, 11008) in float32)."""
+    (128, 4096) @ (4096, 11008) in float32). Not where ``c`` is inf or nan (a float16 draw
+    at the headroom): there a zero or a sign change in the other operand makes a term, and
+    so the GEMM's sum, nan, where ``c`` times the sums would be inf."""
     if uniform(a) and uniform(b) and np.ndim(a) and np.ndim(b):
         one = _one(a).astype(np.float64) * _one(b).astype(np.float64) * np.shape(a)[-1]
         return _spread(ctx.fix(n, one), n.shape)
-    if np.ndim(a) >= 2 and np.ndim(b) >= 2 and (uniform(a) or uniform(b)):
+    if np.ndim(a) >= 2 and np.ndim(b) >= 2 and (uniform(a) or uniform(b)) and np.isfinite(
+            _one(b if uniform(b) else a)):  # inf: 0 * inf, inf - inf are nan term by term
         acc = accumulator(ctx, n)
         sums = (np.sum(np.asarray(a), axis=-1, keepdims=True, dtype=acc) * _one(b).astype(acc)
                 if uniform(b) else

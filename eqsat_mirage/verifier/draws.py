@@ -401,7 +401,9 @@ class Draws:
         """The static float-safety checks of ``b`` on this draw (``floatsafe.static_check``;
         for a MuGraph also ``kernelsafe.kernel_check``, inside its kernels). The float64
         outputs of both programs on the draw, where a check ran them, are kept for the
-        float64 check of the same draw (("signed", 1)): ``static_outputs``."""
+        float64 check of the same draw (("signed", 1)): the first program's in the memo (as
+        ``out_a`` keeps them), the second's in ``b_outputs``; ``static_done`` is set once
+        this returns or raises (that check waits on it)."""
         try:
             inputs = self.inputs("signed", 1.0)
             sink: dict = {"a": {}, "b": {}}

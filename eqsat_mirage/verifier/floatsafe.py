@@ -21,6 +21,8 @@ from the programs' structure alone:
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..ir.node import Node, Op
@@ -121,47 +123,57 @@ def narrowing(fa: list, b, fb: list | None) -> str:
     return ""
 
 
-def _strip(n: Node, resolve=None) -> Node:
-    """Through movement, casts and scaling by a constant (and ``resolve``: a MuGraph's
-    block inputs to the values they read)."""
+def _strip(n: Node, resolve=None) -> tuple[Node, int]:
+    """``n`` through movement, casts, negation and scaling by a constant (and ``resolve``: a
+    MuGraph's block inputs to the values they read), with the sign they multiply it by
+    (1 or -1; 0 where a constant's sign is not known: a tensor, zero or nan)."""
+    sign = 1
     while True:
         if resolve is not None:
             n = resolve(n)
-        if n.op in _MOVE or n.op is Op.NEG:
+        if n.op in _MOVE:
             n = n.srcs[0]
+        elif n.op is Op.NEG:
+            n, sign = n.srcs[0], -sign
         elif n.op in (Op.MUL, Op.DIV) and any(s.op is Op.CONST for s in n.srcs):
-            n = next(s for s in n.srcs if s.op is not Op.CONST) if n.op is Op.MUL else n.srcs[0]
+            if n.op is Op.DIV and n.srcs[0].op is Op.CONST:  # c / x: not a scaling of x
+                return n, sign
+            c = next(s for s in n.srcs if s.op is Op.CONST)
+            try:
+                value = float(c.arg)
+            except (TypeError, ValueError):  # not one number
+                value = math.nan
+            sign = sign * (1 if value > 0 else -1 if value < 0 else 0)
+            n = next(s for s in n.srcs if s.op is not Op.CONST)
         else:
-            return n
+            return n, sign
 
 
 def guarded(arg: Node, resolve=None) -> bool:
-    """Whether an exp argument is max-subtracted: ``(s - max(...))`` or ``s + (-max(...))``,
-    through movement,
-    casts, constant scaling and masks. ``resolve`` maps a node to the value it stands for
-    (a MuGraph's block input tile to the node that wrote its device tensor, a running
-    maximum to its max; ``kernelsafe``), or None."""
-    n = _strip(arg, resolve)
+    """Whether an exp argument is max-subtracted: ``(s - max(...))`` or ``s + (-max(...))``
+    (or ``-(max(...) - s)``: the max enters with a minus sign, whatever the form), through
+    movement, casts, constant scaling and masks. ``resolve`` maps a node to the value it
+    stands for (a MuGraph's block input tile to the node that wrote its device tensor, a
+    running maximum to its max; ``kernelsafe``), or None."""
+    return _guarded(arg, resolve, 1)
+
+
+def _guarded(arg: Node, resolve, outer: int) -> bool:
+    """``guarded`` of ``arg`` times the sign ``outer``."""
+    n, sign = _strip(arg, resolve)
+    sign *= outer
     if n.op is Op.MASK:  # -inf where masked: the kept values are what matter
-        n = _strip(next((s for s in n.srcs if s.dtype != "bool"), n.srcs[-1]), resolve)
+        n, inner = _strip(next((s for s in n.srcs if s.dtype != "bool"), n.srcs[-1]), resolve)
+        sign *= inner
     elif n.op is Op.WHERE:
-        return all(guarded(s, resolve) for s in n.srcs[1:] if s.op is not Op.CONST)
-    if n.op is Op.SUB:
-        return _strip(n.srcs[1], resolve).op is Op.MAX
-    if n.op is Op.ADD:  # s + (-max s), either way round
-        return any(t.op is Op.NEG and _strip(t, resolve).op is Op.MAX
-                   for t in (_bare(x, resolve) for x in n.srcs))
-    return False
-
-
-def _bare(n: Node, resolve=None) -> Node:
-    """``n`` through movement and casts only (``resolve`` as in ``guarded``)."""
-    while True:
-        if resolve is not None:
-            n = resolve(n)
-        if n.op not in _MOVE:
-            return n
-        n = n.srcs[0]
+        return sign != 0 and all(_guarded(s, resolve, sign) for s in n.srcs[1:]
+                                 if s.op is not Op.CONST)
+    if n.op not in (Op.SUB, Op.ADD) or sign == 0:
+        return False
+    terms = [(_strip(t, resolve), 1 if i == 0 or n.op is Op.ADD else -1)
+             for i, t in enumerate(n.srcs)]
+    # a max that enters the argument negated: s - max, s + (-max), -(max - s)
+    return any(m.op is Op.MAX and sign * s * how == -1 for (m, s), how in terms)
 
 
 def unguarded_exp(a, b) -> str:

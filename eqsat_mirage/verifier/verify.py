@@ -242,8 +242,10 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
 
     ``memo``: a dict kept across calls that compare the same first program ``a``
     with the same ``seed`` (``em.optimize`` passes one per search): ``a``'s
-    float-check outputs and its values in each field trial are computed once. Trials and
-    float evaluations run on ``THREADS`` threads. ``float_first`` runs the float checks before
+    float-check outputs and its values in each field trial are computed once. The field
+    trials, then the float checks, each run on as many threads (up to ``THREADS``) as fit
+    the memory budget (in ``optimize_many``'s workers: what the others leave of it,
+    ``limits.reserved``). ``float_first`` runs the float checks before
     the field trials (the same verdict; cheaper when numerics are what fails).
     ``time_limit_s`` (seconds or a ``Deadline``): past it the verdict is "inconclusive".
     A program whose values would not fit the memory budget (``ir/limits.py``) is refused

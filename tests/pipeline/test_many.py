@@ -182,3 +182,32 @@ def test_spawn_safe_needs_a_guarded_main_script(monkeypatch, tmp_path):
             main.__file__ = str(path)
         monkeypatch.setitem(sys.modules, "__main__", main)
         assert spawn_safe() is want, path
+
+
+def test_spawn_safe_is_false_at_a_guarded_scripts_unguarded_top_level(monkeypatch, tmp_path):
+    """A script with a guarded ``main()`` that also optimizes at its top level would run
+    that again in every spawned worker (and a worker importing it again cannot start
+    processes): called from the top level outside the guard, or from ``__mp_main__``,
+    spawn_safe is False; from inside the guard, or a function called there, True."""
+    import types
+
+    from eqsat_mirage.pipeline import many
+
+    script = tmp_path / "script.py"
+    script.write_text("outside = check()\n\n\ndef main():\n    return check()\n\n\n"
+                      "if __name__ == '__main__':\n    inside = check()\n"
+                      "    called = main()\n")
+    main = types.ModuleType("__main__")
+    main.__file__ = str(script)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    code = compile(script.read_text(), str(script), "exec")
+    scope = {"__name__": "__main__", "check": many.spawn_safe}
+    exec(code, scope)
+    assert (scope["outside"], scope["inside"], scope["called"]) == (False, True, True)
+    again = {"__name__": "__mp_main__", "check": many.spawn_safe}  # a worker importing it
+    exec(code, again)
+    assert again["outside"] is False and "inside" not in again
+    del main.__file__  # a notebook's cell: top-level code of no script file
+    cell = {"__name__": "__main__", "check": many.spawn_safe}
+    exec(compile("outside = check()\n", "<ipython-input-1>", "exec"), cell)
+    assert cell["outside"] is True

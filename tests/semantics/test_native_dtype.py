@@ -230,3 +230,28 @@ def test_a_matmul_with_one_uniform_operand_sums_the_other(mode):
         assert got.shape == (2, 3, 5) and got.flags.c_contiguous
         tol = 1e-12 if mode is None else 2e-3 * float(np.max(np.abs(want)))
         assert np.max(np.abs(got - want)) <= tol
+
+
+@pytest.mark.parametrize("mode", [None, "native"])
+def test_a_matmul_with_an_infinite_uniform_operand_is_the_gemms(mode):
+    """An operand that is inf everywhere (a float16 draw at the headroom) times a row with
+    a zero, or with both signs, is nan as the GEMM's terms are (0 * inf, inf - inf), not
+    inf as inf times the row's sum would be: the first program's non-finite points are
+    those the hardware gives."""
+    from eqsat_mirage.semantics.floating import FLOAT_SEMANTICS
+
+    g = em.Graph("g")
+    x, w = g.input("x", (3, 2), "float32"), g.input("w", (2, 3), "float32")
+    g.output(x @ w, "y")
+    n = next(m for m in g.nodes() if m.op is Op.MATMUL)
+    ctx = FloatCtx({}, mode)
+    rows = np.array([[0.0, 1.0], [2.0, -1.0], [1.0, 2.0]], np.float32)
+    for c in (np.inf, -np.inf):
+        for a, b in ((rows, np.broadcast_to(np.float32(c), (2, 3))),
+                     (np.broadcast_to(np.float32(c), (3, 2)), rows.T.copy())):
+            with np.errstate(invalid="ignore"):  # as ``evaluate`` runs it
+                got = FLOAT_SEMANTICS[Op.MATMUL](ctx, n, a, b)
+                want = np.matmul(np.asarray(a, np.float64), np.asarray(b, np.float64))
+            assert np.array_equal(np.isnan(got), np.isnan(want)), (c, got)
+            assert np.isnan(got).sum() == 6 and np.array_equal(got[~np.isnan(got)],
+                                                              want[~np.isnan(want)])

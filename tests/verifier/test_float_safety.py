@@ -122,6 +122,21 @@ def test_adding_the_negated_max_is_max_subtraction():
     assert [guarded(n.srcs[0]) for n in plain.nodes() if n.op.name == "EXP"] == [False]
 
 
+@pytest.mark.parametrize("form,want", [
+    (lambda x, m: x - (-m), False), (lambda x, m: x + (-m.__neg__()), False),
+    (lambda x, m: x - m * (-1.0), False), (lambda x, m: x + (-(m * -1.0)), False),
+    (lambda x, m: (x - m) * 0.0, False), (lambda x, m: -(m - x), True),
+    (lambda x, m: x + m * (-0.125), True), (lambda x, m: (-m) + x, True),
+    (lambda x, m: (x - m) * 0.5, True)])
+def test_a_max_added_back_is_no_max_subtraction(form, want):
+    """Signs count: s - (-max), s + (-(-max)) and s - max * (-1) are s + max, which
+    overflows where s - max cannot; -(max - s) and s + max * (-c) subtract it."""
+    g = em.Graph("g")
+    x = g.input("x", (3, 8), "float32")
+    g.output(em.exp(form(x, x.max(axis=-1, keepdims=True))), "O")
+    assert [guarded(n.srcs[0]) for n in g.nodes() if n.op.name == "EXP"] == [want]
+
+
 def test_exp_of_a_difference_is_not_split_in_float16():
     g, h = em.Graph("sub"), em.Graph("split")
     for graph in (g, h):

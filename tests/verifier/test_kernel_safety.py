@@ -115,3 +115,25 @@ def test_the_float_checks_round_at_a_block_cast_as_the_generated_code_does():
             np.testing.assert_allclose(got.double().cpu().numpy(), want, rtol=1e-6)
             if v == 300.0:  # 90000 > 65504: inf where the cast rounds, 1.44e6 where not
                 assert np.isinf(want).all() == (how == "cast"), want
+
+
+def test_the_static_checks_kept_outputs_are_the_programs_on_that_draw():
+    """Where the checks inside a MuGraph's kernels run both programs in float64 on the
+    N(0, 1) draw (a float16 rounding point the input program also rounds at), the outputs
+    they keep for the strict float64 check of that draw (``Draws.b_outputs``, the first
+    program's in the memo) are ``em.evaluate``'s on it, bit for bit."""
+    from eqsat_mirage.verifier.draws import Draws
+
+    g = em.Graph("sumsq16")
+    x = g.input("X", (8, 16), "float16")
+    xf = x.astype("float32")
+    g.output((xf * xf).astype("float16").astype("float32").sum(axis=1, keepdims=True), "Y")
+    mg = sum_of_squares_kernel("cast")
+    draws = Draws(g, np.random.default_rng(0), {}, 65504.0)
+    assert draws.static(mg) == "" and draws.static_done.is_set()
+    inputs = draws.inputs("signed", 1.0)
+    for kept, program in ((draws.b_outputs, mg), (draws.memo[(None, "signed", 1.0, False)], g)):
+        want = em.evaluate(program, inputs)
+        assert kept is not None and set(kept) == set(want)
+        assert all(np.array_equal(kept[k], want[k]) for k in want), program.name
+    assert em.verify(g, mg, seed=0).equivalent
