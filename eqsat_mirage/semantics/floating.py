@@ -245,17 +245,23 @@ def _uniform_matmul(ctx, n, a, b):
     broadcast weight at a third of BLAS's rate (0.21 against 0.08 s for a 7B MLP's
     (128, 4096) @ (4096, 11008) in float32). Not where ``c`` is inf or nan (a float16 draw
     at the headroom): there a zero or a sign change in the other operand makes a term, and
-    so the GEMM's sum, nan, where ``c`` times the sums would be inf."""
+    so the GEMM's sum, nan, where ``c`` times the sums would be inf; nor where a term or a
+    partial sum could overflow the accumulator (``[[3e38, -3e38]] @ 4``: nan as a GEMM,
+    0 as a sum first), which the largest |term| times the length rules out."""
     if uniform(a) and uniform(b) and np.ndim(a) and np.ndim(b):
         one = _one(a).astype(np.float64) * _one(b).astype(np.float64) * np.shape(a)[-1]
         return _spread(ctx.fix(n, one), n.shape)
     if np.ndim(a) >= 2 and np.ndim(b) >= 2 and (uniform(a) or uniform(b)) and np.isfinite(
             _one(b if uniform(b) else a)):  # inf: 0 * inf, inf - inf are nan term by term
         acc = accumulator(ctx, n)
-        sums = (np.sum(np.asarray(a), axis=-1, keepdims=True, dtype=acc) * _one(b).astype(acc)
-                if uniform(b) else
-                np.sum(np.asarray(b), axis=-2, keepdims=True, dtype=acc) * _one(a).astype(acc))
-        return ctx.fix(n, np.ascontiguousarray(np.broadcast_to(sums, n.shape)))
+        c, other = (_one(b), a) if uniform(b) else (_one(a), b)
+        c = c.astype(acc)
+        with np.errstate(over="ignore", invalid="ignore"):
+            top = float(np.max(np.abs(other), initial=0.0)) * abs(float(c)) * a.shape[-1]
+        if top < float(np.finfo(acc).max):  # no term nor partial sum overflows, in any order
+            sums = np.sum(np.asarray(other), axis=-1 if other is a else -2, keepdims=True,
+                          dtype=acc) * c
+            return ctx.fix(n, np.ascontiguousarray(np.broadcast_to(sums, n.shape)))
     return _matmul(ctx, n, a, b)
 
 

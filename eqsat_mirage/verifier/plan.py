@@ -21,8 +21,7 @@ class TrialPlan:
     float_check: bool
     native_check: bool
     float_first: bool
-    threads: int | None = None  # trials at once (None: runner.THREADS): what fits the budget
-    float_threads: int | None = None  # float checks at once, likewise
-    # per phase ("trials", "floats"): (threads, bytes held) from the most threads down, for a
-    # budget that worker processes share (``limits.reserved``)
+    # per phase ("trials", "floats"): (threads, bytes held) from the most threads that fit
+    # the memory budget down to one; the phase takes the most that fit what the other worker
+    # processes sharing the budget leave (``limits.reserved``)
     fits: dict | None = None

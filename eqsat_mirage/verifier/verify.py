@@ -287,7 +287,7 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
     fits = {phase: tuple((n, sum(x for _, x in parts(n, phase))) for n in range(most, 0, -1))
             for phase, most in (("trials", threads), ("floats", floats))}
     how = TrialPlan(run, seed, base, max_trials, max_bound, prime_bits, avoid, max_redraws,
-                    rtol, float_check, native_check, float_first, threads, floats, fits)
+                    rtol, float_check, native_check, float_first, fits)
     try:
         return _decide(a, b, result, eps, how, memo, start, deadline)
     except TimeLimitError as exc:

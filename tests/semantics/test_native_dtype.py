@@ -255,3 +255,20 @@ def test_a_matmul_with_an_infinite_uniform_operand_is_the_gemms(mode):
             assert np.array_equal(np.isnan(got), np.isnan(want)), (c, got)
             assert np.isnan(got).sum() == 6 and np.array_equal(got[~np.isnan(got)],
                                                               want[~np.isnan(want)])
+
+
+def test_a_one_value_matmul_that_could_overflow_is_the_gemms():
+    """Where a term could overflow the accumulator (float32 here), summing first and
+    scaling after would differ from the GEMM ([[3e38, -3e38]] @ 4: nan, not 0): the GEMM
+    runs."""
+    g = em.Graph("g")
+    x, w = g.input("x", (1, 2), "float32"), g.input("w", (2, 3), "float32")
+    g.output(x @ w, "y")
+    n = next(m for m in g.nodes() if m.op is Op.MATMUL)
+    from eqsat_mirage.semantics.floating import FLOAT_SEMANTICS
+
+    a = np.array([[3e38, -3e38]], dtype=np.float32)
+    with np.errstate(all="ignore"):
+        got = FLOAT_SEMANTICS[Op.MATMUL](FloatCtx({}, "native"), n, a,
+                                         np.broadcast_to(np.float32(4.0), (2, 3)))
+    assert np.all(np.isnan(got))

@@ -231,3 +231,24 @@ def test_the_float64_check_reads_the_static_checks_runs_of_the_same_draw(monkeyp
     bad.output(x @ w + 1.001, "y")
     cex, _ = float_checks(g, bad, np.random.default_rng(0), 1e-7, True)
     assert cex is not None and cex.domain == "float64", cex
+
+
+def test_a_view_of_a_narrow_value_is_not_a_narrowing():
+    """A transpose of a value the input program computes in bfloat16 holds that value: it
+    is not refused because its samples, by position, match the float16 input's (found by
+    the equivalent-pairs property: (m @ t) against ((t.T @ m.T).T))."""
+    g, h = em.Graph("a"), em.Graph("b")
+    for graph in (g, h):
+        x = graph.input("X0", (2, 2), "float16")
+        t = x.T.astype("bfloat16")
+        m = -t.max(axis=0, keepdims=True)
+        graph.output(-(m @ t) if graph is g else -((t.T @ m.T).T), "O")
+    res = em.verify(g, h, trials=2, seed=1)
+    assert res.equivalent, res
+    plain, narrowed = em.Graph("p"), em.Graph("n")  # a narrowing seen through views: refused
+    for graph in (plain, narrowed):
+        x = graph.input("X0", (2, 2), "float16")
+        y = x if graph is plain else x.astype("bfloat16").T.T.astype("float16")
+        graph.output(x.max(axis=0, keepdims=True) @ y, "O")
+    bad = em.verify(plain, narrowed, trials=2, seed=1)
+    assert not bad.equivalent and "bfloat16" in str(bad), bad
