@@ -238,29 +238,44 @@ def _uniform_reduce(fn, scaled: bool):
     return apply
 
 
+def _times_nonfinite(x: np.ndarray, c: float, axis: int) -> np.ndarray:
+    """The sum over ``axis`` of ``x * c`` for ``c`` inf or nan, as IEEE arithmetic gives it
+    in any order: nan where a term is nan (``c`` nan, a zero or a nan in ``x``) or where
+    terms of both signs meet (inf - inf), else inf of the terms' sign."""
+    with np.errstate(invalid="ignore"):
+        bad = np.isnan(c) | np.any((x == 0) | np.isnan(x), axis=axis, keepdims=True)
+        pos = np.any(x > 0, axis=axis, keepdims=True)
+        neg = np.any(x < 0, axis=axis, keepdims=True)
+    sign = 1.0 if np.isnan(c) else float(np.sign(c))
+    return np.where(bad | (pos & neg), np.nan, np.where(pos, sign * np.inf, -sign * np.inf))
+
+
 def _uniform_matmul(ctx, n, a, b):
     """MATMUL; with an operand that is one value ``c`` (``uniform``: the float checks'
     constant and peak draws), ``c`` times the other's sums over the contraction, in the
     accumulator's dtype: the same sum in another order, without a GEMM that NumPy runs on a
     broadcast weight at a third of BLAS's rate (0.21 against 0.08 s for a 7B MLP's
-    (128, 4096) @ (4096, 11008) in float32). Not where ``c`` is inf or nan (a float16 draw
-    at the headroom): there a zero or a sign change in the other operand makes a term, and
-    so the GEMM's sum, nan, where ``c`` times the sums would be inf; nor where a term or a
+    (128, 4096) @ (4096, 11008) in float32). Where ``c`` is inf or nan (a float16 draw at
+    the headroom) every term is inf or nan: ``_times_nonfinite`` (a zero or a sign change
+    in the other operand makes the GEMM's sum nan, where ``c`` times the sums would be
+    inf). Not where a term or a
     partial sum could overflow the accumulator (``[[3e38, -3e38]] @ 4``: nan as a GEMM,
     0 as a sum first), which the largest |term| times the length rules out."""
     if uniform(a) and uniform(b) and np.ndim(a) and np.ndim(b):
         one = _one(a).astype(np.float64) * _one(b).astype(np.float64) * np.shape(a)[-1]
         return _spread(ctx.fix(n, one), n.shape)
-    if np.ndim(a) >= 2 and np.ndim(b) >= 2 and (uniform(a) or uniform(b)) and np.isfinite(
-            _one(b if uniform(b) else a)):  # inf: 0 * inf, inf - inf are nan term by term
+    if np.ndim(a) >= 2 and np.ndim(b) >= 2 and (uniform(a) or uniform(b)):
         acc = accumulator(ctx, n)
         c, other = (_one(b), a) if uniform(b) else (_one(a), b)
         c = c.astype(acc)
+        axis = -1 if other is a else -2
+        if not np.isfinite(c):  # every term inf or nan: the sum IEEE gives in any order
+            return ctx.fix(n, np.ascontiguousarray(np.broadcast_to(
+                _times_nonfinite(np.asarray(other), float(c), axis).astype(acc), n.shape)))
         with np.errstate(over="ignore", invalid="ignore"):
             top = float(np.max(np.abs(other), initial=0.0)) * abs(float(c)) * a.shape[-1]
         if top < float(np.finfo(acc).max):  # no term nor partial sum overflows, in any order
-            sums = np.sum(np.asarray(other), axis=-1 if other is a else -2, keepdims=True,
-                          dtype=acc) * c
+            sums = np.sum(np.asarray(other), axis=axis, keepdims=True, dtype=acc) * c
             return ctx.fix(n, np.ascontiguousarray(np.broadcast_to(sums, n.shape)))
     return _matmul(ctx, n, a, b)
 

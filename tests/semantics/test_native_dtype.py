@@ -272,3 +272,39 @@ def test_a_one_value_matmul_that_could_overflow_is_the_gemms():
         got = FLOAT_SEMANTICS[Op.MATMUL](FloatCtx({}, "native"), n, a,
                                          np.broadcast_to(np.float32(4.0), (2, 3)))
     assert np.all(np.isnan(got))
+
+
+@pytest.mark.parametrize("c", [np.inf, -np.inf, np.nan])
+def test_a_matmul_with_a_nonfinite_one_value_operand_is_the_gemms_without_one(c):
+    """Every term is inf or nan: the sum IEEE arithmetic gives in any order (nan where a
+    term is nan or both signs meet, else inf of their sign) equals NumPy's GEMM, on
+    either side, without running one (a float16 draw at the headroom is inf)."""
+    from eqsat_mirage.semantics.floating import FLOAT_SEMANTICS
+
+    rng = np.random.default_rng(1)
+    x = rng.choice(np.array([0.0, 1.5, -2.0, 3.0, np.inf, -np.inf, np.nan], np.float32),
+                   size=(3, 5, 4), p=[0.05, 0.4, 0.1, 0.35, 0.04, 0.03, 0.03])
+    x[0, 0] = [1.0, 2.0, 3.0, 4.0]  # one all-positive row, one all-negative row
+    x[0, 1] = [-1.0, -2.0, -3.0, -4.0]
+    for mode in (None, "native"):
+        ctx = FloatCtx({}, mode)
+        g = em.Graph("g")
+        a, w = g.input("a", (3, 5, 4), "float32"), g.input("w", (4, 6), "float32")
+        g.output(a @ w, "y")
+        n = next(m for m in g.nodes() if m.op is Op.MATMUL)
+        one = np.broadcast_to(np.float32(c), (4, 6))
+        with np.errstate(all="ignore"):
+            got = FLOAT_SEMANTICS[Op.MATMUL](ctx, n, x, one)
+            want = ctx.fix(n, np.matmul(x, np.full((4, 6), c, np.float32)))
+        assert np.array_equal(got, want, equal_nan=True), (mode, got, want)
+        assert got[0, 0, 0] == np.sign(c) * np.inf if not np.isnan(c) else np.isnan(got[0, 0, 0])
+    g = em.Graph("h")  # the one-value operand on the left
+    w, b = g.input("w", (6, 4), "float32"), g.input("b", (3, 4, 5), "float32")
+    g.output(w @ b, "y")
+    n = next(m for m in g.nodes() if m.op is Op.MATMUL)
+    xb = np.swapaxes(x, -1, -2).copy()
+    with np.errstate(all="ignore"):
+        got = FLOAT_SEMANTICS[Op.MATMUL](FloatCtx({}, None), n,
+                                         np.broadcast_to(np.float64(c), (6, 4)), xb)
+        want = np.matmul(np.full((6, 4), c), xb.astype(np.float64))
+    assert np.array_equal(got, want, equal_nan=True)
