@@ -139,7 +139,8 @@ def _strip(n: Node, resolve=None) -> tuple[Node, int]:
         elif n.op is Op.NEG:
             n, sign = n.srcs[0], -sign
         elif n.op in (Op.MUL, Op.DIV) and any(s.op is Op.CONST for s in n.srcs):
-            if n.op is Op.DIV and n.srcs[0].op is Op.CONST:  # c / x: not a scaling of x
+            if n.op is Op.DIV and n.srcs[0].op is Op.CONST or all(  # c / x: not a scaling
+                    s.op is Op.CONST for s in n.srcs):  # of x; c1 * c2: a constant
                 return n, sign
             c = next(s for s in n.srcs if s.op is Op.CONST)
             try:

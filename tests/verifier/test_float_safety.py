@@ -252,3 +252,15 @@ def test_a_view_of_a_narrow_value_is_not_a_narrowing():
         graph.output(x.max(axis=0, keepdims=True) @ y, "O")
     bad = em.verify(plain, narrowed, trials=2, seed=1)
     assert not bad.equivalent and "bfloat16" in str(bad), bad
+
+
+def test_an_exp_of_a_product_of_constants_is_checked_without_error():
+    """``guarded`` on exp(c1 * c2) (found by the random-program property of em.optimize:
+    stripping a scaling by a constant looked for a non-constant operand that is not
+    there): a constant is not a max-subtracted argument, and the check goes on."""
+    from eqsat_mirage.ir.node import Node, Op
+
+    c = Node(Op.CONST, (), 0.5, (), "float32")
+    prod = Node(Op.MUL, (c, c), None, (), "float32")
+    assert guarded(prod) is False
+    assert guarded(Node(Op.DIV, (c, c), None, (), "float32")) is False
