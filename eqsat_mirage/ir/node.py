@@ -28,6 +28,7 @@ from .ops import (  # noqa: F401  (re-exported: the op groups, derived from the 
     OPAQUE,
     REDUCE,
     UNARY,
+    VIEWS,
     Op,
 )
 

@@ -252,6 +252,8 @@ BINARY = ops_in("binary")
 ELEMENTWISE = UNARY | BINARY
 REDUCE = ops_in("reduce")
 MOVEMENT = ops_in("movement")
+# Movement of one operand: its values rearranged in its dtype, nothing computed (a view).
+VIEWS = frozenset(s.op for s in _ALL if s.group == "movement" and s.arity == 1)
 # Functions outside the Lax algebra: the verifier models them as random functions.
 OPAQUE = frozenset(s.op for s in _ALL if s.opaque)
 # Ops whose field value is a random function keyed on the operand's Z_p part: the opaque

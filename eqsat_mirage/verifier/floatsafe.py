@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from ..ir.node import Node, Op
+from ..ir.node import VIEWS, Node, Op
 from ..semantics.floating import FLOAT_SEMANTICS, float_ctx
 from ..semantics.interp import run
 
@@ -33,9 +33,6 @@ from ..semantics.interp import run
 # incomparable (float16 has the bits, bfloat16 the range)
 _WIDER = {("float32", "float16"), ("float32", "bfloat16")}
 _SKIP = {Op.INPUT, Op.CONST, Op.CAUSAL, Op.MASK, Op.WHERE}
-# a view of a value holds its values in its dtype: the value it views is what is checked (a
-# transpose of a bfloat16 cast of a float16 input matched the input's own samples by position)
-_VIEWS = {Op.TRANSPOSE, Op.RESHAPE, Op.SLICE}
 _MOVE = {Op.TRANSPOSE, Op.RESHAPE, Op.CAST, Op.SLICE}
 
 
@@ -111,7 +108,9 @@ def narrowing(fa: list, b, fb: list | None) -> str:
         if n.dtype != "bool":
             by_shape.setdefault(n.shape, []).append((n, v, d))
     for n, v, d in fb:
-        if n.op in _SKIP or n.op in _VIEWS or n.dtype == "bool" or not d:
+        # a view holds its source's values in its dtype: the source is what is checked (a
+        # transpose of a bfloat16 cast of a float16 input matched the input's samples)
+        if n.op in _SKIP or n.op in VIEWS or n.dtype == "bool" or not d:
             continue
         same = [m for m, w, _ in by_shape.get(n.shape, ()) if _same(v, w)]
         if same:

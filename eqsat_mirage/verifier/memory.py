@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from ..ir.node import Op, fmt_shape
+from ..ir.node import VIEWS, Op, fmt_shape
 from ..semantics.field import p_needed, q_needed
 from ..semantics.interp import last_reads
 
@@ -126,9 +126,6 @@ def walk(peak: Peak, nodes: list, outputs, nbytes: Callable, field: bool,
     return out
 
 
-_VIEWS = (Op.TRANSPOSE, Op.RESHAPE, Op.SLICE)  # what reads an input through a view of it
-
-
 def pinned(nodes, parts: Callable) -> int:
     """Bytes of the conversions of the trial's inputs that matmuls cache for a trial: the
     digits of an input a matmul reads directly, the float64 copy of one it reads whole,
@@ -142,7 +139,7 @@ def pinned(nodes, parts: Callable) -> int:
         for j, s in enumerate(n.srcs):
             split = sizes[j] <= sizes[1 - j]
             root = s
-            while root.op in _VIEWS:
+            while root.op in VIEWS:  # an input read through a view of it
                 root = root.srcs[0]
             if s.op is Op.INPUT or (root.op is Op.INPUT and not split):
                 seen[(root.arg, split)] = WORD * (size(root) if not split else sizes[j]) * (
