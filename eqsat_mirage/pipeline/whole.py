@@ -36,11 +36,12 @@ import inspect
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from ..ir.check import check
 from ..ir.errors import BudgetError, MirageError, unexpected
 from ..ir.limits import AUTO, Deadline, memory_budget, physical_memory
-from ..ir.node import Op
+from ..partition.contexts import first_contexts, peaked_inputs
 from ..partition.pieces import DEFAULT_PIECE_OPS, Piece, needs_partition, partition
 from ..partition.stitch import stitch
 from ..verifier.endtoend import FloatCheck, float_check
@@ -251,9 +252,8 @@ def optimize_whole(graph, options: SearchOptions, cache, progress,
     failed, ran = None, FloatCheck(None, False, False, 0.0, "not needed (every piece unchanged)")
     if any(did):
         try:
-            ran = float_check(graph, mugraph, seed=options.seed,
-                              time_limit_s=max(deadline.remaining(), END_TO_END_MIN_S),
-                              peaked=peaked_inputs(graph, pieces, texts))
+            ran = end_to_end(graph, pieces, texts, programs, mugraph, options.seed,
+                              max(deadline.remaining(), END_TO_END_MIN_S))
         except BudgetError as exc:  # the pieces fit, their stitched whole does not
             ran = FloatCheck(None, False, False, 0.0, f"not run ({exc}); the optimized "
                              "pieces stand on their own verification (finite-field trials, "
@@ -299,36 +299,26 @@ def optimize_whole(graph, options: SearchOptions, cache, progress,
     return out
 
 
-def contexts(pieces: list[Piece], texts: list[str]) -> list[tuple]:
-    """Each piece's context: its program (``texts``, equal up to renaming) and, for each of
-    its inputs in order, the program and output name of the piece that computes it, or
-    "input" for an input of the whole program. Pieces with one context are the same
-    program fed by the same kinds of producers (the layers of a stack after the first)."""
-    made: dict[int, tuple[str, str]] = {}
-    for p, text in zip(pieces, texts):
-        for name, node in p.outputs.items():
-            made[id(node)] = (text, name)
-    return [(text, tuple(("input",) if node.op is Op.INPUT else
-                         made.get(id(node), ("node", id(node))) for node in p.inputs.values()))
-            for p, text in zip(pieces, texts)]
-
-
-def peaked_inputs(graph, pieces: list[Piece], texts: list[str]) -> list[str] | None:
-    """The inputs of ``graph`` that the end-to-end check's per-input draws take
-    (docs/verifier.md, section 5): those read by the first piece of each distinct context,
-    and any that no piece reads; None (every input) when no context repeats."""
-    seen: set[tuple] = set()
-    first: set[str] = set()
-    read: set[str] = set()
-    for p, ctx in zip(pieces, contexts(pieces, texts)):
-        names = {node.arg for node in p.inputs.values() if node.op is Op.INPUT}
-        read |= names
-        if ctx not in seen:
-            seen.add(ctx)
-            first |= names
-    if len(seen) == len(pieces):
-        return None
-    return [n for n in graph.inputs if n in first or n not in read]
+def end_to_end(graph, pieces: list[Piece], texts: list[str], programs: list, mugraph,
+                seed, seconds: float) -> FloatCheck:
+    """The end-to-end float check of the stitched program: on the whole program, or where
+    piece contexts repeat (a stack of identical layers) on its shortest prefix that holds
+    the first occurrence of every context (``contexts.first_contexts``; docs/verifier.md,
+    section 5), its per-input draws on one occurrence of each context."""
+    head = first_contexts(graph, pieces, texts)
+    if head is None:
+        return float_check(graph, mugraph, seed=seed, time_limit_s=seconds,
+                           peaked=peaked_inputs(graph, pieces, texts))
+    stitched = stitch(head.graph, head.pieces, programs[:len(head.pieces)],
+                      f"{head.graph.name}_opt")
+    ran = float_check(head.graph, stitched, seed=seed, time_limit_s=seconds,
+                      peaked=peaked_inputs(head.graph, head.pieces, head.texts))
+    where = (f"on the first {len(head.pieces)} of {len(pieces)} pieces (every piece "
+             f"context; the rest repeat them)")
+    if ran.counterexample is not None and ran.counterexample.output in head.cut:
+        ran.counterexample.detail += (f"; {ran.counterexample.output!r} is a tensor the "
+                                      f"later pieces read, checked {where}")
+    return replace(ran, message=f"{where}: {ran.message}")
 
 
 def _text(piece: Piece) -> str:

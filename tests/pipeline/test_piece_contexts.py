@@ -8,6 +8,7 @@ import pytest
 
 import eqsat_mirage as em
 from eqsat_mirage.partition import partition
+from eqsat_mirage.partition import contexts as repeats
 from eqsat_mirage.pipeline import whole
 from eqsat_mirage.pipeline.cache import program_text
 from eqsat_mirage.verifier.endtoend import float_check
@@ -16,7 +17,7 @@ from eqsat_mirage.verifier.endtoend import float_check
 def _contexts(graph):
     pieces = partition(graph)
     texts = [program_text(p.graph) for p in pieces]
-    return pieces, texts, whole.contexts(pieces, texts), graph
+    return pieces, texts, repeats.contexts(pieces, texts), graph
 
 
 def _read(pieces) -> set[str]:
@@ -36,14 +37,14 @@ def test_a_stack_repeats_the_contexts_of_its_second_block():
     # the first block reads the program's input; the second reads the first block: a context
     # of its own (its first piece at least); the third and fourth repeat the second
     assert ctx[n:2 * n] == ctx[2 * n:3 * n] == ctx[3 * n:] and ctx[0] != ctx[n]
-    peaked = whole.peaked_inputs(graph, pieces, texts)
+    peaked = repeats.peaked_inputs(graph, pieces, texts)
     assert set(peaked) == _read(pieces[:n]) | _read(
         [p for p, c in zip(pieces[n:2 * n], ctx[n:2 * n]) if c not in ctx[:n]])
     assert not set(peaked) & (_read(pieces[2 * n:]) - _read(pieces[:2 * n]))
     assert _read(pieces) == set(graph.inputs) and len(peaked) < len(graph.inputs)
     assert peaked == [name for name in graph.inputs if name in set(peaked)]  # in order
     # nothing repeats in one block: every input gets its per-input draws
-    assert whole.peaked_inputs(one[3], one[0], one[1]) is None
+    assert repeats.peaked_inputs(one[3], one[0], one[1]) is None
 
 
 def _stack(name: str, unsafe: bool, blocks: int = 3) -> em.Graph:
@@ -81,3 +82,58 @@ def test_peaked_names_an_input_the_program_has():
     a = _stack("a", False, blocks=1)
     with pytest.raises(em.MirageError, match=r"peaked names inputs \['w7'\]"):
         float_check(a, a, peaked=["x", "w7"])
+
+
+def _unsafe_block(piece) -> em.Graph:
+    """``piece`` (one block of ``_stack``) rewritten as the unsafe block reads the same
+    inputs: (h h) / 65536 w."""
+    g = em.Graph("unsafe_block")
+    names = {k: ("w" if n.op.name == "INPUT" and n.arg.startswith("w") else "h")
+             for k, n in piece.inputs.items()}
+    t = {role: g.input(k, piece.inputs[k].shape, dtype="float16") for k, role in names.items()}
+    h, w = t["h"], t["w"]
+    g.output(((h * h) * (1.0 / 65536.0)) * w, next(iter(piece.graph.outputs)))
+    return g
+
+
+def test_the_end_to_end_check_runs_on_the_first_contexts_and_still_catches_a_repeated_piece():
+    """A stack of four blocks, cut one block a piece: the third and fourth blocks repeat the
+    second's context, so the end-to-end check runs on the first two blocks (the tensor the
+    third reads is an output there); stitched with every block unsafe it still finds the
+    overflow, and stitched with the pieces as they are it passes."""
+    from eqsat_mirage.partition import stitch
+
+    a = _stack("a", False, blocks=4)
+    pieces = partition(a, 4)
+    texts = [program_text(p.graph) for p in pieces]
+    head = repeats.first_contexts(a, pieces, texts)
+    assert [len(p.ops) for p in pieces] == [4, 4, 4, 4] and len(head.pieces) == 2
+    assert list(head.graph.inputs) == ["x", "w0", "w1"] and head.cut == ("cut0",)
+    assert list(head.graph.outputs) == ["cut0"]
+    assert head.graph.outputs["cut0"] is pieces[1].outputs["out0"]
+    for seed in (0, 1):
+        unsafe = [_unsafe_block(p) for p in pieces]
+        ran = whole.end_to_end(a, pieces, texts, unsafe, stitch(a, pieces, unsafe), seed, 60)
+        assert ran.counterexample is not None, ran.message
+        assert "on the first 2 of 4 pieces" in ran.message
+        assert "non-finite where the first program is finite" in ran.counterexample.detail
+        same = [p.graph for p in pieces]
+        ran = whole.end_to_end(a, pieces, texts, same, stitch(a, pieces, same), seed, 60)
+        assert ran.passed and ran.message.startswith("on the first 2 of 4 pieces"), ran.message
+
+
+def test_a_program_whose_contexts_do_not_repeat_is_checked_whole():
+    """No prefix when the last piece has a new context (one block, or every block reading
+    the program's input)."""
+    a = _stack("a", False, blocks=1)
+    pieces = partition(a, 4)
+    assert repeats.first_contexts(a, pieces, [program_text(p.graph) for p in pieces]) is None
+    g = em.Graph("fan")
+    x = g.input("x", (8, 16), dtype="float16")
+    for i in range(3):
+        g.output((x * (1.0 / 256.0)) * g.input(f"w{i}", (8, 16), dtype="float16"), f"o{i}")
+    pieces = partition(g, 2)
+    texts = [program_text(p.graph) for p in pieces]
+    assert len(pieces) == 3 and len(set(repeats.contexts(pieces, texts))) == 1
+    head = repeats.first_contexts(g, pieces, texts)  # all three the same context: the first
+    assert len(head.pieces) == 1 and list(head.graph.outputs) == ["o0"] and head.cut == ()
