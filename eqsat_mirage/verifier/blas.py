@@ -108,17 +108,50 @@ def _open(paths: tuple[str, ...]) -> tuple[Library, ...]:
 
 
 def busy(cores: int | None = None) -> bool:
-    """Whether the cores are nearly all in use: the 1-minute load average, less this
-    process's one running thread, leaves under 1.5 cores spare (on 2 cores: other load of
-    half a core or more). False on one core and where there is no load average. The
-    average also counts this process's own recent threads (a pool that just ran), so
-    right after one it can read busy on an idle machine."""
+    """Whether the cores are nearly all in use: other processes leave under 1.5 cores
+    spare (on 2 cores: other load of half a core or more). First the 1-minute load average,
+    less this process's one running thread; where that says busy, the cores' idle time over
+    ``SAMPLE_S`` (``idle_cores``) decides, since the average also counts load that has
+    ended: this process's own pool that just ran, or worker processes of its own that just
+    finished (``optimize_many``'s, a minute of both cores before the end-to-end check of a
+    7B-size stack, which then ran its big products on one core). False on one core and
+    where there is no load average."""
     try:
         load = os.getloadavg()[0]
     except (OSError, AttributeError):
         return False
     n = cores or os.cpu_count() or 1
-    return n > 1 and n - (load - 1.0) < 1.5
+    if not (n > 1 and n - (load - 1.0) < 1.5):
+        return False
+    idle = idle_cores(SAMPLE_S)
+    return idle is None or idle < 1.5
+
+
+SAMPLE_S = 0.1  # how long ``busy`` watches the cores where the load average says busy
+
+
+def idle_cores(seconds: float) -> float | None:
+    """The cores left idle over the next ``seconds`` (from /proc/stat's idle and iowait
+    time; this thread sleeps meanwhile), None where there is no /proc/stat."""
+    first = _cpu_times()
+    if first is None:
+        return None
+    time.sleep(seconds)
+    second = _cpu_times()
+    if second is None or second[1] <= first[1]:
+        return None
+    cores = os.cpu_count() or 1
+    return cores * (second[0] - first[0]) / (second[1] - first[1])
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    """(idle, total) clock ticks of all cores since boot (Linux), None elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (fields[3] + fields[4], sum(fields[:8])) if len(fields) >= 8 else None
 
 
 _LOCK = threading.Lock()

@@ -55,12 +55,14 @@ def test_a_one_thread_runner_leaves_blas_alone_on_an_idle_machine(libs, monkeypa
 def test_a_one_thread_runner_holds_blas_at_one_thread_on_a_busy_machine(libs, monkeypatch):
     monkeypatch.setattr(blas.os, "getloadavg", lambda: (3.0, 3.0, 3.0))
     monkeypatch.setattr(blas.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(blas, "idle_cores", lambda seconds: 0.3)
     with runner(Deadline(None), 1) as pool:
         assert list(pool.in_order([_threads])) == [[1] * len(libs)]
     assert _threads() == [2] * len(libs)
 
 
 def test_busy_reads_the_load_less_this_process(monkeypatch):
+    monkeypatch.setattr(blas, "idle_cores", lambda seconds: None)  # no /proc/stat
     monkeypatch.setattr(blas.os, "getloadavg", lambda: (1.4, 0.0, 0.0))
     assert not blas.busy(2)
     monkeypatch.setattr(blas.os, "getloadavg", lambda: (1.6, 0.0, 0.0))
@@ -68,6 +70,34 @@ def test_busy_reads_the_load_less_this_process(monkeypatch):
     assert not blas.busy(16)  # one other busy core leaves a big machine's BLAS its cores
     monkeypatch.setattr(blas.os, "getloadavg", lambda: (16.0, 0.0, 0.0))
     assert blas.busy(16)
+
+
+def test_busy_asks_the_idle_time_where_the_load_average_says_busy(monkeypatch):
+    """The load average still counts load that has ended (worker processes that just
+    finished): where it says busy, the cores' idle time now decides; where it says idle,
+    nothing is measured."""
+    asked = []
+
+    def idle(seconds):
+        asked.append(seconds)
+        return spare
+
+    monkeypatch.setattr(blas, "idle_cores", idle)
+    monkeypatch.setattr(blas.os, "getloadavg", lambda: (2.0, 2.0, 2.0))
+    spare = 1.9  # the workers are gone: both cores idle
+    assert not blas.busy(2) and asked == [blas.SAMPLE_S]
+    spare = 0.6  # another process on one core and a half
+    assert blas.busy(2)
+    monkeypatch.setattr(blas.os, "getloadavg", lambda: (1.0, 0.0, 0.0))
+    assert not blas.busy(2) and len(asked) == 2
+
+
+def test_idle_cores_reads_the_machine():
+    """Between 0 and the core count on Linux (this thread sleeps while it measures)."""
+    got = blas.idle_cores(0.05)
+    if got is None:
+        pytest.skip("no /proc/stat here")
+    assert 0.0 <= got <= (blas.os.cpu_count() or 1) + 1e-9
 
 
 def test_nested_and_overlapping_holds_give_back_the_first_count(libs):
