@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 import eqsat_mirage as em
-from eqsat_mirage.partition import partition
 from eqsat_mirage.partition import contexts as repeats
+from eqsat_mirage.partition import partition
 from eqsat_mirage.pipeline import whole
 from eqsat_mirage.pipeline.cache import program_text
 from eqsat_mirage.verifier.endtoend import float_check
