@@ -254,6 +254,10 @@ REDUCE = ops_in("reduce")
 MOVEMENT = ops_in("movement")
 # Movement of one operand: its values rearranged in its dtype, nothing computed (a view).
 VIEWS = frozenset(s.op for s in _ALL if s.group == "movement" and s.arity == 1)
+# Ops whose float result is NaN everywhere where one operand is NaN everywhere (IEEE NaN
+# propagates through arithmetic, NumPy's max and sums, and views; a select or a concat may
+# take its values from another operand): the float interpreter does not compute them then.
+NAN_STRICT = UNARY | BINARY | REDUCE | VIEWS | {Op.MATMUL}
 # Functions outside the Lax algebra: the verifier models them as random functions.
 OPAQUE = frozenset(s.op for s in _ALL if s.opaque)
 # Ops whose field value is a random function keyed on the operand's Z_p part: the opaque

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.node import Node, Op, slice_index
-from ..ir.ops import SPECS
+from ..ir.ops import NAN_STRICT, SPECS
 from .gemm import matmul as gemm
 from .interp import check_inputs, run
 
@@ -298,6 +298,29 @@ FLOAT_SEMANTICS = {
 }
 
 
+def _all_nan(x: Any) -> bool:
+    """Whether ``x`` is NaN everywhere: one element looked at unless that one is NaN."""
+    x = np.asarray(x)
+    if not x.size or x.dtype.kind != "f" or not np.isnan(x.flat[0]):
+        return False
+    return uniform(x) or bool(np.isnan(x).all())
+
+
+def _nan_strict(fn):
+    """``fn`` (an op of ``NAN_STRICT``), not computed where an operand is NaN everywhere:
+    its value is then NaN everywhere (a float16 draw at the headroom, whose first matmul
+    over an inf input is all NaN: the rest of a 7B layer, its attention and MLP)."""
+    def apply(ctx, n, *xs):
+        if any(_all_nan(x) for x in xs):
+            return np.broadcast_to(np.float64(np.nan), n.shape)
+        return fn(ctx, n, *xs)
+    return apply
+
+
+# ``evaluate``'s table: FLOAT_SEMANTICS, NaN-strict ops not computed on an all-NaN operand
+_EVALUATE = {op: _nan_strict(fn) if op in NAN_STRICT else fn for op, fn in FLOAT_SEMANTICS.items()}
+
+
 def rounded_inputs(program, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``inputs`` rounded once to each input's dtype (float32 arrays), for ``rounded=True``.
 
@@ -331,7 +354,7 @@ def evaluate(program, inputs: Mapping[str, Any], dtype: str | None = None,
         return program.evaluate(inputs, dtype=dtype, rounded=rounded)
     check(program)
     with np.errstate(all="ignore"):
-        out = run(program, FLOAT_SEMANTICS, float_ctx(program, inputs, dtype, rounded))
+        out = run(program, _EVALUATE, float_ctx(program, inputs, dtype, rounded))
     return {k: np.asarray(v, dtype=np.float64) for k, v in out.items()}
 
 

@@ -19,6 +19,7 @@ import pytest
 import scipy.special
 
 import eqsat_mirage as em
+from eqsat_mirage.ir.ops import NAN_STRICT
 from eqsat_mirage.semantics import field
 from eqsat_mirage.semantics.field import (
     FIELD_SEMANTICS,
@@ -421,3 +422,30 @@ def test_field_opaque_functions_are_consistent():
     assert np.all(out["one"][0] == 1)
     assert np.array_equal(out["s1"][0], out["s2"][0])
     assert not np.array_equal(out["s1"][0], out["r"][0])
+
+
+@pytest.mark.parametrize("op", sorted(NAN_STRICT, key=lambda o: o.value),
+                         ids=lambda o: o.name.lower())
+@pytest.mark.parametrize("mode", [None, "native"])
+def test_a_nan_strict_op_is_nan_everywhere_on_an_operand_nan_everywhere(op, mode):
+    """``ops.NAN_STRICT``, which ``evaluate`` does not compute on an all-NaN operand, holds
+    of the float table itself: each operand in turn NaN everywhere, the op's value is NaN
+    everywhere (float64 and the native dtypes), and ``evaluate`` gives the same."""
+    from eqsat_mirage.semantics.floating import evaluate
+
+    g, node = tiny(op, "float16")
+    inputs = tiny_inputs()
+    ctx = float_ctx(g, inputs, mode, False)
+    env = run(g, FLOAT_SEMANTICS, ctx, outputs=False)
+    operands = [env[id(s)] for s in node.srcs]
+    for i, x in enumerate(operands):
+        if np.asarray(x).dtype.kind != "f":
+            continue
+        nan = [np.full(np.shape(y), np.nan) if j == i else y for j, y in enumerate(operands)]
+        with np.errstate(all="ignore"):
+            got = np.asarray(FLOAT_SEMANTICS[op](ctx, node, *nan), dtype=np.float64)
+        assert np.isnan(got).all(), (op, i, got)
+    if op is not em.Op.INPUT and node is g.outputs["O"] and node.srcs[0].op is em.Op.INPUT:
+        name = node.srcs[0].arg
+        got = evaluate(g, {**inputs, name: np.full(g.inputs[name].shape, np.nan)}, dtype=mode)
+        assert np.isnan(got["O"]).all() and got["O"].shape == node.shape
