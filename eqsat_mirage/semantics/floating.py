@@ -311,10 +311,21 @@ def _nan_strict(fn):
     its value is then NaN everywhere (a float16 draw at the headroom, whose first matmul
     over an inf input is all NaN: the rest of a 7B layer, its attention and MLP)."""
     def apply(ctx, n, *xs):
-        if any(_all_nan(x) for x in xs):
+        if any(_all_nan(x) for x in xs) or (n.op is Op.MATMUL and _rows_nan(xs[0])):
             return np.broadcast_to(np.float64(np.nan), n.shape)
         return fn(ctx, n, *xs)
     return apply
+
+
+def _rows_nan(a: Any) -> bool:
+    """Whether every row of a matmul's left operand holds a NaN (then every sum of the
+    product has a NaN term): a float16 layer's RMSNorm at the headroom, NaN wherever its
+    input overflowed, before the projections. One pass over ``a``, beside the GEMM's."""
+    a = np.asarray(a)
+    if a.ndim < 2 or not a.size or a.dtype.kind != "f" or uniform(a):
+        return False
+    with np.errstate(invalid="ignore"):
+        return bool(np.isnan(a).any(axis=-1).all())
 
 
 # ``evaluate``'s table: FLOAT_SEMANTICS, NaN-strict ops not computed on an all-NaN operand

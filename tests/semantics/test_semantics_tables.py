@@ -449,3 +449,30 @@ def test_a_nan_strict_op_is_nan_everywhere_on_an_operand_nan_everywhere(op, mode
         name = node.srcs[0].arg
         got = evaluate(g, {**inputs, name: np.full(g.inputs[name].shape, np.nan)}, dtype=mode)
         assert np.isnan(got["O"]).all() and got["O"].shape == node.shape
+
+
+@pytest.mark.parametrize("mode", [None, "native"])
+def test_a_matmul_whose_every_left_row_holds_a_nan_is_nan_and_not_computed(mode, monkeypatch):
+    """One NaN in each row of the left operand (elsewhere finite) makes every sum of the
+    product NaN: ``evaluate`` says so without the GEMM, as the table computes it; a row
+    without a NaN leaves the GEMM to run."""
+    from eqsat_mirage.semantics import floating
+
+    g = em.Graph("rows")
+    X = g.input("X", (3, 4), dtype="float16")
+    W = g.input("W", (4, 5), dtype="float16")
+    g.output(em.silu(X @ W), "O")
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((3, 4)), rng.standard_normal((4, 5))
+    x[[0, 1, 2], [3, 0, 2]] = np.nan
+    ran = []
+    real = floating._matmul  # the GEMM behind both tables' matmul entries
+    monkeypatch.setattr(floating, "_matmul", lambda *a: ran.append(1) or real(*a))
+    table = run(g, floating.FLOAT_SEMANTICS, float_ctx(g, {"X": x, "W": w}, mode, False))
+    assert ran == [1] and np.isnan(np.asarray(table["O"], dtype=float)).all()
+    got = floating.evaluate(g, {"X": x, "W": w}, dtype=mode)
+    assert np.isnan(got["O"]).all() and got["O"].shape == (3, 5) and ran == [1]
+    x[1, 0] = 0.5  # row 1 finite: the GEMM runs, and rows 0 and 2 are NaN as it gives them
+    got = floating.evaluate(g, {"X": x, "W": w}, dtype=mode)
+    assert np.isnan(got["O"][[0, 2]]).all() and np.isfinite(got["O"][1]).all()
+    assert ran == [1, 1]
