@@ -13,9 +13,11 @@ from .tiled import needs_p, needs_q, tensor_last_reads
 from .tiled import plans as staged
 
 
-def mugraph_peak(mg, field: bool) -> tuple[int, int, int, str]:
+def mugraph_peak(mg, field: bool, lazy: bool = False) -> tuple[int, int, int, str]:
     """(inputs, outputs, peak above the inputs, what was computed at the peak) of one run of
-    ``mg`` by the tiled interpreter (``mugraph/tiled.py``) over the field or float64."""
+    ``mg`` by the tiled interpreter (``mugraph/tiled.py``) over the field or float64.
+    ``lazy``: inputs made as they are read (``floating.LazyInputs``), each held from the
+    first kernel that reads it to the last (the peak then includes them)."""
     mg.validate()
     plans = staged(mg)
     if field:
@@ -54,13 +56,18 @@ def mugraph_peak(mg, field: bool) -> tuple[int, int, int, str]:
         peak.hold(sum(pinned([k.node], lambda n: max(1, parts(n))) for k in mg.kernels
                       if isinstance(k, PredefinedKernel)), "cached conversions of the inputs")
     last = tensor_last_reads(mg)
+    read: set[str] = set()
     for i, (k, plan) in enumerate(zip(mg.kernels, plans)):
+        for t in k.reads() if lazy else ():
+            if t in mg.inputs and t not in read:
+                read.add(t)
+                peak.hold(tbytes(t), f"input {t!r} read by kernel {k.name!r}")
         if isinstance(k, PredefinedKernel):
             walk(peak, plan.nodes(), [k.node], nbytes, field, f"kernel {k.name!r}: ")
         else:
             custom_peak(peak, k, plan, nbytes, tbytes, field)
         for t in last.get(i, ()):
-            if t not in mg.inputs:
+            if t not in mg.inputs or lazy:
                 peak.live -= tbytes(t)
     out = sum(tbytes(t) for t in set(mg.output_tensors.values()))
     return inputs, out, peak.peak, peak.at

@@ -266,12 +266,13 @@ class MuGraph:
         """Run the tiling for real over Z_p x Z_q with the trial ``ctx`` (a ``FieldCtx``)."""
         return evaluate_field(self, ctx)
 
-    def memory_peak(self, field: bool) -> tuple[int, int, int, str]:
-        """What one run of the tiled interpreter holds (``mugraph/memory.py``): the verifier's
-        memory estimate asks the program, as it asks it to evaluate itself."""
+    def memory_peak(self, field: bool, lazy: bool = False) -> tuple[int, int, int, str]:
+        """What one run of the tiled interpreter holds (``mugraph/memory.py``; ``lazy``:
+        inputs made as they are read): the verifier's memory estimate asks the program, as
+        it asks it to evaluate itself."""
         from .memory import mugraph_peak
 
-        return mugraph_peak(self, field)
+        return mugraph_peak(self, field, lazy)
 
     # -- conversions ------------------------------------------------------------------------
     @classmethod

@@ -405,17 +405,31 @@ def _run_custom(plan: _Plan, table: Table, ctx: Any, env: Mapping[str, Any],
 
 
 def execute(mg: KernelGraph, plans: list, table: Table, ctx: Any, pairs: bool) -> dict[str, Any]:
-    """Run every kernel in order; returns the values of all device tensors by name."""
-    env = {name: table[Op.INPUT](ctx, node) for name, node in mg.inputs.items()}
+    """Run every kernel in order; returns the values of all device tensors by name. Each
+    input is read (``table[Op.INPUT]``: a float64 conversion) just before the first kernel
+    that reads it, and dropped after the last, as every other tensor."""
+    env: dict[str, Any] = {}
+    first: dict[int, list[str]] = {}
+    seen: set[str] = set()
+    for i, k in enumerate(mg.kernels):
+        for t in k.reads():
+            if t in mg.inputs and t not in seen:
+                seen.add(t)
+                first.setdefault(i, []).append(t)
     specs = mg.tensors
     last = tensor_last_reads(mg)
     for i, (k, plan) in enumerate(zip(mg.kernels, plans)):
+        for t in first.get(i, ()):
+            env[t] = table[Op.INPUT](ctx, mg.inputs[t])
         if isinstance(k, PredefinedKernel):
             env.update(run(plan, _with_leaves(table, env), ctx))
         else:
             env.update(_run_custom(plan, table, ctx, env, specs, pairs))
         for t in last.get(i, ()):
             env.pop(t, None)  # no later kernel reads it: its memory goes back now
+    for t in mg.output_tensors.values():  # an input that is an output, read by no kernel
+        if t in mg.inputs and t not in env:
+            env[t] = table[Op.INPUT](ctx, mg.inputs[t])
     return env
 
 

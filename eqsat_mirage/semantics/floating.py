@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -369,13 +369,41 @@ def evaluate(program, inputs: Mapping[str, Any], dtype: str | None = None,
     return {k: np.asarray(v, dtype=np.float64) for k, v in out.items()}
 
 
+class LazyInputs(Mapping):
+    """Input values made when read (``make(name)``), none held here: the interpreters
+    (``interp.run``, the tiled ``execute``) read each input where its first reader runs and
+    drop it after its last, so a float evaluation of a 7B-size stack holds the weights of
+    the layer it is in, not of every layer (the verifier's float64 draws: ``Draws.inputs``).
+    The values must already be float32 or float64 arrays of the program's input shapes."""
+
+    def __init__(self, names, make: Callable[[str], np.ndarray]) -> None:
+        self.names, self.make = list(names), make
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self.names:
+            raise KeyError(name)
+        return self.make(name)
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def held(self) -> dict[str, np.ndarray]:
+        """Every value made and held (a counterexample's inputs, kept for its report)."""
+        return {n: self.make(n) for n in self.names}
+
+
 def float_ctx(program, inputs: Mapping[str, Any], dtype: str | None, rounded: bool
               ) -> FloatCtx:
     """The interpreter's context for ``evaluate``'s ``dtype`` and ``rounded``: inputs checked
-    (or, from ``rounded_inputs``, used as given)."""
+    (or, from ``rounded_inputs``, used as given; ``LazyInputs``: made as they are read)."""
     from ..ir.node import canonical_dtype
 
     mode = None if dtype is None else ("native" if dtype == "native" else canonical_dtype(dtype))
+    if isinstance(inputs, LazyInputs) and set(inputs) == set(program.inputs):
+        return FloatCtx(inputs, mode, rounded=rounded and mode == "native")
     if rounded and mode == "native" and _as_given(program, inputs, (np.float32,)):
         return FloatCtx(dict(inputs), mode, rounded=True)
     if mode is None and _as_given(program, inputs, (np.float32, np.float64)):

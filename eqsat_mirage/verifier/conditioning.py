@@ -11,9 +11,11 @@ check then asks only for finiteness there.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from ..semantics.floating import evaluate, neighbour
+from ..semantics.floating import LazyInputs, evaluate, neighbour
 
 
 def ill_conditioned(draws, kind: str, s: float, rtol: float) -> bool:
@@ -22,17 +24,28 @@ def ill_conditioned(draws, kind: str, s: float, rtol: float) -> bool:
     (``rtol`` times the output's scale plus the value, as ``floatcheck`` measures it, the
     scale at least the largest input magnitude) when every float input moves one unit in
     its dtype's last place, up or down at random (a generator of its own, seeded from the
-    draws'). Attention logits in the thousands, where float16's spacing is as large as
-    the gap between a row's two largest, make a token's output hinge on the last bit.
+    draws'; each moved input made as the evaluation reads it). Attention logits
+    in the thousands, where float16's spacing is as large as the gap between a row's two
+    largest, make a token's output hinge on the last bit.
     Memoized in ``draws.memo``."""
     key = ("ill-conditioned", kind, s)
     if key in draws.memo:
         return draws.memo[key]
-    g = np.random.default_rng([draws.base, 3, len(kind), int(s * 1000)])
-    moved = {n: x if draws.a.inputs[n].dtype == "bool" else neighbour(
-        x, draws.a.inputs[n].dtype, g.random(np.shape(x)) < 0.5)
-        for n, x in draws.rounded(kind, s).items()}
-    there = evaluate(draws.a, moved)
+    rounded = draws.rounded(kind, s)
+    names, start, at = list(draws.a.inputs), {}, 0
+    for n, node in draws.a.inputs.items():  # where each input's directions start in the
+        start[n] = at  # generator's stream (one 64-bit output a direction, inputs in order)
+        at += 0 if node.dtype == "bool" else math.prod(node.shape)
+
+    def moved(name: str) -> np.ndarray:  # made as the evaluation reads it (no second set)
+        x = rounded[name]
+        if draws.a.inputs[name].dtype == "bool":
+            return x
+        g = np.random.default_rng([draws.base, 3, len(kind), int(s * 1000)])
+        g.bit_generator.advance(start[name])
+        return neighbour(x, draws.a.inputs[name].dtype, g.random(np.shape(x)) < 0.5)
+
+    there = evaluate(draws.a, LazyInputs(names, moved))
     ref, xa = draws.out_a(None, kind, s, True), draws.out_a("native", kind, s, True)
     floor = draws.largest(kind, s)
     bad = False

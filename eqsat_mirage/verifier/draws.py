@@ -15,6 +15,7 @@ import numpy as np
 from ..ir.node import Op, toposort
 from ..semantics.floating import (
     FLOAT_SEMANTICS,
+    LazyInputs,
     evaluate,
     float_ctx,
     from_half,
@@ -146,8 +147,11 @@ class Draws:
             big = self.peak(int(s)) / self.headroom
             return {n: np.broadcast_to(np.float64(big if s < 0 or n == names[int(s)] else 1.0),
                                        z.shape) for n, z in self.normal.items()}
-        if kind in _ONE_BY_ONE:  # as float64 evaluations read them (``_as_drawn``)
+        if kind == "signed" and s == 1.0:  # the draw itself, read-only: no copies
             return {n: self._as_drawn(kind, s, n) for n in self.normal}
+        if kind in _ONE_BY_ONE:  # as float64 evaluations read them (``_as_drawn``), each
+            # made where the evaluation first reads it and dropped after its last reader
+            return LazyInputs(self.normal, functools.partial(self._as_drawn, kind, s))
         if kind == "spread":  # each element +-2^e, e uniform in [-s, s] (0: the whole range)
             g = np.random.default_rng([self.base, 2, int(s)])
             out = {}

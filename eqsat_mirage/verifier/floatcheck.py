@@ -18,7 +18,7 @@ import numpy as np
 
 from ..ir.limits import Deadline
 from ..ir.node import Op
-from ..semantics.floating import evaluate
+from ..semantics.floating import LazyInputs, evaluate
 from .conditioning import ill_conditioned
 from .draws import EXPONENT_DRAWS, HEADROOM, NATIVE_MAX, SPREADS, STATIC, Draws
 from .floatsafe import is_graph
@@ -117,8 +117,9 @@ def _compare(out_a: dict, out_b: dict, drawn: str, rtol: float, domain: str,
             idx = tuple(int(i) for i in np.argwhere(bad)[0])
             what = "non-finite where the first program is finite" if not fin_b[idx] \
                 else f"relative tolerance {rtol:g}"
+            held = inputs.held() if isinstance(inputs, LazyInputs) else inputs
             return Counterexample(domain, name, idx, float(x[idx]), float(y[idx]), trial,
-                                  inputs, f"{what}; inputs {drawn}")
+                                  held, f"{what}; inputs {drawn}")
     return None
 
 

@@ -107,13 +107,15 @@ def _scratch(node, parts: int, field: bool) -> int:
 
 
 def walk(peak: Peak, nodes: list, outputs, nbytes: Callable, field: bool,
-         where: str) -> int:
+         where: str, lazy: bool = False) -> int:
     """Hold ``nodes``' values in ``peak`` as an interpreter does (dropped after their last
-    reader, INPUT leaves held by the caller); returns the bytes of ``outputs`` still held."""
+    reader, INPUT leaves held by the caller; ``lazy``: made where they stand in ``nodes``, as
+    ``floating.LazyInputs`` are read, and dropped as the others); returns the bytes of
+    ``outputs`` still held."""
     done = last_reads(nodes, outputs)
     held: dict[int, int] = {}
     for i, node in enumerate(nodes):
-        if node.op is not Op.INPUT:
+        if node.op is not Op.INPUT or lazy:
             n = nbytes(node)
             what = f"{where}{node.op.name.lower()} {fmt_shape(node.shape)}"
             peak.spike(n + _scratch(node, n // max(1, WORD * size(node)), field), what)
@@ -161,9 +163,11 @@ def cached_conversions(program) -> int:
 # -- one evaluation of one program ----------------------------------------------------------
 
 
-def graph_peak(g, field: bool) -> tuple[int, int, int, str]:
+def graph_peak(g, field: bool, lazy: bool = False) -> tuple[int, int, int, str]:
     """(inputs, outputs, peak above the inputs, what was computed at the peak) of one
-    evaluation of the Graph ``g`` over the field (``field``) or float64, in bytes."""
+    evaluation of the Graph ``g`` over the field (``field``) or float64, in bytes
+    (``lazy``: inputs made as they are read, ``floating.LazyInputs``; the peak then
+    includes them)."""
     nodes = g.nodes()
     if field:
         nq = q_needed(g)
@@ -179,17 +183,40 @@ def graph_peak(g, field: bool) -> tuple[int, int, int, str]:
     if field:
         peak.hold(pinned(nodes, parts), "cached conversions of the inputs")
     out = walk(peak, nodes, list(g.outputs.values()),
-               lambda n: WORD * size(n) * parts(n), field, f"{g.name!r}: ")
+               lambda n: WORD * size(n) * parts(n), field, f"{g.name!r}: ", lazy)
     return inputs, out, peak.peak, peak.at
 
 
-def program_peak(program, field: bool) -> tuple[int, int, int, str]:
+def program_peak(program, field: bool, lazy: bool = False) -> tuple[int, int, int, str]:
     """``graph_peak``, or the program's own ``memory_peak`` (a MuGraph run by the tiled
     interpreter: ``mugraph/memory.py``; a family's program: its padded program)."""
     program = getattr(program, "program", program)
     if hasattr(program, "memory_peak"):
-        return program.memory_peak(field)
-    return graph_peak(program, field)
+        return program.memory_peak(field, lazy)
+    return graph_peak(program, field, lazy)
+
+
+def float_check_peak(a, b) -> tuple[int, str]:
+    """(bytes, what is computed then) of one float check of ``b`` against ``a`` at its
+    peak: a native-dtype draw holds every input rounded, in float32 (``Draws.rounded``),
+    while both programs run (the first program's outputs held through the second's run);
+    a float64 draw holds each input from its first reader to its last (``LazyInputs``)."""
+    fa_in, fa_out, fpa, at_a = program_peak(a, False)
+    _, _, fpb, at_b = program_peak(b, False)
+    _, _, lpa, lat_a = program_peak(a, False, lazy=True)
+    _, _, lpb, lat_b = program_peak(b, False, lazy=True)
+    native = rounded_inputs(a) + max(fpa, fpb + fa_out)
+    float64 = max(lpa, lpb + fa_out)
+    if native >= float64:
+        return native, at_a if fpa >= fpb + fa_out else at_b
+    return float64, f"{lat_a if lpa >= lpb + fa_out else lat_b} (float64, inputs as read)"
+
+
+def rounded_inputs(program) -> int:
+    """Bytes of one draw of ``program``'s inputs rounded to their dtypes, as float32 arrays
+    (a bool mask as float64)."""
+    program = getattr(program, "program", program)
+    return sum(size(n) * (WORD if n.dtype == "bool" else 4) for n in program.inputs.values())
 
 
 # -- one verification -----------------------------------------------------------------------
@@ -203,16 +230,15 @@ def verify_parts(a, b, threads: int, trials: int, memo: bool = True,
     other, each with the threads that fit it); None, of either."""
     ia, oa, pa, at_a = program_peak(a, True)
     ib, ob, pb, at_b = program_peak(b, True)
-    fa_in, fa_out, fpa, at_fa = program_peak(a, False)
-    _, _, fpb, at_fb = program_peak(b, False)
+    fa_in, fa_out, _, _ = program_peak(a, False)
     inputs = max(ia, ib)
     held = cached_conversions(a)  # the first program's input conversions, through the second
     trial = inputs + max(pa, held + oa + pb)
     at = at_a if pa >= held + oa + pb else at_b
-    floats = fa_in + max(fpa, fpb + fa_out)
+    floats, at_f = float_check_peak(a, b)
     job = {"trials": trial, "floats": floats}.get(phase, max(trial, floats))
     if phase == "floats":
-        at = f"{at_fa if fpa >= fpb + fa_out else at_fb} (float checks)"
+        at = f"{at_f} (float checks)"
     parts = [(f"{threads} {'float check' if phase == 'floats' else 'trial'}(s) at once, each "
               f"peaking at {at}", threads * job), _BASE_PART]
     if memo:
@@ -264,10 +290,9 @@ def check_parts(program) -> list[tuple[str, int]]:
 
 def float_parts(a, b, threads: int) -> list[tuple[str, int]]:
     """(description, bytes) of the float checks of ``b`` against ``a``, ``threads`` at once."""
-    fa_in, fa_out, fpa, at = program_peak(a, False)
-    _, _, fpb, at_b = program_peak(b, False)
-    return [(f"{threads} float check(s) at once, each peaking at {at if fpa >= fpb else at_b}",
-             threads * (fa_in + max(fpa, fpb + fa_out))),
+    fa_in, fa_out, _, _ = program_peak(a, False)
+    each, at = float_check_peak(a, b)
+    return [(f"{threads} float check(s) at once, each peaking at {at}", threads * each),
             ("the draws the checks are made from (a standard-normal draw in float32, two "
              "rounded draws others are made from, the folded one at the headroom in float32)",
              fa_in + 2 * packed_inputs(a)),

@@ -1,0 +1,80 @@
+"""``floating.LazyInputs``: inputs made where an evaluation first reads them and dropped
+after their last reader, in the Graph interpreter and the tiled one, with the memory
+estimate walking them the same way (the float64 draws of a 7B-size stack)."""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import pytest
+
+import eqsat_mirage as em
+from eqsat_mirage.mugraph.program import from_graph
+from eqsat_mirage.semantics.floating import LazyInputs, evaluate
+from eqsat_mirage.verifier import memory
+
+
+def _chain(blocks: int = 4) -> em.Graph:
+    """h <- silu(h @ w_i) for each block: block i alone reads w_i."""
+    g = em.Graph("chain")
+    h = g.input("x", (4, 64), dtype="float16")
+    for i in range(blocks):
+        h = em.silu(h @ g.input(f"w{i}", (64, 64), dtype="float16"))
+    g.output(h, "out")
+    return g
+
+
+class _Watched:
+    """A ``LazyInputs`` maker that counts the arrays it made that are still alive."""
+
+    def __init__(self, values: dict) -> None:
+        self.values, self.alive, self.most, self.made = values, 0, 0, []
+
+    def make(self, name: str) -> np.ndarray:
+        x = self.values[name].astype(np.float64)  # a fresh array, as Draws makes them
+        self.made.append(name)
+        self.alive += 1
+        self.most = max(self.most, self.alive)
+        weakref.finalize(x, self._gone)
+        return x
+
+    def _gone(self) -> None:
+        self.alive -= 1
+
+
+@pytest.mark.parametrize("tiled", [False, True])
+def test_an_evaluation_holds_the_inputs_it_is_reading_not_every_input(tiled):
+    g = _chain()
+    rng = np.random.default_rng(0)
+    values = {n: rng.standard_normal(v.shape).astype(np.float32) * 0.1
+              for n, v in g.inputs.items()}
+    program = from_graph(g) if tiled else g
+    watched = _Watched(values)
+    got = evaluate(program, LazyInputs(g.inputs, watched.make))
+    want = evaluate(program, {n: v.astype(np.float64) for n, v in values.items()})
+    np.testing.assert_array_equal(got["out"], want["out"])
+    assert sorted(watched.made) == sorted(g.inputs)  # each made once
+    assert watched.most <= 2 < len(g.inputs)  # the activation's input and one weight
+    assert watched.alive == 0
+
+
+@pytest.mark.parametrize("tiled", [False, True])
+def test_the_estimate_walks_lazy_inputs_as_the_interpreter_reads_them(tiled):
+    """``lazy``: the peak includes the inputs, but only those live at once (one weight of
+    four here), so it is below every input plus the peak of an evaluation that holds them."""
+    g = _chain()
+    program = from_graph(g) if tiled else g
+    inputs, _, peak, _ = memory.program_peak(program, False)
+    _, _, lazy, at = memory.program_peak(program, False, lazy=True)
+    weight = memory.WORD * 64 * 64
+    assert lazy < inputs + peak and inputs + peak - lazy >= 2 * weight, (lazy, inputs, peak)
+    assert lazy >= weight  # the weight being read is in it
+
+
+def test_lazy_inputs_is_a_mapping_of_the_names_it_was_given():
+    lazy = LazyInputs(["a", "b"], lambda n: np.full(2, ord(n), dtype=np.float64))
+    assert list(lazy) == ["a", "b"] and len(lazy) == 2 and lazy["b"][0] == ord("b")
+    with pytest.raises(KeyError):
+        lazy["c"]
+    assert set(lazy.held()) == {"a", "b"}
