@@ -349,14 +349,17 @@ class PerTrial:
 def per_trial_bound(a, b, prime_bits: int = 30) -> PerTrial:
     """Probability that one trial with fresh primes misses a difference between a and b.
 
-    ``1 - (1 - dq/q_min - kq/F) * (1 - dp/p_min - kp/F)``, maximised over outputs:
+    ``1 - (1 - dq/q_min - kq/F) * (1 - dp/p_min - kp/F)``, maximised over outputs
+    (q_min = 2**(bits-1), p_min = 2**bits: the least sampling set an input is drawn from):
     dp bounds the degree of the numerator of the outputs' difference (exp and
     opaque results counted as variables), dq that of a difference of two exp
     arguments; kp and kq bound how many of the F primes of the family can divide
     every integer coefficient of those numerators (a prime above 2**bits divides
     an integer of n bits at most n / bits times).
     """
-    q_min, p_min = 1 << (prime_bits - 1), (1 << prime_bits) + 1
+    # the sampling sets' sizes: q >= 2**(bits-1) and p = 2q + 1 > 2**bits, and an input
+    # above modular.DRAW_CHUNK elements is drawn from [0, 2**k), 2**k <= the prime
+    q_min, p_min = 1 << (prime_bits - 1), 1 << prime_bits
     fam = family_size(prime_bits)
     da, db = degrees(a), degrees(b)
     worst = PerTrial(0.0, family=fam)

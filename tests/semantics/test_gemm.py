@@ -91,8 +91,9 @@ def test_large_inputs_draw_their_residues_in_chunks_the_same_for_the_same_state(
     """``modular.residues``: an input above ``DRAW_CHUNK`` elements is drawn chunk by chunk
     on threads, each chunk from its own generator seeded by the trial's, so the values
     depend only on the generator's state (a memo's replay draws them again exactly), are
-    residues in [0, m), cover the whole range and leave the generator where a replay
-    expects it; a small input is drawn as NumPy draws it."""
+    uniform in [0, 2**k) (2**k the largest power of two below m: the sampling set the
+    bound counts, ``bound.per_trial_bound``), cover that range and leave the generator where
+    a replay expects it; a small input is drawn as NumPy draws it, in [0, m)."""
     from eqsat_mirage.semantics import modular
 
     m = (1 << 31) - 1
@@ -102,12 +103,16 @@ def test_large_inputs_draw_their_residues_in_chunks_the_same_for_the_same_state(
     draws = []
     for seed in (7, 7, 8):
         rng = np.random.default_rng(seed)
-        x = modular.residues(rng, m, (50, 130))
+        x = modular.residues(rng, m, (51, 131))  # odd: a chunk of an odd size at the end
         draws.append((x, rng.integers(0, 2**62)))
-        assert x.shape == (50, 130) and x.dtype == np.int64
-        assert x.min() >= 0 and x.max() < m
-        assert 0.45 * m < x.mean() < 0.55 * m
+        assert x.shape == (51, 131) and x.dtype == np.int64
+        assert x.min() >= 0 and x.max() < 2**30 and x.max() > 0.99 * 2**30
+        assert 0.45 * 2**30 < x.mean() < 0.55 * 2**30
     assert np.array_equal(draws[0][0], draws[1][0]) and draws[0][1] == draws[1][1]
     assert not np.array_equal(draws[0][0], draws[2][0])
-    flat = draws[0][0].reshape(-1)  # chunks are not copies of each other
+    flat = draws[0][0].reshape(-1)  # chunks are not copies of each other, nor halves
     assert not np.array_equal(flat[:100], flat[1000:1100])
+    assert not np.array_equal(flat[:100], flat[500:600])
+    q = (1 << 29) + 11  # a q: [0, 2**29)
+    x = modular.residues(np.random.default_rng(1), q, (3001,))
+    assert x.max() < 2**29 and 0.45 * 2**29 < x.mean() < 0.55 * 2**29
