@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -25,6 +27,7 @@ from ..semantics.floating import (
     uniform,
 )
 from ..semantics.interp import run
+from ..semantics.modular import DRAW_CHUNK
 from .floatsafe import fingerprints, is_graph, static_check
 from .kernelsafe import kernel_check
 from .memory import keeps_draws
@@ -87,6 +90,30 @@ def unpack(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def standard_normal(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """N(0, 1) values of ``shape`` in float32 from ``rng``: drawn in float64 and rounded, as
+    before, up to ``DRAW_CHUNK`` elements (every seed's draws of such inputs, and the
+    generator's later ones, stay as they were); a larger input (a 7B layer's weight, 45M:
+    1.1 s so) drawn in float32 chunk by chunk from generators seeded by ``rng``, on one
+    thread per core (0.33 s), as ``modular.residues`` draws a field trial's."""
+    n = math.prod(shape)
+    if n <= DRAW_CHUNK:
+        return rng.standard_normal(shape).astype(np.float32)
+    starts = range(0, n, DRAW_CHUNK)
+    seeds = rng.integers(0, 2**63, size=len(starts))
+    out = np.empty(shape, dtype=np.float32)
+    flat = out.reshape(-1)
+
+    def fill(j: int) -> None:
+        lo, hi = starts[j], min(n, starts[j] + DRAW_CHUNK)
+        np.random.default_rng(int(seeds[j])).standard_normal(hi - lo, dtype=np.float32,
+                                                             out=flat[lo:hi])
+
+    with ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as pool:
+        list(pool.map(fill, range(len(starts))))
+    return out
+
+
 class Draws:
     """One standard-normal draw per input, scaled, folded (|z|), replaced by a constant, or
     spread over the inputs' exponent ranges on demand; the first program's outputs per draw
@@ -100,8 +127,8 @@ class Draws:
         # the memory of float64 for a 7B layer's weights (drawn in float64 as before, so
         # the generator's later draws, and so every seed's exponents, stay as they were)
         self.normal = {n: (rng.random(node.shape) < 0.75).astype(np.float64)
-                       if node.dtype == "bool" else rng.standard_normal(node.shape).astype(
-                           np.float32) for n, node in a.inputs.items()}
+                       if node.dtype == "bool" else standard_normal(rng, node.shape)
+                       for n, node in a.inputs.items()}
         # a search's memo keeps every rounded draw, when they are small (``keeps_draws``)
         self.keeps = memo is not None and keeps_draws(a)
         self.base = int(rng.integers(0, 2**62))  # the exponent-range draws' own generators

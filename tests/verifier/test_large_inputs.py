@@ -270,3 +270,27 @@ def test_the_per_input_draws_at_the_headroom_share_the_others_values():
         want = d._times(d._packed("peakfold", float(i)), d.headroom)
         for name in got:
             assert np.array_equal(got[name], want[name], equal_nan=True), (i, name)
+
+
+def test_large_inputs_draw_their_normals_in_chunks_the_same_for_the_same_state(monkeypatch):
+    """``draws.standard_normal``: an input above ``DRAW_CHUNK`` elements is drawn in float32
+    chunk by chunk from generators seeded by the draw's (the same values for the same
+    state, N(0, 1) moments, chunks that are not copies); a small one as before, in
+    float64 rounded to float32 (every seed's small draws unchanged)."""
+    from eqsat_mirage.verifier import draws
+
+    small = draws.standard_normal(np.random.default_rng(3), (5, 7))
+    assert np.array_equal(small, np.random.default_rng(3).standard_normal((5, 7)).astype(
+        np.float32))
+    monkeypatch.setattr(draws, "DRAW_CHUNK", 1000)
+    got = []
+    for seed in (4, 4, 5):
+        rng = np.random.default_rng(seed)
+        x = draws.standard_normal(rng, (61, 97))
+        got.append((x, rng.integers(0, 2**62)))
+        assert x.dtype == np.float32 and x.shape == (61, 97)
+        assert abs(float(x.mean())) < 0.05 and abs(float(x.std()) - 1.0) < 0.05
+    assert np.array_equal(got[0][0], got[1][0]) and got[0][1] == got[1][1]
+    assert not np.array_equal(got[0][0], got[2][0])
+    flat = got[0][0].reshape(-1)
+    assert not np.array_equal(flat[:100], flat[1000:1100])
