@@ -18,7 +18,9 @@ on a path) goes through these steps:
    ``max_bound / distinct pieces``, so the union bound for the whole program is at
    most ``max_bound``; an end-to-end float check (float64 and native dtype) of the
    stitched program against the input runs on top, in the time left (at least
-   ``END_TO_END_MIN_S``). If it finds a difference, the input is returned, one kernel
+   ``END_TO_END_MIN_S``), on the whole program or, where piece contexts repeat (a
+   stack of layers), on its prefix through the first occurrence of every context
+   (``end_to_end``). If it finds a difference, the input is returned, one kernel
    per op, and ``stats["note"]`` says why. If the time limit cuts it short, nothing
    found and nothing proven, the verified pieces are kept: each passed its own
    finite-field trials and float checks (float64 and native dtype), the standard of a

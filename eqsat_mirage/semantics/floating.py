@@ -406,7 +406,7 @@ def float_ctx(program, inputs: Mapping[str, Any], dtype: str | None, rounded: bo
         return FloatCtx(inputs, mode, rounded=rounded and mode == "native")
     if rounded and mode == "native" and _as_given(program, inputs, (np.float32,)):
         return FloatCtx(dict(inputs), mode, rounded=True)
-    if mode is None and _as_given(program, inputs, (np.float32, np.float64)):
+    if mode is None and _as_given(program, inputs, (np.float16, np.float32, np.float64)):
         return FloatCtx(dict(inputs), mode)  # each converted to float64 as it is read (fix),
     return FloatCtx(check_inputs(program, inputs), mode)  # not all of them at once
 

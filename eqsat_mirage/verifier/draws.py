@@ -90,24 +90,31 @@ def unpack(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def standard_normal(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+def standard_normal(rng: np.random.Generator, shape: tuple[int, ...],
+                    half: bool = False) -> np.ndarray:
     """N(0, 1) values of ``shape`` in float32 from ``rng``: drawn in float64 and rounded, as
     before, up to ``DRAW_CHUNK`` elements (every seed's draws of such inputs, and the
     generator's later ones, stay as they were); a larger input (a 7B layer's weight, 45M:
     1.1 s so) drawn in float32 chunk by chunk from generators seeded by ``rng``, on one
-    thread per core (0.33 s), as ``modular.residues`` draws a field trial's."""
+    thread per core (0.33 s), as ``modular.residues`` draws a field trial's, and kept in
+    float16 where ``half`` (a float16 input: its draws are rounded to float16 anyway, and
+    2 bytes an element held through the check is what lets a 7B-size stack's end-to-end
+    check run two draws at once)."""
     n = math.prod(shape)
     if n <= DRAW_CHUNK:
         return rng.standard_normal(shape).astype(np.float32)
     starts = range(0, n, DRAW_CHUNK)
     seeds = rng.integers(0, 2**63, size=len(starts))
-    out = np.empty(shape, dtype=np.float32)
+    out = np.empty(shape, dtype=np.float16 if half else np.float32)
     flat = out.reshape(-1)
 
     def fill(j: int) -> None:
         lo, hi = starts[j], min(n, starts[j] + DRAW_CHUNK)
-        np.random.default_rng(int(seeds[j])).standard_normal(hi - lo, dtype=np.float32,
-                                                             out=flat[lo:hi])
+        g = np.random.default_rng(int(seeds[j]))
+        if half:
+            flat[lo:hi] = g.standard_normal(hi - lo, dtype=np.float32)
+        else:
+            g.standard_normal(hi - lo, dtype=np.float32, out=flat[lo:hi])
 
     with ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as pool:
         list(pool.map(fill, range(len(starts))))
@@ -127,7 +134,8 @@ class Draws:
         # the memory of float64 for a 7B layer's weights (drawn in float64 as before, so
         # the generator's later draws, and so every seed's exponents, stay as they were)
         self.normal = {n: (rng.random(node.shape) < 0.75).astype(np.float64)
-                       if node.dtype == "bool" else standard_normal(rng, node.shape)
+                       if node.dtype == "bool" else standard_normal(
+                           rng, node.shape, half=node.dtype == "float16")
                        for n, node in a.inputs.items()}
         # a search's memo keeps every rounded draw, when they are small (``keeps_draws``)
         self.keeps = memo is not None and keeps_draws(a)
@@ -281,6 +289,8 @@ class Draws:
         to float16 (``pack``'s format: one conversion instead of three), the others as
         ``round_to`` rounds them."""
         dtype, x = self.a.inputs[name].dtype, np.asarray(x)
+        if x.dtype == np.float16:  # a float16 input's normal draw itself: already rounded,
+            return x  # and packed as it is (``pack``: a view of the draw, no copy)
         if dtype == "float16" and x.ndim and not uniform(x):
             return to_half(x)
         return round_to(x, dtype)  # a broadcast of one value stays one (a bool mask too)

@@ -59,7 +59,7 @@ def float_check(a, b, seed: int | None = 0, rtol: float = 1e-7, native: bool = T
     dtype, 0.42 s") or says the time limit cut them short. ``peaked``: the names of the
     inputs that get the per-input draws (``peak``, ``peakfold``; None: every input); a
     stitched program of repeated pieces passes the inputs of one occurrence of each piece
-    context (``pipeline.whole.peaked_inputs``; docs/verifier.md, section 5)."""
+    context (``partition.contexts.peaked_inputs``; docs/verifier.md, section 5)."""
     start = time.perf_counter()
     match_interfaces(a, b)
     names = list(a.inputs)

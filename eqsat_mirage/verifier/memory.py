@@ -32,6 +32,7 @@ from collections.abc import Callable
 from ..ir.node import VIEWS, Op, fmt_shape
 from ..semantics.field import p_needed, q_needed
 from ..semantics.interp import last_reads
+from ..semantics.modular import DRAW_CHUNK
 
 # A search's memo keeps a trial's inputs up to this size; larger ones (a 7B layer's weights:
 # 1.1 GB a trial) are drawn again from the trial's generator for each candidate
@@ -201,7 +202,7 @@ def float_check_peak(a, b) -> tuple[int, str]:
     peak: a native-dtype draw holds every input rounded, in float32 (``Draws.rounded``),
     while both programs run (the first program's outputs held through the second's run);
     a float64 draw holds each input from its first reader to its last (``LazyInputs``)."""
-    fa_in, fa_out, fpa, at_a = program_peak(a, False)
+    _, fa_out, fpa, at_a = program_peak(a, False)
     _, _, fpb, at_b = program_peak(b, False)
     _, _, lpa, lat_a = program_peak(a, False, lazy=True)
     _, _, lpb, lat_b = program_peak(b, False, lazy=True)
@@ -230,7 +231,7 @@ def verify_parts(a, b, threads: int, trials: int, memo: bool = True,
     other, each with the threads that fit it); None, of either."""
     ia, oa, pa, at_a = program_peak(a, True)
     ib, ob, pb, at_b = program_peak(b, True)
-    fa_in, fa_out, _, _ = program_peak(a, False)
+    _, fa_out, _, _ = program_peak(a, False)
     inputs = max(ia, ib)
     held = cached_conversions(a)  # the first program's input conversions, through the second
     trial = inputs + max(pa, held + oa + pb)
@@ -248,10 +249,10 @@ def verify_parts(a, b, threads: int, trials: int, memo: bool = True,
                       trials * (ia * keeps_inputs(ia) + oa)))
         kept = DRAW_SETS if keeps_draws(a) else 2
         which = "the rounded draws kept" if kept > 2 else "two rounded draws others are made from"
-        parts.append((f"the float checks' draws (a standard-normal draw in float32 per call, "
+        parts.append((f"the float checks' draws (a standard-normal draw per call, "
                       f"{which}, the folded one at the headroom in float32) and "
                       f"first-program outputs",
-                      fa_in + kept * packed_inputs(a) + 12 * fa_out))
+                      draw_bytes(a) + kept * packed_inputs(a) + 12 * fa_out))
     return parts
 
 
@@ -262,6 +263,19 @@ def keeps_draws(program) -> bool:
     are made from are held: what a worker verifying it then leaves of a shared budget is
     what another piece's verification needs beside it."""
     return keeps_inputs(DRAW_SETS * packed_inputs(program))
+
+
+def draw_bytes(program) -> int:
+    """Bytes of the standard-normal draw the float checks hold (``draws.standard_normal``:
+    float32, float16 for a float16 input above ``DRAW_CHUNK`` elements, a bool mask's bits
+    in float64) and of the folded draw at the headroom (float32)."""
+    program = getattr(program, "program", program)
+    total = 0
+    for n in program.inputs.values():
+        k = size(n)
+        total += WORD * k if n.dtype == "bool" else (
+            (2 if n.dtype == "float16" and k > DRAW_CHUNK else 4) + 4) * k
+    return total
 
 
 def packed_inputs(program) -> int:
@@ -290,12 +304,12 @@ def check_parts(program) -> list[tuple[str, int]]:
 
 def float_parts(a, b, threads: int) -> list[tuple[str, int]]:
     """(description, bytes) of the float checks of ``b`` against ``a``, ``threads`` at once."""
-    fa_in, fa_out, _, _ = program_peak(a, False)
+    _, fa_out, _, _ = program_peak(a, False)
     each, at = float_check_peak(a, b)
     return [(f"{threads} float check(s) at once, each peaking at {at}", threads * each),
-            ("the draws the checks are made from (a standard-normal draw in float32, two "
-             "rounded draws others are made from, the folded one at the headroom in float32)",
-             fa_in + 2 * packed_inputs(a)),
+            ("the draws the checks are made from (a standard-normal draw, two rounded "
+             "draws others are made from, the folded one at the headroom in float32)",
+             draw_bytes(a) + 2 * packed_inputs(a)),
             ("the first program's outputs kept per draw (native, float64, at the headroom, "
              "its truth)", 12 * fa_out), _BASE_PART]
 

@@ -80,7 +80,10 @@ def test_large_trial_inputs_are_not_kept():
     elements = 4 * 4096 + 4096 * 11008
     # 7 rounded draws of 90 MB would pass MEMO_INPUTS: only the two others are made from
     assert not memory.keeps_draws(g)
-    assert draws == 8 * elements + 2 * 2 * elements + 12 * 4 * 11008 * 8
+    # the weight's normal draw in float16 (above DRAW_CHUNK), X's in float32; the folded
+    # draw at the headroom in float32
+    assert draws == (2 + 4) * 4096 * 11008 + 8 * 4 * 4096 + 2 * 2 * elements + \
+        12 * 4 * 11008 * 8
     small = em.Graph("small")
     x, w = small.input("X", (4, 64), "float16"), small.input("W", (64, 128), "float16")
     small.output(x @ w, "Y")
@@ -294,3 +297,34 @@ def test_large_inputs_draw_their_normals_in_chunks_the_same_for_the_same_state(m
     assert not np.array_equal(got[0][0], got[2][0])
     flat = got[0][0].reshape(-1)
     assert not np.array_equal(flat[:100], flat[1000:1100])
+
+
+def test_a_large_float16_inputs_normal_draw_is_kept_in_float16_and_still_catches(monkeypatch):
+    """Above ``DRAW_CHUNK`` elements a float16 input's N(0, 1) draw is held in float16 (its
+    draws are rounded to float16 anyway; the signed draw is packed as a view of it): the
+    float checks still refuse an overflowing rewrite and pass the program itself, and the
+    estimate counts 2 bytes an element for it."""
+    from eqsat_mirage.verifier import draws
+    from eqsat_mirage.verifier.floatcheck import float_checks
+
+    def prog(name: str, unsafe: bool) -> em.Graph:
+        g = em.Graph(name)
+        x = g.input("x", (64, 64), dtype="float16")
+        w = g.input("w", (64, 64), dtype="float16")
+        g.output(((x * x) * (1.0 / 65536.0)) * w if unsafe else
+                 ((x * (1.0 / 256.0)) * (x * (1.0 / 256.0))) * w, "out")
+        return g
+
+    a, b = prog("a", False), prog("b", True)
+    before = memory.draw_bytes(a)
+    monkeypatch.setattr(draws, "DRAW_CHUNK", 1000)
+    monkeypatch.setattr(memory, "DRAW_CHUNK", 1000)
+    assert memory.draw_bytes(a) == before - 2 * 2 * 64 * 64
+    d = draws.Draws(a, np.random.default_rng(0), {})
+    assert all(z.dtype == np.float16 for z in d.normal.values())
+    assert d._packed("signed", 1.0)["x"].base is not None  # a view of the draw
+    for seed in (0, 1):
+        cex, native = float_checks(a, b, np.random.default_rng(seed), 1e-7, True)
+        assert native and cex is not None and cex.domain == "native dtype", cex
+        cex, _ = float_checks(a, prog("c", False), np.random.default_rng(seed), 1e-7, True)
+        assert cex is None, cex
