@@ -2,7 +2,8 @@
 
 ``kernels.py``: device tensor specs and the predefined/custom kernels; ``validate.py``:
 their checks; ``tiled.py``: the interpreter that executes the tiling for real (floats and
-field); ``facts.py``: the reference graph, the Lax check and degrees; ``io.py``: the
+field); ``parts.py``: which parts of a field value it needs; ``memory.py``: what a run of
+it holds; ``facts.py``: the reference graph, the Lax check and degrees; ``io.py``: the
 listing and JSON; ``program.py``: the ``MuGraph`` class, ``from_graph`` and ``from_dict``.
 
 Takes: kernels built by hand or by the fusion planner, or a ``Graph`` (``from_graph``).

@@ -9,8 +9,9 @@ import math
 from ..ir.node import Op, fmt_shape
 from ..verifier.memory import WORD, Peak, matmul_scratch, pinned, size, walk
 from .kernels import PredefinedKernel
-from .tiled import needs_p, needs_q, tensor_last_reads
+from .parts import needs_p, needs_q
 from .tiled import plans as staged
+from .tiled import tensor_last_reads
 
 
 def mugraph_peak(mg, field: bool, lazy: bool = False) -> tuple[int, int, int, str]:

@@ -13,7 +13,7 @@ import pytest
 from mugraph_examples import flash_attention, rmsnorm_linear, tiled_matmul
 
 import eqsat_mirage as em
-from eqsat_mirage.mugraph import tiled
+from eqsat_mirage.mugraph import parts, tiled
 from eqsat_mirage.semantics import field as fieldsem
 from eqsat_mirage.semantics.field import FieldCtx, evaluate_field
 from eqsat_mirage.semantics.floating import evaluate, uniform
@@ -53,8 +53,8 @@ def test_loop_matmuls_are_joined_and_scores_skip_their_p_part():
     plan = tiled.plans(mg)[0]
     assert set(plan.fused) == {"o"}  # s @ v is summed over the loop; the row sum is not a matmul
     scores = next(n for n in plan.fused_loop.nodes() if n.op is em.Op.MATMUL)
-    q_ids = tiled.needs_q(mg, [plan])
-    p_ids = tiled.needs_p(mg, [plan], q_ids)
+    q_ids = parts.needs_q(mg, [plan])
+    p_ids = parts.needs_p(mg, [plan], q_ids)
     assert id(scores) in q_ids and id(scores) not in p_ids  # q @ k only feeds exp
 
 
