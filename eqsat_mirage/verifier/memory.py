@@ -200,16 +200,22 @@ def program_peak(program, field: bool, lazy: bool = False) -> tuple[int, int, in
 def float_check_peak(a, b) -> tuple[int, str]:
     """(bytes, what is computed then) of one float check of ``b`` against ``a`` at its
     peak: a native-dtype draw holds every input rounded, in float32 (``Draws.rounded``),
-    while both programs run (the first program's outputs held through the second's run);
-    a float64 draw holds each input from its first reader to its last (``LazyInputs``)."""
+    while both programs run (the first program's outputs held through the second's run)
+    and while the first runs in float64 on it for the ground truth (``Draws.truth``,
+    ``conditioning``: each rounded input converted to float64 where it is first read,
+    held to its last reader, as a lazy walk counts it); a float64 draw holds each input
+    from its first reader to its last (``LazyInputs``)."""
     _, fa_out, fpa, at_a = program_peak(a, False)
     _, _, fpb, at_b = program_peak(b, False)
     _, _, lpa, lat_a = program_peak(a, False, lazy=True)
     _, _, lpb, lat_b = program_peak(b, False, lazy=True)
-    native = rounded_inputs(a) + max(fpa, fpb + fa_out)
+    native_a = max(fpa, lpa)  # natively, and in float64 on the rounded draw
+    native = rounded_inputs(a) + max(native_a, fpb + fa_out)
     float64 = max(lpa, lpb + fa_out)
     if native >= float64:
-        return native, at_a if fpa >= fpb + fa_out else at_b
+        if native_a < fpb + fa_out:
+            return native, at_b
+        return native, at_a if fpa >= lpa else f"{lat_a} (float64, on the rounded draw)"
     return float64, f"{lat_a if lpa >= lpb + fa_out else lat_b} (float64, inputs as read)"
 
 
