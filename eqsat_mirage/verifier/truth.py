@@ -35,7 +35,7 @@ import numpy as np
 
 from ..ir.node import Op
 from ..ir.ops import SPECS
-from ..semantics.floating import FLOAT_SEMANTICS, FloatCtx, uniform
+from ..semantics.floating import FLOAT_SEMANTICS, FloatCtx, LazyInputs, uniform
 from ..semantics.interp import run
 from .floatsafe import is_graph
 
@@ -126,7 +126,9 @@ def truth(program, inputs: dict, float64: dict) -> tuple[dict[str, np.ndarray], 
     how = precision(program)
     if how == "float64":
         return float64, how
-    ctx = _WideCtx({k: np.asarray(v) for k, v in inputs.items()}, None)
+    # made where they are read (``LazyInputs``: a float64 draw), else as given
+    ctx = _WideCtx(inputs if isinstance(inputs, LazyInputs) else
+                   {k: np.asarray(v) for k, v in inputs.items()}, None)
     with np.errstate(all="ignore"):
         out = run(program, _TABLE, ctx)
         return {k: np.asarray(v, dtype=np.float64) for k, v in out.items()}, how

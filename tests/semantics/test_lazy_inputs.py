@@ -78,3 +78,22 @@ def test_lazy_inputs_is_a_mapping_of_the_names_it_was_given():
     with pytest.raises(KeyError):
         lazy["c"]
     assert set(lazy.held()) == {"a", "b"}
+
+
+def test_the_ground_truth_reads_lazy_inputs_as_they_are_read():
+    """``truth.truth`` on a float64 draw (``LazyInputs``) makes each input at its first
+    reader, as the float64 run does, not every input at once."""
+    from eqsat_mirage.verifier import truth
+
+    g = _chain()
+    if truth.precision(g) == "float64":
+        pytest.skip("no wider float type here")
+    rng = np.random.default_rng(0)
+    values = {n: rng.standard_normal(v.shape).astype(np.float32) * 0.1
+              for n, v in g.inputs.items()}
+    f64 = evaluate(g, {n: v.astype(np.float64) for n, v in values.items()})
+    watched = _Watched(values)
+    got, _ = truth.truth(g, LazyInputs(g.inputs, watched.make), f64)
+    np.testing.assert_allclose(got["out"], f64["out"], rtol=1e-12, atol=1e-15)
+    assert sorted(watched.made) == sorted(g.inputs)
+    assert watched.most <= 2 < len(g.inputs)
