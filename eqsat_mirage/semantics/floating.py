@@ -376,8 +376,9 @@ class LazyInputs(Mapping):
     the layer it is in, not of every layer (the verifier's float64 draws: ``Draws.inputs``).
     The values must already be float32 or float64 arrays of the program's input shapes."""
 
-    def __init__(self, names, make: Callable[[str], np.ndarray]) -> None:
-        self.names, self.make = list(names), make
+    def __init__(self, names, make: Callable[[str], np.ndarray],
+                 keep: Callable[[str], np.ndarray] | None = None) -> None:
+        self.names, self.make, self.keep = list(names), make, keep or make
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self.names:
@@ -391,8 +392,10 @@ class LazyInputs(Mapping):
         return len(self.names)
 
     def held(self) -> dict[str, np.ndarray]:
-        """Every value made and held (a counterexample's inputs, kept for its report)."""
-        return {n: self.make(n) for n in self.names}
+        """Every value made and held (a counterexample's inputs, kept for its report), by
+        ``keep``: the same values in the narrowest array that holds them (a float32 draw,
+        not its float64 conversion)."""
+        return {n: self.keep(n) for n in self.names}
 
 
 def float_ctx(program, inputs: Mapping[str, Any], dtype: str | None, rounded: bool

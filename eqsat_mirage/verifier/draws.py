@@ -186,7 +186,8 @@ class Draws:
             return {n: self._as_drawn(kind, s, n) for n in self.normal}
         if kind in _ONE_BY_ONE:  # as float64 evaluations read them (``_as_drawn``), each
             # made where the evaluation first reads it and dropped after its last reader
-            return LazyInputs(self.normal, functools.partial(self._as_drawn, kind, s))
+            return LazyInputs(self.normal, functools.partial(self._as_drawn, kind, s),
+                              keep=functools.partial(self._draw, kind, s))
         if kind == "spread":  # each element +-2^e, e uniform in [-s, s] (0: the whole range)
             g = np.random.default_rng([self.base, 2, int(s)])
             out = {}

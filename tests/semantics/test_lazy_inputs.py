@@ -97,3 +97,19 @@ def test_the_ground_truth_reads_lazy_inputs_as_they_are_read():
     np.testing.assert_allclose(got["out"], f64["out"], rtol=1e-12, atol=1e-15)
     assert sorted(watched.made) == sorted(g.inputs)
     assert watched.most <= 2 < len(g.inputs)
+
+
+def test_a_counterexample_keeps_a_float64_draw_in_its_narrowest_form():
+    """``held`` (what a counterexample keeps) reads ``keep``: the verifier's float64 draws
+    keep their float32 values, the same numbers as the float64 arrays the evaluation read."""
+    import eqsat_mirage as em
+    from eqsat_mirage.verifier.draws import Draws
+
+    g = em.Graph("g")
+    x = g.input("x", (3, 4), dtype="float16")
+    g.output(x * 2.0, "y")
+    d = Draws(g, np.random.default_rng(0), {})
+    lazy = d.inputs("signed", 30.0)
+    kept = lazy.held()["x"]
+    assert kept.dtype == np.float32 and lazy["x"].dtype == np.float64
+    np.testing.assert_array_equal(kept.astype(np.float64), lazy["x"])
