@@ -172,8 +172,8 @@ class Draws:
                     out[n] = x
                 elif np.ndim(x) and not any(x.strides):  # a broadcast stays one
                     out[n] = np.broadcast_to(x.reshape(-1)[:1] * self.headroom, x.shape)
-                else:
-                    out[n] = x * self.headroom
+                else:  # in float64: a float16 draw times 2^27 would overflow in float16
+                    out[n] = np.asarray(x, dtype=np.float64) * self.headroom
             return out
         if kind == "constant":  # read-only views: no memory per input
             return {n: np.broadcast_to(np.float64(s), z.shape) for n, z in self.normal.items()}

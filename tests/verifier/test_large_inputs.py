@@ -328,3 +328,19 @@ def test_a_large_float16_inputs_normal_draw_is_kept_in_float16_and_still_catches
         assert native and cex is not None and cex.domain == "native dtype", cex
         cex, _ = float_checks(a, prog("c", False), np.random.default_rng(seed), 1e-7, True)
         assert cex is None, cex
+
+
+def test_a_draw_at_the_headroom_is_scaled_in_float64():
+    """``Draws.inputs(kind + "@h")``: a float16 input's draw (held in float16 above
+    DRAW_CHUNK) times the headroom is computed in float64, not overflowed in float16."""
+    from eqsat_mirage.verifier import draws
+
+    g = em.Graph("g")
+    x = g.input("x", (3, 4), dtype="float16")
+    g.output(x * 2.0, "y")
+    d = draws.Draws(g, np.random.default_rng(0), {})
+    d.normal["x"] = d.normal["x"].astype(np.float16)  # as a large float16 input's is held
+    d.headroom = 2.0**27
+    got = d.inputs("signed@h", 1.0)["x"]
+    assert got.dtype == np.float64 and np.isfinite(got).all()
+    np.testing.assert_array_equal(got, d.normal["x"].astype(np.float64) * 2.0**27)
