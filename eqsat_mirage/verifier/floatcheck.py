@@ -240,14 +240,11 @@ def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
             # that is 0 in exact arithmetic (x + (-x), squared) is rounding noise in both
             # both against the ground truth where it is wider than float64: the second
             # may be as far from it as the first is, give or take the tolerance
-            # the static checks run both programs on this draw: where they are done (one
-            # check at a time: always), their outputs are read; on a pool this check does
-            # not wait for them (a thread idle for the whole static check: 13 s of a 7B
-            # stack's end-to-end check) but computes its own
-            done = strict and draws.static_done.is_set()
+            if strict:  # the static checks run both programs on this draw: theirs are read
+                draws.static_done.wait()
             xa = draws.out_a(None, kind, s, inputs=inputs)
             ref, how = draws.truth(kind, s, False)
-            xb = draws.b_outputs if done and draws.b_outputs is not None else evaluate(b, inputs)
+            xb = draws.b_outputs if strict and draws.b_outputs is not None else evaluate(b, inputs)
             return _compare(xa, xb, where, rtol,
                             "float64", inputs, i, "strict" if strict else "finite",
                             draws.largest(kind, s), ref=None if how == "float64" else ref)

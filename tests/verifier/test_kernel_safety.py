@@ -137,35 +137,3 @@ def test_the_static_checks_kept_outputs_are_the_programs_on_that_draw():
         assert kept is not None and set(kept) == set(want)
         assert all(np.array_equal(kept[k], want[k]) for k in want), program.name
     assert em.verify(g, mg, seed=0).equivalent
-
-
-def test_on_a_pool_the_strict_float64_check_does_not_wait_for_the_static_checks(monkeypatch):
-    """With two checks at once, the strict float64 check of the N(0, 1) draw computes its
-    own outputs while the static checks still run (a thread waiting on them sat idle for
-    13 s of a 7B stack's end-to-end check); one check at a time, it reads theirs."""
-    import time
-
-    from eqsat_mirage.ir.limits import Deadline
-    from eqsat_mirage.verifier import draws as draws_mod
-    from eqsat_mirage.verifier.floatcheck import float_checks
-    from eqsat_mirage.verifier.runner import runner
-
-    g = em.Graph("sumsq16")
-    x = g.input("X", (8, 16), "float16")
-    g.output((x * x).sum(axis=1, keepdims=True), "Y")
-    real = draws_mod.Draws.static
-    waited = []
-
-    def slow_static(self, b):  # until the strict check has its first program's outputs
-        start = time.perf_counter()
-        while (None, "signed", 1.0, False) not in self.memo:
-            if time.perf_counter() - start > 10.0:
-                waited.append(True)
-                break
-            time.sleep(0.01)
-        return real(self, b)
-
-    monkeypatch.setattr(draws_mod.Draws, "static", slow_static)
-    with runner(Deadline(None), 2) as pool:
-        cex, native = float_checks(g, g, np.random.default_rng(0), 1e-7, True, pool=pool)
-    assert cex is None and native and not waited
