@@ -10,8 +10,8 @@ from ..ir.node import Op, fmt_shape
 from ..verifier.memory import WORD, Peak, matmul_scratch, pinned, size, walk
 from .kernels import PredefinedKernel
 from .parts import needs_p, needs_q
+from .tiled import input_first_reads, tensor_last_reads
 from .tiled import plans as staged
-from .tiled import tensor_last_reads
 
 
 def mugraph_peak(mg, field: bool, lazy: bool = False) -> tuple[int, int, int, str]:
@@ -57,12 +57,10 @@ def mugraph_peak(mg, field: bool, lazy: bool = False) -> tuple[int, int, int, st
         peak.hold(sum(pinned([k.node], lambda n: max(1, parts(n))) for k in mg.kernels
                       if isinstance(k, PredefinedKernel)), "cached conversions of the inputs")
     last = tensor_last_reads(mg)
-    read: set[str] = set()
+    first = input_first_reads(mg) if lazy else {}
     for i, (k, plan) in enumerate(zip(mg.kernels, plans)):
-        for t in k.reads() if lazy else ():
-            if t in mg.inputs and t not in read:
-                read.add(t)
-                peak.hold(tbytes(t), f"input {t!r} read by kernel {k.name!r}")
+        for t in first.get(i, ()):
+            peak.hold(tbytes(t), f"input {t!r} read by kernel {k.name!r}")
         if isinstance(k, PredefinedKernel):
             walk(peak, plan.nodes(), [k.node], nbytes, field, f"kernel {k.name!r}: ")
         else:

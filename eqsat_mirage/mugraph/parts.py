@@ -21,6 +21,19 @@ def _back(nodes: list[Node], needed: set[int]) -> None:
             needed.update(id(s) for s in node.srcs)
 
 
+def _epilogue_reads(plan, needed: set[int]) -> set[str]:
+    """The tiles a custom kernel's epilogue reads whose part is needed; an accumulator it
+    reads marks the loop output and the sum behind it as needed instead."""
+    tiles = set()
+    for n in plan.post.nodes():
+        if n.op is Op.INPUT and id(n) in needed:
+            if n.arg in plan.adds:
+                needed.update((id(plan.loop.outputs[n.arg]), id(plan.adds[n.arg])))
+            else:
+                tiles.add(n.arg)
+    return tiles
+
+
 def needs_q(mg: KernelGraph, plans: list) -> set[int]:
     """Ids of the (vectorised) nodes whose Z_q part some exp reads, across all kernels."""
     needed: set[int] = set()
@@ -37,13 +50,7 @@ def needs_q(mg: KernelGraph, plans: list) -> set[int]:
                 stage = plan.loop if bo.stage == "loop" else plan.post
                 needed.add(id(stage.outputs[t]))
         _back(plan.post.nodes(), needed)
-        tiles = set()
-        for n in plan.post.nodes():
-            if n.op is Op.INPUT and id(n) in needed:
-                if n.arg in plan.adds:
-                    needed.update((id(plan.loop.outputs[n.arg]), id(plan.adds[n.arg])))
-                else:
-                    tiles.add(n.arg)
+        tiles = _epilogue_reads(plan, needed)
         if plan.online is not None:  # a running maximum is keyed on its values: both parts
             needed.update(id(plan.loop.outputs[a]) for a in k.maxima)
         _back(plan.loop.nodes(), needed)
@@ -76,13 +83,7 @@ def needs_p(mg: KernelGraph, plans: list, q_ids: set[int]) -> set[int]:
             if t in p_tensors:
                 needed.add(id((plan.loop if bo.stage == "loop" else plan.post).outputs[t]))
         back_p(plan.post.nodes(), needed, q_ids)
-        tiles = set()
-        for n in plan.post.nodes():
-            if n.op is Op.INPUT and id(n) in needed:
-                if n.arg in plan.adds:
-                    needed.update((id(plan.loop.outputs[n.arg]), id(plan.adds[n.arg])))
-                else:
-                    tiles.add(n.arg)
+        tiles = _epilogue_reads(plan, needed)
         if plan.online is not None:
             needed.update(id(plan.loop.outputs[a]) for a in k.maxima)
             needed.update(id(n) for n in plan.online.synthetic())

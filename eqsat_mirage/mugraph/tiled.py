@@ -332,13 +332,7 @@ def execute(mg: KernelGraph, plans: list, table: Table, ctx: Any, pairs: bool) -
     input is read (``table[Op.INPUT]``: a float64 conversion) just before the first kernel
     that reads it, and dropped after the last, as every other tensor."""
     env: dict[str, Any] = {}
-    first: dict[int, list[str]] = {}
-    seen: set[str] = set()
-    for i, k in enumerate(mg.kernels):
-        for t in k.reads():
-            if t in mg.inputs and t not in seen:
-                seen.add(t)
-                first.setdefault(i, []).append(t)
+    first = input_first_reads(mg)
     specs = mg.tensors
     last = tensor_last_reads(mg)
     for i, (k, plan) in enumerate(zip(mg.kernels, plans)):
@@ -354,6 +348,19 @@ def execute(mg: KernelGraph, plans: list, table: Table, ctx: Any, pairs: bool) -
         if t in mg.inputs and t not in env:
             env[t] = table[Op.INPUT](ctx, mg.inputs[t])
     return env
+
+
+def input_first_reads(mg: KernelGraph) -> dict[int, list[str]]:
+    """Kernel position -> the input tensors first read there (``execute`` reads each input
+    there; the memory estimate of lazily read inputs holds it from there)."""
+    first: dict[int, list[str]] = {}
+    seen: set[str] = set()
+    for i, k in enumerate(mg.kernels):
+        for t in k.reads():
+            if t in mg.inputs and t not in seen:
+                seen.add(t)
+                first.setdefault(i, []).append(t)
+    return first
 
 
 def tensor_last_reads(mg: KernelGraph) -> dict[int, list[str]]:
