@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from typing import Any
@@ -82,34 +83,46 @@ DRAW_CHUNK = 1 << 22  # residues drawn per generator when an input is larger tha
 def residues(rng: np.random.Generator, m: int, shape: tuple[int, ...]) -> np.ndarray:
     """Uniform residues of ``shape`` as int64, from ``rng``: in [0, m) for an input of at
     most ``DRAW_CHUNK`` elements, as NumPy draws them; a larger one (a 7B layer's weights:
-    45M) uniform in [0, 2**k), 2**k the largest power of two not above m, from the bits of
-    generators seeded by ``rng`` chunk by chunk (the same values for the same state), on
-    one thread per core: 2 ns a value against 15 for ``Generator.integers`` (2.7 G values a
-    7B MLP candidate's trials). A subset of the field is as good a sampling set for the
-    Schwartz-Zippel bound as the field, whose size it uses: ``bound.per_trial_bound`` takes
-    2**bits for p and 2**(bits - 1) for q, the least of both sets (docs/verifier.md)."""
+    45M) uniform in [0, 2**k), 2**k the largest power of two not above m, from the raw
+    bits of generators seeded by ``rng`` (``chunked``): 2 ns a value against 15 for
+    ``Generator.integers`` (2.7 G values a 7B MLP candidate's trials). A subset of the
+    field is as good a sampling set for the Schwartz-Zippel bound as the field, whose size
+    it uses: ``bound.per_trial_bound`` takes 2**bits for p and 2**(bits - 1) for q, the
+    least of both sets (docs/verifier.md)."""
     n = math.prod(shape)
     if n <= DRAW_CHUNK:
         return rng.integers(0, m, shape, dtype=np.int64)
-    starts = range(0, n, DRAW_CHUNK)
-    seeds = rng.integers(0, 2**63, size=len(starts))
-    out = np.empty(shape, dtype=np.int64)  # owns its memory: views of it lead back to it
-    flat = out.reshape(-1)
-    bits = min(m.bit_length() - 1, 32)
-    mask = np.uint64((1 << bits) - 1)
+    mask = np.uint64((1 << min(m.bit_length() - 1, 32)) - 1)
 
-    def fill(j: int) -> None:
-        lo = starts[j]
-        hi = min(n, lo + DRAW_CHUNK)
-        words = np.random.default_rng(int(seeds[j])).bit_generator.random_raw((hi - lo + 1) // 2)
-        half = (hi - lo) // 2  # two values a 64-bit word: its low and its high 32 bits
-        low, high = (flat[lo:lo + half].view(np.uint64), flat[lo + half:hi].view(np.uint64))
+    def fill(g: np.random.Generator, out: np.ndarray) -> None:
+        words = g.bit_generator.random_raw((out.size + 1) // 2)
+        half = out.size // 2  # two values a 64-bit word: its low and its high 32 bits
+        low, high = out[:half].view(np.uint64), out[half:].view(np.uint64)
         np.bitwise_and(words[:half], mask, out=low)
-        np.right_shift(words[:hi - lo - half], np.uint64(32), out=high)
+        np.right_shift(words[:out.size - half], np.uint64(32), out=high)
         np.bitwise_and(high, mask, out=high)
 
+    return chunked(rng, shape, np.int64, fill)
+
+
+def chunked(rng: np.random.Generator, shape: tuple[int, ...], dtype,
+            fill: Callable[[np.random.Generator, np.ndarray], None]) -> np.ndarray:
+    """A new array of ``shape`` and ``dtype`` filled ``DRAW_CHUNK`` elements at a time, on
+    one thread per core: ``fill(generator, chunk)`` writes each flat chunk from a generator
+    of its own, seeded by ``rng`` (the same values for the same state; the array owns its
+    memory, so views of it lead back to it). A large input's field residues
+    (``residues``) and its float checks' N(0, 1) draw (``draws.standard_normal``)."""
+    n = math.prod(shape)
+    starts = range(0, n, DRAW_CHUNK)
+    seeds = rng.integers(0, 2**63, size=len(starts))
+    out = np.empty(shape, dtype=dtype)
+    flat = out.reshape(-1)
+
+    def one(j: int) -> None:
+        fill(np.random.default_rng(int(seeds[j])), flat[starts[j]:min(n, starts[j] + DRAW_CHUNK)])
+
     with ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as pool:
-        list(pool.map(fill, range(len(starts))))
+        list(pool.map(one, range(len(starts))))
     return out
 
 

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -27,7 +25,7 @@ from ..semantics.floating import (
     uniform,
 )
 from ..semantics.interp import run
-from ..semantics.modular import DRAW_CHUNK
+from ..semantics.modular import DRAW_CHUNK, chunked
 from .floatsafe import fingerprints, is_graph, static_check
 from .kernelsafe import kernel_check
 from .memory import keeps_draws
@@ -95,30 +93,20 @@ def standard_normal(rng: np.random.Generator, shape: tuple[int, ...],
     """N(0, 1) values of ``shape`` in float32 from ``rng``: drawn in float64 and rounded, as
     before, up to ``DRAW_CHUNK`` elements (every seed's draws of such inputs, and the
     generator's later ones, stay as they were); a larger input (a 7B layer's weight, 45M:
-    1.1 s so) drawn in float32 chunk by chunk from generators seeded by ``rng``, on one
-    thread per core (0.33 s), as ``modular.residues`` draws a field trial's, and kept in
-    float16 where ``half`` (a float16 input: its draws are rounded to float16 anyway, and
-    2 bytes an element held through the check is what lets a 7B-size stack's end-to-end
-    check run two draws at once)."""
-    n = math.prod(shape)
-    if n <= DRAW_CHUNK:
+    1.1 s so) drawn in float32 chunk by chunk on one thread per core (``modular.chunked``,
+    as a field trial's residues: 0.33 s), and kept in float16 where ``half`` (a float16
+    input: its draws are rounded to float16 anyway, and 2 bytes an element held through
+    the check is what lets a 7B-size stack's end-to-end check run two draws at once)."""
+    if math.prod(shape) <= DRAW_CHUNK:
         return rng.standard_normal(shape).astype(np.float32)
-    starts = range(0, n, DRAW_CHUNK)
-    seeds = rng.integers(0, 2**63, size=len(starts))
-    out = np.empty(shape, dtype=np.float16 if half else np.float32)
-    flat = out.reshape(-1)
 
-    def fill(j: int) -> None:
-        lo, hi = starts[j], min(n, starts[j] + DRAW_CHUNK)
-        g = np.random.default_rng(int(seeds[j]))
+    def fill(g: np.random.Generator, out: np.ndarray) -> None:
         if half:
-            flat[lo:hi] = g.standard_normal(hi - lo, dtype=np.float32)
+            out[...] = g.standard_normal(out.size, dtype=np.float32)
         else:
-            g.standard_normal(hi - lo, dtype=np.float32, out=flat[lo:hi])
+            g.standard_normal(out.size, dtype=np.float32, out=out)
 
-    with ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as pool:
-        list(pool.map(fill, range(len(starts))))
-    return out
+    return chunked(rng, shape, np.float16 if half else np.float32, fill)
 
 
 class Draws:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import eqsat_mirage as em
+from eqsat_mirage.semantics import modular
 from eqsat_mirage.semantics.field import FieldCtx
 from eqsat_mirage.semantics.floating import round_to
 from eqsat_mirage.semantics.primes import draw_primes
@@ -286,6 +287,7 @@ def test_large_inputs_draw_their_normals_in_chunks_the_same_for_the_same_state(m
     assert np.array_equal(small, np.random.default_rng(3).standard_normal((5, 7)).astype(
         np.float32))
     monkeypatch.setattr(draws, "DRAW_CHUNK", 1000)
+    monkeypatch.setattr(modular, "DRAW_CHUNK", 1000)  # the chunks themselves (``chunked``)
     got = []
     for seed in (4, 4, 5):
         rng = np.random.default_rng(seed)
@@ -318,6 +320,7 @@ def test_a_large_float16_inputs_normal_draw_is_kept_in_float16_and_still_catches
     a, b = prog("a", False), prog("b", True)
     before = memory.draw_bytes(a)
     monkeypatch.setattr(draws, "DRAW_CHUNK", 1000)
+    monkeypatch.setattr(modular, "DRAW_CHUNK", 1000)  # the chunks themselves (``chunked``)
     monkeypatch.setattr(memory, "DRAW_CHUNK", 1000)
     assert memory.draw_bytes(a) == before - 2 * 2 * 64 * 64
     d = draws.Draws(a, np.random.default_rng(0), {})
