@@ -118,9 +118,8 @@ class Draws:
                  limit: float = np.inf) -> None:
         self.a, self.memo, self.limit = a, memo if memo is not None else {}, limit
         # a bool mask input: random bits, mostly kept (1.0 where it holds, as it evaluates);
-        # the normal draw kept in float32 (every input dtype is float32 or narrower): half
-        # the memory of float64 for a 7B layer's weights (drawn in float64 as before, so
-        # the generator's later draws, and so every seed's exponents, stay as they were)
+        # the normal draw kept in float32 (every input dtype is float32 or narrower), a
+        # large float16 input's in float16 (``standard_normal``: how each is drawn)
         self.normal = {n: (rng.random(node.shape) < 0.75).astype(np.float64)
                        if node.dtype == "bool" else standard_normal(
                            rng, node.shape, half=node.dtype == "float16")
