@@ -49,6 +49,8 @@ STATIC = "float safety (static)"
 HEADROOM = 2.0
 _ONE_BY_ONE = ("signed", "folded", "exponent", "logits", "peakfold")  # drawn input by input
 _SHARED = {("folded", 0.5), ("signed", 1.0)}  # rounded draws that other draws are made from
+_HALF_VALUES = np.arange(1 << 16, dtype=np.uint16).view(np.float16)  # every float16, by bits
+_LOOKUP_MIN = 1 << 18  # a float16 draw this large is drawn through ``_looked_up``'s table
 
 
 def _read_only(x: np.ndarray) -> np.ndarray:
@@ -186,9 +188,10 @@ class Draws:
             return out
         raise ValueError(f"unknown float draw {kind!r}")
 
-    def _draw(self, kind: str, s: float, name: str) -> np.ndarray:
-        """Input ``name``'s value in the draw (``kind``, ``s``), one of ``_ONE_BY_ONE``."""
-        z = self.normal[name]
+    def _draw(self, kind: str, s: float, name: str, z: np.ndarray | None = None) -> np.ndarray:
+        """Input ``name``'s value in the draw (``kind``, ``s``), one of ``_ONE_BY_ONE``;
+        ``z``: in place of its normal draw (``_looked_up``: every float16 value)."""
+        z = self.normal[name] if z is None else z
         if kind == "peakfold":  # input s folded up to its largest finite value, others 0.5|z|
             return _scaled(np.abs(z), self._fold(int(s)) if name == list(self.normal)[int(s)]
                            else 0.5)
@@ -204,8 +207,22 @@ class Draws:
     def _as_drawn(self, kind: str, s: float, name: str) -> np.ndarray:
         """``_draw`` for ``inputs``: the normal draw itself (read-only, ("signed", 1)), else
         in float64, so that a float64 evaluation holds no converted copy beside it."""
-        x = self._draw(kind, s, name)
-        return x if kind == "signed" and s == 1.0 else np.asarray(x, dtype=np.float64)
+        if kind == "signed" and s == 1.0:
+            return self._draw(kind, s, name)
+        return self._looked_up(kind, s, name, lambda x: np.asarray(x, dtype=np.float64))
+
+    def _looked_up(self, kind: str, s: float, name: str, finish) -> np.ndarray:
+        """``finish(_draw(kind, s, name))``, elementwise in the normal draw: for a large
+        float16 draw, ``finish`` of the draw of each of the 65536 float16 values, looked up
+        by the draw's bits (the same values: 0.21-0.22 s for a 4096 x 11008 weight, against
+        0.33 s in float64 and 0.38 s rounded to float16, and several seconds where the
+        rounding meets float16's subnormals: the exponent draws' small scales)."""
+        z = self.normal[name]
+        if z.dtype != np.float16 or z.size < _LOOKUP_MIN:
+            return finish(self._draw(kind, s, name))
+        with np.errstate(all="ignore"):  # the table's inf and NaN patterns: never looked up
+            table = finish(self._draw(kind, s, name, _HALF_VALUES))
+        return table.take(z.view(np.uint16))
 
     def _times(self, packed: dict, factor: float) -> dict:
         """A rounded draw (``_packed``) times a power of two >= 1, as float32: exact, or
@@ -296,9 +313,12 @@ class Draws:
         if kind == "peakfold":  # the others as in ("folded", 0.5): rounded (and kept) once
             name = list(self.normal)[int(s)]
             out = dict(self._packed("folded", 0.5))
-            out[name] = self._round(name, self._draw(kind, s, name))
+            out[name] = self._looked_up(kind, s, name, functools.partial(self._round, name))
             return out
-        if kind in _ONE_BY_ONE:  # one input's draw at a time, freed once rounded
+        if kind in _ONE_BY_ONE and not (kind == "signed" and s == 1.0):  # one input's draw
+            return {n: self._looked_up(kind, s, n, functools.partial(self._round, n))
+                    for n in self.normal}  # at a time, freed once rounded
+        if kind in _ONE_BY_ONE:  # the draw itself: rounded already where it is float16
             return {n: self._round(n, self._draw(kind, s, n)) for n in self.normal}
         return {n: self._round(n, x) for n, x in self.inputs(kind, s).items()}
 

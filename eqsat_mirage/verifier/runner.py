@@ -48,10 +48,14 @@ class Runner:
                  single: Callable[[], bool] | None = None) -> None:
         self.pool, self.deadline, self.single = pool, deadline, single
 
-    def in_order(self, jobs: list):
+    def in_order(self, jobs: list, start: list[int] | None = None):
         """Each job's result in order, up to ``THREADS`` at once; jobs not yet started are
         cancelled when the caller stops early; ``TimeLimitError`` at the deadline. One by
-        one with ``single``: BLAS on one thread for the jobs it says so when they start."""
+        one with ``single``: BLAS on one thread for the jobs it says so when they start.
+        ``start``: the order in which a pool starts them (the job positions, the longest
+        first, so that no thread is left alone with a long one at the end); the results
+        still come in ``jobs``' order, and one by one they run in it (the first to find
+        something stops the rest)."""
         if self.pool is None:
             for job in jobs:
                 self.check()
@@ -59,7 +63,11 @@ class Runner:
                     out = job()
                 yield out
             return
-        futures = [self.pool.submit(job) for job in jobs]
+        order = list(range(len(jobs))) if start is None else list(start)
+        if sorted(order) != list(range(len(jobs))):
+            raise ValueError(f"in_order: start {order} is not an order of {len(jobs)} jobs")
+        submitted = {i: self.pool.submit(jobs[i]) for i in order}
+        futures = [submitted[i] for i in range(len(jobs))]
         try:
             for fut in futures:
                 try:

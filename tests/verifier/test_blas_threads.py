@@ -4,6 +4,9 @@ when other processes keep the cores busy."""
 
 from __future__ import annotations
 
+import functools
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
@@ -165,3 +168,54 @@ def test_a_worker_holds_blas_at_one_thread_only_while_another_worker_searches(li
     assert seen[0] == [1] * len(libs) and seen[1] == [2] * len(libs)
     monkeypatch.setattr(limits, "_ACTIVE", None)
     assert limits.others_working() is None  # alone: the load average decides
+
+
+def test_a_pool_starts_jobs_in_the_order_asked_and_gives_results_in_theirs():
+    """``Runner.in_order(jobs, start)``: a pool starts the jobs in ``start``'s order (one
+    thread: one after another) and yields their results in the jobs' order; one by one,
+    without a pool, they run in the jobs' order; a ``start`` that is not an order of the
+    jobs is refused."""
+    from eqsat_mirage.verifier.runner import Runner
+
+    for pool, want in ((ThreadPoolExecutor(1), [2, 0, 3, 1]), (None, [0, 1, 2, 3])):
+        started: list[int] = []
+
+        def job(i: int, log: list = started) -> int:
+            log.append(i)
+            return i * 10
+
+        jobs = [functools.partial(job, i) for i in range(4)]
+        assert list(Runner(pool, Deadline(None)).in_order(jobs, [2, 0, 3, 1])) == [
+            0, 10, 20, 30]
+        assert started == want
+    with pytest.raises(ValueError, match="is not an order"):
+        list(Runner(ThreadPoolExecutor(1), Deadline(None)).in_order(jobs, [0, 0, 1, 2]))
+
+
+def test_the_float_checks_start_the_strict_check_after_the_static_checks(monkeypatch):
+    """``float_checks`` on a pool: the static checks and constant draws start first, the
+    strict float64 check (which reads the static checks' runs) last, the results come in
+    the checks' order."""
+    from eqsat_mirage.verifier import floatcheck
+    from eqsat_mirage.verifier.runner import Runner
+
+    seen = {}
+    real = Runner.in_order
+
+    def spy(self, jobs, start=None):
+        seen["kinds"] = [j.args[1:] for j in jobs]
+        seen["start"] = start
+        return real(self, jobs, start)
+
+    monkeypatch.setattr(Runner, "in_order", spy)
+    g = em.Graph("g")
+    x = g.input("x", (8, 8), dtype="float16")
+    g.output(em.exp(x - x.max(axis=1, keepdims=True)), "y")
+    cex, _ = floatcheck.float_checks(g, g, np.random.default_rng(0), 1e-7, True,
+                                     pool=Runner(ThreadPoolExecutor(2), Deadline(None)))
+    assert cex is None
+    kinds, start = seen["kinds"], seen["start"]
+    order = [kinds[i] for i in start]
+    assert order[0] == ("static", "", 0.0) and order[-1] == (None, "signed", 1.0)
+    assert order.index((None, "signed", 1000.0)) < order.index(("native", "signed", 1.0))
+    assert kinds[0] == ("static", "", 0.0) and sorted(start) == list(range(len(kinds)))

@@ -347,3 +347,36 @@ def test_a_draw_at_the_headroom_is_scaled_in_float64():
     got = d.inputs("signed@h", 1.0)["x"]
     assert got.dtype == np.float64 and np.isfinite(got).all()
     np.testing.assert_array_equal(got, d.normal["x"].astype(np.float64) * 2.0**27)
+
+
+@pytest.mark.parametrize("kind,s", [("folded", 0.25), ("folded", 0.5), ("signed", 30.0),
+                                    ("exponent", 0.0), ("exponent", 1.0), ("logits", 0.0),
+                                    ("peakfold", 0.0), ("peakfold", 1.0)])
+def test_a_large_float16_draw_looked_up_by_its_bits_gives_the_same_values(monkeypatch,
+                                                                           kind, s):
+    """``Draws._looked_up``: a large float16 input's scaled draw, in float64 and rounded to
+    float16, is the elementwise one bit for bit (the exponent draws' small scales put
+    values among float16's subnormals; a peak near float32's largest is drawn in float64),
+    and a small input's is made elementwise as before."""
+    from eqsat_mirage.verifier import draws
+
+    g = em.Graph("g")
+    x = g.input("x", (64, 80), dtype="float16")
+    w = g.input("w", (80, 48), dtype="float16")
+    g.output(em.exp((x @ w) * 0.125), "y")
+    monkeypatch.setattr(draws, "DRAW_CHUNK", 1000)
+    monkeypatch.setattr(modular, "DRAW_CHUNK", 1000)
+    d = draws.Draws(g, np.random.default_rng(7), {}, 65504.0)
+    d.headroom = 2.0 ** 26
+    assert all(z.dtype == np.float16 for z in d.normal.values())
+    if kind == "exponent":  # both signs of the exponent: one below float16's normals
+        monkeypatch.setattr(d, "_power", lambda j: (-13, 9)[j])
+    for finish in (lambda v: np.asarray(v, dtype=np.float64), lambda v: d._round("x", v)):
+        want = finish(d._draw(kind, s, "x"))
+        monkeypatch.setattr(draws, "_LOOKUP_MIN", 1)
+        got = d._looked_up(kind, s, "x", finish)
+        monkeypatch.setattr(draws, "_LOOKUP_MIN", 1 << 30)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
+        assert np.array_equal(d._looked_up(kind, s, "x", finish).view(np.uint8),
+                              want.view(np.uint8))
