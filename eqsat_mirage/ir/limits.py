@@ -254,6 +254,19 @@ def others_working() -> bool | None:
     return None if active is None else active.value > 1
 
 
+def fair_threads() -> int | None:
+    """The most threads a verification phase of this worker takes while the other workers
+    sharing its budget search too: the cores shared among the workers searching now (one
+    each on 2 cores); None in a process that works alone, or alone among them now. More
+    threads add no core, and their bytes would keep another worker waiting for the budget
+    (a 7B layer's attention piece verified in 28-31 s beside the MLP piece's two threads,
+    11 s where that budget was free)."""
+    active = _ACTIVE
+    if active is None or active.value <= 1:
+        return None
+    return max(1, (os.cpu_count() or 1) // active.value)
+
+
 @contextlib.contextmanager
 def reserved(nbytes: int | list[int], deadline: Deadline | None = None) -> Iterator[int]:
     """Hold ``nbytes`` of the memory budget while the block runs; a list: the first of

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..ir.check import check, check_lax
 from ..ir.errors import GraphError, MirageError, TimeLimitError
-from ..ir.limits import Deadline, reserved
+from ..ir.limits import Deadline, fair_threads, reserved
 from ..ir.node import fmt_shape
 from ..semantics.field import FieldCtx, FieldZeroDivisionError, SharedValues, evaluate_field
 from ..semantics.primes import draw_primes, program_constants
@@ -306,8 +306,9 @@ def _decide(a, b, result: VerifyResult, eps: PerTrial, how: TrialPlan, memo, sta
             return _numerics(a, b, result, seed, rtol, how.native_check, memo, start, pool)
 
     @contextlib.contextmanager
-    def phase(name: str):  # a runner on the most threads whose bytes fit the budget now
-        fits = how.fits[name]
+    def phase(name: str):  # a runner on the most threads whose bytes fit the budget now,
+        fair = fair_threads()  # no more than this worker's share of the cores
+        fits = [f for f in how.fits[name] if fair is None or f[0] <= fair] or how.fits[name][-1:]
         with reserved([n for _, n in fits], deadline) as i, runner(deadline, fits[i][0]) as pool:
             yield pool
 

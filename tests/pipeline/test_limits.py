@@ -245,3 +245,41 @@ def test_workers_that_share_the_budget_wait_for_each_other(monkeypatch):
         order.append("waited")
     t.join()
     assert order == ["other done", "waited"] and held.value == 0
+
+
+def test_a_worker_takes_no_more_threads_than_its_share_of_the_cores(monkeypatch):
+    """``limits.fair_threads``: alone (or alone among the workers now) no cap; while k
+    workers search, the cores divided among them, one at least. A verification phase of
+    such a worker runs on at most that many threads, whatever more would fit the budget
+    (``verify``'s phases: the threads asked of ``runner``)."""
+    import multiprocessing
+
+    from eqsat_mirage.ir import limits
+    from eqsat_mirage.verifier import verify as verify_mod
+
+    assert limits.fair_threads() is None  # no workers: this process works alone
+    active = multiprocessing.get_context("spawn").Value("q", 1)
+    monkeypatch.setattr(limits, "_ACTIVE", active)
+    assert limits.fair_threads() is None  # the only worker searching now
+    monkeypatch.setattr(limits.os, "cpu_count", lambda: 8)
+    for workers, share in ((2, 4), (3, 2), (8, 1), (12, 1)):
+        active.value = workers
+        assert limits.fair_threads() == share
+    asked = []
+    real = verify_mod.runner
+
+    def spy(deadline, threads=None):
+        asked.append(threads)
+        return real(deadline, 1)
+
+    monkeypatch.setattr(verify_mod, "runner", spy)
+    monkeypatch.setattr(verify_mod, "THREADS", 4)
+    g = em.Graph("g")
+    x = g.input("x", (8, 8))
+    g.output(em.exp(x) * 2.0, "y")
+    for workers, most in ((1, 4), (2, 1)):
+        monkeypatch.setattr(limits.os, "cpu_count", lambda: 2)
+        active.value = workers
+        asked.clear()
+        assert em.verify(g, g, trials=4, seed=0).equivalent
+        assert asked and max(asked) == most, asked
