@@ -261,10 +261,10 @@ def fair_threads() -> int | None:
     threads add no core, and their bytes would keep another worker waiting for the budget
     (a 7B layer's attention piece verified in 28-31 s beside the MLP piece's two threads,
     11 s where that budget was free)."""
-    active = _ACTIVE
-    if active is None or active.value <= 1:
+    count = None if _ACTIVE is None else _ACTIVE.value  # read once
+    if count is None or count <= 1:
         return None
-    return max(1, (os.cpu_count() or 1) // active.value)
+    return max(1, (os.cpu_count() or 1) // count)
 
 
 @contextlib.contextmanager

@@ -50,6 +50,7 @@ HEADROOM = 2.0
 _ONE_BY_ONE = ("signed", "folded", "exponent", "logits", "peakfold")  # drawn input by input
 _SHARED = {("folded", 0.5), ("signed", 1.0)}  # rounded draws that other draws are made from
 _HALF_VALUES = np.arange(1 << 16, dtype=np.uint16).view(np.float16)  # every float16, by bits
+_HALF_VALUES.flags.writeable = False
 _LOOKUP_MIN = 1 << 18  # a float16 draw this large is drawn through ``_looked_up``'s table
 
 
@@ -129,7 +130,10 @@ class Draws:
         # a search's memo keeps every rounded draw, when they are small (``keeps_draws``)
         self.keeps = memo is not None and keeps_draws(a)
         self.base = int(rng.integers(0, 2**62))  # the exponent-range draws' own generators
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # the memo's short updates; each long first-time
+        # computation has a lock of its own, so that no other holds up the checks that
+        # do not need it (the logits draw waited behind the static checks' float64 run)
+        self._locks = {k: threading.Lock() for k in ("fingerprints", "logits", "folded@h")}
         self.headroom = HEADROOM
         self._current = threading.local()  # per thread: the rounded draw it reads now
         self._folded_h: dict | None = None  # ``_folded_at_headroom``
@@ -325,7 +329,7 @@ class Draws:
     def _folded_at_headroom(self) -> dict:
         """("folded", 0.5) at the headroom, float32 (read-only), made once per ``Draws``:
         every per-input draw at the headroom is it with one input changed."""
-        with self.lock:
+        with self._locks["folded@h"]:
             if self._folded_h is None:
                 self._folded_h = {n: _read_only(x) for n, x in self._times(
                     self._packed("folded", 0.5), self.headroom).items()}
@@ -407,7 +411,7 @@ class Draws:
         """The input scale c at which the first program's exp arguments on N(0, c^2)
         inputs have standard deviation ``LOGIT_STD`` (estimated from scales 1 and 2 in
         float64, as a power law); 1 without an exp."""
-        with self.lock:
+        with self._locks["logits"]:
             if "logits" not in self.memo:
                 self.memo["logits"] = self._logit_scale()
             return self.memo["logits"]
@@ -452,7 +456,7 @@ class Draws:
         try:
             inputs = self.inputs("signed", 1.0)
             sink: dict = {"a": {}, "b": {}}
-            with self.lock:
+            with self._locks["fingerprints"]:
                 if "fingerprints" not in self.memo:
                     self.memo["fingerprints"] = fingerprints(self.a, inputs, sink["a"]) \
                         if is_graph(self.a) else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Collection
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,18 +169,32 @@ _RANGE_KINDS = ("peak", "peakfold", "exponent", "spread")
 _NORMAL = ("signed", "folded", "logits")  # normal draws (``conditioned`` looks at them)
 
 
-def _start_rank(dtype: str | None, kind: str, s: float, waits: bool) -> int:
+def _then(first, second, result: Future) -> Counterexample | None:
+    """Run ``first`` and, where it finds nothing, ``second`` after it on the same thread,
+    ``second``'s result (or exception) into ``result`` (``Runner.in_order`` reads it in
+    ``second``'s place; cancelled where ``first`` found something or raised): the strict
+    float64 check right after the static checks whose runs it compares, neither waiting
+    on another thread nor held back behind the other checks."""
+    try:
+        cex = first()
+        if cex is None:
+            try:
+                result.set_result(second())
+            except BaseException as exc:  # a time limit, say: raised where it is read
+                result.set_exception(exc)
+        return cex
+    finally:
+        result.cancel()  # no-op once set
+
+
+def _start_rank(dtype: str | None, kind: str, s: float) -> int:
     """When a pool of threads starts a check (``Runner.in_order``'s ``start``): the static
     checks and the constant draws first (cheap, and they reject most), then the longest
     (the logits draw, which first finds its scale; the float64 draws, every input in
-    float64), the other normal and exponent-range draws, the per-input draws (short at
-    real sizes, where most have no valid point: they fill the threads' ends), and last
-    the strict float64 check where it ``waits`` for the static checks (it compares the
-    outputs they computed: started last, no thread waits). Measured on a 7B layer's
-    end-to-end check: a thread waited 5.3 s for the static checks and the other ran the
-    last float64 draw alone for 5.2 s (bench/RESULTS.md)."""
-    if dtype is None and s == FLOAT64_SCALES[0] and waits:
-        return 5
+    float64), the other normal and exponent-range draws, and the per-input draws last
+    (short at real sizes, where most have no valid point: they fill the threads' ends).
+    Measured on a 7B layer's end-to-end check: the other thread ran the last float64 draw
+    alone for 5.2 s (bench/RESULTS.md)."""
     if dtype == "static" or kind in _CONSTANT:
         return 0
     if kind == "logits" or dtype is None:
@@ -202,8 +217,9 @@ def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
     per tensor; with them each input, and every input at once, at the largest value that
     keeps the first program finite), float64 at scale 1 (compared strictly), the other
     native draws, then float64 at the large scales; the first counterexample in this
-    order is the one returned, and a pool of threads starts them longest first
-    (``_start_rank``). A native draw where the first program
+    order is the one returned. The strict check runs right after the static checks, in
+    their job (it compares their runs), and a pool of threads starts the others longest
+    first (``_start_rank``). A native draw where the first program
     is nowhere finite constrains nothing, and the second program is not run on it. The
     tolerance and the largest finite value come from the first program's dtypes only.
     Returns the first counterexample and whether the native check ran.
@@ -324,10 +340,13 @@ def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
             return check_one(i, dtype, kind, s, finite_only=True)
         return cex
 
-    jobs = [functools.partial(checked, i, *c) for i, c in enumerate(checks)]
-    waits = bool(checks) and checks[0][0] == "static"  # the strict check reads its runs
-    start = sorted(range(len(checks)), key=lambda i: (_start_rank(*checks[i], waits), i))
-    for (dtype, _, _), cex in zip(checks, pool.in_order(jobs, start)):
+    jobs: list = [functools.partial(checked, i, *c) for i, c in enumerate(checks)]
+    if checks and checks[0][0] == "static":  # the strict float64 check compares the static
+        strict = checks.index((None, "signed", FLOAT64_SCALES[0]))  # checks' runs: it
+        result: Future = Future()
+        jobs[0], jobs[strict] = functools.partial(_then, jobs[0], jobs[strict], result), result
+    start = sorted(range(len(checks)), key=lambda i: (_start_rank(*checks[i]), i))
+    for (dtype, _, _), cex in zip(checks, pool.in_order(jobs, start)):  # follows them
         if cex is not None:
             return cex, dtype is not None
     return None, native

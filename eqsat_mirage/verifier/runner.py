@@ -7,7 +7,7 @@ import contextlib
 import math
 import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from ..ir.errors import TimeLimitError
@@ -55,18 +55,23 @@ class Runner:
         ``start``: the order in which a pool starts them (the job positions, the longest
         first, so that no thread is left alone with a long one at the end); the results
         still come in ``jobs``' order, and one by one they run in it (the first to find
-        something stops the rest)."""
+        something stops the rest). A ``Future`` in place of a job is another job's doing
+        (``floatcheck._then``): its result is read there, nothing is started for it."""
+        order = list(range(len(jobs))) if start is None else list(start)
+        if sorted(order) != list(range(len(jobs))):
+            raise ValueError(f"in_order: start {order} is not an order of {len(jobs)} jobs")
         if self.pool is None:
             for job in jobs:
                 self.check()
+                if isinstance(job, Future):
+                    yield job.result()
+                    continue
                 with single_threaded(active=bool(self.single and self.single())):
                     out = job()
                 yield out
             return
-        order = list(range(len(jobs))) if start is None else list(start)
-        if sorted(order) != list(range(len(jobs))):
-            raise ValueError(f"in_order: start {order} is not an order of {len(jobs)} jobs")
-        submitted = {i: self.pool.submit(jobs[i]) for i in order}
+        submitted = {i: jobs[i] if isinstance(jobs[i], Future) else self.pool.submit(jobs[i])
+                     for i in order}
         futures = [submitted[i] for i in range(len(jobs))]
         try:
             for fut in futures:

@@ -173,29 +173,51 @@ def test_a_worker_holds_blas_at_one_thread_only_while_another_worker_searches(li
 def test_a_pool_starts_jobs_in_the_order_asked_and_gives_results_in_theirs():
     """``Runner.in_order(jobs, start)``: a pool starts the jobs in ``start``'s order (one
     thread: one after another) and yields their results in the jobs' order; one by one,
-    without a pool, they run in the jobs' order; a ``start`` that is not an order of the
-    jobs is refused."""
+    without a pool, they run in the jobs' order; a ``Future`` in a job's place is read,
+    not started; a ``start`` that is not an order of the jobs is refused."""
+    from concurrent.futures import Future
+
     from eqsat_mirage.verifier.runner import Runner
 
-    for pool, want in ((ThreadPoolExecutor(1), [2, 0, 3, 1]), (None, [0, 1, 2, 3])):
+    for threads, want in ((1, [2, 0, 3]), (0, [0, 2, 3])):
         started: list[int] = []
+        ready: Future = Future()
 
-        def job(i: int, log: list = started) -> int:
+        def job(i: int, log: list = started, ready: Future = ready) -> int:
             log.append(i)
+            if i == 0:
+                ready.set_result(10)
             return i * 10
 
-        jobs = [functools.partial(job, i) for i in range(4)]
-        assert list(Runner(pool, Deadline(None)).in_order(jobs, [2, 0, 3, 1])) == [
-            0, 10, 20, 30]
-        assert started == want
-    with pytest.raises(ValueError, match="is not an order"):
-        list(Runner(ThreadPoolExecutor(1), Deadline(None)).in_order(jobs, [0, 0, 1, 2]))
+        jobs = [functools.partial(job, 0), ready, functools.partial(job, 2),
+                functools.partial(job, 3)]
+        with ThreadPoolExecutor(max(threads, 1)) as pool:
+            run = Runner(pool if threads else None, Deadline(None))
+            assert list(run.in_order(jobs, [2, 0, 3, 1])) == [0, 10, 20, 30]
+            assert started == want
+            with pytest.raises(ValueError, match="is not an order"):
+                list(run.in_order(jobs, [0, 0, 1, 2]))
 
 
-def test_the_float_checks_start_the_strict_check_after_the_static_checks(monkeypatch):
-    """``float_checks`` on a pool: the static checks and constant draws start first, the
-    strict float64 check (which reads the static checks' runs) last, the results come in
-    the checks' order."""
+def _two_outputs(name: str, scale: float, off: float) -> em.Graph:
+    """y: a softmax numerator times ``scale``; z: x, plus ``off`` times x less its row's
+    largest (0 where every input is one value: the constant draws see no difference)."""
+    g = em.Graph(name)
+    x = g.input("x", (8, 8), dtype="float16")
+    g.output(em.exp(x - x.max(axis=1, keepdims=True)) * scale, "y")
+    g.output(x + (x - x.max(axis=1, keepdims=True)) * off if off else x, "z")
+    return g
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_float_checks_run_the_strict_check_after_the_static_checks(monkeypatch, threads):
+    """``float_checks``: the static checks and constant draws start first, the strict
+    float64 check runs in the static checks' job (read in its own place, never started on
+    its own: no thread waits for the static checks); a candidate off by 1e-3 is caught
+    there (float64), and one that also overflows a native draw still gets that strict
+    counterexample, first in the checks' order, on one thread or on a pool."""
+    from concurrent.futures import Future
+
     from eqsat_mirage.verifier import floatcheck
     from eqsat_mirage.verifier.runner import Runner
 
@@ -203,19 +225,28 @@ def test_the_float_checks_start_the_strict_check_after_the_static_checks(monkeyp
     real = Runner.in_order
 
     def spy(self, jobs, start=None):
-        seen["kinds"] = [j.args[1:] for j in jobs]
-        seen["start"] = start
+        seen["jobs"], seen["start"] = jobs, start
         return real(self, jobs, start)
 
     monkeypatch.setattr(Runner, "in_order", spy)
-    g = em.Graph("g")
-    x = g.input("x", (8, 8), dtype="float16")
-    g.output(em.exp(x - x.max(axis=1, keepdims=True)), "y")
-    cex, _ = floatcheck.float_checks(g, g, np.random.default_rng(0), 1e-7, True,
-                                     pool=Runner(ThreadPoolExecutor(2), Deadline(None)))
-    assert cex is None
-    kinds, start = seen["kinds"], seen["start"]
-    order = [kinds[i] for i in start]
-    assert order[0] == ("static", "", 0.0) and order[-1] == (None, "signed", 1.0)
-    assert order.index((None, "signed", 1000.0)) < order.index(("native", "signed", 1.0))
-    assert kinds[0] == ("static", "", 0.0) and sorted(start) == list(range(len(kinds)))
+    a = _two_outputs("a", 1.0, 0.0)
+    with ThreadPoolExecutor(threads) as pool:
+        run = Runner(pool if threads > 1 else None, Deadline(None))
+        assert floatcheck.float_checks(a, _two_outputs("b", 1.0, 0.0), np.random.default_rng(0),
+                                       1e-7, True, pool=run) == (None, True)
+        jobs, start = seen["jobs"], seen["start"]
+        first = jobs[start[0]]  # the static checks, then the strict check, in one job
+        assert start[0] == 0 and first.func is floatcheck._then
+        assert first.args[0].args[1:] == ("static", "", 0.0)
+        assert first.args[1].args[1:] == (None, "signed", 1.0)
+        strict = [i for i, j in enumerate(jobs) if isinstance(j, Future)]
+        assert strict == [jobs.index(first.args[2])]  # read in its own place
+        assert all(j.args[1] == "native" and j.args[2] in ("constant", "peak")
+                   for j in jobs[1:strict[0]])
+        cex, _ = floatcheck.float_checks(a, _two_outputs("e", 1.0, 0.25),
+                                         np.random.default_rng(0), 1e-7, True, pool=run)
+        assert cex is not None and cex.domain == "float64" and cex.output == "z", cex
+        for b in (_two_outputs("c", 1.001, 0.0), _two_outputs("d", 1.001, 0.25)):
+            cex, _ = floatcheck.float_checks(a, b, np.random.default_rng(0), 1e-7, True,
+                                             pool=run)
+            assert cex is not None and cex.domain == "float64" and cex.output == "y", cex
