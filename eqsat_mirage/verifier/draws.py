@@ -14,6 +14,7 @@ import numpy as np
 
 from ..ir.node import Op, toposort
 from ..semantics.floating import (
+    EVERY_HALF,
     FLOAT_SEMANTICS,
     LazyInputs,
     evaluate,
@@ -49,8 +50,6 @@ STATIC = "float safety (static)"
 HEADROOM = 2.0
 _ONE_BY_ONE = ("signed", "folded", "exponent", "logits", "peakfold")  # drawn input by input
 _SHARED = {("folded", 0.5), ("signed", 1.0)}  # rounded draws that other draws are made from
-_HALF_VALUES = np.arange(1 << 16, dtype=np.uint16).view(np.float16)  # every float16, by bits
-_HALF_VALUES.flags.writeable = False
 _LOOKUP_MIN = 1 << 18  # a float16 draw this large is drawn through ``_looked_up``'s table
 
 
@@ -220,12 +219,13 @@ class Draws:
         float16 draw, ``finish`` of the draw of each of the 65536 float16 values, looked up
         by the draw's bits (the same values: 0.21-0.22 s for a 4096 x 11008 weight, against
         0.33 s in float64 and 0.38 s rounded to float16, and several seconds where the
-        rounding meets float16's subnormals: the exponent draws' small scales)."""
+        rounding meets float16's subnormals: the exponent draws' small scales). The draw
+        ("signed", 1) is the normal draw itself: nothing to look up, and no copy of it."""
         z = self.normal[name]
-        if z.dtype != np.float16 or z.size < _LOOKUP_MIN:
+        if z.dtype != np.float16 or z.size < _LOOKUP_MIN or (kind, s) == ("signed", 1.0):
             return finish(self._draw(kind, s, name))
         with np.errstate(all="ignore"):  # the table's inf and NaN patterns: never looked up
-            table = finish(self._draw(kind, s, name, _HALF_VALUES))
+            table = finish(self._draw(kind, s, name, EVERY_HALF))
         return table.take(z.view(np.uint16))
 
     def _times(self, packed: dict, factor: float) -> dict:
@@ -319,11 +319,9 @@ class Draws:
             out = dict(self._packed("folded", 0.5))
             out[name] = self._looked_up(kind, s, name, functools.partial(self._round, name))
             return out
-        if kind in _ONE_BY_ONE and not (kind == "signed" and s == 1.0):  # one input's draw
+        if kind in _ONE_BY_ONE:  # one input's draw at a time, freed once rounded
             return {n: self._looked_up(kind, s, n, functools.partial(self._round, n))
-                    for n in self.normal}  # at a time, freed once rounded
-        if kind in _ONE_BY_ONE:  # the draw itself: rounded already where it is float16
-            return {n: self._round(n, self._draw(kind, s, n)) for n in self.normal}
+                    for n in self.normal}
         return {n: self._round(n, x) for n, x in self.inputs(kind, s).items()}
 
     def _folded_at_headroom(self) -> dict:

@@ -308,7 +308,7 @@ def _decide(a, b, result: VerifyResult, eps: PerTrial, how: TrialPlan, memo, sta
     @contextlib.contextmanager
     def phase(name: str):  # a runner on the most threads whose bytes fit the budget now,
         fair = fair_threads()  # no more than this worker's share of the cores
-        fits = [f for f in how.fits[name] if fair is None or f[0] <= fair]  # 1 thread: in
+        fits = [f for f in how.fits[name] if fair is None or f[0] <= fair]  # (1 is in it)
         with reserved([n for _, n in fits], deadline) as i, runner(deadline, fits[i][0]) as pool:
             yield pool
 
