@@ -15,14 +15,15 @@ values over the finite field exactly as over floats.
   shape, and its reduction / transpose / concat axes and reshape targets
   shifted past them, so matmuls batch over the grid and the table's ops apply
   unchanged (``interp.run``). Accumulators are summed over the F iterations
-  with the table's ADD. Outputs are written back by omap (the inverse
+  with the table's ADD; a matmul accumulator, over the field and in float64, as one
+  matmul over the whole loop (``joins.py``). Outputs are written back by omap (the inverse
   reshape/transpose); validation guarantees that every element of an output
   tensor is written by exactly one block.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -31,9 +32,8 @@ import numpy as np
 from ..ir.node import BINARY, REDUCE, UNARY, Node, Op, make, tile_split, toposort
 from ..semantics.field import FIELD_SEMANTICS, MaskedPair
 from ..semantics.floating import FLOAT_SEMANTICS, float_ctx, round_to, uniform
-from ..semantics.gemm import owner
 from ..semantics.interp import Table, run
-from ..semantics.modular import compact
+from .joins import FloatJoin, joined
 from .kernels import CustomKernel, KernelGraph, MuGraphError, PredefinedKernel, TensorSpec
 from .online import Online, iteration, plan_online, rescale
 from .parts import needs_p, needs_q
@@ -203,53 +203,14 @@ def plans(mg: KernelGraph) -> list:
     return plans
 
 
-def _joined(operands: list, m: Node) -> tuple:
-    """A matmul's per-iteration field operands (L_f, R_f) joined along the contraction
-    (batch axes broadcast over the grid stay length 1: matmul broadcasts them)."""
-    axes = (-1, -1 if len(m.srcs[1].shape) == 1 else -2)
-
-    def join(side: int, part: int):
-        xs = [x[side][part] for x in operands]
-        if any(x is None for x in xs):
-            return None
-        small = [compact(x) for x in xs]
-        if len({x.shape for x in small}) > 1:
-            small = [np.broadcast_to(x, np.shape(xs[0])) for x in xs]
-        side_by_side = adjacent(small, axes[side])
-        return side_by_side if side_by_side is not None else np.concatenate(
-            small, axis=axes[side])
-    return tuple(tuple(join(side, part) for part in (0, 1)) for side in (0, 1))
-
-
-def adjacent(xs: list, axis: int) -> np.ndarray | None:
-    """``np.concatenate(xs, axis)`` as a read-only view, where ``xs`` are equal views of one
-    array, each beginning where the one before ends along ``axis`` (a weight's tiles over
-    the loop: side by side, a slice of the weight; 172 x 64 tiles of a 7B MLP weight
-    joined without copying its 360 MB); None otherwise."""
-    first = xs[0] if xs else None
-    if len(xs) < 2 or not all(isinstance(x, np.ndarray) for x in xs) or first.ndim == 0:
-        return None
-    axis %= first.ndim
-    step = first.strides[axis] * first.shape[axis]
-    if step <= 0 or min(first.strides) < 0 or any(
-            x.shape != first.shape or x.strides != first.strides or x.dtype != first.dtype
-            or owner(x) is not owner(first) for x in xs):
-        return None
-    start = first.__array_interface__["data"][0]
-    if any(x.__array_interface__["data"][0] != start + i * step for i, x in enumerate(xs)):
-        return None
-    shape = list(first.shape)
-    shape[axis] *= len(xs)
-    return np.lib.stride_tricks.as_strided(first, tuple(shape), first.strides, writeable=False)
-
-
 def _with_leaves(table: Table, leaves: Mapping[str, Any]) -> dict:
     """``table`` with INPUT nodes looked up by name in ``leaves``."""
     return {**table, Op.INPUT: lambda ctx, n: leaves[n.arg]}
 
 
 def _run_custom(plan: _Plan, table: Table, ctx: Any, env: Mapping[str, Any],
-                specs: Mapping[str, TensorSpec], pairs: bool) -> dict[str, Any]:
+                specs: Mapping[str, TensorSpec], pairs: bool,
+                keep: Collection[int] = ()) -> dict[str, Any]:
     k = plan.kernel
     grid, f_range = k.grid, k.forloop
     native = getattr(ctx, "mode", None) == "native"
@@ -264,8 +225,15 @@ def _run_custom(plan: _Plan, table: Table, ctx: Any, env: Mapping[str, Any],
     loop_outs = {t: bo for t, bo in k.outputs.items() if bo.stage == "loop"}
     written: dict[str, list] = {t: [] for t in loop_outs}
     saved = getattr(ctx, "limb_cache", None)
-    fused = plan.fused if pairs and f_range > 1 and plan.online is None else {}
+    # exact: every matmul accumulator joined; float64: those whose operands are views of the
+    # tiles (``joins.FloatJoin``), unless a caller reads the per-iteration product (``keep``)
+    joins = f_range > 1 and plan.online is None and (
+        pairs or getattr(ctx, "mode", "") is None and not any(id(m) in keep
+                                                               for m in plan.fused.values()))
+    fused = plan.fused if joins else {}
     operands: dict[str, list] = {a: [] for a in fused}
+    floats = None if pairs or not fused else FloatJoin(
+        plan, table, ctx, accs, [env[bi.tensor] for bi in k.inputs.values()])
     running: dict[str, Any] = {}  # max accumulator -> its running value
     try:
         for f in range(f_range):
@@ -280,7 +248,10 @@ def _run_custom(plan: _Plan, table: Table, ctx: Any, env: Mapping[str, Any],
                 vals = run(plan.fused_loop if fused else plan.loop, _with_leaves(table, tiles),
                            ctx)
             for a in fused:
-                operands[a].append((vals[f"{a}\0lhs"], vals[f"{a}\0rhs"]))
+                if floats is not None:
+                    floats.take(a, vals[f"{a}\0lhs"], vals[f"{a}\0rhs"])
+                else:
+                    operands[a].append((vals[f"{a}\0lhs"], vals[f"{a}\0rhs"]))
             for t in loop_outs:
                 vals[t] = _each(vals[t], lambda x, t=t: np.broadcast_to(
                     x, grid + k.output_node(t).shape), pairs)
@@ -302,7 +273,10 @@ def _run_custom(plan: _Plan, table: Table, ctx: Any, env: Mapping[str, Any],
         if saved is not None:
             ctx.limb_cache = saved
     for a, m in fused.items():  # operands broadcast over a grid axis on both sides: back
-        accs[a] = _each(table[Op.MATMUL](ctx, m, *_joined(operands[a], m)),
+        if floats is not None:
+            floats.finish(a)
+            continue
+        accs[a] = _each(table[Op.MATMUL](ctx, m, *joined(operands[a], m)),
                         lambda x, m=m: x if np.shape(x) == m.shape else np.broadcast_to(
                             x, m.shape), pairs)
     post_vals = run(plan.post, _with_leaves(table, {**fixed, **accs}), ctx) if k.post.outputs \
@@ -327,10 +301,13 @@ def _run_custom(plan: _Plan, table: Table, ctx: Any, env: Mapping[str, Any],
     return out
 
 
-def execute(mg: KernelGraph, plans: list, table: Table, ctx: Any, pairs: bool) -> dict[str, Any]:
+def execute(mg: KernelGraph, plans: list, table: Table, ctx: Any, pairs: bool,
+            keep: Collection[int] = ()) -> dict[str, Any]:
     """Run every kernel in order; returns the values of all device tensors by name. Each
     input is read (``table[Op.INPUT]``: a float64 conversion) just before the first kernel
-    that reads it, and dropped after the last, as every other tensor."""
+    that reads it, and dropped after the last, as every other tensor. ``keep``: ids of
+    vectorised loop nodes whose per-iteration values a caller reads (``node_samples``):
+    their kernels' loops are run step by step in float64."""
     env: dict[str, Any] = {}
     first = input_first_reads(mg)
     specs = mg.tensors
@@ -341,7 +318,7 @@ def execute(mg: KernelGraph, plans: list, table: Table, ctx: Any, pairs: bool) -
         if isinstance(k, PredefinedKernel):
             env.update(run(plan, _with_leaves(table, env), ctx))
         else:
-            env.update(_run_custom(plan, table, ctx, env, specs, pairs))
+            env.update(_run_custom(plan, table, ctx, env, specs, pairs, keep))
         for t in last.get(i, ()):
             env.pop(t, None)  # no later kernel reads it: its memory goes back now
     for t in mg.output_tensors.values():  # an input that is an output, read by no kernel
@@ -418,7 +395,8 @@ def node_samples(mg: KernelGraph, inputs: Mapping[str, Any], wanted: set[int],
 
     table = {op: record(fn) for op, fn in FLOAT_SEMANTICS.items()}
     with np.errstate(all="ignore"):
-        env = execute(mg, staged, table, float_ctx(mg, inputs, None, False), pairs=False)
+        env = execute(mg, staged, table, float_ctx(mg, inputs, None, False), pairs=False,
+                      keep=want)
     if outputs is not None:
         outputs.update({name: np.asarray(env[t], dtype=np.float64)
                         for name, t in mg.output_tensors.items()})

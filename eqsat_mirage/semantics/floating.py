@@ -96,25 +96,42 @@ def to_half(x: np.ndarray) -> np.ndarray:
     return _round_half(x).astype(np.float16)
 
 
-# every float16 bit pattern's float32 value: a look-up (0.16-0.18 s for 45M values) beats
-# NumPy's cast where values are float16 subnormals (0.65-0.7 s there, 0.1 s elsewhere)
+# every float16 bit pattern's float32 value: a look-up (``by_bits``: 0.08 s for 45M values)
+# beats NumPy's cast where values are float16 subnormals (0.65-0.7 s there, 0.1 s elsewhere)
 EVERY_HALF = np.arange(1 << 16, dtype=np.uint16).view(np.float16)  # by bit pattern
 EVERY_HALF.flags.writeable = False  # (a table to look values up in, shared)
 _HALVES = EVERY_HALF.astype(np.float32)
+_BITS_CHUNK = 1 << 14  # elements ``by_bits`` looks up at once: their indices stay in cache
+
+
+def by_bits(table: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``table[bits]`` for the 16-bit patterns ``bits`` of a float16 (or uint16) array
+    ``x``, ``table`` holding a value for each of the 65536 patterns: ``table.take`` in
+    chunks of ``_BITS_CHUNK`` (NumPy widens the indices of one ``take`` to int64 first:
+    for a 45M-element weight, 360 MB written and read back; a chunk's stay in cache:
+    0.07-0.14 s against 0.16-0.33 s, float16 to float64 tables, on this project's CPU)."""
+    if len(table) != 1 << 16:
+        raise ValueError(f"by_bits: a table of {len(table)} values, not one per 16-bit pattern")
+    bits = x.view(np.uint16)
+    if bits.size <= _BITS_CHUNK or not bits.flags.c_contiguous:
+        return table.take(bits)
+    out = np.empty(bits.shape, table.dtype)
+    src, dst = bits.reshape(-1), out.reshape(-1)
+    for i in range(0, src.size, _BITS_CHUNK):  # "clip": no bounds check (every index fits),
+        table.take(src[i:i + _BITS_CHUNK], out=dst[i:i + _BITS_CHUNK], mode="clip")  # so no
+    return out  # buffered copy of ``out``
 
 
 def from_half(x: np.ndarray, factor: float = 1.0) -> np.ndarray:
     """A float16 array's values as float32, times ``factor`` (a power of two >= 1: exact,
     or past float16's largest, which becomes inf as a float16 product would), without
-    NumPy's slow cast of subnormals: by a table of the 65536 bit patterns."""
-    if factor == 1.0 and not _subnormal_heavy(x):
-        return x.astype(np.float32)
+    NumPy's slow cast of subnormals: by a table of the 65536 bit patterns (``by_bits``)."""
     table = _HALVES
     if factor != 1.0:
         with np.errstate(over="ignore", invalid="ignore"):
             table = _HALVES * np.float32(factor)
             np.copysign(np.float32(np.inf), table, out=table, where=np.abs(table) > _MAX_HALF)
-    return table.take(x.view(np.uint16))
+    return by_bits(table, x)
 
 
 def uniform(x: Any) -> bool:

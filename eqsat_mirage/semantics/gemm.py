@@ -78,6 +78,31 @@ def _view(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
     return y if rows or (r == size and c >= shape[0] * size) else None  # weight, x @ W.T)
 
 
+def copied(a: np.ndarray, b: np.ndarray) -> int:
+    """Bytes of operand copies that ``matmul(a, b)`` makes beyond NumPy's own (``one_gemm``
+    laying a batched operand out as one matrix, where no view of it will do): 0 where it
+    reads both in place (the tiled interpreter's joined loop operands: a weight's tiles side
+    by side, a slice of that weight)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.ndim < 2 or b.ndim < 2 or max(a.ndim, b.ndim) < 3:
+        return 0
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    if math.prod(batch) < MIN_BATCH or (batch_broadcast(a) and batch_broadcast(b)):
+        return 0
+    (m, k), n = a.shape[-2:], b.shape[-1]
+    if batch_broadcast(b):  # the rows of every batch element stacked: a view when they are
+        try:
+            np.reshape(np.broadcast_to(a, batch + (m, k)), (-1, k), copy=False)
+            return 0
+        except (TypeError, ValueError):
+            return math.prod(batch) * m * k * a.itemsize
+    if batch_broadcast(a):
+        moved = np.moveaxis(np.broadcast_to(b, batch + (k, n)), -2, 0)
+        return 0 if _view(moved, (k, math.prod(batch) * n)) is not None else \
+            math.prod(batch) * k * n * b.itemsize
+    return 0  # np.matmul's own batching
+
+
 def owner(x: np.ndarray) -> np.ndarray:
     """The array at the end of ``x``'s chain of views (``x`` itself when it is not a view),
     through NumPy's ``as_strided`` wrappers too."""

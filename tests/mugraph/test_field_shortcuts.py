@@ -13,7 +13,7 @@ import pytest
 from mugraph_examples import flash_attention, rmsnorm_linear, tiled_matmul
 
 import eqsat_mirage as em
-from eqsat_mirage.mugraph import parts, tiled
+from eqsat_mirage.mugraph import joins, parts, tiled
 from eqsat_mirage.semantics import field as fieldsem
 from eqsat_mirage.semantics.field import FieldCtx, evaluate_field
 from eqsat_mirage.semantics.floating import evaluate, uniform
@@ -124,13 +124,13 @@ def test_a_weights_loop_tiles_join_as_a_view_of_it():
     w = np.arange(12 * 32, dtype=np.int64).reshape(12, 32)
     tiles = tiled.cut(w, {0: 0}, 1, (3,), 4)  # (4 iterations, 3 blocks, 4, 8)
     per_iter = [np.swapaxes(tiles[f], -1, -2) for f in range(4)]  # (3, 8, 4) each
-    joined = tiled.adjacent(per_iter, -2)
+    joined = joins.adjacent(per_iter, -2)
     assert joined is not None and not joined.flags.writeable
     assert np.shares_memory(joined, w)
     assert np.array_equal(joined, np.concatenate(per_iter, axis=-2))
-    assert tiled.adjacent(per_iter[::-1], -2) is None
-    assert tiled.adjacent([per_iter[0], per_iter[1].copy()], -2) is None
-    assert tiled.adjacent(per_iter[:1], -2) is None
+    assert joins.adjacent(per_iter[::-1], -2) is None
+    assert joins.adjacent([per_iter[0], per_iter[1].copy()], -2) is None
+    assert joins.adjacent(per_iter[:1], -2) is None
 
 
 def test_a_view_of_a_trial_input_reads_one_float64_conversion_of_it():
@@ -153,3 +153,88 @@ def test_a_view_of_a_trial_input_reads_one_float64_conversion_of_it():
     assert modular._input_float64(cache, w) is None  # the input itself: cached as before
     got = modular.matmul_mod(x, w.T, m, cache)
     assert np.array_equal(got, modular.matmul_mod(x, w.T.copy(), m))
+
+
+def _step_by_step(monkeypatch) -> None:
+    """Float64 loops summed product by product (the loop as written), for comparison."""
+    monkeypatch.setattr(joins.FloatJoin, "take", lambda self, a, lhs, rhs: (
+        self.spilled.add(a), self._sum(a, [(lhs, rhs)])))
+
+
+@pytest.mark.parametrize("make", [tiled_matmul, rmsnorm_linear])
+def test_float64_loop_matmuls_joined_agree_with_the_loop(make, monkeypatch):
+    """In float64 a matmul accumulator whose operands are tiles of the kernel's inputs is
+    one matmul over the joined tiles (views, ``FloatJoin``): the loop's sum in another
+    order, equal to float64 rounding; natively the loop runs step by step, bit for bit
+    as before."""
+    g, mg = make()
+    rng = np.random.default_rng(3)
+    x = {n: rng.standard_normal(node.shape) for n, node in g.inputs.items()}
+    joined = {d: evaluate(mg, x, dtype=d) for d in (None, "native")}
+    sums: list = []
+    real = joins.FloatJoin._sum
+    monkeypatch.setattr(joins.FloatJoin, "_sum", lambda self, a, ops: (
+        sums.append(len(ops)), real(self, a, ops)))
+    evaluate(mg, x)
+    assert sums == []  # every tile joined, nothing summed one by one
+    _step_by_step(monkeypatch)
+    for d in (None, "native"):
+        loop = evaluate(mg, x, dtype=d)
+        for out in g.outputs:
+            if d is None:
+                np.testing.assert_allclose(joined[d][out], loop[out], rtol=1e-13, atol=1e-13)
+            else:
+                np.testing.assert_array_equal(joined[d][out], loop[out])
+    for out, want in evaluate(g, x).items():
+        np.testing.assert_allclose(joined[None][out], want, rtol=1e-12)
+
+
+def test_float64_loop_matmuls_of_computed_operands_are_summed_in_order():
+    """A loop matmul whose operand is computed in the loop (here the tile of A scaled) is
+    not held across iterations: its products are summed one by one, in the loop's order,
+    and the result is the input program's."""
+    g = em.Graph("scaled")
+    a, b = g.input("A", (32, 48), "float32"), g.input("B", (48, 24), "float32")
+    g.output((a * 2.0) @ b, "C")
+    mg = em.MuGraph("scaled_tiled")
+    mg.input("A", (32, 48), "float32")
+    mg.input("B", (48, 24), "float32")
+    k = mg.custom_kernel(grid=(4, 4), forloop=4, source=g)
+    ta, tb = k.input("A", imap={0: 0}, fmap=1), k.input("B", imap={1: 1}, fmap=0)
+    k.output(k.accumulate((ta * 2.0) @ tb, "acc"), "C", omap={0: 0, 1: 1})
+    mg.output("C")
+    rng = np.random.default_rng(4)
+    x = {n: rng.standard_normal(node.shape) for n, node in g.inputs.items()}
+    np.testing.assert_allclose(evaluate(mg, x)["C"], evaluate(g, x)["C"], rtol=1e-12)
+    assert em.verify(g, mg, seed=0).equivalent
+
+
+def test_node_samples_read_a_joined_matmul_per_iteration():
+    """``node_samples`` asks for a loop matmul's value (its first iteration): that kernel's
+    loop runs step by step, so the sample is the first iteration's product, not the sum."""
+    g, mg = tiled_matmul()
+    plan = tiled.plans(mg)[0]
+    m = next(n for n in plan.loop.nodes() if n.op is em.Op.MATMUL)
+    block = next(old for old, new in plan.loop_map.items() if new is m)
+    rng = np.random.default_rng(5)
+    x = {n: rng.standard_normal(node.shape) for n, node in g.inputs.items()}
+    got = tiled.node_samples(mg, x, {block}, lambda v: np.array(v, copy=True))
+    first = np.matmul(tiled.cut(x["A"], {0: 0}, 1, (4, 4), 4)[0],
+                      tiled.cut(x["B"], {1: 1}, 0, (4, 4), 4)[0])
+    np.testing.assert_allclose(got[block], first, rtol=1e-12)
+
+
+def test_gemm_copied_counts_the_operand_copies_one_gemm_makes():
+    """``gemm.copied``: 0 for a weight's joined loop tiles (read in place), the batched
+    operand's bytes where no view of it lays it out as one matrix."""
+    from eqsat_mirage.semantics.gemm import copied
+
+    w = np.arange(48.0 * 24).reshape(48, 24)
+    tiles = tiled.cut(w, {1: 0}, 0, (4,), 4)  # (4 iterations, 4 blocks, 12, 6)
+    rhs = joins.adjacent([tiles[f] for f in range(4)], -2)
+    lhs = np.broadcast_to(np.ones((1, 5, 48)), (4, 5, 48))
+    assert rhs is not None and np.shares_memory(rhs, w)
+    assert copied(lhs, rhs) == 0
+    scrambled = np.random.default_rng(0).standard_normal((4, 6, 48)).transpose(0, 2, 1)[:, ::2]
+    assert copied(lhs[:, :, :24], scrambled) == 4 * 24 * 6 * 8
+    assert copied(np.ones((5, 48)), w) == 0  # no batch: one GEMM

@@ -207,6 +207,31 @@ def test_from_half_is_the_cast_times_a_power_of_two(factor):
         assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
 
 
+def test_by_bits_looks_up_every_element_in_chunks():
+    """``by_bits`` (the draws' and ``from_half``'s table look-up, chunk by chunk) gives
+    ``table.take`` of the bit patterns bit for bit: one chunk, many with a short last one,
+    a transposed (not contiguous) array, a float16 table; a table without one value per
+    pattern is refused."""
+    from eqsat_mirage.semantics import floating
+
+    every = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    with np.errstate(invalid="ignore"):
+        tables = (every.astype(np.float64) * 3.0, every.astype(np.float32), every[::-1].copy())
+    rng = np.random.default_rng(1)
+    n = 3 * floating._BITS_CHUNK + 17
+    draws = (every, rng.integers(0, 1 << 16, n, dtype=np.uint16).view(np.float16),
+             rng.integers(0, 1 << 16, (701, 300), dtype=np.uint16).view(np.float16).T,
+             every[:10])
+    for table in tables:
+        for x in draws:
+            got = floating.by_bits(table, x)
+            want = table.take(x.view(np.uint16))
+            assert got.dtype == table.dtype and got.shape == x.shape
+            assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
+    with pytest.raises(ValueError, match="one per 16-bit pattern"):
+        floating.by_bits(np.zeros(10), every)
+
+
 @pytest.mark.parametrize("mode", [None, "native"])
 def test_a_matmul_with_one_uniform_operand_sums_the_other(mode):
     """A matmul one of whose operands is one value (the float checks' constant draws) is
