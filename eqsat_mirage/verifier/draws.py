@@ -28,7 +28,7 @@ from ..semantics.floating import (
 )
 from ..semantics.interp import run
 from ..semantics.modular import DRAW_CHUNK, chunked
-from .floatsafe import fingerprints, is_graph, static_check
+from .floatsafe import fingerprints, is_graph, static_check, unsampled
 from .kernelsafe import kernel_check
 from .memory import keeps_draws
 from .truth import precision, truth
@@ -455,11 +455,14 @@ class Draws:
         try:
             inputs = self.inputs("signed", 1.0)
             sink: dict = {"a": {}, "b": {}}
-            with self._locks["fingerprints"]:
-                if "fingerprints" not in self.memo:
-                    self.memo["fingerprints"] = fingerprints(self.a, inputs, sink["a"]) \
-                        if is_graph(self.a) else None
-            fa = self.memo["fingerprints"]
+            if is_graph(self.a) and not is_graph(b) and "fingerprints" not in self.memo:
+                fa = unsampled(self.a)  # only its dtypes are compared with a MuGraph's: the
+            else:  # first program runs once, in ``kernel_check`` or the strict float64 check
+                with self._locks["fingerprints"]:
+                    if "fingerprints" not in self.memo:
+                        self.memo["fingerprints"] = fingerprints(self.a, inputs, sink["a"]) \
+                            if is_graph(self.a) else None
+                fa = self.memo["fingerprints"]
             why = static_check(self.a, b, fa, fingerprints(b, inputs, sink["b"])
                                if fa is not None and is_graph(b) else None)
             if not why and fa is not None and hasattr(b, "node_samples"):  # in its kernels

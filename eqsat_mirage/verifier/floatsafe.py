@@ -81,6 +81,15 @@ def fingerprints(program, inputs: dict, outputs: dict | None = None
     return out
 
 
+def unsampled(program) -> list[tuple[Node, None, frozenset]]:
+    """``fingerprints`` without values: (node, None, input names) of every node, with no
+    run of the program. All that ``static_check`` reads of the input program when the
+    other is not a Graph (a MuGraph's device tensors are compared by dtype: ``narrowing``
+    with ``fb`` None)."""
+    deps = input_deps(program)
+    return [(n, None, deps[id(n)]) for n in program.nodes()]
+
+
 def _same(x: np.ndarray, y: np.ndarray) -> bool:
     mag = max(float(np.max(np.abs(x), initial=0.0)), float(np.max(np.abs(y), initial=0.0)))
     return mag > 0.0 and x.shape == y.shape and bool(

@@ -137,3 +137,28 @@ def test_the_static_checks_kept_outputs_are_the_programs_on_that_draw():
         assert kept is not None and set(kept) == set(want)
         assert all(np.array_equal(kept[k], want[k]) for k in want), program.name
     assert em.verify(g, mg, seed=0).equivalent
+
+
+@pytest.mark.parametrize("how", ["float32", "cast"])
+def test_the_static_checks_of_a_mugraph_run_the_first_program_once(how, monkeypatch):
+    """Against a MuGraph the static checks compare the first program's dtypes, not its
+    sampled values (``floatsafe.unsampled``): no fingerprint run of it; it runs once at
+    most, where the checks inside kernels search it (``kernelsafe``), and the strict
+    float64 check reads that run. A Graph candidate still gets its fingerprints, and the
+    narrowing kernel is still refused."""
+    from eqsat_mirage.verifier import floatsafe, kernelsafe
+    from eqsat_mirage.verifier.draws import Draws
+
+    g = sum_of_squares()
+    runs: list = []
+    for module in (floatsafe, kernelsafe):
+        def counted(program, *args, real=module.run, **kwargs):
+            runs.append(program is g)
+            return real(program, *args, **kwargs)
+        monkeypatch.setattr(module, "run", counted)
+    d = Draws(g, np.random.default_rng(0), {}, 65504.0)
+    why = d.static(sum_of_squares_kernel(how))
+    assert ("cast to float16" in why) == (how == "cast"), why
+    assert "fingerprints" not in d.memo and sum(runs) == (how == "cast"), runs
+    d2 = Draws(g, np.random.default_rng(0), {}, 65504.0)
+    assert d2.static(g) == "" and d2.memo["fingerprints"] is not None and sum(runs) >= 2
