@@ -32,22 +32,11 @@ import numpy as np
 from ..ir.node import BINARY, REDUCE, UNARY, Node, Op, make, tile_split, toposort
 from ..semantics.field import FIELD_SEMANTICS, MaskedPair
 from ..semantics.floating import FLOAT_SEMANTICS, float_ctx, round_to, uniform
-from ..semantics.interp import Table, run
+from ..semantics.interp import Outputs, Table, run
 from .joins import FloatJoin, joined
 from .kernels import CustomKernel, KernelGraph, MuGraphError, PredefinedKernel, TensorSpec
 from .online import Online, iteration, plan_online, rescale
 from .parts import needs_p, needs_q
-
-
-class _Program:
-    """A list of nodes and named outputs: what ``interp.run`` walks."""
-
-    def __init__(self, outputs: Mapping[str, Node]) -> None:
-        self.outputs = dict(outputs)
-        self._nodes = toposort(list(self.outputs.values()))
-
-    def nodes(self) -> list[Node]:
-        return self._nodes
 
 
 def _lift(v: Node, prefix: tuple[int, ...], rank: int, gridded: bool) -> Node:
@@ -60,7 +49,7 @@ def _lift(v: Node, prefix: tuple[int, ...], rank: int, gridded: bool) -> Node:
     return make(Op.RESHAPE, (v,), lead + (1,) * (rank - len(tile)) + tile)
 
 
-def vectorise(outputs: Mapping[str, Node], prefix: tuple[int, ...]) -> tuple[_Program, dict]:
+def vectorise(outputs: Mapping[str, Node], prefix: tuple[int, ...]) -> tuple[Outputs, dict]:
     """The block-graph stage with outputs ``outputs``, rebuilt over all blocks at once.
 
     Every node that depends on a tile gets shape ``prefix + tile shape``
@@ -104,7 +93,7 @@ def vectorise(outputs: Mapping[str, Node], prefix: tuple[int, ...]) -> tuple[_Pr
         if node.op is Op.INPUT or any(on):
             gridded.add(id(v))
         new[id(node)] = v
-    return _Program({name: new[id(n)] for name, n in outputs.items()}), new
+    return Outputs({name: new[id(n)] for name, n in outputs.items()}), new
 
 
 # -- cutting tiles and writing them back ----------------------------------------------------
@@ -153,19 +142,19 @@ def place(v: np.ndarray, omap: Mapping[int, int], fmap: int | None, grid: tuple[
 @dataclass
 class _Plan:
     kernel: CustomKernel
-    loop: _Program
-    post: _Program
+    loop: Outputs
+    post: Outputs
     loop_map: dict
     post_map: dict
     adds: dict[str, Node]  # accumulator -> the ADD node used to sum it (dtype float32)
     # exact backends: accumulators that sum a matmul are one matmul over the whole loop
     # (sum_f L_f @ R_f = [L_0 .. L_F-1] @ [R_0; ..; R_F-1]); the loop then yields L_f and R_f
     fused: dict[str, Node] = field(default_factory=dict)
-    fused_loop: _Program | None = None
+    fused_loop: Outputs | None = None
     online: Online | None = None  # running maxima (online softmax), see online.py
 
 
-def _fuse_matmuls(k: CustomKernel, loop: _Program) -> tuple[dict[str, Node], _Program | None]:
+def _fuse_matmuls(k: CustomKernel, loop: Outputs) -> tuple[dict[str, Node], Outputs | None]:
     """The accumulators of ``k`` whose loop value is a matmul read by nothing else in the
     loop, and the loop program that yields their operands instead (None: no such one)."""
     readers: dict[int, int] = {}
@@ -183,7 +172,7 @@ def _fuse_matmuls(k: CustomKernel, loop: _Program) -> tuple[dict[str, Node], _Pr
     rest = {t: n for t, n in loop.outputs.items() if t not in fused}
     for a, m in fused.items():
         rest[f"{a}\0lhs"], rest[f"{a}\0rhs"] = m.srcs
-    return fused, _Program(rest)
+    return fused, Outputs(rest)
 
 
 def plans(mg: KernelGraph) -> list:
@@ -192,7 +181,7 @@ def plans(mg: KernelGraph) -> list:
     plans: list = []
     for k in mg.kernels:
         if isinstance(k, PredefinedKernel):
-            plans.append(_Program({k.output: k.node}))
+            plans.append(Outputs({k.output: k.node}))
             continue
         loop, loop_map = vectorise(k.loop.outputs, k.grid)
         post, post_map = vectorise(k.post.outputs, k.grid)

@@ -13,9 +13,23 @@ from typing import Any
 import numpy as np
 
 from ..ir.errors import InputError
-from ..ir.node import Op, fmt_shape
+from ..ir.node import Node, Op, fmt_shape, toposort
 
 Table = Mapping[Op, Callable[..., Any]]
+
+
+class Outputs:
+    """Some nodes as the outputs of the program that computes only them: what ``run``
+    walks (``nodes()`` in order, and ``outputs``). A custom kernel's stages
+    (``mugraph/tiled.py``), the exp arguments of a program (``Draws.logit_scale``)."""
+
+    def __init__(self, outputs: Mapping[str, Node]) -> None:
+        self.outputs = dict(outputs)
+        self._nodes = toposort(list(self.outputs.values()))
+
+    def nodes(self) -> list[Node]:
+        """The nodes the outputs are computed from, producers first."""
+        return self._nodes
 
 
 def as_array(value: Any, name: str) -> np.ndarray:

@@ -12,7 +12,7 @@ import threading
 
 import numpy as np
 
-from ..ir.node import Op, toposort
+from ..ir.node import Op
 from ..semantics.floating import (
     EVERY_HALF,
     FLOAT_SEMANTICS,
@@ -26,7 +26,7 @@ from ..semantics.floating import (
     to_half,
     uniform,
 )
-from ..semantics.interp import run
+from ..semantics.interp import Outputs, run
 from ..semantics.modular import DRAW_CHUNK, chunked
 from .floatsafe import fingerprints, is_graph, static_check, unsampled
 from .kernelsafe import kernel_check
@@ -273,10 +273,30 @@ class Draws:
         cur = self._current  # up to four evaluations read a draw in a row (the first
         if getattr(cur, "key", None) != (kind, s):  # program, at the headroom, its truth,
             cur.key = cur.value = None  # the second): unpacked once per thread, the last
-            cur.value = {n: _read_only(unpack(x))  # one dropped before the next is made
-                         for n, x in self._packed(kind, s).items()}
+            if self._direct(kind, s):  # one dropped before the next is made
+                values = {n: self._looked_up(kind, s, n, functools.partial(self._widened, n))
+                          for n in self.normal}
+            else:
+                values = {n: unpack(x) for n, x in self._packed(kind, s).items()}
+            cur.value = {n: _read_only(x) for n, x in values.items()}
             cur.key = (kind, s)
         return cur.value
+
+    def _direct(self, kind: str, s: float) -> bool:
+        """Whether the rounded draw (``kind``, ``s``) is made straight in float32 for this
+        thread's evaluations: drawn input by input, kept by no memo and made from no other
+        draw, nor already packed (an exponent draw's headroom check packs it first). One
+        look-up per input (``_widened``) instead of two (rounded to 2 bytes, then widened),
+        and no 2-byte copy held beside it."""
+        by_one = kind in ("signed", "folded", "logits") or (
+            kind == "exponent" and self._power(int(s)) < 0)
+        return by_one and not self.keeps and (kind, s) not in _SHARED and \
+            ("rounded", kind, s) not in self.memo
+
+    def _widened(self, name: str, x: np.ndarray) -> np.ndarray:
+        """``x`` rounded to input ``name``'s dtype (``_round``), as the float32 array that
+        ``unpack(pack(...))`` gives (the same values, exactly)."""
+        return unpack(pack(self._round(name, x), self.a.inputs[name].dtype))
 
     def release(self, kind: str, s: float) -> None:
         """The check on draw (``kind``, ``s``) is done: drop this thread's unpacked draw
@@ -424,7 +444,7 @@ class Draws:
 
         # only what the exp arguments are computed from runs (a layer's attention scores,
         # not its MLP: an eighth of a 7B layer's products), each value dropped once read
-        args = _Args({f"arg{i}": n for i, n in enumerate(exps)})
+        args = Outputs({f"arg{i}": n for i, n in enumerate(exps)})
 
         def spread(s: float) -> float:
             with np.errstate(all="ignore"):
@@ -477,14 +497,3 @@ class Draws:
             return why
         finally:
             self.static_done.set()
-
-
-class _Args:
-    """Some nodes of a program as the outputs of the program that computes only them (what
-    ``interp.run`` needs: ``nodes()`` in order and ``outputs``)."""
-
-    def __init__(self, outputs: dict) -> None:
-        self.outputs = outputs
-
-    def nodes(self) -> list:
-        return toposort(list(self.outputs.values()))

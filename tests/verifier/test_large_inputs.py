@@ -116,6 +116,35 @@ def test_a_search_memo_keeps_the_rounded_draws_of_small_programs_only():
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_a_rounded_draw_made_straight_in_float32_is_the_packed_one(dtype, monkeypatch):
+    """A rounded draw that no memo keeps and no other draw is made from is made straight
+    in float32 (one look-up per large float16 input, no 2-byte copy held): bit for bit
+    the values of the packed path, for every dtype and kind it serves."""
+    from eqsat_mirage.verifier.draws import Draws
+
+    g = em.Graph("g")
+    x, w = g.input("X", (4, 1024), dtype), g.input("W", (1024, 512), dtype)
+    g.output(em.exp((x @ w) * 0.01).sum(axis=1, keepdims=True), "Y")
+    direct = Draws(g, np.random.default_rng(0), None, 65504.0)
+    packed = Draws(g, np.random.default_rng(0), None, 65504.0)
+    monkeypatch.setattr(packed, "_direct", lambda kind, s: False)
+    draws = [("folded", 0.25), ("signed", 30.0), ("logits", 0.0), ("exponent", 0.0),
+             ("exponent", 1.0)]
+    for kind, s in draws:
+        want = packed.rounded(kind, s)
+        made = direct._direct(kind, s)
+        got = direct.rounded(kind, s)
+        assert made == (kind != "exponent" or direct._power(int(s)) < 0)
+        assert ("rounded", kind, s) not in direct.memo or not made
+        for n in want:
+            assert got[n].dtype == want[n].dtype == np.float32 and not got[n].flags.writeable
+            np.testing.assert_array_equal(got[n].view(np.uint32), want[n].view(np.uint32))
+        packed.release(kind, s)
+        direct.release(kind, s)
+    assert not direct._direct("folded", 0.5) and not direct._direct("signed", 1.0)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 def test_pack_keeps_every_rounded_value(dtype):
     rng = np.random.default_rng(0)
     x = rng.standard_normal(4000) * np.exp2(rng.integers(-30, 30, 4000))
