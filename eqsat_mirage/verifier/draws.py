@@ -31,6 +31,7 @@ from ..semantics.modular import DRAW_CHUNK, chunked
 from .floatsafe import fingerprints, is_graph, static_check, unsampled
 from .kernelsafe import kernel_check
 from .memory import keeps_draws
+from .packing import pack, unpack
 from .truth import precision, truth
 
 NATIVE_MAX = {"float16": 65504.0, "bfloat16": 3.3895e38, "float32": 3.4028e38}
@@ -67,28 +68,6 @@ def _scaled(z: np.ndarray, factor: float) -> np.ndarray:
     if 2.0**-100 <= abs(factor) <= 2.0**100 or factor == 0.0:
         return z * np.float32(factor)
     return z.astype(np.float64) * factor
-
-
-def pack(x: np.ndarray, dtype: str) -> np.ndarray:
-    """A rounded input (float32 values of ``dtype``) in ``dtype``'s own 2 bytes where it has
-    them (float16 as float16, bfloat16 as its upper 16 bits), exactly; a broadcast of one
-    value, or an array already packed, as it is."""
-    if x.dtype != np.float32 or (x.ndim and not any(x.strides)):
-        return x
-    if dtype == "float16":
-        return x.astype(np.float16)
-    if dtype == "bfloat16":
-        return (np.ascontiguousarray(x).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
-    return x
-
-
-def unpack(x: np.ndarray) -> np.ndarray:
-    """The float32 array ``pack`` packed (float32 arrays and broadcasts as they are)."""
-    if x.dtype == np.float16:
-        return from_half(x)
-    if x.dtype == np.uint16:
-        return (x.astype(np.uint32) << np.uint32(16)).view(np.float32)
-    return x
 
 
 def standard_normal(rng: np.random.Generator, shape: tuple[int, ...],
@@ -293,6 +272,12 @@ class Draws:
         return by_one and not self.keeps and (kind, s) not in _SHARED and \
             ("rounded", kind, s) not in self.memo
 
+    def _at_headroom(self, name: str, x: np.ndarray) -> np.ndarray:
+        """``x`` rounded to input ``name``'s dtype and times the headroom, as ``_times``
+        makes it from the packed draw (the same values, exactly)."""
+        return self._times({name: pack(self._round(name, x), self.a.inputs[name].dtype)},
+                           self.headroom)[name]
+
     def _widened(self, name: str, x: np.ndarray) -> np.ndarray:
         """``x`` rounded to input ``name``'s dtype (``_round``), as the float32 array that
         ``unpack(pack(...))`` gives (the same values, exactly)."""
@@ -331,6 +316,9 @@ class Draws:
             out = dict(self._folded_at_headroom())
             out.update(self._times({name: self._packed(kind[:-2], s)[name]}, self.headroom))
             return out
+        if kind.endswith("@h") and self._direct(kind[:-2], s):  # one look-up an input
+            return {n: self._looked_up(kind[:-2], s, n, functools.partial(self._at_headroom, n))
+                    for n in self.normal}
         if kind.endswith("@h"):
             return self._times(self._packed(kind[:-2], s), self.headroom)
         if kind == "exponent" and self._power(int(s)) >= 0:

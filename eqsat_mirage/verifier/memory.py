@@ -286,7 +286,7 @@ def draw_bytes(program) -> int:
 
 def packed_inputs(program) -> int:
     """Bytes of one rounded float draw of ``program``'s inputs as the memo keeps it
-    (``draws.pack``: 2 bytes an element in float16 and bfloat16, else 4)."""
+    (``packing.pack``: 2 bytes an element in float16 and bfloat16, else 4)."""
     program = getattr(program, "program", program)
     return sum(size(n) * (2 if n.dtype in ("float16", "bfloat16") else 4)
                for n in program.inputs.values())

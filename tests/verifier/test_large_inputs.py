@@ -1,6 +1,6 @@
 """Verification of programs with large inputs (a 7B layer's weights): a search's memo draws
 a trial's inputs again instead of keeping them (``memory.MEMO_INPUTS``), and keeps the
-rounded float draws in the inputs' 2-byte formats (``draws.pack``). Both give the values,
+rounded float draws in the inputs' 2-byte formats (``packing.pack``). Both give the values,
 verdicts and bounds of keeping everything."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from eqsat_mirage.semantics.field import FieldCtx
 from eqsat_mirage.semantics.floating import round_to
 from eqsat_mirage.semantics.primes import draw_primes
 from eqsat_mirage.verifier import memory
-from eqsat_mirage.verifier.draws import pack, unpack
+from eqsat_mirage.verifier.packing import pack, unpack
 
 
 def attention(wrong: bool = False, dtype: str = "float32") -> em.Graph:
@@ -118,8 +118,9 @@ def test_a_search_memo_keeps_the_rounded_draws_of_small_programs_only():
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 def test_a_rounded_draw_made_straight_in_float32_is_the_packed_one(dtype, monkeypatch):
     """A rounded draw that no memo keeps and no other draw is made from is made straight
-    in float32 (one look-up per large float16 input, no 2-byte copy held): bit for bit
-    the values of the packed path, for every dtype and kind it serves."""
+    in float32 (one look-up per large float16 input, no 2-byte copy held), and so is the
+    same draw at the headroom: bit for bit the values of the packed path, for every dtype
+    and kind it serves."""
     from eqsat_mirage.verifier.draws import Draws
 
     g = em.Graph("g")
@@ -139,6 +140,13 @@ def test_a_rounded_draw_made_straight_in_float32_is_the_packed_one(dtype, monkey
         for n in want:
             assert got[n].dtype == want[n].dtype == np.float32 and not got[n].flags.writeable
             np.testing.assert_array_equal(got[n].view(np.uint32), want[n].view(np.uint32))
+        fresh = Draws(g, np.random.default_rng(0), None, 65504.0)  # at the headroom first,
+        at_h = fresh.rounded(kind + "@h", s)  # as a range draw's check reads it
+        want_h = packed.rounded(kind + "@h", s)
+        assert ("rounded", kind, s) not in fresh.memo or not made
+        for n in want_h:
+            np.testing.assert_array_equal(np.asarray(at_h[n], np.float32).view(np.uint32),
+                                          np.asarray(want_h[n], np.float32).view(np.uint32))
         packed.release(kind, s)
         direct.release(kind, s)
     assert not direct._direct("folded", 0.5) and not direct._direct("signed", 1.0)

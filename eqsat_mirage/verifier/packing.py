@@ -1,0 +1,30 @@
+"""The float checks' rounded draws in their dtypes' own 2 bytes: ``pack`` and ``unpack``
+(exact both ways), how a search's memo keeps them (``draws.Draws``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..semantics.floating import from_half
+
+
+def pack(x: np.ndarray, dtype: str) -> np.ndarray:
+    """A rounded input (float32 values of ``dtype``) in ``dtype``'s own 2 bytes where it has
+    them (float16 as float16, bfloat16 as its upper 16 bits), exactly; a broadcast of one
+    value, or an array already packed, as it is."""
+    if x.dtype != np.float32 or (x.ndim and not any(x.strides)):
+        return x
+    if dtype == "float16":
+        return x.astype(np.float16)
+    if dtype == "bfloat16":
+        return (np.ascontiguousarray(x).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+    return x
+
+
+def unpack(x: np.ndarray) -> np.ndarray:
+    """The float32 array ``pack`` packed (float32 arrays and broadcasts as they are)."""
+    if x.dtype == np.float16:
+        return from_half(x)
+    if x.dtype == np.uint16:
+        return (x.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return x
