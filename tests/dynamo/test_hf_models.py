@@ -30,8 +30,11 @@ def _meets_the_bar(r: dict, share: float = 0.9) -> None:
     covered = r["optimized_compute_ops"] + r["time_limited_ops"]
     assert covered >= share * r["compute_ops"], (r["optimized_ops"], r["time_limited_ops"],
                                                  r["eager"])
-    assert 0 < r["after"] <= r["before"], r  # the predicted speedup is reported, and real
-    assert r["after"] < r["before"] or r["optimized_ops"] == 0, r
+    # the predicted speedup is reported, and real, wherever a partition was optimized (a
+    # loaded machine can leave every piece to the time limit: nothing to predict, then)
+    assert 0 <= r["after"] <= r["before"], r
+    assert r["optimized_ops"] == 0 or 0 < r["after"] < r["before"], r
+    assert r["optimized_ops"] or r["time_limited_ops"] >= share * r["compute_ops"], r
 
 
 @pytest.mark.parametrize("name,dtype,impl", [
