@@ -114,7 +114,7 @@ def by_bits(table: np.ndarray, x: np.ndarray) -> np.ndarray:
         raise ValueError(f"by_bits: a table of {len(table)} values, not one per 16-bit pattern")
     bits = x.view(np.uint16)
     if bits.size <= _BITS_CHUNK or not bits.flags.c_contiguous:
-        return table.take(bits)
+        return np.asarray(table.take(bits))  # (a 0-d array stays an array, not a scalar)
     out = np.empty(bits.shape, table.dtype)
     src, dst = bits.reshape(-1), out.reshape(-1)
     for i in range(0, src.size, _BITS_CHUNK):  # "clip": no bounds check (every index fits),

@@ -30,10 +30,10 @@ def _meets_the_bar(r: dict, share: float = 0.9) -> None:
     covered = r["optimized_compute_ops"] + r["time_limited_ops"]
     assert covered >= share * r["compute_ops"], (r["optimized_ops"], r["time_limited_ops"],
                                                  r["eager"])
-    # the predicted speedup is reported, and real, wherever a partition was optimized (a
-    # loaded machine can leave every piece to the time limit: nothing to predict, then)
-    assert 0 <= r["after"] <= r["before"], r
-    assert r["optimized_ops"] == 0 or 0 < r["after"] < r["before"], r
+    if r["optimized_ops"] == 0:  # a loaded machine left every piece to the time limit
+        pytest.skip(f"{r['name']}: every piece ran out of time on this machine "
+                    f"({r['time_limited_ops']} of {r['compute_ops']} compute ops)")
+    assert 0 < r["after"] < r["before"], r  # the predicted speedup is reported, and real
 
 
 @pytest.mark.parametrize("name,dtype,impl", [

@@ -205,7 +205,18 @@ def test_float64_loop_matmuls_of_computed_operands_are_summed_in_order():
     mg.output("C")
     rng = np.random.default_rng(4)
     x = {n: rng.standard_normal(node.shape) for n, node in g.inputs.items()}
-    np.testing.assert_allclose(evaluate(mg, x)["C"], evaluate(g, x)["C"], rtol=1e-12)
+    held: list = []
+    real = joins.FloatJoin.take
+
+    def take(self, a, lhs, rhs):
+        real(self, a, lhs, rhs)
+        held.append((a in self.spilled, len(self.held[a])))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(joins.FloatJoin, "take", take)
+        got = evaluate(mg, x)["C"]
+    assert held == [(True, 0)] * 4  # summed as it came, from the first iteration on
+    np.testing.assert_allclose(got, evaluate(g, x)["C"], rtol=1e-12)
     assert em.verify(g, mg, seed=0).equivalent
 
 

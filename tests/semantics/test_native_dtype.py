@@ -228,6 +228,8 @@ def test_by_bits_looks_up_every_element_in_chunks():
             want = table.take(x.view(np.uint16))
             assert got.dtype == table.dtype and got.shape == x.shape
             assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
+    zero_d = floating.by_bits(tables[1], np.array(1.5, np.float16))
+    assert isinstance(zero_d, np.ndarray) and zero_d.shape == () and zero_d == 1.5
     with pytest.raises(ValueError, match="one per 16-bit pattern"):
         floating.by_bits(np.zeros(10), every)
 

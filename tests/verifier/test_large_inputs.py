@@ -121,13 +121,20 @@ def test_a_rounded_draw_made_straight_in_float32_is_the_packed_one(dtype, monkey
     in float32 (one look-up per large float16 input, no 2-byte copy held), and so is the
     same draw at the headroom: bit for bit the values of the packed path, for every dtype
     and kind it serves."""
+    from eqsat_mirage.verifier import draws as draws_module
     from eqsat_mirage.verifier.draws import Draws
 
+    # W's normal draw in float16 (as above 4M elements) and looked up (above 2^18); the
+    # first exponent draw below 1 (drawn input by input), the second above (from the
+    # N(0, 1) draw: packed)
+    monkeypatch.setattr(draws_module, "DRAW_CHUNK", 1 << 16)
+    monkeypatch.setattr(Draws, "_power", lambda self, j: -9 if j == 0 else 3)
     g = em.Graph("g")
     x, w = g.input("X", (4, 1024), dtype), g.input("W", (1024, 512), dtype)
     g.output(em.exp((x @ w) * 0.01).sum(axis=1, keepdims=True), "Y")
     direct = Draws(g, np.random.default_rng(0), None, 65504.0)
     packed = Draws(g, np.random.default_rng(0), None, 65504.0)
+    assert (direct.normal["W"].dtype == np.float16) == (dtype == "float16")
     monkeypatch.setattr(packed, "_direct", lambda kind, s: False)
     draws = [("folded", 0.25), ("signed", 30.0), ("logits", 0.0), ("exponent", 0.0),
              ("exponent", 1.0)]
