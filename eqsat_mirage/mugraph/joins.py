@@ -18,10 +18,16 @@ from ..semantics.interp import Table
 from ..semantics.modular import compact
 
 
+def contraction_axes(m: Node) -> tuple[int, int]:
+    """The axes of matmul ``m``'s two operands along which its loop tiles join: the left
+    operand's last, the right's second to last (its only one when it is a vector)."""
+    return -1, -1 if len(m.srcs[1].shape) == 1 else -2
+
+
 def joined(operands: list, m: Node) -> tuple:
     """A matmul's per-iteration field operands (L_f, R_f) joined along the contraction
     (batch axes broadcast over the grid stay length 1: matmul broadcasts them)."""
-    axes = (-1, -1 if len(m.srcs[1].shape) == 1 else -2)
+    axes = contraction_axes(m)
 
     def join(side: int, part: int):
         xs = [x[side][part] for x in operands]
@@ -90,7 +96,7 @@ class FloatJoin:
         m, held = self.plan.fused[a], self.held.pop(a, [])
         if not held:
             return
-        axes = (-1, -1 if len(m.srcs[1].shape) == 1 else -2)
+        axes = contraction_axes(m)
         lhs = adjacent([x for x, _ in held], axes[0])
         rhs = adjacent([y for _, y in held], axes[1])
         if a in self.spilled or lhs is None or rhs is None or copied(lhs, rhs):

@@ -253,8 +253,7 @@ class Draws:
         if getattr(cur, "key", None) != (kind, s):  # program, at the headroom, its truth,
             cur.key = cur.value = None  # the second): unpacked once per thread, the last
             if self._direct(kind, s):  # one dropped before the next is made
-                values = {n: self._looked_up(kind, s, n, functools.partial(self._widened, n))
-                          for n in self.normal}
+                values = self._widened(kind, s)
             else:
                 values = {n: unpack(x) for n, x in self._packed(kind, s).items()}
             cur.value = {n: _read_only(x) for n, x in values.items()}
@@ -265,23 +264,23 @@ class Draws:
         """Whether the rounded draw (``kind``, ``s``) is made straight in float32 for this
         thread's evaluations: drawn input by input, kept by no memo and made from no other
         draw, nor already packed (an exponent draw's headroom check packs it first). One
-        look-up per input (``_widened``) instead of two (rounded to 2 bytes, then widened),
-        and no 2-byte copy held beside it."""
+        look-up per input (``_widened``, at the headroom too) instead of two (rounded to 2
+        bytes, then widened), and no 2-byte copy held beside it."""
         by_one = kind in ("signed", "folded", "logits") or (
             kind == "exponent" and self._power(int(s)) < 0)
         return by_one and not self.keeps and (kind, s) not in _SHARED and \
             ("rounded", kind, s) not in self.memo
 
-    def _at_headroom(self, name: str, x: np.ndarray) -> np.ndarray:
-        """``x`` rounded to input ``name``'s dtype and times the headroom, as ``_times``
-        makes it from the packed draw (the same values, exactly)."""
-        return self._times({name: pack(self._round(name, x), self.a.inputs[name].dtype)},
-                           self.headroom)[name]
+    def _widened(self, kind: str, s: float, factor: float = 1.0) -> dict:
+        """A ``_direct`` draw rounded to each input's dtype, as float32 (times ``factor``,
+        the headroom or 1), one look-up per large float16 input: the values that
+        ``unpack`` (``factor`` 1) or ``_times`` of the packed draw give, exactly."""
+        def finish(name: str, x: np.ndarray) -> np.ndarray:
+            packed = {name: pack(self._round(name, x), self.a.inputs[name].dtype)}
+            return unpack(packed[name]) if factor == 1.0 else self._times(packed, factor)[name]
 
-    def _widened(self, name: str, x: np.ndarray) -> np.ndarray:
-        """``x`` rounded to input ``name``'s dtype (``_round``), as the float32 array that
-        ``unpack(pack(...))`` gives (the same values, exactly)."""
-        return unpack(pack(self._round(name, x), self.a.inputs[name].dtype))
+        return {n: self._looked_up(kind, s, n, functools.partial(finish, n))
+                for n in self.normal}
 
     def release(self, kind: str, s: float) -> None:
         """The check on draw (``kind``, ``s``) is done: drop this thread's unpacked draw
@@ -317,8 +316,7 @@ class Draws:
             out.update(self._times({name: self._packed(kind[:-2], s)[name]}, self.headroom))
             return out
         if kind.endswith("@h") and self._direct(kind[:-2], s):  # one look-up an input
-            return {n: self._looked_up(kind[:-2], s, n, functools.partial(self._at_headroom, n))
-                    for n in self.normal}
+            return self._widened(kind[:-2], s, self.headroom)
         if kind.endswith("@h"):
             return self._times(self._packed(kind[:-2], s), self.headroom)
         if kind == "exponent" and self._power(int(s)) >= 0:
