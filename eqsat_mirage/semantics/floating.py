@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 
 from ..ir.node import Node, Op, slice_index
-from ..ir.ops import NAN_STRICT, SPECS
+from ..ir.ops import NAN_STRICT, SPECS, VIEWS
 from .gemm import matmul as gemm
-from .interp import check_inputs, run
+from .interp import Later, check_inputs, made, run
 
 
 # Round to nearest even at float16's precision by one addition: x + c - c, c = 1.5 * 2**(e + k)
@@ -325,14 +325,33 @@ def _all_nan(x: Any) -> bool:
     return uniform(x) or bool(np.isnan(x).all())
 
 
+_DEFERRED = VIEWS | {Op.CAST}  # one operand's values, rearranged or cast: nothing summed
+
+
 def _nan_strict(fn):
     """``fn`` (an op of ``NAN_STRICT``), not computed where an operand is NaN everywhere:
     its value is then NaN everywhere (a float16 draw at the headroom, whose first matmul
-    over an inf input is all NaN: the rest of a 7B layer, its attention and MLP)."""
+    over an inf input is all NaN: the rest of a 7B layer, its attention and MLP). Operands
+    that are inputs not yet read (``interp.Later``) are read only when the others do not
+    decide it, and a view or cast of an unread input is computed where it is read: a draw
+    made as it is read then makes no weight of what is all NaN."""
+    def nan(n, xs, check) -> bool:
+        return any(_all_nan(xs[i]) for i in check) or (
+            n.op is Op.MATMUL and 0 in check and _rows_nan(xs[0]))
+
     def apply(ctx, n, *xs):
-        if any(_all_nan(x) for x in xs) or (n.op is Op.MATMUL and _rows_nan(xs[0])):
+        later = [i for i, x in enumerate(xs) if isinstance(x, Later)]
+        if later and n.op in _DEFERRED:  # a view or cast of an unread input (a weight's
+            return Later(lambda: apply(ctx, n, made(xs[0])))  # transpose): where it is read
+        if nan(n, xs, [i for i in range(len(xs)) if i not in later]):
             return np.broadcast_to(np.float64(np.nan), n.shape)
+        if later:
+            xs = tuple(made(x) for x in xs)
+            if nan(n, xs, later):
+                return np.broadcast_to(np.float64(np.nan), n.shape)
         return fn(ctx, n, *xs)
+
+    apply.lazy_args = True
     return apply
 
 

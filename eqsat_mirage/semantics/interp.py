@@ -83,12 +83,36 @@ def last_reads(nodes, keep) -> dict[int, list[int]]:
     return done
 
 
+class Later:
+    """An input's value, read from the inputs where a reader first needs it (``run``): a
+    reader that does not (an op whose other operand is NaN everywhere, ``lazy_args``)
+    leaves an input that is made when read (``floating.LazyInputs``) unmade."""
+
+    __slots__ = ("make", "_value")
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make, self._value = make, None
+
+    def value(self) -> Any:
+        """The value, made on the first call."""
+        if self._value is None:
+            self._value = self.make()
+        return self._value
+
+
+def made(x: Any) -> Any:
+    """``x``, or the value of a ``Later``."""
+    return x.value() if isinstance(x, Later) else x
+
+
 def run(program, table: Table, ctx: Any, outputs: bool = True) -> dict:
     """Evaluate every node of ``program`` with ``table``.
 
     Returns ``{output name: value}`` (or ``{id(node): value}`` for all nodes
     when ``outputs`` is False). ``ctx`` is handed to every table entry. A value is
     dropped as soon as its last reader has run (``outputs`` False: every value is kept).
+    An input is read where its first reader runs (``Later``); an entry with ``lazy_args``
+    set gets such inputs as ``Later`` values and makes them only if it needs them.
     """
     env: dict[int, Any] = {}
     nodes = program.nodes()
@@ -97,10 +121,15 @@ def run(program, table: Table, ctx: Any, outputs: bool = True) -> dict:
         fn = table.get(node.op)
         if fn is None:
             raise NotImplementedError(f"no semantics for {node.op} in this backend")
-        env[id(node)] = fn(ctx, node, *(env[id(s)] for s in node.srcs))
+        if node.op is Op.INPUT:
+            env[id(node)] = Later(lambda fn=fn, node=node: fn(ctx, node))
+        elif getattr(fn, "lazy_args", False):
+            env[id(node)] = fn(ctx, node, *(env[id(s)] for s in node.srcs))
+        else:
+            env[id(node)] = fn(ctx, node, *(made(env[id(s)]) for s in node.srcs))
         for key in done.get(i, ()) if done is not None else ():
             del env[key]  # nothing later reads it: its memory goes back now
     if not outputs:
-        return env
-    return {name: env[id(node)] for name, node in program.outputs.items()}
+        return {key: made(v) for key, v in env.items()}
+    return {name: made(env[id(node)]) for name, node in program.outputs.items()}
 

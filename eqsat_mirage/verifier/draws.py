@@ -31,7 +31,7 @@ from ..semantics.modular import DRAW_CHUNK, chunked
 from .floatsafe import fingerprints, is_graph, static_check, unsampled
 from .kernelsafe import kernel_check
 from .memory import keeps_draws
-from .packing import pack, unpack
+from .packing import kept, pack, read_only, unpack, unpacked
 from .truth import precision, truth
 
 NATIVE_MAX = {"float16": 65504.0, "bfloat16": 3.3895e38, "float32": 3.4028e38}
@@ -53,13 +53,6 @@ HEADROOM = 2.0
 _ONE_BY_ONE = ("signed", "folded", "exponent", "logits", "peakfold")  # drawn input by input
 _SHARED = {("folded", 0.5), ("signed", 1.0)}  # rounded draws that other draws are made from
 _LOOKUP_MIN = 1 << 18  # a float16 draw this large is drawn through ``_looked_up``'s table
-
-
-def _read_only(x: np.ndarray) -> np.ndarray:
-    """A read-only view of ``x``: a draw shared by several evaluations is never written."""
-    view = x.view()
-    view.flags.writeable = False
-    return view
 
 
 def _scaled(z: np.ndarray, factor: float) -> np.ndarray:
@@ -115,7 +108,7 @@ class Draws:
         self._locks = {k: threading.Lock() for k in ("fingerprints", "logits", "folded@h")}
         self.headroom = HEADROOM
         self._current = threading.local()  # per thread: the rounded draw it reads now
-        self._folded_h: dict | None = None  # ``_folded_at_headroom``
+        self._folded_h: LazyInputs | None = None  # ``_folded_at_headroom``
         self.static_done = threading.Event()  # ``static`` has run (or will not run: set)
         self.b_outputs: dict | None = None  # the second program's float64 outputs there
 
@@ -184,7 +177,7 @@ class Draws:
         if kind == "logits":  # N(0, c^2), c setting the exp arguments' spread to LOGIT_STD
             return _scaled(z, self.logit_scale())
         if kind == "signed" and s == 1.0:  # the draw itself, read-only: no copy
-            return _read_only(z)
+            return read_only(z)
         return _scaled(np.abs(z) if kind == "folded" else z, s)
 
     def _as_drawn(self, kind: str, s: float, name: str) -> np.ndarray:
@@ -208,28 +201,26 @@ class Draws:
             table = finish(self._draw(kind, s, name, EVERY_HALF))
         return by_bits(table, z)
 
-    def _times(self, packed: dict, factor: float) -> dict:
+    def _times(self, packed, factor: float) -> LazyInputs:
         """A rounded draw (``_packed``) times a power of two >= 1, as float32: exact, or
         past the dtype's largest (inf), so no second rounding pass; a float16 input straight
         from its 2 bytes (``from_half``: at a 7B layer's headroom, 2^27, most values
-        overflow, and NumPy's cast of its subnormals is slow)."""
-        out = {}
-        for n, x in packed.items():
-            dt = self.a.inputs[n].dtype
-            if dt == "bool":
-                out[n] = x
-                continue
-            if x.dtype == np.float16:  # every float16 input that is not one value
-                out[n] = from_half(x, factor)
-                continue
-            x = unpack(x)
-            with np.errstate(over="ignore"):
-                if x.ndim and not any(x.strides):
-                    out[n] = np.broadcast_to(round_to(x.reshape(-1)[:1] * np.float32(factor),
-                                                      dt), x.shape)
-                    continue
-                out[n] = x * np.float32(factor)  # bfloat16 and float32: float32's own range
-        return out
+        overflow, and NumPy's cast of its subnormals is slow). Each input made as it is
+        read (an evaluation that meets NaN everywhere reads no more of them)."""
+        return LazyInputs(self.normal, functools.partial(self._times_one, packed, factor))
+
+    def _times_one(self, packed, factor: float, n: str) -> np.ndarray:
+        x, dt = packed[n], self.a.inputs[n].dtype
+        if dt == "bool":
+            return x
+        if x.dtype == np.float16:  # every float16 input that is not one value
+            return from_half(x, factor)
+        x = unpack(x)
+        with np.errstate(over="ignore"):
+            if x.ndim and not any(x.strides):
+                return np.broadcast_to(round_to(x.reshape(-1)[:1] * np.float32(factor), dt),
+                                       x.shape)
+            return x * np.float32(factor)  # bfloat16 and float32: float32's own range
 
     def _power(self, j: int) -> int:
         """The exponent k of exponent draw ``j``: uniform across the inputs' range."""
@@ -252,11 +243,11 @@ class Draws:
         cur = self._current  # up to four evaluations read a draw in a row (the first
         if getattr(cur, "key", None) != (kind, s):  # program, at the headroom, its truth,
             cur.key = cur.value = None  # the second): unpacked once per thread, the last
-            if self._direct(kind, s):  # one dropped before the next is made
-                values = self._widened(kind, s)
-            else:
-                values = {n: unpack(x) for n, x in self._packed(kind, s).items()}
-            cur.value = {n: _read_only(x) for n, x in values.items()}
+            if self._direct(kind, s):  # one dropped before the next is made; each input
+                make = functools.partial(self._widened_one, kind, s, 1.0)  # made as first
+            else:  # read (an evaluation that meets NaN everywhere reads no more of them)
+                make = functools.partial(unpacked, self._packed(kind, s))
+            cur.value = kept(self.normal, make)
             cur.key = (kind, s)
         return cur.value
 
@@ -271,16 +262,20 @@ class Draws:
         return by_one and not self.keeps and (kind, s) not in _SHARED and \
             ("rounded", kind, s) not in self.memo
 
-    def _widened(self, kind: str, s: float, factor: float = 1.0) -> dict:
+    def _widened(self, kind: str, s: float, factor: float = 1.0) -> LazyInputs:
         """A ``_direct`` draw rounded to each input's dtype, as float32 (times ``factor``,
         the headroom or 1), one look-up per large float16 input: the values that
-        ``unpack`` (``factor`` 1) or ``_times`` of the packed draw give, exactly."""
-        def finish(name: str, x: np.ndarray) -> np.ndarray:
-            packed = {name: pack(self._round(name, x), self.a.inputs[name].dtype)}
-            return unpack(packed[name]) if factor == 1.0 else self._times(packed, factor)[name]
+        ``unpack`` (``factor`` 1) or ``_times`` of the packed draw give, exactly. Each
+        input made as it is read."""
+        return LazyInputs(self.normal, functools.partial(self._widened_one, kind, s, factor))
 
-        return {n: self._looked_up(kind, s, n, functools.partial(finish, n))
-                for n in self.normal}
+    def _widened_one(self, kind: str, s: float, factor: float, name: str) -> np.ndarray:
+        def finish(x: np.ndarray) -> np.ndarray:
+            packed = {name: pack(self._round(name, x), self.a.inputs[name].dtype)}
+            return unpack(packed[name]) if factor == 1.0 else self._times_one(packed, factor,
+                                                                                name)
+
+        return self._looked_up(kind, s, name, finish)
 
     def release(self, kind: str, s: float) -> None:
         """The check on draw (``kind``, ``s``) is done: drop this thread's unpacked draw
@@ -291,11 +286,18 @@ class Draws:
         if not self.keeps and (kind, s) not in _SHARED:
             self.memo.pop(("rounded", kind, s), None)
 
-    def _packed(self, kind: str, s: float) -> dict:
+    def _packed(self, kind: str, s: float):
+        """The draw rounded once to each input's dtype, in its 2-byte format (``pack``),
+        memoized: packed all at once where a search's memo keeps it, else each input as it
+        is first read."""
         key = ("rounded", kind, s)
         if key not in self.memo:
-            self.memo[key] = {n: pack(x, self.a.inputs[n].dtype)
-                              for n, x in self._rounded(kind, s).items()}
+            src = self._rounded(kind, s)
+            if self.keeps:
+                self.memo[key] = {n: pack(x, self.a.inputs[n].dtype) for n, x in src.items()}
+            else:
+                self.memo[key] = kept(self.normal, lambda n: pack(src[n],
+                                                                   self.a.inputs[n].dtype))
         return self.memo[key]
 
     def _round(self, name: str, x: np.ndarray) -> np.ndarray:
@@ -309,12 +311,12 @@ class Draws:
             return to_half(x)
         return round_to(x, dtype)  # a broadcast of one value stays one (a bool mask too)
 
-    def _rounded(self, kind: str, s: float) -> dict:
+    def _rounded(self, kind: str, s: float):
         if kind == "peakfold@h":  # the others' values at the headroom made once for all
-            name = list(self.normal)[int(s)]  # the per-input draws (0.65 s a draw at 7B)
-            out = dict(self._folded_at_headroom())
-            out.update(self._times({name: self._packed(kind[:-2], s)[name]}, self.headroom))
-            return out
+            name, others = list(self.normal)[int(s)], self._folded_at_headroom()  # (the
+            own = functools.partial(self._times_one, {name: self._packed(kind[:-2], s)[name]},
+                                    self.headroom)  # per-input draws: 0.65 s a draw at 7B)
+            return LazyInputs(self.normal, lambda n: own(n) if n == name else others[n])
         if kind.endswith("@h") and self._direct(kind[:-2], s):  # one look-up an input
             return self._widened(kind[:-2], s, self.headroom)
         if kind.endswith("@h"):
@@ -322,22 +324,21 @@ class Draws:
         if kind == "exponent" and self._power(int(s)) >= 0:
             return self._times(self._packed("signed", 1.0), 2.0 ** self._power(int(s)))
         if kind == "peakfold":  # the others as in ("folded", 0.5): rounded (and kept) once
-            name = list(self.normal)[int(s)]
-            out = dict(self._packed("folded", 0.5))
-            out[name] = self._looked_up(kind, s, name, functools.partial(self._round, name))
-            return out
-        if kind in _ONE_BY_ONE:  # one input's draw at a time, freed once rounded
-            return {n: self._looked_up(kind, s, n, functools.partial(self._round, n))
-                    for n in self.normal}
+            name, others = list(self.normal)[int(s)], self._packed("folded", 0.5)
+            return LazyInputs(self.normal, lambda n: others[n] if n != name else
+                              self._looked_up(kind, s, n, functools.partial(self._round, n)))
+        if kind in _ONE_BY_ONE:  # one input's draw at a time, made as it is read
+            return LazyInputs(self.normal, lambda n: self._looked_up(
+                kind, s, n, functools.partial(self._round, n)))
         return {n: self._round(n, x) for n, x in self.inputs(kind, s).items()}
 
-    def _folded_at_headroom(self) -> dict:
+    def _folded_at_headroom(self) -> LazyInputs:
         """("folded", 0.5) at the headroom, float32 (read-only), made once per ``Draws``:
         every per-input draw at the headroom is it with one input changed."""
         with self._locks["folded@h"]:
-            if self._folded_h is None:
-                self._folded_h = {n: _read_only(x) for n, x in self._times(
-                    self._packed("folded", 0.5), self.headroom).items()}
+            if self._folded_h is None:  # each input made as it is first read, then kept
+                self._folded_h = kept(self.normal, functools.partial(
+                    self._times_one, self._packed("folded", 0.5), self.headroom))
             return self._folded_h
 
     def out_a(self, dtype: str | None, kind: str, s: float, of_rounded: bool = False,

@@ -1,11 +1,12 @@
 """The float checks' rounded draws in their dtypes' own 2 bytes: ``pack`` and ``unpack``
-(exact both ways), how a search's memo keeps them (``draws.Draws``)."""
+(exact both ways), how a search's memo keeps them (``draws.Draws``), and a draw made input
+by input as it is read and kept (``kept``)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..semantics.floating import from_half
+from ..semantics.floating import LazyInputs, from_half
 
 
 def pack(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -28,3 +29,28 @@ def unpack(x: np.ndarray) -> np.ndarray:
     if x.dtype == np.uint16:
         return (x.astype(np.uint32) << np.uint32(16)).view(np.float32)
     return x
+
+
+def read_only(x: np.ndarray) -> np.ndarray:
+    """A read-only view of ``x``: a draw shared by several evaluations is never written."""
+    view = x.view()
+    view.flags.writeable = False
+    return view
+
+
+def unpacked(packed, name: str) -> np.ndarray:
+    """Input ``name`` of a packed draw (``draws.Draws._packed``), as float32."""
+    return unpack(packed[name])
+
+
+def kept(names, make) -> LazyInputs:
+    """``make(name)`` read-only, made on the first read of each name and kept (a draw that
+    up to four evaluations read in a row: ``draws.Draws.rounded``)."""
+    held: dict = {}
+
+    def get(name: str) -> np.ndarray:
+        if name not in held:
+            held[name] = read_only(make(name))
+        return held[name]
+
+    return LazyInputs(names, get)

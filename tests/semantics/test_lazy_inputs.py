@@ -113,3 +113,71 @@ def test_a_counterexample_keeps_a_float64_draw_in_its_narrowest_form():
     kept = lazy.held()["x"]
     assert kept.dtype == np.float32 and lazy["x"].dtype == np.float64
     np.testing.assert_array_equal(kept.astype(np.float64), lazy["x"])
+
+
+def _overflowing() -> em.Graph:
+    """x @ w0 overflows float16 at x = 1e4 (float64 at 1e307), its RMS normalization is
+    then inf * 0 = NaN everywhere, and the products after it read w1 and w2."""
+    g = em.Graph("overflowing")
+    x = g.input("x", (4, 64), dtype="float16")
+    h = x @ g.input("w0", (64, 64), dtype="float16")
+    n = h * em.rsqrt((h * h).mean(axis=-1, keepdims=True))
+    n = em.silu(n @ g.input("w1", (64, 64), dtype="float16"))
+    g.output(n @ g.input("w2", (64, 64), dtype="float16"), "out")
+    return g
+
+
+@pytest.mark.parametrize("dtype", ["native", None])
+def test_inputs_that_only_nan_everywhere_meets_are_never_made(dtype):
+    """An input is read where its first reader needs it (``interp.Later``): a NaN-strict op
+    whose other operand is NaN everywhere is NaN without it, so a draw made as it is read
+    (``Draws.rounded``) makes no weight of the layers after a float16 overflow."""
+    g = _overflowing()
+    big = 1e4 if dtype == "native" else 1e307  # past float16's largest, or float64's
+    values = {n: np.full(v.shape, big if n == "x" else 1.0) for n, v in g.inputs.items()}
+    watched = _Watched(values)
+    got = evaluate(g, LazyInputs(g.inputs, watched.make), dtype=dtype,
+                   rounded=dtype == "native")
+    want = evaluate(g, {n: v.astype(np.float64) for n, v in values.items()}, dtype=dtype)
+    assert watched.made == ["x", "w0"]
+    assert np.isnan(got["out"]).all() and np.isnan(want["out"]).all()
+    finite = {n: np.full(v.shape, 0.5, dtype=np.float32) for n, v in g.inputs.items()}
+    watched = _Watched(finite)  # where nothing overflows, every input is read, once
+    got = evaluate(g, LazyInputs(g.inputs, watched.make), dtype=dtype,
+                   rounded=dtype == "native")
+    want = evaluate(g, {n: v.astype(np.float64) for n, v in finite.items()}, dtype=dtype)
+    assert sorted(watched.made) == sorted(g.inputs)
+    np.testing.assert_array_equal(got["out"], want["out"])
+
+
+def test_a_rounded_draw_makes_each_input_once_where_it_is_read():
+    """``Draws.rounded``: each input rounded at its first read and kept while the draw is
+    this thread's current one (up to four evaluations read it), the values of the packed
+    draw (``_packed``, which rounds every input at once where a search's memo keeps it)."""
+    from eqsat_mirage.verifier.draws import Draws
+
+    g = _overflowing()
+    d = Draws(g, np.random.default_rng(3), None)
+    for kind, s in (("signed", 1.0), ("folded", 0.25), ("folded", 0.5), ("exponent", 0.0)):
+        r = d.rounded(kind, s)
+        assert isinstance(r, LazyInputs) and r["w1"] is r["w1"]
+        eager = Draws(g, np.random.default_rng(3), {})  # a search's memo: kept, eager
+        eager.keeps = True
+        want = eager.rounded(kind, s)
+        for n in g.inputs:
+            np.testing.assert_array_equal(r[n], want[n])
+        d.release(kind, s)
+
+
+def test_a_transposed_weight_is_read_only_where_its_product_needs_it():
+    """``x @ w.T`` (torch's linear): the transpose of an unread input is itself computed
+    where it is read, so NaN everywhere in ``x`` leaves ``w`` unmade."""
+    g = em.Graph("linear")
+    x = g.input("x", (4, 64), dtype="float16")
+    h = x @ g.input("w0", (64, 64), dtype="float16")
+    n = h * em.rsqrt((h * h).mean(axis=-1, keepdims=True))
+    g.output(n @ g.input("w1", (64, 64), dtype="float16").T, "out")
+    values = {n: np.full(v.shape, 1e4 if n == "x" else 1.0) for n, v in g.inputs.items()}
+    watched = _Watched(values)
+    got = evaluate(g, LazyInputs(g.inputs, watched.make), dtype="native", rounded=True)
+    assert watched.made == ["x", "w0"] and np.isnan(got["out"]).all()
