@@ -92,6 +92,7 @@ class Draws:
     def __init__(self, a, rng: np.random.Generator, memo: dict | None,
                  limit: float = np.inf) -> None:
         self.a, self.memo, self.limit = a, memo if memo is not None else {}, limit
+        self._own_memo = memo is None  # no other ``Draws`` reads it (``_packed``)
         # a bool mask input: random bits, mostly kept (1.0 where it holds, as it evaluates);
         # the normal draw kept in float32 (every input dtype is float32 or narrower), a
         # large float16 input's in float16 (``standard_normal``: how each is drawn)
@@ -288,12 +289,14 @@ class Draws:
 
     def _packed(self, kind: str, s: float):
         """The draw rounded once to each input's dtype, in its 2-byte format (``pack``),
-        memoized: packed all at once where a search's memo keeps it, else each input as it
-        is first read."""
+        memoized: each input as it is first read, or all at once where a search's memo
+        keeps it for the next candidate's ``Draws`` (the rounded draws it keeps, and the
+        shared ones): what is made input by input reads this ``Draws``, which the next
+        must not keep alive."""
         key = ("rounded", kind, s)
         if key not in self.memo:
             src = self._rounded(kind, s)
-            if self.keeps:
+            if self.keeps or not self._own_memo and (kind, s) in _SHARED:
                 self.memo[key] = {n: pack(x, self.a.inputs[n].dtype) for n, x in src.items()}
             else:
                 self.memo[key] = kept(self.normal, lambda n: pack(src[n],

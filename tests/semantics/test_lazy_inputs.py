@@ -181,3 +181,25 @@ def test_a_transposed_weight_is_read_only_where_its_product_needs_it():
     watched = _Watched(values)
     got = evaluate(g, LazyInputs(g.inputs, watched.make), dtype="native", rounded=True)
     assert watched.made == ["x", "w0"] and np.isnan(got["out"]).all()
+
+
+def test_a_search_memo_keeps_no_draws_object_alive():
+    """A search's memo outlives each candidate's ``Draws``: the draws it keeps for the next
+    (the shared ones others are made from) are packed all at once, values only, so the old
+    ``Draws`` (its N(0, 1) draw, its folded draw at the headroom) is freed."""
+    import gc
+
+    from eqsat_mirage.verifier.draws import Draws
+
+    g = _overflowing()
+    memo: dict = {}
+    d = Draws(g, np.random.default_rng(3), memo)
+    for kind, s in (("folded", 0.5), ("signed", 1.0)):
+        d.rounded(kind, s)["w2"]
+        d.release(kind, s)
+    assert all(isinstance(memo[("rounded", k, s)], dict) for k, s in (("folded", 0.5),
+                                                                     ("signed", 1.0)))
+    gone = weakref.ref(d)
+    del d
+    gc.collect()
+    assert gone() is None
