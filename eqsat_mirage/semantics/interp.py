@@ -94,9 +94,10 @@ class Later:
         self.make, self._value = make, None
 
     def value(self) -> Any:
-        """The value, made on the first call."""
-        if self._value is None:
-            self._value = self.make()
+        """The value, made on the first call (the maker then dropped, with whatever it
+        read: a deferred cast holds its value, not the input it was cast from)."""
+        if self.make is not None:
+            self._value, self.make = self.make(), None
         return self._value
 
 

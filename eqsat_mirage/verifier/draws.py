@@ -20,7 +20,6 @@ from ..semantics.floating import (
     by_bits,
     evaluate,
     float_ctx,
-    from_half,
     round_to,
     rounded_inputs,
     to_half,
@@ -31,7 +30,7 @@ from ..semantics.modular import DRAW_CHUNK, chunked
 from .floatsafe import fingerprints, is_graph, static_check, unsampled
 from .kernelsafe import kernel_check
 from .memory import keeps_draws
-from .packing import kept, pack, read_only, unpack, unpacked
+from .packing import kept, pack, read_only, scaled_up, unpack, unpacked, weakly
 from .truth import precision, truth
 
 NATIVE_MAX = {"float16": 65504.0, "bfloat16": 3.3895e38, "float32": 3.4028e38}
@@ -93,6 +92,7 @@ class Draws:
                  limit: float = np.inf) -> None:
         self.a, self.memo, self.limit = a, memo if memo is not None else {}, limit
         self._own_memo = memo is None  # no other ``Draws`` reads it (``_packed``)
+        self._dtypes = {n: node.dtype for n, node in a.inputs.items()}
         # a bool mask input: random bits, mostly kept (1.0 where it holds, as it evaluates);
         # the normal draw kept in float32 (every input dtype is float32 or narrower), a
         # large float16 input's in float16 (``standard_normal``: how each is drawn)
@@ -208,20 +208,7 @@ class Draws:
         from its 2 bytes (``from_half``: at a 7B layer's headroom, 2^27, most values
         overflow, and NumPy's cast of its subnormals is slow). Each input made as it is
         read (an evaluation that meets NaN everywhere reads no more of them)."""
-        return LazyInputs(self.normal, functools.partial(self._times_one, packed, factor))
-
-    def _times_one(self, packed, factor: float, n: str) -> np.ndarray:
-        x, dt = packed[n], self.a.inputs[n].dtype
-        if dt == "bool":
-            return x
-        if x.dtype == np.float16:  # every float16 input that is not one value
-            return from_half(x, factor)
-        x = unpack(x)
-        with np.errstate(over="ignore"):
-            if x.ndim and not any(x.strides):
-                return np.broadcast_to(round_to(x.reshape(-1)[:1] * np.float32(factor), dt),
-                                       x.shape)
-            return x * np.float32(factor)  # bfloat16 and float32: float32's own range
+        return LazyInputs(self.normal, functools.partial(scaled_up, packed, self._dtypes, factor))
 
     def _power(self, j: int) -> int:
         """The exponent k of exponent draw ``j``: uniform across the inputs' range."""
@@ -245,7 +232,7 @@ class Draws:
         if getattr(cur, "key", None) != (kind, s):  # program, at the headroom, its truth,
             cur.key = cur.value = None  # the second): unpacked once per thread, the last
             if self._direct(kind, s):  # one dropped before the next is made; each input
-                make = functools.partial(self._widened_one, kind, s, 1.0)  # made as first
+                make = functools.partial(weakly(self._widened_one), kind, s, 1.0)  # first
             else:  # read (an evaluation that meets NaN everywhere reads no more of them)
                 make = functools.partial(unpacked, self._packed(kind, s))
             cur.value = kept(self.normal, make)
@@ -273,8 +260,8 @@ class Draws:
     def _widened_one(self, kind: str, s: float, factor: float, name: str) -> np.ndarray:
         def finish(x: np.ndarray) -> np.ndarray:
             packed = {name: pack(self._round(name, x), self.a.inputs[name].dtype)}
-            return unpack(packed[name]) if factor == 1.0 else self._times_one(packed, factor,
-                                                                                name)
+            return unpack(packed[name]) if factor == 1.0 else scaled_up(packed, self._dtypes,
+                                                                        factor, name)
 
         return self._looked_up(kind, s, name, finish)
 
@@ -299,8 +286,9 @@ class Draws:
             if self.keeps or not self._own_memo and (kind, s) in _SHARED:
                 self.memo[key] = {n: pack(x, self.a.inputs[n].dtype) for n, x in src.items()}
             else:
-                self.memo[key] = kept(self.normal, lambda n: pack(src[n],
-                                                                   self.a.inputs[n].dtype))
+                rounded, dtypes = weakly(self._rounded), self._dtypes  # its own memo: no
+                self.memo[key] = kept(self.normal, lambda n: pack(rounded(kind, s)[n],  # cycle
+                                                                   dtypes[n]))
         return self.memo[key]
 
     def _round(self, name: str, x: np.ndarray) -> np.ndarray:
@@ -317,8 +305,9 @@ class Draws:
     def _rounded(self, kind: str, s: float):
         if kind == "peakfold@h":  # the others' values at the headroom made once for all
             name, others = list(self.normal)[int(s)], self._folded_at_headroom()  # (the
-            own = functools.partial(self._times_one, {name: self._packed(kind[:-2], s)[name]},
-                                    self.headroom)  # per-input draws: 0.65 s a draw at 7B)
+            own = functools.partial(scaled_up, {name: self._packed(kind[:-2], s)[name]},
+                                    self._dtypes, self.headroom)  # per-input draws: 0.65 s
+            # a draw at 7B)
             return LazyInputs(self.normal, lambda n: own(n) if n == name else others[n])
         if kind.endswith("@h") and self._direct(kind[:-2], s):  # one look-up an input
             return self._widened(kind[:-2], s, self.headroom)
@@ -341,7 +330,7 @@ class Draws:
         with self._locks["folded@h"]:
             if self._folded_h is None:  # each input made as it is first read, then kept
                 self._folded_h = kept(self.normal, functools.partial(
-                    self._times_one, self._packed("folded", 0.5), self.headroom))
+                    scaled_up, self._packed("folded", 0.5), self._dtypes, self.headroom))
             return self._folded_h
 
     def out_a(self, dtype: str | None, kind: str, s: float, of_rounded: bool = False,

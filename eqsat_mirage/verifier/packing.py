@@ -4,9 +4,11 @@ by input as it is read and kept (``kept``)."""
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
-from ..semantics.floating import LazyInputs, from_half
+from ..semantics.floating import LazyInputs, from_half, round_to
 
 
 def pack(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -54,3 +56,28 @@ def kept(names, make) -> LazyInputs:
         return held[name]
 
     return LazyInputs(names, get)
+
+
+def scaled_up(packed, dtypes: dict, factor: float, name: str) -> np.ndarray:
+    """Input ``name`` of a packed draw times a power of two >= 1 (``dtypes``: each input's
+    dtype), as float32: exact, or past the dtype's largest (inf), so no second rounding
+    pass; a float16 input straight from its 2 bytes (``from_half``)."""
+    x, dt = packed[name], dtypes[name]
+    if dt == "bool":
+        return x
+    if x.dtype == np.float16:  # every float16 input that is not one value
+        return from_half(x, factor)
+    x = unpack(x)
+    with np.errstate(over="ignore"):
+        if x.ndim and not any(x.strides):
+            return np.broadcast_to(round_to(x.reshape(-1)[:1] * np.float32(factor), dt),
+                                   x.shape)
+        return x * np.float32(factor)  # bfloat16 and float32: float32's own range
+
+
+def weakly(method):
+    """``method`` (bound) called through a weak reference to its object: a maker that the
+    object keeps (its memo, its current draw) keeps it in no reference cycle, so it is
+    freed as soon as its last user drops it, not at the cycle collector's next pass."""
+    ref = weakref.WeakMethod(method)
+    return lambda *args: ref()(*args)

@@ -194,6 +194,7 @@ def test_a_search_memo_keeps_no_draws_object_alive():
     g = _overflowing()
     memo: dict = {}
     d = Draws(g, np.random.default_rng(3), memo)
+    d.keeps = False  # as at real sizes (this one is small enough to keep every draw)
     for kind, s in (("folded", 0.5), ("signed", 1.0)):
         d.rounded(kind, s)["w2"]
         d.release(kind, s)
@@ -203,3 +204,48 @@ def test_a_search_memo_keeps_no_draws_object_alive():
     del d
     gc.collect()
     assert gone() is None
+
+
+def test_a_draws_object_is_freed_without_the_cycle_collector():
+    """What a ``Draws`` keeps that makes inputs as they are read (its own memo's packed
+    draws, its folded draw at the headroom, this thread's current draw) holds it weakly:
+    with the cycle collector off it is freed when its last user drops it, with what it
+    drew, as a ``Draws`` of dicts of arrays was."""
+    import gc
+
+    from eqsat_mirage.verifier.draws import Draws
+
+    g = _overflowing()
+    gc.disable()
+    try:
+        for memo in (None, {}):
+            d = Draws(g, np.random.default_rng(3), memo)
+            d.keeps, d.headroom = False, 4.0
+            d.out_a("native", "peakfold@h", 0.0, True)
+            d.rounded("folded", 0.5)["w2"]  # kept as this thread's current draw
+            d.rounded("peakfold", 1.0)["w1"]
+            d.release("peakfold", 1.0)
+            d.rounded("signed", 1.0)["x"]  # not released: still current
+            gone = weakref.ref(d)
+            del d
+            assert gone() is None, memo
+    finally:
+        gc.enable()
+
+
+def test_a_later_value_is_made_once_and_drops_its_maker():
+    """``interp.Later``: made on the first call only (a maker that returns None included),
+    the maker then dropped with what it read (a deferred cast keeps its value, not the
+    input it was cast from)."""
+    from eqsat_mirage.semantics.interp import Later
+
+    calls = []
+    source = np.ones(3)
+    gone = weakref.ref(source) if hasattr(source, "__weakref__") else None
+    later = Later(lambda s=source: calls.append(1) or s.astype(np.float16))
+    del source
+    assert later.value().dtype == np.float16 and later.value() is later.value()
+    assert calls == [1] and later.make is None
+    assert gone is None or gone() is None  # the cast's input is freed once it is made
+    none = Later(lambda: calls.append(2))
+    assert none.value() is None and none.value() is None and calls == [1, 2]
