@@ -92,6 +92,7 @@ class Draws:
                  limit: float = np.inf) -> None:
         self.a, self.memo, self.limit = a, memo if memo is not None else {}, limit
         self._own_memo = memo is None  # no other ``Draws`` reads it (``_packed``)
+        # each input's dtype, read by the makers of lazy draws too (no ``Draws`` in them)
         self._dtypes = {n: node.dtype for n, node in a.inputs.items()}
         # a bool mask input: random bits, mostly kept (1.0 where it holds, as it evaluates);
         # the normal draw kept in float32 (every input dtype is float32 or narrower), a
@@ -128,13 +129,13 @@ class Draws:
                     for x in self.rounded(kind, s).values()), default=0.0)
 
     def _range(self, name: str) -> tuple[int, int]:
-        return EXP_RANGE.get(self.a.inputs[name].dtype, EXP_RANGE["float32"])
+        return EXP_RANGE.get(self._dtypes[name], EXP_RANGE["float32"])
 
     def inputs(self, kind: str, s: float) -> dict:
         if kind.endswith("@h"):  # the same draw, every float input times ``headroom``
             out = {}
             for n, x in self.inputs(kind[:-2], s).items():
-                if self.a.inputs[n].dtype == "bool":
+                if self._dtypes[n] == "bool":
                     out[n] = x
                 elif np.ndim(x) and not any(x.strides):  # a broadcast stays one
                     out[n] = np.broadcast_to(x.reshape(-1)[:1] * self.headroom, x.shape)
@@ -160,7 +161,7 @@ class Draws:
             for n, z in self.normal.items():
                 lo, hi = self._range(n)
                 lo, hi = (max(lo, -s), min(hi - 1, s)) if s else (lo, hi - 1)
-                out[n] = z if self.a.inputs[n].dtype == "bool" else (
+                out[n] = z if self._dtypes[n] == "bool" else (
                     np.copysign(np.exp2(g.uniform(lo, hi, z.shape)), z))
             return out
         raise ValueError(f"unknown float draw {kind!r}")
@@ -173,7 +174,7 @@ class Draws:
             return _scaled(np.abs(z), self._fold(int(s)) if name == list(self.normal)[int(s)]
                            else 0.5)
         if kind == "exponent":  # z * 2^k, one k for every input, uniform across the
-            return z if self.a.inputs[name].dtype == "bool" else (  # narrowest input range
+            return z if self._dtypes[name] == "bool" else (  # narrowest input range
                 _scaled(z, 2.0 ** self._power(int(s))))
         if kind == "logits":  # N(0, c^2), c setting the exp arguments' spread to LOGIT_STD
             return _scaled(z, self.logit_scale())
@@ -259,7 +260,7 @@ class Draws:
 
     def _widened_one(self, kind: str, s: float, factor: float, name: str) -> np.ndarray:
         def finish(x: np.ndarray) -> np.ndarray:
-            packed = {name: pack(self._round(name, x), self.a.inputs[name].dtype)}
+            packed = {name: pack(self._round(name, x), self._dtypes[name])}
             return unpack(packed[name]) if factor == 1.0 else scaled_up(packed, self._dtypes,
                                                                         factor, name)
 
@@ -284,7 +285,7 @@ class Draws:
         if key not in self.memo:
             src = self._rounded(kind, s)
             if self.keeps or not self._own_memo and (kind, s) in _SHARED:
-                self.memo[key] = {n: pack(x, self.a.inputs[n].dtype) for n, x in src.items()}
+                self.memo[key] = {n: pack(x, self._dtypes[n]) for n, x in src.items()}
             else:
                 rounded, dtypes = weakly(self._rounded), self._dtypes  # its own memo: no
                 self.memo[key] = kept(self.normal, lambda n: pack(rounded(kind, s)[n],  # cycle
@@ -295,7 +296,7 @@ class Draws:
         """Input ``name``'s draw ``x`` rounded once to its dtype: a float16 input straight
         to float16 (``pack``'s format: one conversion instead of three), the others as
         ``round_to`` rounds them."""
-        dtype, x = self.a.inputs[name].dtype, np.asarray(x)
+        dtype, x = self._dtypes[name], np.asarray(x)
         if x.dtype == np.float16:  # a float16 input's normal draw itself: already rounded,
             return x  # and packed as it is (``pack``: a view of the draw, no copy)
         if dtype == "float16" and x.ndim and not uniform(x):
@@ -304,10 +305,10 @@ class Draws:
 
     def _rounded(self, kind: str, s: float):
         if kind == "peakfold@h":  # the others' values at the headroom made once for all
-            name, others = list(self.normal)[int(s)], self._folded_at_headroom()  # (the
+            # (the per-input draws: 0.65 s a draw at 7B)
+            name, others = list(self.normal)[int(s)], self._folded_at_headroom()
             own = functools.partial(scaled_up, {name: self._packed(kind[:-2], s)[name]},
-                                    self._dtypes, self.headroom)  # per-input draws: 0.65 s
-            # a draw at 7B)
+                                    self._dtypes, self.headroom)
             return LazyInputs(self.normal, lambda n: own(n) if n == name else others[n])
         if kind.endswith("@h") and self._direct(kind[:-2], s):  # one look-up an input
             return self._widened(kind[:-2], s, self.headroom)
