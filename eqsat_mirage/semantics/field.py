@@ -90,9 +90,10 @@ class FieldCtx:
 
         The q part is drawn on first use: only inputs that reach an exp need it.
         """
+        self.pinned = set()  # the inputs' arrays; q parts added when drawn
         out = {name: LazyPair(residues(self.rng, self.p, node.shape), node.shape, self, name)
                for name, node in program.inputs.items()}
-        self.pinned = {id(pair[0]) for pair in out.values()}  # q parts: added when drawn
+        self.pinned.update(id(pair[0]) for pair in out.values())
         self.limb_cache = self.input_cache()
         return out
 
@@ -138,18 +139,23 @@ class FieldCtx:
 
 
 class LazyPair:
-    """An input's (p part, q part); the q part is drawn uniformly on first access."""
+    """An input's (p part, q part); the q part is drawn uniformly on first access, from the
+    trial's generator, and recorded in its ``pinned`` and ``q_order``. It keeps those, not
+    the trial's ``FieldCtx``: a trial whose inputs pointed back at it would be a reference
+    cycle, and its inputs and cached conversions (GBs at a 7B layer's size) would outlive
+    it until the cycle collector's next pass."""
 
     def __init__(self, p_part: np.ndarray, shape, ctx: FieldCtx, name: str = "") -> None:
-        self._p, self._q, self._shape, self._ctx, self._name = p_part, None, shape, ctx, name
+        self._p, self._q, self._shape, self._name = p_part, None, shape, name
+        self._rng, self._mod, self._pinned, self._order = ctx.rng, ctx.q, ctx.pinned, ctx.q_order
 
     def __getitem__(self, i: int) -> np.ndarray:
         if i == 0:
             return self._p
         if self._q is None:
-            self._q = residues(self._ctx.rng, self._ctx.q, self._shape)
-            self._ctx.pinned.add(id(self._q))
-            self._ctx.q_order.append(self._name)
+            self._q = residues(self._rng, self._mod, self._shape)
+            self._pinned.add(id(self._q))
+            self._order.append(self._name)
         return self._q
 
     def __iter__(self):

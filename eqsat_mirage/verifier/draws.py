@@ -29,7 +29,7 @@ from ..semantics.interp import Outputs, run
 from ..semantics.modular import DRAW_CHUNK, chunked
 from .floatsafe import fingerprints, is_graph, static_check, unsampled
 from .kernelsafe import kernel_check
-from .memory import keeps_draws
+from .memory import keeps_draws, keeps_folded
 from .packing import kept, pack, read_only, scaled_up, unpack, unpacked, weakly
 from .truth import precision, truth
 
@@ -327,11 +327,15 @@ class Draws:
 
     def _folded_at_headroom(self) -> LazyInputs:
         """("folded", 0.5) at the headroom, float32 (read-only), made once per ``Draws``:
-        every per-input draw at the headroom is it with one input changed."""
+        every per-input draw at the headroom is it with one input changed. Kept where it is
+        small (``memory.keeps_folded``); a larger one is made input by input where each
+        per-input draw reads it (one table look-up an input: ``scaled_up``)."""
         with self._locks["folded@h"]:
             if self._folded_h is None:  # each input made as it is first read, then kept
-                self._folded_h = kept(self.normal, functools.partial(
-                    scaled_up, self._packed("folded", 0.5), self._dtypes, self.headroom))
+                make = functools.partial(scaled_up, self._packed("folded", 0.5), self._dtypes,
+                                         self.headroom)
+                self._folded_h = kept(self.normal, make) if keeps_folded(self.a) else \
+                    LazyInputs(self.normal, make)
             return self._folded_h
 
     def out_a(self, dtype: str | None, kind: str, s: float, of_rounded: bool = False,

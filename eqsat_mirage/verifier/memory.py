@@ -256,9 +256,9 @@ def verify_parts(a, b, threads: int, trials: int, memo: bool = True,
         kept = DRAW_SETS if keeps_draws(a) else 2
         which = "the rounded draws kept" if kept > 2 else "two rounded draws others are made from"
         parts.append((f"the float checks' draws (a standard-normal draw per call, "
-                      f"{which}, the folded one at the headroom in float32) and "
-                      f"first-program outputs",
-                      draw_bytes(a) + kept * packed_inputs(a) + 12 * fa_out))
+                      f"{which}, {_folded_what(a)}) and first-program outputs",
+                      draw_bytes(a) + (kept - 1) * packed_inputs(a) + packed_signed(a)
+                      + 12 * fa_out))
     return parts
 
 
@@ -274,14 +274,32 @@ def keeps_draws(program) -> bool:
 def draw_bytes(program) -> int:
     """Bytes of the standard-normal draw the float checks hold (``draws.standard_normal``:
     float32, float16 for a float16 input above ``DRAW_CHUNK`` elements, a bool mask's bits
-    in float64) and of the folded draw at the headroom (float32)."""
+    in float64) and of the folded draw at the headroom (float32), where it is kept
+    (``keeps_folded``)."""
     program = getattr(program, "program", program)
+    folded = 4 if keeps_folded(program) else 0
     total = 0
     for n in program.inputs.values():
         k = size(n)
         total += WORD * k if n.dtype == "bool" else (
-            (2 if n.dtype == "float16" and k > DRAW_CHUNK else 4) + 4) * k
+            (2 if _half_drawn(n) else 4) + folded) * k
     return total
+
+
+def _half_drawn(n) -> bool:
+    """Whether input ``n``'s standard-normal draw is held in float16 (a float16 input above
+    ``DRAW_CHUNK`` elements: ``draws.standard_normal``)."""
+    return n.dtype == "float16" and size(n) > DRAW_CHUNK
+
+
+def keeps_folded(program) -> bool:
+    """Whether the float checks keep the folded draw at the headroom (float32, made once per
+    ``Draws`` for all the per-input draws there): while it is within ``MEMO_INPUTS``. A
+    larger one (a 7B layer's: 0.71 GB) is made input by input again where each per-input
+    draw reads it (``from_half`` of the packed folded draw: one table look-up)."""
+    program = getattr(program, "program", program)
+    return keeps_inputs(4 * sum(size(n) for n in program.inputs.values()
+                                if n.dtype != "bool"))
 
 
 def packed_inputs(program) -> int:
@@ -290,6 +308,14 @@ def packed_inputs(program) -> int:
     program = getattr(program, "program", program)
     return sum(size(n) * (2 if n.dtype in ("float16", "bfloat16") else 4)
                for n in program.inputs.values())
+
+
+def packed_signed(program) -> int:
+    """``packed_inputs`` of the signed draw (N(0, 1) itself): a float16 input drawn in float16
+    (``_half_drawn``) packs as a view of its normal draw, no bytes of its own."""
+    program = getattr(program, "program", program)
+    return sum(size(n) * (2 if n.dtype in ("float16", "bfloat16") else 4)
+               for n in program.inputs.values() if not _half_drawn(n))
 
 
 def keeps_inputs(nbytes: int) -> bool:
@@ -313,11 +339,17 @@ def float_parts(a, b, threads: int) -> list[tuple[str, int]]:
     _, fa_out, _, _ = program_peak(a, False)
     each, at = float_check_peak(a, b)
     return [(f"{threads} float check(s) at once, each peaking at {at}", threads * each),
-            ("the draws the checks are made from (a standard-normal draw, two rounded "
-             "draws others are made from, the folded one at the headroom in float32)",
-             draw_bytes(a) + 2 * packed_inputs(a)),
+            (f"the draws the checks are made from (a standard-normal draw, two rounded "
+             f"draws others are made from, {_folded_what(a)})",
+             draw_bytes(a) + packed_inputs(a) + packed_signed(a)),
             ("the first program's outputs kept per draw (native, float64, at the headroom, "
              "its truth)", 12 * fa_out), _BASE_PART]
+
+
+def _folded_what(a) -> str:
+    """The folded draw at the headroom in words (``keeps_folded``)."""
+    return "the folded one at the headroom in float32" if keeps_folded(a) else \
+        "the folded one at the headroom made again where read"
 
 
 def threads_that_fit(parts_for: Callable[[int], list], most: int, what: str,
