@@ -113,11 +113,11 @@ def walk(peak: Peak, nodes: list, outputs, nbytes: Callable, field: bool,
     reader, INPUT leaves held by the caller; ``lazy``: made where they stand in ``nodes``, as
     ``floating.LazyInputs`` are read, and dropped as the others); returns the bytes of
     ``outputs`` still held."""
-    done = last_reads(nodes, outputs)
+    done = _aliased(nodes, outputs)
     held: dict[int, int] = {}
     for i, node in enumerate(nodes):
         if node.op is not Op.INPUT or lazy:
-            n = nbytes(node)
+            n = 0 if _alias(node, outputs) else nbytes(node)
             what = f"{where}{node.op.name.lower()} {fmt_shape(node.shape)}"
             peak.spike(n + _scratch(node, n // max(1, WORD * size(node)), field), what)
             peak.hold(n, what)
@@ -126,6 +126,35 @@ def walk(peak: Peak, nodes: list, outputs, nbytes: Callable, field: bool,
             peak.live -= held.pop(key, 0)
     out = sum(held.get(id(n), 0) for n in {id(n): n for n in outputs}.values())
     peak.live -= sum(held.values()) - out
+    return out
+
+
+# ops whose value is a view of their operand in every table (NumPy's transpose and basic
+# slicing never copy; a reshape may)
+_ALIASING = frozenset({Op.TRANSPOSE, Op.SLICE})
+
+
+def _alias(node, outputs) -> bool:
+    """Whether ``node``'s value holds no bytes of its own: a view of its operand (not an
+    output, whose bytes its holder counts)."""
+    return node.op in _ALIASING and all(node is not o for o in outputs)
+
+
+def _aliased(nodes, outputs) -> dict[int, list[int]]:
+    """``last_reads``, with a view's operand held (with its bytes) to the view's own last
+    reader: the view keeps it alive (a transposed weight read by a later matmul)."""
+    done = last_reads(nodes, outputs)
+    drop = {key: i for i, keys in done.items() for key in keys}
+    root: dict[int, int] = {}
+    for node in nodes:
+        if _alias(node, outputs):
+            r = root.get(id(node.srcs[0]), id(node.srcs[0]))
+            root[id(node)] = r
+            if r in drop and id(node) in drop:
+                drop[r] = max(drop[r], drop[id(node)])
+    out: dict[int, list[int]] = {}
+    for key, i in drop.items():
+        out.setdefault(i, []).append(key)
     return out
 
 
