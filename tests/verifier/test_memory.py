@@ -102,3 +102,27 @@ def test_trials_run_one_at_a_time_when_two_at_once_do_not_fit(monkeypatch):
     monkeypatch.setenv(MEMORY_ENV, str(one - BASE // 2))
     with pytest.raises(em.BudgetError, match="at its peak, over the memory budget"):
         em.verify(g, g, trials=4, seed=0, memo={}, float_check=False)
+
+
+def test_a_transposed_input_is_counted_once_as_the_walk_reads_it():
+    """``x @ w.T`` (torch's linear) in float64, inputs made as they are read: the transpose
+    is a view of the weight, held to the matmul, so the estimate is the traced peak (within
+    a few KB), not the weight twice."""
+    import tracemalloc
+
+    from eqsat_mirage.semantics.floating import LazyInputs
+
+    g = em.Graph("linear")
+    x, w = g.input("x", (64, 256)), g.input("w", (1024, 256))
+    g.output(x @ w.T, "y")
+    rng = np.random.default_rng(0)
+    values = {n: rng.standard_normal(v.shape) for n, v in g.inputs.items()}
+    _, _, estimate, _ = graph_peak(g, field=False, lazy=True)
+    tracemalloc.start()
+    try:
+        em.evaluate(g, LazyInputs(values, lambda n: values[n].copy()))
+        traced = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    weight = 1024 * 256 * 8
+    assert estimate >= traced - 2**16 and estimate < traced + weight // 2, (estimate, traced)
