@@ -82,8 +82,8 @@ def custom_peak(peak: Peak, k, plan, nbytes, tbytes, field: bool) -> None:
     # broadcasts, views of any strided array (tests/mugraph/test_tile_views.py). Over
     # the field their bytes stay counted, as the margin for what an exact product over
     # the joined loop holds besides the operands counted below (the whole operand's
-    # float64 copy, the digits of each part: gqa at batch 8 measured 0.95x of this
-    # estimate with it, 0.76x without; in float64 it is exact without, bench/RESULTS.md)
+    # float64 copy, the digits of each part: gqa at batch 8's estimate 0.95x its traced
+    # peak with it, 0.76x without; in float64 it is exact without, bench/RESULTS.md)
     if field:
         peak.hold(sum(tbytes(bi.tensor) for bi in k.inputs.values()),
                   f"{where}tiles cut from its inputs (the margin of an exact product)")
@@ -116,7 +116,8 @@ def custom_peak(peak: Peak, k, plan, nbytes, tbytes, field: bool) -> None:
              f"{where}epilogue (x {blocks} blocks): ")
     out = sum(tbytes(t) for t in k.outputs)
     # an output written over the loop is stacked from its iterations' tiles (a copy, while
-    # they are still held), then placed (another)
+    # they are still held), then placed (another); natively a third, rounded to its dtype,
+    # which the 8 bytes counted per float32 value cover
     stacked = sum(nbytes(plan.loop.outputs[t]) * f_range for t in loop_outs
                   if k.outputs[t].fmap is not None)
     peak.spike(out + stacked, f"{where}writing its outputs")

@@ -113,18 +113,24 @@ def walk(peak: Peak, nodes: list, outputs, nbytes: Callable, field: bool,
     reader, INPUT leaves held by the caller; ``lazy``: made where they stand in ``nodes``, as
     ``floating.LazyInputs`` are read, and dropped as the others); returns the bytes of
     ``outputs`` still held."""
-    done = _aliased(nodes, outputs)
+    done, root = _aliased(nodes, outputs)
+    outs = {id(n) for n in outputs}
     held: dict[int, int] = {}
     for i, node in enumerate(nodes):
         if node.op is not Op.INPUT or lazy:
-            n = 0 if _alias(node, outputs) else nbytes(node)
+            # a view holds no bytes of its own, but for an output view of a leaf its caller
+            # holds (the view's, as its own: the caller's inputs stay held anyway)
+            view = id(node) in root and (id(node) not in outs or root[id(node)] in held)
+            n = 0 if view else nbytes(node)
             what = f"{where}{node.op.name.lower()} {fmt_shape(node.shape)}"
             peak.spike(n + _scratch(node, n // max(1, WORD * size(node)), field), what)
             peak.hold(n, what)
             held[id(node)] = n
         for key in done.get(i, ()):
             peak.live -= held.pop(key, 0)
-    out = sum(held.get(id(n), 0) for n in {id(n): n for n in outputs}.values())
+    # an output that is a view holds its whole operand (kept to the end, ``_aliased``)
+    keys = {root[k] if k in root and root[k] in held else k for k in outs}
+    out = sum(held.get(k, 0) for k in keys)
     peak.live -= sum(held.values()) - out
     return out
 
@@ -134,28 +140,26 @@ def walk(peak: Peak, nodes: list, outputs, nbytes: Callable, field: bool,
 _ALIASING = frozenset({Op.TRANSPOSE, Op.SLICE})
 
 
-def _alias(node, outputs) -> bool:
-    """Whether ``node``'s value holds no bytes of its own: a view of its operand (not an
-    output, whose bytes its holder counts)."""
-    return node.op in _ALIASING and all(node is not o for o in outputs)
-
-
-def _aliased(nodes, outputs) -> dict[int, list[int]]:
+def _aliased(nodes, outputs) -> tuple[dict[int, list[int]], dict[int, int]]:
     """``last_reads``, with a view's operand held (with its bytes) to the view's own last
-    reader: the view keeps it alive (a transposed weight read by a later matmul)."""
+    reader (the view keeps it alive: a transposed weight read by a later matmul), and to
+    the end where an output is a view of it; and each view's root (the value it views)."""
     done = last_reads(nodes, outputs)
     drop = {key: i for i, keys in done.items() for key in keys}
+    outs = {id(n) for n in outputs}
     root: dict[int, int] = {}
     for node in nodes:
-        if _alias(node, outputs):
+        if node.op in _ALIASING:
             r = root.get(id(node.srcs[0]), id(node.srcs[0]))
             root[id(node)] = r
-            if r in drop and id(node) in drop:
+            if id(node) in outs:
+                drop.pop(r, None)
+            elif r in drop and id(node) in drop:
                 drop[r] = max(drop[r], drop[id(node)])
     out: dict[int, list[int]] = {}
     for key, i in drop.items():
         out.setdefault(i, []).append(key)
-    return out
+    return out, root
 
 
 def pinned(nodes, parts: Callable) -> int:
@@ -286,8 +290,7 @@ def verify_parts(a, b, threads: int, trials: int, memo: bool = True,
         which = "the rounded draws kept" if kept > 2 else "two rounded draws others are made from"
         parts.append((f"the float checks' draws (a standard-normal draw per call, "
                       f"{which}, {_folded_what(a)}) and first-program outputs",
-                      draw_bytes(a) + (kept - 1) * packed_inputs(a) + packed_signed(a)
-                      + 12 * fa_out))
+                      draw_bytes(a) + kept * packed_inputs(a) + 12 * fa_out))
     return parts
 
 
@@ -341,7 +344,9 @@ def packed_inputs(program) -> int:
 
 def packed_signed(program) -> int:
     """``packed_inputs`` of the signed draw (N(0, 1) itself): a float16 input drawn in float16
-    (``_half_drawn``) packs as a view of its normal draw, no bytes of its own."""
+    (``_half_drawn``) packs as a view of its normal draw, no bytes of its own. Not so in a
+    search's memo (``verify_parts``): the memo keeps the first call's packed draw, a view
+    of that call's normal draw, beside each later call's own normal draw."""
     program = getattr(program, "program", program)
     return sum(size(n) * (2 if n.dtype in ("float16", "bfloat16") else 4)
                for n in program.inputs.values() if not _half_drawn(n))

@@ -88,3 +88,25 @@ def test_a_large_folded_draw_at_the_headroom_is_made_again_where_read(monkeypatc
         cex, native = float_checks(a, b, np.random.default_rng(seed), 1e-7, True)
         assert native and cex is not None and cex.domain == "native dtype", cex
         assert float_checks(a, a, np.random.default_rng(seed), 1e-7, True)[0] is None
+
+
+def test_a_search_memo_keeps_the_first_calls_signed_draw_and_the_estimate_counts_it(
+        monkeypatch):
+    """In a search's memo the packed signed draw is the first ``Draws``' (a view of its normal
+    draw), kept beside each later call's own normal draw: ``verify_parts`` counts it whole,
+    where the end-to-end check (no shared memo) counts it as the view it is."""
+    small_chunks(monkeypatch)
+    a = prog()
+    memo: dict = {}
+    first = draws.Draws(a, np.random.default_rng(0), memo)
+    first.keeps = False  # as at real sizes
+    first._packed("signed", 1.0)
+    kept = memo[("rounded", "signed", 1.0)]["x"]
+    assert np.shares_memory(kept, first.normal["x"])
+    del first
+    second = draws.Draws(a, np.random.default_rng(0), memo)
+    assert not np.shares_memory(kept, second.normal["x"])  # two normal draws of x held
+    parts = dict(memory.verify_parts(a, a, 1, 1))
+    drawn = [n for what, n in parts.items() if what.startswith("the float checks' draws")]
+    outputs = 12 * 8 * 64 * 64
+    assert drawn == [memory.draw_bytes(a) + memory.DRAW_SETS * memory.packed_inputs(a) + outputs]

@@ -82,10 +82,10 @@ def test_large_trial_inputs_are_not_kept():
     # 7 rounded draws of 90 MB would pass MEMO_INPUTS: only the two others are made from
     assert not memory.keeps_draws(g)
     # the weight's normal draw in float16 (above DRAW_CHUNK), X's in float32; the folded
-    # draw at the headroom in float32; the packed folded draw, and the packed signed one,
-    # which is the weight's normal draw itself (a view) and X's own 2 bytes
+    # draw at the headroom in float32; the two packed draws (the signed one counted whole:
+    # the memo keeps the first call's, a view of that call's normal draw)
     assert memory.keeps_folded(g)
-    assert draws == (2 + 4) * 4096 * 11008 + 8 * 4 * 4096 + 2 * elements + 2 * 4 * 4096 + \
+    assert draws == (2 + 4) * 4096 * 11008 + 8 * 4 * 4096 + 2 * 2 * elements + \
         12 * 4 * 11008 * 8
     small = em.Graph("small")
     x, w = small.input("X", (4, 64), "float16"), small.input("W", (64, 128), "float16")

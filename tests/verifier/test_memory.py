@@ -126,3 +126,25 @@ def test_a_transposed_input_is_counted_once_as_the_walk_reads_it():
         tracemalloc.stop()
     weight = 1024 * 256 * 8
     assert estimate >= traced - 2**16 and estimate < traced + weight // 2, (estimate, traced)
+
+
+def test_an_output_that_is_a_view_holds_its_whole_operand():
+    """A slice of a product, as an output: NumPy keeps the whole product alive, so the walk
+    holds all of it to the end and counts it as the output's bytes."""
+    import tracemalloc
+
+    g = em.Graph("sliced")
+    x, w = g.input("x", (256, 256)), g.input("w", (256, 256))
+    g.output((x @ w)[:, 0:8], "y")
+    _, out, estimate, _ = graph_peak(g, field=False)
+    assert out == 256 * 256 * 8
+    rng = np.random.default_rng(0)
+    values = {n: rng.standard_normal(v.shape) for n, v in g.inputs.items()}
+    tracemalloc.start()
+    try:
+        got = em.evaluate(g, values)
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert got["y"].shape == (256, 8) and held >= out  # the product, alive through the slice
+    assert estimate >= out
