@@ -118,8 +118,8 @@ def walk(peak: Peak, nodes: list, outputs, nbytes: Callable, field: bool,
     held: dict[int, int] = {}
     for i, node in enumerate(nodes):
         if node.op is not Op.INPUT or lazy:
-            # a view holds no bytes of its own, but for an output view of a leaf its caller
-            # holds (the view's, as its own: the caller's inputs stay held anyway)
+            # a view holds no bytes of its own; an output that views an input its caller
+            # holds counts its own bytes, as every output does (the input is held anyway)
             view = id(node) in root and (id(node) not in outs or root[id(node)] in held)
             n = 0 if view else nbytes(node)
             what = f"{where}{node.op.name.lower()} {fmt_shape(node.shape)}"
