@@ -338,8 +338,12 @@ def packed_inputs(program) -> int:
     """Bytes of one rounded float draw of ``program``'s inputs as the memo keeps it
     (``packing.pack``: 2 bytes an element in float16 and bfloat16, else 4)."""
     program = getattr(program, "program", program)
-    return sum(size(n) * (2 if n.dtype in ("float16", "bfloat16") else 4)
-               for n in program.inputs.values())
+    return sum(_packed_bytes(n) for n in program.inputs.values())
+
+
+def _packed_bytes(n) -> int:
+    """Bytes of input ``n`` in a packed draw: 2 an element in float16 and bfloat16, else 4."""
+    return size(n) * (2 if n.dtype in ("float16", "bfloat16") else 4)
 
 
 def packed_signed(program) -> int:
@@ -348,8 +352,7 @@ def packed_signed(program) -> int:
     search's memo (``verify_parts``): the memo keeps the first call's packed draw, a view
     of that call's normal draw, beside each later call's own normal draw."""
     program = getattr(program, "program", program)
-    return sum(size(n) * (2 if n.dtype in ("float16", "bfloat16") else 4)
-               for n in program.inputs.values() if not _half_drawn(n))
+    return sum(_packed_bytes(n) for n in program.inputs.values() if not _half_drawn(n))
 
 
 def keeps_inputs(nbytes: int) -> bool:
