@@ -331,7 +331,7 @@ class _Planner(OpSpace):
             self.tensor[id(s)], Node(Op.INPUT, (), self.tensor[id(s)], s.shape, s.dtype))
             for s in n.srcs)
         mg.kernels.append(PredefinedKernel(Node(n.op, srcs, n.arg, n.shape, n.dtype),
-                                           self.tensor[id(n)], mg._kernel_name(None)))
+                                           self.tensor[id(n)], mg.kernel_name(None)))
 
     def _why(self, reg: frozenset, p: Pricing) -> str:
         if p.schedule is None:

@@ -113,7 +113,8 @@ class CustomKernel:
     Built with ``MuGraph.custom_kernel`` and then ``input``, ``accumulate``,
     ``tile``, ``output`` and ``fuse``; ``source`` optionally holds the
     kernel-level Graph fragment it implements (inputs and outputs named after
-    device tensors), used by ``MuGraph.reference``.
+    device tensors), used by ``MuGraph.reference``. ``owner`` is the MuGraph
+    whose device tensors the kernel reads (None for a kernel built on its own).
     """
 
     kind = "custom"
@@ -132,11 +133,11 @@ class CustomKernel:
         self.threads: list[tuple[str, tuple[Node, ...]]] = []
         self.source = source
         self.num_warps: int | None = None  # set by the compile check; None: the cost model's
-        self._owner = None  # the MuGraph building it (MuGraph.custom_kernel sets it)
+        self.owner = None  # the MuGraph building it (MuGraph.custom_kernel and from_dict set it)
 
     # -- building ---------------------------------------------------------------------------
     def _spec(self, tensor: str) -> TensorSpec:
-        specs = self._owner.tensors if self._owner is not None else {}
+        specs = self.owner.tensors if self.owner is not None else {}
         check_read(self.name, tensor, specs)
         return specs[tensor]
 
@@ -229,7 +230,7 @@ class CustomKernel:
             raise MuGraphError(f"kernel {self.name!r}: output {tensor!r} must be a tile of this "
                                "kernel's loop or post stage")
         stage = "loop" if value.graph is self.loop else "post"
-        if self._owner is not None and tensor in self._owner.tensors:
+        if self.owner is not None and tensor in self.owner.tensors:
             raise MuGraphError(f"kernel {self.name!r}: tensor {tensor!r} is already defined")
         if dtype is not None and dtype not in ("float16", "bfloat16", "float32"):
             raise MuGraphError(f"kernel {self.name!r}: output {tensor!r}: unknown dtype "

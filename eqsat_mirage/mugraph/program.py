@@ -93,14 +93,15 @@ class MuGraph:
         self.inputs[name] = Node(Op.INPUT, (), name, shape, canonical_dtype(dtype))
         return name
 
-    def _kernel_name(self, name: str | None) -> str:
+    def kernel_name(self, name: str | None) -> str:
+        """The name the next appended kernel gets: ``name``, or ``k<index>`` when None."""
         return name or f"k{len(self.kernels)}"
 
     def predefined(self, op: Op | str, *operands: str | float, arg: Any = None,
                    out: str | None = None, name: str | None = None) -> str:
         """Append a library kernel running ``op`` on device tensors; returns its output tensor."""
         op = op if isinstance(op, Op) else Op[str(op).upper()]
-        kname = self._kernel_name(name)
+        kname = self.kernel_name(name)
         specs = self.tensors
         srcs, leaves = [], {}
         for x in operands:
@@ -123,8 +124,8 @@ class MuGraph:
     def custom_kernel(self, grid: Sequence[int], forloop: int = 1, name: str | None = None,
                       source: Graph | None = None) -> CustomKernel:
         """Append a custom kernel with ``grid`` and loop range ``forloop``; build it in place."""
-        kernel = CustomKernel(grid, forloop, self._kernel_name(name), source)
-        kernel._owner = self
+        kernel = CustomKernel(grid, forloop, self.kernel_name(name), source)
+        kernel.owner = self
         self.kernels.append(kernel)
         return kernel
 
@@ -346,7 +347,7 @@ def from_graph(graph: Graph) -> MuGraph:
             tensor_of[id(s)], Node(Op.INPUT, (), tensor_of[id(s)], s.shape, s.dtype))
             for s in node.srcs)
         mg.kernels.append(PredefinedKernel(Node(node.op, srcs, node.arg, node.shape, node.dtype),
-                                           out, mg._kernel_name(None)))
+                                           out, mg.kernel_name(None)))
         tensor_of[id(node)] = out
     for name, node in graph.outputs.items():
         mg.output(tensor_of[id(node)], name)
@@ -395,7 +396,7 @@ def _from_dict(data: Mapping) -> MuGraph:
             name = d.get("name", "?") if isinstance(d, Mapping) else d
             raise MuGraphError(f"kernel {name!r}: malformed JSON ({exc!r})") from None
         if isinstance(k, CustomKernel):
-            k._owner = mg
+            k.owner = mg
         mg.kernels.append(k)
     mg.output_tensors = dict(data["outputs"])
     return mg
