@@ -41,7 +41,8 @@ def one(name: str, batch: int, guards: bool) -> dict:
     from bench.programs import program
     from eqsat_mirage.egraph.rulefiles import load_rule_files
     from eqsat_mirage.egraph.saturate import DEFAULT_PHASES, Limits, Saturator
-    from eqsat_mirage.pipeline.optimize import DEFAULT_SPLITS, candidate_splits
+    from eqsat_mirage.pipeline.options import DEFAULT_SPLITS
+    from eqsat_mirage.pipeline.search import candidate_splits
 
     graph = program(name, batch)
     rulesets, rule_list, facts = load_rule_files(("rules",))

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import eqsat_mirage as em  # noqa: E402
 from bench.programs import program  # noqa: E402
 from eqsat_mirage.ir.limits import memory_budget  # noqa: E402
-from eqsat_mirage.pipeline import optimize as opt_mod  # noqa: E402
+from eqsat_mirage.pipeline import search as opt_mod  # noqa: E402
 
 
 def peak_bytes() -> int:

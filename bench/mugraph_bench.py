@@ -35,7 +35,8 @@ from bench.programs import BENCHMARKS, program  # noqa: E402
 from bench.results_md import replace_section  # noqa: E402
 from eqsat_mirage.egraph.rulefiles import load_rule_files  # noqa: E402
 from eqsat_mirage.egraph.saturate import DEFAULT_PHASES, Limits, Saturator  # noqa: E402
-from eqsat_mirage.pipeline.optimize import DEFAULT_SPLITS, candidate_splits  # noqa: E402
+from eqsat_mirage.pipeline.options import DEFAULT_SPLITS  # noqa: E402
+from eqsat_mirage.pipeline.search import candidate_splits  # noqa: E402
 
 SECTION = "## Multi-level search (issue 4)"
 

@@ -268,7 +268,7 @@ def verify_piece(index: int, seq: int, dims: dict, dtype: str = "float16") -> di
     recording instead of deciding), then verified twice with one memo (the first
     candidate pays for the input program's values, the next ones reuse them); seconds,
     verdicts, the memory estimate and this process's peak."""
-    from eqsat_mirage.pipeline import optimize as opt
+    from eqsat_mirage.pipeline import search as opt
     from eqsat_mirage.verifier import memory
     from eqsat_mirage.verifier.verify import VerifyResult, verify
 

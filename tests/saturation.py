@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from eqsat_mirage.egraph.rulefiles import load_rule_files
 from eqsat_mirage.egraph.saturate import DEFAULT_PHASES, Limits, Saturator
-from eqsat_mirage.pipeline.optimize import DEFAULT_SPLITS, candidate_splits
+from eqsat_mirage.pipeline.options import DEFAULT_SPLITS
+from eqsat_mirage.pipeline.search import candidate_splits
 
 
 def saturated(graph, rules=("rules",), guards=True) -> Saturator:

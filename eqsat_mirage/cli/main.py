@@ -43,10 +43,10 @@ import traceback
 from pathlib import Path
 from types import ModuleType
 
+from ..family.sizes import family_rows
 from ..frontend.graph import Graph
 from ..ir.errors import MirageError
-from ..pipeline.family import family_rows
-from .parser import build_parser
+from .parser import build_parser, search_keywords
 
 EXIT_EQUIVALENT, EXIT_NOT_EQUIVALENT, EXIT_ERROR = 0, 1, 2
 _REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -223,13 +223,11 @@ def _cache_arg(args: argparse.Namespace):
 
 
 def _optimize_kwargs(args: argparse.Namespace) -> dict:
-    return dict(target=args.target, rules=args.rules or ["rules"], guards=not args.no_guards,
-                time_limit_s=args.time_limit, node_limit=args.node_limit,
-                iter_limit=args.iter_limit, level=args.level, cache=_cache_arg(args))
+    return {**search_keywords(args), "cache": _cache_arg(args)}
 
 
 def _optimize_and_report(graph, args: argparse.Namespace) -> int:
-    from ..pipeline.whole import optimize
+    from ..pipeline.optimize import optimize
 
     progress = Progress(getattr(args, "quiet", False))
     try:

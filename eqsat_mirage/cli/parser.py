@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Callable
 
 from ..ir.errors import MirageError
@@ -145,23 +146,31 @@ def build_parser(commands: dict[str, Callable], bench_module: Callable) -> argpa
 
 
 def _search_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default="h100", help="hardware profile name or .toml path "
-                   "(default: h100; see `eqsat-mirage targets`)")
-    p.add_argument("--rules", action="append", default=None, metavar="FILE",
-                   help="rule file or folder (repeatable; default: the built-in rules)")
-    p.add_argument("--no-guards", action="store_true",
-                   help="switch off the abstract-expression guards")
-    p.add_argument("--time-limit", type=_time_limit, default="auto",
-                   help="wall-clock seconds for the whole search, or 'auto' (the default: "
-                        "60 s for a small program, more for a large one)")
-    p.add_argument("--node-limit", type=int, default=200_000,
-                   help="tensor e-nodes per phase (default: 200000)")
-    p.add_argument("--iter-limit", type=int, default=12,
-                   help="iterations per phase (default: 12)")
-    p.add_argument("--level", choices=("mugraph", "kernel"), default="mugraph",
-                   help="mugraph: fused custom kernels (default); kernel: algebra only")
+    """The flags of the search options that have one, made from ``SearchOptions``' fields
+    (the flag, its argparse keywords, the description and the default stated there)."""
+    from ..pipeline.options import SearchOptions
+
+    for f in dataclasses.fields(SearchOptions):
+        flag = f.metadata.get("flag")
+        if flag is None:
+            continue
+        cli = dict(f.metadata["cli"])
+        # a repeatable flag starts empty (None: the option's default); the others hold it
+        default = None if cli.get("action") == "append" else f.default
+        shown = ", ".join(f.default) if isinstance(f.default, tuple) else f.default
+        text = cli.pop("help", None) or f"{f.metadata['doc']} (default: {shown})"
+        p.add_argument(flag, dest=f.name, default=default, help=text.replace("%", "%%"), **cli)
     p.add_argument("--quiet", action="store_true", help="no progress display")
     _cache_options(p)
+
+
+def search_keywords(args: argparse.Namespace) -> dict:
+    """The search options given on the command line, by option name (a flag left unset,
+    or a repeatable one never given, keeps the option's default)."""
+    from ..pipeline.options import SearchOptions
+
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(SearchOptions)
+            if f.metadata.get("flag") and getattr(args, f.name, None) is not None}
 
 
 def _cache_options(p: argparse.ArgumentParser) -> None:
@@ -171,13 +180,3 @@ def _cache_options(p: argparse.ArgumentParser) -> None:
     group.add_argument("--cache-dir", default=None, metavar="DIR",
                        help="results cache folder (default: $EQSAT_MIRAGE_CACHE_DIR, else "
                             "~/.cache/eqsat-mirage; see `eqsat-mirage cache path`)")
-
-
-def _time_limit(text: str):
-    """``--time-limit``: seconds, or "auto"."""
-    if text == "auto":
-        return text
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds or 'auto', got {text!r}") from None

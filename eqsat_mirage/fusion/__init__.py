@@ -7,9 +7,10 @@ names, and a region of them cut out as one kernel's program. ``regions.py``: the
 search, which decides which ops share a kernel. ``planner.py``: ``plan`` prices regions
 (each kernel's schedule by the GPU cost model), calls the region search and builds the
 chosen partition; ``plans.py``: its records
-(a region's pricing, the plan and its per-region report).
+(a region's pricing, the plan and its per-region report). ``forms.py``: each extracted form
+planned under the e-graph's kernel choices (``egraph.kernels``), duplicates planned once.
 
 Takes: a kernel-level ``Graph`` and the edges that may be cut.
 Gives: a ``FusionPlan`` holding a ``MuGraph`` of custom and predefined kernels.
-May import: ir, frontend, semantics, verifier, mugraph, cost.
+May import: ir, frontend, semantics, verifier, mugraph, cost, egraph (its read-out choices).
 """

@@ -35,7 +35,7 @@ class Builder:
 
     def __init__(self, prof, kernels, todo: list, deadline, progress=None,
                  build: bool = True, replan=None) -> None:
-        # kernels: the egraph.kernels.KernelPlanner that planned the forms of ``todo``;
+        # kernels: the fusion.forms.KernelPlanner that planned the forms of ``todo``;
         # build: compile every kernel for the target (False: write the Triton source only);
         # replan: until when a refused candidate is planned again (default ``deadline``: a
         # refusal that comes back after the compile check's share still gets its re-plan,

@@ -450,42 +450,6 @@ def reverifier(graph, options: SearchOptions):
     return run
 
 
-def cached_optimize(graph, store: ResultCache, progress, options: SearchOptions, search,
-                    key: str | None = None):
-    """``search(graph, options, progress, cache=False)`` through the open cache
-    ``store`` (see ``open_cache``); ``search`` is ``optimize.search``, passed in because the
-    cache sits below the search it caches.
-
-    ``key`` is the entry's key when the caller computed it (``optimize_many``'s
-    workers use their parent's, so that both sides agree), else ``make_key``'s.
-    """
-    from ..ir.check import check
-
-    check(graph)
-    t0 = time.perf_counter()
-    key = make_key(graph, options) if key is None else key
-    name = getattr(graph, "name", "program")
-    try:
-        res = lookup(store, graph, key, t0, reverifier(graph, options))
-    except (sqlite3.Error, OSError, CacheError) as exc:
-        warnings.warn(f"results cache {store.path} cannot be read ({exc}); running uncached",
-                      RuntimeWarning, stacklevel=3)
-        store, res = None, None
-    if res is not None:
-        if progress:
-            progress(f"cache {res.stats['cache']}: {name} ({key[:12]}, {res.cost_us:.2f} us) "
-                     f"from {store.path}")
-        return res
-    if progress and store is not None:
-        progress(f"cache miss: {name} ({key[:12]}); searching")
-    res = search(graph, options, progress, cache=False)
-    if store is not None:
-        store_result(store, key, res, name)
-        if res.stats.get("time_limited") and progress:
-            progress(f"not cached: {name}'s search was cut short by its time limit")
-    return res
-
-
 def format_entries(entries: list[CacheEntry]) -> str:
     """``entries`` as a table: key prefix, program, target, level, cost, search time, age."""
     rows = [f"{'key':<12}  {'program':<20} {'target':<8} {'level':<8} {'cost us':>9} "

@@ -53,15 +53,14 @@ from ..ir.node import Node
 from ..verifier.truth import effort
 from .cache import (
     ResultCache,
-    cached_optimize,
     lookup,
     make_key,
     open_cache,
     reverifier,
     store_result,
 )
-from .optimize import optimize, search
 from .options import SearchOptions
+from .search import Search, cached_search
 
 EXECUTORS = ("process", "ray")
 
@@ -104,23 +103,18 @@ def _run(payload: bytes) -> bytes:
     graph, options, cache, key = loads(payload)
     with working():  # the other workers' verifications see this one busy (``runner``)
         if cache is False:
-            return dumps(search(graph, options, cache=False))
-        return dumps(cached_optimize(graph, ResultCache(cache), None, options, search,
-                                     key=key))
+            return dumps(Search(graph, options).run())
+        return dumps(cached_search(graph, ResultCache(cache), None, options, key=key))
 
 
 def _options(kwargs: dict) -> dict:
-    """Every optimize keyword with its default filled in (the cache key's options)."""
-    sig = inspect.signature(optimize)
-    try:
-        bound = sig.bind(None, **kwargs)
-    except TypeError as exc:
-        raise MirageError(f"optimize_many: {exc} (optimize takes: "
-                          f"{', '.join(list(sig.parameters)[1:])})") from None
-    bound.apply_defaults()
-    opts = dict(bound.arguments)
-    for name in ("graph", "progress", "cache"):
-        opts.pop(name, None)
+    """The search options among ``optimize_many``'s keywords (``cache`` is its own); a
+    MirageError naming any other."""
+    opts = {k: v for k, v in kwargs.items() if k != "cache"}
+    unknown = sorted(set(opts) - set(SearchOptions.names()))
+    if unknown:
+        raise MirageError(f"optimize_many: unknown keyword(s) {', '.join(map(repr, unknown))} "
+                          f"(it takes {', '.join(SearchOptions.names())} and cache)")
     return opts
 
 
@@ -220,8 +214,8 @@ def optimize_many(programs: Iterable, jobs: int | None = None, executor: str = "
     elif jobs == 1 or len(firsts) <= 1:
         for i in firsts:
             try:
-                res = (search(programs[i], options, cache=False) if store is None else
-                       cached_optimize(programs[i], store, None, options, search, key=keys[i]))
+                res = (Search(programs[i], options).run() if store is None else
+                       cached_search(programs[i], store, None, options, key=keys[i]))
             except Exception as exc:  # noqa: BLE001 - handed to finish (raise or return)
                 res = exc
             land(i, res)

@@ -1,9 +1,11 @@
 """A search's options as one checked value, and its time budget.
 
-``SearchOptions`` holds every keyword of ``em.optimize`` that can change its result
-(everything but the program, ``progress`` and ``cache``), with the defaults stated once.
-It is frozen and checked when built: a bad value raises a ``MirageError`` naming the
-option. ``key_data()`` is the plain data the results cache hashes.
+``SearchOptions`` holds every keyword of ``em.optimize`` that can change one search's
+result, ``EntryOptions`` the rest (progress, cache, partition, piece_ops, jobs); each field
+states its default and its description once (``option``), and ``em.optimize``'s
+signature and docstring (``optimize_signature``, ``options_doc``), the command line's
+flags (``cli/parser.py``) and the cache key (``key_data()``) are made from them. Both are
+frozen and checked when built: a bad value raises a ``MirageError`` naming the option.
 
 ``Budget`` is one search's deadline and the shares of it each pass may use (rule checks
 30%, saturation 50%, extraction 70%, the compile check 70%, planning 85%, verification
@@ -16,16 +18,19 @@ the input program's outputs, computed once and shared by every candidate's check
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import sys
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ..cost.profile import LAUNCH_MODES
 from ..ir.errors import MirageError
 from ..ir.limits import AUTO, Deadline, program_work, resolve_time_limit
+from ..partition.pieces import DEFAULT_PIECE_OPS
 from ..verifier import blas
 
 LEVELS = ("mugraph", "kernel")
@@ -59,6 +64,19 @@ def check_splits(split_factors) -> None:
                               f"{tuple(split_factors)!r}")
 
 
+def parse_time_limit(text: str) -> float | str:
+    """A time limit as typed on the command line: seconds, or "auto" (an
+    ``argparse.ArgumentTypeError`` otherwise)."""
+    import argparse
+
+    if text == AUTO:
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds or 'auto', got {text!r}") from None
+
+
 def compile_check_default(target) -> bool:
     """Whether optimize builds the chosen kernels for ``target`` when not told: on for a
     built-in target with Triton's NVIDIA compiler, unless ``$EQSAT_MIRAGE_COMPILE_CHECK``
@@ -74,28 +92,72 @@ def _flag(name: str, value, none_ok: bool = False) -> None:
         raise MirageError(f"optimize: {name} must be {kind}, got {value!r}")
 
 
+def option(default, doc: str, flag: str | None = None, **cli) -> Any:
+    """A ``SearchOptions`` field: its default, its one description (``em.optimize``'s
+    docstring and the command line's help are made from it) and, with ``flag``, the
+    ``eqsat-mirage`` flag that sets it (``cli``: argparse keywords besides the default)."""
+    return field(default=default, metadata={"doc": doc, "flag": flag, "cli": cli})
+
+
 @dataclass(frozen=True)
 class SearchOptions:
-    """Every option of one search (``em.optimize``'s keywords but ``progress`` and
-    ``cache``; its docstring tells each), checked when built."""
+    """Every option of one search (``em.optimize``'s keywords but the ``EntryOptions``),
+    each default and description stated once here, checked when built."""
 
-    target: str | Path | object = "h100"
-    rules: object = ("rules",)
-    guards: bool = True
-    time_limit_s: float | str = AUTO
-    node_limit: int = 200_000
-    iter_limit: int = 12
-    k: int = 4
-    trials: int = 3
-    seed: int | None = 0
-    split_factors: object = DEFAULT_SPLITS
-    level: str = "mugraph"
-    strategy: object = None
-    max_bound: float = 1e-9
-    allow_unchecked_rules: bool = False
-    compile_check: bool | None = None
-    launch: str = "plain"
-    allow_float_unsafe_rules: bool = False
+    target: str | Path | object = option(
+        "h100", "the hardware profile: a built-in name (h100, h200, a100; `eqsat-mirage "
+        "targets`) or a .toml path", "--target")
+    rules: object = option(
+        ("rules",), "rule files and folders (\"rules\" is the built-in set); user files are "
+        "checked for soundness first and an unsound rule is refused with a RuleError, and "
+        "so is one the check cannot instantiate or decide (see allow_unchecked_rules)",
+        "--rules", action="append", metavar="FILE")
+    guards: bool = option(
+        True, "abstract-expression guards on (False: every rewrite may add e-classes)",
+        "--no-guards", action="store_false", help="switch off the abstract-expression guards")
+    time_limit_s: float | str = option(
+        AUTO, "wall-clock seconds for the whole call (within about 10%); \"auto\": 60 s for a "
+        "program of toy size and more for a large one (limits.auto_time_limit, at most "
+        "600 s; the value used is res.stats[\"time_limit_s\"]). Rule checks get up to 30% "
+        "of it, saturation runs until 50%, extraction until 70%, fusion planning starts no "
+        "plan after 85%, verification stops at 100%; a pass that reaches its share stops "
+        "with what it has, and when no candidate verified in time the input is returned",
+        "--time-limit", type=parse_time_limit, metavar="SECONDS")
+    node_limit: int = option(200_000, "tensor e-nodes per saturation phase", "--node-limit",
+                             type=int)
+    iter_limit: int = option(12, "iterations per saturation phase", "--iter-limit", type=int)
+    k: int = option(4, "candidates extracted (the k cheapest distinct forms)")
+    trials: int = option(
+        3, "finite-field trials per candidate, at least (more until max_bound holds)")
+    seed: int | None = option(0, "the verifier's seed (None: fresh randomness)")
+    split_factors: object = option(
+        DEFAULT_SPLITS, "the j of the (split n i j) facts user rules may read (n = i * j)")
+    level: str = option(
+        "mugraph", "\"mugraph\": res.program is a MuGraph of fused custom kernels costed by "
+        "gpucost; \"kernel\": a kernel-level Graph (algebra only), one kernel per op",
+        "--level", choices=LEVELS)
+    strategy: object = option(
+        None, "the fusion.strategy.Strategy of candidate schedules (None: "
+        "fusion.DEFAULT_STRATEGY); its loop ranges, block range and split switch are "
+        "replaced by what the block rules allow")
+    max_bound: float = option(
+        1e-9, "the largest false-positive bound that counts as verified; an inconclusive "
+        "candidate is never returned")
+    allow_unchecked_rules: bool = option(
+        False, "accept a user rule the soundness check cannot instantiate or decide")
+    compile_check: bool | None = option(
+        None, "build each candidate's Triton kernels for the target before verifying it "
+        "(codegen.tune: sm_90a for h100/h200, sm_80 for a100; no GPU needed); a kernel that "
+        "spills is rebuilt at other warp counts, one that cannot build cleanly sends its "
+        "candidate back to the planner (res.stats[\"compiled\"]). None: on for a built-in "
+        "target with Triton's NVIDIA compiler, unless $EQSAT_MIRAGE_COMPILE_CHECK is \"0\"")
+    launch: str = option(
+        "plain", "how the program will be launched, which prices every kernel launch: "
+        "\"plain\" (from Python) or \"graph\" (replayed from a CUDA graph, as "
+        "res.compile(cuda_graph=True) does)")
+    allow_float_unsafe_rules: bool = option(
+        False, "accept a user rule sound over the reals but unsafe in floating point "
+        "(check_rules' \"sound, float-unsafe\": it drops a softmax's max, narrows a dtype)")
 
     def limit_for(self, graph) -> float:
         """``time_limit_s`` in seconds for a search of ``graph``: as given, or for "auto"
@@ -148,6 +210,81 @@ class SearchOptions:
 
 
 DEFAULTS = SearchOptions()
+
+
+@dataclass(frozen=True)
+class EntryOptions:
+    """``em.optimize``'s keywords that choose what feeds the search and how it reports,
+    not what one search finds (so no part of the cache key), checked when built."""
+
+    progress: object = option(
+        None, "True prints a line to stderr at each step (phases, pieces, rejected "
+        "candidates), a callable receives each line, None or False is quiet")
+    cache: object = option(
+        True, "True (the default results cache, pipeline/cache.py), a path, a ResultCache, "
+        "or False/None (no cache); res.stats[\"cache\"] says \"hit\", \"miss\" or "
+        "\"off\". A hit returns the stored result at once")
+    partition: bool | str = option(
+        "auto", "\"auto\" or True: a program that takes exp twice on a path or has more than "
+        "piece_ops ops is cut into Lax pieces, each optimized and the programs stitched "
+        "into one MuGraph (res.stats[\"pieces\"] reports every piece); False: searched as "
+        "one piece")
+    piece_ops: int = option(DEFAULT_PIECE_OPS, "the most ops of one piece")
+    jobs: int | str = option(
+        AUTO, "distinct pieces searched at once: \"auto\" is one per core in worker "
+        "processes when the pieces are large (whole.auto_jobs), else 1")
+
+    def __post_init__(self) -> None:
+        for name in ("piece_ops", "jobs"):
+            value = getattr(self, name)
+            if name == "jobs" and value == AUTO:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise MirageError(f"optimize: {name} must be a positive integer"
+                                  f"{' or auto' if name == 'jobs' else ''}, got {value!r}")
+        if self.partition not in (True, False, "auto"):
+            raise MirageError(f"optimize: partition must be True, False or 'auto', got "
+                              f"{self.partition!r}")
+        progress_fn(self.progress)  # a MirageError for a bad one
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The keyword names, in ``em.optimize``'s order."""
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def split_options(keywords: dict) -> tuple[SearchOptions, EntryOptions]:
+    """``em.optimize``'s keywords as one checked ``SearchOptions`` and ``EntryOptions`` (a
+    MirageError naming a keyword that is neither)."""
+    search, entry = set(SearchOptions.names()), set(EntryOptions.names())
+    unknown = sorted(set(keywords) - search - entry)
+    if unknown:
+        takes = ", ".join(SearchOptions.names() + EntryOptions.names())
+        raise MirageError(f"optimize: unknown keyword(s) {', '.join(map(repr, unknown))}; "
+                          f"optimize takes: {takes}")
+    return (SearchOptions(**{k: v for k, v in keywords.items() if k in search}),
+            EntryOptions(**{k: v for k, v in keywords.items() if k in entry}))
+
+
+def optimize_signature(return_annotation) -> inspect.Signature:
+    """``em.optimize``'s signature: the program, then every option of ``SearchOptions`` and
+    ``EntryOptions`` as a keyword with its default (what ``help(em.optimize)`` shows)."""
+    params = [inspect.Parameter("graph", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for cls in (SearchOptions, EntryOptions):
+        params += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                                     annotation=f.type) for f in dataclasses.fields(cls)]
+    return inspect.Signature(params, return_annotation=return_annotation)
+
+
+def options_doc() -> str:
+    """Each option's description, one paragraph a keyword (``em.optimize``'s docstring)."""
+    lines = []
+    for cls in (SearchOptions, EntryOptions):
+        for f in dataclasses.fields(cls):
+            words = textwrap.fill(f"{f.metadata['doc']}.", width=84,
+                                  initial_indent="    ", subsequent_indent="    ")
+            lines += [f"``{f.name}`` (default {f.default!r}):", words]
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,8 @@
-"""Whole programs: partition into Lax pieces, optimize each, stitch, verify, report.
+"""Whole programs: partition into Lax pieces, search each, stitch, verify, report.
 
-``em.optimize`` is ``optimize`` below. A program that is one piece goes
-straight to the search (``optimize.optimize``); one that is not
-(``partition.needs_partition``: more than ``piece_ops`` ops, or exp taken twice
-on a path) goes through these steps:
+``em.optimize`` (``optimize.py``) sends here a program that is not one piece
+(``partition.needs_partition``: more than ``piece_ops`` ops, or exp taken twice on a
+path); ``optimize_whole`` goes through these steps:
 
 1. ``partition.partition`` cuts it into Lax pieces at the cheapest places;
 2. pieces equal up to renaming are searched once; the distinct ones are searched
@@ -34,85 +33,26 @@ on a path) goes through these steps:
 
 from __future__ import annotations
 
-import inspect
 import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from ..ir.check import check
-from ..ir.errors import BudgetError, MirageError, unexpected
+from ..ir.errors import BudgetError, unexpected
 from ..ir.limits import AUTO, Deadline, memory_budget, physical_memory
 from ..partition.contexts import first_contexts, peaked_inputs
-from ..partition.pieces import DEFAULT_PIECE_OPS, Piece, needs_partition, partition
+from ..partition.pieces import DEFAULT_PIECE_OPS, Piece, partition
 from ..partition.stitch import stitch
 from ..verifier.endtoend import FloatCheck, float_check
 from ..verifier.truth import effort
 from ..verifier.verify import VerifyResult
-from .optimize import optimize as optimize_search
-from .optimize import search as optimize_piece
-from .options import SearchOptions, progress_fn
+from .options import SearchOptions
 from .result import OptimizeResult
+from .search import search
 
 SHARE_END = 0.85  # piece searches end by this fraction of the time limit; the rest: stitch
 END_TO_END_MIN_S = 0.5  # the end-to-end check runs at least this long past the piece searches
 PARALLEL_WORK = 2**30  # verification effort of the distinct pieces: from here, worker processes
-
-
-def optimize(graph, *args, partition: bool | str = "auto", piece_ops: int = DEFAULT_PIECE_OPS,
-             jobs: int | str = AUTO, **kwargs) -> OptimizeResult:
-    """Superoptimize ``graph``: ``em.optimize`` (every keyword of ``optimize.optimize``,
-    whose docstring tells them, plus the three below).
-
-    With ``partition`` "auto" (the default) or True, a program that takes exp twice on
-    a path or has more than ``piece_ops`` ops is cut into Lax pieces; each piece is
-    optimized (through the results cache; ``jobs`` distinct pieces at once: "auto", the
-    default, is one per core in worker processes when the pieces are large, ``auto_jobs``,
-    else 1) and the programs are stitched into one MuGraph (module docstring);
-    ``res.stats["pieces"]`` reports every piece. ``partition=False`` searches the program
-    as one piece.
-    """
-    for name, value in (("piece_ops", piece_ops), ("jobs", jobs)):
-        if value == AUTO and name == "jobs":
-            continue
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise MirageError(f"optimize: {name} must be a positive integer"
-                              f"{' or auto' if name == 'jobs' else ''}, got {value!r}")
-    if partition not in (True, False, "auto"):
-        raise MirageError(f"optimize: partition must be True, False or 'auto', got "
-                          f"{partition!r}")
-    options, progress, cache = search_options(graph, args, kwargs)
-    if getattr(graph, "is_family", False):  # symbolic sizes: one search for every size
-        from .family import optimize_family
-
-        return optimize_family(graph, options, progress, cache)
-    if partition is not False:
-        check(graph)
-    if partition is False or (partition == "auto" and not needs_partition(graph, piece_ops)):
-        return optimize_piece(graph, options, progress=progress, cache=cache)
-    return optimize_whole(graph, options, cache, progress, piece_ops=piece_ops, jobs=jobs)
-
-
-def search_options(graph, args: tuple, kwargs: dict) -> tuple[SearchOptions, object, object]:
-    """``em.optimize``'s positional and keyword options as one checked ``SearchOptions``,
-    with ``progress`` and ``cache`` beside it (a MirageError for a keyword it lacks)."""
-    try:
-        bound = _SIGNATURE.bind(graph, *args, **kwargs)
-    except TypeError as exc:
-        raise MirageError(f"optimize: {exc}") from None
-    bound.apply_defaults()
-    given = bound.arguments
-    return (SearchOptions(**{name: given[name] for name in SearchOptions.names()}),
-            progress_fn(given["progress"]), given["cache"])
-
-
-_SIGNATURE = inspect.signature(optimize_search)  # the search's keywords, with their defaults
-_PARAMS = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if p.name != "graph" else p
-           for p in _SIGNATURE.parameters.values()]
-optimize.__signature__ = inspect.Signature(  # what help(em.optimize) shows: every keyword
-    _PARAMS + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d) for n, d in
-               (("partition", "auto"), ("piece_ops", DEFAULT_PIECE_OPS), ("jobs", AUTO))],
-    return_annotation=OptimizeResult)
 
 
 def _say(progress: Callable[[str], None] | None, text: str) -> None:
@@ -202,8 +142,8 @@ def _search_pieces(distinct: list[Piece], options: SearchOptions, jobs: int | st
         _say(progress, f"piece {p.index} ({len(p.ops)} ops; {i + 1} of {len(distinct)} "
                        f"distinct): searching for {seconds:.1f} s at most")
         try:
-            out.append(optimize_piece(p.graph, opts.replace(time_limit_s=seconds),
-                                      progress=progress, cache=cache))
+            out.append(search(p.graph, opts.replace(time_limit_s=seconds),
+                              progress=progress, cache=cache))
         except Exception as exc:  # e.g. a BudgetError: the piece stays as it is (a bug too,
             if unexpected(exc):   # outside strict mode, recorded with its type)
                 raise
@@ -296,7 +236,8 @@ def optimize_whole(graph, options: SearchOptions, cache, progress,
         stats["custom_kernels"] = sum(k.kind == "custom" for k in mugraph.kernels)
     stats["stitch_seconds"] = time.perf_counter() - t1
     stats["seconds"] = time.perf_counter() - t0
-    out = OptimizeResult(program, cost, baseline, verdict, stats, [], graph, roof)
+    out = OptimizeResult(program=program, cost_us=cost, baseline_cost_us=baseline,
+                         verified=verdict, stats=stats, source=graph, roofline_us=roof)
     out.pieces = [(p, d and failed is None) for p, d in zip(pieces, did)]
     return out
 

@@ -54,7 +54,7 @@ def test_the_partitions_of_a_graph_share_its_time_limit(monkeypatch):
 
 
 def test_a_piece_cut_by_the_time_limit_is_named_and_the_others_run_optimized(monkeypatch):
-    real, calls = whole.optimize_piece, []
+    real, calls = whole.search, []
 
     def later_pieces_have_no_time(graph, options, **kwargs):
         calls.append(graph)
@@ -62,7 +62,7 @@ def test_a_piece_cut_by_the_time_limit_is_named_and_the_others_run_optimized(mon
             options = options.replace(time_limit_s=0.001)
         return real(graph, options, **kwargs)
 
-    monkeypatch.setattr(whole, "optimize_piece", later_pieces_have_no_time)
+    monkeypatch.setattr(whole, "search", later_pieces_have_no_time)
     model, x = decoder_stack(1, d=64, heads=2, f=128, seq=16)
     be = em.backend(warmup=0, time_limit_s=120)
     with torch.no_grad(), warnings.catch_warnings(record=True) as caught:

@@ -12,10 +12,10 @@ from eqsat_mirage.cost.per_op import Hardware
 from eqsat_mirage.egraph.boundaries import Boundaries, input_selection, written_form
 from eqsat_mirage.egraph.check_rules import check_rules
 from eqsat_mirage.egraph.extract import decode_with_keys
-from eqsat_mirage.egraph.kernels import canonical
 from eqsat_mirage.egraph.rulefiles import Schema, builtin_rules_dir, load_rules, parse_rules
 from eqsat_mirage.egraph.saturate import DEFAULT_PHASES, Limits, Saturator, _guard_facts
 from eqsat_mirage.egraph.view import view
+from eqsat_mirage.fusion.forms import canonical
 from eqsat_mirage.fusion.planner import plan
 from eqsat_mirage.ir.node import Op
 from eqsat_mirage.ir.ops import SPECS

@@ -10,9 +10,10 @@ from saturation import saturated
 
 import eqsat_mirage as em
 from bench.programs import gqa_rewritten, program
-from eqsat_mirage.egraph.kernels import Form, KernelPlanner, read_kernels
+from eqsat_mirage.egraph.kernels import read_kernels
 from eqsat_mirage.egraph.rulefiles import builtin_rules_dir
-from eqsat_mirage.fusion.planner import DEFAULT_STRATEGY, plan
+from eqsat_mirage.fusion.forms import Form, KernelPlanner
+from eqsat_mirage.fusion.planner import DEFAULT_STRATEGY
 from eqsat_mirage.fusion.strategy import Strategy
 
 ONLY_16 = ("; loops of 16 steps only: both bounds of the loop ranges at 16\n"
@@ -43,12 +44,12 @@ def test_the_strategy_comes_from_the_egraph(tmp_path):
 def test_a_form_without_kern_nodes_gets_grid_only_schedules():
     g = program("gatedmlp", 1)
     rules = [str(builtin_rules_dir() / f) for f in ("algebra.egg", "tiling.egg", "thread.egg")]
-    kernels = KernelPlanner(saturated(g, rules).serialize(), plan, "h100", DEFAULT_STRATEGY)
+    kernels = KernelPlanner(saturated(g, rules).serialize(), "h100", DEFAULT_STRATEGY)
     p = kernels.plan(Form("input", g, None), None, None)
     assert kernels.strategy.loop_ranges == () and not kernels.strategy.allow_split_reduction
     assert all(r.schedule.loop is None and r.schedule.split is None
                for r in p.regions if r.schedule is not None)
-    default = KernelPlanner(saturated(g).serialize(), plan, "h100", DEFAULT_STRATEGY)
+    default = KernelPlanner(saturated(g).serialize(), "h100", DEFAULT_STRATEGY)
     assert default.plan(Form("input", g, None), None, None).cost_us < p.cost_us
 
 
@@ -86,9 +87,9 @@ def test_removing_the_builtin_split_rules_changes_the_plan(tmp_path):
     # (gqa b=1 with the division after `@ V`, the form em.optimize picks: 10.13 us split in
     # 4 over the keys, 10.69 us without)
     g = gqa_rewritten(1)
-    nosplit = KernelPlanner(saturated(g, _without_split_rules(tmp_path)).serialize(), plan,
+    nosplit = KernelPlanner(saturated(g, _without_split_rules(tmp_path)).serialize(),
                             "h100", DEFAULT_STRATEGY)
-    default = KernelPlanner(saturated(g).serialize(), plan, "h100", DEFAULT_STRATEGY)
+    default = KernelPlanner(saturated(g).serialize(), "h100", DEFAULT_STRATEGY)
     assert default.strategy.allow_split_reduction and not nosplit.strategy.allow_split_reduction
     mine, theirs = (k.plan(Form("input", g, None), None, None) for k in (nosplit, default))
     split = [r.schedule for r in theirs.regions if r.schedule is not None and r.schedule.split]
@@ -143,9 +144,9 @@ def test_removing_the_builtin_online_rule_changes_the_plan(tmp_path):
     # split) over the keys carries the running maximum and rescales the sums (10.09 us, one
     # split kernel pair); without it the max must finish before any exp reads it
     g = _safe_attention()
-    none = KernelPlanner(saturated(g, _without_online_rule(tmp_path)).serialize(), plan,
+    none = KernelPlanner(saturated(g, _without_online_rule(tmp_path)).serialize(),
                          "h100", DEFAULT_STRATEGY)
-    default = KernelPlanner(saturated(g).serialize(), plan, "h100", DEFAULT_STRATEGY)
+    default = KernelPlanner(saturated(g).serialize(), "h100", DEFAULT_STRATEGY)
     assert not none.choices.online and default.choices.online
     mine, theirs = (k.plan(Form("input", g, None), None, None) for k in (none, default))
     running = [r for r in theirs.regions if r.schedule is not None
@@ -175,8 +176,8 @@ def test_thread_graphs_come_from_the_reg_rules_and_are_priced_in_the_search():
     # picks (its tiles too large for shared memory without them) is not chosen
     g = _wide_chain()
     rules = [str(builtin_rules_dir() / f) for f in ("algebra.egg", "tiling.egg", "block.egg")]
-    none = KernelPlanner(saturated(g, rules).serialize(), plan, "h100", DEFAULT_STRATEGY)
-    default = KernelPlanner(saturated(g).serialize(), plan, "h100", DEFAULT_STRATEGY)
+    none = KernelPlanner(saturated(g, rules).serialize(), "h100", DEFAULT_STRATEGY)
+    default = KernelPlanner(saturated(g).serialize(), "h100", DEFAULT_STRATEGY)
     assert not none.choices.registers and len(default.choices.registers) >= 7
     mine, theirs = (k.plan(Form("input", g, None), None, None) for k in (none, default))
     for p in (mine, theirs):  # the region prices are the built kernels' (threads included)
@@ -196,7 +197,7 @@ def test_compile_check_refusals_are_facts_the_next_plan_reads():
     from eqsat_mirage.cost.tiles import tile_key
 
     g = gqa_rewritten(1)
-    kernels = KernelPlanner(saturated(g).serialize(), plan, "h100", DEFAULT_STRATEGY)
+    kernels = KernelPlanner(saturated(g).serialize(), "h100", DEFAULT_STRATEGY)
     first = kernels.plan(Form("input", g, None), None, None)
     keys = {tile_key(k) for k in first.mugraph.kernels if k.kind == "custom"}
     assert keys
@@ -204,7 +205,7 @@ def test_compile_check_refusals_are_facts_the_next_plan_reads():
     again = kernels.plan(Form("input", g, None), None, None)
     assert not keys & {tile_key(k) for k in again.mugraph.kernels if k.kind == "custom"}
     assert again.cost_us >= first.cost_us
-    fresh = KernelPlanner(saturated(g).serialize(), plan, "h100", DEFAULT_STRATEGY)
+    fresh = KernelPlanner(saturated(g).serialize(), "h100", DEFAULT_STRATEGY)
     assert fresh.plan(Form("input", g, None), None, None).cost_us == first.cost_us
 
 
@@ -226,8 +227,8 @@ def test_an_unsettled_level_permits_what_its_rules_did_not_mark_yet():
     g = _wide_chain()
     rules = [str(builtin_rules_dir() / f) for f in ("algebra.egg", "tiling.egg", "block.egg")]
     data = saturated(g, rules).serialize()
-    closed = KernelPlanner(data, plan, "h100", DEFAULT_STRATEGY)
-    open_ = KernelPlanner(data, plan, "h100", DEFAULT_STRATEGY, unsettled=frozenset({"thread"}))
+    closed = KernelPlanner(data, "h100", DEFAULT_STRATEGY)
+    open_ = KernelPlanner(data, "h100", DEFAULT_STRATEGY, unsettled=frozenset({"thread"}))
     p_closed, p_open = (k.plan(Form("input", g, None), None, None) for k in (closed, open_))
     assert not any(k.threads for k in p_closed.mugraph.kernels if k.kind == "custom")
     assert any(k.threads for k in p_open.mugraph.kernels if k.kind == "custom")

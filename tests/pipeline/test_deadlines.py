@@ -56,7 +56,7 @@ def test_an_end_to_end_check_cut_short_keeps_the_verified_pieces(monkeypatch):
 
 
 def test_a_piece_cut_by_the_time_limit_stays_and_the_verified_one_is_kept(monkeypatch):
-    real = whole.optimize_piece
+    real = whole.search
     calls = []
 
     def second_has_no_time(graph, options, **kwargs):
@@ -65,7 +65,7 @@ def test_a_piece_cut_by_the_time_limit_stays_and_the_verified_one_is_kept(monkey
             options = options.replace(time_limit_s=0.001)
         return real(graph, options, **kwargs)
 
-    monkeypatch.setattr(whole, "optimize_piece", second_has_no_time)
+    monkeypatch.setattr(whole, "search", second_has_no_time)
     g = two_pieces()
     res = em.optimize(g, cache=False, time_limit_s=120)
     first, second = res.stats["pieces"]

@@ -16,7 +16,8 @@ from eqsat_mirage.egraph.rulefiles import Schema, load_rules
 from eqsat_mirage.egraph.saturate import DEFAULT_PHASES, Limits, Saturator
 from eqsat_mirage.egraph.view import view
 from eqsat_mirage.ir.node import Op
-from eqsat_mirage.pipeline.optimize import DEFAULT_SPLITS, candidate_splits
+from eqsat_mirage.pipeline.options import DEFAULT_SPLITS
+from eqsat_mirage.pipeline.search import candidate_splits
 from eqsat_mirage.testing import programs
 
 HW = Hardware.load("h100")

@@ -10,8 +10,7 @@ import pytest
 import eqsat_mirage as em
 from eqsat_mirage.ir.limits import Deadline
 from eqsat_mirage.pipeline.cache import make_key
-from eqsat_mirage.pipeline.optimize import optimize as optimize_piece
-from eqsat_mirage.pipeline.options import DEFAULTS, Budget, SearchOptions
+from eqsat_mirage.pipeline.options import DEFAULTS, Budget, EntryOptions, SearchOptions
 from eqsat_mirage.pipeline.records import PlanningRecord, SearchRecord, VerificationRecord
 from eqsat_mirage.verifier.endtoend import FloatCheck, float_check
 
@@ -31,13 +30,38 @@ def test_options_are_frozen():
 
 
 def test_the_defaults_are_stated_once():
-    """em.optimize's defaults are SearchOptions' (the signature is the contract)."""
-    params = inspect.signature(optimize_piece).parameters
+    """em.optimize's keywords are SearchOptions' and EntryOptions' fields, keyword only,
+    with their defaults (the signature is the contract), and its docstring tells each."""
+    params = inspect.signature(em.optimize).parameters
+    assert list(params) == ["graph", *SearchOptions.names(), *EntryOptions.names()]
     for name in SearchOptions.names():
         assert params[name].default == getattr(DEFAULTS, name), name
-    assert set(SearchOptions.names()) == set(params) - {"graph", "progress", "cache"}
-    public = inspect.signature(em.optimize).parameters
-    assert all(public[name].default == getattr(DEFAULTS, name) for name in SearchOptions.names())
+        assert params[name].kind is inspect.Parameter.KEYWORD_ONLY, name
+    for name in EntryOptions.names():
+        assert params[name].default == getattr(EntryOptions(), name), name
+        assert f"``{name}`` (default" in em.optimize.__doc__, name
+    with pytest.raises(TypeError):
+        em.optimize(tiny(), "h100")  # options are keywords
+
+
+def test_the_command_line_flags_come_from_the_options():
+    """The CLI's search flags and their defaults are made from SearchOptions' fields."""
+    from eqsat_mirage.cli.main import parser as cli_parser
+    from eqsat_mirage.cli.parser import search_keywords
+
+    parser = cli_parser()
+    args = parser.parse_args(["optimize", "--bench", "gqa"])
+    assert search_keywords(args) == {"target": DEFAULTS.target, "guards": DEFAULTS.guards,
+                                     "time_limit_s": DEFAULTS.time_limit_s,
+                                     "node_limit": DEFAULTS.node_limit,
+                                     "iter_limit": DEFAULTS.iter_limit,
+                                     "level": DEFAULTS.level}
+    args = parser.parse_args(["optimize", "--no-guards", "--time-limit", "12", "--rules", "a",
+                              "--rules", "b", "--node-limit", "9", "--level", "kernel"])
+    got = search_keywords(args)
+    assert got["guards"] is False and got["time_limit_s"] == 12.0 and got["node_limit"] == 9
+    assert got["rules"] == ["a", "b"] and got["level"] == "kernel"
+    SearchOptions(**got)  # every value is one the options accept
 
 
 @pytest.mark.parametrize("bad", [

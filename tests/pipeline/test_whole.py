@@ -67,7 +67,7 @@ def test_stitched_program_runs_as_one_triton_module():
 
 def test_every_piece_is_verified_or_unchanged_with_a_reason(monkeypatch):
     g = small_chain(keys=(32, 64), d=8)  # two different key lengths: two searches
-    real = whole.optimize_piece
+    real = whole.search
     calls = []
 
     def second_fails(graph, *args, **kwargs):
@@ -76,7 +76,7 @@ def test_every_piece_is_verified_or_unchanged_with_a_reason(monkeypatch):
             raise em.MirageError("forced failure for this piece")
         return real(graph, *args, **kwargs)
 
-    monkeypatch.setattr(whole, "optimize_piece", second_fails)
+    monkeypatch.setattr(whole, "search", second_fails)
     res = em.optimize(g, cache=False, time_limit_s=60)
     pieces = res.stats["pieces"]
     assert len(pieces) == 2 and all(p["same_as"] is None for p in pieces)
