@@ -417,8 +417,8 @@ def lookup(store: ResultCache, graph, key: str, t0: float | None = None,
                 store.put(key, res)
         if why is None:
             res.source = graph  # the caller's own object (the stored one is an equal copy)
-            res.stats.update(cache=how, cache_key=key[:12],
-                             cache_seconds=time.perf_counter() - t0)
+            res.record(cache=how, cache_key=key[:12],
+                       cache_seconds=time.perf_counter() - t0)
             return res
     if why is not None:
         warnings.warn(f"results cache {store.path}: entry {key[:12]} is dropped ({why}); "
@@ -430,7 +430,7 @@ def lookup(store: ResultCache, graph, key: str, t0: float | None = None,
 def store_result(store: ResultCache, key: str, res, name: str | None = None) -> None:
     """Mark ``res`` as a cache miss and store it under ``key`` (not a result cut short by
     the time limit); warn if the file cannot be written."""
-    res.stats.update(cache="miss", cache_key=key[:12])
+    res.record(cache="miss", cache_key=key[:12])
     if res.stats.get("time_limited"):  # a pass ran out of time: depends on the machine's load
         return
     try:

@@ -10,31 +10,65 @@ never imports or executes. The candidates and the fusion plan are not kept.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 from ..ir.errors import MirageError
 from ..verifier.verify import VerifyResult
+
+if TYPE_CHECKING:  # annotations only
+    from ..egraph.extract import Candidate
+    from ..frontend.graph import Graph
+    from ..fusion.plans import FusionPlan
+    from ..mugraph.program import MuGraph
+    from ..partition.pieces import Piece
+    from .records import SearchRecord
 
 FORMAT = 1  # the version of to_data's layout
 
 
 @dataclass
 class OptimizeResult:
-    """What ``em.optimize`` found: the chosen program, its cost and how it was found."""
+    """What ``em.optimize`` found: the chosen program, its cost and how it was found.
 
-    program: object
+    Built by keyword by the pipeline. ``stats`` is a read-only view of the figures the
+    passes recorded (``records.py``; plain data, kept for compatibility: the typed
+    records are ``passes``); the pipeline adds entries with ``record``."""
+
+    program: MuGraph | Graph
     cost_us: float
     baseline_cost_us: float
     verified: VerifyResult | None
-    stats: dict = field(default_factory=dict)
-    candidates: list = field(default_factory=list)
-    source: object = None
+    stats: Mapping[str, Any] = field(default_factory=dict)
+    candidates: list[Candidate] = field(default_factory=list)  # extracted, cheapest first
+    source: Graph | None = None  # the program optimized
     roofline_us: float | None = None  # the roofline lower bound (mugraph level)
-    plan: object = None  # the chosen program's fusion.FusionPlan (mugraph level)
-    passes: object = None  # records.SearchRecord of the search (None: a cache hit, a whole)
+    plan: FusionPlan | None = None  # the chosen program's fusion plan (mugraph level)
+    passes: SearchRecord | None = None  # the search's records (None: a cache hit, a whole)
     # a whole program's pieces: (partition.Piece, optimized?) each, its ops the input's nodes
-    pieces: list | None = field(default=None, repr=False)
+    pieces: list[tuple[Piece, bool]] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        # the entries themselves (the dict the search writes while it finishes) and the
+        # read-only view of them that users see
+        entries = self.stats if type(self.stats) is dict else dict(self.stats)
+        self._entries = entries
+        self.stats = MappingProxyType(entries)
+
+    def record(self, **entries) -> None:
+        """Add ``entries`` to ``stats`` (the pipeline's own: the cache's verdict, ...)."""
+        self._entries.update(entries)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["stats"] = dict(state.pop("_entries"))
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.__post_init__()
 
     @property
     def speedup(self) -> float:
@@ -83,23 +117,23 @@ class OptimizeResult:
         same tensors, overwriting what the previous call returned (``clone()`` them to keep
         them); it saves the allocations' host time. ``cuda_graph``: on CUDA inputs, capture
         the launches once per input signature and replay them
-        (``codegen.graphs.GraphRunner``; the returned outputs are then reused buffers,
+        (``runtime.graphs.GraphRunner``; the returned outputs are then reused buffers,
         overwritten by the next call). ``check``: the first call with each input signature
         also runs the input program through torch and compares the outputs (dtype
         tolerance, finite wherever the input's are); a mismatch raises
         ``LaunchCheckError`` naming the output, its kernel and the worst element
-        (``codegen.launchcheck``). ``check=False`` skips it.
+        (``runtime.check``, against ``reference()`` run by torch). ``check=False`` skips it.
         """
-        from ..codegen.launchcheck import checked
         from ..codegen.source import compile_mugraph
+        from ..semantics.torch_reference import checked_against
 
         mg = self._mugraph()
         run = compile_mugraph(mg, header=self._header(), reuse_outputs=reuse_outputs)
         if check:
-            run = checked(run, self.reference(), list(run.module.INPUTS), mugraph=mg)
+            run = checked_against(run, self.reference(), list(run.module.INPUTS), mugraph=mg)
         if not cuda_graph:
             return run
-        from ..codegen.graphs import GraphRunner
+        from ..runtime.graphs import GraphRunner
 
         return GraphRunner(run, list(run.module.INPUTS))
 
@@ -306,6 +340,7 @@ def from_data(data: Any, graph) -> OptimizeResult:
     stats = data.get("stats")
     if not isinstance(stats, dict):
         raise ResultDataError("stats are not a mapping")
-    return OptimizeResult(program, _number(data, "cost_us"), _number(data, "baseline_cost_us"),
-                          _verdict(data.get("verified")), dict(stats), [], graph,
-                          _number(data, "roofline_us", optional=True))
+    return OptimizeResult(program=program, cost_us=_number(data, "cost_us"),
+                          baseline_cost_us=_number(data, "baseline_cost_us"),
+                          verified=_verdict(data.get("verified")), stats=dict(stats),
+                          source=graph, roofline_us=_number(data, "roofline_us", optional=True))

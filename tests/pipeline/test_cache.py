@@ -156,7 +156,7 @@ def test_entries_delete_and_clear(tmp_path):
 def test_stats_that_are_not_plain_data_are_dropped(tmp_path):
     store = ResultCache(tmp_path / "c.sqlite")
     res = em.optimize(tiny(), cache=False, **KW)
-    res.stats["callback"] = lambda s: None
+    res.record(callback=lambda s: None)
     assert store.put("x" * 64, res)
     back, trusted = store.load("x" * 64, tiny())
     assert trusted and "callback" not in back.stats and back.stats["cache_dropped"] == ["callback"]
