@@ -4,64 +4,47 @@ The public API (README.md and docs/api.md): build a program with ``Graph`` and t
 NumPy-like functions, run it with ``evaluate``, compare two programs with
 ``verify``, superoptimize it with ``optimize``, check rule files with
 ``check_rules``.
+
+Every name is imported on first use (PEP 562): ``import eqsat_mirage`` loads none of the
+stages, so ``import eqsat_mirage.runtime`` runs an optimized module without the search's
+dependencies (egglog, galois, SciPy), and torch loads with ``em.from_torch`` or
+``em.backend``. ``_FROM`` says where each name lives.
 """
 
-from .codegen.launchcheck import LaunchCheckError
-from .egraph.check_rules import RuleCheck, RuleCheckReport, assert_sound, check_rules
-from .frontend.functions import (
-    amax,
-    causal_mask,
-    concat,
-    cos,
-    erf,
-    exp,
-    gelu,
-    layer_norm,
-    matmul,
-    relu,
-    rms_norm,
-    rsqrt,
-    sigmoid,
-    silu,
-    sin,
-    softmax,
-    sqrt,
-    tanh,
-    transpose,
-    where,
-)
-from .frontend.graph import Graph, Tensor
-from .ir.check import check, check_lax
-from .ir.dims import Dim, DynamicShapeError
-from .ir.errors import (
-    BudgetError,
-    DTypeError,
-    GraphError,
-    InputError,
-    LaxError,
-    MirageError,
-    RuleError,
-    ShapeError,
-    TimeLimitError,
-)
-from .ir.node import Node, Op
-from .mugraph.kernels import (
-    BlockInput,
-    BlockOutput,
-    CustomKernel,
-    MuGraphError,
-    PredefinedKernel,
-    TensorSpec,
-    TilingError,
-    UnknownTensorError,
-)
-from .mugraph.program import MuGraph, from_graph
-from .pipeline.many import optimize_many
-from .pipeline.result import OptimizeResult
-from .pipeline.whole import optimize
-from .semantics.floating import evaluate
-from .verifier.verify import Counterexample, VerifyResult, verify
-from .version import __version__  # noqa: E402, F401 - em.__version__
+from __future__ import annotations
+
+import importlib
+
+from .version import __version__  # noqa: F401 - em.__version__
+
+# module (relative to this package) -> the public names it gives
+_FROM = {
+    "dynamo.backend": ("backend",),
+    "egraph.check_rules": ("RuleCheck", "RuleCheckReport", "assert_sound", "check_rules"),
+    "frontend.from_torch": ("from_torch",),
+    "frontend.functions": (
+        "amax", "causal_mask", "concat", "cos", "erf", "exp", "gelu", "layer_norm", "matmul",
+        "relu", "rms_norm", "rsqrt", "sigmoid", "silu", "sin", "softmax", "sqrt", "tanh",
+        "transpose", "where"),
+    "frontend.graph": ("Graph", "Tensor"),
+    "ir.check": ("check", "check_lax"),
+    "ir.dims": ("Dim", "DynamicShapeError"),
+    "ir.errors": ("BudgetError", "DTypeError", "GraphError", "InputError", "LaxError",
+                  "MirageError", "RuleError", "ShapeError", "TimeLimitError",
+                  "UnsupportedOpError"),
+    "ir.node": ("Node", "Op"),
+    "mugraph.kernels": ("BlockInput", "BlockOutput", "CustomKernel", "MuGraphError",
+                        "PredefinedKernel", "TensorSpec", "TilingError", "UnknownTensorError"),
+    "mugraph.program": ("MuGraph", "from_graph"),
+    "pipeline.many": ("optimize_many",),
+    "pipeline.optimize": ("optimize",),
+    "pipeline.result": ("OptimizeResult",),
+    "runtime.check": ("LaunchCheckError",),
+    "semantics.floating": ("evaluate",),
+    "verifier.verify": ("Counterexample", "VerifyResult", "verify"),
+}
+_ALIASES = {"max": "amax"}  # em.max(x, axis, keepdims), NumPy's name for frontend's amax
+_WHERE = {name: module for module, names in _FROM.items() for name in names}
 
 __all__ = [
     "amax", "assert_sound", "causal_mask", "BlockInput", "BudgetError", "BlockOutput",
@@ -75,22 +58,27 @@ __all__ = [
     "rms_norm", "rsqrt", "RuleCheck", "RuleCheckReport", "RuleError", "ShapeError", "sigmoid",
     "silu", "softmax", "sqrt", "tanh", "erf", "cos", "sin", "gelu", "layer_norm", "Tensor",
     "TimeLimitError", "transpose", "verify", "VerifyResult", "where",
+    "backend", "from_torch", "UnsupportedOpError",
 ]
-
-# The torch front end and torch.compile backend load on first use: torch stays optional.
-from .ir.errors import UnsupportedOpError  # noqa: E402
-
-max = amax  # em.max(x, axis, keepdims), NumPy's name; the builtin is untouched elsewhere
-
-__all__ += ["backend", "from_torch", "UnsupportedOpError"]
 
 
 def __getattr__(name: str):
-    """``from_torch`` and ``backend``, imported (with torch) on first access."""
-    if name == "from_torch":
-        from .frontend.from_torch import from_torch
-        return from_torch
-    if name == "backend":
-        from .dynamo.backend import backend
-        return backend
+    """A public name, imported from its module (``_FROM``) on first access and kept; a
+    subpackage (``em.semantics``) imported on first access."""
+    real = _ALIASES.get(name, name)
+    if real in _WHERE:
+        value = getattr(importlib.import_module(f".{_WHERE[real]}", __name__), real)
+        globals()[name] = value
+        return value
+    if not name.startswith("_"):
+        try:
+            return importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The module's attributes and every public name (imported or not)."""
+    return sorted(set(globals()) | set(__all__))

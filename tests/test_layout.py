@@ -16,9 +16,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "eqsat_mirage"
 MAX_LINES = 500
 
 # bottom to top: a module may import its own stage and the stages before it
-STAGES = ("version", "ir", "frontend", "semantics", "verifier", "mugraph", "partition", "cost",
-          "egraph", "fusion", "codegen", "render", "dynamic", "pipeline", "dynamo", "cli",
-          "testing", "__init__")
+STAGES = ("version", "ir", "runtime", "frontend", "semantics", "verifier", "mugraph",
+          "partition", "cost", "egraph", "fusion", "codegen", "render", "dynamic", "pipeline",
+          "dynamo", "cli", "testing", "__init__")
 
 
 def module_name(path: Path, root: Path) -> str:

@@ -6,13 +6,15 @@ literals as polynomials of the padded size. ``host.py``: the launcher's
 input checks once per input signature, constexpr strides, output buffers
 (``reuse_outputs``). ``kernel.py``: one custom kernel's body. ``tiles.py``: tile
 expressions (``tl.dot``, reductions, masks); ``dots.py``: which tile matmuls become
-``tl.dot`` (a left operand's batch dims merged into M). ``concat.py``: concatenation and the code
-generator's errors. ``compiled.py``: ``compile_report``, each generated kernel compiled
-for the real target (sm_90a) without a GPU, with its registers, spills and shared
-memory. ``graphs.py``: ``GraphRunner``, CUDA-graph capture once per input signature and
-replay.
+``tl.dot`` (a left operand's batch dims merged into M). ``concat.py``: concatenation, and
+the code generator's error ``CodegenError`` (defined with the loader, ``runtime.load``).
+``compiled.py``: ``compile_report``, each generated kernel compiled for the real target
+(sm_90a) without a GPU, with its registers, spills and shared memory. Loading a module,
+the checked first launch and CUDA-graph replay are the ``runtime`` stage's
+(``runtime.load``, ``runtime.check``, ``runtime.graphs``).
 
 Takes: a validated ``MuGraph``.
 Gives: Triton source text, a callable on torch tensors, compiled kernels' resources.
-May import: ir, frontend, semantics, mugraph, cost (the launch's warps and stages).
+May import: ir, runtime (loading a module, ``CodegenError``), frontend, semantics, mugraph,
+cost (the launch's warps and stages).
 """

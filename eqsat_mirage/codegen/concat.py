@@ -26,18 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir.errors import MirageError
 from ..ir.node import ELEMENTWISE, REDUCE, Node, Op, Shape, fmt_shape, numel
-
-
-class CodegenError(MirageError):
-    """A MuGraph the Triton code generator cannot lower (names kernel and op).
-
-    ``kernel``: the custom kernel the writer refused (set by ``KernelWriter.write``; None
-    for a refusal of the whole module), so the compile check refuses that kernel's
-    structure alone, not every kernel of the plan."""
-
-    kernel = None
+from ..runtime.load import CodegenError  # the code generator's error (raised here too)
 
 
 def squeezed(shape: Shape) -> tuple[int, ...]:

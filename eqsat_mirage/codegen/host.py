@@ -24,7 +24,6 @@ the same tensors, which the next call with that signature overwrites.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 from .kernel import wrap
@@ -188,16 +187,3 @@ def bf16_dot_lines() -> list[str]:
             "(Triton 3.8's", "# interpreter multiplies bfloat16 bit patterns as integers in "
             "tl.dot)", 'BF16_DOT = tl.constexpr(tl.float32 if os.environ.get("TRITON_INTERPRET") '
             '== "1" else tl.bfloat16)']
-
-
-_SAID: set[str] = set()
-
-
-def say_bf16_upcast(module) -> None:
-    """Warn once per process that bfloat16 tl.dot operands run as float32 in the interpreter
-    (when generated ``module`` has a bfloat16 dot: its ``BF16_DOT``)."""
-    if hasattr(module, "BF16_DOT") and "bf16" not in _SAID:
-        _SAID.add("bf16")
-        warnings.warn("eqsat-mirage: under TRITON_INTERPRET=1 the generated kernels' bfloat16 "
-                      "tl.dot operands are upcast to float32 (Triton 3.8's interpreter computes "
-                      "a bfloat16 tl.dot wrong); on a GPU they stay bfloat16", stacklevel=4)

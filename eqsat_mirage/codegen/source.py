@@ -18,8 +18,8 @@ whose launcher computes grids, loop counts and shapes from L (``family.py``; the
 launcher lines that read and check L: ``family_launch.py``).
 
 ``compile_mugraph(mg)`` writes that module to a file (``@triton.jit`` reads its
-function's source), imports it and returns its ``run`` (``load_source`` for a source
-already written). On a machine without a
+function's source), imports it and returns its ``run`` (``runtime.load.load_source``, which
+also loads a source already written). On a machine without a
 GPU, set ``TRITON_INTERPRET=1`` before triton is imported: the same kernels then
 run in Triton's interpreter on CPU tensors.
 
@@ -31,20 +31,11 @@ experimental APIs it must never emit.
 from __future__ import annotations
 
 import builtins
-import functools
-import hashlib
-import importlib.util
 import io
 import os
-import sys
-import tempfile
 import textwrap
-import threading
 import tokenize
 from collections.abc import Callable, Mapping
-from pathlib import Path
-
-import numpy as np
 
 from ..ir.node import BINARY, UNARY, Node, Op
 from ..ir.ops import SPECS
@@ -52,10 +43,11 @@ from ..ir.printing import short_dtype
 from ..mugraph.io import format_mugraph
 from ..mugraph.kernels import CustomKernel, PredefinedKernel, TensorSpec
 from ..mugraph.program import MuGraph
+from ..runtime.load import load_source
 from .concat import CodegenError
 from .family import POINTS, FamilyLaunchError, FamilyLayout, merge
 from .family_launch import cut_to_length, family_head, family_run
-from .host import bf16_dot_lines, bind_source, contiguous_strides, say_bf16_upcast, unpack
+from .host import bf16_dot_lines, bind_source, contiguous_strides, unpack
 from .kernel import KernelWriter, fit, wrap
 from .tiles import BF16_DOT, Names, comment_safe, identifier, literal, named, pystr, shown
 
@@ -365,32 +357,6 @@ def family_source(at: Callable[[int], MuGraph], family: FamilyLayout, header: st
     return merge(texts, family.granule, base)
 
 
-def private_folder(directory: str | os.PathLike | None = None) -> Path:
-    """The folder generated modules are written to and imported from.
-
-    Default: ``eqsat_mirage_triton_<uid>`` in the system's temp directory, created with mode
-    0700. Any folder (the default or ``directory``) must belong to this user and be
-    writable by no one else, or a ``CodegenError`` names it: a module another user could
-    swap in would run inside this process.
-    """
-    uid = os.getuid() if hasattr(os, "getuid") else None
-    if directory is not None:
-        folder = Path(directory)
-        folder.mkdir(parents=True, exist_ok=True)
-    else:
-        owner = uid if uid is not None else "user"
-        folder = Path(tempfile.gettempdir()) / f"eqsat_mirage_triton_{owner}"
-        folder.mkdir(mode=0o700, exist_ok=True)
-    if uid is not None:
-        st = folder.stat()
-        if st.st_uid != uid or st.st_mode & 0o022:
-            raise CodegenError(
-                f"refusing to write generated modules to {folder}: it must belong to this user "
-                f"(uid {uid}; it belongs to uid {st.st_uid}) and be writable by no one else "
-                f"(mode {oct(st.st_mode & 0o777)}); remove it or pass directory= a private folder")
-    return folder
-
-
 def compile_mugraph(mugraph: MuGraph, header: str = "",
                     directory: str | os.PathLike | None = None,
                     reuse_outputs: bool = False,
@@ -404,47 +370,10 @@ def compile_mugraph(mugraph: MuGraph, header: str = "",
     signature and returned again by every later call with it: the next call overwrites
     them, so ``clone()`` what must be kept (off by default). The module is written to
     ``directory`` (default: a private per-user folder in the system's temp directory, see
-    ``private_folder``) under a name derived from its content; ``run.source`` and
+    ``runtime.load.private_folder``) under a name derived from its content; ``run.source`` and
     ``run.path`` give the text and the file. ``length_masks`` and ``family``: see
     ``triton_source``.
     Triton is imported here: on a CPU, set ``TRITON_INTERPRET=1`` before that.
     """
     source = triton_source(mugraph, header, reuse_outputs, length_masks, family)
     return load_source(source, directory)
-
-
-def load_source(source: str, directory: str | os.PathLike | None = None) -> Callable:
-    """Write generated module ``source`` (``triton_source``'s or ``family_source``'s, made
-    in this process) to ``directory`` and import it; returns its ``run`` (see
-    ``compile_mugraph``)."""
-    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-    path = private_folder(directory) / f"mugraph_{digest}.py"
-    if not path.exists() or path.read_text() != source:
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(source)
-        os.replace(tmp, path)
-    name = f"eqsat_mirage_triton_{digest}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except SyntaxError as exc:  # a generator bug: say where, as the project's error
-        sys.modules.pop(name, None)
-        raise CodegenError(f"the generated module {path} is not valid Python (line "
-                           f"{exc.lineno}: {exc.msg}); please report it") from None
-    except BaseException:
-        sys.modules.pop(name, None)
-        raise
-    run = module.run
-    if os.environ.get("TRITON_INTERPRET") == "1" and module.NEEDS_TRITON:
-        say_bf16_upcast(module)
-        inner = run
-
-        @functools.wraps(inner)
-        def run(*args, **kwargs):  # the interpreter computes padding lanes too: 0/0 is fine
-            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                return inner(*args, **kwargs)
-
-    run.source, run.path, run.module = source, str(path), module
-    return run

@@ -12,7 +12,7 @@ padded size. With ``engine="torch"`` it runs the plan as torch ops instead
 (``semantics.torch_reference``: the Dynamo backend's CPU path), one build per size L,
 the last ``TORCH_BUILDS`` kept. The first call at each padded size (with its dtypes and
 devices) is checked against the family's program at the call's size run by torch
-(``codegen.launchcheck``; ``check=False`` skips it).
+(``runtime.check``; ``check=False`` skips it).
 """
 
 from __future__ import annotations
@@ -35,14 +35,15 @@ class FamilyRunner:
 
     def __init__(self, family, scaling: Scaling, reuse_outputs: bool = False,
                  engine: str = "triton", check: bool = True) -> None:
-        from ..codegen.launchcheck import CheckedLaunch, tolerance, writers
+        from ..runtime.check import CheckedLaunch
+        from ..semantics.torch_reference import program_tolerance, writers
 
         if engine not in ("triton", "torch"):
             raise MirageError(f"FamilyRunner engine must be 'triton' or 'torch', got {engine!r}")
         # the checked first launch per input signature: the family's program at the size
-        # the inputs carry, run by torch (codegen.launchcheck)
-        self.checker = CheckedLaunch(self._run, list(family.inputs), self._reference,
-                                     tolerance(family), writers(scaling.mg), size=self.size,
+        # the inputs carry, run by torch (runtime.check)
+        self.checker = CheckedLaunch(self._run, list(family.inputs), self.reference,
+                                     program_tolerance(family), writers(scaling.mg),
                                      key=self._padded_key) if check else None
         self.references: dict[int, object] = {}  # size -> the input program's torch function
         self.family, self.scaling, self.reuse_outputs = family, scaling, reuse_outputs
@@ -121,7 +122,7 @@ class FamilyRunner:
     def module(self, length: int):
         """The generated module's ``run`` serving ``length``: the one module of the family
         (or, where its launcher could not be merged, the module of length's padded size)."""
-        from ..codegen.source import load_source
+        from ..runtime.load import load_source
 
         if self.engine == "torch":  # the mask's offset is baked in: one build per size
             if length not in self.modules:
@@ -185,6 +186,11 @@ class FamilyRunner:
         inputs' dtypes and devices (the static sizes are the family's)."""
         return (self.scaling.padded(self.size(tensors)),
                 tuple((t.dtype, t.device) for t in tensors.values()))
+
+    def reference(self, **tensors) -> dict:
+        """The outputs of the input program at the size ``tensors`` carry, run by torch (the
+        reference of the checked first launch)."""
+        return self._reference(self.size(tensors))(**tensors)
 
     def _reference(self, length: int):
         """The input program at size ``length`` as a torch function (the last

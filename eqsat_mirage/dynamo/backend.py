@@ -33,7 +33,8 @@ a partition that runs a verified, cheaper program is labelled "optimized". With
 autograd needed (grad enabled and an input that requires grad) the whole graph runs
 eagerly, with a warning: the generated kernels have no backward. Called with
 keywords only, ``backend(target="h100", time_limit_s=2, ...)`` returns a new
-``Backend`` with those options.
+``Backend`` with those options, checked when it is built (``options.check_options``: an
+unknown keyword or a bad value raises a ``MirageError`` naming the option).
 
 Module buffers, which Dynamo passes as graph inputs, are constants: an op computed from
 buffers alone is folded in torch when the graph is searched, so a comparison of a buffer
@@ -71,9 +72,11 @@ from ..frontend.graph import Graph
 from ..frontend.torch_masks import BoolMask
 from ..frontend.torch_movement import Empty
 from ..ir.errors import MirageError, unexpected
-from ..ir.limits import AUTO, Shares, check_time_limit, resolve_time_limit
-from ..pipeline.whole import improved, optimize, unchanged_reason
+from ..ir.limits import AUTO, Shares, resolve_time_limit
+from ..pipeline.optimize import optimize
+from ..pipeline.whole import improved, unchanged_reason
 from ..verifier import blas
+from .options import check_options
 from .runtime import OptimizedPartition, Warmup, uses_triton
 from .specs import SymbolicSizes, computes, graph_work, node_spec, split_runs
 from .support import (
@@ -155,7 +158,12 @@ class Backend:
     value, no maximum; under ``dynamic=True`` the family size is the symbol with the
     largest example value, under automatic dynamic shapes the size that changed), and any
     other
-    ``em.optimize`` keyword (``level``, ``node_limit``, ``rules``, ...).
+    ``em.optimize`` keyword (``level``, ``node_limit``, ``rules``, ...), all checked here
+    (``options.check_options``).
+
+    ``build(gm, sizes, number)`` searches one graph and returns its callable;
+    ``warming``: the graphs still in their ``warmup`` calls; ``warning(text)``: a warning
+    unless ``warn=False`` (``runtime.Warmup`` uses the three).
 
     ``warmup``: a graph without symbolic sizes runs eagerly for its first ``warmup`` calls
     and is searched at the next one. Default (None): 1 for a graph Dynamo compiles while
@@ -171,22 +179,17 @@ class Backend:
     def __init__(self, target: str = "h100", time_limit_s: float | str = AUTO, min_ops: int = 2,
                  warn: bool = True, warmup: int | None = None, size_hint: int | None = None,
                  size_max: int | None = None, **optimize_options: Any) -> None:
-        if warmup is not None and (not isinstance(warmup, int) or isinstance(warmup, bool)
-                                   or warmup < 0):
-            raise MirageError(f"em.backend(warmup=...) takes a count of calls >= 0 or None, "
-                              f"got {warmup!r}")
-        check_time_limit(time_limit_s)  # now, not inside torch.compile
+        check_options(dict(target=target, time_limit_s=time_limit_s, min_ops=min_ops, warn=warn,
+                           warmup=warmup, size_hint=size_hint, size_max=size_max,
+                           **optimize_options))  # now, not inside torch.compile
         self.options = dict(target=target, time_limit_s=time_limit_s, **optimize_options)
-        for name, v in (("size_hint", size_hint), ("size_max", size_max)):
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-                raise MirageError(f"em.backend({name}=...) takes a size >= 1 or None, got {v!r}")
         self.min_ops, self.warn, self.warmup = min_ops, warn, warmup
         self.size_hint, self.size_max = size_hint, size_max
         self.report: list[PartitionReport] = []
         self.unsupported: list[str] = []
         self._summaries: list[dict] = []
         self._graphs = 0
-        self._warming: set[int] = set()  # graphs in their warmup calls
+        self.warming: set[int] = set()  # graphs in their warmup calls (``Warmup``)
         self._limits: dict[int, float | None] = {}  # graph number -> its time limit (s)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -205,7 +208,8 @@ class Backend:
     def __repr__(self) -> str:
         return f"Backend({', '.join(f'{k}={v!r}' for k, v in self.options.items())})"
 
-    def _warn(self, text: str, prefix: str = "eqsat-mirage backend: ") -> None:
+    def warning(self, text: str, prefix: str = "eqsat-mirage backend: ") -> None:
+        """Warn ``prefix + text`` (pointing at the caller's caller), unless ``warn=False``."""
         if self.warn:
             warnings.warn(f"{prefix}{text}", stacklevel=3)
 
@@ -214,13 +218,13 @@ class Backend:
         self._graphs += 1
         if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False)
                                            for x in example_inputs):
-            self._warn("inputs require grad and the optimized kernels have no backward: the "
+            self.warning("inputs require grad and the optimized kernels have no backward: the "
                        "graph runs eagerly (use torch.no_grad() or torch.inference_mode())")
             return gm.forward
         mutating = mutation(gm)
         if mutating is not None:  # partitions could move reads across the write: stay eager
             loc = source_line(mutating)
-            self._warn(f"the graph mutates a tensor in place ({op_name(mutating, gm)}"
+            self.warning(f"the graph mutates a tensor in place ({op_name(mutating, gm)}"
                        + (f" at {loc}" if loc else "") + "): it runs eagerly")
             return gm.forward
         self._ensure_specs(gm, example_inputs)
@@ -230,13 +234,13 @@ class Backend:
         except Exception as exc:  # noqa: BLE001 - Dynamo's shape environment changed shape
             if unexpected(exc):
                 raise
-            self._warn(f"reading the graph's symbolic sizes failed ({type(exc).__name__}: "
+            self.warning(f"reading the graph's symbolic sizes failed ({type(exc).__name__}: "
                        f"{exc}): the graph runs eagerly")
             return gm.forward
         calls = self._warmup_calls()
         if calls and not sizes.dynamic:
             return Warmup(self, gm, sizes, self._graphs, calls)
-        return self._build(gm, sizes, self._graphs)
+        return self.build(gm, sizes, self._graphs)
 
     def _warmup_calls(self) -> int:
         """Eager calls before a static graph is searched (``warmup``; None: 1 while Dynamo's
@@ -251,7 +255,7 @@ class Backend:
         inside = TracingContext.try_get() is not None  # a graph Dynamo compiles (may replace)
         return int(inside and bool(getattr(config, "automatic_dynamic_shapes", False)))
 
-    def _build(self, gm: fx.GraphModule, sizes: SymbolicSizes, number: int) -> Any:
+    def build(self, gm: fx.GraphModule, sizes: SymbolicSizes, number: int) -> Any:
         """Partition graph ``number`` (``gm``), optimize each partition, return its callable.
         The partitions share ``time_limit_s`` (``limits.Shares``, weighted by their ops):
         the whole call holds the limit, not each partition."""
@@ -267,7 +271,7 @@ class Backend:
         except Exception as exc:  # noqa: BLE001 - the partitioner failed: the graph runs eagerly
             if unexpected(exc):
                 raise
-            self._warn(f"partitioning failed ({type(exc).__name__}: {exc}): the graph runs "
+            self.warning(f"partitioning failed ({type(exc).__name__}: {exc}): the graph runs "
                        "eagerly")
             return gm.forward
         eager = []
@@ -342,7 +346,7 @@ class Backend:
                  "time_limit_s": self._limits.get(number)}
         self._summaries.append(graph)
         shown = eager[:8] + ([f"... and {len(eager) - 8} more"] if len(eager) > 8 else [])
-        self._warn(f"{graph['optimized_ops']} of {total} ops in {len(done)} optimized "
+        self.warning(f"{graph['optimized_ops']} of {total} ops in {len(done)} optimized "
                    f"partitions (predicted {before:.2f} us -> {after:.2f} us)"
                    + (f"; {graph['sizes']}, one search serves every value"
                       if sizes.dynamic else "")
@@ -369,7 +373,7 @@ class Backend:
                 "optimized_partitions": sum(g["optimized_partitions"] for g in graphs),
                 "predicted_us": [before, after],
                 "eager": [e for g in graphs for e in g["eager"]], "graphs": graphs,
-                "eager_only": sorted(self._warming)}
+                "eager_only": sorted(self.warming)}
 
     def _ensure_specs(self, gm: fx.GraphModule, example_inputs: list) -> None:
         """Run ShapeProp when some node lacks Dynamo's example value (a plain fx graph)."""
@@ -425,7 +429,7 @@ class Backend:
                                            limit), again.reason
                 mod.replan = replan
             if device is not None and uses_triton(device):
-                mod._fn(device)  # compile now: codegen errors fall back here
+                mod.runner(device)  # compile now: codegen errors fall back here
         except Exception as exc:  # noqa: BLE001 - MirageError, Triton errors, ...: run eagerly
             if unexpected(exc):
                 raise

@@ -8,7 +8,7 @@ Each call checks the static sizes first; a call the program does not serve runs
 eagerly, with one warning. ``Warmup`` stands for a static graph during its warmup calls
 (the backend's ``warmup``): eager, then searched at the call after them. The first call
 with each input signature is checked against the partition's input program run by torch
-(``codegen.launchcheck``); a mismatch runs the partition eagerly from then on, with a
+(``runtime.check``); a mismatch runs the partition eagerly from then on, with a
 warning naming the output, the kernel and the worst element.
 """
 
@@ -22,12 +22,12 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..codegen.launchcheck import LaunchCheckError, checked
 from ..dynamic.runner import FamilyRunner
 from ..frontend.torch_masks import source_value
 from ..ir.dims import DynamicShapeError
 from ..ir.errors import unexpected
-from ..semantics.torch_reference import torch_reference
+from ..runtime.check import LaunchCheckError
+from ..semantics.torch_reference import checked_against, torch_reference
 
 __all__ = ["OptimizedPartition", "uses_triton"]
 
@@ -89,7 +89,11 @@ class OptimizedPartition(torch.nn.Module):
         self._fns = new._fns
         return True
 
-    def _fn(self, device: torch.device) -> Any:
+    def runner(self, device: torch.device) -> tuple[str, Any]:
+        """``(mode, fn)``: the callable running this partition's program on ``device``
+        ("triton": ``res.compile()``, or a shape family's ``FamilyRunner``; "torch": its
+        torch implementation), built at the first call for its mode and kept. Both check
+        their first launch per input signature."""
         triton = uses_triton(device)
         key = "triton" if triton else "torch"
         if key not in self._fns:
@@ -98,8 +102,8 @@ class OptimizedPartition(torch.nn.Module):
                 self._fns[key] = FamilyRunner(res.family, res.scaling, engine=key)
             else:
                 # both check their first launch per input signature against the input
-                # program run by torch (codegen.launchcheck)
-                self._fns[key] = res.compile() if triton else checked(
+                # program run by torch (runtime.check)
+                self._fns[key] = res.compile() if triton else checked_against(
                     torch_reference(res.program), res.reference(),
                     mugraph=res.program if hasattr(res.program, "kernels") else None)
         return key, self._fns[key]
@@ -148,7 +152,7 @@ class OptimizedPartition(torch.nn.Module):
             return self._eager_call(why, args)
         try:
             device = next(iter(feed.values())).device
-            mode, fn = self._fn(device)
+            mode, fn = self.runner(device)
             got = fn(**{n: t.contiguous() for n, t in feed.items()})
         except DynamicShapeError as exc:  # sizes that should agree do not, or out of range
             return self._eager_call(str(exc), args)
@@ -175,7 +179,7 @@ class OptimizedPartition(torch.nn.Module):
 
 class Warmup:
     """A static graph's callable while it warms up (``Backend``'s ``warmup``): its first
-    ``calls`` calls run eagerly, the next one searches it (``be._build``: partitions,
+    ``calls`` calls run eagerly, the next one searches it (``be.build``: partitions,
     searches, the summary) and runs it, and so does every later one.
     A search that fails leaves the graph eager, with a warning."""
 
@@ -183,7 +187,7 @@ class Warmup:
         self.be, self.gm, self.sizes, self.number, self.left = be, gm, sizes, number, calls
         self.run = None
         self.lock = threading.Lock()
-        be._warming.add(number)
+        be.warming.add(number)
 
     def __call__(self, *args: Any) -> Any:
         if self.run is None:
@@ -198,13 +202,13 @@ class Warmup:
 
     def _build(self) -> Any:
         be, gm = self.be, self.gm
-        be._warming.discard(self.number)
+        be.warming.discard(self.number)
         try:
-            run = be._build(gm, self.sizes, self.number)
+            run = be.build(gm, self.sizes, self.number)
         except Exception as exc:  # noqa: BLE001 - the graph stays eager, as at compile time
             if unexpected(exc):
                 raise
-            be._warn(f"optimizing graph {self.number} failed ({type(exc).__name__}: {exc}): "
+            be.warning(f"optimizing graph {self.number} failed ({type(exc).__name__}: {exc}): "
                      "it runs eagerly")
             run = gm.forward
         self.gm = self.sizes = None  # held by the built graph where still needed

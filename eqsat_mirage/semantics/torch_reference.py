@@ -4,6 +4,11 @@
 Triton: the ``torch.compile`` backend on CPU tensors (``dynamo/backend.py``), and the
 "torch eager" column of ``bench/gpu_bench.py``. torch is imported on first use.
 
+It is also the reference of the checked first launch (``runtime.check``, which takes a
+plain callable): ``checked_against(run, program)`` builds it from the input program,
+with the program's dtype tolerance (``program_tolerance``) and the kernels that write
+each output (``writers``).
+
 A ``MuGraph`` runs kernel by kernel: a predefined kernel as its op, a custom kernel
 with a ``source`` as that kernel-level fragment, and a custom kernel without one (the
 two kernels of a split reduction: partial results, then their combination) as its
@@ -21,6 +26,7 @@ from collections.abc import Callable, Mapping
 from ..ir.errors import MirageError
 from ..ir.node import BINARY, REDUCE, UNARY, Op, slice_index, tile_split, toposort
 from ..ir.ops import SPECS
+from ..runtime.check import CheckedLaunch, checked, tolerance
 
 
 def torch_reference(program) -> Callable:
@@ -44,6 +50,35 @@ def torch_reference(program) -> Callable:
         return {name: env[id(n)] for name, n in outputs.items()}
 
     return fn
+
+
+def program_tolerance(program) -> float:
+    """The launch check's relative tolerance for ``program`` (a Graph or a MuGraph): that
+    of its coarsest value dtype (``runtime.check.tolerance``)."""
+    if hasattr(program, "kernels"):  # a MuGraph: its tensors' dtypes
+        return tolerance({spec.dtype for spec in program.tensors.values()})
+    return tolerance({n.dtype for n in program.nodes()})
+
+
+def writers(mugraph) -> dict[str, str]:
+    """Output name -> the name of the kernel of ``mugraph`` that writes it."""
+    by_tensor = {}
+    for k in mugraph.kernels:
+        outs = [k.output] if k.kind == "predefined" else list(k.outputs)
+        by_tensor.update({t: k.name for t in outs})
+    return {o: by_tensor.get(t, "?") for o, t in mugraph.output_tensors.items()}
+
+
+def checked_against(run: Callable, program, names: list[str] | None = None,
+                    mugraph=None) -> CheckedLaunch:
+    """``run`` (a compiled ``program``, e.g. ``res.compile()``'s launcher) with a checked
+    first launch per input signature (``runtime.check``) against ``program`` run by torch
+    (``torch_reference``); ``program``: the input program (a kernel-level Graph, or a
+    MuGraph when no input program is known); ``names``: the inputs in order (default:
+    ``program``'s); ``mugraph``: the program compiled, whose kernels the error names."""
+    names = list(names if names is not None else program.inputs)
+    kernels = writers(mugraph) if mugraph is not None else {}
+    return checked(run, torch_reference(program), names, program_tolerance(program), kernels)
 
 
 class _TorchOps:

@@ -167,11 +167,11 @@ def test_tiled_matmul(dtype):
 
 
 def test_the_bfloat16_upcast_is_said_once(monkeypatch):
-    from eqsat_mirage.codegen import host
+    from eqsat_mirage.runtime import load
 
     g = matmul(dtype="bfloat16")
     mg = lower(g, Schedule(grid={"a": 2, "c": 3}, loop="b", forloop=4))
-    monkeypatch.setattr(host, "_SAID", set())  # as in a fresh process
+    monkeypatch.setattr(load, "_SAID", set())  # as in a fresh process
     with pytest.warns(UserWarning, match="bfloat16 tl.dot operands are upcast to float32"):
         compile_mugraph(mg)
     with warnings.catch_warnings():
@@ -768,7 +768,7 @@ def test_optimize_result_emits_and_compiles(tmp_path):
 
 @pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX owners and modes")
 def test_generated_modules_only_go_to_private_folders(tmp_path):
-    from eqsat_mirage.codegen.source import private_folder
+    from eqsat_mirage.runtime.load import private_folder
 
     default = private_folder()
     st = default.stat()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import eqsat_mirage as em
-from eqsat_mirage.codegen.graphs import CudaGraphs, GraphRunner
+from eqsat_mirage.runtime.graphs import CudaGraphs, GraphRunner
 
 
 class FakeGraphs:

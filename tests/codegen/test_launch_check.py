@@ -18,10 +18,11 @@ pytest.importorskip("triton")
 
 import eqsat_mirage as em
 from eqsat_mirage.codegen import source as codegen_source
-from eqsat_mirage.codegen.launchcheck import CheckedLaunch, compare, tolerance
 from eqsat_mirage.fusion.lower import lower
 from eqsat_mirage.fusion.schedule import Schedule
 from eqsat_mirage.pipeline.result import OptimizeResult
+from eqsat_mirage.runtime.check import CheckedLaunch, compare
+from eqsat_mirage.semantics.torch_reference import program_tolerance
 
 
 def rms_linear(dtype="float32"):
@@ -110,9 +111,9 @@ def test_a_non_finite_output_where_the_input_is_finite_is_caught(monkeypatch):
 
 
 def test_float16_tolerance_is_the_input_programs():
-    assert tolerance(rms_linear("float16")) == 2e-2
-    assert tolerance(rms_linear("bfloat16")) == 6e-2
-    assert tolerance(rms_linear("float32")) == 1e-4
+    assert program_tolerance(rms_linear("float16")) == 2e-2
+    assert program_tolerance(rms_linear("bfloat16")) == 6e-2
+    assert program_tolerance(rms_linear("float32")) == 1e-4
     fn = result("float16").compile()
     x, w = inputs(torch.float16)
     fn(x, w)  # fp32 accumulation vs torch's fp16: inside the tolerance

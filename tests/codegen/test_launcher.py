@@ -21,11 +21,11 @@ pytest.importorskip("triton")
 from mugraph_examples import matmul_graph
 
 import eqsat_mirage as em
-from eqsat_mirage.codegen.graphs import GraphRunner
 from eqsat_mirage.codegen.host import contiguous_strides
 from eqsat_mirage.codegen.source import compile_mugraph, triton_source
 from eqsat_mirage.fusion.lower import add_kernel, lower
 from eqsat_mirage.fusion.schedule import Schedule
+from eqsat_mirage.runtime.graphs import GraphRunner
 
 
 def matmul():

@@ -337,7 +337,7 @@ def test_a_static_graph_warms_up_eagerly_and_is_searched_at_its_second_call():
 
 
 def test_a_launch_that_disagrees_with_its_input_program_falls_back_to_eager(monkeypatch):
-    """The checked first launch (codegen.launchcheck) in the backend: a planted bug in the
+    """The checked first launch (runtime.check) in the backend: a planted bug in the
     code that runs (the generated module under the interpreter, the torch implementation
     otherwise) makes the partition run eagerly, with a warning naming the reason."""
     import re
@@ -382,7 +382,7 @@ def test_a_search_that_fails_after_the_warmup_leaves_the_graph_eager(monkeypatch
         calls.append(number)
         raise RuntimeError("partitioner exploded (for the test)")
 
-    monkeypatch.setattr(BackendClass, "_build", broken)
+    monkeypatch.setattr(BackendClass, "build", broken)
     torch._dynamo.reset()
     m, x = GatedMLP().eval(), torch.randn(2, 8)
     be = em.backend(time_limit_s=1.0, iter_limit=4, warmup=1)

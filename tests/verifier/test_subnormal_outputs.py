@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import eqsat_mirage as em
+from eqsat_mirage.semantics.floating import rounded_inputs
 
 TINY16 = float(np.finfo(np.float16).tiny)  # 6.1e-5: float16's smallest normal
 
@@ -64,7 +65,7 @@ def test_the_float32_candidate_is_not_less_accurate_at_the_tiny_elements():
     rng = np.random.default_rng(1)
     a, b = rms_qkv("input", seq=16), rms_qkv("float32", seq=16)
     scale = 2.0 ** -4.5  # inputs about 0.04: outputs about 1e-3, the smallest below 1e-5
-    inputs = em.semantics.floating.rounded_inputs(a, {
+    inputs = rounded_inputs(a, {
         n: rng.normal(0, 1, a.inputs[n].shape) * scale for n in a.inputs})
     xa = em.evaluate(a, inputs, dtype="native", rounded=True)["out"].astype(np.float64)
     xb = em.evaluate(b, inputs, dtype="native", rounded=True)["out"].astype(np.float64)

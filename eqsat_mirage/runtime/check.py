@@ -1,27 +1,31 @@
 """The checked first launch: the code that runs is checked, not only the MuGraph it came from.
 
-``checked(run, reference, ...)`` wraps a compiled program's callable (``res.compile()``'s
-launcher, a shape family's runner, the backend's torch implementation). The first call
-with each input signature (shape, dtype and device of every input) also runs the input
-program through torch, one torch op per kernel-level op (``semantics.torch_reference``),
-on the same tensors, and compares every output:
+``checked(run, reference, names, rtol, kernels)`` wraps a compiled program's callable
+(``res.compile()``'s launcher, a shape family's runner, the backend's torch
+implementation). The first call with each input signature (shape, dtype and device of
+every input) also calls ``reference`` (a plain callable, ``reference(**tensors) ->
+{output: tensor}``: the search side passes the input program run through torch, one
+torch op per kernel-level op, ``semantics.torch_reference``) on the same tensors, and
+compares every output:
 
 - the compiled output must be finite wherever the reference is (where the reference is
   NaN or infinite, in the input program's own dtypes, nothing is required);
 - elsewhere ``|got - want| <= rtol * (|want| + max |want|)``: ``rtol`` is the input
-  program's dtype tolerance (its coarsest value dtype: float32 1e-4, float16 2e-2,
-  bfloat16 6e-2), scaled by the output's largest finite magnitude (a sum with
-  cancellation is compared at the scale of its terms); bool outputs must be equal.
+  program's dtype tolerance (``tolerance``: its coarsest value dtype, float32 1e-4,
+  float16 2e-2, bfloat16 6e-2), scaled by the output's largest finite magnitude (a sum
+  with cancellation is compared at the scale of its terms); bool outputs must be equal.
 
-A mismatch raises ``LaunchCheckError`` naming the output, the kernel that writes it and
-the worst element (its index and both values). Later calls with a checked signature run
-the compiled program alone: the cost is one torch run of the input per signature.
+A mismatch raises ``LaunchCheckError`` naming the output, the kernel that writes it
+(``kernels``: output name -> kernel name) and the worst element (its index and both
+values). Later calls with a checked signature run the compiled program alone: the cost is
+one reference run per signature. This module needs torch (on first use) and nothing of
+the search.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from ..ir.errors import MirageError
 
@@ -34,22 +38,10 @@ class LaunchCheckError(MirageError):
     (names the output, the kernel that writes it and the worst element)."""
 
 
-def tolerance(program) -> float:
-    """The relative tolerance of ``program``'s coarsest value dtype (``RTOL``)."""
-    if hasattr(program, "kernels"):  # a MuGraph: its tensors' dtypes
-        dtypes = {spec.dtype for spec in program.tensors.values()}
-    else:
-        dtypes = {n.dtype for n in program.nodes()}
+def tolerance(dtypes: Iterable[str]) -> float:
+    """The relative tolerance of the coarsest of ``dtypes`` (the input program's value
+    dtypes' names; ``RTOL``; float32's when none of them is a float dtype)."""
     return max([RTOL[d] for d in dtypes if d in RTOL] or [RTOL["float32"]])
-
-
-def writers(mugraph) -> dict[str, str]:
-    """Output name -> the name of the kernel of ``mugraph`` that writes it."""
-    by_tensor = {}
-    for k in mugraph.kernels:
-        outs = [k.output] if k.kind == "predefined" else list(k.outputs)
-        by_tensor.update({t: k.name for t in outs})
-    return {o: by_tensor.get(t, "?") for o, t in mugraph.output_tensors.items()}
 
 
 def _signature(tensors: list) -> tuple:
@@ -117,20 +109,18 @@ def _index(i: int, shape) -> tuple[int, ...]:
 class CheckedLaunch:
     """``run`` whose first call per input signature is checked against ``reference``.
 
-    ``reference(length)`` returns the input program's torch function (``length``: the
-    family size the inputs carry, or None), ``fn(**tensors) -> {output: tensor}``.
-    ``names``: the inputs in order (for calls by position); ``size``: tensors -> the family
-    size (None for a static program); ``key``: tensors -> what makes a call a first one
-    (default: the input signature; a family's: its padded size, so a decode loop whose
+    ``reference(**tensors) -> {output: tensor}``: what ``run`` must compute (the input
+    program run by torch; a shape family's at the size the inputs carry). ``names``: the
+    inputs in order (for calls by position); ``key``: tensors -> what makes a call a first
+    one (default: the input signature; a family's: its padded size, so a decode loop whose
     length grows by one is checked once per padded size, not at every step). Attributes
     of ``run`` (``source``, ``path``, ``module``, ...) read through."""
 
-    def __init__(self, run: Callable, names: list[str], reference: Callable[[int | None], Callable],
+    def __init__(self, run: Callable, names: list[str], reference: Callable[..., Mapping],
                  rtol: float, kernels: Mapping[str, str] | None = None,
-                 size: Callable[[Mapping], int] | None = None,
                  key: Callable[[Mapping], tuple] | None = None) -> None:
         self.run, self.names, self.reference = run, list(names), reference
-        self.rtol, self.kernels, self.size = rtol, dict(kernels or {}), size
+        self.rtol, self.kernels = rtol, dict(kernels or {})
         self.key = key or (lambda tensors: _signature([tensors[n] for n in self.names]))
         self.checked: set[tuple] = set()  # input signatures whose first launch passed
         self.lock = threading.Lock()
@@ -171,21 +161,17 @@ class CheckedLaunch:
     def _check(self, tensors: dict, out: Mapping) -> None:
         import torch
 
-        length = self.size(tensors) if self.size is not None else None
         with torch.no_grad():
-            want = self.reference(length)(**tensors)
+            want = self.reference(**tensors)
         compare(out, want, self.rtol, self.kernels)
 
 
-def checked(run: Callable, program, names: list[str] | None = None, mugraph=None
+def checked(run: Callable, reference: Callable[..., Mapping], names: list[str],
+            rtol: float = RTOL["float32"], kernels: Mapping[str, str] | None = None
             ) -> CheckedLaunch:
-    """``run`` (a compiled ``program``, e.g. ``res.compile()``'s launcher) with a checked
-    first launch per input signature (module docstring); ``program``: the input program
-    (a kernel-level Graph, or a MuGraph when no input program is known); ``mugraph``: the
-    program compiled, whose kernels the error names."""
-    from ..semantics.torch_reference import torch_reference
-
-    ref = torch_reference(program)
-    names = list(names if names is not None else program.inputs)
-    kernels = writers(mugraph) if mugraph is not None else {}
-    return CheckedLaunch(run, names, lambda _length: ref, tolerance(program), kernels)
+    """``run`` (a compiled program, e.g. ``res.compile()``'s launcher, taking the inputs
+    ``names``) with a checked first launch per input signature against ``reference``
+    (``reference(**tensors) -> {output: tensor}``; module docstring); ``rtol``: the
+    input program's dtype tolerance (``tolerance``); ``kernels``: output name -> the
+    kernel that writes it, named by the error."""
+    return CheckedLaunch(run, names, reference, rtol, kernels)

@@ -1,0 +1,123 @@
+"""Loading a generated module: its source written to a private folder and imported.
+
+``load_source(source)`` writes the text of a generated module (``codegen.source``'s
+``triton_source`` or ``family_source``) to a file named after its content (``@triton.jit``
+reads its function's source from that file), imports it and returns its ``run``:
+``run(*tensors, **by_name) -> {output name: tensor}``, with ``run.source``, ``run.path``
+and ``run.module``. The folder is ``private_folder``'s: it must belong to this user and
+be writable by no one else. Under ``TRITON_INTERPRET=1`` the interpreter computes the
+padding lanes too (a 0/0 there is no error: NumPy's warnings are silenced around
+``run``), and a module with a bfloat16 ``tl.dot`` warns once that the interpreter runs
+its operands as float32 (``say_bf16_upcast``).
+
+A generated module imports only torch, triton and the standard library, and so does
+this module (with NumPy): a deployment runs saved modules without the search's
+dependencies.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+import threading
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from ..ir.errors import MirageError
+
+__all__ = ["CodegenError", "load_source", "private_folder", "say_bf16_upcast"]
+
+
+class CodegenError(MirageError):
+    """A MuGraph the Triton code generator cannot lower (names kernel and op), or a
+    generated module that cannot be written or imported (names the folder or the line).
+
+    ``kernel``: the custom kernel the writer refused (set by ``KernelWriter.write``; None
+    for a refusal of the whole module), so the compile check refuses that kernel's
+    structure alone, not every kernel of the plan."""
+
+    kernel = None
+
+
+def private_folder(directory: str | os.PathLike | None = None) -> Path:
+    """The folder generated modules are written to and imported from.
+
+    Default: ``eqsat_mirage_triton_<uid>`` in the system's temp directory, created with mode
+    0700. Any folder (the default or ``directory``) must belong to this user and be
+    writable by no one else, or a ``CodegenError`` names it: a module another user could
+    swap in would run inside this process.
+    """
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    if directory is not None:
+        folder = Path(directory)
+        folder.mkdir(parents=True, exist_ok=True)
+    else:
+        owner = uid if uid is not None else "user"
+        folder = Path(tempfile.gettempdir()) / f"eqsat_mirage_triton_{owner}"
+        folder.mkdir(mode=0o700, exist_ok=True)
+    if uid is not None:
+        st = folder.stat()
+        if st.st_uid != uid or st.st_mode & 0o022:
+            raise CodegenError(
+                f"refusing to write generated modules to {folder}: it must belong to this user "
+                f"(uid {uid}; it belongs to uid {st.st_uid}) and be writable by no one else "
+                f"(mode {oct(st.st_mode & 0o777)}); remove it or pass directory= a private folder")
+    return folder
+
+
+def load_source(source: str, directory: str | os.PathLike | None = None) -> Callable:
+    """Write generated module ``source`` (``triton_source``'s or ``family_source``'s, made
+    in this process or saved from one) to ``directory`` (default: ``private_folder()``)
+    and import it; returns its ``run`` (module docstring).
+    Triton is imported here: on a CPU, set ``TRITON_INTERPRET=1`` before that."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    path = private_folder(directory) / f"mugraph_{digest}.py"
+    if not path.exists() or path.read_text() != source:
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(source)
+        os.replace(tmp, path)
+    name = f"eqsat_mirage_triton_{digest}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:  # a generator bug: say where, as the project's error
+        sys.modules.pop(name, None)
+        raise CodegenError(f"the generated module {path} is not valid Python (line "
+                           f"{exc.lineno}: {exc.msg}); please report it") from None
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    run = module.run
+    if os.environ.get("TRITON_INTERPRET") == "1" and module.NEEDS_TRITON:
+        say_bf16_upcast(module)
+        inner = run
+
+        @functools.wraps(inner)
+        def run(*args, **kwargs):  # the interpreter computes padding lanes too: 0/0 is fine
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                return inner(*args, **kwargs)
+
+    run.source, run.path, run.module = source, str(path), module
+    return run
+
+
+_SAID: set[str] = set()
+
+
+def say_bf16_upcast(module) -> None:
+    """Warn once per process that bfloat16 tl.dot operands run as float32 in the interpreter
+    (when generated ``module`` has a bfloat16 dot: its ``BF16_DOT``)."""
+    if hasattr(module, "BF16_DOT") and "bf16" not in _SAID:
+        _SAID.add("bf16")
+        warnings.warn("eqsat-mirage: under TRITON_INTERPRET=1 the generated kernels' bfloat16 "
+                      "tl.dot operands are upcast to float32 (Triton 3.8's interpreter computes "
+                      "a bfloat16 tl.dot wrong); on a GPU they stay bfloat16", stacklevel=4)
