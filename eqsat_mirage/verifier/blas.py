@@ -14,10 +14,10 @@ products run on one thread too while such a pool runs.
 A one-thread runner (a verification the memory budget lets run only one trial at a time,
 the 7B-size pieces) holds BLAS at one thread too when the machine is ``busy``: other
 processes' load leaves under 1.5 cores spare. Measured on the shared 2-core machine at
-load 2 (bench/RESULTS.md, "Tiny layers and stacks"): a (128, 4096) @ (4096, 11008) float64
-product 0.20-0.21 s on one thread against 0.25-0.27 s on two, and the tiny layer with one
-verifier thread 23-29 s with BLAS on two threads against 11-15 s on one. On an idle machine
-the big products keep every core.
+load 2 (bench/history/2026-11-26_real-sizes.md, "Tiny layers and stacks"): a
+(128, 4096) @ (4096, 11008) float64 product 0.20-0.21 s on one thread against 0.25-0.27 s on
+two, and the tiny layer with one verifier thread 23-29 s with BLAS on two threads against
+11-15 s on one. On an idle machine the big products keep every core.
 
 What changes besides speed: OpenBLAS sums a large product in another order on one thread
 than on two (a float32 (2, 300, 700) @ (2, 700, 130) differs in the last bits), as it does

@@ -194,7 +194,7 @@ def _start_rank(dtype: str | None, kind: str, s: float) -> int:
     float64), the other normal and exponent-range draws, and the per-input draws last
     (short at real sizes, where most have no valid point: they fill the threads' ends).
     Measured on a 7B layer's end-to-end check: the other thread ran the last float64 draw
-    alone for 5.2 s (bench/RESULTS.md)."""
+    alone for 5.2 s (bench/history/2026-11-27_real-sizes-session23.md)."""
     if dtype == "static" or kind in _CONSTANT:
         return 0
     if kind == "logits" or dtype is None:

@@ -131,7 +131,7 @@ def test_planner_against_brute_force(brute_set):
 # em.optimize's returned cost against the brute force over each program as written (the
 # issue's "Must show"), on the 48 random programs and the two benchmark inputs whose search
 # is short (gqa b=1, lora; gqa b=8, rmsnorm and gatedmlp take 20 to 105 s each on the
-# shared 2-core machine: their figures are bench/RESULTS.md's, their em.optimize costs are
+# shared 2-core machine: their figures are in bench/history/, their em.optimize costs are
 # tests/test_bench_costs.py's). em.optimize may find a cheaper algebraic form: at most the
 # brute force's cost is the pass. Before the program as written was planned among the forms
 # (pipeline/optimize.py, boundaries.written_form), 46 of these 50 (random d<=6 #3 and d<=64
@@ -141,7 +141,7 @@ def test_planner_against_brute_force(brute_set):
 # Triton's NVIDIA compiler is installed, is on here for the four former losers (d<=64 #4's
 # first plan is refused by the Triton backend and re-planned) and off for the rest: in the
 # suite (TRITON_INTERPRET=1) each build runs in a child Python, and all 50 with the check
-# took 686 s on the loaded 2-core machine; bench/RESULTS.md's figures have it on for all.
+# took 686 s on the loaded 2-core machine; the figures in bench/history/ have it on for all.
 # A time limit that does not depend on the machine's load.
 OPTIMIZE_SET = ("random ", "gqa b=1", "lora b=1")
 CHECKED = ("random d<=6 #3", "random d<=64 #3", "random d<=64 #4", "random d<=64 #5")

@@ -3,10 +3,10 @@
 On an H100 the 7B layer's down projection (contraction 11008 = 43 x 256) ran with Mirage's
 loop ranges {4, 16, 64}, whose chunks (2752, 688, 172) Triton pads to the next power of
 two: 170 us against 84 for chunks of 256 and 63 for chunks of 64 on a finer grid
-(bench/RESULTS.md). The block rules now add loop ranges that cut a contraction into chunks
-of 64 and 256 (``loop-tile`` facts, rules/block.egg), and of the schedules the e-graph
-permits the planner drops loops over a contraction in padded chunks where an aligned loop
-over it is permitted (``strategy.prefer_pow2_chunks``).
+(bench/history/2026-11-27_gpu-h100.md). The block rules now add loop ranges that cut a
+contraction into chunks of 64 and 256 (``loop-tile`` facts, rules/block.egg), and of the
+schedules the e-graph permits the planner drops loops over a contraction in padded chunks
+where an aligned loop over it is permitted (``strategy.prefer_pow2_chunks``).
 """
 
 from __future__ import annotations

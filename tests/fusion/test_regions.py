@@ -259,7 +259,7 @@ def test_a_small_full_strategy_still_bounds_the_quick_prices():
 
 def test_plan_reaches_the_brute_force_on_gqa_b8():
     # greedy merging (the planner before the region search) stopped at 59.43 us in 3
-    # kernels (bench/RESULTS.md)
+    # kernels (bench/history/2026-11-26_planner-brute-force.md)
     g = program("gqa", 8)
     pricer = Pricer()
     p = plan(g, pricer.prof, pricer.strategy)
