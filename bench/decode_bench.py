@@ -134,7 +134,7 @@ def launcher_overhead(reps: int = 400) -> str:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from bench.gpu_bundle import decode_family
     from eqsat_mirage.codegen.source import load_source, triton_source
-    from eqsat_mirage.dynamic.runner import FamilyRunner
+    from eqsat_mirage.family.runner import FamilyRunner
 
     res = em.optimize(decode_family(HKV, HQ // HKV, D, L0), time_limit_s=60)
     fr = FamilyRunner(res.family, res.scaling)

@@ -90,7 +90,7 @@ def export_family(folder: Path, target: str, time_limit_s: float, first: int = D
                   steps: int = DECODE[4]) -> dict:
     """The decode family's one Triton module (its launcher serves every L) and its manifest
     entry (the runner walks L = first .. first + steps - 1 one step at a time)."""
-    from eqsat_mirage.dynamic.runner import FamilyRunner
+    from eqsat_mirage.family.runner import FamilyRunner
 
     kv, group, d = DECODE[:3]
     graph = decode_family(kv, group, d, first)

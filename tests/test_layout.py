@@ -17,7 +17,7 @@ MAX_LINES = 500
 
 # bottom to top: a module may import its own stage and the stages before it
 STAGES = ("version", "ir", "runtime", "frontend", "semantics", "verifier", "mugraph",
-          "partition", "cost", "egraph", "fusion", "codegen", "render", "dynamic", "pipeline",
+          "partition", "cost", "egraph", "fusion", "codegen", "render", "family", "pipeline",
           "dynamo", "cli", "testing", "__init__")
 
 

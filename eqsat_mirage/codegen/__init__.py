@@ -1,8 +1,10 @@
 """Stage 7, lower: a ``MuGraph`` to a Python module of ``@triton.jit`` kernels and a launcher.
 
-``source.py``: ``triton_source``, ``family_source`` (a shape family's one module) and
-``compile_mugraph``. ``family.py``: ``FamilyLayout`` and ``merge``, the family launcher's
-literals as polynomials of the padded size. ``host.py``: the launcher's
+``source.py``: ``triton_source`` (a shape family's module at one padded size too) and
+``compile_mugraph``. ``family_layout.py``: ``FamilyLayout``, what a shape family's module
+needs besides its plan; ``family_launch.py``: the lines its launcher adds (reading and
+checking L, padding, cutting outputs); one module for every padded size is the
+``family`` stage's. ``host.py``: the launcher's
 input checks once per input signature, constexpr strides, output buffers
 (``reuse_outputs``). ``kernel.py``: one custom kernel's body. ``tiles.py``: tile
 expressions (``tl.dot``, reductions, masks); ``dots.py``: which tile matmuls become

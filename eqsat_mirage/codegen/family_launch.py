@@ -5,15 +5,16 @@ its named size: ``family_head`` writes its constants (``SIZE``, ``GRANULE``, ``L
 ``HINT``, ``PADDED``, ``SHORT``), ``family_run`` the lines of ``run`` that read L from
 the inputs, check it, compute the padded size ``lp``, zero-pad the inputs a torch op
 reads and re-read the strides that change with L, and ``cut_to_length`` narrows an
-output back to L. The layout they read (granule, range, short inputs) is ``family.py``'s
-``FamilyLayout``; the rest of the module is ``source.py``.
+output back to L. The layout they read (granule, range, short inputs) is
+``family_layout.py``'s ``FamilyLayout``; the rest of the module is ``source.py``; one
+launcher for every padded size is the family stage's (``family/launcher.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .family import FamilyLayout
+from .family_layout import FamilyLayout
 from .host import unpack
 from .kernel import wrap
 from .tiles import named

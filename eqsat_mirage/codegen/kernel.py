@@ -24,7 +24,7 @@ from ..ir.printing import short_dtype
 from ..mugraph.kernels import CustomKernel, TensorSpec, axis_name, fmt_map
 from ..mugraph.online import causal_skip
 from .concat import CodegenError, Val, split, squeezed
-from .family import FamilyLayout
+from .family_layout import FamilyLayout
 from .tiles import TL_DTYPE, Names, TileOps, exp2, index, shown
 
 __all__ = ["CodegenError", "KernelWriter", "fit", "wrap"]

@@ -13,9 +13,10 @@
   tensor}``. The launcher's runtime (``_bind``, ``_check``, strides, buffers): ``host.py``.
 
 A shape family's module (``family=``) names its size in ``INPUTS`` and reads L from the
-inputs; ``family_source`` merges it, written at several padded sizes, into one module
-whose launcher computes grids, loop counts and shapes from L (``family.py``; the
-launcher lines that read and check L: ``family_launch.py``).
+inputs (its ``FamilyLayout``: ``family_layout.py``; the launcher lines that read and
+check L: ``family_launch.py``); the family stage merges it, written at several padded
+sizes, into one module whose launcher computes grids, loop counts and shapes from L
+(``family/launcher.py``).
 
 ``compile_mugraph(mg)`` writes that module to a file (``@triton.jit`` reads its
 function's source), imports it and returns its ``run`` (``runtime.load.load_source``, which
@@ -45,13 +46,13 @@ from ..mugraph.kernels import CustomKernel, PredefinedKernel, TensorSpec
 from ..mugraph.program import MuGraph
 from ..runtime.load import load_source
 from .concat import CodegenError
-from .family import POINTS, FamilyLaunchError, FamilyLayout, merge
 from .family_launch import cut_to_length, family_head, family_run
+from .family_layout import FamilyLayout
 from .host import bf16_dot_lines, bind_source, contiguous_strides, unpack
 from .kernel import KernelWriter, fit, wrap
 from .tiles import BF16_DOT, Names, comment_safe, identifier, literal, named, pystr, shown
 
-__all__ = ["CodegenError", "compile_mugraph", "family_source", "triton_source", "TRITON_API",
+__all__ = ["CodegenError", "compile_mugraph", "triton_source", "TRITON_API",
            "TRITON_DENYLIST"]
 
 # Every ``tl.<name>`` the generator may emit: long-standing APIs, all in Triton 3.6.
@@ -179,8 +180,8 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
     size ``lp``, zero-pads the inputs a torch op reads, passes L, strides and loop counts
     to the kernels as runtime arguments (their source is the same at every padded size)
     and cuts the outputs to L. ``length_masks``: the family's length masks (True where
-    ``col < L``), computed from ``seq_len``. ``family_source`` merges such modules into one
-    serving every padded size.
+    ``col < L``), computed from ``seq_len``. ``family.launcher.family_source`` merges such
+    modules into one serving every padded size.
     """
     mg = mugraph.validate()
     specs = mg.tensors
@@ -334,27 +335,6 @@ def safe_comments(source: str) -> str:
             end = len(line.rstrip("\r\n"))
             lines[row - 1] = line[:col] + comment_safe(tok.string) + line[end:]
     return "".join(lines)
-
-
-def family_source(at: Callable[[int], MuGraph], family: FamilyLayout, header: str = "",
-                  reuse_outputs: bool = False, length_masks: frozenset[str] = frozenset()
-                  ) -> str:
-    """One module serving every size of a shape family: ``triton_source`` of the plan at
-    several padded sizes (``at(lp)`` gives the MuGraph at padded size ``lp``), merged by
-    ``family.merge`` so the launcher computes grids, loop counts and shapes from ``lp``.
-    Raises ``FamilyLaunchError`` when the launcher cannot be written that way (build one
-    module per padded size instead: ``family`` with ``padded`` set)."""
-    base = -(-family.hint // family.granule) * family.granule
-    note = (f"One module serves every {family.name}: the launcher computes grids, loop counts "
-            f"and shapes from the padded size lp; the listing and comments show lp = {base}.")
-    header = f"{header.rstrip()}\n{note}" if header.strip() else note
-    texts = {}
-    for lp in sorted({u * family.granule for u in POINTS} | {base}):
-        try:  # sizes the family may never run at: a failure there is the merge's
-            texts[lp] = triton_source(at(lp), header, reuse_outputs, length_masks, family)
-        except CodegenError as exc:
-            raise FamilyLaunchError(f"writing the launcher at padded size {lp}: {exc}") from None
-    return merge(texts, family.granule, base)
 
 
 def compile_mugraph(mugraph: MuGraph, header: str = "",

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..dynamic.runner import FamilyRunner
+from ..family.runner import FamilyRunner
 from ..frontend.torch_masks import source_value
 from ..ir.dims import DynamicShapeError
 from ..ir.errors import unexpected

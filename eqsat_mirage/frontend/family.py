@@ -1,12 +1,9 @@
 """Shape families: a Graph with symbolic sizes, rebuilt at concrete sizes.
 
-``instantiate(g, {"L": 4099})`` rebuilds every node of ``g`` with its inputs' symbolic
-axes at the new sizes (every shape rule runs again, so a program that is only valid
-at the hint is caught). ``dynamic_axes`` finds, for every node, which axes follow
-which size: the program is rebuilt one size at a time at another value and the axes
-that moved are the dynamic ones. An axis whose size is derived from a symbolic one
-(``L + 1`` from a concat, ``2 L`` from a reshape) is refused: one search serves sizes
-that are the symbol itself.
+``instantiate(g, {"L": 4099})`` (``Graph.at``) rebuilds every node of ``g`` with its
+inputs' symbolic axes at the new sizes (every shape rule runs again, so a program that
+is only valid at the hint is caught). Which axes follow which size, and everything
+else a shape family needs, is the family stage's (``family/``).
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ from collections.abc import Mapping
 
 from ..ir.dims import DynamicShapeError
 from ..ir.errors import ShapeError
-from ..ir.node import Node, Op, fmt_shape, make
+from ..ir.node import Node, Op, make
 
 
 def _sizes(g, sizes: Mapping[str, int]) -> dict[str, int]:
@@ -71,42 +68,3 @@ def rebuild(g, sizes: Mapping[str, int]) -> tuple[object, dict[int, Node]]:
 def instantiate(g, sizes: Mapping[str, int]):
     """The plain Graph of family ``g`` at ``sizes`` (missing sizes at their hints)."""
     return rebuild(g, sizes)[0]
-
-
-def probe_value(dim) -> int:
-    """A second value of ``dim`` (hint + 1, or hint - 1 at the top of its range)."""
-    if dim.max is None or dim.hint < dim.max:
-        return dim.hint + 1
-    if dim.hint > dim.min:
-        return dim.hint - 1
-    raise DynamicShapeError(f"size {dim} takes one value: declare it as an int")
-
-
-def dynamic_axes(g) -> dict[int, dict[int, str]]:
-    """id(node) -> {axis: size name} for every node of family ``g`` with a dynamic axis.
-
-    Raises ``DynamicShapeError`` naming the node whose size is derived from a symbolic
-    one rather than equal to it (``L + 1``, ``2 L``).
-    """
-    axes: dict[int, dict[int, str]] = {}
-    nodes = g.nodes()
-    for name, dim in g.dims.items():
-        probe = probe_value(dim)
-        _, moved = rebuild(g, {name: probe})
-        for node in nodes:
-            after = moved[id(node)].shape
-            for axis, (a, b) in enumerate(zip(node.shape, after)):
-                if a == b:
-                    continue
-                if (a, b) != (dim.hint, probe):
-                    raise DynamicShapeError(
-                        f"{node.describe()} has an axis of size "
-                        f"{a} at {name}={dim.hint} and {b} at {name}={probe}: a size derived "
-                        f"from {name} ({fmt_shape(node.shape)}) is not supported; only the "
-                        f"size {name} itself")
-                mine = axes.setdefault(id(node), {})
-                if axis in mine:
-                    raise DynamicShapeError(f"{node.describe()}: axis "
-                                            f"{axis} follows both {mine[axis]} and {name}")
-                mine[axis] = name
-    return axes

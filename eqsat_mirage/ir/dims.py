@@ -2,8 +2,8 @@
 
 A program whose inputs carry a ``Dim`` is a *shape family*: one program for every
 value of the size. Its nodes are built at the hint (every shape rule runs on ints);
-``frontend/family.py`` rebuilds the program at any other value and finds which axes
-follow the size.
+``frontend/family.py`` rebuilds the program at any other value (``Graph.at``); the
+``family`` stage finds which axes follow the size, pads, scales, verifies and runs it.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ class Op(Enum):
     SIGMOID = auto()
 
 
-# What a padded (zero-filled) tensor holds where it is padded (dynamic/padding.py).
+# What a padded (zero-filled) tensor holds where it is padded (family/padding.py).
 ZERO, NEG_INF, FINITE, ANY = "0", "-inf", "finite", "any"
 
 GROUPS = ("leaf", "unary", "binary", "matmul", "reduce", "movement", "select", "mask")

@@ -16,10 +16,10 @@ import pytest
 import eqsat_mirage as em
 from eqsat_mirage.codegen.tiles import triton_form
 from eqsat_mirage.cost.gpucost import ELEMENT_COST
-from eqsat_mirage.dynamic.padding import unary_state
 from eqsat_mirage.egraph.encode import CTOR_OP, REDUCE_CTOR_OP
 from eqsat_mirage.egraph.rulefiles import builtin_rules_dir
 from eqsat_mirage.egraph.saturate import ABSTRACT
+from eqsat_mirage.family.padding import unary_state
 from eqsat_mirage.ir import node as ir_node
 from eqsat_mirage.ir.ops import (
     ANY,

@@ -2,7 +2,7 @@
 
 ``FamilyRunner(family, scaling)`` reads the size L from its inputs' dynamic axes (they
 must agree, and L must be in the size's range) and runs the plan's one Triton module
-(``codegen.source.family_source``): its launcher reads L, rounds it up to the padded
+(``launcher.family_source``): its launcher reads L, rounds it up to the padded
 size, computes the grids, loop counts and shapes from that, zero-pads only the inputs a
 torch op reads (the kernels' loads past L read 0) and cuts the outputs to L. Its
 kernels take L, strides and loop counts as runtime arguments, so Triton compiles each
@@ -21,9 +21,10 @@ import threading
 import warnings
 from collections.abc import Mapping
 
-from ..codegen.family import FamilyLaunchError, FamilyLayout
+from ..codegen.family_layout import FamilyLayout
 from ..ir.dims import DynamicShapeError
 from ..ir.errors import InputError, MirageError
+from .launcher import FamilyLaunchError
 from .scale import Scaling, is_length_mask
 
 TORCH_BUILDS = 8  # torch-engine plans kept (one per size; each is a few torch closures)
@@ -154,7 +155,7 @@ class FamilyRunner:
     def source(self, length: int | None = None) -> str:
         """The Triton module's source: one serving every L, or (where its launcher could
         not be merged: ``launcher`` says why) the one serving ``length``'s padded size."""
-        from ..codegen.source import family_source
+        from .launcher import family_source  # (looked up per call: tests replace it)
 
         if not self.launcher:
             try:

@@ -7,10 +7,9 @@ import numpy as np
 import pytest
 
 import eqsat_mirage as em
-from eqsat_mirage.dynamic.padding import padded_graph, plan_masks
-from eqsat_mirage.dynamic.runner import EVERY
-from eqsat_mirage.dynamic.scale import FamilyMember, NotScalableError, scaling
-from eqsat_mirage.frontend.family import dynamic_axes
+from eqsat_mirage.family.padding import dynamic_axes, padded_graph, plan_masks
+from eqsat_mirage.family.runner import EVERY
+from eqsat_mirage.family.scale import FamilyMember, NotScalableError, scaling
 from eqsat_mirage.ir.node import Op
 from eqsat_mirage.mugraph.program import from_graph
 

@@ -2,11 +2,12 @@
 
 A family's kernels have the same source at every padded size (L, the strides of
 tensors with a dynamic axis and the loop counts are runtime arguments, see
-``kernel.py``). What changes with the padded size ``lp`` is host code: the grids,
+``codegen/kernel.py``). What changes with the padded size ``lp`` is host code: the grids,
 ``n_iter``, the shapes the launcher allocates and the contiguous strides it passes.
 
-``merge`` takes the family's module written at several padded sizes (the host
-reads ``seq_len`` from the inputs and rounds it up to ``lp`` itself) and checks
+``family_source`` writes the family's module at several padded sizes
+(``codegen.source.triton_source`` with the family's ``FamilyLayout``: the host reads
+``seq_len`` from the inputs and rounds it up to ``lp`` itself) and ``merge`` checks
 that the texts differ only in integer literals inside the launcher's functions.
 Each literal that changes becomes the polynomial in ``lp`` (degree at most 2, an
 exact integer division) fitted at three sizes, checked at every other size written (up
@@ -23,11 +24,13 @@ from __future__ import annotations
 import io
 import math
 import tokenize
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from fractions import Fraction
 
-from .concat import CodegenError
+from ..codegen.concat import CodegenError
+from ..codegen.family_layout import FamilyLayout
+from ..codegen.source import triton_source
+from ..mugraph.program import MuGraph
 
 # padded sizes (in granules) the launcher is written at: fitted on the first three, checked
 # at the others (64: a literal that is constant near the hint and changes far above it)
@@ -38,33 +41,6 @@ MAX_DIVISOR = 1 << 16  # a fitted literal's divisor: larger is refused (checked 
 class FamilyLaunchError(CodegenError):
     """The launcher of a family's plan changes with the padded size in a way ``merge``
     cannot express as integer polynomials of ``lp``."""
-
-
-@dataclass(frozen=True)
-class FamilyLayout:
-    """What a shape family's module needs besides its plan.
-
-    ``name``: the size (e.g. ``"L"``); ``granule``: padded sizes are its multiples;
-    ``low``/``high``: L's range (``high`` None: unbounded); ``hint``; ``inputs``: input ->
-    its axes of size L; ``tensors``: device tensor -> its axes that grow with ``lp``;
-    ``loop``: kernels whose loop count grows; ``short``: inputs the kernels read unpadded
-    (loads masked at L; the others are zero-padded to ``lp`` by the launcher);
-    ``launch``: kernel -> (num_warps, num_stages), the hint's, at every padded size (one
-    binary per kernel); ``padded``: a module serving that one padded size only (``merge``'s
-    fallback).
-    """
-
-    name: str
-    granule: int
-    low: int
-    high: int | None
-    hint: int
-    inputs: Mapping[str, tuple[int, ...]]
-    tensors: Mapping[str, frozenset[int]] = field(default_factory=dict)
-    loop: frozenset[str] = frozenset()
-    short: frozenset[str] = frozenset()
-    launch: Mapping[str, tuple[int, int]] = field(default_factory=dict)
-    padded: int | None = None
 
 
 def _fit(values: Mapping[int, int], granule: int) -> tuple[int, int, int, int]:
@@ -158,3 +134,24 @@ def merge(texts: Mapping[int, str], granule: int, base: int) -> str:
         line = lines[row - 1]
         lines[row - 1] = line[:col] + text + line[end:]
     return "".join(lines)
+
+
+def family_source(at: Callable[[int], MuGraph], family: FamilyLayout, header: str = "",
+                  reuse_outputs: bool = False, length_masks: frozenset[str] = frozenset()
+                  ) -> str:
+    """One module serving every size of a shape family: ``triton_source`` of the plan at
+    several padded sizes (``at(lp)`` gives the MuGraph at padded size ``lp``), merged by
+    ``merge`` so the launcher computes grids, loop counts and shapes from ``lp``.
+    Raises ``FamilyLaunchError`` when the launcher cannot be written that way (build one
+    module per padded size instead: ``family`` with ``padded`` set)."""
+    base = -(-family.hint // family.granule) * family.granule
+    note = (f"One module serves every {family.name}: the launcher computes grids, loop counts "
+            f"and shapes from the padded size lp; the listing and comments show lp = {base}.")
+    header = f"{header.rstrip()}\n{note}" if header.strip() else note
+    texts = {}
+    for lp in sorted({u * family.granule for u in POINTS} | {base}):
+        try:  # sizes the family may never run at: a failure there is the merge's
+            texts[lp] = triton_source(at(lp), header, reuse_outputs, length_masks, family)
+        except CodegenError as exc:
+            raise FamilyLaunchError(f"writing the launcher at padded size {lp}: {exc}") from None
+    return merge(texts, family.granule, base)

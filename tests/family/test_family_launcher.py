@@ -17,11 +17,11 @@ pytest.importorskip("triton")
 
 import eqsat_mirage as em
 from eqsat_mirage.codegen.compiled import record_launches
-from eqsat_mirage.codegen.family import FamilyLaunchError
 from eqsat_mirage.codegen.source import load_source
-from eqsat_mirage.dynamic.padding import padded_graph, plan_masks
-from eqsat_mirage.dynamic.runner import EVERY, FamilyRunner
-from eqsat_mirage.dynamic.scale import scaling
+from eqsat_mirage.family.launcher import FamilyLaunchError
+from eqsat_mirage.family.padding import padded_graph, plan_masks
+from eqsat_mirage.family.runner import EVERY, FamilyRunner
+from eqsat_mirage.family.scale import scaling
 from eqsat_mirage.mugraph.program import from_graph
 
 
@@ -98,12 +98,12 @@ def test_a_length_mask_a_torch_op_reads_follows_the_length():
 
 def test_a_launcher_that_does_not_scale_falls_back_to_one_module_per_padded_size(
         family, monkeypatch):
-    import eqsat_mirage.codegen.source as source
+    import eqsat_mirage.family.launcher as launcher
 
     def refuse(texts, granule, base):
         raise FamilyLaunchError("a literal that is no polynomial (for the test)")
 
-    monkeypatch.setattr(source, "merge", refuse)
+    monkeypatch.setattr(launcher, "merge", refuse)
     fn = family.compile()
     g = fn.scaling.granule
     with pytest.warns(UserWarning, match="one module per padded size.*for the test"):
@@ -187,7 +187,7 @@ def test_a_familys_first_launch_at_each_padded_size_is_checked(monkeypatch):
     program at the call's size through torch; a planted bug in the module (its last matmul
     10 % off; in float16, 2 % is tolerated) raises LaunchCheckError at the first call,
     check=False skips it."""
-    import eqsat_mirage.codegen.source as source
+    import eqsat_mirage.family.launcher as launcher
 
     g = decode(64, "checked")
     padded = padded_graph(plan_masks(g), {"L": 64}, {"L": 64})
@@ -197,14 +197,14 @@ def test_a_familys_first_launch_at_each_padded_size_is_checked(monkeypatch):
     for n in (50, 64, 63, 100):
         fn(**inputs(fn.module(n), n))
     assert len(fn.checker.checked) == 2  # once per padded size (64, 128)
-    real = source.family_source
+    real = launcher.family_source
 
     def wrong(*args, **kwargs):
         text = real(*args, **kwargs)
         at = text.rindex("torch.matmul(")
         return text[:at] + "1.1 * " + text[at:]
 
-    monkeypatch.setattr(source, "family_source", wrong)
+    monkeypatch.setattr(launcher, "family_source", wrong)
     bad = FamilyRunner(g, sc)
     x = inputs(bad.module(50), 50)
     with pytest.raises(em.LaunchCheckError, match="output 'O'"):

@@ -1,9 +1,9 @@
-"""A shape family's one launcher (codegen/family.py): integer literals that change with the
+"""A shape family's one launcher (family/launcher.py): integer literals that change with the
 padded size become exact polynomials of ``lp``; anything else that changes is refused."""
 
 import pytest
 
-from eqsat_mirage.codegen.family import FamilyLaunchError, _fit, merge, render
+from eqsat_mirage.family.launcher import FamilyLaunchError, _fit, merge, render
 
 HOST = '''\
 K = 1.5

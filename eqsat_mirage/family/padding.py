@@ -12,7 +12,13 @@ pad with 0; ``exp`` of -inf is 0; a sum needs zeros, a max needs -inf, a matmul 
 L needs one operand zero and the other finite. An unmet need is fixed as early as
 possible: at the value's producer (the matmul ``Q @ K`` of attention is masked to
 -inf, as a masked softmax is), else at the operand. ``plan_masks`` decides where,
-once per family; ``padded_graph`` builds the program at any (Lp, L).
+once per family; ``planned_size`` picks the padded size Lp0 the search plans at (the
+hint rounded up to a tile); ``padded_graph`` builds the program at any (Lp, L).
+
+Which axes follow the size (``dynamic_axes``): the program is rebuilt one size at a
+time at another value and the axes that moved are the dynamic ones. An axis whose size
+is derived from a symbolic one (``L + 1`` from a concat, ``2 L`` from a reshape) is
+refused: one search serves sizes that are the symbol itself.
 """
 
 from __future__ import annotations
@@ -20,11 +26,52 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..frontend.family import dynamic_axes, rebuild
+from ..frontend.family import rebuild
 from ..frontend.graph import Graph
 from ..ir.dims import DynamicShapeError
-from ..ir.node import BINARY, ELEMENTWISE, REDUCE, Node, Op, make
+from ..ir.node import BINARY, ELEMENTWISE, REDUCE, Node, Op, fmt_shape, make
 from ..ir.ops import ANY, FINITE, NEG_INF, SPECS, ZERO
+
+PAD_QUANTUM = 64  # the hint is padded up to a multiple of this (16 below it)
+
+
+def probe_value(dim) -> int:
+    """A second value of ``dim`` (hint + 1, or hint - 1 at the top of its range)."""
+    if dim.max is None or dim.hint < dim.max:
+        return dim.hint + 1
+    if dim.hint > dim.min:
+        return dim.hint - 1
+    raise DynamicShapeError(f"size {dim} takes one value: declare it as an int")
+
+
+def dynamic_axes(g) -> dict[int, dict[int, str]]:
+    """id(node) -> {axis: size name} for every node of family ``g`` with a dynamic axis.
+
+    Raises ``DynamicShapeError`` naming the node whose size is derived from a symbolic
+    one rather than equal to it (``L + 1``, ``2 L``).
+    """
+    axes: dict[int, dict[int, str]] = {}
+    nodes = g.nodes()
+    for name, dim in g.dims.items():
+        probe = probe_value(dim)
+        _, moved = rebuild(g, {name: probe})
+        for node in nodes:
+            after = moved[id(node)].shape
+            for axis, (a, b) in enumerate(zip(node.shape, after)):
+                if a == b:
+                    continue
+                if (a, b) != (dim.hint, probe):
+                    raise DynamicShapeError(
+                        f"{node.describe()} has an axis of size "
+                        f"{a} at {name}={dim.hint} and {b} at {name}={probe}: a size derived "
+                        f"from {name} ({fmt_shape(node.shape)}) is not supported; only the "
+                        f"size {name} itself")
+                mine = axes.setdefault(id(node), {})
+                if axis in mine:
+                    raise DynamicShapeError(f"{node.describe()}: axis "
+                                            f"{axis} follows both {mine[axis]} and {name}")
+                mine[axis] = name
+    return axes
 
 
 def unary_state(op: Op, s: str | None) -> str | None:
@@ -157,6 +204,24 @@ def plan_masks(g: Graph) -> MaskPlan:
                 f"{node.describe()} reduces over a dynamic size whose "
                 "padding no length mask along the last axis can hide; make that size static")
     return MaskPlan(g, axes, masks)
+
+
+def padded_hint(hint: int) -> int:
+    """The padded size the search plans at: the hint rounded up to a tile."""
+    q = PAD_QUANTUM if hint >= PAD_QUANTUM else 16
+    return -(-hint // q) * q
+
+
+def planned_size(plan: MaskPlan, dim) -> int:
+    """The padded size Lp0 the search plans family ``plan.graph`` at: ``padded_hint`` of
+    ``dim``'s hint, moved up a tile while a static axis has that size (Lp0 names the
+    dynamic dims of intermediates)."""
+    lp0 = padded_hint(dim.hint)
+    fixed = {n for node in plan.graph.nodes() for a, n in enumerate(node.shape)
+             if a not in plan.axes.get(id(node), {})}
+    while lp0 in fixed:
+        lp0 += PAD_QUANTUM if dim.hint >= PAD_QUANTUM else 16
+    return lp0
 
 
 def padded_graph(plan: MaskPlan, padded: Mapping[str, int], lengths: Mapping[str, int]

@@ -1,0 +1,169 @@
+"""A shape family's plan verified at six sizes, priced at several, and the report of both.
+
+``check_sizes`` finds how the chosen plan serves every size (``scale.scaling``) and
+verifies it at ``test_sizes`` (the hint, hint +/- 1, a prime, one below a tile, the
+largest tested): the plan at each, zero-padded and cut (``FamilyMember``), against the
+family's program at that size, finite-field trials and float checks each. A plan that
+does not scale or fails at any size falls back to one kernel per op, verified the same
+way. When the memory budget refuses the largest size, the largest verified moves
+halfway to the hint until it fits (``SizeCheck.over_budget`` names each refused size).
+``family_costs`` prices the plan at ``cost_sizes``; ``SizeCheck.record`` is
+``stats["family"]``, and ``family_rows`` its report.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..cost.gpucost import mugraph_cost
+from ..ir.errors import BudgetError
+from ..mugraph.program import from_graph
+from ..verifier.verify import VerifyResult, verify
+from .scale import FamilyMember, NotScalableError, Scaling, scaling
+
+
+def _is_prime(n: int) -> bool:
+    return n > 1 and all(n % p for p in range(2, math.isqrt(n) + 1))
+
+
+def test_sizes(dim, granule: int) -> list[int]:
+    """The sizes a family is verified at: the hint, hint - 1 and + 1, a prime, one size
+    below a tile (the plan's granule), and the largest (``max``, or 2 hint + 1)."""
+    h = dim.hint
+    prime = next(p for p in range(h + 2, 4 * h + 8) if _is_prime(p))
+    top = dim.max if dim.max is not None else 2 * h + 1
+    small = max(dim.min, min(granule - 1, h) if granule > 1 else 1)
+    sizes = [h, h - 1, h + 1, prime, small, top]
+    return sorted({s for s in sizes if dim.min <= s and (dim.max is None or s <= dim.max)},
+                  key=sizes.index)
+
+
+
+def cost_sizes(dim) -> list[int]:
+    """Sizes the report prices the plan at: the hint and a few around and above it."""
+    h = dim.hint
+    sizes = [h, h + 1, h + h // 64 + 1, 2 * h]
+    return [s for s in dict.fromkeys(sizes) if dim.max is None or s <= dim.max]
+
+
+def family_costs(sc: Scaling, dim, target) -> dict[int, float]:
+    """The plan's predicted time (us) on ``target`` at each of ``cost_sizes``."""
+    return {s: mugraph_cost(sc.at(s), target).total_us for s in cost_sizes(dim)}
+
+
+def verify_sizes(graph, sc: Scaling, dim, opts: dict, refused: dict
+                 ) -> tuple[dict[int, VerifyResult], VerifyResult | None]:
+    """Verify the plan at each of ``test_sizes`` (stopping at the first failure); the
+    largest, when the memory budget refuses it, moves halfway to the hint until it fits
+    (``refused`` records each). Gives the verdict at each size and the hint's."""
+    verdicts, hint_verdict = {}, None
+    sizes = test_sizes(dim, sc.granule)
+    top = max(sizes)
+    for size in sizes:
+        while True:
+            ref = graph.at({dim.name: size})
+            member = FamilyMember(sc, size, ref.inputs, ref.outputs)
+            try:
+                v = verify(ref, member, **opts)
+                break
+            except BudgetError as exc:
+                lower = (size + dim.hint) // 2
+                if size != top or lower <= dim.hint + 1:
+                    raise
+                refused[size] = str(exc)
+                size = top = lower
+        verdicts[size] = v
+        if size == dim.hint:
+            hint_verdict = v
+        if not v.equivalent:
+            break
+    return verdicts, hint_verdict
+
+
+@dataclass
+class SizeCheck:
+    """What ``check_sizes`` found: the ``scaling`` kept (the chosen plan's, or one kernel
+    per op's after a ``fallback``, which says why), the verdict at each size tested, the
+    hint's, and the sizes the memory budget refused (size -> why)."""
+
+    scaling: Scaling
+    verdicts: dict[int, VerifyResult]
+    hint: VerifyResult | None
+    fallback: str = ""
+    over_budget: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """Whether the plan kept is equivalent at every size tested."""
+        return all(v.equivalent for v in self.verdicts.values())
+
+    @property
+    def verdict(self) -> VerifyResult | None:
+        """The hint's verdict, or (when a size failed) the first failing one."""
+        return self.hint if self.ok else next(v for v in self.verdicts.values()
+                                              if not v.equivalent)
+
+    def record(self, dim, planned_at: int, masks: int, costs: dict[int, float],
+               seconds: float) -> dict:
+        """``stats["family"]``: where the family was planned, which sizes were verified,
+        the bounds, the refused sizes, the costs and what grows with the size."""
+        sc = self.scaling
+        return {
+            "dim": str(dim), "planned_at": planned_at, "granule": sc.granule,
+            "masks": masks, "fallback": self.fallback,
+            "verified_sizes": {s: bool(v.equivalent) for s, v in self.verdicts.items()},
+            "bounds": {s: v.false_positive_bound for s, v in self.verdicts.items()},
+            "over_budget": dict(self.over_budget),  # refused by the memory budget
+            "cost_us": costs,
+            "grows": {k: sorted(a) for k, a in sc.grid.items() if a} | {
+                k: ["loop"] for k in sc.loop},
+            "seconds": seconds}
+
+
+def check_sizes(graph, padded, program, dim, lp0: int, opts: dict,
+                say: Callable[[str], None]) -> SizeCheck:
+    """Scale ``program`` (the search's plan of ``padded``, the family ``graph`` at padded
+    size ``lp0``) to every size and verify it at ``test_sizes`` with ``verify``'s
+    ``opts``; a plan that does not scale or fails anywhere is replaced by one kernel per
+    op of ``padded``, verified the same way (``say`` tells why)."""
+    fallback = ""
+    try:
+        sc = scaling(program if hasattr(program, "kernels") else from_graph(program),
+                     graph.dynamic, dim.name, lp0)
+    except NotScalableError as exc:
+        fallback = f"the plan does not scale ({exc})"
+    refused: dict[int, str] = {}
+    if not fallback:
+        verdicts, hint_v = verify_sizes(graph, sc, dim, opts, refused)
+        bad = [s for s, v in verdicts.items() if not v.equivalent]
+        if bad:
+            fallback = f"the plan fails at {dim.name}={bad[0]}: {verdicts[bad[0]]}"
+    if fallback:
+        say(f"family {graph.name!r}: {fallback}; one kernel per op instead")
+        sc = scaling(from_graph(padded), graph.dynamic, dim.name, lp0)
+        refused.clear()
+        verdicts, hint_v = verify_sizes(graph, sc, dim, opts, refused)
+    return SizeCheck(sc, verdicts, hint_v, fallback, refused)
+
+
+def family_rows(fam: dict | None) -> list[str]:
+    """The report of a shape family (``stats["family"]``): where it was planned, which
+    sizes were verified and what it costs at several."""
+    if not fam:
+        return []
+    name = fam["dim"].split("(")[0]
+    sizes = ", ".join(str(n) for n, ok in fam["verified_sizes"].items() if ok)
+    rows = [f"family       {fam['dim']}: planned at {name} = {fam['planned_at']} "
+            f"({fam['masks']} length mask(s)), granule {fam['granule']}; "
+            + (f"fell back to one kernel per op: {fam['fallback']}; " if fam["fallback"]
+               else "")
+            + f"verified at {name} = {sizes} (bound <= "
+            f"{max(fam['bounds'].values(), default=1.0):.1e})",
+            "  cost at    " + ", ".join(f"{name} = {n}: {c:.2f} us"
+                                        for n, c in fam["cost_us"].items())]
+    if fam.get("over_budget"):
+        rows.append(f"  not verified (memory budget): {name} = "
+                    + ", ".join(str(n) for n in fam["over_budget"]))
+    return rows
