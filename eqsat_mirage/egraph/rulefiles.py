@@ -7,7 +7,10 @@ level: ``(loop-range 16)``, ``(split-parts 8)``, ``(block-range 32 4096)`` (a re
 rules/schema.egg over integer literals) and ``(set (max-loop-range) 16)`` (a bound; the
 schema's merge keeps the tightest of all files). Every constructor a
 rule names must exist in rules/schema.egg with the right arity; a malformed
-file gets a ``RuleError`` naming the file and line.
+file gets a ``RuleError`` naming the file and line. A line ``(op-rules FAMILY)``
+stands for rules generated from the ops' specs (egraph/op_rules.py): in a rule
+file the ``dev`` and ``reg`` rewrites, in rules/schema.egg and rules/guards.egg (egglog
+read as it is) the ``shape``, ``is-op`` and ``absval`` rules.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..ir.errors import RuleError
+from .op_rules import FAMILIES, op_rules, written_out
 
 # Primitive functions and relations a rule may use in conditions and computed arguments
 # (``is-op``: the term is computed by an operation; rules/schema.egg).
@@ -102,8 +106,9 @@ class Schema:
     @classmethod
     @functools.cache
     def load(cls) -> Schema:
-        """Read rules/schema.egg (once per process: it is package data)."""
-        text = schema_text()
+        """Read rules/schema.egg (once per process: it is package data); its declarations,
+        not the rules its ``(op-rules ...)`` lines stand for."""
+        text = (builtin_rules_dir() / "schema.egg").read_text()
         ctors: dict[str, tuple[str, ...]] = {}
         others: dict[str, tuple[tuple[str, ...], str]] = {}
         relations: dict[str, tuple[str, ...]] = {}
@@ -294,6 +299,33 @@ def _fact(form: SList, schema: Schema, path: str) -> Fact | None:
     return Fact(name, tuple(int(a) for a in args), path, form.line, bound)
 
 
+def _with_line(x, line: int):
+    """``x`` with every list's line set to ``line`` (a generated rule's: its op-rules')."""
+    if isinstance(x, SList):
+        x.line = line
+        for item in x.items:
+            _with_line(item, line)
+    return x
+
+
+def _forms(text: str, path: str, schema: Schema) -> list[tuple[SList, str]]:
+    """A rule file's top-level forms and comments, each ``(op-rules FAMILY)`` written out
+    as the rewrites it stands for, on the op-rules line."""
+    out: list[tuple[SList, str]] = []
+    for form, comment in parse_sexprs(text, path):
+        if form.head() != "op-rules":
+            out.append((form, comment))
+            continue
+        family = str(form.items[1]) if len(form.items) == 2 else ""
+        if not FAMILIES.get(family, ("", False))[1]:
+            kinds = ", ".join(f for f, (_, rewrites) in FAMILIES.items() if rewrites)
+            raise RuleError(f"{path}:{form.line}: a rule file's (op-rules FAMILY) takes one of "
+                            f"{kinds}, got {to_text(form)}")
+        out += [(_with_line(f, form.line), c)
+                for f, c in parse_sexprs(op_rules(family, schema.constructors), path)]
+    return out
+
+
 def parse_rules(text: str, path: str, schema: Schema | None = None) -> tuple[list[str], list[Rule]]:
     """Parse a rule file's text: (rulesets declared, rules). Raises ``RuleError``."""
     rulesets, rules, _ = parse_rule_file(text, path, schema)
@@ -307,7 +339,7 @@ def parse_rule_file(text: str, path: str, schema: Schema | None = None
     rulesets: list[str] = []
     rules: list[Rule] = []
     facts: list[Fact] = []
-    for form, comment in parse_sexprs(text, path):
+    for form, comment in _forms(text, path, schema):
         head = form.head()
         fact = _fact(form, schema, path)
         if fact is not None:
@@ -383,10 +415,22 @@ def builtin_rules_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "rules"
 
 
+def _expanded(name: str) -> str:
+    """The built-in egglog file ``name`` with its ``(op-rules FAMILY)`` lines written out."""
+    path = builtin_rules_dir() / name
+    return written_out(path.read_text(), Schema.load().constructors, str(path))
+
+
 @functools.cache
 def schema_text() -> str:
-    """The text of rules/schema.egg (read once per process)."""
-    return (builtin_rules_dir() / "schema.egg").read_text()
+    """The egglog text of rules/schema.egg with its generated rules (once per process)."""
+    return _expanded("schema.egg")
+
+
+@functools.cache
+def guards_text() -> str:
+    """The egglog text of rules/guards.egg with its generated rules (once per process)."""
+    return _expanded("guards.egg")
 
 
 def rule_paths(specs) -> list[Path]:

@@ -25,7 +25,7 @@ from ..ir.errors import MirageError, TimeLimitError
 from ..ir.limits import Deadline
 from ..ir.ops import SPECS
 from .encode import IDENTITIES, Encoder
-from .rulefiles import Rule, SList, Sym, builtin_rules_dir, schema_text, to_text
+from .rulefiles import Rule, SList, Sym, guards_text, schema_text, to_text
 
 # Abstract constructor of each T constructor (how its arguments map): the ops' specs' guards;
 # the identities of encode.IDENTITIES (a kernel boundary, a kernel choice, the online
@@ -125,7 +125,7 @@ class Saturator:
         parts += [f"(split {n} {i} {j})" for n, i, j in splits]
         parts += [f.egglog() for f in facts]  # the rule files' facts (rulefiles.Fact)
         if guards:
-            parts.append((builtin_rules_dir() / "guards.egg").read_text())
+            parts.append(guards_text())
         parts += [f"(ruleset {r})" for r in rulesets]
         self.rule_names: dict[str, str] = {}
         for k, rule in enumerate(rules):

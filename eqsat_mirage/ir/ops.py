@@ -6,8 +6,9 @@ torch function, its Triton form, its egglog constructor and abstract
 expression (the guard), its cost, what it does to padding and its value range.
 The op groups (``UNARY``, ``OPAQUE``, ...) and each backend's table are derived
 from the specs, so adding an op means adding its ``Op`` member and its spec
-here, its egglog rules (rules/*.egg) and its tests (docs/architecture.md,
-"Adding an op").
+here, its constructor in rules/schema.egg, its front-end names and its tests
+(docs/architecture.md, "Adding an op"); its per-op egglog rules (shapes, ``is-op``,
+abstract expression, ``Dev``, ``Reg``) are generated from its spec (egraph/op_rules.py).
 
 Ops with structural, op-specific logic (matmul, the reductions, exp's field
 homomorphism, where/mask/causal, cast, the movement ops) keep a handler in the
@@ -106,7 +107,7 @@ class OpSpec:
     torch: str | None = None  # the torch function, a dotted name as generated source spells it
     symbol: str | None = None  # a binary op's infix operator (torch and Triton source)
     triton: str | None = None  # a unary op's Triton form: {x} the operand, exp(..) as exp2
-    egglog: str | None = None  # the constructor in rules/schema.egg
+    egglog: str | None = None  # the constructor in rules/schema.egg (its rules: egraph/op_rules.py)
     guard: str | None = None  # the abstract expression, {0} {1} the operands' (section 4.3)
     cost: tuple[int, int] = (1, 0)  # per element: CUDA-core FLOPs, SFU ops
     padding: Padding | None = None  # a unary op's effect on padding

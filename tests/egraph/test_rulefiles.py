@@ -7,6 +7,7 @@ import re
 import pytest
 
 import eqsat_mirage as em
+from eqsat_mirage.egraph.op_rules import op_rules
 from eqsat_mirage.egraph.rulefiles import (
     Schema,
     builtin_rules_dir,
@@ -24,13 +25,19 @@ def write(tmp_path, text: str, name: str = "user.egg") -> str:
 
 
 def rule_forms(path) -> list[tuple[int, str, str]]:
-    """(line, head, the line above) of every top-level rewrite/birewrite, read line by line."""
+    """(line, head, the line above) of every top-level rewrite/birewrite, read line by line,
+    an ``(op-rules FAMILY)`` line read as the lines it stands for (on its line)."""
     lines = path.read_text().splitlines()
     out = []
     for i, line in enumerate(lines):
         m = re.match(r"\((rewrite|birewrite)\s", line)
         if m:
             out.append((i + 1, m.group(1), lines[i - 1] if i else ""))
+        m = re.match(r"\(op-rules ([a-z-]+)\)", line)
+        if m:
+            made = op_rules(m.group(1), Schema.load().constructors).splitlines()
+            out += [(i + 1, "rewrite", made[k - 1]) for k, g in enumerate(made)
+                    if g.startswith("(rewrite")]
     return out
 
 
