@@ -165,6 +165,203 @@ def _alloc(spec: TensorSpec, first: tuple[str, str] | None) -> str:
     return f"{first[0]}.new_empty({_shape(spec.shape)}{dtype})"
 
 
+class _Launcher:
+    """What ``triton_source`` writes a module from: the MuGraph, its custom kernels' writers,
+    and the launcher's variable names and strides (taken in the order the module shows them).
+
+    Each method returns one part of the module's lines, in the order they are written:
+    ``globals``, ``definitions``, ``run_head``, ``kernel_calls``, ``result``.
+    """
+
+    def __init__(self, mg: MuGraph, reuse_outputs: bool, length_masks: frozenset[str],
+                 family: FamilyLayout | None) -> None:
+        self.mg, self.reuse, self.family = mg, reuse_outputs, family
+        self.length_masks = length_masks
+        specs = self.specs = mg.tensors
+        self.custom = [k for k in mg.kernels if isinstance(k, CustomKernel)]
+        fn_names = Names(set(_HOST_RESERVED))
+        causal = {k.output: k.node.arg for k in mg.kernels  # masks computed from positions
+                  if k.kind == "predefined" and k.node.op is Op.CAUSAL}
+        for t in length_masks:
+            rows, cols, _ = causal[t]
+            causal[t] = (rows, cols, "(seq_len - 1)")
+        self.writers = {id(k): KernelWriter.write(
+            k, specs, fn_names(f"{identifier(k.name)}_kernel"), causal, family)
+            for k in self.custom}
+        self.dyn = {n: tuple(sorted(family.inputs[n])) for n in mg.inputs
+                    if family and family.inputs.get(n)}
+        host = self.host = Names(fn_names.used)
+        var = self.var = {name: host(name) for name in specs}
+        names = self.names = list(mg.inputs)
+        # the kernels' constexpr strides: an input's from its signature's entry, a torch op's
+        # result's asked once, and literals for the contiguous tensors the launcher allocates
+        self.strides = {n: [host(f"{var[n]}_s{d}") for d in range(len(specs[n].shape))]
+                        for n in names}
+        self.written = {t: spec for k in self.custom for t, spec in k.output_specs().items()}
+        self.strides.update({t: [str(s) for s in contiguous_strides(spec.shape)]
+                             for t, spec in self.written.items()})
+        self.pointed = {t for k in self.custom for t in self.writers[id(k)].reads}
+        self.first = (var[names[0]], specs[names[0]].dtype) if names else None
+        self.grows = dict(family.tensors) if family else {}
+        self.out_axes = {o: self.grows.get(t, ()) for o, t in mg.output_tensors.items()}
+        self.buffers = [var[t] for t in self.written] if reuse_outputs else []
+
+    def globals(self) -> list[str]:
+        """The imports, ``INPUTS``, ``OUTPUTS``, ``NEEDS_TRITON``, the family's constants and
+        ``REUSE_OUTPUTS``."""
+        mg, specs, custom, family = self.mg, self.specs, self.custom, self.family
+        lines = ["", "import os", "", "import torch"]
+        lines += ["import triton", "import triton.language as tl"] if custom else []
+        lines += bf16_dot_lines() if any(BF16_DOT in self.writers[id(k)].text
+                                         for k in custom) else []
+        size = family.name if family else ""
+        lines += (["", "INPUTS = {"] + _specs({n: specs[n] for n in mg.inputs}, self.grows, size)
+                  + ["}"])
+        lines += ["OUTPUTS = {"] + _specs(mg.outputs, self.out_axes, size) + ["}"]
+        lines += [f"NEEDS_TRITON = {bool(custom)}",
+                  *(family_head(family, self.dyn) if family else []),
+                  f"REUSE_OUTPUTS = {bool(self.reuse)}  # "
+                  + ("outputs allocated once per input signature, overwritten by the next call"
+                     if self.reuse else "every call allocates its outputs")]
+        return lines
+
+    def definitions(self) -> list[str]:
+        """The ``@triton.jit`` kernels, ``_bind`` (with ``_check``) and, reusing outputs,
+        ``_buffers``."""
+        var, names, specs, family = self.var, self.names, self.specs, self.family
+        lines = []
+        for k in self.custom:
+            lines += ["", "", self.writers[id(k)].text.rstrip("\n")]
+        lines += ["", "", bind_source([var[n] for n in names], self.reuse, {
+            names.index(n): (len(specs[n].shape), axes) for n, axes in self.dyn.items()}
+        ).rstrip("\n")]
+        if self.reuse:
+            params = ", ".join(["device"] + (["lp"] if family else []) + [var[n] for n in names])
+            lines += ["", "", f"def _buffers({params}):",
+                      '    """The tensors the kernels write, allocated once per input signature '
+                      + ("and padded size " if family else "") + "(REUSE_OUTPUTS):\n    every "
+                      'call with that signature writes and returns these same tensors."""']
+            lines += [f"    {var[t]} = {_alloc(spec, self.first)}"
+                      for t, spec in self.written.items()]
+            buffers = self.buffers
+            lines.append(f"    return ({', '.join(buffers)}{',' if len(buffers) == 1 else ''})")
+        return lines
+
+    def run_doc(self) -> list[str]:
+        """The lines of ``run``'s docstring below its first line."""
+        mg, family = self.mg, self.family
+        outs = ", ".join(shown(o) for o in mg.output_tensors)
+        doc = textwrap.wrap(f"Inputs {', '.join(shown(n) for n in self.names) or '(none)'}: "
+                            "torch tensors by position, by "
+                            f"name, or as one dict. Returns a dict of torch tensors: {outs}.", 92)
+        if family:
+            doc += textwrap.wrap(f"A shape family: the axes named {named(family.name)} in INPUTS "
+                                 "may have any length (they must agree); the outputs' axes named "
+                                 "so are cut to it.", 92)
+        if self.reuse:
+            doc += textwrap.wrap("REUSE_OUTPUTS: the tensors returned are the same at every call "
+                                 "with the same input signature" + (
+                                     f" and padded size (the buffers of {HELD_SIZES} padded sizes "
+                                     "are kept; a new one after that starts afresh)"
+                                     if family else "") + ", overwritten by the next call "
+                                 "(clone() them to keep them).", 92)
+        return doc
+
+    def run_head(self) -> list[str]:
+        """``def run``, its docstring, the call to ``_bind`` unpacking the inputs and their
+        signature's entry, and a family's lines that read L and take its buffers."""
+        mg, var, names, family, dyn = self.mg, self.var, self.names, self.family, self.dyn
+        lines = ["", "", "def run(*args, **kwargs):", f'    """Run MuGraph {named(mg.name)}.', ""]
+        lines += [f"    {line}" for line in self.run_doc()] + ['    """']
+        ins = "(" + ", ".join(var[n] for n in names) + ("," if len(names) == 1 else "") + ")"
+        ins = ins if names else "_"
+        held = ["_held"] if self.reuse and family else self.buffers
+        entry = ["device"] + [s if n in self.pointed and n not in dyn else "_" for n in names
+                              for s in self.strides[n]] + held
+        one = (f"    {ins}, ({', '.join(entry)}{',' if len(entry) == 1 else ''}) "
+               "= _bind(args, kwargs)")
+        if len(one) <= 100:
+            lines.append(one)
+        elif len(f"    {ins}, entry = _bind(args, kwargs)") <= 100:
+            lines += [f"    {ins}, entry = _bind(args, kwargs)"] + unpack(entry, "entry")
+        else:
+            lines += ["    tensors, entry = _bind(args, kwargs)"]
+            lines += unpack([var[n] for n in names], "tensors") + unpack(entry, "entry")
+        if family:
+            lines += family_run(family, dyn, var, self.pointed, self.strides,
+                                {n: len(self.specs[n].shape) for n in dyn})
+            if self.reuse:
+                lines += ["    held = _held.get(lp)", "    if held is None:",
+                          f"        if len(_held) >= {HELD_SIZES}:  # padded sizes whose buffers "
+                          "are kept",
+                          "            _held.clear()",
+                          f"        held = _held[lp] = _buffers(device, lp, "
+                          f"{', '.join(var[n] for n in names)})"]
+                lines += unpack(self.buffers, "held") if self.buffers else []
+        return lines
+
+    def kernel_calls(self) -> list[str]:
+        """``run``'s body after binding: each kernel in order, a pre-defined one as a torch
+        expression, a custom one as a Triton launch (after allocating what it writes)."""
+        mg, specs, var, dyn = self.mg, self.specs, self.var, self.dyn
+        read = mg.materialized()
+        # a family's comments show sizes at this module's padded size (any dynamic axis's)
+        at = "".join(f" at lp = {specs[n].shape[axes[0]]}" for n, axes in list(dyn.items())[:1])
+        lines = []
+        for k in mg.kernels:
+            if isinstance(k, PredefinedKernel):
+                lines += self._torch_call(k, read, at)
+                continue
+            grid = ", ".join(str(g) for g in k.grid)
+            lines += [f"    # {line}" for line in textwrap.wrap(
+                f"kernel {shown(k.name)}: custom, grid ({grid}), forloop {k.forloop}{at}"
+                + (" (into reused buffers)" if self.reuse else ""), 94)]
+            if not self.reuse:
+                lines += [f"    {var[t]} = {_alloc(spec, self.first)}"
+                          for t, spec in k.output_specs().items()]
+            lines += ["    " + line for line in self.writers[id(k)].launch(var, self.strides)]
+        return lines
+
+    def _torch_call(self, k: PredefinedKernel, read: set, at: str) -> list[str]:
+        """A pre-defined kernel's line (and its result's strides when a kernel reads it), or a
+        comment for a causal mask computed inside the kernels."""
+        n, var = k.node, self.var
+        if n.op is Op.CAUSAL and k.output not in read:
+            return [f"    # {line}" for line in textwrap.wrap(
+                f"kernel {shown(k.name)}: causal mask {list(n.shape)}{at}, computed from "
+                "positions inside the kernels that use it", 94)]
+        lines = fit([f"{var[k.output]} = {_torch_op(k, var, k.output in self.length_masks)}  "
+                     f"# kernel {shown(k.name)}: {n.op.name.lower()} -> {short_dtype(n.dtype)}"
+                     f"{list(n.shape)}{at}"], "    ")
+        if k.output in self.pointed and n.shape:  # a torch op's result: any strides
+            self.strides[k.output] = [self.host(f"{var[k.output]}_s{d}")
+                                      for d in range(len(n.shape))]
+            lines += unpack(self.strides[k.output], f"{var[k.output]}.stride()")
+        return lines
+
+    def result(self) -> list[str]:
+        """``run``'s return: the outputs by name (a family's cut to L)."""
+        result = [f'{pystr(o)}: {cut_to_length(self.var[t], self.out_axes[o])}'
+                  for o, t in self.mg.output_tensors.items()]
+        ret = wrap(result, "    ", ",")
+        if len(ret) == 1:
+            return [f"    return {{{ret[0].strip().rstrip(',')}}}"]
+        return ["    return {"] + ["    " + r for r in ret] + ["    }"]
+
+
+def _header_lines(mg: MuGraph, n_custom: int, header: str) -> list[str]:
+    """The module's header comment: its kernels, ``header`` and the MuGraph's listing."""
+    lines = [f"# Generated by eqsat-mirage from MuGraph {named(mg.name)}: {len(mg.kernels)} "
+             "kernel(s),",
+             f"# {n_custom} custom (Triton), {len(mg.kernels) - n_custom} pre-defined "
+             "(torch)."]
+    if header.strip():
+        lines += ["#"] + [comment_safe(f"# {line}".rstrip())
+                          for line in header.strip().splitlines()]
+    listing = format_mugraph(mg, shown(mg.name))
+    return lines + ["#"] + [comment_safe(f"# {line}") for line in listing.splitlines()]
+
+
 def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = False,
                   length_masks: frozenset[str] = frozenset(),
                   family: FamilyLayout | None = None) -> str:
@@ -184,139 +381,10 @@ def triton_source(mugraph: MuGraph, header: str = "", reuse_outputs: bool = Fals
     modules into one serving every padded size.
     """
     mg = mugraph.validate()
-    specs = mg.tensors
-    custom = [k for k in mg.kernels if isinstance(k, CustomKernel)]
-    fn_names = Names(set(_HOST_RESERVED))
-    causal = {k.output: k.node.arg for k in mg.kernels  # masks computed from positions
-              if k.kind == "predefined" and k.node.op is Op.CAUSAL}
-    for t in length_masks:
-        rows, cols, _ = causal[t]
-        causal[t] = (rows, cols, "(seq_len - 1)")
-    writers = {id(k): KernelWriter.write(k, specs, fn_names(f"{identifier(k.name)}_kernel"),
-                                         causal, family)
-               for k in custom}
-    dyn = {n: tuple(sorted(family.inputs[n])) for n in mg.inputs
-           if family and family.inputs.get(n)}
-    host = Names(fn_names.used)
-    var = {name: host(name) for name in specs}
-    names = list(mg.inputs)
-    # the kernels' constexpr strides: an input's from its signature's entry, a torch op's
-    # result's asked once, and literals for the contiguous tensors the launcher allocates
-    strides = {n: [host(f"{var[n]}_s{d}") for d in range(len(specs[n].shape))] for n in names}
-    written = {t: spec for k in custom for t, spec in k.output_specs().items()}
-    strides.update({t: [str(s) for s in contiguous_strides(spec.shape)]
-                    for t, spec in written.items()})
-    pointed = {t for k in custom for t in writers[id(k)].reads}
-    first = (var[names[0]], specs[names[0]].dtype) if names else None
-    lines = [f"# Generated by eqsat-mirage from MuGraph {named(mg.name)}: {len(mg.kernels)} "
-             "kernel(s),",
-             f"# {len(custom)} custom (Triton), {len(mg.kernels) - len(custom)} pre-defined "
-             "(torch)."]
-    if header.strip():
-        lines += ["#"] + [comment_safe(f"# {line}".rstrip())
-                          for line in header.strip().splitlines()]
-    listing = format_mugraph(mg, shown(mg.name))
-    lines += ["#"] + [comment_safe(f"# {line}") for line in listing.splitlines()]
-    lines += ["", "import os", "", "import torch"]
-    lines += ["import triton", "import triton.language as tl"] if custom else []
-    lines += bf16_dot_lines() if any(BF16_DOT in writers[id(k)].text for k in custom) else []
-    grows = dict(family.tensors) if family else {}
-    size = family.name if family else ""
-    lines += ["", "INPUTS = {"] + _specs({n: specs[n] for n in mg.inputs}, grows, size) + ["}"]
-    out_axes = {o: grows.get(t, ()) for o, t in mg.output_tensors.items()}
-    lines += ["OUTPUTS = {"] + _specs(mg.outputs, out_axes, size) + ["}"]
-    lines += [f"NEEDS_TRITON = {bool(custom)}",
-              *(family_head(family, dyn) if family else []),
-              f"REUSE_OUTPUTS = {bool(reuse_outputs)}  # "
-              + ("outputs allocated once per input signature, overwritten by the next call"
-                 if reuse_outputs else "every call allocates its outputs")]
-    for k in custom:
-        lines += ["", "", writers[id(k)].text.rstrip("\n")]
-    lines += ["", "", bind_source([var[n] for n in names], reuse_outputs, {
-        names.index(n): (len(specs[n].shape), axes) for n, axes in dyn.items()}).rstrip("\n")]
-    buffers = [var[t] for t in written] if reuse_outputs else []
-    if reuse_outputs:
-        params = ", ".join(["device"] + (["lp"] if family else []) + [var[n] for n in names])
-        lines += ["", "", f"def _buffers({params}):",
-                  '    """The tensors the kernels write, allocated once per input signature '
-                  + ("and padded size " if family else "") + "(REUSE_OUTPUTS):\n    every call "
-                  'with that signature writes and returns these same tensors."""']
-        lines += [f"    {var[t]} = {_alloc(spec, first)}" for t, spec in written.items()]
-        lines.append(f"    return ({', '.join(buffers)}{',' if len(buffers) == 1 else ''})")
-    outs = ", ".join(shown(o) for o in mg.output_tensors)
-    doc = textwrap.wrap(f"Inputs {', '.join(shown(n) for n in names) or '(none)'}: torch tensors "
-                        "by position, by "
-                        f"name, or as one dict. Returns a dict of torch tensors: {outs}.", 92)
-    if family:
-        doc += textwrap.wrap(f"A shape family: the axes named {named(family.name)} in INPUTS may "
-                             "have any length (they must agree); the outputs' axes named so "
-                             "are cut to it.", 92)
-    if reuse_outputs:
-        doc += textwrap.wrap("REUSE_OUTPUTS: the tensors returned are the same at every call "
-                             "with the same input signature" + (
-                                 f" and padded size (the buffers of {HELD_SIZES} padded sizes "
-                                 "are kept; a new one after that starts afresh)"
-                                 if family else "") + ", overwritten by the next call "
-                             "(clone() them to keep them).", 92)
-    lines += ["", "", "def run(*args, **kwargs):", f'    """Run MuGraph {named(mg.name)}.', ""]
-    lines += [f"    {line}" for line in doc] + ['    """']
-    ins = "(" + ", ".join(var[n] for n in names) + ("," if len(names) == 1 else "") + ")"
-    ins = ins if names else "_"
-    held = ["_held"] if reuse_outputs and family else buffers
-    entry = ["device"] + [s if n in pointed and n not in dyn else "_" for n in names
-                          for s in strides[n]] + held
-    one = f"    {ins}, ({', '.join(entry)}{',' if len(entry) == 1 else ''}) = _bind(args, kwargs)"
-    if len(one) <= 100:
-        lines.append(one)
-    elif len(f"    {ins}, entry = _bind(args, kwargs)") <= 100:
-        lines += [f"    {ins}, entry = _bind(args, kwargs)"] + unpack(entry, "entry")
-    else:
-        lines += ["    tensors, entry = _bind(args, kwargs)"]
-        lines += unpack([var[n] for n in names], "tensors") + unpack(entry, "entry")
-    if family:
-        lines += family_run(family, dyn, var, pointed, strides,
-                            {n: len(specs[n].shape) for n in dyn})
-        if reuse_outputs:
-            lines += ["    held = _held.get(lp)", "    if held is None:",
-                      f"        if len(_held) >= {HELD_SIZES}:  # padded sizes whose buffers "
-                      "are kept",
-                      "            _held.clear()",
-                      f"        held = _held[lp] = _buffers(device, lp, "
-                      f"{', '.join(var[n] for n in names)})"]
-            lines += unpack(buffers, "held") if buffers else []
-    read = mg.materialized()
-    # a family's comments show sizes at this module's padded size (any dynamic axis's)
-    at = "".join(f" at lp = {specs[n].shape[axes[0]]}" for n, axes in list(dyn.items())[:1])
-    for k in mg.kernels:
-        if isinstance(k, PredefinedKernel):
-            n = k.node
-            if n.op is Op.CAUSAL and k.output not in read:
-                lines += [f"    # {line}" for line in textwrap.wrap(
-                    f"kernel {shown(k.name)}: causal mask {list(n.shape)}{at}, computed from "
-                    "positions inside the kernels that use it", 94)]
-                continue
-            lines += fit([f"{var[k.output]} = {_torch_op(k, var, k.output in length_masks)}  "
-                          f"# kernel {shown(k.name)}: {n.op.name.lower()} -> {short_dtype(n.dtype)}"
-                          f"{list(n.shape)}{at}"], "    ")
-            if k.output in pointed and n.shape:  # a torch op's result: any strides
-                strides[k.output] = [host(f"{var[k.output]}_s{d}") for d in range(len(n.shape))]
-                lines += unpack(strides[k.output], f"{var[k.output]}.stride()")
-            continue
-        grid = ", ".join(str(g) for g in k.grid)
-        lines += [f"    # {line}" for line in textwrap.wrap(
-            f"kernel {shown(k.name)}: custom, grid ({grid}), forloop {k.forloop}{at}"
-            + (" (into reused buffers)" if reuse_outputs else ""), 94)]
-        if not reuse_outputs:
-            lines += [f"    {var[t]} = {_alloc(spec, first)}"
-                      for t, spec in k.output_specs().items()]
-        lines += ["    " + line for line in writers[id(k)].launch(var, strides)]
-    result = [f'{pystr(o)}: {cut_to_length(var[t], out_axes[o])}'
-              for o, t in mg.output_tensors.items()]
-    ret = wrap(result, "    ", ",")
-    if len(ret) == 1:
-        lines.append(f"    return {{{ret[0].strip().rstrip(',')}}}")
-    else:
-        lines += ["    return {"] + ["    " + r for r in ret] + ["    }"]
+    launcher = _Launcher(mg, reuse_outputs, length_masks, family)
+    lines = _header_lines(mg, len(launcher.custom), header)
+    lines += launcher.globals() + launcher.definitions()
+    lines += launcher.run_head() + launcher.kernel_calls() + launcher.result()
     return safe_comments("\n".join(lines) + "\n")
 
 
