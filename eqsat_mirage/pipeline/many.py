@@ -60,7 +60,7 @@ from .cache import (
     store_result,
 )
 from .options import SearchOptions
-from .search import Search, cached_search
+from .search import Search, cached_search, resolve_tuning
 
 EXECUTORS = ("process", "ray")
 
@@ -148,7 +148,8 @@ def optimize_many(programs: Iterable, jobs: int | None = None, executor: str = "
     jobs = (os.cpu_count() or 1) if jobs is None else int(jobs)
     if jobs < 1:
         raise MirageError(f"optimize_many: jobs must be at least 1, got {jobs}")
-    options = SearchOptions(**_options(optimize_kwargs)).resolved()  # checked once, here
+    # checked once, here; tune decided here too, so the parent's keys name the device
+    options, _ = resolve_tuning(SearchOptions(**_options(optimize_kwargs)).resolved())
     store = open_cache(optimize_kwargs.get("cache", True))
     n = len(programs)
     results: list = [None] * n

@@ -40,9 +40,10 @@ def optimize(graph, **options) -> OptimizeResult:
         check(graph)
     if entry.partition is False or (entry.partition == "auto"
                                     and not needs_partition(graph, entry.piece_ops)):
-        return search(graph, search_options, progress=progress, cache=entry.cache)
+        return search(graph, search_options, progress=progress, cache=entry.cache,
+                      timer=entry.timer)
     return optimize_whole(graph, search_options, entry.cache, progress,
-                          piece_ops=entry.piece_ops, jobs=entry.jobs)
+                          piece_ops=entry.piece_ops, jobs=entry.jobs, timer=entry.timer)
 
 
 optimize.__signature__ = optimize_signature(OptimizeResult)

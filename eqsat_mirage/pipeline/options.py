@@ -35,7 +35,8 @@ from ..verifier import blas
 
 LEVELS = ("mugraph", "kernel")
 DEFAULT_SPLITS = (4, 16, 64)  # Mirage's loop ranges: the j of user rules' (split n i j) facts
-COUNTED = ("node_limit", "iter_limit", "k", "trials")  # positive integers
+COUNTED = ("node_limit", "iter_limit", "k", "trials", "tune_candidates")  # positive integers
+TUNE_MODES = ("auto", "model", "device")  # a resolved search's tune is "model" or "device:ID"
 BASE_TIME_LIMIT_S = 60.0  # time_limit_s="auto": the limit of a program of toy size
 
 
@@ -158,6 +159,13 @@ class SearchOptions:
     allow_float_unsafe_rules: bool = option(
         False, "accept a user rule sound over the reals but unsafe in floating point "
         "(check_rules' \"sound, float-unsafe\": it drops a softmax's max, narrows a dtype)")
+    tune: str = option(
+        "auto", "\"auto\": with a CUDA device (or a timer given), the best tune_candidates "
+        "verified plans and the eager form are timed on the device and the fastest wins "
+        "(res.stats[\"tuned\"]); without one the cost model decides; \"model\": the "
+        "model decides; \"device\": tune, and refuse to run without a device or timer",
+        "--tune", choices=TUNE_MODES)
+    tune_candidates: int = option(8, "verified plans timed on the device when tuning")
 
     def limit_for(self, graph) -> float:
         """``time_limit_s`` in seconds for a search of ``graph``: as given, or for "auto"
@@ -184,6 +192,10 @@ class SearchOptions:
                 or not 0 < self.max_bound <= 1):
             raise MirageError(f"optimize: max_bound must be a number in (0, 1], got "
                               f"{self.max_bound!r}")
+        if not isinstance(self.tune, str) or (self.tune not in TUNE_MODES
+                                              and not self.tune.startswith("device:")):
+            raise MirageError(f"optimize: tune must be one of {', '.join(TUNE_MODES)}, got "
+                              f"{self.tune!r}")
         if self.launch not in LAUNCH_MODES:
             raise MirageError(f"optimize: launch must be one of {', '.join(LAUNCH_MODES)}, "
                               f"got {self.launch!r}")
@@ -202,6 +214,20 @@ class SearchOptions:
         if self.compile_check is not None:
             return self
         return self.replace(compile_check=compile_check_default(self.target))
+
+    def tuned_on(self, timer) -> SearchOptions:
+        """These options with ``tune`` decided: "device:<what the timer times on>" when
+        tuning runs with ``timer``, else "model" (so a plan tuned on one device is a cache
+        entry of its own, and a device's search never reuses a model-only one). A
+        MirageError when ``tune="device"`` has no timer."""
+        if self.tune == "model" or self.tune.startswith("device:"):
+            return self
+        if timer is None:
+            if self.tune == "device":
+                raise MirageError("optimize: tune='device' needs a CUDA device or a timer "
+                                  "(tune='auto' lets the cost model decide without one)")
+            return self.replace(tune="model")
+        return self.replace(tune=f"device:{timer.device}")
 
     def key_data(self) -> dict:
         """The options as the results cache keys them: name -> value (``make_key`` takes
@@ -233,6 +259,10 @@ class EntryOptions:
     jobs: int | str = option(
         AUTO, "distinct pieces searched at once: \"auto\" is one per core in worker "
         "processes when the pieces are large (whole.auto_jobs), else 1")
+    timer: object = option(
+        None, "what times candidates when tuning (runtime.timing.Timer: timer(name, "
+        "launch) -> microseconds per call, and its device); None: CUDA events on the "
+        "CUDA device when there is one")
 
     def __post_init__(self) -> None:
         for name in ("piece_ops", "jobs"):

@@ -107,6 +107,25 @@ class VerificationRecord:
 
 
 @dataclass
+class TuningRecord:
+    """The tuning pass (``tuning.tune``): the device, each timed candidate's median in
+    microseconds (the eager form as "eager"), the one chosen, seconds, the candidates that
+    did not run (with why) and how each was timed ("graph" replays or "plain" launches)."""
+
+    device: str
+    times_us: dict[str, float]
+    chosen: str
+    seconds: float
+    errors: list[str] = field(default_factory=list)
+    modes: dict[str, str] = field(default_factory=dict)
+
+    def as_stats(self) -> dict:
+        """``res.stats["tuned"]``."""
+        return {"device": self.device, "times_us": dict(self.times_us), "chosen": self.chosen,
+                "seconds": self.seconds, "errors": list(self.errors), "modes": dict(self.modes)}
+
+
+@dataclass
 class SearchRecord:
     """Every pass of one search (``res.passes``). A pass that did not run is None;
     ``search_timed_out``: nothing was extracted in time."""
@@ -116,6 +135,7 @@ class SearchRecord:
     planning: PlanningRecord | None = None
     compile: CompileRecord | None = None
     verification: VerificationRecord | None = None
+    tuning: TuningRecord | None = None  # None: not tuned (no device: the model decided)
     search_timed_out: bool = False
     deadline_passed: bool = False
 
@@ -130,7 +150,10 @@ class SearchRecord:
 
     def phase_seconds(self) -> dict:
         """Seconds per phase (``res.stats["phase_seconds"]``)."""
-        return {"saturate": self.saturation.seconds if self.saturation else 0.0,
-                "extract": self.extraction.seconds if self.extraction else 0.0,
-                "fusion": self.planning.seconds if self.planning else 0.0,
-                "verify": self.verification.seconds if self.verification else 0.0}
+        out = {"saturate": self.saturation.seconds if self.saturation else 0.0,
+               "extract": self.extraction.seconds if self.extraction else 0.0,
+               "fusion": self.planning.seconds if self.planning else 0.0,
+               "verify": self.verification.seconds if self.verification else 0.0}
+        if self.tuning is not None:
+            out["tune"] = self.tuning.seconds
+        return out

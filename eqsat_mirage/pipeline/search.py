@@ -52,6 +52,7 @@ from .records import (
     VerificationRecord,
 )
 from .result import OptimizeResult
+from .tuning import EAGER, default_timer, tune
 
 NOT_IN_TIME = "time limit reached before a candidate verified; input returned"
 
@@ -65,26 +66,38 @@ def candidate_splits(graph, factors) -> list[tuple[int, int, int]]:
                    and f > 1})
 
 
-def search(graph, options: SearchOptions, progress=None, cache=True) -> OptimizeResult:
+def search(graph, options: SearchOptions, progress=None, cache=True,
+           timer=None) -> OptimizeResult:
     """One program searched as one piece with ``options``, through the results cache
-    ``cache`` (True: the default cache; a path, a ``ResultCache``, or False/None: none;
-    ``em.optimize``'s docstring tells the rest)."""
-    options = options.resolved()
+    ``cache`` (True: the default cache; a path, a ``ResultCache``, or False/None: none),
+    tuned with ``timer`` where tuning runs (``em.optimize``'s docstring tells the rest)."""
+    options, timer = resolve_tuning(options.resolved(), timer)
     progress = progress_fn(progress)
     if cache is not None and cache is not False:
         store = open_cache(cache)  # None when $EQSAT_MIRAGE_CACHE is "off"
         if store is not None:
-            return cached_search(graph, store, progress, options)
-    return Search(graph, options, progress).run()
+            return cached_search(graph, store, progress, options, timer=timer)
+    return Search(graph, options, progress, timer).run()
+
+
+def resolve_tuning(options: SearchOptions, timer=None) -> tuple[SearchOptions, object]:
+    """``options`` with ``tune`` decided (``SearchOptions.tuned_on``) and the timer tuning
+    uses (None when the model decides): ``timer`` if given, else the CUDA device's."""
+    if options.tune == "model":
+        return options, None
+    if timer is None:
+        timer = default_timer()
+    return options.tuned_on(timer), timer
 
 
 def cached_search(graph, store: ResultCache, progress, options: SearchOptions,
-                  key: str | None = None) -> OptimizeResult:
+                  key: str | None = None, timer=None) -> OptimizeResult:
     """One ``Search`` of ``graph`` through the open cache ``store``: a stored result when it
     loads and validates (``cache.lookup``), else a search whose result is stored (unless the
     time limit cut it short). ``key`` is the entry's key when the caller computed it
     (``optimize_many``'s workers use their parent's, so that both sides agree)."""
     check(graph)
+    options, timer = resolve_tuning(options.resolved(), timer)
     t0 = time.perf_counter()
     key = make_key(graph, options) if key is None else key
     name = getattr(graph, "name", "program")
@@ -101,7 +114,7 @@ def cached_search(graph, store: ResultCache, progress, options: SearchOptions,
         return res
     if progress and store is not None:
         progress(f"cache miss: {name} ({key[:12]}); searching")
-    res = Search(graph, options, progress).run()
+    res = Search(graph, options, progress, timer).run()
     if store is not None:
         store_result(store, key, res, name)
         if res.stats.get("time_limited") and progress:
@@ -110,14 +123,15 @@ def cached_search(graph, store: ResultCache, progress, options: SearchOptions,
 
 
 class Search:
-    """One uncached search of ``graph`` under ``options`` (a checked ``SearchOptions``,
-    ``compile_check`` decided), reporting to ``progress`` (None, or a callable taking a
-    line). ``run()`` calls the passes in order; each records what it did in ``record``
-    (``res.passes``), from which ``res.stats`` is written."""
+    """One uncached search of ``graph`` under ``options`` (a checked ``SearchOptions``;
+    ``compile_check`` and ``tune`` decided here when not yet), reporting to ``progress``
+    (None, or a callable taking a line), tuning with ``timer`` (None: the CUDA device's, when
+    there is one). ``run()`` calls the passes in order; each records what it did in
+    ``record`` (``res.passes``), from which ``res.stats`` is written."""
 
-    def __init__(self, graph, options: SearchOptions, progress=None) -> None:
+    def __init__(self, graph, options: SearchOptions, progress=None, timer=None) -> None:
         self.graph = graph
-        self.options = options.resolved()
+        self.options, self.timer = resolve_tuning(options.resolved(), timer)
         self.progress = progress_fn(progress)
         self.limit = self.options.limit_for(graph)  # seconds: time_limit_s, "auto" resolved
         self.record = SearchRecord(verification=VerificationRecord())
@@ -270,28 +284,54 @@ class Search:
 
     def choose_mugraph(self, forms: list[Form], kernels: KernelPlanner, plans: list,
                        allowed: dict, vplan: VerifyPlan) -> OptimizeResult:
-        """Build and verify, cheapest plan first: each plan built for the target (the
-        compile check, ``build.Builder``; a refused schedule sends its form back to the
-        planner) and then verified; the first that passes wins, else the input, one kernel
-        per op."""
-        graph, options, budget, stats = self.graph, self.options, self.budget, self.stats
-        prof = self.profile
+        """Build and verify, cheapest plan first (``build_and_verify``); without tuning the
+        first plan that passes wins, with it the fastest on the device of the verified ones
+        and the eager form (``tune_verified``); else the input, one kernel per op."""
+        graph, stats, prof = self.graph, self.stats, self.profile
         base_mg = from_graph(graph)
         baseline = mugraph_cost(base_mg, prof).total_us
         t = time.perf_counter()
-        chosen, result, summary = None, None, []
+        verified = self.build_and_verify(forms, kernels, plans, allowed, vplan)
+        chosen, result = verified[0][:2] if verified else (None, None)
+        if self.timer is not None and verified:
+            chosen, result = self.tune_verified(verified, base_mg)
+        if chosen is None:  # nothing verified (or not Lax, or eager measured fastest)
+            program, cost = base_mg, baseline
+            result = self.check_input(program, vplan)
+            stats["regions"] = []
+        else:
+            program, cost = chosen.mugraph, mugraph_cost(chosen.mugraph, prof).total_us
+            program.name = f"{graph.name}_opt"
+            stats["regions"] = [str(r) for r in chosen.regions]
+        self.record.verification.seconds = time.perf_counter() - t
+        stats["kernels"] = len(program.kernels)
+        stats["custom_kernels"] = sum(kk.kind == "custom" for kk in program.kernels)
+        return OptimizeResult(program=program, cost_us=cost, baseline_cost_us=baseline,
+                              verified=result, stats=stats, candidates=[], source=graph,
+                              roofline_us=roofline_us(graph, prof), plan=chosen)
+
+    def build_and_verify(self, forms: list[Form], kernels: KernelPlanner, plans: list,
+                         allowed: dict, vplan: VerifyPlan) -> list[tuple]:
+        """Each plan, cheapest first, built for the target (the compile check,
+        ``build.Builder``: a refused schedule sends its form back to the planner) and
+        verified, until one passes (``tune_candidates`` pass when tuning): the verified
+        (plan, verdict, its ``stats["plans"]`` entry), cheapest first."""
+        options, budget = self.options, self.budget
+        want = options.tune_candidates if self.timer is not None else 1
+        verified, summary = [], []
         ver = self.record.verification
-        builder = Builder(prof, kernels, forms, budget.compile_check(), self.progress,
+        builder = Builder(self.profile, kernels, forms, budget.compile_check(), self.progress,
                           build=options.compile_check, replan=budget.planning())
         while plans:
             cost, i, how, p = plans.pop(0)
             entry = {"how": how, "cost_us": cost, "kernels": len(p.mugraph.kernels),
                      "verified": None, "boundaries": allowed[i]}  # edges the rules may cut
             summary.append(entry)
-            if chosen is not None or not self.lax:
+            if len(verified) >= want or not self.lax:
                 continue
             if vplan.deadline.expired():
-                ver.time_out(NOT_IN_TIME)
+                if not verified:
+                    ver.time_out(NOT_IN_TIME)
                 continue
             if not builder.clean(p, i, how, entry, plans):
                 continue
@@ -302,27 +342,33 @@ class Search:
             res = self.verify(p.mugraph, vplan)
             entry["verified"] = res.equivalent
             if res.equivalent:
-                chosen, result = p, res
+                verified.append((p, res, entry))
             else:
                 ver.rejected.append(f"MuGraph from {how}: {res.reason}")
                 self._say(f"MuGraph from {how} rejected by the verifier: {res.reason}")
         if options.compile_check:
             self.record.compile = builder.report()
-        stats["plans"] = summary
-        if chosen is None:  # nothing verified (or not Lax): the input, one kernel per op
-            program, cost = base_mg, baseline
-            result = self.check_input(program, vplan)
-            stats["regions"] = []
-        else:
-            program, cost = chosen.mugraph, mugraph_cost(chosen.mugraph, prof).total_us
-            program.name = f"{graph.name}_opt"
-            stats["regions"] = [str(r) for r in chosen.regions]
-        ver.seconds = time.perf_counter() - t
-        stats["kernels"] = len(program.kernels)
-        stats["custom_kernels"] = sum(kk.kind == "custom" for kk in program.kernels)
-        return OptimizeResult(program=program, cost_us=cost, baseline_cost_us=baseline,
-                              verified=result, stats=stats, candidates=[], source=graph,
-                              roofline_us=roofline_us(graph, prof), plan=chosen)
+        self.stats["plans"] = summary
+        return verified
+
+    def tune_verified(self, verified: list[tuple], eager) -> tuple:
+        """The tuning pass (``tuning.tune``): the verified plans and the eager form timed on
+        the device; the fastest plan and its verdict, or (None, None) when the eager form
+        was fastest. Each plan's entry gets its measured time."""
+        names = []
+        for entry in (v[2] for v in verified):
+            name = entry["how"]
+            while name in names or name == EAGER:
+                name += "'"
+            names.append(name)
+        record = tune(self.graph, [(n, v[0].mugraph) for n, v in zip(names, verified)], eager,
+                      self.timer, self.progress)
+        self.record.tuning = record
+        for name, (_, _, entry) in zip(names, verified):
+            entry["measured_us"] = record.times_us.get(name)
+        if record.chosen == EAGER:
+            return None, None
+        return verified[names.index(record.chosen)][:2]
 
     def choose_graph(self, cands: list, vplan: VerifyPlan) -> OptimizeResult:
         """``level="kernel"``: the cheapest extracted Graph (one kernel per op) that
@@ -438,6 +484,8 @@ def write_stats(stats: dict, record: SearchRecord, candidates: int) -> None:
         record.planning.write(stats)
     if record.compile is not None:
         stats["compiled"] = record.compile.as_stats()
+    if record.tuning is not None:
+        stats["tuned"] = record.tuning.as_stats()
     if verification.rejected:
         stats["rejected"] = list(verification.rejected)
     stats["candidates_tried"] = verification.tried

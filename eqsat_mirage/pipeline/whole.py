@@ -120,7 +120,7 @@ def auto_jobs(distinct: list[Piece]) -> int:
 
 
 def _search_pieces(distinct: list[Piece], options: SearchOptions, jobs: int | str, cache,
-                   deadline: Deadline, progress) -> list:
+                   deadline: Deadline, progress, timer=None) -> list:
     """The OptimizeResult (or the exception) of each distinct piece, in order."""
     opts = options.replace(max_bound=options.max_bound / max(1, len(distinct)))
     jobs = min(auto_jobs(distinct) if jobs == AUTO else jobs, len(distinct))
@@ -143,7 +143,7 @@ def _search_pieces(distinct: list[Piece], options: SearchOptions, jobs: int | st
                        f"distinct): searching for {seconds:.1f} s at most")
         try:
             out.append(search(p.graph, opts.replace(time_limit_s=seconds),
-                              progress=progress, cache=cache))
+                              progress=progress, cache=cache, timer=timer))
         except Exception as exc:  # e.g. a BudgetError: the piece stays as it is (a bug too,
             if unexpected(exc):   # outside strict mode, recorded with its type)
                 raise
@@ -152,9 +152,11 @@ def _search_pieces(distinct: list[Piece], options: SearchOptions, jobs: int | st
 
 
 def optimize_whole(graph, options: SearchOptions, cache, progress,
-                   piece_ops: int = DEFAULT_PIECE_OPS, jobs: int | str = AUTO) -> OptimizeResult:
+                   piece_ops: int = DEFAULT_PIECE_OPS, jobs: int | str = AUTO,
+                   timer=None) -> OptimizeResult:
     """Partition ``graph`` into pieces of at most ``piece_ops`` ops, optimize each piece
-    (``jobs`` at once), stitch and verify (module docstring)."""
+    (``jobs`` at once; each tuned with ``timer`` where tuning runs), stitch and verify
+    (module docstring)."""
     from ..cost.gpucost import mugraph_cost, roofline_us
     from ..cost.per_op import Hardware, graph_cost_us
     from ..cost.profile import GPUProfile
@@ -179,7 +181,7 @@ def optimize_whole(graph, options: SearchOptions, cache, progress,
                    f"ops in {t_part:.2f} s")
     t_search = time.perf_counter()
     found = dict(zip(first.values(), _search_pieces(distinct, options, jobs, cache, deadline,
-                                                    progress)))
+                                                    progress, timer)))
     t_search = time.perf_counter() - t_search
     results = [found[first[text]] for text in texts]
     did = [changed(r) for r in results]

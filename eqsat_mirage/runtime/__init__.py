@@ -6,7 +6,10 @@ folder (``private_folder``) and imported as a callable on torch tensors; ``Codeg
 ``check.py``: the checked first launch (``checked``, ``CheckedLaunch``, ``compare``,
 ``tolerance``, ``LaunchCheckError``): the first call per input signature compared with a
 reference callable that the search side builds from the input program. ``graphs.py``:
-``GraphRunner``, CUDA-graph capture once per input signature and replay.
+``GraphRunner``, CUDA-graph capture once per input signature and replay. ``timing.py``:
+the device timer of the search's tuning pass (``CudaEventTimer``: CUDA-graph replays timed
+by CUDA events; ``time_candidates``, ``fastest``; any object with the ``Timer`` shape
+stands in for it in tests).
 
 This stage needs only torch, triton and NumPy (and the standard library); of the package
 it imports ``ir.errors`` alone, so ``import eqsat_mirage.runtime`` loads neither egglog,

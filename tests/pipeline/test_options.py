@@ -55,7 +55,7 @@ def test_the_command_line_flags_come_from_the_options():
                                      "time_limit_s": DEFAULTS.time_limit_s,
                                      "node_limit": DEFAULTS.node_limit,
                                      "iter_limit": DEFAULTS.iter_limit,
-                                     "level": DEFAULTS.level}
+                                     "level": DEFAULTS.level, "tune": DEFAULTS.tune}
     args = parser.parse_args(["optimize", "--no-guards", "--time-limit", "12", "--rules", "a",
                               "--rules", "b", "--node-limit", "9", "--level", "kernel"])
     got = search_keywords(args)
@@ -69,7 +69,8 @@ def test_the_command_line_flags_come_from_the_options():
     {"node_limit": -1}, {"iter_limit": 2.5}, {"k": "4"}, {"trials": True},
     {"split_factors": (1,)}, {"split_factors": "4"}, {"guards": 1}, {"seed": 1.5},
     {"max_bound": 0}, {"max_bound": 2.0}, {"allow_unchecked_rules": None},
-    {"compile_check": "yes"}, {"launch": "stream"}])
+    {"compile_check": "yes"}, {"launch": "stream"}, {"tune": "fast"}, {"tune": 1},
+    {"tune_candidates": 0}])
 def test_options_are_checked_when_built(bad):
     (name,) = bad
     with pytest.raises(em.MirageError, match=f"optimize: {name} must (be|hold)"):
@@ -100,7 +101,7 @@ def test_the_key_changes_with_every_option(tmp_path):
                "trials": 2, "seed": 1, "split_factors": (4,), "level": "kernel",
                "strategy": DEFAULT_STRATEGY, "max_bound": 1e-6,
                "allow_unchecked_rules": True, "compile_check": True, "launch": "graph",
-               "allow_float_unsafe_rules": True}
+               "allow_float_unsafe_rules": True, "tune": "model", "tune_candidates": 2}
     assert set(changes) == set(SearchOptions.names())
     base = make_key(tiny(), DEFAULTS)
     keys = {name: make_key(tiny(), DEFAULTS.replace(**{name: value}))

@@ -1,0 +1,82 @@
+"""The tuning pass: the best verified candidates and the eager form, timed on the device.
+
+Where a timer is there (``tune="auto"`` with a CUDA device, or a timer given to
+``em.optimize``), a search verifies up to ``tune_candidates`` plans, cheapest first by the
+cost model, instead of stopping at the first. ``tune`` then compiles each verified plan
+and the program's eager form (one kernel per op: torch's own kernels, what the search
+returns when nothing beats it), runs each once with its first launch checked against the
+input program run by torch (a candidate whose build or check fails is dropped, with why),
+and times the rest with the timer (``runtime.timing``: CUDA-graph replays, the median) on
+one set of inputs drawn for the program. The fastest wins; so a tuned piece is never
+slower than its eager form on that device. ``TuningRecord`` (``res.passes.tuning``, and
+``res.stats["tuned"]``) keeps every candidate's measured time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from ..codegen.source import compile_mugraph
+from ..ir.errors import MirageError, unexpected
+from ..runtime.timing import CudaEventTimer, Timer, device_available, fastest, time_candidates
+from ..semantics.torch_reference import checked_against
+from .records import TuningRecord
+
+EAGER = "eager"  # the name the eager form is timed under
+
+
+def default_timer() -> Timer | None:
+    """The device's timer when a CUDA device is there, else None (the model decides)."""
+    return CudaEventTimer() if device_available() else None
+
+
+def tuning_inputs(graph, seed: int = 0) -> dict:
+    """One set of inputs for ``graph`` on the timing device (CUDA when there is one):
+    standard normal values scaled by 1/2 in each input's dtype, random booleans for masks."""
+    import torch
+
+    device = "cuda" if device_available() else "cpu"
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, node in graph.inputs.items():
+        shape = tuple(int(d) for d in node.shape)
+        if node.dtype == "bool":
+            value = torch.rand(shape, generator=gen) < 0.5
+        else:
+            value = (torch.randn(shape, generator=gen) * 0.5).to(getattr(torch, node.dtype))
+        out[name] = value.to(device)
+    return out
+
+
+def tune(graph, candidates: Sequence[tuple[str, object]], eager, timer: Timer,
+         progress=None) -> TuningRecord:
+    """Time each of ``candidates`` ((name, verified MuGraph), cheapest by the model first)
+    and ``eager`` (the program one kernel per op) with ``timer``; the record names the
+    fastest (``chosen``: a candidate's name or ``EAGER``)."""
+    t0 = time.perf_counter()
+    inputs = tuning_inputs(graph)
+    launches, errors = {}, []
+    for name, mg in [*candidates, (EAGER, eager)]:
+        try:
+            run = checked_against(compile_mugraph(mg), graph, list(graph.inputs), mugraph=mg)
+            run(**inputs)  # the first launch, checked against torch
+        except Exception as exc:  # this candidate does not run here: dropped, with why
+            if unexpected(exc):
+                raise
+            why = str(exc) if isinstance(exc, MirageError) else f"{type(exc).__name__}: {exc}"
+            errors.append(f"{name}: {why}"[:500])
+            if progress:
+                progress(f"tuning: {name} dropped ({why[:200]})")
+            continue
+        launches[name] = (lambda run=run: run(**inputs))
+    if not launches:
+        return TuningRecord(timer.device, {}, EAGER, time.perf_counter() - t0, errors)
+    timings = time_candidates(launches, timer)
+    chosen = fastest(timings)
+    times = {t.name: t.median_us for t in timings}
+    if progress:
+        progress("tuning on " + timer.device.split("|")[0] + ": " + ", ".join(
+            f"{n} {us:.2f} us" for n, us in times.items()) + f"; {chosen} chosen")
+    return TuningRecord(timer.device, times, chosen, time.perf_counter() - t0, errors,
+                        {t.name: t.mode for t in timings})

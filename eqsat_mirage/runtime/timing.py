@@ -1,0 +1,122 @@
+"""Timing candidates on the device: the runtime half of the search's measured tuning.
+
+A ``Timer`` takes one candidate's launch (a callable of no arguments that runs it once on
+fixed inputs) and returns the candidate's time per call in microseconds, one sample per
+timed repetition; ``device`` names what it timed on (it joins the results cache's key, so a
+plan tuned on one device is tuned again on another). ``CudaEventTimer`` is the real one:
+warm-up launches, then the launch captured in a CUDA graph and each replay timed with CUDA
+events (plain launches timed the same way where a capture fails, and said so in
+``mode``). A test passes its own deterministic timer (``tests/pipeline/test_tuning.py``);
+nothing here needs a GPU to be tested.
+
+``time_candidates`` times each named launch with one timer, in the order given, and
+returns a ``Timing`` per candidate (the median of its samples); ``fastest`` is the name of
+the smallest median, the earlier one on a tie (the cost model's order), so the verdict
+does not depend on dictionary or thread order.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+WARMUP = 5  # launches before timing (Triton compiles and autotunes on the first)
+REPEATS = 50  # timed replays per candidate
+
+
+class Timer(Protocol):
+    """Times one launch: ``timer(name, launch)`` -> per-call microseconds, one a sample."""
+
+    device: str
+
+    def __call__(self, name: str, launch: Callable[[], object]) -> Sequence[float]:
+        """The samples of ``launch`` (named ``name`` in reports)."""
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One candidate as measured: its name, the median and every sample (microseconds)."""
+
+    name: str
+    median_us: float
+    samples: tuple[float, ...]
+    mode: str = "graph"  # "graph": CUDA-graph replays; "plain": launches from Python
+
+
+def device_available() -> bool:
+    """Whether a CUDA device is there to time on (torch imported here, not before)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def device_identity() -> str:
+    """The device and the versions a measurement depends on: the GPU's name, torch, triton
+    and the CUDA driver (a results-cache key part)."""
+    import torch
+    import triton
+
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    driver = getattr(torch.version, "cuda", None) or "none"
+    return f"{name}|torch {torch.__version__}|triton {triton.__version__}|cuda {driver}"
+
+
+class CudaEventTimer:
+    """The device's own timer: ``warmup`` launches, then ``repeats`` replays of the launch
+    captured in a CUDA graph, each timed by a pair of CUDA events (plain launches where the
+    capture fails; ``mode`` records which)."""
+
+    def __init__(self, warmup: int = WARMUP, repeats: int = REPEATS) -> None:
+        self.warmup, self.repeats = warmup, repeats
+        self.device = device_identity()
+        self.modes: dict[str, str] = {}
+
+    def __call__(self, name: str, launch: Callable[[], object]) -> list[float]:
+        """The samples of ``launch`` in microseconds."""
+        import torch
+
+        for _ in range(self.warmup):
+            launch()
+        torch.cuda.synchronize()
+        step, mode = launch, "plain"
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                launch()
+            step, mode = graph.replay, "graph"
+        except RuntimeError:  # a launch that cannot be captured is timed as it is
+            torch.cuda.synchronize()
+        self.modes[name] = mode
+        step()
+        samples = []
+        for _ in range(self.repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1000.0)  # ms -> us
+        return samples
+
+
+def time_candidates(launches: Mapping[str, Callable[[], object]], timer: Timer
+                    ) -> list[Timing]:
+    """Each launch timed by ``timer``, in the order given: a ``Timing`` each."""
+    out = []
+    for name, launch in launches.items():
+        samples = tuple(float(s) for s in timer(name, launch))
+        if not samples:
+            raise ValueError(f"timer {type(timer).__name__} returned no samples for {name!r}")
+        mode = getattr(timer, "modes", {}).get(name, "graph")
+        out.append(Timing(name, statistics.median(samples), samples, mode))
+    return out
+
+
+def fastest(timings: Sequence[Timing]) -> str:
+    """The name of the smallest median; on a tie, the earlier in ``timings``."""
+    best = min(range(len(timings)), key=lambda i: (timings[i].median_us, i))
+    return timings[best].name
