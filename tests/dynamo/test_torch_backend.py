@@ -144,7 +144,7 @@ def test_runtime_failure_falls_back_with_warning(monkeypatch):
 @pytest.mark.skipif(not INTERPRET, reason="compiles Triton on CPU only with TRITON_INTERPRET=1")
 def test_compile_failure_falls_back_with_warning(monkeypatch):
     monkeypatch.setenv("EQSAT_MIRAGE_STRICT", "0")  # the fallback is for users; strict raises
-    from eqsat_mirage.pipeline.optimize import OptimizeResult
+    from eqsat_mirage.pipeline.result import OptimizeResult
 
     def broken(self):
         raise RuntimeError("triton compilation failed (forced)")
