@@ -202,6 +202,160 @@ def _start_rank(dtype: str | None, kind: str, s: float) -> int:
     return 3 if kind == "peakfold" else 2
 
 
+def _check_list(a, native: bool, static: bool, peaked: Collection[int] | None
+                ) -> list[tuple[str | None, str, float]]:
+    """``float_checks``' checks as ``(dtype, kind, s)`` in the order their verdicts count:
+    the static checks, the native constant draws, float64 at scale 1, the other native
+    draws (per input, exponent range, spread, per input folded, logits), float64 at the
+    large scales. ``dtype`` is "static", "native" or None (float64)."""
+    n_in = len(a.inputs)
+    drawn = [("native", kind, s) for kind, s in NATIVE_DRAWS] if native else []
+    if native:
+        each = range(n_in) if peaked is None else sorted(set(peaked) & set(range(n_in)))
+        drawn += [("native", "peak", float(i)) for i in each]
+        drawn += [("native", "exponent", float(j)) for j in range(EXPONENT_DRAWS)]
+        drawn += [("native", "spread", float(w)) for w in SPREADS]
+        drawn += [("native", "peakfold", float(i)) for i in each]
+        if is_graph(a) and any(n.op is Op.EXP for n in a.nodes()):
+            drawn += [("native", "logits", 0.0)]
+    first, rest = ([c for c in drawn if (c[1] in _CONSTANT) == k] for k in (True, False))
+    return ([("static", "", 0.0)] if native and static else []) + first + [
+        (None, "signed", s) for s in FLOAT64_SCALES[:1]] + rest + [
+        (None, "signed", s) for s in FLOAT64_SCALES[1:]]
+
+
+class _Judge:
+    """One ``float_checks`` call: the draws of ``a``, the second program ``b`` and the
+    tolerances from ``a``'s dtypes; ``checked`` runs one check of ``_check_list``."""
+
+    def __init__(self, a, b, rng: np.random.Generator, rtol: float, native: bool,
+                 memo: dict | None, static: bool, constant_finite: bool, conditioned: bool,
+                 skipped: list) -> None:
+        self.b, self.rtol, self.constant_finite = b, rtol, constant_finite
+        self.conditioned, self.skipped = conditioned, skipped
+        self.coarsest = self.tiny = self.room = None  # the native checks' (set when native)
+        self.limit = np.inf
+        if native:
+            dts = _dtypes(a)  # the input program's dtypes, never the candidate's
+            self.coarsest = max(NATIVE_RTOL.get(dt, 1e-4) for dt in dts)
+            self.limit = min(NATIVE_MAX.get(dt, np.inf) for dt in dts)
+            self.tiny = max(NATIVE_TINY.get(dt, 0.0) for dt in dts)
+            longest = _reduction(a)  # the input program's: its draws are memoized
+            self.room = self.limit / longest
+        draws = self.draws = Draws(a, rng, memo, self.limit)
+        if not (native and static):
+            draws.static_done.set()  # no static check to wait for
+        if native:
+            draws.headroom = 2.0 ** math.ceil(2 * math.log2(max(HEADROOM, float(longest))))
+
+    def checked(self, i: int, dtype: str | None, kind: str, s: float) -> Counterexample | None:
+        """Check ``i`` (``dtype``, ``kind``, ``s``), then release its draw."""
+        try:
+            return self.judged(i, dtype, kind, s)
+        finally:
+            self.draws.release(kind, s)
+
+    def judged(self, i: int, dtype: str | None, kind: str, s: float) -> Counterexample | None:
+        """Check ``i``; with ``conditioned``, an ill-conditioned normal draw counts for
+        finiteness only (and is listed in ``skipped``)."""
+        cex = self.check_one(i, dtype, kind, s)
+        # a difference on a draw where rounding alone moves the first program's output
+        # past the tolerance says nothing: there only finiteness counts (``conditioned``)
+        if cex is not None and self.conditioned and dtype == "native" and kind in _NORMAL and \
+                ill_conditioned(self.draws, kind, s, max(self.coarsest, self.rtol)):
+            self.skipped.append(f"{_DRAWN[kind]}, s = {s:g}")
+            return self.check_one(i, dtype, kind, s, finite_only=True)
+        return cex
+
+    def check_one(self, i: int, dtype: str | None, kind: str, s: float,
+                  finite_only: bool = False) -> Counterexample | None:
+        """Check ``i``: the static checks, a float64 draw or a native draw."""
+        draws = self.draws
+        if dtype == "static":
+            why = draws.static(self.b)
+            return Counterexample(STATIC, "", (), None, None, i, {}, why) if why else None
+        where = f"{_DRAWN[kind]}, s = {s:g}"
+        if kind == "logits":
+            where = f"{_DRAWN[kind]} (s = {draws.logit_scale():.3g})"
+        if dtype is None:
+            return self._float64(i, kind, s, where)
+        return self._native(i, kind, s, where, finite_only)
+
+    def _float64(self, i: int, kind: str, s: float, where: str) -> Counterexample | None:
+        """Both programs in float64 on draw (``kind``, ``s``): strict at scale 1."""
+        draws = self.draws
+        inputs = draws.inputs(kind, s)
+        strict = s == FLOAT64_SCALES[0]  # inputs of moderate size: values must agree
+        # differences are measured against the inputs' magnitude at least: an output
+        # that is 0 in exact arithmetic (x + (-x), squared) is rounding noise in both
+        # both against the ground truth where it is wider than float64: the second
+        # may be as far from it as the first is, give or take the tolerance
+        if strict:  # the static checks run both programs on this draw: theirs are read
+            draws.static_done.wait()
+        xa = draws.out_a(None, kind, s, inputs=inputs)
+        ref, how = draws.truth(kind, s, False)
+        xb = draws.b_outputs if strict and draws.b_outputs is not None else evaluate(self.b,
+                                                                                     inputs)
+        return _compare(xa, xb, where, self.rtol,
+                        "float64", inputs, i, "strict" if strict else "finite",
+                        draws.largest(kind, s), ref=None if how == "float64" else ref)
+
+    def _below(self, x: np.ndarray) -> np.ndarray:
+        """Where ``x`` is finite and under the dtype's largest."""
+        with np.errstate(invalid="ignore"):
+            return np.isfinite(x) & (np.abs(x) < self.limit)
+
+    def _range_outputs(self, kind: str, s: float) -> dict | None:
+        """The first program's native outputs on an exponent-range draw, NaN where they lack
+        headroom or are far from the truth; None where no point is left."""
+        draws, below = self.draws, self._below
+        # valid where it has headroom and is near the truth; the headroom first: a float16
+        # matmul over 11008 at 2^27 has no point there, and then nothing more is evaluated
+        at_h = draws.out_a("native", kind + "@h", s, True)
+        if not any(np.any(below(x)) for x in at_h.values()):
+            return None
+        xa = draws.out_a("native", kind, s, True)
+        with np.errstate(invalid="ignore"):
+            room_ok = {k: below(h) & (np.abs(v) < self.room)
+                       for (k, v), h in zip(xa.items(), at_h.values())}
+        if not any(np.any(m) for m in room_ok.values()):
+            return None
+        ref = draws.truth(kind, s)[0]
+        with np.errstate(invalid="ignore"):
+            return {k: np.where(room_ok[k] & _accurate(v, ref[k]), v, np.nan)
+                    for k, v in xa.items()}
+
+    def _native(self, i: int, kind: str, s: float, where: str,
+                finite_only: bool) -> Counterexample | None:
+        """Both programs in their own dtypes on draw (``kind``, ``s``), compared where the
+        first program is finite."""
+        draws = self.draws
+        if kind in _RANGE_KINDS:
+            xa = self._range_outputs(kind, s)
+            if xa is None:
+                return None
+        else:
+            xa = draws.out_a("native", kind, s, True)
+        if not any(np.any(self._below(x)) for x in xa.values()):
+            return None  # "a-finite" asks nothing where the first program is not finite
+        inputs = draws.rounded(kind, s)
+        # a peak draw (one value per input, at the largest the first program allows) asks
+        # for finiteness only: its equal inputs make differences of inputs exactly 0, a
+        # cancellation no real input has (lerp's H + a (N - H) against (1 - a) H + a N)
+        rule = "finite-only" if kind == "peak" or self.constant_finite and kind in _CONSTANT \
+            else "a-finite"
+        rule = "finite-only" if finite_only else rule
+        # across the exponent range the error counts relative to the output, not to the
+        # inputs (a normalization's output is O(1) whatever its input's magnitude), and
+        # to the dtype's smallest normal at least (an output that is all subnormal: its
+        # dtype holds it only to a fixed spacing)
+        floor = max(self.tiny, 0.0 if kind in _RANGE_KINDS else draws.largest(kind, s))
+        ref, how = draws.truth(kind, s)
+        return _compare(xa, evaluate(self.b, inputs, dtype="native", rounded=True),
+                        f"{where}; ground truth in {how}", max(self.coarsest, self.rtol),
+                        "native dtype", inputs, i, rule, floor, self.limit, ref)
+
+
 def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
                   memo: dict | None = None, pool: Runner | None = None,
                   constant_finite: bool = False, static: bool = True,
@@ -235,112 +389,9 @@ def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
     """
     pool = pool or Runner(None, Deadline(None))
     skipped = skipped if skipped is not None else []
-    if native:
-        dts = _dtypes(a)  # the input program's dtypes, never the candidate's
-        coarsest = max(NATIVE_RTOL.get(dt, 1e-4) for dt in dts)
-        limit = min(NATIVE_MAX.get(dt, np.inf) for dt in dts)
-        tiny = max(NATIVE_TINY.get(dt, 0.0) for dt in dts)
-        longest = _reduction(a)  # the input program's: its draws are memoized
-        room = limit / longest
-    draws = Draws(a, rng, memo, limit if native else np.inf)
-    if not (native and static):
-        draws.static_done.set()  # no static check to wait for
-    if native:
-        draws.headroom = 2.0 ** math.ceil(2 * math.log2(max(HEADROOM, float(longest))))
-    n_in = len(a.inputs)
-    drawn = [("native", kind, s) for kind, s in NATIVE_DRAWS] if native else []
-    if native:
-        each = range(n_in) if peaked is None else sorted(set(peaked) & set(range(n_in)))
-        drawn += [("native", "peak", float(i)) for i in each]
-        drawn += [("native", "exponent", float(j)) for j in range(EXPONENT_DRAWS)]
-        drawn += [("native", "spread", float(w)) for w in SPREADS]
-        drawn += [("native", "peakfold", float(i)) for i in each]
-        if is_graph(a) and any(n.op is Op.EXP for n in a.nodes()):
-            drawn += [("native", "logits", 0.0)]
-    first, rest = ([c for c in drawn if (c[1] in _CONSTANT) == k] for k in (True, False))
-    checks = ([("static", "", 0.0)] if native and static else []) + first + [
-        (None, "signed", s) for s in FLOAT64_SCALES[:1]] + rest + [
-        (None, "signed", s) for s in FLOAT64_SCALES[1:]]
-
-    def check_one(i: int, dtype: str | None, kind: str, s: float,
-                  finite_only: bool = False) -> Counterexample | None:
-        if dtype == "static":
-            why = draws.static(b)
-            return Counterexample(STATIC, "", (), None, None, i, {}, why) if why else None
-        where = f"{_DRAWN[kind]}, s = {s:g}"
-        if kind == "logits":
-            where = f"{_DRAWN[kind]} (s = {draws.logit_scale():.3g})"
-        if dtype is None:
-            inputs = draws.inputs(kind, s)
-            strict = s == FLOAT64_SCALES[0]  # inputs of moderate size: values must agree
-            # differences are measured against the inputs' magnitude at least: an output
-            # that is 0 in exact arithmetic (x + (-x), squared) is rounding noise in both
-            # both against the ground truth where it is wider than float64: the second
-            # may be as far from it as the first is, give or take the tolerance
-            if strict:  # the static checks run both programs on this draw: theirs are read
-                draws.static_done.wait()
-            xa = draws.out_a(None, kind, s, inputs=inputs)
-            ref, how = draws.truth(kind, s, False)
-            xb = draws.b_outputs if strict and draws.b_outputs is not None else evaluate(b, inputs)
-            return _compare(xa, xb, where, rtol,
-                            "float64", inputs, i, "strict" if strict else "finite",
-                            draws.largest(kind, s), ref=None if how == "float64" else ref)
-        def below(x: np.ndarray) -> np.ndarray:  # finite and under the dtype's largest
-            with np.errstate(invalid="ignore"):
-                return np.isfinite(x) & (np.abs(x) < limit)
-
-        if kind in _RANGE_KINDS:  # valid where it has headroom and is near the truth; the
-            at_h = draws.out_a("native", kind + "@h", s, True)  # headroom first: a float16
-            if not any(np.any(below(x)) for x in at_h.values()):  # matmul over 11008 at
-                return None  # 2^27 has no point there, and then nothing more is evaluated
-            xa = draws.out_a("native", kind, s, True)
-            with np.errstate(invalid="ignore"):
-                room_ok = {k: below(h) & (np.abs(v) < room)
-                           for (k, v), h in zip(xa.items(), at_h.values())}
-            if not any(np.any(m) for m in room_ok.values()):
-                return None
-            ref = draws.truth(kind, s)[0]
-            with np.errstate(invalid="ignore"):
-                xa = {k: np.where(room_ok[k] & _accurate(v, ref[k]), v, np.nan)
-                      for k, v in xa.items()}
-        else:
-            xa = draws.out_a("native", kind, s, True)
-        if not any(np.any(below(x)) for x in xa.values()):
-            return None  # "a-finite" asks nothing where the first program is not finite
-        inputs = draws.rounded(kind, s)
-        # a peak draw (one value per input, at the largest the first program allows) asks
-        # for finiteness only: its equal inputs make differences of inputs exactly 0, a
-        # cancellation no real input has (lerp's H + a (N - H) against (1 - a) H + a N)
-        rule = "finite-only" if kind == "peak" or constant_finite and kind in _CONSTANT \
-            else "a-finite"
-        rule = "finite-only" if finite_only else rule
-        # across the exponent range the error counts relative to the output, not to the
-        # inputs (a normalization's output is O(1) whatever its input's magnitude), and
-        # to the dtype's smallest normal at least (an output that is all subnormal: its
-        # dtype holds it only to a fixed spacing)
-        floor = max(tiny, 0.0 if kind in _RANGE_KINDS else draws.largest(kind, s))
-        ref, how = draws.truth(kind, s)
-        return _compare(xa, evaluate(b, inputs, dtype="native", rounded=True),
-                        f"{where}; ground truth in {how}", max(coarsest, rtol),
-                        "native dtype", inputs, i, rule, floor, limit, ref)
-
-    def checked(i: int, dtype: str | None, kind: str, s: float) -> Counterexample | None:
-        try:
-            return judged(i, dtype, kind, s)
-        finally:
-            draws.release(kind, s)
-
-    def judged(i: int, dtype: str | None, kind: str, s: float) -> Counterexample | None:
-        cex = check_one(i, dtype, kind, s)
-        # a difference on a draw where rounding alone moves the first program's output
-        # past the tolerance says nothing: there only finiteness counts (``conditioned``)
-        if cex is not None and conditioned and dtype == "native" and kind in _NORMAL and \
-                ill_conditioned(draws, kind, s, max(coarsest, rtol)):
-            skipped.append(f"{_DRAWN[kind]}, s = {s:g}")
-            return check_one(i, dtype, kind, s, finite_only=True)
-        return cex
-
-    jobs: list = [functools.partial(checked, i, *c) for i, c in enumerate(checks)]
+    judge = _Judge(a, b, rng, rtol, native, memo, static, constant_finite, conditioned, skipped)
+    checks = _check_list(a, native, static, peaked)
+    jobs: list = [functools.partial(judge.checked, i, *c) for i, c in enumerate(checks)]
     if checks and checks[0][0] == "static":  # the strict float64 check compares the static
         strict = checks.index((None, "signed", FLOAT64_SCALES[0]))  # checks' runs: it
         result: Future = Future()
