@@ -394,7 +394,7 @@ def lookup(store: ResultCache, graph, key: str, t0: float | None = None,
     """The result stored under ``key`` for ``graph`` (marked as a hit), or None.
 
     An entry that does not parse or validate, or whose tag is not this user's and that
-    ``reverify(program)`` (a ``VerifyResult``) does not accept, is dropped with a
+    ``reverify(result)`` (a ``VerifyResult``) does not accept, is dropped with a
     warning. An accepted re-verified entry is re-tagged. Without ``reverify`` an
     untagged entry is dropped.
     """
@@ -408,7 +408,7 @@ def lookup(store: ResultCache, graph, key: str, t0: float | None = None,
         res, trusted = found
         how = "hit"
         if not trusted:
-            verdict = reverify(res.program) if reverify is not None else None
+            verdict = reverify(res) if reverify is not None else None
             if verdict is None or not verdict.equivalent:
                 why = ("its tag is not this user's and it does not verify against the program"
                        + (f": {verdict.reason}" if verdict is not None else ""))
@@ -438,16 +438,6 @@ def store_result(store: ResultCache, key: str, res, name: str | None = None) -> 
     except (sqlite3.Error, OSError, CacheError) as exc:
         warnings.warn(f"results cache {store.path} cannot be written ({exc}); result not "
                       "cached", RuntimeWarning, stacklevel=3)
-
-
-def reverifier(graph, options: SearchOptions):
-    """Re-verification of an untagged entry with optimize's trials and max_bound, fresh seed."""
-    from ..verifier.verify import verify
-
-    def run(program):
-        return verify(graph, program, trials=options.trials, seed=None,
-                      max_bound=options.max_bound)
-    return run
 
 
 def format_entries(entries: list[CacheEntry]) -> str:

@@ -56,11 +56,10 @@ from .cache import (
     lookup,
     make_key,
     open_cache,
-    reverifier,
     store_result,
 )
 from .options import SearchOptions
-from .search import Search, cached_search, resolve_tuning
+from .search import Search, cached_search, resolve_tuning, reverifier
 
 EXECUTORS = ("process", "ray")
 

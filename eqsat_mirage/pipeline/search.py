@@ -21,6 +21,7 @@ cache.
 from __future__ import annotations
 
 import bisect
+import math
 import sqlite3
 import time
 import warnings
@@ -42,7 +43,7 @@ from ..mugraph.program import from_graph
 from ..verifier.memory import check_parts
 from ..verifier.verify import VerifyResult, verify
 from .build import Builder
-from .cache import CacheError, ResultCache, lookup, make_key, open_cache, reverifier, store_result
+from .cache import CacheError, ResultCache, lookup, make_key, open_cache, store_result
 from .options import Budget, SearchOptions, VerifyPlan, progress_fn
 from .records import (
     ExtractionRecord,
@@ -457,6 +458,51 @@ class Search:
         stats["time_limit_s"] = self.limit
         stats["time_limit_auto"] = self.options.time_limit_s == AUTO
         return res
+
+
+THOROUGH_SEEDS = (0, 1, 2, 3)  # a foreign cache entry passes the full check at each of these
+THOROUGH_TRIALS = 4  # and with at least this many field trials at each
+
+
+def price(graph, program, options: SearchOptions) -> tuple[float, float]:
+    """``program``'s cost and ``graph``'s one-kernel-per-op baseline as a search with
+    ``options`` prices them (the same model, the same launch mode)."""
+    prof = GPUProfile.load(options.target).for_launch(options.launch)
+    if options.level == "kernel":
+        hw = Hardware.load(prof)
+        return graph_cost_us(program, hw), graph_cost_us(graph, hw)
+    return mugraph_cost(program, prof).total_us, mugraph_cost(from_graph(graph), prof).total_us
+
+
+def reverifier(graph, options: SearchOptions):
+    """How a cache entry this user did not write is checked before use (``cache.lookup``):
+    its figures re-priced from its program must be the ones it states, and its program must
+    pass the full check (field trials, float64 and native-dtype float checks) at every seed
+    of a fixed thorough plan (``THOROUGH_SEEDS``), so the verdict on an entry does not
+    depend on a draw. The function returns the last ``VerifyResult`` (a refusal says why)."""
+    from ..mugraph.program import MuGraph
+
+    def run(res) -> VerifyResult:
+        program = res.program
+        if (options.level == "kernel") == isinstance(program, MuGraph):
+            return VerifyResult(False, 1.0, reason=f"a {type(program).__name__} is not what a "
+                                f"level={options.level!r} search returns",
+                                max_bound=options.max_bound)
+        cost, baseline = price(graph, program, options)
+        stated = (res.cost_us, res.baseline_cost_us)
+        if not all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(stated, (cost, baseline))):
+            return VerifyResult(False, 1.0, reason=(
+                f"its figures are not its program's (cost {stated[0]!r} us and baseline "
+                f"{stated[1]!r} us stated, {cost!r} and {baseline!r} re-priced)"),
+                max_bound=options.max_bound)
+        verdict = None
+        for seed in THOROUGH_SEEDS:
+            verdict = verify(graph, program, trials=max(options.trials, THOROUGH_TRIALS),
+                             seed=seed, max_bound=options.max_bound)
+            if not verdict.equivalent:
+                return verdict
+        return verdict
+    return run
 
 
 def verify_with(graph, program, vplan: VerifyPlan, trials: int | None = None) -> VerifyResult:
