@@ -32,9 +32,10 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import eqsat_mirage as em  # noqa: E402
-from bench import programs  # noqa: E402
+from bench import gpu_tuning, programs  # noqa: E402
 from bench.gpu_bench import roofline, section, write_section  # noqa: E402
 from bench.programs import BATCHES, SAFE, cases, program  # noqa: E402
+from bench.results_md import replace_section  # noqa: E402
 from eqsat_mirage.codegen.source import triton_source  # noqa: E402
 from eqsat_mirage.cost.profile import GPUProfile  # noqa: E402
 from eqsat_mirage.mugraph.program import from_graph  # noqa: E402
@@ -125,13 +126,16 @@ def layer_scales(graph) -> dict[str, float]:
             for n, node in graph.inputs.items()}
 
 
-def export_layers(folder: Path, seqs, target: str) -> list[dict]:
+def export_layers(folder: Path, seqs, target: str, tune: dict | None = None
+                  ) -> tuple[list[dict], list[dict]]:
     """Each optimized partition of one LLaMA-7B-size LlamaDecoderLayer (bench/real_sizes.py,
     float16, batch 1) at each sequence length in ``seqs``, compiled here through
     ``em.backend`` with its defaults, as one case: ours is the stitched Triton module, the
-    reference the partition's ops one torch call each."""
+    reference the partition's ops one torch call each. With ``tune`` (``top`` and
+    ``time_limit_s``), each partition's pieces' candidates too (``gpu_tuning``): (cases,
+    tuning groups)."""
     if not seqs:
-        return []
+        return [], []
     import tempfile
 
     import torch
@@ -139,7 +143,7 @@ def export_layers(folder: Path, seqs, target: str) -> list[dict]:
     from bench.real_sizes import SEVEN_B, layer
 
     prof = GPUProfile.load(target)
-    entries = []
+    entries, groups = [], []
     for seq in seqs:
         fn, args = layer(**SEVEN_B, seq=seq, dtype="float16")
         torch._dynamo.reset()
@@ -155,18 +159,60 @@ def export_layers(folder: Path, seqs, target: str) -> list[dict]:
             entries.append(entry)
             print(f"  7B layer s={seq} {e.name}: {len(e.result.program.kernels)} kernels, "
                   f"{e.result.cost_us:.1f} us predicted ({e.seconds:.0f} s)", flush=True)
-    return entries
+            if tune:
+                groups += tuning_groups(folder, entry, e.graph, e.result, target, tune,
+                                        scales.__getitem__)
+    return entries, groups
+
+
+def tuning_groups(folder: Path, entry: dict, graph, res, target: str, tune: dict,
+                  scale_of) -> list[dict]:
+    """The tuning groups of one exported case (``gpu_tuning.export_groups``: each piece's
+    top verified candidates), with a line saying how many."""
+    groups = gpu_tuning.export_groups(folder, entry["id"], entry["case"], graph, res, target,
+                                      tune["time_limit_s"], scale_of, tune["top"])
+    print(f"    tuning: {len(groups)} piece(s), "
+          f"{sum(len(g['candidates']) for g in groups)} candidates", flush=True)
+    return groups
+
+
+# The runner's time outside the tuning groups (seconds): process start and the ceilings, and
+# per case its checks, torch.compile and the timings (65 s for the 18 cases and the decode
+# family on the H200, 2026-11-26)
+MAIN_FIXED_S, MAIN_CASE_S = 30.0, 5.0
+
+
+def plan_device_time(manifest: dict, budget_s: float, reps: int, sets: int) -> dict:
+    """Cap the tuning groups' replays (and candidates) so that the runner's estimated time
+    stays under ``budget_s`` (``gpu_tuning.fit_budget``); the plan, printed and written
+    into the manifest as ``tune``."""
+    main = MAIN_FIXED_S + MAIN_CASE_S * len(manifest["cases"])
+    groups = manifest["tuning"]
+    tune_reps, top, est = gpu_tuning.fit_budget(groups, max(budget_s - main, 0.0), reps, sets)
+    plan = {"reps": tune_reps, "sets": sets, "top": top, "groups": len(groups),
+            "programs": sum(len(g["candidates"]) + 1 for g in groups),
+            "estimate_s": round(est, 1), "main_estimate_s": round(main, 1),
+            "budget_s": budget_s}
+    print(f"device time, estimated: {main:.0f} s for {len(manifest['cases'])} cases + "
+          f"{est:.0f} s tuning ({plan['groups']} groups, {plan['programs']} programs, "
+          f"{tune_reps} replays x {sets} sets, top {top}) = {main + est:.0f} s "
+          f"(budget {budget_s:.0f} s)", flush=True)
+    return plan
 
 
 def export(folder: Path, selected, target: str, time_limit_s: float,
            decode: bool = True, dtypes: tuple[str, ...] = ("float16",),
-           layer_seqs=()) -> dict:
+           layer_seqs=(), top: int = gpu_tuning.TOP, budget_s: float = 420.0,
+           tune_reps: int = 100, sets: int = 4) -> dict:
     """Optimize and write every selected (name, batch) case in each of ``dtypes`` (cases
     in a dtype other than float16 get it in their id and label), and the 7B-size layer at
-    each of ``layer_seqs`` (``export_layers``); returns the manifest."""
+    each of ``layer_seqs`` (``export_layers``); with ``top`` > 0, each case's pieces' top
+    verified candidates as tuning groups, their replays capped so that the runner's
+    estimated time stays under ``budget_s`` (``plan_device_time``); returns the manifest."""
     folder.mkdir(parents=True, exist_ok=True)
     prof = GPUProfile.load(target)
-    entries = []
+    tune = {"top": top, "time_limit_s": time_limit_s} if top > 0 else None
+    entries, groups = [], []
     for dt in dtypes:
         tag = "" if dt == "float16" else f"_{dt}"
         for name, batch in selected:
@@ -177,19 +223,25 @@ def export(folder: Path, selected, target: str, time_limit_s: float,
             if res.verified is None or not res.verified.equivalent:
                 print(f"  {label}: no verified program ({res.stats.get('note', '')}); "
                       "its input is exported", flush=True)
+            scale = REALISTIC.get(name, 0.1)
             entries.append(export_case(folder, f"{name}_b{batch}{tag}", label, graph, res,
-                                       prof, REALISTIC.get(name, 0.1), name != "causal"))
+                                       prof, scale, name != "causal"))
             print(f"  {label}: {len(res.program.kernels)} kernels, "
                   f"{res.cost_us:.2f} us predicted", flush=True)
+            if tune:
+                groups += tuning_groups(folder, entries[-1], graph, res, target, tune,
+                                        lambda _, s=scale: s)
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True, cwd=Path(__file__).parent).stdout.strip()
     except OSError:
         commit = ""
-    entries += export_layers(folder, layer_seqs, target)
+    layer_cases, layer_groups = export_layers(folder, layer_seqs, target, tune)
+    entries, groups = entries + layer_cases, groups + layer_groups
     families = [export_family(folder, target, time_limit_s)] if decode else []
     manifest = {"made": {"commit": commit, "target": target, "version": em.__version__},
-                "cases": entries, "families": families}
+                "cases": entries, "families": families, "tuning": groups}
+    manifest["tune"] = plan_device_time(manifest, budget_s, tune_reps, sets)
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
     shutil.copy(RUNNER, folder / "gpu_runner.py")
     return manifest
@@ -242,6 +294,7 @@ def fit_calibration(bundles: list[tuple[dict, dict]], target: str, device: str, 
     from eqsat_mirage.cost.calibrate import fit_figures, write_fitted
 
     programs = [p for m, r in bundles for p in measured_programs(m, r)]
+    programs += [p for m, r in bundles for p in gpu_tuning.measured_programs(m, r)]
     fitted = fit_figures(programs, target)
     write_fitted(path, fitted, device)
     return fitted
@@ -286,6 +339,13 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--layer-seq", type=int, action="append", default=[],
                     help="also a LLaMA-7B-size layer at this sequence length (repeatable; "
                          "minutes each here, defaults of em.backend)")
+    ex.add_argument("--top", type=int, default=gpu_tuning.TOP,
+                    help="verified candidates per piece the runner times (0: none)")
+    ex.add_argument("--budget-s", type=float, default=420.0,
+                    help="the runner's whole run on the GPU, estimated, stays under this")
+    ex.add_argument("--tune-reps", type=int, default=100,
+                    help="CUDA-graph replays per candidate, at most (capped to the budget)")
+    ex.add_argument("--sets", type=int, default=4, help="input sets the runner draws")
     ing = sub.add_parser("ingest")
     ing.add_argument("folder", type=Path)
     ing.add_argument("results", type=Path)
@@ -295,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
                      help="a schedule sweep's bundle and results (bench/schedule_sweep.py): "
                           "its variants join the calibration, whose figures are then fitted "
                           "by re-pricing every program (calibrate.fit_figures)")
+    ing.add_argument("--records", type=Path,
+                     help="write every measured tuning candidate (MuGraph, measured and "
+                          "predicted time) as JSON here (bench/gpu_<gpu>_<date>_tuning.json)")
     args = ap.parse_args(argv)
     if args.cmd == "export":
         every = list(cases()) + [(n, b) for n in SAFE for b in BATCHES]
@@ -302,26 +365,46 @@ def main(argv: list[str] | None = None) -> int:
                     and (not args.batch or b in args.batch)]
         manifest = export(args.folder, selected, args.target, args.time_limit,
                           not args.no_decode, tuple(args.dtype or ("float16",)),
-                          args.layer_seq)
-        print(f"wrote {len(manifest['cases'])} cases to {args.folder}")
+                          args.layer_seq, args.top, args.budget_s, args.tune_reps, args.sets)
+        print(f"wrote {len(manifest['cases'])} cases and {len(manifest['tuning'])} tuning "
+              f"groups to {args.folder}")
         return 0
+    return ingest(args)
+
+
+def ingest(args) -> int:
+    """``ingest`` (see the module docstring): the GPU timings and tuned-choice sections,
+    the measurement records and the calibration; 1 when a case or a candidate was wrong."""
     manifest = json.loads((args.folder / "manifest.json").read_text())
     results = json.loads(args.results.read_text())
     prof = GPUProfile.load(manifest["made"]["target"])
-    rows = rows_from(manifest, results, prof.dram_bandwidth_GBps)
+    timed = results["device"] != "cpu"  # a --device cpu run has the checks, no timings
+    rows = rows_from(manifest, results, prof.dram_bandwidth_GBps) if timed else []
     bad = [r["case"] for r in rows if not r["ok"] or not math.isfinite(r["ours"])]
+    bad += [r["case"] for r in results["cases"] if not timed and not r.get("ok")]
+    tuned = gpu_tuning.tuned_rows(manifest, results)
+    bad += [f"{r['case']} piece {r['piece']} {w}" for r in tuned for w in r["wrong"]]
     if bad:
-        print(f"cases that failed the correctness check: {bad}", file=sys.stderr)
+        print(f"failed the correctness check: {bad}", file=sys.stderr)
     device = f"{results['device']} (torch {results['torch']}, triton {results['triton']})"
-    if args.write:
+    if args.write and rows:
         text = section(rows, device, "bench/gpu_bundle.py export + gpu_runner.py (CUDA-graph "
                        "replays) + ingest", 200)
         fams = family_lines(results)
         write_section(args.write, text.rstrip("\n") + ("\n\n" + "\n".join(fams) + "\n"
                                                        if fams else "\n"))
-    if args.calibration and args.sweep:
+    if args.write and tuned:
+        replace_section(args.write, gpu_tuning.SECTION, gpu_tuning.tuned_section(tuned, device))
+    if args.records:
+        n = gpu_tuning.write_records(args.records, manifest, results)
+        print(f"records: {n} measured programs written to {args.records}")
+    for r in tuned:
+        print(f"{r['case']} piece {r['piece']}: model's choice {r['model']} "
+              f"{r['model_us']:.2f} us, tuned {r['tuned']} {r['tuned_us']:.2f} us, eager "
+              f"{r['eager_us']:.2f} us")
+    if args.calibration and (args.sweep or tuned):  # many programs: fit the figures
         sweeps = [(json.loads((folder / "manifest.json").read_text()),
-                   json.loads(res.read_text())) for folder, res in args.sweep]
+                   json.loads(res.read_text())) for folder, res in args.sweep or []]
         fitted = fit_calibration([(manifest, results), *sweeps], manifest["made"]["target"],
                                  device, args.calibration)
         print(f"calibration: {len(fitted.cases)} programs, rms relative error "

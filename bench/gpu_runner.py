@@ -28,9 +28,17 @@ run step by step (``run_family``): each length through the family's one module (
 launcher computes the padded size and grids from L), checked against float64, timed per
 step as plain launches beside eager torch and SDPA.
 
+The manifest's ``tuning`` groups (``gpu_tuning.py``: each piece's top verified candidates
+and its eager form) run last (``run_group``): each candidate's first launch is checked
+against float64 beside the eager module (the rule of a case); the correct ones and the eager
+form are timed as CUDA-graph replays (median of the manifest's ``tune.reps``, or
+``--tune-reps``); the row names the fastest (``tuned``). ``--no-tune`` skips them.
+
 ``--device cpu`` runs the correctness part alone (TRITON_INTERPRET=1 must be set
 before triton loads), which is how CI tests this script. It imports nothing of
 eqsat_mirage, and it executes only the bundle's modules, which this project generated.
+With ``--stub-times`` a CPU run gives each tuning program a made-up time (its predicted time
+times ``STUB_FACTORS`` by rank), so that the ingest step can be tested without a GPU.
 """
 
 from __future__ import annotations
@@ -46,6 +54,9 @@ from pathlib import Path
 
 TOLERANCE = 2e-3
 FAMILY_TOLERANCE = 1e-2  # fp16 inputs over a 4096-long softmax: float16 rounding of P @ V
+# --stub-times: candidate #i's made-up time is its predicted time times factor i (the eager
+# form's, its predicted time), so the made-up fastest is not always the model's choice
+STUB_FACTORS = (1.0, 0.8, 1.2, 0.9, 1.1, 0.7, 1.3, 1.05)
 
 
 def load(path: Path, name: str):
@@ -192,9 +203,8 @@ def run_case(folder: Path, case: dict, device: str, args) -> dict:
         err, bad = check(ref.run(**inputs), want)  # eager in the input's own dtypes
         row["eager_rel_err"] = max(row["eager_rel_err"], err)
         row["eager_nonfinite"] += bad
-    # ok: finite wherever eager is, and within the tolerance or no less accurate than eager
-    row["ok"] = (row["nonfinite"] <= row["eager_nonfinite"]
-                 and row["rel_err"] <= max(TOLERANCE, 1.5 * row["eager_rel_err"]))
+    row["ok"] = accurate(row["rel_err"], row["nonfinite"], row["eager_rel_err"],
+                         row["eager_nonfinite"])
     if device != "cuda":
         return row
     if args.ours_only:  # a schedule sweep: the variants alone
@@ -220,6 +230,71 @@ def run_case(folder: Path, case: dict, device: str, args) -> dict:
         except Exception as exc:  # noqa: BLE001 - recorded in the row, the run goes on
             row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:500]
     row["ours_plain_us"] = plain_time_us(lambda x: ours.run(**x), sets, args.reps)
+    return row
+
+
+def accurate(err: float, bad: int, eager_err: float, eager_bad: int) -> bool:
+    """A case's rule: finite wherever eager is, and within the tolerance or no less
+    accurate than eager (1.5 times its relative error)."""
+    return bad <= eager_bad and err <= max(TOLERANCE, 1.5 * eager_err)
+
+
+def checked_first_launch(folder: Path, group: dict, cand: dict, inputs: dict, want: dict,
+                         eager: tuple[float, int]):
+    """One candidate of a tuning group loaded and its first launch (allocations poisoned)
+    checked against ``want`` (float64): (its result entry, its module, or None when it
+    raised)."""
+    entry = {"name": cand["name"]}
+    try:
+        mod = load(folder / cand["module"], f"tune_{group['id']}_{cand['module'][:-3]}")
+        with poisoned(mod):
+            got = mod.run(**inputs)
+        err, bad = check(got, want)
+    except Exception as exc:  # noqa: BLE001 - a candidate that does not run is dropped
+        entry.update(ok=None, error=f"{type(exc).__name__}: {exc}"[:500])
+        return entry, None
+    entry.update(rel_err=err, nonfinite=bad, ok=accurate(err, bad, *eager))
+    return entry, mod
+
+
+def run_group(folder: Path, group: dict, device: str, args) -> dict:
+    """One tuning group: every candidate's first launch checked (``checked_first_launch``);
+    on CUDA the correct ones and the eager form timed as CUDA-graph replays (``us``, the
+    median; with ``--stub-times`` on a CPU a made-up time); ``tuned`` names the fastest."""
+    t0 = time.perf_counter()
+    ref = load(folder / group["ref"], f"tref_{group['id']}")
+    sets = [draw(group, device, seed) for seed in range(args.sets)]
+    want = reference64(ref, sets[0])
+    eager = check(ref.run(**sets[0]), want)
+    row = {"id": group["id"], "case": group["case"], "piece": group["piece"],
+           "eager_rel_err": eager[0], "eager_nonfinite": eager[1], "candidates": []}
+    timed = {}  # the candidates in the model's order, then eager: the earlier wins a tie
+    for i, cand in enumerate(group["candidates"]):
+        entry, mod = checked_first_launch(folder, group, cand, sets[0], want, eager)
+        row["candidates"].append(entry)
+        if entry["ok"]:
+            timed[cand["name"]] = (mod.run, cand["predicted_us"] * STUB_FACTORS[
+                i % len(STUB_FACTORS)])
+    timed["eager"] = (ref.run, group["eager_predicted_us"])
+    reps = args.tune_reps or args.manifest_tune.get("reps", 100)
+    times = {}
+    for name, (fn, stub) in timed.items():
+        if device == "cuda":
+            try:
+                times[name] = graph_time_us(lambda x, fn=fn: fn(**x), sets, reps)
+            except Exception as exc:  # noqa: BLE001 - recorded, the others go on
+                row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:500]
+        elif args.stub_times:
+            times[name] = stub
+    for entry in row["candidates"]:
+        if entry["name"] in times:
+            entry["us"] = times[entry["name"]]
+    if "eager" in times:
+        row["eager_us"] = times["eager"]
+    if times:
+        row["tuned"] = min(times, key=times.get)
+    row["ok"] = all(e["ok"] is not False for e in row["candidates"])
+    row["seconds"] = time.perf_counter() - t0
     return row
 
 
@@ -321,6 +396,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="time only the bundle's own modules (a schedule sweep)")
     ap.add_argument("--budget-s", type=float, default=0.0,
                     help="skip the cases left once this many seconds have passed")
+    ap.add_argument("--tune-reps", type=int, default=0,
+                    help="replays per tuning program (default: the manifest's, budgeted)")
+    ap.add_argument("--no-tune", action="store_true", help="skip the tuning groups")
+    ap.add_argument("--stub-times", action="store_true",
+                    help="on a CPU, made-up times for the tuning programs (tests of ingest)")
     args = ap.parse_args(argv)
     began = time.perf_counter()
     import torch
@@ -331,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     manifest = json.loads((args.bundle / "manifest.json").read_text())
+    args.manifest_tune = manifest.get("tune") or {}
     out = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
            "torch": torch.__version__, "triton": triton.__version__,
            "manifest": manifest.get("made"), "cases": [], "skipped": []}
@@ -342,7 +423,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.only and not any(item["id"].startswith(o) for o in args.only):
             return False
         if args.budget_s and time.perf_counter() - began > args.budget_s:
-            out["skipped"].append(item["case"])
+            out["skipped"].append(item.get("id", item["case"]) if "piece" in item
+                                  else item["case"])
             return False
         return True
 
@@ -357,8 +439,16 @@ def main(argv: list[str] | None = None) -> int:
         out["families"].append(row)
         print(json.dumps(row), flush=True)
         args.out.write_text(json.dumps(out, indent=1))
+    out["tuning"] = []
+    for group in filter(wanted, [] if args.no_tune else manifest.get("tuning", [])):
+        row = guarded(run_group, group["id"], args.bundle, group, args.device, args)
+        out["tuning"].append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "candidates"}), flush=True)
+        args.out.write_text(json.dumps(out, indent=1))
     failed = [r["case"] for r in out["cases"] + out["families"] if not r["ok"]]
-    print(f"{len(out['cases'])} cases, {len(failed)} failed" + (f": {failed}" if failed else "")
+    failed += [r.get("id", r["case"]) for r in out["tuning"] if not r["ok"]]
+    print(f"{len(out['cases'])} cases, {len(out['tuning'])} tuning groups, {len(failed)} "
+          "failed" + (f": {failed}" if failed else "")
           + (f"; skipped for time: {out['skipped']}" if out["skipped"] else ""))
     return 1 if failed else 0
 

@@ -111,3 +111,96 @@ def test_the_decode_family_runs_step_by_step_through_its_one_module(tmp_path):
     assert rc == 0, log
     (row,) = results["families"]
     assert row["ok"] and row["nonfinite"] == 0 and row["rel_err"] < 1e-2, row
+
+
+def tuning_bundle(tmp_path: Path) -> tuple[Path, dict]:
+    """A bundle of one case whose three pieces (``small`` cut at three ops) are tuning
+    groups, as a whole program's are (``res.pieces``)."""
+    from types import SimpleNamespace
+
+    from bench.gpu_bundle import plan_device_time, tuning_groups
+    from eqsat_mirage.partition.pieces import partition
+
+    g = small()
+    res = em.optimize(g, cache=False)
+    entry = export_case(tmp_path, "rmslin", "rmslin b=1", g, res, GPUProfile.load("h100"),
+                        scale=1.0)
+    whole = SimpleNamespace(pieces=[(p, True) for p in partition(g, 3)])
+    groups = tuning_groups(tmp_path, entry, g, whole, "h100", {"top": 8, "time_limit_s": 30},
+                           lambda name: 1.0)
+    manifest = {"made": {"target": "h100"}, "cases": [entry], "tuning": groups}
+    manifest["tune"] = plan_device_time(manifest, 420.0, 100, 2)
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    return tmp_path, manifest
+
+
+def test_the_bundle_tunes_each_piece_and_ingest_reads_the_times_back(tmp_path, monkeypatch):
+    """Each piece's verified candidates (the model's choice first) and its eager form are
+    exported, checked by the runner (CPU, interpreter) and given made-up times; ingest writes
+    the tuned-choice table and the measurement records a calibration fits from."""
+    from bench import gpu_tuning
+    from bench.gpu_bundle import main
+    from eqsat_mirage.cost.gpucost import mugraph_cost
+
+    monkeypatch.setenv("EQSAT_MIRAGE_COMPILE_CHECK", "0")  # the plans, built faster
+    folder, manifest = tuning_bundle(tmp_path)
+    groups = manifest["tuning"]
+    assert len(groups) >= 2 and all(g["candidates"] for g in groups)
+    for g in groups:
+        assert g["candidates"][0]["name"] == "#0" and len(g["candidates"]) <= 8
+        for c in g["candidates"]:
+            assert "import eqsat_mirage" not in (folder / c["module"]).read_text()
+    plan = manifest["tune"]
+    assert plan["reps"] == 100 and plan["estimate_s"] + plan["main_estimate_s"] <= 420.0
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = folder / "out.json"
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_runner.py"), str(folder),
+                        "--out", str(out), "--device", "cpu", "--sets", "1", "--stub-times"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    results = json.loads(out.read_text())
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert [r["id"] for r in results["tuning"]] == [g["id"] for g in groups]
+    for r, g in zip(results["tuning"], groups):
+        assert r["ok"] and all(c["ok"] and c["rel_err"] < 2e-3 for c in r["candidates"])
+        stub = {c["name"]: c["us"] for c in r["candidates"]} | {"eager": r["eager_us"]}
+        assert r["tuned"] == min(stub, key=stub.get)
+    md, rec = tmp_path / "RESULTS.md", tmp_path / "records.json"
+    assert main(["ingest", str(folder), str(out), "--write", str(md), "--records",
+                 str(rec)]) == 0
+    text = md.read_text()
+    assert gpu_tuning.SECTION in text and "## GPU timings" not in text  # no CPU timings
+    table = [line for line in text.splitlines() if line.startswith("| rmslin b=1 |")]
+    assert len(table) == len(groups)
+    rows = gpu_tuning.tuned_rows(manifest, results)
+    assert [r["tuned"] for r in rows] == [r["tuned"] for r in results["tuning"]]
+    assert all(r["model"] == "#0" and r["tuned_us"] <= r["model_us"] for r in rows)
+    records = json.loads(rec.read_text())
+    assert records["target"] == "h100" and records["device"] == "cpu"
+    timed = sum(len(r["candidates"]) + 1 for r in results["tuning"])
+    assert len(records["programs"]) == timed
+    measured = gpu_tuning.measured_programs(manifest, results)
+    assert len(measured) == timed
+    prof = GPUProfile.load("h100")
+    for m in measured:  # each record re-prices: what calibrate.fit_figures does
+        assert m.graph_us > 0 and mugraph_cost(m.mugraph, prof).total_us > 0
+
+
+def test_the_device_time_estimate_caps_replays_then_candidates():
+    """The export's estimate of the runner's tuning time (compile per kernel, a bound per
+    replay) stays under the budget: replays capped first, then candidates per group."""
+    from bench import gpu_tuning
+
+    def groups(n):  # slow programs: their replays are most of the estimate
+        return [{"eager_predicted_us": 2000.0, "candidates": [
+            {"predicted_us": 2000.0, "compiled": 1} for _ in range(8)]} for _ in range(n)]
+
+    roomy = groups(2)
+    assert gpu_tuning.fit_budget(roomy, 1e4, 200, 4)[:2] == (200, 8)
+    tight = groups(20)
+    full = gpu_tuning.estimate_s(tight, 200, 4)
+    reps, top, est = gpu_tuning.fit_budget(tight, full / 2, 200, 4)
+    assert reps < 200 and top == 8 and est <= full / 2
+    tiny = groups(20)
+    reps, top, est = gpu_tuning.fit_budget(tiny, 60.0, 200, 4)
+    assert reps == gpu_tuning.MIN_REPS and top < 8 and est <= 60.0
+    assert all(len(g["candidates"]) == top for g in tiny)
