@@ -251,7 +251,7 @@ def fit_figures(programs: list[Measured], profile: GPUProfile | str | Path = "h1
         raise MirageError(f"a fit of {len(keys)} figures needs at least {len(keys) + 2} "
                           f"measured programs the model can price, got {len(good)}")
     y = np.array([p.graph_us for p in good])
-    x0 = np.log([getattr(prof, k) for k in keys])
+    x0 = np.log([getattr(prof, k) or RANK_STARTS.get(k, 1.0) for k in keys])
     found = None
     for shift in _starts(keys):  # caps (min of two rates) leave the objective flat where a
         found = min(found, least_squares(  # cap does not bind: start on either side of it
@@ -297,3 +297,56 @@ def write_fitted(path: str | Path, result: FigureFit, device: str, when: str = "
         lines += [f"fitted_us = {fitted:.3f}", ""]
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
+
+
+# -- ranking: how well the model orders the schedules of one measured sweep ----------------
+
+# The figures a ranking fit moves: FIGURE_KEYS and the two effects the sweeps showed (a cost
+# per loop iteration, Triton's padded tiles); both are 0 (off) in the datasheet profiles, so
+# a fit starts them from RANK_STARTS.
+RANK_KEYS = (*FIGURE_KEYS, "loop_iteration_us", "padded_load_exponent")
+RANK_STARTS = {"loop_iteration_us": 0.3, "padded_load_exponent": 1.0}
+
+
+@dataclass(frozen=True)
+class SweepRank:
+    """One sweep (the schedules of one case timed in one run on one device) re-priced:
+    its size, the Spearman rank correlation of predicted against measured times, and the
+    median of |predicted / measured - 1|."""
+
+    sweep: str
+    programs: int
+    rank_correlation: float
+    median_error: float
+
+
+def spearman(xs, ys) -> float:
+    """Spearman's rank correlation of two equally long sequences (ties take their mean
+    rank); nan for fewer than two values or a constant sequence."""
+    from scipy.stats import rankdata
+
+    if len(xs) < 2:
+        return float("nan")
+    rx, ry = rankdata(xs), rankdata(ys)
+    if rx.std() == 0 or ry.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def held_out(sweeps: list[str]) -> set[str]:
+    """The held-out half of ``sweeps`` (a fixed split, the same on every machine): sorted
+    by the CRC-32 of their names, every second one from the second on."""
+    import zlib
+
+    order = sorted(sweeps, key=lambda s: (zlib.crc32(s.encode()), s))
+    return set(order[1::2])
+
+
+def rank_sweep(name: str, programs: list[Measured], prof: GPUProfile) -> SweepRank:
+    """Re-price ``programs`` (one sweep) with ``prof`` as CUDA-graph replays."""
+    priced = _priced(programs, prof.for_launch("graph"))
+    measured = np.array([p.graph_us for p in programs])
+    ok = np.isfinite(priced)
+    err = np.abs(priced[ok] / measured[ok] - 1.0)
+    return SweepRank(name, int(ok.sum()), spearman(priced[ok], measured[ok]),
+                     float(np.median(err)) if err.size else float("nan"))

@@ -27,6 +27,8 @@ LAUNCH_MODES = ("plain", "graph")
 MEASURED_SUFFIX = "_measured"  # extract/<gpu>_measured.toml: calibration fitted on that GPU
 _FRACTIONS = ("dram_achievable_fraction", "tensor_achievable_fraction",
               "replicated_read_dram_fraction")
+# figures that may be 0 (an effect the datasheet does not know: off until fitted)
+NON_NEGATIVE = ("loop_iteration_us", "padded_load_exponent")
 
 
 def profiles_dir() -> Path:
@@ -84,6 +86,8 @@ class GPUProfile:
     dram_latency_ns: float
     replicated_read_dram_fraction: float
     l2_bandwidth_GBps: float  # noqa: N815
+    loop_iteration_us: float = 0.0  # per loop iteration of a block, beside its bytes (>= 0)
+    padded_load_exponent: float = 0.0  # memory time x (padded / loaded tile)^this (>= 0)
     name: str = "gpu"
     description: str = ""
     path: str = ""
@@ -168,9 +172,11 @@ def figure_error(key: str, value) -> str:
     positive float, a positive int), else ""."""
     kind = {f.name: f.type for f in fields(GPUProfile)}[key]
     ok = isinstance(value, int | float) and not isinstance(value, bool) and \
-        0 < value < math.inf and (kind == "float" or float(value).is_integer())
+        (0 <= value if key in NON_NEGATIVE else 0 < value) and value < math.inf and \
+        (kind == "float" or float(value).is_integer())
     if not ok or (key in _FRACTIONS and value > 1):
-        return "a fraction in (0, 1]" if key in _FRACTIONS else f"a positive {kind}"
+        return ("a fraction in (0, 1]" if key in _FRACTIONS else
+                f"a non-negative {kind}" if key in NON_NEGATIVE else f"a positive {kind}")
     return ""
 
 

@@ -1,0 +1,106 @@
+"""Does the cost model rank the schedules the GPU measured? Every committed sweep re-priced.
+
+A sweep is the schedules of one case timed in one run on one device: the H200 schedule
+sweep (``bench/gpu_h200_2026-11-26_sweep.json``: rmsnorm b=1 and b=8, gatedmlp b=1, gqa b=1)
+and the H100 matmul sweep (``bench/gpu_h100_2026-11-27_matmul_sweep.json``: the 7B layer's
+down projection at s=128 and s=1, its q projection at s=128). Their programs are in
+``tests/cost/data/sweep_programs.json`` (``bench/sweep_programs.py`` re-exports them; the
+bundles were not committed). Sweeps of fewer than three timed programs (lora, ntrans) and
+the benchmark bundles and 7B layers (one program per case and run, whose MuGraphs were not
+committed) are left out.
+
+For each device the sweeps are split in two fixed halves (``calibrate.held_out``); the
+ranking fit (``bench/sweep_programs.py --fit``, ``extract/fits/<gpu>_measured.toml``) saw
+only the fitting half. Run with ``pytest -s`` for the table: per sweep, its half, the
+Spearman rank correlation of predicted against measured times and the median of
+|predicted / measured - 1|, with the datasheet figures and with the fit.
+
+The issue's thresholds (issue 50, "A model that ranks"): rank correlation at least 0.8
+within each held-out sweep, median error at most 25%. They are NOT met yet (held out:
+H100 q_s128 0.32 / 26%; H200 rmsnorm b=1 -0.30 / 25%, gatedmlp b=1 -0.04 / 84%), so the
+fits are not enabled (not in extract/ as ``<gpu>_measured.toml``). This test asserts what
+holds: the committed programs are the measured ones (their datasheet prices equal the
+prices recorded when they were measured), the figures each sweep reaches (a regression
+floor: a model change that ranks worse fails here), and that the fit predicts the fitting
+half's times better than the datasheet does (what its least squares minimizes; it does not
+rank the H200's fitting half better). Raise the floors as the model improves.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from eqsat_mirage.cost.calibrate import held_out, rank_sweep
+from eqsat_mirage.cost.gpucost import mugraph_cost
+from eqsat_mirage.cost.profile import GPUProfile
+
+ROOT = Path(__file__).resolve().parents[2]
+FITS = ROOT / "extract" / "fits"
+RECORDED = {"h100": ROOT / "bench" / "h100_measured_2026-11-27.toml",
+            "h200": ROOT / "extract" / "h200_measured.toml"}
+# (rank correlation at least, median error at most) per sweep with the fit, as reached on
+# 2026-11-28 less a margin of 0.05: regression floors, far from the issue's 0.8 / 25%
+FLOORS = {"h100 down_s128": (0.77, 0.23), "h100 down_s1": (0.45, 0.31),
+          "h100 q_s128": (0.27, 0.31),
+          "h200 rmsnorm b=1": (-0.35, 0.30), "h200 gatedmlp b=1": (-0.09, 0.89),
+          "h200 gqa b=1": (0.70, 0.26), "h200 rmsnorm b=8": (-0.14, 0.34)}
+
+
+@pytest.fixture(scope="module")
+def sweeps():
+    from bench.sweep_programs import measured_sweeps
+
+    return {dev: {k: v for k, v in s.items() if len(v) >= 3}
+            for dev, s in measured_sweeps().items()}
+
+
+def fitted(device: str) -> GPUProfile:
+    """``device``'s datasheet profile with the ranking fit's figures."""
+    figures = tomllib.loads((FITS / f"{device}_measured.toml").read_text())["calibration"]
+    return replace(GPUProfile.load(device, measured=False), **figures)
+
+
+def test_the_committed_programs_are_the_measured_ones(sweeps):
+    for device, by_sweep in sweeps.items():
+        recorded = tomllib.loads(RECORDED[device].read_text())["cases"]
+        prof = GPUProfile.load(device, measured=False).for_launch("graph")
+        checked = 0
+        for programs in by_sweep.values():
+            for p in programs:
+                if p.case in recorded:
+                    want = recorded[p.case]["predicted_us"]
+                    assert mugraph_cost(p.mugraph, prof).total_us == pytest.approx(want,
+                                                                                 abs=2e-3)
+                    checked += 1
+        assert checked >= 72, device  # every timed variant of the sweeps kept
+
+
+def test_the_model_ranks_the_measured_schedules(sweeps):
+    rows, reached = [], {}
+    for device in sorted(sweeps):
+        out = held_out(list(sweeps[device]))
+        sheet, fit = GPUProfile.load(device, measured=False), fitted(device)
+        gain = []
+        for name, programs in sorted(sweeps[device].items()):
+            before, after = rank_sweep(name, programs, sheet), rank_sweep(name, programs, fit)
+            half = "held out" if name in out else "fitted"
+            rows.append(f"| {name} | {half} | {after.programs} | {before.rank_correlation:.2f}"
+                        f" -> {after.rank_correlation:.2f} | {before.median_error:.0%} -> "
+                        f"{after.median_error:.0%} |")
+            reached[name] = after
+            if name not in out:
+                gain.append(before.median_error - after.median_error)
+        assert out and len(out) < len(sweeps[device])  # both halves hold a sweep
+        # the fit (least squares on the relative error) predicts what it saw better; it does
+        # not rank the H200's fitting half better (rmsnorm b=8: 0.38 -> -0.09)
+        assert sum(gain) / len(gain) > 0.2, device
+    print("\n| sweep | half | programs | rank correlation, datasheet -> fit | "
+          "median abs(predicted/measured - 1) |\n|---|---|---:|---|---|\n" + "\n".join(rows))
+    assert set(reached) == set(FLOORS)
+    for name, (rho, err) in FLOORS.items():
+        assert reached[name].rank_correlation >= rho, (name, reached[name])
+        assert reached[name].median_error <= err, (name, reached[name])
