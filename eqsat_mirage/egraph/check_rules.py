@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..frontend.graph import Graph
 from ..ir.errors import DTypeError, MirageError, RuleError, ShapeError
-from ..ir.limits import Deadline
+from ..ir.limits import Deadline, check_seconds
 from ..ir.node import DTYPES, Node, Op, fmt_shape, make, numel
 from ..verifier.floatcheck import float_checks
 from ..verifier.verify import Counterexample, verify
@@ -438,6 +438,8 @@ def check_rules(paths="rules", instances: int = 3, seed: int = 0,
     are "cannot check" ("the time limit ran out").
     """
     start = time.perf_counter()
+    if not isinstance(time_limit_s, Deadline):
+        check_seconds(time_limit_s, "check_rules")
     deadline = (time_limit_s if isinstance(time_limit_s, Deadline)
                 else Deadline(time_limit_s, start))
     _, rules = load_rules([paths] if isinstance(paths, str | Path) else list(paths))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import threading
 import time
 from collections.abc import Iterable, Iterator
 
@@ -21,16 +22,36 @@ from .node import Op
 
 MEMORY_ENV = "EQSAT_MIRAGE_MEMORY_BUDGET"
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+# the longest time limit: a billion seconds (32 years), and no more than a thread can wait
+MAX_SECONDS = min(1e9, threading.TIMEOUT_MAX)
+SECONDS_RANGE = f"a number of seconds in (0, {MAX_SECONDS:g}]"  # what a time limit may be
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def check_seconds(value, who: str, none_ok: bool = True) -> None:
+    """A MirageError naming ``who`` and the accepted range unless ``value`` is a time limit
+    a public entry accepts: ``SECONDS_RANGE`` (or None, with ``none_ok``). An infinite, NaN
+    or huge limit would overflow a thread's wait or a float; a zero or negative one, stop
+    every search before it starts."""
+    if value is None and none_ok:
+        return
+    if not (_is_number(value) and 0 < value <= MAX_SECONDS):
+        also = " or None for no limit" if none_ok else ""
+        raise MirageError(f"{who}: time_limit_s must be {SECONDS_RANGE}{also}, got {value!r}")
 
 
 class Deadline:
-    """A wall-clock deadline: ``seconds`` from now (or from ``start``), None for none."""
+    """A wall-clock deadline: ``seconds`` from now (or from ``start``), None for none; a
+    MirageError for seconds that are not a number of at most ``MAX_SECONDS`` (zero or
+    fewer: a deadline already past)."""
 
     def __init__(self, seconds: float | None, start: float | None = None) -> None:
-        if seconds is not None and (isinstance(seconds, bool | str)
-                                    or not isinstance(seconds, int | float)):
-            raise MirageError(f"time_limit_s must be a number of seconds or None here, got "
-                              f"{seconds!r}")
+        if seconds is not None and not (_is_number(seconds) and seconds <= MAX_SECONDS):
+            raise MirageError(f"time_limit_s must be a number of seconds of at most "
+                              f"{MAX_SECONDS:g} or None here, got {seconds!r}")
         self.start = time.perf_counter() if start is None else start
         self.seconds = seconds
         self.end = math.inf if seconds is None else self.start + seconds

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 from ..cost.profile import LAUNCH_MODES
 from ..ir.errors import MirageError
-from ..ir.limits import AUTO, Deadline, program_work, resolve_time_limit
+from ..ir.limits import AUTO, MAX_SECONDS, SECONDS_RANGE, Deadline, program_work, resolve_time_limit
 from ..partition.pieces import DEFAULT_PIECE_OPS
 from ..verifier import blas
 
@@ -47,10 +47,10 @@ def check_limits(**limits) -> None:
         if not counted and value == AUTO:
             continue
         ok = isinstance(value, int | float) and not isinstance(value, bool) and (
-            isinstance(value, int) or not counted) and 0 < value < float("inf")
+            isinstance(value, int) or not counted) and 0 < value < float("inf") and (
+            counted or value <= MAX_SECONDS)
         if not ok:
-            kind = ("a positive integer" if counted else
-                    f"a positive finite number of seconds or {AUTO!r}")
+            kind = "a positive integer" if counted else f"{SECONDS_RANGE} or {AUTO!r}"
             raise MirageError(f"optimize: {name} must be {kind}, got {value!r}")
 
 

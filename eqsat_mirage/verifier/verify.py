@@ -25,7 +25,7 @@ import numpy as np
 
 from ..ir.check import check, check_lax
 from ..ir.errors import GraphError, MirageError, TimeLimitError
-from ..ir.limits import Deadline, fair_threads, reserved
+from ..ir.limits import Deadline, check_seconds, fair_threads, reserved
 from ..ir.node import fmt_shape
 from ..semantics.field import FieldCtx, FieldZeroDivisionError, SharedValues, evaluate_field
 from ..semantics.primes import draw_primes, program_constants
@@ -257,6 +257,8 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
         raise MirageError(f"verify: expected two programs (em.Graph or em.MuGraph), got "
                           f"{type(bad).__name__} {bad!r:.60}")
     _check_args(trials, max_trials, max_bound, prime_bits, seed)
+    if not isinstance(time_limit_s, Deadline):
+        check_seconds(time_limit_s, "verify")
     for prog, what in ((a, "first program"), (b, "second program")):
         if _runs_itself(prog):
             prog.check_lax(what)  # validates, then checks exp depth through its tiles
