@@ -107,6 +107,113 @@ def _letters():
         n += 1
 
 
+class _Ties:
+    """The dims ``index_fragment`` ties together (one index: ``uf``), the reduced ones, the
+    ones fixed to a name of their own (``fixed``: why) and the matmul operands' last two."""
+
+    def __init__(self, nodes: list[Node]) -> None:
+        self.uf = UnionFind()
+        self.reduced: list[tuple[tuple[int, int], Node]] = []
+        self.fixed: dict[tuple[int, int], str] = {}
+        self.matmul: list[tuple[int, int]] = []
+        for n in nodes:
+            for d, size in enumerate(n.shape):
+                if size > 1:
+                    self.uf.add((id(n), d))
+
+    def tie(self, src: Node, sd: int, n: Node, d: int) -> None:
+        """One index for dim ``sd`` of ``src`` and dim ``d`` of ``n`` (when of one size > 1)."""
+        if src.shape[sd] > 1 and src.shape[sd] == n.shape[d]:
+            self.uf.union((id(src), sd), (id(n), d))
+
+    def node(self, n: Node) -> None:
+        """Tie ``n``'s dims to its operands' by what its op does."""
+        tie, r = self.tie, len(n.shape)
+        if n.op in UNARY:
+            for d in range(r):
+                tie(n.srcs[0], d, n, d)
+        elif n.op in BINARY or n.op in (Op.WHERE, Op.MASK):  # broadcasting ops
+            for s in n.srcs:
+                for i in range(1, len(s.shape) + 1):
+                    tie(s, len(s.shape) - i, n, r - i)
+        elif n.op is Op.MATMUL:
+            self._matmul(n)
+        elif n.op in REDUCE:
+            axes, keepdims = n.arg
+            src = n.srcs[0]
+            kept = [d for d in range(len(src.shape)) if d not in axes]
+            for ax in axes:
+                if src.shape[ax] > 1:
+                    self.reduced.append(((id(src), ax), n))
+            for pos, d in enumerate(kept):
+                tie(src, d, n, d if keepdims else pos)
+        elif n.op is Op.TRANSPOSE:
+            for d, sd in enumerate(n.arg):
+                tie(n.srcs[0], sd, n, d)
+        elif n.op is Op.RESHAPE:
+            self._reshape(n)
+        elif n.op is Op.SLICE:
+            self._slice(n)
+        elif n.op is Op.CONCAT:
+            self._concat(n)
+
+    def _matmul(self, n: Node) -> None:
+        a, b = n.srcs
+        r, tie = len(n.shape), self.tie
+        if len(a.shape) < 2 or len(b.shape) < 2:
+            raise ScheduleError(f"{n.describe()} of {fmt_shape(a.shape)} and "
+                                f"{fmt_shape(b.shape)}: block matmuls need operands of at "
+                                "least 2 dims (reshape the 1-d operand first)")
+        ra, rb = len(a.shape), len(b.shape)
+        if a.shape[-1] > 1:
+            self.uf.union((id(a), ra - 1), (id(b), rb - 2))
+            self.reduced.append(((id(a), ra - 1), n))
+        tie(a, ra - 2, n, r - 2)
+        tie(b, rb - 1, n, r - 1)
+        for s, rs in ((a, ra), (b, rb)):
+            self.matmul += [(id(s), rs - 2), (id(s), rs - 1)]
+            for i in range(3, rs + 1):
+                tie(s, rs - i, n, r - i)
+
+    def _reshape(self, n: Node) -> None:
+        src = n.srcs[0]
+        for gs, go in _reshape_groups(src.shape, n.shape):
+            if len(gs) == 1 and len(go) == 1:
+                self.tie(src, gs[0], n, go[0])
+                continue
+            why = f"split or merged by {n.describe()} {fmt_shape(src.shape)} -> " \
+                  f"{fmt_shape(n.shape)}"
+            self.fixed.update({(id(src), d): why for d in gs})
+            self.fixed.update({(id(n), d): why for d in go})
+
+    def _slice(self, n: Node) -> None:
+        src, axis = n.srcs[0], n.arg[0]
+        if src.op is not Op.INPUT and src.op is not Op.CONCAT:
+            raise ScheduleError(f"{n.describe()} slices a value computed in the kernel; "
+                                "the Triton backend slices tiles it loads (or a concat's "
+                                "parts), so the value goes through device memory")
+        why = f"the sliced axis of {n.describe()}"
+        for d in range(len(n.shape)):
+            if d != axis:
+                self.tie(src, d, n, d)
+        if src.shape[axis] > 1:
+            self.fixed[(id(src), axis)] = why
+        if n.shape[axis] > 1:
+            self.fixed[(id(n), axis)] = why
+
+    def _concat(self, n: Node) -> None:
+        why = f"the concat axis of {n.describe()}"
+        for s in n.srcs:
+            for d in range(len(n.shape)):
+                if d == n.arg:
+                    if s.shape[d] > 1:
+                        self.fixed[(id(s), d)] = why
+                else:
+                    self.tie(s, d, n, d)
+        if n.shape[n.arg] > 1:
+            self.fixed[(id(n), n.arg)] = why
+
+
 def index_fragment(graph: Graph) -> Indexing:
     """Name every dim of every node of ``graph`` (see the module docstring).
 
@@ -116,22 +223,9 @@ def index_fragment(graph: Graph) -> Indexing:
     """
     check(graph)
     nodes = graph.nodes()
-    uf = UnionFind()
-    reduced: list[tuple[tuple[int, int], Node]] = []
-    fixed: dict[tuple[int, int], str] = {}
-    matmul: list[tuple[int, int]] = []
-    for n in nodes:
-        for d, size in enumerate(n.shape):
-            if size > 1:
-                uf.add((id(n), d))
-
-    def tie(src: Node, sd: int, n: Node, d: int) -> None:
-        if src.shape[sd] > 1 and src.shape[sd] == n.shape[d]:
-            uf.union((id(src), sd), (id(n), d))
-
+    ties = _Ties(nodes)
     concats: set[int] = set()  # nodes computed from a concat in this fragment (split values)
     for n in nodes:
-        r = len(n.shape)
         if n.op is Op.CONCAT or any(id(x) in concats for x in n.srcs):
             concats.add(id(n))
         if n.op is Op.RESHAPE and id(n.srcs[0]) in concats and \
@@ -139,77 +233,8 @@ def index_fragment(graph: Graph) -> Indexing:
             raise ScheduleError(f"{n.describe()} merges or splits dims of a value computed "
                                 "from a concat in the kernel; the Triton backend keeps a "
                                 "concat as its parts, so the value goes through device memory")
-        if n.op in UNARY:
-            for d in range(r):
-                tie(n.srcs[0], d, n, d)
-        elif n.op in BINARY or n.op in (Op.WHERE, Op.MASK):  # broadcasting ops
-            for s in n.srcs:
-                for i in range(1, len(s.shape) + 1):
-                    tie(s, len(s.shape) - i, n, r - i)
-        elif n.op is Op.MATMUL:
-            a, b = n.srcs
-            if len(a.shape) < 2 or len(b.shape) < 2:
-                raise ScheduleError(f"{n.describe()} of {fmt_shape(a.shape)} and "
-                                    f"{fmt_shape(b.shape)}: block matmuls need operands of at "
-                                    "least 2 dims (reshape the 1-d operand first)")
-            ra, rb = len(a.shape), len(b.shape)
-            if a.shape[-1] > 1:
-                uf.union((id(a), ra - 1), (id(b), rb - 2))
-                reduced.append(((id(a), ra - 1), n))
-            tie(a, ra - 2, n, r - 2)
-            tie(b, rb - 1, n, r - 1)
-            for s, rs in ((a, ra), (b, rb)):
-                matmul += [(id(s), rs - 2), (id(s), rs - 1)]
-                for i in range(3, rs + 1):
-                    tie(s, rs - i, n, r - i)
-        elif n.op in REDUCE:
-            axes, keepdims = n.arg
-            src = n.srcs[0]
-            kept = [d for d in range(len(src.shape)) if d not in axes]
-            for ax in axes:
-                if src.shape[ax] > 1:
-                    reduced.append(((id(src), ax), n))
-            for pos, d in enumerate(kept):
-                tie(src, d, n, d if keepdims else pos)
-        elif n.op is Op.TRANSPOSE:
-            for d, sd in enumerate(n.arg):
-                tie(n.srcs[0], sd, n, d)
-        elif n.op is Op.RESHAPE:
-            src = n.srcs[0]
-            for gs, go in _reshape_groups(src.shape, n.shape):
-                if len(gs) == 1 and len(go) == 1:
-                    tie(src, gs[0], n, go[0])
-                    continue
-                why = f"split or merged by {n.describe()} {fmt_shape(src.shape)} -> " \
-                      f"{fmt_shape(n.shape)}"
-                fixed.update({(id(src), d): why for d in gs})
-                fixed.update({(id(n), d): why for d in go})
-        elif n.op is Op.SLICE:
-            src, axis = n.srcs[0], n.arg[0]
-            if src.op is not Op.INPUT and src.op is not Op.CONCAT:
-                raise ScheduleError(f"{n.describe()} slices a value computed in the kernel; "
-                                    "the Triton backend slices tiles it loads (or a concat's "
-                                    "parts), so the value goes through device memory")
-            why = f"the sliced axis of {n.describe()}"
-            for d in range(r):
-                if d != axis:
-                    tie(src, d, n, d)
-            if src.shape[axis] > 1:
-                fixed[(id(src), axis)] = why
-            if n.shape[axis] > 1:
-                fixed[(id(n), axis)] = why
-        elif n.op is Op.CONCAT:
-            why = f"the concat axis of {n.describe()}"
-            for s in n.srcs:
-                for d in range(r):
-                    if d == n.arg:
-                        if s.shape[d] > 1:
-                            fixed[(id(s), d)] = why
-                    else:
-                        tie(s, d, n, d)
-            if n.shape[n.arg] > 1:
-                fixed[(id(n), n.arg)] = why
-    return _name_classes(graph, nodes, uf, reduced, fixed, matmul)
+        ties.node(n)
+    return _name_classes(graph, nodes, ties.uf, ties.reduced, ties.fixed, ties.matmul)
 
 
 def _name_classes(graph, nodes, uf, reduced, fixed, matmul) -> Indexing:
