@@ -153,78 +153,99 @@ def _order_and_place(rows: list[list[int]], pred: list[dict[int, list[float]]],
     return left
 
 
-def _layout_cluster(cl: SCluster, edges: list[SEdge], depth: int,
-                    hints: dict[str, float]) -> _Box:
-    """Lay out ``cl`` (see the module docstring); ``hints``: node x centres from an earlier
-    pass, which order the items that edges enter from outside ``cl``."""
-    boxes = [_layout_cluster(it, edges, depth + 1, hints) if isinstance(it, SCluster)
-             else _node_box(it) for it in cl.items]
-    owner = {nid: i for i, b in enumerate(boxes) for nid in b.nodes}
-    n = len(boxes)
-    succ: list[set[int]] = [set() for _ in range(n)]
-    inner: dict[tuple[int, int], list[tuple[str, str]]] = {}
-    crossing: dict[tuple[str, int], list[tuple[str, str]]] = {}  # ("in"/"out", item) -> edges
-    for e in edges:
-        i, j = owner.get(e.src), owner.get(e.dst)
-        if i is not None and j is not None and i != j:
-            succ[i].add(j)
-            inner.setdefault((i, j), []).append((e.src, e.dst))
-        elif j is not None and i is None:
-            crossing.setdefault(("in", j), []).append((e.src, e.dst))
-        elif i is not None and j is None:
-            crossing.setdefault(("out", i), []).append((e.src, e.dst))
-    level = _levels(n, succ)
-    top = max(level, default=0)
-    widths = [b.w for b in boxes]
-    pred: list[dict[int, list[float]]] = [{} for _ in range(n)]  # where edges leave preds
-    succ_at: list[dict[int, list[float]]] = [{} for _ in range(n)]  # where they enter succs
+class _Items:
+    """A cluster's direct items (``boxes``) on levels, with a thin dummy item (index ``n``
+    on) in every level a long edge crosses: ``chains`` for an edge between items, ``ends``
+    for an edge entering the cluster below its top row or leaving it above its bottom row.
+    ``pred`` / ``succ_at``: where edges leave an item's predecessors / enter its successors."""
 
-    def at(i: int, pairs: list[tuple[str, str]], end: int) -> list[float]:
+    def __init__(self, boxes: list[_Box], edges: list[SEdge]) -> None:
+        self.boxes = boxes
+        owner = {nid: i for i, b in enumerate(boxes) for nid in b.nodes}
+        n = self.n = len(boxes)
+        self.succ: list[set[int]] = [set() for _ in range(n)]
+        self.inner: dict[tuple[int, int], list[tuple[str, str]]] = {}
+        # ("in"/"out", item) -> edges crossing the cluster's border there
+        self.crossing: dict[tuple[str, int], list[tuple[str, str]]] = {}
+        for e in edges:
+            i, j = owner.get(e.src), owner.get(e.dst)
+            if i is not None and j is not None and i != j:
+                self.succ[i].add(j)
+                self.inner.setdefault((i, j), []).append((e.src, e.dst))
+            elif j is not None and i is None:
+                self.crossing.setdefault(("in", j), []).append((e.src, e.dst))
+            elif i is not None and j is None:
+                self.crossing.setdefault(("out", i), []).append((e.src, e.dst))
+        self.level = _levels(n, self.succ)
+        self.top = max(self.level, default=0)
+        self.widths = [b.w for b in boxes]
+        self.pred: list[dict[int, list[float]]] = [{} for _ in range(n)]
+        self.succ_at: list[dict[int, list[float]]] = [{} for _ in range(n)]
+        self.chains: dict[tuple[int, int], list[int]] = {}  # long edge -> its dummies, in order
+        self.ends: dict[tuple[str, int], list[int]] = {}
+        self._link_all()
+
+    def at(self, i: int, pairs: list[tuple[str, str]], end: int) -> list[float]:
         """x offsets in item ``i`` of the sources (end 0) or targets (end 1) of ``pairs``."""
-        return [boxes[i].nodes[p[end]][0] + boxes[i].nodes[p[end]][2] / 2 for p in pairs]
+        return [self.boxes[i].nodes[p[end]][0] + self.boxes[i].nodes[p[end]][2] / 2
+                for p in pairs]
 
-    def link(a: int | None, b: int | None, leave: list[float], enter: list[float]) -> None:
+    def link(self, a: int | None, b: int | None, leave: list[float],
+             enter: list[float]) -> None:
+        """An edge from item ``a`` (leaving at ``leave``) to ``b`` (entering at ``enter``)."""
         if a is not None and b is not None:
-            pred[b].setdefault(a, []).extend(leave)
-            succ_at[a].setdefault(b, []).extend(enter)
+            self.pred[b].setdefault(a, []).extend(leave)
+            self.succ_at[a].setdefault(b, []).extend(enter)
 
-    def chain(first: int, last: int) -> list[int]:
+    def chain(self, first: int, last: int) -> list[int]:
+        """New dummy items on levels ``first`` to ``last``, linked one to the next."""
+        widths = self.widths
         ds = list(range(len(widths), len(widths) + max(0, last - first + 1)))
         for lv in range(first, last + 1):
             widths.append(DUMMY_W)
-            level.append(lv)
-            pred.append({})
-            succ_at.append({})
+            self.level.append(lv)
+            self.pred.append({})
+            self.succ_at.append({})
         for a, b in zip(ds, ds[1:]):
-            link(a, b, [DUMMY_W / 2], [DUMMY_W / 2])
+            self.link(a, b, [DUMMY_W / 2], [DUMMY_W / 2])
         return ds
 
-    mid = [DUMMY_W / 2]
-    chains: dict[tuple[int, int], list[int]] = {}  # long edge -> its dummy items, in order
-    for i in range(n):
-        for j in sorted(succ[i]):
-            pairs = inner[i, j]
-            ds = chains[i, j] = chain(level[i] + 1, level[j] - 1)
-            link(i, ds[0] if ds else j, at(i, pairs, 0), mid if ds else at(j, pairs, 1))
-            if ds:
-                link(ds[-1], j, mid, at(j, pairs, 1))
-    ends: dict[tuple[str, int], list[int]] = {}
-    for (way, i), pairs in sorted(crossing.items()):
-        if way == "in" and level[i] > 0:
-            ds = ends[way, i] = chain(0, level[i] - 1)
-            link(ds[-1], i, mid, at(i, pairs, 1))
-        elif way == "out" and level[i] < top:
-            ds = ends[way, i] = chain(level[i] + 1, top)
-            link(i, ds[0], at(i, pairs, 0), mid)
-    rows: list[list[int]] = [[] for _ in range(max(level, default=-1) + 1)]
-    for i, lv in enumerate(level):
-        rows[lv].append(i)
-    # items entered from outside, in the order of their outside sources (earlier pass)
+    def _link_all(self) -> None:
+        level, at, link, mid = self.level, self.at, self.link, [DUMMY_W / 2]
+        for i in range(self.n):
+            for j in sorted(self.succ[i]):
+                pairs = self.inner[i, j]
+                ds = self.chains[i, j] = self.chain(level[i] + 1, level[j] - 1)
+                link(i, ds[0] if ds else j, at(i, pairs, 0), mid if ds else at(j, pairs, 1))
+                if ds:
+                    link(ds[-1], j, mid, at(j, pairs, 1))
+        for (way, i), pairs in sorted(self.crossing.items()):
+            if way == "in" and level[i] > 0:
+                ds = self.ends[way, i] = self.chain(0, level[i] - 1)
+                link(ds[-1], i, mid, at(i, pairs, 1))
+            elif way == "out" and level[i] < self.top:
+                ds = self.ends[way, i] = self.chain(level[i] + 1, self.top)
+                link(i, ds[0], at(i, pairs, 0), mid)
+
+    def rows(self) -> list[list[int]]:
+        """The items (dummies included) level by level."""
+        rows: list[list[int]] = [[] for _ in range(max(self.level, default=-1) + 1)]
+        for i, lv in enumerate(self.level):
+            rows[lv].append(i)
+        return rows
+
+
+def _order_items(items: _Items, rows: list[list[int]],
+                 hints: dict[str, float]) -> dict[int, float]:
+    """Each item's left x (``rows`` sorted in place): by barycenter, the items entered from
+    outside in the order of their outside sources (``hints``), a row of sources only (the
+    inputs) each above its successors."""
+    pred, succ_at, widths = items.pred, items.succ_at, items.widths
     hinted = {}
-    for (way, i), pairs in crossing.items():
+    for (way, i), pairs in items.crossing.items():
         xs = [hints[u] for u, _ in pairs if u in hints]
         if way == "in" and xs:
-            hinted[ends[way, i][0] if (way, i) in ends else i] = sum(xs) / len(xs)
+            hinted[items.ends[way, i][0] if (way, i) in items.ends else i] = sum(xs) / len(xs)
     slots = sorted(hinted)
     rank = dict(zip(sorted(hinted, key=lambda i: (hinted[i], i)), slots))
     left = _order_and_place(rows, pred, widths, rank)
@@ -238,6 +259,14 @@ def _layout_cluster(cl: SCluster, edges: list[SEdge], depth: int,
         if not any(i in hinted for i in row):  # else keep the order of the outside sources
             row.sort(key=lambda i: (want[i], i))
         left.update(_place_level(row, want, widths))
+    return left
+
+
+def _stack(cl: SCluster, items: _Items, rows: list[list[int]], left: dict[int, float],
+           depth: int) -> _Box:
+    """``cl``'s box: its items moved to their rows under its title, the edges' routes
+    through the dummies' rows."""
+    boxes, widths, n = items.boxes, items.widths, items.n
     x0 = min(left.values(), default=0.0)
     content_w = max((left[i] + widths[i] for i in left), default=0.0) - x0
     tw, th = text_size(cl.title, FONT + 0.5)
@@ -263,12 +292,12 @@ def _layout_cluster(cl: SCluster, edges: list[SEdge], depth: int,
     def points(ds: list[int]) -> list[Point]:
         return [(left[d] + offset_x + DUMMY_W / 2, yy) for d in ds for yy in spans[d]]
 
-    for (i, j), pairs in inner.items():
+    for (i, j), pairs in items.inner.items():
         for key in pairs:
-            out.routes[key] = (moved[i].leave.get(key, []) + points(chains[i, j])
+            out.routes[key] = (moved[i].leave.get(key, []) + points(items.chains[i, j])
                                + moved[j].enter.get(key, []))
-    for (way, i), pairs in crossing.items():
-        pts = points(ends.get((way, i), []))
+    for (way, i), pairs in items.crossing.items():
+        pts = points(items.ends.get((way, i), []))
         for key in pairs:
             if way == "in":
                 out.enter[key] = pts + moved[i].enter.get(key, [])
@@ -277,6 +306,18 @@ def _layout_cluster(cl: SCluster, edges: list[SEdge], depth: int,
     out.h = y - V_GAP + C_PAD if rows else y + C_PAD
     out.clusters.insert(0, (cl, 0.0, 0.0, out.w, out.h, depth))
     return out
+
+
+def _layout_cluster(cl: SCluster, edges: list[SEdge], depth: int,
+                    hints: dict[str, float]) -> _Box:
+    """Lay out ``cl`` (see the module docstring); ``hints``: node x centres from an earlier
+    pass, which order the items that edges enter from outside ``cl``."""
+    boxes = [_layout_cluster(it, edges, depth + 1, hints) if isinstance(it, SCluster)
+             else _node_box(it) for it in cl.items]
+    items = _Items(boxes, edges)
+    rows = items.rows()
+    left = _order_items(items, rows, hints)
+    return _stack(cl, items, rows, left, depth)
 
 
 def layout(scene: Scene) -> Layout:
