@@ -188,7 +188,7 @@ class FamilyRunner:
         return (self.scaling.padded(self.size(tensors)),
                 tuple((t.dtype, t.device) for t in tensors.values()))
 
-    def reference(self, **tensors) -> dict:
+    def reference(self, /, **tensors) -> dict:
         """The outputs of the input program at the size ``tensors`` carry, run by torch (the
         reference of the checked first launch)."""
         return self._reference(self.size(tensors))(**tensors)
@@ -205,14 +205,14 @@ class FamilyRunner:
                 self.family.at({self.dim.name: length}))
         return self.references[length]
 
-    def __call__(self, *args, **kwargs) -> dict:
+    def __call__(self, /, *args, **kwargs) -> dict:
         """The outputs for these inputs (the first call per padded size, dtypes and devices
         checked against the input program run by torch, unless ``check=False``)."""
         if self.checker is not None:
             return self.checker(*args, **kwargs)
         return self._run(*args, **kwargs)
 
-    def _run(self, *args, **kwargs) -> dict:
+    def _run(self, /, *args, **kwargs) -> dict:
         import torch
         from torch.nn.functional import pad as zero_pad
 

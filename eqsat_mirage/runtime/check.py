@@ -144,7 +144,7 @@ class CheckedLaunch:
             return None  # the program itself names what is wrong
         return given
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         out = self.run(*args, **kwargs)
         tensors = self._bind(args, kwargs)
         if tensors is None:

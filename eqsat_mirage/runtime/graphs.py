@@ -68,7 +68,7 @@ class GraphRunner:
             return []  # let the launcher name what is wrong
         return [given[n] for n in self.names]
 
-    def __call__(self, *args, **kwargs) -> dict:
+    def __call__(self, /, *args, **kwargs) -> dict:
         """The outputs for these inputs (the static buffers of the captured graph)."""
         tensors = self._bind(args, kwargs)
         if not tensors or not all(hasattr(t, "is_cuda") for t in tensors) or \

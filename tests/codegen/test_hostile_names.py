@@ -195,3 +195,36 @@ def test_non_identifier_output_names_are_refused(name):
 def test_graph_name_must_be_text():
     with pytest.raises(em.GraphError, match="must be a string"):
         em.Graph(3)
+
+
+# the parameters of every call between the user and the kernels: the generated run(*args,
+# **kwargs), its checked, CUDA-graph and shape-family wrappers (self), and _bind/_check's
+CALL_NAMES = ["self", "args", "kwargs", "run", "entry", "tensors", "device", "given", "key",
+              "names", "check", "cuda_graph"]
+
+
+@pytest.mark.parametrize("x", CALL_NAMES)
+@pytest.mark.parametrize("how", [dict(check=True), dict(check=False), dict(cuda_graph=True),
+                                 dict(reuse_outputs=True)], ids=str)
+def test_a_call_parameter_is_an_input_name(x, how):
+    """Issue 51: an input named ``self`` (or as any parameter of the calls between the user
+    and the kernels) is given by name like any other input."""
+    res = em.optimize(small_graph("g", x, "w_in", "out"), level="kernel", cache=False,
+                      compile_check=False)
+    fn = res.compile(**how)
+    a, b = torch.randn(4, 8), torch.randn(8, 8)
+    want = (torch.exp(a @ b) * 2.0).numpy()
+    for got in (fn(a, b), fn(**{x: a, "w_in": b}), fn({x: a, "w_in": b}),
+                fn(a, w_in=b), fn(w_in=b, **{x: a})):
+        np.testing.assert_allclose(got["out"].numpy(), want, rtol=1e-5)
+
+
+def test_a_family_input_named_self_is_given_by_name():
+    size = em.Dim("L", hint=64, min=1, max=256)
+    g = em.Graph("fam")
+    x = g.input("self", (4, size), dtype="float32")
+    g.output(em.exp(x) * 2.0, "y")
+    fn = em.optimize(g, level="kernel", cache=False, compile_check=False).compile()
+    t = torch.randn(4, 37)
+    for got in (fn(self=t), fn({"self": t}), fn(t)):
+        np.testing.assert_allclose(got["y"].numpy(), (torch.exp(t) * 2).numpy(), rtol=1e-5)
