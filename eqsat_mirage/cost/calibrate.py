@@ -303,9 +303,9 @@ def write_fitted(path: str | Path, result: FigureFit, device: str, when: str = "
 
 # The figures a ranking fit moves: FIGURE_KEYS and the two effects the sweeps showed (a cost
 # per loop iteration, Triton's padded tiles); both are 0 (off) in the datasheet profiles, so
-# a fit starts them from RANK_STARTS.
-RANK_KEYS = (*FIGURE_KEYS, "loop_iteration_us", "padded_load_exponent")
-RANK_STARTS = {"loop_iteration_us": 0.3, "padded_load_exponent": 1.0}
+# a fit starts them from RANK_STARTS; so is the cost of tile rows shorter than a line.
+RANK_KEYS = (*FIGURE_KEYS, "loop_iteration_us", "padded_load_exponent", "short_run_exponent")
+RANK_STARTS = {"loop_iteration_us": 0.3, "padded_load_exponent": 1.0, "short_run_exponent": 0.5}
 
 
 @dataclass(frozen=True)

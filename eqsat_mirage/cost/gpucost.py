@@ -64,9 +64,11 @@ slots). A wave of n blocks costs max(memory, compute)::
     time = launch + (B // slots) x (max(memory(slots), compute(slots)) + F x it)
                   + [B % slots > 0] x (max(memory(r), compute(r)) + F x it),  r = B % slots
     it = loop_iteration_us (a block's iterations run one after another; 0 in the datasheet
-         profiles), and memory(n) is multiplied by padded_slowdown: the mean over the
-         block inputs of (padded / loaded tile elements) ^ padded_load_exponent (Triton
-         holds a 172-wide chunk as 256; 0, off, in the datasheet profiles)
+         profiles), and memory(n) is multiplied by load_slowdown: the mean over the block
+         inputs of (padded / loaded tile elements) ^ padded_load_exponent x (128 / bytes of
+         a contiguous run of the tile) ^ short_run_exponent (Triton holds a 172-wide chunk
+         as 256; a 16-wide fp16 tile uses a quarter of each line; both 0, off, in the
+         datasheet profiles)
 
 so co-resident blocks share their SM, and a partial last wave costs a whole block time:
 133 equal compute-bound blocks at 1 block/SM on 132 SMs take 2 block times, not 133/132.
@@ -322,21 +324,42 @@ def in_flight_bytes(k: CustomKernel, mg: MuGraph) -> int:
                for bi in k.inputs.values() if bi.tensor in specs)
 
 
-def padded_slowdown(k: CustomKernel, exponent: float) -> float:
-    """What Triton's padding costs ``k``'s loads: the mean over its block inputs (weighted
-    by the bytes each loads) of (padded / loaded elements of its tile) ^ ``exponent``; 1
-    when every tile dim is a power of two or ``exponent`` is 0. A 172-wide chunk is held as
-    256: 1.49x the elements, measured 2.2-2.5x slower on the H100 (masked, unaligned
-    loads), so the exponent is fitted, not 1."""
-    if not exponent:
+LINE_BYTES = 128  # a global-memory transaction: a tile row shorter than this wastes the rest
+
+
+def contiguous_run(tile: tuple[int, ...], shape: tuple[int, ...]) -> int:
+    """Elements a tile of ``tile`` reads from a row-major tensor of ``shape`` in one run:
+    its last dim, times the dims before it while the tile spans the tensor's dims after."""
+    run = 1
+    for t, s in zip(reversed(tile), reversed(shape)):
+        run *= t
+        if t != s:
+            break
+    return run
+
+
+def load_slowdown(k: CustomKernel, mg: MuGraph, prof: GPUProfile) -> float:
+    """What the shape of ``k``'s tiles costs its loads, beside their bytes: the mean over
+    its block inputs (weighted by the bytes each loads) of (padded / loaded tile elements)
+    ^ ``padded_load_exponent`` x (128 / bytes of its contiguous runs, at least 1) ^
+    ``short_run_exponent``; 1 when both are 0 (the datasheet profiles). Triton holds a
+    172-wide chunk as 256 (1.49x the elements, measured 2.2-2.5x slower on the H100:
+    masked, unaligned loads); a tile 16 fp16 values wide uses a quarter of each 128-byte
+    line it touches."""
+    p, q = prof.padded_load_exponent, prof.short_run_exponent
+    if not p and not q:
         return 1.0
-    total = weighted = 0.0
+    specs, total, weighted = mg.tensors, 0.0, 0.0
     for bi in k.inputs.values():
         tile = _tile_node(k, bi.name)
         size = numel(tile.shape) * ITEMSIZE[tile.dtype] * (k.forloop if bi.fmap is not None
                                                           else 1)
-        ratio = numel(tuple(pow2_ceil(d) for d in tile.shape)) / max(numel(tile.shape), 1)
-        total, weighted = total + size, weighted + size * ratio ** exponent
+        pad = numel(tuple(pow2_ceil(d) for d in tile.shape)) / max(numel(tile.shape), 1)
+        spec = specs.get(bi.tensor)
+        run = (contiguous_run(tile.shape, spec.shape) * ITEMSIZE[spec.dtype]
+               if spec is not None and len(spec.shape) == len(tile.shape) else LINE_BYTES)
+        short = LINE_BYTES / min(LINE_BYTES, max(run, 1))
+        total, weighted = total + size, weighted + size * pad ** p * short ** q
     return weighted / total if total else 1.0
 
 
@@ -396,7 +419,7 @@ def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile,
     bw_all = prof.dram_bandwidth_GBps * 1e3 * prof.dram_achievable_fraction
 
     flight = max(in_flight_bytes(k, mg), 1)  # a kernel that loads nothing waits on nothing
-    slow = padded_slowdown(k, prof.padded_load_exponent)
+    slow = load_slowdown(k, mg, prof)
     per_wave = f_range * prof.loop_iteration_us  # a block's iterations, one after another
 
     def wave(n: int) -> tuple[float, float]:

@@ -28,7 +28,7 @@ MEASURED_SUFFIX = "_measured"  # extract/<gpu>_measured.toml: calibration fitted
 _FRACTIONS = ("dram_achievable_fraction", "tensor_achievable_fraction",
               "replicated_read_dram_fraction")
 # figures that may be 0 (an effect the datasheet does not know: off until fitted)
-NON_NEGATIVE = ("loop_iteration_us", "padded_load_exponent")
+NON_NEGATIVE = ("loop_iteration_us", "padded_load_exponent", "short_run_exponent")
 
 
 def profiles_dir() -> Path:
@@ -88,6 +88,7 @@ class GPUProfile:
     l2_bandwidth_GBps: float  # noqa: N815
     loop_iteration_us: float = 0.0  # per loop iteration of a block, beside its bytes (>= 0)
     padded_load_exponent: float = 0.0  # memory time x (padded / loaded tile)^this (>= 0)
+    short_run_exponent: float = 0.0  # memory time x (128 B / a tile's row run)^this (>= 0)
     name: str = "gpu"
     description: str = ""
     path: str = ""
