@@ -7,6 +7,8 @@ which graphs mutate a tensor in place.
 ``specs.py``: what Dynamo recorded per node, and its symbolic sizes as shape families.
 ``runtime.py``: the module that runs an optimized partition in place of the eager one.
 ``options.py``: ``em.backend``'s options, checked when the backend is built.
+``replay.py``: a static partition's launches replayed as a CUDA graph on CUDA inputs.
+``report.py``: what the backend did with each partition (``PartitionReport``).
 
 Takes: an FX graph module and example inputs from Dynamo.
 Gives: a callable that runs the optimized partitions.

@@ -10,6 +10,9 @@ runs ``em.optimize`` on it and puts a callable in its place:
 - on CUDA tensors, and on CPU tensors with ``TRITON_INTERPRET=1``, the compiled
   Triton program (``res.compile()``);
 - otherwise (CPU) a torch implementation of the chosen program (``torch_reference``).
+On CUDA inputs a static partition's launches replay as one CUDA graph after its checked
+first launch (``cuda_graph``; ``replay``: what is copied, what is captured); a shape family
+launches plainly, and ``summary()["launches"]`` says how each partition launched.
 
 Everything else runs as eager torch, and so does a whole graph that mutates a
 tensor in place (``x.add_(1)``, ``x += y``, ``inplace=True``): moving ops into a
@@ -60,7 +63,6 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -77,6 +79,8 @@ from ..pipeline.optimize import optimize
 from ..pipeline.whole import improved, unchanged_reason
 from ..verifier import blas
 from .options import check_options
+from .replay import CopyEscaping, graphs_backend
+from .report import PartitionReport, launch_summary, ran_out_of_time
 from .runtime import OptimizedPartition, Warmup, uses_triton
 from .specs import SymbolicSizes, computes, graph_work, node_spec, split_runs
 from .support import (
@@ -95,48 +99,6 @@ __all__ = ["Backend", "PartitionReport", "backend", "mutation", "node_spec"]
 _PREFIX = "eqsat_mirage_part_"
 # one fx node that is a whole attention: worth a partition of its own (min_ops aside)
 _COMPOSITE = frozenset({torch.nn.functional.scaled_dot_product_attention})
-
-
-@dataclass
-class PartitionReport:
-    """What the backend did with one partition of a Dynamo graph."""
-
-    name: str
-    ops: list[str]
-    status: str = "pending"  # "optimized"; else it runs eagerly (see reason): "unchanged"
-    # (the search found nothing better), "fallback" (something failed) or "eager"
-    reason: str = ""
-    graph: Graph | None = field(default=None, repr=False)
-    result: Any = field(default=None, repr=False)  # the OptimizeResult
-    seconds: float = 0.0  # conversion + optimization (+ compilation)
-    mode: str = ""  # "triton" or "torch" once it ran optimized
-    calls: int = 0
-    eager_calls: int = 0  # calls whose sizes the program does not serve (they ran eagerly)
-    replan: str = ""  # a second search, when a call moved a size Dynamo left symbolic
-    optimized_ops: int = 0  # its ops whose piece was optimized (all of them: one piece)
-    optimized_compute_ops: int = 0  # those of them that compute (``specs.computes``)
-
-
-def ran_out_of_time(entry: PartitionReport) -> list[str]:
-    """The pieces of a partition (or the partition itself, searched as one piece) whose
-    search the time limit cut short, in words: ``part_1_0 piece 2 (18 ops: mm, silu, ...)``."""
-    res = entry.result
-    if res is None or isinstance(res, BaseException):
-        return []
-    pieces = res.stats.get("pieces")
-    if pieces is None:
-        if entry.status == "unchanged" and res.stats.get("time_limited"):
-            return [f"{entry.name} ({len(entry.ops)} ops)"]
-        return []
-    out = []
-    for p in pieces:  # a piece equal to an earlier one (same_as) was not searched again
-        if p.get("time_limited") and p.get("same_as") is None:
-            names = list(dict.fromkeys(p["ops"]))
-            shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
-            equal = [q["index"] for q in pieces if q.get("same_as") == p["index"]]
-            also = (f"; and the equal piece(s) {', '.join(map(str, equal))}" if equal else "")
-            out.append(f"{entry.name} piece {p['index']} ({len(p['ops'])} ops: {shown}{also})")
-    return out
 
 
 AUTO_BASE_S = 30.0  # time_limit_s="auto": the limit of a graph of toy size
@@ -159,7 +121,8 @@ class Backend:
     largest example value, under automatic dynamic shapes the size that changed), and any
     other
     ``em.optimize`` keyword (``level``, ``node_limit``, ``rules``, ...), all checked here
-    (``options.check_options``).
+    (``options.check_options``). ``cuda_graph``: True (default): CUDA graph replay on CUDA
+    inputs (``replay``); False: plain launches; or a graphs backend (``CudaGraphs``'s methods).
 
     ``build(gm, sizes, number)`` searches one graph and returns its callable;
     ``warming``: the graphs still in their ``warmup`` calls; ``warning(text)``: a warning
@@ -178,13 +141,15 @@ class Backend:
 
     def __init__(self, target: str = "h100", time_limit_s: float | str = AUTO, min_ops: int = 2,
                  warn: bool = True, warmup: int | None = None, size_hint: int | None = None,
-                 size_max: int | None = None, **optimize_options: Any) -> None:
+                 size_max: int | None = None, cuda_graph: Any = True,
+                 **optimize_options: Any) -> None:
         check_options(dict(target=target, time_limit_s=time_limit_s, min_ops=min_ops, warn=warn,
                            warmup=warmup, size_hint=size_hint, size_max=size_max,
-                           **optimize_options))  # now, not inside torch.compile
+                           cuda_graph=cuda_graph, **optimize_options))  # not in torch.compile
         self.options = dict(target=target, time_limit_s=time_limit_s, **optimize_options)
         self.min_ops, self.warn, self.warmup = min_ops, warn, warmup
         self.size_hint, self.size_max = size_hint, size_max
+        self.cuda_graph = cuda_graph
         self.report: list[PartitionReport] = []
         self.unsupported: list[str] = []
         self._summaries: list[dict] = []
@@ -202,7 +167,7 @@ class Backend:
                               f"'h100', time_limit_s=2); got {len(args)} positional argument(s)")
         opts = {**self.options, "min_ops": self.min_ops, "warn": self.warn,
                 "warmup": self.warmup, "size_hint": self.size_hint,
-                "size_max": self.size_max, **kwargs}
+                "size_max": self.size_max, "cuda_graph": self.cuda_graph, **kwargs}
         return Backend(**opts)
 
     def __repr__(self) -> str:
@@ -315,7 +280,8 @@ class Backend:
                 setattr(fused, node.target, replacement)
         fused.recompile()
         self._summarize(total, entries, eager, sizes, number)
-        return fused.forward
+        replayed = [e.module for e in entries if e.status == "optimized" and e.module.graphs]
+        return CopyEscaping(fused.forward, replayed) if replayed else fused.forward
 
     def _worth(self, part, sizes: SymbolicSizes) -> bool:
         """Whether a proposed partition is optimized: ``min_ops`` ops or more, or one op that
@@ -362,7 +328,8 @@ class Backend:
         coverage's numerator), ``graphs``, one dict per graph as its warning said it, and
         ``eager_only``: the graphs not searched, which so far ran only their ``warmup``
         calls (a static graph Dynamo replaced after one call stays there; its ops are not
-        in the totals)."""
+        in the totals); ``launches``: how each optimized partition launched so far, in words;
+        ``cuda_graphs``: the partitions replayed as CUDA graphs."""
         graphs = sorted(self._summaries, key=lambda g: g["graph"])
         before = sum(g["predicted_us"][0] for g in graphs)
         after = sum(g["predicted_us"][1] for g in graphs)
@@ -373,7 +340,7 @@ class Backend:
                 "optimized_partitions": sum(g["optimized_partitions"] for g in graphs),
                 "predicted_us": [before, after],
                 "eager": [e for g in graphs for e in g["eager"]], "graphs": graphs,
-                "eager_only": sorted(self.warming)}
+                "eager_only": sorted(self.warming), **launch_summary(self.report)}
 
     def _ensure_specs(self, gm: fx.GraphModule, example_inputs: list) -> None:
         """Run ShapeProp when some node lacks Dynamo's example value (a plain fx graph)."""
@@ -416,6 +383,7 @@ class Backend:
                 entry.seconds = time.perf_counter() - t0
                 return None
             mod = OptimizedPartition(sub, entry, dict(cv.sources), outs, single)
+            mod.graphs, entry.module = graphs_backend(self.cuda_graph), mod
             mod.scalars = cv.scalars
             mod.guards = {ref: snap for (kind, ref), snap in cv.snapshots.items()
                           if kind == "arg"}

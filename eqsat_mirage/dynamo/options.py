@@ -1,7 +1,8 @@
 """``em.backend``'s options, checked when the backend is built, not inside ``torch.compile``.
 
 A backend takes its own options (``BACKEND_OPTIONS``: ``target``, ``time_limit_s``,
-``min_ops``, ``warn``, ``warmup``, ``size_hint``, ``size_max``) and every keyword of
+``min_ops``, ``warn``, ``warmup``, ``size_hint``, ``size_max``, ``cuda_graph``) and every
+keyword of
 ``em.optimize`` (``level``, ``node_limit``, ``rules``, ...). ``check_options`` raises a
 ``MirageError`` for an unknown keyword (naming it and listing the valid ones) and for a
 bad value (naming the option): a misspelt option is found when ``em.backend(...)`` is
@@ -19,7 +20,8 @@ from ..pipeline.optimize import optimize
 from ..pipeline.options import split_options
 
 BACKEND_OPTIONS = ("target", "time_limit_s", "min_ops", "warn", "warmup", "size_hint",
-                   "size_max")
+                   "size_max", "cuda_graph")
+GRAPHS_METHODS = ("available", "capture", "replay")  # a graphs backend object's (cuda_graph=)
 
 
 def optimize_keywords() -> tuple[str, ...]:
@@ -53,4 +55,11 @@ def check_options(options: dict[str, Any]) -> None:
     _count("min_ops", options.get("min_ops", 1), 1, "a count of ops >= 1", none_ok=False)
     if not isinstance(options.get("warn", True), bool):
         raise MirageError(f"em.backend(warn=...) takes True or False, got {options['warn']!r}")
+    graphs = options.get("cuda_graph", True)
+    if not isinstance(graphs, bool) and not all(callable(getattr(graphs, m, None))
+                                                for m in GRAPHS_METHODS):
+        raise MirageError("em.backend(cuda_graph=...) takes True (replay static partitions as "
+                          "CUDA graphs on CUDA inputs), False (plain launches) or a graphs "
+                          f"backend object with {', '.join(GRAPHS_METHODS)} methods, got "
+                          f"{graphs!r}")
     split_options({n: v for n, v in options.items() if n in search})  # checked as optimize does

@@ -9,7 +9,9 @@ eagerly, with one warning. ``Warmup`` stands for a static graph during its warmu
 (the backend's ``warmup``): eager, then searched at the call after them. The first call
 with each input signature is checked against the partition's input program run by torch
 (``runtime.check``); a mismatch runs the partition eagerly from then on, with a
-warning naming the output, the kernel and the worst element.
+warning naming the output, the kernel and the worst element. On CUDA inputs a static
+partition's launches are replayed as a CUDA graph (``replay``; the backend's
+``cuda_graph``), captured after that check.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ..ir.dims import DynamicShapeError
 from ..ir.errors import unexpected
 from ..runtime.check import LaunchCheckError
 from ..semantics.torch_reference import checked_against, torch_reference
+from .replay import Replay
 
 __all__ = ["OptimizedPartition", "uses_triton"]
 
@@ -63,6 +66,7 @@ class OptimizedPartition(torch.nn.Module):
         self.replan: Any = None  # symbol -> an OptimizedPartition with it as the family size, once
         self.scalars: dict[int, float] = {}  # argument position -> the float it is held at
         self.guards: dict[int, Any] = {}  # argument position -> the buffer Snapshot folded
+        self.graphs: Any = None  # the graphs backend replaying its launches (None: plain)
 
     def _adopt(self, symbol: Any, feed: dict) -> bool:
         """A call moved specialized size ``symbol``: search again with it as the family
@@ -81,10 +85,10 @@ class OptimizedPartition(torch.nn.Module):
         if why:
             self.entry.replan = f"the search with {symbol} symbolic does not serve it ({why})"
             return False
-        keep = {k: getattr(self.entry, k) for k in ("calls", "eager_calls")}
+        keep = {k: getattr(self.entry, k) for k in ("calls", "eager_calls", "module")}
         keep["seconds"] = self.entry.seconds + new.entry.seconds
         self.entry.__dict__.update(new.entry.__dict__, **keep, replan=f"symbolic {symbol}")
-        for key in ("sources", "outs", "single", "expect", "held", "guards"):
+        for key in ("sources", "outs", "single", "expect", "held", "guards", "graphs"):
             setattr(self, key, getattr(new, key))
         self._fns = new._fns
         return True
@@ -93,7 +97,8 @@ class OptimizedPartition(torch.nn.Module):
         """``(mode, fn)``: the callable running this partition's program on ``device``
         ("triton": ``res.compile()``, or a shape family's ``FamilyRunner``; "torch": its
         torch implementation), built at the first call for its mode and kept. Both check
-        their first launch per input signature."""
+        their first launch per input signature; with a graphs backend (``graphs``) a static
+        program on Triton is replayed as a CUDA graph (``replay.Replay``)."""
         triton = uses_triton(device)
         key = "triton" if triton else "torch"
         if key not in self._fns:
@@ -106,7 +111,30 @@ class OptimizedPartition(torch.nn.Module):
                 self._fns[key] = res.compile() if triton else checked_against(
                     torch_reference(res.program), res.reference(),
                     mugraph=res.program if hasattr(res.program, "kernels") else None)
+                if triton and self.graphs is not None:
+                    fixed = [n for n, (kind, _) in self.sources.items()
+                             if kind in ("param", "const")]
+                    self._fns[key] = Replay(self._fns[key], fixed, self.graphs, self.entry.name)
         return key, self._fns[key]
+
+    def buffers(self) -> set[int]:
+        """The storage addresses of the static buffers its CUDA graphs hold (none when it
+        launches plainly): a compiled graph's results sharing them are copied."""
+        fn = self._fns.get("triton")
+        return fn.buffers() if isinstance(fn, Replay) else set()
+
+    def launches(self) -> str:
+        """How its optimized program launched so far, in words (``be.summary()``)."""
+        fn = self._fns.get(self.entry.mode or "triton")
+        if isinstance(fn, Replay):
+            return fn.how()
+        if not self.entry.calls:
+            return "not run yet"
+        if self.entry.mode == "torch":
+            return "torch code (no Triton on this device)"
+        if getattr(self.entry.result, "scaling", None) is not None:
+            return "plain launches: a shape family (its sizes vary per call)"
+        return "plain launches" + (": cuda_graph=False" if self.graphs is None else "")
 
     def unserved(self, feed: dict) -> str:
         """Why the program does not serve these inputs (a static size differs), or ""."""
