@@ -35,6 +35,18 @@ def build_parser(commands: dict[str, Callable], bench_module: Callable) -> argpa
         epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
+    _demo_command(sub, commands)
+    _optimize_command(sub, commands)
+    _check_rules_command(sub, commands)
+    _cache_command(sub, commands)
+    _targets_command(sub, commands)
+    _verify_command(sub, commands)
+    _bench_command(sub, commands, bench_module)
+    return parser
+
+
+def _demo_command(sub, commands: dict[str, Callable]) -> None:
+    """``demo``: optimize a benchmark and print the result (or verify its rewritten form)."""
     demo = sub.add_parser(
         "demo", help="optimize a benchmark and print the result (or, with --rewritten, verify "
                      "a hand-rewritten form)",
@@ -55,6 +67,9 @@ def build_parser(commands: dict[str, Callable], bench_module: Callable) -> argpa
     _search_options(demo)
     demo.set_defaults(func=commands["demo"])
 
+
+def _optimize_command(sub, commands: dict[str, Callable]) -> None:
+    """``optimize``: superoptimize program files or a benchmark."""
     opt = sub.add_parser(
         "optimize", help="superoptimize program files or a benchmark",
         description="Superoptimize PROGRAM.py (a Python file defining `program` or `build()`; "
@@ -79,6 +94,9 @@ def build_parser(commands: dict[str, Callable], bench_module: Callable) -> argpa
     _search_options(opt)
     opt.set_defaults(func=commands["optimize"])
 
+
+def _check_rules_command(sub, commands: dict[str, Callable]) -> None:
+    """``check-rules``: test rewrite-rule files for soundness."""
     chk = sub.add_parser(
         "check-rules", help="test rewrite-rule files for soundness",
         description="Instantiate every rule of the given .egg files or folders with random "
@@ -89,6 +107,9 @@ def build_parser(commands: dict[str, Callable], bench_module: Callable) -> argpa
     chk.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     chk.set_defaults(func=commands["check-rules"])
 
+
+def _cache_command(sub, commands: dict[str, Callable]) -> None:
+    """``cache``: list, clear or locate the results cache."""
     cache = sub.add_parser(
         "cache", help="list, clear or locate the results cache",
         description="The results cache of optimize/demo/bench: `list` prints its entries, "
@@ -100,10 +121,16 @@ def build_parser(commands: dict[str, Callable], bench_module: Callable) -> argpa
                        help="the cache folder (default: see above)")
     cache.set_defaults(func=commands["cache"])
 
+
+def _targets_command(sub, commands: dict[str, Callable]) -> None:
+    """``targets``: list the built-in hardware profiles."""
     tg = sub.add_parser("targets", help="list the built-in hardware profiles",
                         description="List the GPU profiles in extract/ that --target accepts.")
     tg.set_defaults(func=commands["targets"])
 
+
+def _verify_command(sub, commands: dict[str, Callable]) -> None:
+    """``verify``: decide whether the programs of two files are equivalent."""
     ver = sub.add_parser(
         "verify", help="decide whether the programs of two files are equivalent",
         description="Each FILE is a Python file defining a module-level `program` (an "
@@ -121,6 +148,9 @@ def build_parser(commands: dict[str, Callable], bench_module: Callable) -> argpa
                      help="random seed (default: fresh randomness)")
     ver.set_defaults(func=commands["verify"])
 
+
+def _bench_command(sub, commands: dict[str, Callable], bench_module: Callable) -> None:
+    """``bench-verify`` and ``bench``: the benchmark tables (their options from bench/)."""
     bench = sub.add_parser(
         "bench-verify", help="verify every benchmark against its rewritten form (a table)",
         description="Verify each benchmark program against its hand-rewritten form and print "
@@ -142,7 +172,6 @@ def build_parser(commands: dict[str, Callable], bench_module: Callable) -> argpa
         pass  # reported when the command runs
     _cache_options(gpu)
     gpu.set_defaults(func=commands["bench"])
-    return parser
 
 
 def _search_options(p: argparse.ArgumentParser) -> None:
