@@ -186,11 +186,13 @@ def tuned_rows(manifest: dict, results: dict) -> list[dict]:
 def tuned_section(rows: list[dict], device: str) -> str:
     """The "## Tuned choices" section: per group, the model's choice and the measured
     fastest, with the speed-up of tuning over the model's choice."""
+    how = ("made-up times (--stub-times: a test, not a measurement)"
+           if device.startswith("cpu") else "CUDA-graph replays, median")
     lines = [SECTION, "", f"Device: {device}. Each piece's verified candidates (the model's "
-             "choice is #0) and its eager form, CUDA-graph replays, median "
-             "(bench/gpu_bundle.py export + gpu_runner.py + ingest).", "",
+             f"choice is #0) and its eager form, {how} (bench/gpu_bundle.py export + "
+             "gpu_runner.py + ingest).", "",
              "| case | piece | candidates | model's choice (us) | tuned choice (us) | eager (us) "
-             "| tuned / model |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| gain (model / tuned) |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         gain = r["model_us"] / r["tuned_us"] if r["tuned_us"] > 0 else math.nan
         lines.append(f"| {r['case']} | {r['piece']} | {r['candidates']} | {r['model']} "
