@@ -248,7 +248,7 @@ def test_a_llama_layer_replays_as_cuda_graphs_on_a_gpu():
     pos = torch.arange(seq, device="cuda")[None]
     xs = [torch.randn(1, seq, cfg.hidden_size, device="cuda", dtype=torch.float16)
           for _ in range(3)]
-    cos, sin = ml.LlamaRotaryEmbedding(cfg, device="cuda")(xs[0], pos)
+    cos, sin = ml.LlamaRotaryEmbedding(cfg).to("cuda")(xs[0], pos)
 
     def step(h):
         out = layer(h, attention_mask=None, position_embeddings=(cos, sin), position_ids=pos)
