@@ -169,6 +169,8 @@ def summary(res) -> str:
     for ph in st.get("phases", []):
         rows.append(f"{ph['name']:<12}{ph['iterations']:>11}{ph['enodes']:>10}"
                     f"{ph['seconds']:>9.2f}  {ph['stop']}")
+    from ..egraph.rule_report import printable
+
     fired: dict[str, int] = {}
     for ph in st.get("phases", []):
         for rule, n in ph.get("rules_fired", {}).items():
@@ -177,7 +179,7 @@ def summary(res) -> str:
         rows.append("")
         rows.append("rules fired (matches):")
         for rule, n in sorted(fired.items(), key=lambda kv: -kv[1])[:12]:
-            rows.append(f"  {n:>7}  {rule}")
+            rows.append(f"  {n:>7}  {printable(rule)}")  # a rule name is a comment
     rows.append("")
     rows.append(f"extraction   {st.get('candidates', 0)} candidates, "
                 f"{st.get('candidates_tried', 0)} tried, {st.get('extract_seconds', 0):.2f} s")

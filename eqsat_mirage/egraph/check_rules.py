@@ -26,7 +26,7 @@ from ..ir.node import DTYPES, Node, Op, fmt_shape, make, numel
 from ..verifier.floatcheck import float_checks
 from ..verifier.verify import Counterexample, verify
 from .encode import build_node
-from .rule_report import RuleCheck, RuleCheckReport
+from .rule_report import RuleCheck, RuleCheckReport, printable
 from .rulefiles import Rule, Schema, SList, Sym, load_rules, to_text
 
 _POOLS = ((2, 3), (1, 2, 3), (2, 3, 4), (1, 2, 3, 4, 6), (2, 4, 6), (3,), (1, 2))
@@ -466,8 +466,8 @@ def assert_sound(paths="rules", instances: int = 3, seed: int = 0, trials: int =
            if r.status == "unsound" or (strict and r.status != "sound")
            or (not allow_float_unsafe and r.status == "sound" and r.float_safe is False)]
     if bad:
-        lines = [f"{r.path}:{r.line}: {r.verdict} rule {r.rule!r}: "
-                 f"{r.message or r.float_message}" for r in bad]
+        lines = [f"{printable(r.path)}:{r.line}: {r.verdict} rule {r.rule!r}: "
+                 f"{printable(r.message or r.float_message)}" for r in bad]
         hint = ("" if all(r.status == "unsound" or r.float_safe is False for r in bad) else
                 "\n(a rule that cannot be checked is refused; optimize(..., "
                 "allow_unchecked_rules=True) loads it anyway)")

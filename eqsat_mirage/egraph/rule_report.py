@@ -12,9 +12,21 @@ from dataclasses import dataclass, field
 
 from ..verifier.verify import Counterexample
 
-__all__ = ["STATUSES", "RuleCheck", "RuleCheckReport"]
+__all__ = ["STATUSES", "RuleCheck", "RuleCheckReport", "printable"]
 
 STATUSES = ("sound", "unsound", "not instantiated", "cannot check")
+
+
+def printable(text: str) -> str:
+    """``text`` as a report or a terminal shows it: every character that does not print
+    (ESC, BEL, NUL, a newline, a carriage return, a bidirectional override, ...) written as
+    its escape (``\\x1b``), so a rule's name (a comment in a user's file) or its file's
+    name cannot move the cursor, rewrite a line or hide a verdict."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
 
 
 @dataclass
@@ -64,14 +76,16 @@ class RuleCheckReport:
 
     def __str__(self) -> str:
         rows = [("status", "where", "inst", "rule")] + [
-            (r.verdict, r.where, f"{r.instances}/{r.shape_instances}", r.rule)
-            for r in self.results]
+            (r.verdict, printable(r.where), f"{r.instances}/{r.shape_instances}",
+             printable(r.rule)) for r in self.results]
         w = [max(len(row[i]) for row in rows) for i in range(3)]
         lines = ["  ".join(c.ljust(w[i]) if i < 3 else c for i, c in enumerate(row))
                  for row in rows]
         lines.insert(1, "-" * max(len(s) for s in lines))
-        lines += [f"{r.where} {r.status}: {r.message}" for r in self.results if r.status != "sound"]
-        lines += [f"{r.where} sound, float-unsafe: {r.float_message}" for r in self.float_unsafe]
+        lines += [f"{printable(r.where)} {r.status}: {printable(r.message)}"
+                  for r in self.results if r.status != "sound"]
+        lines += [f"{printable(r.where)} sound, float-unsafe: {printable(r.float_message)}"
+                  for r in self.float_unsafe]
         counts = {s: sum(r.status == s for r in self.results) for s in STATUSES}
         unsafe = f" ({len(self.float_unsafe)} of them float-unsafe)" if self.float_unsafe else ""
         lines.append(", ".join(f"{n} {s}" + (unsafe if s == "sound" else "")
