@@ -251,10 +251,10 @@ def test_a_bug_on_one_candidate_is_contained_outside_strict_mode(monkeypatch):
 def test_a_bug_in_planning_one_candidate_is_contained_outside_strict_mode(monkeypatch):
     """The planner failing on one candidate (a bug) drops that candidate with the error
     recorded (``fusion_errors``); the input program is still planned and returned."""
-    from eqsat_mirage.fusion import planner
+    from eqsat_mirage.fusion import forms
     from eqsat_mirage.ir.errors import STRICT_ENV
 
-    real, calls = planner.plan, []
+    real, calls = forms.plan, []  # the planning call of each form (fusion.forms)
 
     def buggy_once(*args, **kwargs):
         calls.append(1)
@@ -262,7 +262,7 @@ def test_a_bug_in_planning_one_candidate_is_contained_outside_strict_mode(monkey
             raise IndexError("tuple index out of range (test)")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(planner, "plan", buggy_once)
+    monkeypatch.setattr(forms, "plan", buggy_once)
     monkeypatch.setenv(STRICT_ENV, "0")
     res = em.optimize(_rmslin(), cache=False, compile_check=False)
     assert any("IndexError: tuple index out of range (test)" in e
