@@ -223,7 +223,7 @@ def test_result_printout_stats_and_levels(optimized):
 
 def test_never_returns_an_unverified_program(monkeypatch):
     """If every planned MuGraph is wrong, the input (one kernel per op) is returned."""
-    import eqsat_mirage.fusion.planner as fusion
+    import eqsat_mirage.fusion.forms as fusion  # where each form is planned
 
     real = fusion.plan
 
@@ -238,7 +238,7 @@ def test_never_returns_an_unverified_program(monkeypatch):
     g = em.Graph("small")
     x, w = g.input("X", (64, 256)), g.input("W", (256, 128))
     g.output(em.silu(x @ w) * 2.0, "O")
-    res = em.optimize(g, trials=1)
+    res = em.optimize(g, trials=1, cache=False)
     assert res.stats["candidates_tried"] >= 1
     assert all(p["verified"] is False for p in res.stats["plans"])
     assert res.verified.equivalent and res.cost_us == res.baseline_cost_us
