@@ -362,6 +362,9 @@ def check_rule(rule: Rule, schema: Schema | None = None, instances: int = 3, see
             bad = "" if rhs.shape == lhs.shape else (
                 f"the sides have different shapes, {fmt_shape(lhs.shape)} and "
                 f"{fmt_shape(rhs.shape)}, for {inst.describe()}")
+            if not bad and str(rhs.dtype) != str(lhs.dtype):  # another program, however
+                bad = (f"the sides have different dtypes, {lhs.dtype} and {rhs.dtype}, for "
+                       f"{inst.describe()}")  # close its values (em.verify says so too)
         except (ShapeError, DTypeError, TypeError) as exc:
             bad = (f"the right side is ill-shaped for {inst.describe()} (left side "
                    f"{fmt_shape(lhs.shape)}): {exc}")

@@ -201,6 +201,14 @@ def _matmul_shape(a: Shape, b: Shape, where: _Where | str) -> Shape:
     return out
 
 
+def _weak(n: Node) -> bool:
+    """A constant, or a scalar computed from constants alone (``1.0 / c``, as a rule may
+    write it): like a Python number it takes the dtype of what it meets, never widening
+    it (a float16 ``x * (1.0 / c)`` stays float16, as ``x / c`` is)."""
+    return n.op is Op.CONST or (n.shape == () and bool(n.srcs) and n.op is not Op.CAST
+                                and all(_weak(s) for s in n.srcs))
+
+
 def infer(op: Op, srcs: tuple[Node, ...], arg: Any) -> tuple[Shape, str]:
     """Shape and dtype of ``op`` applied to ``srcs``; raises ``ShapeError``."""
     where = _Where(op, srcs)
@@ -222,7 +230,7 @@ def infer(op: Op, srcs: tuple[Node, ...], arg: Any) -> tuple[Shape, str]:
             raise DTypeError(f"{where}: cast to {arg!r}; expected one of {', '.join(DTYPES)}")
         return srcs[0].shape, arg
     dtype = srcs[0].dtype if srcs else "float32"
-    non_const = [s.dtype for s in srcs if s.op is not Op.CONST]
+    non_const = [s.dtype for s in srcs if not _weak(s)]
     if non_const:
         dtype = non_const[0]
         for d in non_const[1:]:

@@ -95,6 +95,18 @@ def match_interfaces(a, b) -> None:
                                  f"{fmt_shape(xb[name].shape)}")
 
 
+def output_dtypes_differ(a, b) -> str:
+    """Why ``a`` and ``b`` (interfaces matched) are not equivalent by their outputs' dtypes
+    alone: the first output whose dtype differs, named with both; "" when all agree. A
+    program is what it returns, dtype included: a float32 output where the input program's
+    is float16 is another program, however close its values."""
+    for name, node in a.outputs.items():
+        if str(node.dtype) != str(b.outputs[name].dtype):
+            return (f"output {name!r} is {node.dtype} in {a.name!r} but "
+                    f"{b.outputs[name].dtype} in {b.name!r}")
+    return ""
+
+
 def _first_mismatch(x: np.ndarray, y: np.ndarray) -> tuple[int, ...] | None:
     diff = np.argwhere(np.broadcast_to(x != y, np.broadcast_shapes(np.shape(x), np.shape(y))))
     return tuple(int(i) for i in diff[0]) if len(diff) else None
@@ -266,6 +278,10 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
         check(prog)
         check_lax(prog, what)
     match_interfaces(a, b)
+    differ = output_dtypes_differ(a, b)
+    if differ:
+        return VerifyResult(False, 1.0, reason=differ, max_bound=max_bound,
+                            seconds=time.perf_counter() - start)
     deadline = time_limit_s if isinstance(time_limit_s, Deadline) else Deadline(time_limit_s)
     if memo is not None and (seed is None or memo.setdefault("program", a) is not a
                              or memo.setdefault("seed", seed) != seed):
