@@ -32,15 +32,31 @@ class Outputs:
         return self._nodes
 
 
+_REAL_KINDS = "biufO"  # NumPy kinds of real values (bool, ints, floats; objects converted)
+
+
 def as_array(value: Any, name: str) -> np.ndarray:
-    """Convert a NumPy array, torch tensor or nested list to a float64 array."""
+    """Convert a NumPy array, torch tensor or nested list of real numbers to a float64
+    array; an ``InputError`` naming the input for anything else: a complex value (its
+    imaginary part would be dropped), text, dates."""
     if hasattr(value, "detach"):  # torch tensor
+        if value.is_complex():
+            raise InputError(f"input {name!r}: a complex tensor ({value.dtype}); inputs are "
+                             "real (pass .real or .abs() if that is what is meant)")
         value = value.detach().to("cpu").float().numpy()
     try:
-        arr = np.asarray(value, dtype=np.float64)
+        given = np.asarray(value)
+        real = given.dtype.kind in _REAL_KINDS
+        arr = np.asarray(given, dtype=np.float64) if real else None
     except (TypeError, ValueError) as exc:
-        raise InputError(f"input {name!r}: cannot convert {type(value).__name__} to an array") \
-            from exc
+        raise InputError(f"input {name!r}: cannot convert {type(value).__name__} to an array "
+                         "of real numbers") from exc
+    if arr is None and given.dtype.kind == "c":
+        raise InputError(f"input {name!r}: a complex array ({given.dtype}); inputs are real "
+                         "(pass .real or abs() if that is what is meant)")
+    if arr is None:  # text, dates, ...
+        raise InputError(f"input {name!r}: cannot convert {type(value).__name__} to an array "
+                         f"of real numbers (it holds {given.dtype})")
     return arr
 
 
