@@ -6,8 +6,9 @@ under a schedule to custom kernels. ``space.py``: a program's ops, their users a
 names, and a region of them cut out as one kernel's program. ``regions.py``: the region
 search, which decides which ops share a kernel. ``planner.py``: ``plan`` prices regions
 (each kernel's schedule by the GPU cost model), calls the region search and builds the
-chosen partition; ``plans.py``: its records
-(a region's pricing, the plan and its per-region report). ``forms.py``: each extracted form
+chosen partition; ``plans.py``: its records (a region's pricing, the plan and its
+per-region report); ``alternatives.py``: other plans of the same program for measured tuning
+(other schedules, library matmuls, next partitions). ``forms.py``: each extracted form
 planned under the e-graph's kernel choices (``egraph.kernels``), duplicates planned once.
 
 Takes: a kernel-level ``Graph`` and the edges that may be cut.

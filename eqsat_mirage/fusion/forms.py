@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from ..egraph.kernels import SchedulePermit, Terms, read_kernels
 from .planner import plan
+from .plans import plan_key
 
 
 def canonical(graph) -> int:
@@ -28,12 +29,6 @@ def canonical(graph) -> int:
             kids.sort()
         memo[id(n)] = hash((n.op, n.arg, n.shape, n.dtype, tuple(kids)))
     return hash(tuple(sorted((name, memo[id(n)]) for name, n in graph.outputs.items())))
-
-
-def plan_key(mg) -> str:
-    """The MuGraph's listing without its name and fragment names (duplicates verify once)."""
-    lines = str(mg).splitlines()[1:]
-    return "\n".join(line for line in lines if not line.lstrip().startswith("source:"))
 
 
 @dataclass
@@ -86,17 +81,20 @@ class KernelPlanner:
         infeasible."""
         self.refused.update(found)
 
-    def plan(self, form: Form, shared: dict | None, deadline):
-        """``form`` planned into a ``FusionPlan`` (``planner.plan``), every refused kernel
-        priced as infeasible."""
+    def plan(self, form: Form, shared: dict | None, deadline, alternatives: int = 0):
+        """``form`` planned into a ``FusionPlan`` (``planner.plan``, with up to
+        ``alternatives`` other plans), every refused kernel priced as infeasible."""
         return plan(form.graph, self.profile, self.strategy, cuts=form.cuts,
-                            shared=shared, deadline=deadline, permit=self.permit(form),
-                            refused=dict(self.refused) or None)
+                    shared=shared, deadline=deadline, permit=self.permit(form),
+                    refused=dict(self.refused) or None, alternatives=alternatives)
 
-    def plan_all(self, forms: list[Form], late, record) -> tuple[list, dict]:
+    def plan_all(self, forms: list[Form], late, record,
+                 alternatives: int = 0) -> tuple[list, dict]:
         """Each distinct form planned until ``late`` (a ``Deadline``): the plans as (cost,
         form index, how, plan) in cost order, and per form "cuttable/all" op edges.
-        ``record`` counts forms skipped (``skipped``) and refused (``errors``)."""
+        ``record`` counts forms skipped (``skipped``) and refused (``errors``).
+        ``alternatives``: up to that many other plans of each form too (``planner.plan``),
+        named "<how> / <label>" ("greedy-dag / schedule 2"), duplicates dropped."""
         from ..ir.errors import MirageError, unexpected
 
         plans, seen, distinct, priced, allowed = [], set(), set(), {}, {}
@@ -112,7 +110,7 @@ class KernelPlanner:
             edges = {(id(s), id(n)) for n in g.nodes() for s in n.srcs if n.srcs and s.srcs}
             allowed[i] = f"{len(edges) if cuts is None else len(cuts & edges)}/{len(edges)}"
             try:
-                p = self.plan(form, priced, late)
+                p = self.plan(form, priced, late, alternatives)
                 if late.expired():  # the planner may have left fragments unfused
                     record.skipped += 1
             except Exception as exc:  # a refused schedule or program: recorded, skipped (a
@@ -121,9 +119,11 @@ class KernelPlanner:
                 why = str(exc) if isinstance(exc, MirageError) else f"{type(exc).__name__}: {exc}"
                 record.errors.append(f"{form.how}: {why}")
                 continue
-            key = plan_key(p.mugraph)
-            if key not in seen:
-                seen.add(key)
-                plans.append((p.cost_us, i, form.how, p))
+            for how, q in [(form.how, p)] + [(f"{form.how} / {a.label}", a)
+                                              for a in p.alternatives]:
+                key = plan_key(q.mugraph)
+                if key not in seen:
+                    seen.add(key)
+                    plans.append((q.cost_us, i, how, q))
         plans.sort(key=lambda x: (x[0], x[1]))
         return plans, allowed

@@ -39,6 +39,10 @@ decided by the region search (``regions.search``), called from ``plan``:
    every legal schedule is infeasible (tiles exceed shared memory, K < 16), or it is simply
    dearer than separate kernels.
 
+5. Asked for alternatives (measured tuning times them), the plan carries other plans of the
+   program: its regions' next-best schedules, its matmuls as library kernels with the work
+   around them fused apart, the next-best partitions (``alternatives.py``).
+
 Bounded by ``max_evaluations`` fragments priced and the deadline; a program of at most 6
 units is searched exactly (bench/RESULTS.md, "Planner against brute force").
 """
@@ -57,6 +61,7 @@ from ..ir.errors import MirageError
 from ..ir.node import ITEMSIZE, Node, Op, numel
 from ..mugraph.kernels import PredefinedKernel
 from ..mugraph.program import MuGraph, from_graph
+from .alternatives import variants
 from .indexing import Indexing, ScheduleError, UnionFind, index_fragment
 from .lower import add_kernel
 from .plans import FusionPlan, Pricing, Region
@@ -76,7 +81,11 @@ _LEFT_OUT = {"Kern": "looping or splitting a reduction with no such Kern node",
              "Online": "where an exp reads a running maximum and has no Online node"}
 
 
-class _Planner(OpSpace):
+class Planner(OpSpace):
+    """One program's planning state (``plan`` makes one): its ops, the prices of regions
+    (memoized, quick and full), the region search over them, and the build of a chosen
+    partition into a MuGraph; ``alternatives.py`` asks it for the variants of a plan."""
+
     def __init__(self, graph: Graph, prof: GPUProfile, strategy: Strategy,
                  search_candidates: int, cuts: frozenset | None = None,
                  shared: dict | None = None, permit=None, refused: dict | None = None) -> None:
@@ -159,18 +168,15 @@ class _Planner(OpSpace):
                 return "Online"
         return ""
 
-    def _price_custom(self, frag: Graph, final: bool, origin: dict[int, int]) -> Pricing:
-        """The cheapest schedule of ``frag`` as one custom kernel, with the full strategies
-        (``final``) or the quick ones of the search, less those ``permit`` refuses."""
-        if self.deadline is not None and self.deadline.expired():
-            return Pricing(frag, None, None, math.inf, "not priced: the time limit ran out")
-        self.evaluations += 1
-        try:
-            ix = index_fragment(frag)
-            scheds = list(dict.fromkeys(s for st in (self.full if final else self.quick)
-                                        for s in candidate_schedules(ix, st)))
-        except (ScheduleError, MirageError) as exc:
-            return Pricing(frag, None, None, math.inf, f"cannot be indexed: {exc}")
+    def _candidates(self, frag: Graph, final: bool, origin: dict[int, int]
+                    ) -> tuple[Indexing, list[Schedule], tuple, dict[str, int]]:
+        """``frag``'s indexing, its legal schedules (the full strategies, ``final``, or the
+        quick ones) less those ``permit`` refuses, power-of-two chunks preferred, its key in
+        ``shared`` and how many schedules ``permit`` left out and why. Raises
+        ``ScheduleError`` or ``MirageError`` when ``frag`` cannot be indexed."""
+        ix = index_fragment(frag)
+        scheds = list(dict.fromkeys(s for st in (self.full if final else self.quick)
+                                    for s in candidate_schedules(ix, st)))
         key = (_shape_key(frag), final)
         left_out: dict[str, int] = {}
         if self.permit is not None:
@@ -180,7 +186,18 @@ class _Planner(OpSpace):
             scheds = [s for s, why in zip(scheds, why_out) if not why]
             key += (self.permit.key([self.ops[origin[id(n)]] for n in frag.nodes()
                                      if id(n) in origin]),)
-        scheds = prefer_pow2_chunks(ix, scheds)
+        return ix, prefer_pow2_chunks(ix, scheds), key, left_out
+
+    def _price_custom(self, frag: Graph, final: bool, origin: dict[int, int]) -> Pricing:
+        """The cheapest schedule of ``frag`` as one custom kernel, with the full strategies
+        (``final``) or the quick ones of the search, less those ``permit`` refuses."""
+        if self.deadline is not None and self.deadline.expired():
+            return Pricing(frag, None, None, math.inf, "not priced: the time limit ran out")
+        self.evaluations += 1
+        try:
+            ix, scheds, key, left_out = self._candidates(frag, final, origin)
+        except (ScheduleError, MirageError) as exc:
+            return Pricing(frag, None, None, math.inf, f"cannot be indexed: {exc}")
         known = None if self.shared is None else self.shared.get(key)
         if known is not None:  # an equal fragment of another plan: check its best, keep it
             pos, cost, reason = known
@@ -214,6 +231,33 @@ class _Planner(OpSpace):
         if self.shared is not None:
             self.shared[key] = (None, math.inf, reason)
         return Pricing(frag, ix, None, math.inf, reason, len(scheds))
+
+    def ranked(self, region: frozenset, limit: int) -> list[Pricing]:
+        """Up to ``limit`` legal, feasible schedules of ``region`` as one custom kernel (the
+        full strategies, less those ``permit`` refuses), cheapest first (ties: listing
+        order, as ``price`` breaks them); [] for a region of one op, one that cannot be
+        indexed, or past the deadline. Counts as one evaluation."""
+        if len(region) < 2 or limit < 1 or (
+                self.deadline is not None and self.deadline.expired()):
+            return []
+        self.evaluations += 1
+        origin: dict[int, int] = {}
+        frag = self.fragment(region, origin=origin)
+        try:
+            ix, scheds, _, _ = self._candidates(frag, True, origin)
+        except (ScheduleError, MirageError):
+            return []
+        found = []
+        for i, s in enumerate(scheds):
+            try:
+                total = self._cost(frag, s, ix, origin)[0]
+            except (ScheduleError, MirageError):
+                continue
+            if math.isfinite(total):
+                found.append((total, i, s))
+        found.sort(key=lambda x: x[:2])
+        return [Pricing(frag, ix, s, cost, tried=len(scheds), origin=origin)
+                for cost, _, s in found[:limit]]
 
     # -- search -------------------------------------------------------------------------------
     def pairs(self, regions: list[frozenset]) -> list[tuple[int, int, str]]:
@@ -297,13 +341,17 @@ class _Planner(OpSpace):
             done.append(min(ready, key=lambda r: min(regions[r])))
         return [regions[r] for r in done]
 
-    def build(self, regions: list[frozenset], why_not: dict) -> tuple[MuGraph, list[Region]]:
+    def build(self, regions: list[frozenset], why_not: dict,
+              overrides: dict[frozenset, Pricing] | None = None
+              ) -> tuple[MuGraph, list[Region]]:
+        """The partition ``regions`` as a MuGraph and its per-region report: each region its
+        best full pricing, or its pricing in ``overrides`` (another schedule of it)."""
         mg = MuGraph(f"{self.graph.name}_fused")
         for name, node in self.graph.inputs.items():
             mg.input(name, node.shape, node.dtype)
         report = []
         for reg in self.order(regions):
-            p = self.price(reg, final=True)
+            p = (overrides or {}).get(reg) or self.price(reg, final=True)
             if p.schedule is None and len(reg) > 1:  # only a region the tiling rules forced
                 raise MirageError(f"fusion: ops {sorted(reg)} of {self.graph.name!r} may not be "
                                   f"split into kernels (no tiling rule allows a boundary "
@@ -375,7 +423,7 @@ def plan(graph: Graph, profile: GPUProfile | str | Path = "h100",
          strategy: Strategy | None = None, max_evaluations: int = 400,
          search_candidates: int = 24, cuts: frozenset | None = None,
          shared: dict | None = None, deadline=None, permit=None,
-         refused: dict | None = None) -> FusionPlan:
+         refused: dict | None = None, alternatives: int = 0) -> FusionPlan:
     """Partition ``graph`` into fused custom kernels and predefined kernels (module docstring).
 
     ``cuts`` holds the (id(producer), id(consumer)) op edges that may be kernel
@@ -393,18 +441,29 @@ def plan(graph: Graph, profile: GPUProfile | str | Path = "h100",
     (thread graphs). ``refused``: the compile check's refusals (tile or structure key ->
     reason), priced as infeasible. Past ``deadline`` (an ``ir.limits.Deadline``) no new
     fragment is priced (left unfused).
+    ``alternatives``: with N > 0 the plan carries up to N other plans of ``graph``
+    (``FusionPlan.alternatives``, each labelled, distinct, cheapest by the model first): other
+    schedules of its regions, its matmuls as library kernels, the next-best partitions
+    (``alternatives.variants``); the plan itself is the same as without them.
     Returns a ``FusionPlan`` whose ``mugraph`` computes the same outputs as
     ``graph`` (same input and output names) and whose ``regions`` say why each
     group of ops was or was not fused. The plan is not verified here.
     """
     start = time.perf_counter()
     prof = GPUProfile.load(profile)
-    planner = _Planner(graph, prof, strategy or DEFAULT_STRATEGY, search_candidates, cuts, shared,
-                       permit, refused)
+    planner = Planner(graph, prof, strategy or DEFAULT_STRATEGY, search_candidates, cuts, shared,
+                      permit, refused)
     planner.deadline = deadline
     regions, why_not = planner.search(max_evaluations)
     mg, report = planner.build(regions, why_not)
     cost = mugraph_cost(mg, prof).total_us
     base = mugraph_cost(from_graph(graph), prof).total_us
-    return FusionPlan(graph, mg, report, cost, base, planner.evaluations,
-                      time.perf_counter() - start, planner.ops)
+    found = FusionPlan(graph, mg, report, cost, base, planner.evaluations,
+                       time.perf_counter() - start, planner.ops)
+    if alternatives > 0:
+        found.alternatives = [
+            FusionPlan(graph, amg, arep, acost, base, planner.evaluations,
+                       time.perf_counter() - start, planner.ops, label=what)
+            for what, amg, arep, acost in variants(planner, found, regions, why_not,
+                                                   max_evaluations, alternatives)]
+    return found

@@ -2,7 +2,7 @@
 
 ``Pricing`` is how the planner runs one op set (its fragment, schedule and cost, or why no
 custom kernel); ``Region`` and ``FusionPlan`` are ``planner.plan``'s result and its report
-(each region with why it was, or was not, fused).
+(each region with why it was, or was not, fused). ``plan_key`` tells equal plans apart.
 """
 
 from __future__ import annotations
@@ -62,6 +62,11 @@ class FusionPlan:
     evaluations: int
     seconds: float
     ops: list[Node] = field(repr=False, default_factory=list)
+    # what this plan is beside its program's chosen one ("" for that one: "schedule 2",
+    # "library matmul", "partition 2"), and the chosen one's alternatives (``plan``'s
+    # ``alternatives``), cheapest by the model first
+    label: str = ""
+    alternatives: list[FusionPlan] = field(repr=False, default_factory=list)
 
     def report(self) -> str:
         """Readable: each op, then each region with why it was (not) fused."""
@@ -76,3 +81,9 @@ class FusionPlan:
 
     def __str__(self) -> str:
         return self.report()
+
+
+def plan_key(mg: MuGraph) -> str:
+    """The MuGraph's listing without its name and fragment names (duplicates verify once)."""
+    lines = str(mg).splitlines()[1:]
+    return "\n".join(line for line in lines if not line.lstrip().startswith("source:"))

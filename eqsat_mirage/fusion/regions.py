@@ -28,7 +28,8 @@ A region is a set of units; a partition is valid when its kernel graph is acycli
 3. Local moves from the descent's partition: one unit moved to a neighbouring region or
    split off on its own, two regions merged. Each round applies the move that lowers the
    total most; it stops when none does, after ``LOCAL_MAX_ROUNDS`` rounds, or when
-   ``LOCAL_MAX_NEW`` new regions were priced.
+   ``LOCAL_MAX_NEW`` new regions were priced. The same moves from the result give the
+   next-best partitions when a plan's alternatives are asked for (``neighbours``).
 
 All stop when ``RegionSpace.stop()`` says so (the planner's deadline or evaluation budget);
 what is already priced is still used, so the result is always a valid partition no dearer
@@ -384,6 +385,32 @@ def search(full: RegionSpace, quick: RegionSpace | None = None,
         until = time.perf_counter() + local_share * (time.perf_counter() - t0)
         space = replace(full, stop=lambda: full.stop() or time.perf_counter() >= until)
     return settle(full, local(space, regions) or regions)
+
+
+def neighbours(space: RegionSpace, regions: list[frozenset[int]], limit: int
+               ) -> list[tuple[float, list[frozenset[int]]]]:
+    """The next-best partitions near ``regions`` (the search's result): up to ``limit``
+    valid partitions one local move away (a unit moved to a neighbouring region or split
+    off, two regions merged), each with its finite total, cheapest first (ties: the order
+    the moves are listed in). Prices what is priced already, and at most ``LOCAL_MAX_NEW``
+    new regions while the space allows (``stop``)."""
+    if limit < 1:
+        return []
+    price = _Counter(space, LOCAL_MAX_NEW)
+    here = frozenset(space.masks(regions))
+    found: dict[frozenset[int], float] = {}
+    for cand in _moves(space, space.masks(regions)):
+        key = frozenset(cand)
+        if key == here or key in found or not space.acyclic(cand):
+            continue
+        costs = [price(r) for r in cand]
+        if any(c is None for c in costs):
+            continue  # a bound stopped pricing: what is priced is still used
+        cost = sum(costs)
+        if math.isfinite(cost):
+            found[key] = cost
+    ranked = sorted(found.items(), key=lambda kv: kv[1])[:limit]
+    return [(cost, sorted((space.ops(r) for r in key), key=min)) for key, cost in ranked]
 
 
 def settle(space: RegionSpace, regions: list[frozenset[int]]) -> list[frozenset[int]]:

@@ -279,7 +279,10 @@ class Search:
         self.record.planning = planning = PlanningRecord(unsettled=unsettled)
         kernels = KernelPlanner(data, self.profile, self.options.strategy or DEFAULT_STRATEGY,
                                 unsettled=frozenset(unsettled))
-        plans, allowed = kernels.plan_all(forms, self.budget.planning(), planning)
+        # tuning times several plans: each form's other schedules, library-matmul cuts and
+        # next-best partitions join the plans (none without a timer: the model decides)
+        more = self.options.tune_candidates - 1 if self.timer is not None else 0
+        plans, allowed = kernels.plan_all(forms, self.budget.planning(), planning, more)
         planning.seconds = time.perf_counter() - t
         return kernels, plans, allowed
 

@@ -1,0 +1,160 @@
+"""A plan's alternatives (``fusion.plan(..., alternatives=N)``): other schedules, matmuls as
+library kernels and next-best partitions, each a verified plan of the same program, distinct,
+cheapest by the model first; asking for them leaves the plan itself unchanged, and measured
+tuning times them (an injected fake timer)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+import eqsat_mirage as em
+from bench.programs import program
+from eqsat_mirage.fusion.forms import Form, KernelPlanner
+from eqsat_mirage.fusion.planner import DEFAULT_STRATEGY, plan
+from eqsat_mirage.fusion.plans import plan_key
+from eqsat_mirage.ir.limits import Deadline
+from eqsat_mirage.ir.node import Op
+from tests.pipeline.test_tuning import FakeTimer
+
+N = 7  # tune_candidates - 1 by default
+LIMIT = 600
+
+
+def rmsnorm_linear(rewritten: bool = False) -> em.Graph:
+    """RMSNorm + Linear at a small shape: ``rms_norm(X) @ W`` (or the division moved after
+    the matmul)."""
+    g = em.Graph("rmsnorm_small")
+    x = g.input("X", (4, 256), dtype="float32")
+    w = g.input("W", (256, 512), dtype="float32")
+    if rewritten:
+        g.output((x @ w) * em.rsqrt((x * x).mean(axis=-1, keepdims=True) + 1e-6), "O")
+    else:
+        g.output(em.rms_norm(x, eps=1e-6) @ w, "O")
+    return g
+
+
+def gated_mlp() -> em.Graph:
+    """``silu(X @ W1) * (X @ W2)`` at a small shape."""
+    g = em.Graph("gatedmlp_small")
+    x = g.input("X", (8, 256), dtype="float32")
+    w1 = g.input("W1", (256, 512), dtype="float32")
+    w2 = g.input("W2", (256, 512), dtype="float32")
+    g.output(em.silu(x @ w1) * (x @ w2), "O")
+    return g
+
+
+CASES = {"rmsnorm": rmsnorm_linear, "rmsnorm_rewritten": lambda: rmsnorm_linear(True),
+         "gatedmlp": gated_mlp}
+
+
+@pytest.fixture(scope="module")
+def planned():
+    """Each case planned with and without alternatives."""
+    return {name: (make(), plan(g := make(), "h100"), plan(g, "h100", alternatives=N))
+            for name, make in CASES.items()}
+
+
+def library_matmuls(mg: em.MuGraph) -> int:
+    return sum(k.kind == "predefined" and k.node.op is Op.MATMUL for k in mg.kernels)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_alternatives_are_distinct_ascend_and_verify(planned, name):
+    g, _, p = planned[name]
+    alts = p.alternatives
+    assert 2 <= len(alts) <= N
+    keys = [plan_key(q.mugraph) for q in [p, *alts]]
+    assert len(set(keys)) == len(keys)  # distinct, and none is the chosen plan
+    costs = [q.cost_us for q in alts]
+    assert costs == sorted(costs) and costs[0] >= p.cost_us - 1e-9
+    assert len({q.label for q in alts}) == len(alts) and all(q.label for q in alts)
+    assert not any(q.alternatives for q in alts)
+    for q in alts:
+        assert em.verify(g, q.mugraph, trials=2).equivalent, q.label
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_asking_for_alternatives_leaves_the_plan_unchanged(planned, name):
+    _, p0, p = planned[name]
+    assert p0.alternatives == [] and p0.label == "" and p.label == ""
+    assert str(p.mugraph) == str(p0.mugraph) and p.cost_us == p0.cost_us
+    assert [str(r) for r in p.regions] == [str(r) for r in p0.regions]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_library_matmul_variant_is_there(planned, name):
+    g, p0, p = planned[name]
+    assert library_matmuls(p0.mugraph) == 0  # the plan fuses its matmuls
+    lib = [q for q in p.alternatives if q.label.startswith("library matmul")]
+    assert lib and all(library_matmuls(q.mugraph) >= 1 for q in lib)
+    # the work around the matmul stays fused: a custom kernel beside the library call
+    assert any(k.kind == "custom" for k in lib[0].mugraph.kernels)
+
+
+def test_other_schedules_and_partitions_are_there(planned):
+    _, p0, p = planned["gatedmlp"]
+    kinds = {q.label.split(" ")[0] for q in p.alternatives}
+    assert {"schedule", "partition", "library"} <= kinds
+    custom = [r for r in p0.regions if r.kind == "custom"]
+    other = next(q for q in p.alternatives if q.label == "schedule 2")
+    assert [r.ops for r in other.regions] == [r.ops for r in p0.regions]  # same partition
+    assert [r.schedule for r in other.regions if r.kind == "custom"] != [
+        r.schedule for r in custom]
+
+
+def test_rmsnorm_linear_at_its_benchmark_shape_has_a_library_variant():
+    p = plan(program("rmsnorm", 1), "h100", alternatives=N)
+    lib = [q for q in p.alternatives if q.label == "library matmul"]
+    assert lib and library_matmuls(lib[0].mugraph) == 1
+    regions = {r.kind for r in lib[0].regions}
+    assert regions == {"custom", "predefined"}
+
+
+def test_plan_all_names_and_dedups_alternatives():
+    kernels = KernelPlanner(None, "h100", DEFAULT_STRATEGY)
+    g = gated_mlp()
+    forms = [Form("greedy-dag", g, None), Form("again", g, None)]  # the second: a duplicate
+    record = SimpleNamespace(skipped=0, errors=[])
+    plain, _ = kernels.plan_all(forms, Deadline(None), record)
+    plans, _ = kernels.plan_all(forms, Deadline(None), record, alternatives=3)
+    assert [x[2] for x in plain] == ["greedy-dag"]
+    names = [x[2] for x in plans]
+    assert names[0] == "greedy-dag" and len(names) == 4 and len(set(names)) == 4
+    assert all(n.startswith("greedy-dag / ") for n in names[1:])
+    assert [x[0] for x in plans] == sorted(x[0] for x in plans)
+    assert len({plan_key(x[3].mugraph) for x in plans}) == len(plans)
+
+
+@pytest.fixture(scope="module")
+def tuned():
+    """A small RMSNorm + Linear optimized with a fake timer (every plan 5 us)."""
+    timer = FakeTimer({})
+    return em.optimize(rmsnorm_linear(), cache=False, timer=timer, time_limit_s=LIMIT), timer
+
+
+def test_tuning_times_the_alternatives(tuned):
+    res, timer = tuned
+    timed = [p for p in res.stats["plans"] if p.get("measured_us") is not None]
+    assert len(timed) > 2 and all(p["verified"] for p in timed)
+    assert any(" / " in p["how"] for p in timed)
+    assert len(timer.seen) == len(timed) + 1  # and the eager form
+
+
+def test_tuning_picks_a_variant_when_it_is_fastest(tuned):
+    res, _ = tuned
+    timed = [p["how"] for p in res.stats["plans"] if p.get("measured_us") is not None]
+    variant = next(h for h in timed if "library matmul" in h) if any(
+        "library matmul" in h for h in timed) else next(h for h in timed if " / " in h)
+    timer = FakeTimer({variant: 1.0, "eager": 9.0})
+    again = em.optimize(rmsnorm_linear(), cache=False, timer=timer, time_limit_s=LIMIT)
+    assert again.stats["tuned"]["chosen"] == variant
+    assert again.verified.equivalent
+    chosen = next(p for p in again.stats["plans"] if p["how"] == variant)
+    assert again.cost_us == pytest.approx(chosen["cost_us"], rel=1e-6)
+
+
+def test_without_a_timer_no_alternatives_are_planned():
+    res = em.optimize(rmsnorm_linear(), cache=False, time_limit_s=LIMIT)
+    assert not any(" / " in p["how"] for p in res.stats["plans"])
