@@ -158,3 +158,32 @@ def test_tuning_picks_a_variant_when_it_is_fastest(tuned):
 def test_without_a_timer_no_alternatives_are_planned():
     res = em.optimize(rmsnorm_linear(), cache=False, time_limit_s=LIMIT)
     assert not any(" / " in p["how"] for p in res.stats["plans"])
+
+
+def mlp_block(seq: int) -> em.Graph:
+    """The 7B layer's MLP block at real size: RMSNorm, then the gate and up projections,
+    SiLU(gate) * up (hidden 4096, intermediate 11008, float16)."""
+    g = em.Graph(f"mlp_s{seq}")
+    x = g.input("X", (seq, 4096), dtype="float16")
+    nw = g.input("norm", (4096,), dtype="float16")
+    wg = g.input("Wg", (4096, 11008), dtype="float16")
+    wu = g.input("Wu", (4096, 11008), dtype="float16")
+    h = em.rms_norm(x, nw, eps=1e-5)
+    g.output(em.silu(h @ wg) * (h @ wu), "O")
+    return g
+
+
+@pytest.mark.parametrize("seq", [1, 128])
+def test_library_matmuls_where_the_model_prices_them_cheaper(seq):
+    """At s=128 the 7B MLP's projections are library matmuls with the norm and SiLU x up
+    fused around them; at s=1 the weight-streaming custom kernel is priced cheaper and the
+    library form is kept as an alternative for the tuner (planning only: no search)."""
+    p = plan(mlp_block(seq), "h200", DEFAULT_STRATEGY, alternatives=N)
+    library = [k for k in p.mugraph.kernels
+               if k.kind == "predefined" and k.node.op is Op.MATMUL]
+    if seq == 128:
+        assert len(library) == 2 and any(k.kind == "custom" for k in p.mugraph.kernels)
+    else:
+        assert not library
+        variants = [a for a in p.alternatives if a.label == "library matmul"]
+        assert variants and all(a.cost_us >= p.cost_us for a in variants)
