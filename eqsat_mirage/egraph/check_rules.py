@@ -261,22 +261,23 @@ class _Instance:
 
 
 def _thresholds(rule: Rule) -> tuple[int, ...]:
-    """Sizes just above every integer literal of the rule (its :when facts included), so a
-    rule that holds only below some size (``(min n 6)``) meets instances above it."""
+    """Sizes just above every number the rule writes between 1 and 64, on either side or in
+    its :when facts (``6``, ``6.0``, ``6.5``), so a rule that holds only below some size
+    (``(min n 6)``) meets instances above it."""
     found: list[int] = []
 
     def walk(x) -> None:
         if isinstance(x, SList | list):
             for y in (x.items if isinstance(x, SList) else x):
                 walk(y)
-        elif isinstance(x, str) and isinstance(n := _num(x), int) and 1 < n <= 64:
-            found.append(n)
+        elif isinstance(x, str) and (n := _num(x)) is not None and 1 < n <= 64:
+            found.append(math.floor(n))  # sizes past 6.0 or 6.5 too: 7 and up
 
     walk([rule.lhs, rule.rhs, rule.when])
     top = max(found, default=0)
     facts = any(isinstance(w, SList) and w.head() in Schema.load().relations for w in rule.when)
     extra = (4 * top,) if facts else ()  # a block rule's divisibility: a multiple of 1, 2, 4
-    return (top + 1, top + 2, 2 * top + 1) + extra if top > 4 else ()
+    return (top + 1, top + 2, 2 * top + 1) + extra if found else ()
 
 
 def _draw_shapes(names: list[str], rng: random.Random,
@@ -292,12 +293,16 @@ def _draw_shapes(names: list[str], rng: random.Random,
             for n in names}
 
 
+_FEATURES, _PAST = 6, 4  # how many features an instance has; which says "past"
+
+
 def _features(inst: _Instance, above: tuple[int, ...] = ()) -> set[tuple[int, bool]]:
-    """Dims of 1, mixed ranks, non-powers of 2, and a dim past the rule's thresholds."""
+    """Dims of 1, mixed ranks, non-powers of 2, every dim past the rule's thresholds (so
+    every count made of them is: the reduced axis's, a product's), and the dtype."""
     shapes = [v.shape for v in inst.inputs.values()]
     dims = {d for s in shapes for d in s}
     ints = [v for k, v in inst.env.items() if type(v) is int and v > 0 and k not in inst.drawn]
-    past = bool(above) and max(dims, default=0) >= min(above)
+    past = bool(above) and min(dims, default=0) >= min(above)
     return set(enumerate((1 in dims, len({len(s) for s in shapes}) > 1,
                           any(d & (d - 1) for d in dims), any(v & (v - 1) for v in ints), past,
                           inst.dtype != "float32")))
@@ -380,7 +385,8 @@ def check_rule(rule: Rule, schema: Schema | None = None, instances: int = 3, see
         return res
     chosen, covered, problems = [], set(), []
     while found and len(chosen) < instances:  # cover both values of every feature if we can
-        gain = [len(_features(inst, above) - covered) for inst, _, _ in found]
+        gain = [len(new) + _FEATURES * ((_PAST, True) in new) for new in (  # past first
+            _features(inst, above) - covered for inst, _, _ in found)]
         chosen.append(found.pop(gain.index(max(gain))))
         covered |= _features(chosen[-1][0], above)
     for k, (inst, lhs, rhs) in enumerate(chosen):
