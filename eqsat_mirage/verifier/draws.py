@@ -27,6 +27,8 @@ from ..semantics.floating import (
 )
 from ..semantics.interp import Outputs, run
 from ..semantics.modular import DRAW_CHUNK, chunked
+from .corners import offset as common_offset
+from .corners import offset_sets, pairs
 from .floatsafe import fingerprints, is_graph, static_check, unsampled
 from .kernelsafe import kernel_check
 from .memory import keeps_draws, keeps_folded
@@ -49,7 +51,12 @@ STATIC = "float safety (static)"
 # ((A @ B) @ C), and then overflows within that factor of where the input program does;
 # the unsafe rewrites overflow far below it.
 HEADROOM = 2.0
-_ONE_BY_ONE = ("signed", "folded", "exponent", "logits", "peakfold")  # drawn input by input
+# drawn input by input
+_ONE_BY_ONE = ("signed", "folded", "exponent", "logits", "peakfold", "offset", "scales")
+# draws made again for each check, the first program's outputs on them held only while it
+# runs: a search's memo keeps none of them (``memory.verify_parts`` counts what it keeps)
+UNKEPT = ("offset", "scales")
+SCALE_DRAWS = 2  # N(0, 1) times 2^k, each input's own k uniform in its exponent range
 _SHARED = {("folded", 0.5), ("signed", 1.0)}  # rounded draws that other draws are made from
 _LOOKUP_MIN = 1 << 18  # a float16 draw this large is drawn through ``_looked_up``'s table
 
@@ -144,11 +151,13 @@ class Draws:
             return out
         if kind == "constant":  # read-only views: no memory per input
             return {n: np.broadcast_to(np.float64(s), z.shape) for n, z in self.normal.items()}
-        if kind == "peak":  # input s (every input: -1) at its largest finite value, others 1
-            names = list(self.normal)
-            big = self.peak(int(s)) / self.headroom
-            return {n: np.broadcast_to(np.float64(big if s < 0 or n == names[int(s)] else 1.0),
-                                       z.shape) for n, z in self.normal.items()}
+        if kind in ("peak", "peakset"):  # input s (every input: -1), or the inputs of
+            # ``corners.pairs`` s, at their largest finite value, the others 1
+            members = self.members(kind, s)
+            big = (self.peak(int(s)) if kind == "peak" else self.peak_set(int(s))) / \
+                self.headroom
+            return {n: np.broadcast_to(np.float64(big if n in members else 1.0), z.shape)
+                    for n, z in self.normal.items()}
         if kind == "signed" and s == 1.0:  # the draw itself, read-only: no copies
             return {n: self._as_drawn(kind, s, n) for n in self.normal}
         if kind in _ONE_BY_ONE:  # as float64 evaluations read them (``_as_drawn``), each
@@ -176,6 +185,12 @@ class Draws:
         if kind == "exponent":  # z * 2^k, one k for every input, uniform across the
             return z if self._dtypes[name] == "bool" else (  # narrowest input range
                 _scaled(z, 2.0 ** self._power(int(s))))
+        if kind == "scales":  # z * 2^k, each input's own k, uniform across its range
+            return z if self._dtypes[name] == "bool" else (
+                _scaled(z, 2.0 ** self._own_power(int(s), name)))
+        if kind == "offset":  # N(0, 1) plus a common offset on the inputs of the set s
+            return z if name not in self.members(kind, s) else z + np.float32(
+                self.offset(int(s)))
         if kind == "logits":  # N(0, c^2), c setting the exp arguments' spread to LOGIT_STD
             return _scaled(z, self.logit_scale())
         if kind == "signed" and s == 1.0:  # the draw itself, read-only: no copy
@@ -218,6 +233,35 @@ class Draws:
         hi = min(self._range(n)[1] for n in self.normal)
         return int(g.integers(lo, hi - 2))  # |z| < 8: stays below the dtype's largest
 
+    def _own_power(self, j: int, name: str) -> int:
+        """The exponent k of input ``name`` in ``scales`` draw ``j``: uniform across its
+        own dtype's range, drawn for each input on its own (a generator per input and
+        draw), so that inputs of very different magnitudes meet."""
+        g = np.random.default_rng([self.base, 4, j, list(self.normal).index(name)])
+        lo, hi = self._range(name)
+        return int(g.integers(lo, hi - 2))  # |z| < 8: stays below the dtype's largest
+
+    def members(self, kind: str, s: float) -> set[str]:
+        """The inputs a ``peak`` (s: one input's position, -1 every input), ``peakset`` or
+        ``offset`` draw (s: an index into ``corners.pairs`` or ``corners.offset_sets``)
+        sets apart."""
+        names = list(self.normal)
+        if kind == "peak":
+            return set(names) if s < 0 else {names[int(s)]}
+        sets = self._sets("pairs" if kind == "peakset" else "offsets")
+        return {names[i] for i in sets[int(s)]}
+
+    def _sets(self, which: str) -> list[tuple[int, ...]]:
+        """``corners.pairs`` or ``corners.offset_sets`` of the first program, made once."""
+        key = ("corner sets", which)
+        if key not in self.memo:
+            self.memo[key] = pairs(self.a) if which == "pairs" else offset_sets(self.a)
+        return self.memo[key]
+
+    def offset(self, j: int) -> float:
+        """The common offset of ``offset`` draw ``j`` (``corners.offset``)."""
+        return common_offset(self._dtypes[n] for n in self.members("offset", j))
+
     def _fold(self, i: int) -> float:
         """The factor that takes input ``i``'s largest |z| to its peak over the headroom."""
         z = self.normal[list(self.normal)[i]]
@@ -246,6 +290,8 @@ class Draws:
         draw, nor already packed (an exponent draw's headroom check packs it first). One
         look-up per input (``_widened``, at the headroom too) instead of two (rounded to 2
         bytes, then widened), and no 2-byte copy held beside it."""
+        if kind in UNKEPT:  # never kept: made again for each check that reads it
+            return True
         by_one = kind in ("signed", "folded", "logits") or (
             kind == "exponent" and self._power(int(s)) < 0)
         return by_one and not self.keeps and (kind, s) not in _SHARED and \
@@ -271,7 +317,7 @@ class Draws:
         (``rounded``), and without a search's memo the rounded draw too, unless another
         draw is made from it (("folded", 0.5) for the per-input draws, ("signed", 1) for
         the exponent draws)."""
-        self._current.key = self._current.value = None
+        self._current.key = self._current.value = self._current.outputs = None
         if not self.keeps and (kind, s) not in _SHARED:
             self.memo.pop(("rounded", kind, s), None)
 
@@ -343,27 +389,37 @@ class Draws:
         """The first program's outputs on the draw (kind, s), as drawn or rounded to the
         inputs' dtypes (``of_rounded``), in float64 (``dtype=None``) or natively; memoized.
         ``inputs``: that draw, when the caller already holds it."""
-        key = (dtype, kind, s, of_rounded)
-        if key not in self.memo:
+        key, store = (dtype, kind, s, of_rounded), self._store(kind)
+        if key not in store:
             if inputs is None:
                 inputs = self.rounded(kind, s) if of_rounded else self.inputs(kind, s)
-            self.memo[key] = evaluate(self.a, inputs, dtype=dtype,
-                                      rounded=of_rounded and dtype == "native")
-        return self.memo[key]
+            store[key] = evaluate(self.a, inputs, dtype=dtype,
+                                  rounded=of_rounded and dtype == "native")
+        return store[key]
 
     def truth(self, kind: str, s: float, of_rounded: bool = True) -> tuple[dict, str]:
         """The first program's ground truth on the draw, rounded to the inputs' dtypes
         (``of_rounded``) or as drawn (``truth.truth``: wider than float64 within its work
         bound), and the precision it was computed in; memoized."""
-        key = ("truth", kind, s, of_rounded)
-        if key not in self.memo:
-            float64 = self.out_a(None, kind, s, of_rounded)
+        key, store = ("truth", kind, s, of_rounded), self._store(kind)
+        if key not in store:
             if precision(self.a) == "float64":  # the float64 outputs are the truth
-                self.memo[key] = float64, "float64"
+                store[key] = self.out_a(None, kind, s, of_rounded), "float64"
             else:
                 inputs = self.rounded(kind, s) if of_rounded else self.inputs(kind, s)
-                self.memo[key] = truth(self.a, inputs, float64)
-        return self.memo[key]
+                store[key] = truth(self.a, inputs, {} if kind in UNKEPT else
+                                   self.out_a(None, kind, s, of_rounded))
+        return store[key]
+
+    def _store(self, kind: str) -> dict:
+        """Where the first program's outputs on a draw of ``kind`` are kept: the memo, or
+        for the ``UNKEPT`` draws this thread's store, emptied when its check is done
+        (``release``)."""
+        if kind.removesuffix("@h") not in UNKEPT:
+            return self.memo
+        if getattr(self._current, "outputs", None) is None:
+            self._current.outputs = {}
+        return self._current.outputs
 
     def _finite(self, values: dict) -> bool:
         """Whether the first program is finite (below the dtype's largest) with every input
@@ -387,16 +443,22 @@ class Draws:
         largest; 1 when it is not finite at 1. Memoized; the bisections of several inputs
         run at once on the verifier's threads (each is deterministic: a second thread that
         computes the same one finds the same value)."""
-        key = ("peak", i)
+        return self._peak(("peak", i), self.members("peak", i))
+
+    def peak_set(self, j: int) -> float:
+        """``peak`` of the inputs of ``corners.pairs`` ``j`` together (the same value)."""
+        return self._peak(("peakset", j), self.members("peakset", j))
+
+    def _peak(self, key: tuple, members: set[str]) -> float:
+        """``peak`` of the inputs ``members`` together, memoized under ``key``."""
         if key in self.memo:
             return self.memo[key]
         names = list(self.normal)
 
         def ok(k: float) -> bool:
-            return self._finite({n: 2.0 ** k if i < 0 or n == names[i] else 1.0
-                                 for n in names})
+            return self._finite({n: 2.0 ** k if n in members else 1.0 for n in names})
 
-        hi = max(self._range(n)[1] for n in names) if i < 0 else self._range(names[i])[1]
+        hi = max(self._range(n)[1] for n in members)
         lo, top = 0.0, hi + 1.0  # ok(lo), not ok(top)
         if not ok(lo):
             self.memo[key] = 1.0

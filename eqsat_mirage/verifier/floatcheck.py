@@ -20,8 +20,10 @@ import numpy as np
 from ..ir.limits import Deadline
 from ..ir.node import Op
 from ..semantics.floating import LazyInputs, evaluate
+from .accuracy import MAX_BITS_LOST, bits_lost
 from .conditioning import ill_conditioned
-from .draws import EXPONENT_DRAWS, HEADROOM, NATIVE_MAX, SPREADS, STATIC, Draws
+from .corners import chosen, offset_draws, pairs
+from .draws import EXPONENT_DRAWS, HEADROOM, NATIVE_MAX, SCALE_DRAWS, SPREADS, STATIC, Draws
 from .floatsafe import is_graph
 from .runner import Runner
 
@@ -158,14 +160,18 @@ def _reduction(program) -> int:
 
 _DRAWN = {"signed": "N(0, s^2)", "folded": "|N(0, s^2)|", "constant": "every input = s",
           "exponent": "N(0, 1) * 2^k, k across the inputs' exponent range, draw s",
+          "scales": "N(0, 1) * 2^k, each input's own k across its exponent range, draw s",
           "spread": "+-2^e per element, e uniform in [-s, s] (0: the dtype's whole range)",
           "peak": "input s (-1: every input) at its largest value keeping the first program "
                   "finite, the others 1",
           "peakfold": "|N(0, 1)| of input s scaled to its largest value keeping the first "
                       "program finite, the others 0.5 |N(0, 1)|",
-          "logits": "N(0, s^2), s setting the exp arguments' standard deviation to 9"}
-_CONSTANT = ("constant", "peak")  # one value per input: cheap
-_RANGE_KINDS = ("peak", "peakfold", "exponent", "spread")
+          "logits": "N(0, s^2), s setting the exp arguments' standard deviation to 9",
+          "peakset": "{} together at their largest value keeping the first program "
+                     "finite, the others 1",
+          "offset": "N(0, 1) plus a common offset {:g} on {}, the others N(0, 1)"}
+_CONSTANT = ("constant", "peak", "peakset")  # one value per input: cheap
+_RANGE_KINDS = ("peak", "peakset", "peakfold", "exponent", "scales", "spread")
 _NORMAL = ("signed", "folded", "logits")  # normal draws (``conditioned`` looks at them)
 
 
@@ -202,7 +208,7 @@ def _start_rank(dtype: str | None, kind: str, s: float) -> int:
     return 3 if kind == "peakfold" else 2
 
 
-def _check_list(a, native: bool, static: bool, peaked: Collection[int] | None
+def _check_list(a, b, native: bool, static: bool, peaked: Collection[int] | None
                 ) -> list[tuple[str | None, str, float]]:
     """``float_checks``' checks as ``(dtype, kind, s)`` in the order their verdicts count:
     the static checks, the native constant draws, float64 at scale 1, the other native
@@ -214,8 +220,11 @@ def _check_list(a, native: bool, static: bool, peaked: Collection[int] | None
         each = range(n_in) if peaked is None else sorted(set(peaked) & set(range(n_in)))
         drawn += [("native", "peak", float(i)) for i in each]
         drawn += [("native", "exponent", float(j)) for j in range(EXPONENT_DRAWS)]
+        drawn += [("native", "scales", float(j)) for j in range(SCALE_DRAWS)]
         drawn += [("native", "spread", float(w)) for w in SPREADS]
         drawn += [("native", "peakfold", float(i)) for i in each]
+        drawn += [("native", "peakset", float(j)) for j in chosen(pairs(a), peaked)]
+        drawn += [("native", "offset", float(j)) for j in offset_draws(a, b, peaked)]
         if is_graph(a) and any(n.op is Op.EXP for n in a.nodes()):
             drawn += [("native", "logits", 0.0)]
     first, rest = ([c for c in drawn if (c[1] in _CONSTANT) == k] for k in (True, False))
@@ -277,8 +286,14 @@ class _Judge:
         where = f"{_DRAWN[kind]}, s = {s:g}"
         if kind == "logits":
             where = f"{_DRAWN[kind]} (s = {draws.logit_scale():.3g})"
+        if kind in ("peakset", "offset"):  # the inputs named
+            names = ", ".join(sorted(draws.members(kind, s), key=list(draws.a.inputs).index))
+            where = _DRAWN[kind].format(*((names,) if kind == "peakset" else (
+                draws.offset(int(s)), names)))
         if dtype is None:
             return self._float64(i, kind, s, where)
+        if kind == "offset":
+            return self._offset(i, s, where)
         return self._native(i, kind, s, where, finite_only)
 
     def _float64(self, i: int, kind: str, s: float, where: str) -> Counterexample | None:
@@ -342,8 +357,8 @@ class _Judge:
         # a peak draw (one value per input, at the largest the first program allows) asks
         # for finiteness only: its equal inputs make differences of inputs exactly 0, a
         # cancellation no real input has (lerp's H + a (N - H) against (1 - a) H + a N)
-        rule = "finite-only" if kind == "peak" or self.constant_finite and kind in _CONSTANT \
-            else "a-finite"
+        rule = "finite-only" if kind in ("peak", "peakset") or self.constant_finite and \
+            kind in _CONSTANT else "a-finite"
         rule = "finite-only" if finite_only else rule
         # across the exponent range the error counts relative to the output, not to the
         # inputs (a normalization's output is O(1) whatever its input's magnitude), and
@@ -351,9 +366,42 @@ class _Judge:
         # dtype holds it only to a fixed spacing)
         floor = max(self.tiny, 0.0 if kind in _RANGE_KINDS else draws.largest(kind, s))
         ref, how = draws.truth(kind, s)
-        return _compare(xa, evaluate(self.b, inputs, dtype="native", rounded=True),
-                        f"{where}; ground truth in {how}", max(self.coarsest, self.rtol),
+        xb = evaluate(self.b, inputs, dtype="native", rounded=True)
+        if kind == "scales":  # inputs of unrelated magnitudes: accuracy where both are
+            # finite (a normalization's input times a weight each near its dtype's largest
+            # overflows a sum taken before the normalization, beyond any headroom:
+            # overflow is the peak draws' to judge)
+            xa = {k: np.where(np.isfinite(xb[k]), v, np.nan) for k, v in xa.items()}
+        return _compare(xa, xb, f"{where}; ground truth in {how}", max(self.coarsest, self.rtol),
                         "native dtype", inputs, i, rule, floor, self.limit, ref)
+
+    def _offset(self, i: int, s: float, where: str) -> Counterexample | None:
+        """Both programs in their own dtypes on ``offset`` draw ``s``: wherever both are
+        finite (overflow is the peak draws' to judge, with their headroom) and the first
+        program is below its dtype's largest, the second may lose at most
+        ``MAX_BITS_LOST`` bits on average against the first program's own error
+        (``accuracy.bits_lost``; Herbie's measure) on every output."""
+        draws = self.draws
+        xa = draws.out_a("native", "offset", s, True)
+        if not any(np.any(self._below(x)) for x in xa.values()):
+            return None
+        inputs = draws.rounded("offset", s)
+        xb = evaluate(self.b, inputs, dtype="native", rounded=True)
+        ref, how = draws.truth("offset", s)
+        for name, x in xa.items():
+            y, r = xb[name], ref[name]
+            with np.errstate(invalid="ignore"):
+                valid = self._below(x) & np.isfinite(r) & np.isfinite(y)
+            lost, idx = bits_lost(x, y, r, valid, str(self.b.outputs[name].dtype))
+            if idx is not None and lost > MAX_BITS_LOST:
+                held = inputs.held() if isinstance(inputs, LazyInputs) else inputs
+                return Counterexample(
+                    "native dtype", name, idx, float(np.broadcast_to(x, np.shape(y))[idx]),
+                    float(np.broadcast_to(y, np.shape(x))[idx]), i, held,
+                    f"loses {lost:.1f} bits of accuracy on average against the first "
+                    f"program's own error (at most {MAX_BITS_LOST:g}, Herbie's measure); "
+                    f"inputs {where}; ground truth in {how}")
+        return None
 
 
 def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
@@ -390,7 +438,7 @@ def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
     pool = pool or Runner(None, Deadline(None))
     skipped = skipped if skipped is not None else []
     judge = _Judge(a, b, rng, rtol, native, memo, static, constant_finite, conditioned, skipped)
-    checks = _check_list(a, native, static, peaked)
+    checks = _check_list(a, b, native, static, peaked)
     jobs: list = [functools.partial(judge.checked, i, *c) for i, c in enumerate(checks)]
     if checks and checks[0][0] == "static":  # the strict float64 check compares the static
         strict = checks.index((None, "signed", FLOAT64_SCALES[0]))  # checks' runs: it

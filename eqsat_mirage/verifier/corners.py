@@ -1,0 +1,98 @@
+"""The float checks' deterministic corners (docs/verifier.md, section 5): which inputs go
+large together, and the common offsets that make inputs nearly equal.
+
+Whether a random draw makes ``A`` large while ``A - B`` stays small is luck; these points
+are chosen from the program's inputs alone, the same for every seed:
+
+- **pairs at their peak** (``peakset`` draws, one value per input, cheap): each pair of
+  float inputs at the largest value for which the first program stays finite, the others
+  1 (``exp(A - B)`` against ``exp(A) / exp(B)``: A = B there, the candidate inf); with
+  the per-input peaks and every input at once, every input and pair at its largest
+  finite scale;
+- **a common offset** (``offset`` draws, N(0, 1) plus ``offset``): each float input alone
+  (activations with a large mean, as LayerNorm inputs have: ``(x - mean) @ W``), and
+  each pair of inputs that an addition or subtraction of either program sets against
+  each other (``opposed``: x and y nearly equal, ``(x - y) @ W``), the offset
+  ``2^OFFSET_EXP`` of the narrowest dtype among them: large against the noise (the
+  draws keep ``p - OFFSET_EXP`` of the dtype's ``p`` significand bits of it, at least
+  2), small enough that a sum of a few thousand such values stays finite in float16.
+  There the accuracy test is relative (``accuracy.bits_lost``).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from ..ir.node import Op
+from .floatsafe import input_deps, is_graph
+
+OFFSET_EXP = {"float16": 8, "bfloat16": 8, "float32": 16}  # log2 of the common offset
+MAX_OPPOSED = 8  # pairs of opposed inputs given an offset draw (the first found)
+
+
+def float_inputs(program) -> list[int]:
+    """The positions (in ``program.inputs``) of its float inputs (a bool mask is none)."""
+    return [i for i, n in enumerate(program.inputs.values()) if n.dtype != "bool"]
+
+
+def pairs(program) -> list[tuple[int, ...]]:
+    """The input sets of the ``peakset`` draws, by position: every pair of float inputs
+    (one input alone is the ``peak`` draws'). Not three or more at once: equal inputs make
+    their differences exactly 0, and with three at their peak a lerp's ``H + a (N - H)``
+    is finite only through that exact 0, a cancellation no real input has, where
+    ``(1 - a) H + a N`` overflows."""
+    return [tuple(p) for p in itertools.combinations(float_inputs(program), 2)]
+
+
+def offset_sets(program) -> list[tuple[int, ...]]:
+    """The input sets an ``offset`` draw may have, by position: each float input alone,
+    then each pair of them (the draw's ``s`` is an index into this list, a function of
+    the first program alone, so that a search's memo means the same draw by it)."""
+    ins = float_inputs(program)
+    return [(i,) for i in ins] + [tuple(p) for p in itertools.combinations(ins, 2)]
+
+
+def opposed(a, b) -> list[tuple[int, int]]:
+    """The pairs of float inputs (positions, in ``a.inputs``' order) that an addition or
+    subtraction of ``a`` (and of ``b``, where it is a Graph) sets against each other: one
+    operand depends on the first and not the second, the other on the second and not the
+    first (``x - y``; ``x @ W - y @ W``); at most ``MAX_OPPOSED``, in the order found."""
+    ins = float_inputs(a)
+    pos = {name: i for i, name in enumerate(a.inputs) if i in ins}
+    found: list[tuple[int, int]] = []
+    for prog in (a, b) if is_graph(b) else (a,):
+        if not is_graph(prog):
+            continue
+        deps = input_deps(prog)
+        for n in prog.nodes():
+            if n.op not in (Op.ADD, Op.SUB) or len(n.srcs) != 2:
+                continue
+            left, right = (deps[id(x)] for x in n.srcs)
+            for x, y in itertools.product(sorted(left - right), sorted(right - left)):
+                if x in pos and y in pos:
+                    pair = tuple(sorted((pos[x], pos[y])))
+                    if pair not in found:
+                        found.append(pair)
+    return found[:MAX_OPPOSED]
+
+
+def offset_draws(a, b, peaked) -> list[int]:
+    """The ``offset`` draws ``b`` is checked on against ``a``, as indices into
+    ``offset_sets(a)``: each float input alone, and each ``opposed`` pair (those whose
+    inputs are all in ``peaked``, positions; None: every input)."""
+    sets = offset_sets(a)
+    want = [(i,) for i in float_inputs(a)] + opposed(a, b)
+    return [j for j in chosen(sets, peaked) if sets[j] in want]
+
+
+def chosen(sets: list[tuple[int, ...]], peaked) -> list[int]:
+    """The indices of ``sets`` whose inputs are all in ``peaked`` (positions; None: all)."""
+    if peaked is None:
+        return list(range(len(sets)))
+    keep = set(peaked)
+    return [j for j, s in enumerate(sets) if set(s) <= keep]
+
+
+def offset(dtypes) -> float:
+    """The common offset of inputs of ``dtypes``: ``2^OFFSET_EXP`` of the narrowest."""
+    return 2.0 ** min(OFFSET_EXP.get(d, OFFSET_EXP["float32"]) for d in dtypes)
