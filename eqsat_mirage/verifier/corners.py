@@ -9,10 +9,10 @@ are chosen from the program's inputs alone, the same for every seed:
   1 (``exp(A - B)`` against ``exp(A) / exp(B)``: A = B there, the candidate inf); with
   the per-input peaks and every input at once, every input and pair at its largest
   finite scale;
-- **a common offset** (``offset`` draws, N(0, 1) plus ``offset``): each float input alone
-  (activations with a large mean, as LayerNorm inputs have: ``(x - mean) @ W``), and
-  each pair of inputs that an addition or subtraction of either program sets against
-  each other (``opposed``: x and y nearly equal, ``(x - y) @ W``), the offset
+- **a common offset** (``offset`` draws, N(0, 1) plus ``offset``): each float input that
+  an addition or subtraction of either program sets against itself (activations with a
+  large mean, as LayerNorm inputs have: ``(x - mean) @ W``), and each pair of inputs that
+  one sets against each other (``opposed``: x and y nearly equal, ``(x - y) @ W``), the offset
   ``2^OFFSET_EXP`` of the narrowest dtype among them: large against the noise (the
   draws keep ``p - OFFSET_EXP`` of the dtype's ``p`` significand bits of it, at least
   2), small enough that a sum of a few thousand such values stays finite in float16.
@@ -52,14 +52,16 @@ def offset_sets(program) -> list[tuple[int, ...]]:
     return [(i,) for i in ins] + [tuple(p) for p in itertools.combinations(ins, 2)]
 
 
-def opposed(a, b) -> list[tuple[int, int]]:
-    """The pairs of float inputs (positions, in ``a.inputs``' order) that an addition or
-    subtraction of ``a`` (and of ``b``, where it is a Graph) sets against each other: one
-    operand depends on the first and not the second, the other on the second and not the
-    first (``x - y``; ``x @ W - y @ W``); at most ``MAX_OPPOSED``, in the order found."""
+def opposed(a, b) -> list[tuple[int, ...]]:
+    """The float inputs (positions, in ``a.inputs``' order) that an addition or subtraction
+    of ``a`` (and of ``b``, where it is a Graph) sets against each other: each input that
+    both operands depend on (``x - mean(x)``: one alone), and each pair where one operand
+    depends on the first and not the second, the other on the second and not the first
+    (``x - y``; ``x @ W - y @ W``); the pairs at most ``MAX_OPPOSED``, in the order found."""
     ins = float_inputs(a)
     pos = {name: i for i, name in enumerate(a.inputs) if i in ins}
-    found: list[tuple[int, int]] = []
+    alone: set[tuple[int, ...]] = set()
+    found: list[tuple[int, ...]] = []
     for prog in (a, b) if is_graph(b) else (a,):
         if not is_graph(prog):
             continue
@@ -68,20 +70,20 @@ def opposed(a, b) -> list[tuple[int, int]]:
             if n.op not in (Op.ADD, Op.SUB) or len(n.srcs) != 2:
                 continue
             left, right = (deps[id(x)] for x in n.srcs)
+            alone |= {(pos[x],) for x in left & right if x in pos}
             for x, y in itertools.product(sorted(left - right), sorted(right - left)):
                 if x in pos and y in pos:
                     pair = tuple(sorted((pos[x], pos[y])))
                     if pair not in found:
                         found.append(pair)
-    return found[:MAX_OPPOSED]
+    return sorted(alone) + found[:MAX_OPPOSED]
 
 
 def offset_draws(a, b, peaked) -> list[int]:
     """The ``offset`` draws ``b`` is checked on against ``a``, as indices into
-    ``offset_sets(a)``: each float input alone, and each ``opposed`` pair (those whose
-    inputs are all in ``peaked``, positions; None: every input)."""
-    sets = offset_sets(a)
-    want = [(i,) for i in float_inputs(a)] + opposed(a, b)
+    ``offset_sets(a)``: the ``opposed`` inputs alone and in pairs (those whose inputs are
+    all in ``peaked``, positions; None: every input)."""
+    sets, want = offset_sets(a), opposed(a, b)
     return [j for j in chosen(sets, peaked) if sets[j] in want]
 
 

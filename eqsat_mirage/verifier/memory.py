@@ -39,6 +39,9 @@ from ..semantics.modular import DRAW_CHUNK
 MEMO_INPUTS = 256 * 2**20
 # rounded float draws of every input a search's memo keeps: signed, two folded, two
 # exponent-range draws, the logits draw, and one input at a time for the peakfold draws
+# (the corners' offset draws and the per-input scales draws are made again for each check,
+# their first-program outputs held only while it runs: ``draws.UNKEPT``; the pairs' peaks
+# are one value per input)
 DRAW_SETS = 7
 BASE = 128 * 2**20  # what a process verifying anything holds besides (measured: 70-130 MB)
 _BASE_PART = ("the interpreter itself (Python, NumPy, both programs)", BASE)

@@ -115,9 +115,14 @@ def test_bits_of_error_is_herbies_measure():
 def test_the_corners_are_chosen_from_the_programs():
     a, b = cancel("float16", "xy")
     assert pairs(a) == [(0, 1), (0, 2), (1, 2)]
-    assert opposed(a, b) == [(0, 1)]  # x - y; x @ W - y @ W sets x against y too
-    assert offset_draws(a, b, None) == [0, 1, 2, offset_sets(a).index((0, 1))]
-    assert offset_draws(a, b, [0, 2]) == [0, 2]  # only the peaked inputs' draws
+    # x - y; x @ W - y @ W sets x against y too, and W against itself
+    assert opposed(a, b) == [(2,), (0, 1)]
+    assert offset_draws(a, b, None) == [2, offset_sets(a).index((0, 1))]
+    assert offset_draws(a, b, [0, 2]) == [2]  # only the peaked inputs' draws
+    a, b = cancel("float16", "mean")
+    # x - mean(x): x against itself; x @ W - mean(x) * sum(W): x and W
+    assert opposed(a, b) == [(0,), (1,)]
+    assert offset_draws(a, b, None) == [0, 1]
 
 
 def split_k(x, w, parts: int):
