@@ -56,7 +56,7 @@ _ONE_BY_ONE = ("signed", "folded", "exponent", "logits", "peakfold", "offset", "
 # draws made again for each check, the first program's outputs on them held only while it
 # runs: a search's memo keeps none of them (``memory.verify_parts`` counts what it keeps)
 UNKEPT = ("offset", "scales")
-SCALE_DRAWS = 2  # N(0, 1) times 2^k, each input's own k uniform in its exponent range
+SCALE_DRAWS = 0  # off: see the comment above it
 _SHARED = {("folded", 0.5), ("signed", 1.0)}  # rounded draws that other draws are made from
 _LOOKUP_MIN = 1 << 18  # a float16 draw this large is drawn through ``_looked_up``'s table
 

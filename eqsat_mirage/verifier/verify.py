@@ -279,8 +279,11 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
         check_lax(prog, what)
     match_interfaces(a, b)
     differ = output_dtypes_differ(a, b)
-    if differ:
-        return VerifyResult(False, 1.0, reason=differ, max_bound=max_bound,
+    if differ:  # the counterexample is the output itself: its dtype in each program
+        name = next(n for n, v in a.outputs.items() if str(v.dtype) != str(b.outputs[n].dtype))
+        cex = Counterexample("output dtype", name, (), str(a.outputs[name].dtype),
+                             str(b.outputs[name].dtype), 0, detail="on every input")
+        return VerifyResult(False, 1.0, cex, reason=differ, max_bound=max_bound,
                             seconds=time.perf_counter() - start)
     deadline = time_limit_s if isinstance(time_limit_s, Deadline) else Deadline(time_limit_s)
     if memo is not None and (seed is None or memo.setdefault("program", a) is not a

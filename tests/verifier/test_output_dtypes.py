@@ -23,7 +23,9 @@ def program(name: str, last_cast: bool) -> em.Graph:
 @pytest.mark.parametrize("seed", [0, 1, None])
 def test_outputs_of_another_dtype_are_not_equivalent(seed):
     res = em.verify(program("half", True), program("single", False), seed=seed)
-    assert not res.equivalent and not res.inconclusive and res.counterexample is None
+    assert not res.equivalent and not res.inconclusive
+    cex = res.counterexample  # the output itself, on every input: its dtype in each
+    assert (cex.output, cex.value_a, cex.value_b) == ("o", "float16", "float32")
     assert res.reason == "output 'o' is float16 in 'half' but float32 in 'single'"
     assert "NOT equivalent: output 'o' is float16" in str(res)
     assert em.verify(program("a", True), program("b", True), seed=seed).equivalent
