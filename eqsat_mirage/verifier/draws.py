@@ -56,7 +56,11 @@ _ONE_BY_ONE = ("signed", "folded", "exponent", "logits", "peakfold", "offset", "
 # draws made again for each check, the first program's outputs on them held only while it
 # runs: a search's memo keeps none of them (``memory.verify_parts`` counts what it keeps)
 UNKEPT = ("offset", "scales")
-SCALE_DRAWS = 0  # off: see the comment above it
+# N(0, 1) times 2^k, each input's own k uniform in its exponent range: OFF (0 draws). Judged
+# for accuracy they refuse true reassociations ((A @ B) @ C -> A @ (B @ C) in float32: B @ C
+# underflows when B and C are drawn small and A large), so the seed-independent checks are
+# the corners (``corners.py``: pairs at their peak, offsets) until underflow has its own rule
+SCALE_DRAWS = 0
 _SHARED = {("folded", 0.5), ("signed", 1.0)}  # rounded draws that other draws are made from
 _LOOKUP_MIN = 1 << 18  # a float16 draw this large is drawn through ``_looked_up``'s table
 
