@@ -237,28 +237,28 @@ def pieces(hidden: int, heads: int, kv_heads: int, intermediate: int, seq: int,
     import torch
 
     from eqsat_mirage.partition.pieces import partition
-    from eqsat_mirage.pipeline import whole
+    from eqsat_mirage.pipeline import optimize as entry  # em.optimize calls optimize_whole here
 
     class CapturedError(em.MirageError):  # a project error: the backend goes eager quietly
         pass
 
     got: list = []
-    real = whole.optimize_whole
+    real = entry.optimize_whole
 
-    def capture(graph, options, cache, progress, piece_ops=None, jobs=1):
+    def capture(graph, options, cache, progress, piece_ops=None, jobs=1, timer=None):
         got.extend(p.graph for p in (partition(graph, piece_ops) if piece_ops
                                      else partition(graph)))
         raise CapturedError
 
     fn, args = layer(hidden, heads, kv_heads, intermediate, seq, dtype)
     torch._dynamo.reset()
-    whole.optimize_whole = capture
+    entry.optimize_whole = capture
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.compile(fn, backend=em.backend(warmup=0, cache=None))(*args)
     finally:
-        whole.optimize_whole = real
+        entry.optimize_whole = real
     return got
 
 
