@@ -202,9 +202,19 @@ def optimize_whole(graph, options: SearchOptions, cache, progress,
             ran = FloatCheck(None, False, False, 0.0, f"not run ({exc}); the optimized "
                              "pieces stand on their own verification (finite-field trials, "
                              "float64 and native-dtype checks, per piece)", over_budget=True)
-        if ran.counterexample is not None:  # never a silent wrong answer: the input
-            failed = f"failed ({ran.counterexample})"
-        elif ran.cut_short:  # nothing found, nothing proven: the pieces' own checks stand
+        if ran.counterexample is not None:  # one piece's optimized form may be the cause:
+            kept = isolate(graph, pieces, texts, programs, did, options.seed, deadline)
+            if kept is None:  # never a silent wrong answer: the input
+                failed = f"failed ({ran.counterexample})"
+            else:  # the culprit pieces stay as they were, the rest optimized
+                first_why = f"failed with it optimized ({ran.counterexample})"
+                programs, did, mugraph, ran = kept
+                for e, d in zip(entries, did):
+                    if e["status"] == "optimized" and not d:
+                        e.update(status="unchanged", cost_after_us=e["cost_before_us"],
+                                 bound=0.0, reason=f"the whole program's float check "
+                                 f"{first_why}")
+        if ran.cut_short:  # nothing found, nothing proven: the pieces' own checks stand
             ran = FloatCheck(None, True, False, ran.seconds, f"{ran.message}; the optimized "
                              "pieces stand on their own verification (finite-field trials, "
                              "float64 and native-dtype checks, per piece)")
@@ -242,6 +252,32 @@ def optimize_whole(graph, options: SearchOptions, cache, progress,
                          verified=verdict, stats=stats, source=graph, roofline_us=roof)
     out.pieces = [(p, d and failed is None) for p, d in zip(pieces, did)]
     return out
+
+
+def isolate(graph, pieces: list[Piece], texts: list[str], programs: list, did: list,
+            seed, deadline: Deadline):
+    """After the end-to-end check refused the stitched program: the same check with one
+    distinct optimized piece at a time put back as it was (all its occurrences), in the
+    pieces' order, within the time left; the first that passes gives (programs, did, the
+    stitched MuGraph, its check). None when none does: the whole input is returned."""
+    from ..mugraph.program import from_graph
+
+    for text in dict.fromkeys(t for t, d in zip(texts, did) if d):
+        if deadline.remaining() < END_TO_END_MIN_S:
+            return None
+        back = [d and t != text for t, d in zip(texts, did)]
+        if not any(back):  # nothing would stay optimized: the input, as without isolating
+            return None
+        progs = [prog if d else from_graph(p.graph)
+                 for p, prog, d in zip(pieces, programs, back)]
+        mugraph = stitch(graph, pieces, progs, f"{graph.name}_opt")
+        try:
+            ran = end_to_end(graph, pieces, texts, progs, mugraph, seed, deadline.remaining())
+        except BudgetError:
+            return None
+        if ran.counterexample is None and not ran.cut_short:
+            return progs, back, mugraph, ran
+    return None
 
 
 def end_to_end(graph, pieces: list[Piece], texts: list[str], programs: list, mugraph,
