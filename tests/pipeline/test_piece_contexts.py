@@ -137,3 +137,32 @@ def test_a_program_whose_contexts_do_not_repeat_is_checked_whole():
     assert len(pieces) == 3 and len(set(repeats.contexts(pieces, texts))) == 1
     head = repeats.first_contexts(g, pieces, texts)  # all three the same context: the first
     assert len(head.pieces) == 1 and list(head.graph.outputs) == ["o0"] and head.cut == ()
+
+
+def test_a_piece_the_end_to_end_check_refuses_is_put_back_alone():
+    """One failing piece never sends a whole program eager: when the stitched program fails
+    the end-to-end check, the distinct optimized pieces are put back one at a time and the
+    first set that passes is kept (``whole.isolate``): here only the unsafe first piece."""
+    from eqsat_mirage.ir.limits import Deadline
+    from eqsat_mirage.partition import stitch
+
+    g = em.Graph("two")
+    h = g.input("x", (8, 16), dtype="float16")
+    w0 = g.input("w0", (8, 16), dtype="float16")
+    h = ((h * (1.0 / 256.0)) * (h * (1.0 / 256.0))) * w0
+    w1, w2 = g.input("w1", (8, 16), dtype="float16"), g.input("w2", (8, 16), dtype="float16")
+    g.output(((h + w1) * w2) * 0.5 + w1, "out")
+    pieces = partition(g, 4)
+    texts = [program_text(p.graph) for p in pieces]
+    assert len(set(texts)) == len(pieces) > 2
+    programs = [_unsafe_block(pieces[0])] + [p.graph for p in pieces[1:]]
+    ran = whole.end_to_end(g, pieces, texts, programs, stitch(g, pieces, programs), 0, 60)
+    assert ran.counterexample is not None  # the stitched program as it is: refused
+    kept = whole.isolate(g, pieces, texts, programs, [True] * len(pieces), 0, Deadline(60))
+    assert kept is not None
+    progs, did, _, passed = kept
+    assert did == [False] + [True] * (len(pieces) - 1) and passed.passed
+    assert progs[0] is not programs[0] and progs[1:] == programs[1:]
+    # a single optimized piece is not put back alone: the input is returned, as before
+    assert whole.isolate(g, pieces, texts, programs, [True] + [False] * (len(pieces) - 1), 0,
+                         Deadline(60)) is None
