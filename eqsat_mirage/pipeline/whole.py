@@ -195,29 +195,8 @@ def optimize_whole(graph, options: SearchOptions, cache, progress,
              "time_limit_s": limit, "time_limit_auto": options.time_limit_s == AUTO}
     failed, ran = None, FloatCheck(None, False, False, 0.0, "not needed (every piece unchanged)")
     if any(did):
-        try:
-            ran = end_to_end(graph, pieces, texts, programs, mugraph, options.seed,
-                              max(deadline.remaining(), END_TO_END_MIN_S))
-        except BudgetError as exc:  # the pieces fit, their stitched whole does not
-            ran = FloatCheck(None, False, False, 0.0, f"not run ({exc}); the optimized "
-                             "pieces stand on their own verification (finite-field trials, "
-                             "float64 and native-dtype checks, per piece)", over_budget=True)
-        if ran.counterexample is not None:  # one piece's optimized form may be the cause:
-            kept = isolate(graph, pieces, texts, programs, did, options.seed, deadline)
-            if kept is None:  # never a silent wrong answer: the input
-                failed = f"failed ({ran.counterexample})"
-            else:  # the culprit pieces stay as they were, the rest optimized
-                first_why = f"failed with it optimized ({ran.counterexample})"
-                programs, did, mugraph, ran = kept
-                for e, d in zip(entries, did):
-                    if e["status"] == "optimized" and not d:
-                        e.update(status="unchanged", cost_after_us=e["cost_before_us"],
-                                 bound=0.0, reason=f"the whole program's float check "
-                                 f"{first_why}")
-        if ran.cut_short:  # nothing found, nothing proven: the pieces' own checks stand
-            ran = FloatCheck(None, True, False, ran.seconds, f"{ran.message}; the optimized "
-                             "pieces stand on their own verification (finite-field trials, "
-                             "float64 and native-dtype checks, per piece)")
+        failed, ran, programs, did, mugraph = _check_whole(
+            graph, (pieces, texts, programs, did, entries), mugraph, options.seed, deadline)
     stats["end_to_end"] = ran.message
     stats["end_to_end_seconds"] = ran.seconds
     # the time limit shaped this result: a piece's search or the end-to-end check cut short
@@ -252,6 +231,39 @@ def optimize_whole(graph, options: SearchOptions, cache, progress,
                          verified=verdict, stats=stats, source=graph, roofline_us=roof)
     out.pieces = [(p, d and failed is None) for p, d in zip(pieces, did)]
     return out
+
+
+def _check_whole(graph, parts: tuple, mugraph, seed, deadline: Deadline) -> tuple:
+    """The end-to-end check of the stitched ``mugraph`` (``parts``: the pieces, their
+    texts, programs, which are optimized and their stats entries); a refusal puts the
+    culprit pieces back (``isolate``) when that passes, their entries saying why. (why the
+    input is returned or None, the check, the programs, which stay optimized, the stitched
+    program)."""
+    pieces, texts, programs, did, entries = parts
+    failed = None
+    try:
+        ran = end_to_end(graph, pieces, texts, programs, mugraph, seed,
+                         max(deadline.remaining(), END_TO_END_MIN_S))
+    except BudgetError as exc:  # the pieces fit, their stitched whole does not
+        ran = FloatCheck(None, False, False, 0.0, f"not run ({exc}); the optimized "
+                         "pieces stand on their own verification (finite-field trials, "
+                         "float64 and native-dtype checks, per piece)", over_budget=True)
+    if ran.counterexample is not None:  # one piece's optimized form may be the cause:
+        kept = isolate(graph, pieces, texts, programs, did, seed, deadline)
+        if kept is None:  # never a silent wrong answer: the input
+            failed = f"failed ({ran.counterexample})"
+        else:  # the culprit pieces stay as they were, the rest optimized
+            first_why = f"failed with it optimized ({ran.counterexample})"
+            programs, did, mugraph, ran = kept
+            for e, d in zip(entries, did):
+                if e["status"] == "optimized" and not d:
+                    e.update(status="unchanged", cost_after_us=e["cost_before_us"],
+                             bound=0.0, reason=f"the whole program's float check {first_why}")
+    if ran.cut_short:  # nothing found, nothing proven: the pieces' own checks stand
+        ran = FloatCheck(None, True, False, ran.seconds, f"{ran.message}; the optimized "
+                         "pieces stand on their own verification (finite-field trials, "
+                         "float64 and native-dtype checks, per piece)")
+    return failed, ran, programs, did, mugraph
 
 
 def isolate(graph, pieces: list[Piece], texts: list[str], programs: list, did: list,
