@@ -170,7 +170,9 @@ _ALL = [
            egglog="Silu", guard=_fn("silu"), cost=(3, 2), padding=_KEEP,
            bounds=lambda m, lo: (m, -0.3), mutants=(Op.RELU,)),
     OpSpec(Op.RELU, "unary", 1, "max(x, 0)", floats=lambda x: np.maximum(x, 0.0), opaque=True,
-           torch="torch.relu", triton="tl.maximum({x}, 0.0)", egglog="Relu", guard=_fn("relu"),
+           torch="torch.relu",  # NaN stays NaN, as in torch (tl.maximum alone gives 0)
+           triton="tl.maximum({x}, 0.0, propagate_nan=tl.PropagateNan.ALL)", egglog="Relu",
+           guard=_fn("relu"),
            padding=Padding(ZERO, ZERO), bounds=lambda m, lo: (m, max(lo, 0.0)),
            mutants=(Op.SILU,)),
     OpSpec(Op.ADD, "binary", 2, "a + b (NumPy broadcasting)", floats=np.add, field="add",

@@ -8,8 +8,9 @@ every input) also calls ``reference`` (a plain callable, ``reference(**tensors) 
 torch op per kernel-level op, ``semantics.torch_reference``) on the same tensors, and
 compares every output:
 
-- the compiled output must be finite wherever the reference is (where the reference is
-  NaN or infinite, in the input program's own dtypes, nothing is required);
+- the compiled output must be finite wherever the reference is, and NaN wherever the
+  reference is NaN (where the reference is infinite, in the input program's own dtypes,
+  nothing is required);
 - elsewhere ``|got - want| <= rtol * (|want| + max |want|)``: ``rtol`` is the input
   program's dtype tolerance (``tolerance``: its coarsest value dtype, float32 1e-4,
   float16 2e-2, bfloat16 6e-2), scaled by the output's largest finite magnitude (a sum
@@ -73,6 +74,13 @@ def compare(got: Mapping, want: Mapping, rtol: float, kernels: Mapping[str, str]
                                        f"{bool(w.reshape(-1)[i])}")
             continue
         w64, g64 = w.detach().double().reshape(-1), g.detach().to(w.device).double().reshape(-1)
+        lost = torch.isnan(w64) & ~torch.isnan(g64)  # NaN propagates as torch propagates it
+        if lost.any():
+            i = int(lost.nonzero()[0])
+            raise LaunchCheckError(
+                f"{where} is not NaN where the input program run by torch is: at index "
+                f"{_index(i, w.shape)}, got {float(g64[i]):.7g} ({int(lost.sum())} of "
+                f"{w64.numel()} element(s)). compile(check=False) skips this check")
         finite = torch.isfinite(w64)
         if not finite.any():
             continue

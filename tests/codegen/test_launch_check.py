@@ -120,13 +120,16 @@ def test_float16_tolerance_is_the_input_programs():
 
 
 def test_compare_rules():
-    want = {"y": torch.tensor([1.0, float("nan"), float("inf"), -2.0])}
-    # NaN / inf in the reference: nothing required there
-    compare({"y": torch.tensor([1.0, 5.0, float("nan"), -2.0])}, want, 1e-4, {})
+    nan = float("nan")
+    want = {"y": torch.tensor([1.0, nan, float("inf"), -2.0])}
+    # inf in the reference: nothing required there; NaN: NaN (issue 51: relu(NaN) gave 0)
+    compare({"y": torch.tensor([1.0, nan, nan, -2.0])}, want, 1e-4, {})
+    with pytest.raises(em.LaunchCheckError, match=r"is not NaN where .* index \(1,\), got 5"):
+        compare({"y": torch.tensor([1.0, 5.0, nan, -2.0])}, want, 1e-4, {})
     with pytest.raises(em.LaunchCheckError, match=r"index \(3,\), got -2.1, expected -2 "):
-        compare({"y": torch.tensor([1.0, 0.0, 0.0, -2.1])}, want, 1e-4, {"y": "k0"})
+        compare({"y": torch.tensor([1.0, nan, 0.0, -2.1])}, want, 1e-4, {"y": "k0"})
     with pytest.raises(em.LaunchCheckError, match="is not finite"):
-        compare({"y": torch.tensor([float("inf"), 0.0, 0.0, -2.0])}, want, 1e-4, {})
+        compare({"y": torch.tensor([float("inf"), nan, 0.0, -2.0])}, want, 1e-4, {})
     with pytest.raises(em.LaunchCheckError, match="shape"):
         compare({"y": torch.zeros(3)}, want, 1e-4, {})
     # the tolerance is scaled by the output's largest magnitude: small elements of a large
@@ -169,3 +172,19 @@ def test_sdpa_with_fully_masked_rows_runs_as_eager(dtype):
     assert (got[:, :, 1] == 0).all() and torch.isfinite(got).all()
     tol = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}[dtype]
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+def test_relu_of_nan_is_nan_in_the_generated_kernel():
+    """Issue 51: the generated Triton's relu was ``tl.maximum(x, 0)``, 0 at NaN where torch
+    and ``em.evaluate`` give NaN; it propagates NaN now, and the first-launch check would
+    refuse a kernel that drops it."""
+    g = em.Graph("relu_nan")
+    x, w = g.input("X", (8, 64), dtype="float32"), g.input("W", (64, 32), dtype="float32")
+    g.output(em.relu(x @ w) * 2.0, "O")
+    res = em.optimize(g, cache=False, compile_check=False)
+    assert res.stats["custom_kernels"] >= 1
+    assert "propagate_nan=tl.PropagateNan.ALL" in res.triton_source()
+    xs, ws = torch.randn(8, 64), torch.randn(64, 32)
+    xs[0, 0] = float("nan")
+    out = res.compile()(xs, ws)["O"]  # the checked first launch passes
+    assert torch.equal(torch.isnan(out), torch.isnan(torch.relu(xs @ ws)))

@@ -116,7 +116,9 @@ def test_triton_forms_are_the_handwritten_ones():
     a, e = "v3", "tl.exp2({} * 1.4426950408889634)"
     want = {Op.NEG: "-v3", Op.EXP: e.format("v3"), Op.SQRT: "tl.sqrt(v3)",
             Op.RSQRT: "tl.rsqrt(v3)", Op.SILU: f"v3 / (1.0 + {e.format('-v3')})",
-            Op.RELU: "tl.maximum(v3, 0.0)", Op.ERF: "tl.erf(v3)", Op.COS: "tl.cos(v3)",
+            # relu keeps NaN as torch does (issue 51: the hand-written form gave 0 there)
+            Op.RELU: "tl.maximum(v3, 0.0, propagate_nan=tl.PropagateNan.ALL)",
+            Op.ERF: "tl.erf(v3)", Op.COS: "tl.cos(v3)",
             Op.SIN: "tl.sin(v3)",
             Op.TANH: f"1.0 - 2.0 / ({e.format('(2.0 * v3)')} + 1.0)",
             Op.SIGMOID: f"1.0 / (1.0 + {e.format('-v3')})"}
