@@ -58,7 +58,7 @@ __all__ = ["CodegenError", "compile_mugraph", "triton_source", "TRITON_API",
 # Every ``tl.<name>`` the generator may emit: long-standing APIs, all in Triton 3.6.
 TRITON_API = frozenset({
     "program_id", "arange", "load", "store", "dot", "sum", "max", "exp", "exp2", "sqrt", "rsqrt",
-    "maximum", "PropagateNan", "erf", "cos", "sin",
+    "maximum", "PropagateNan", "abs", "erf", "cos", "sin",
     "where", "zeros", "full", "trans", "permute", "reshape", "constexpr", "float16", "bfloat16",
     "float32",
 })
