@@ -51,7 +51,9 @@ class Graph:
         every size.
         """
         loc = user_location()
-        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+        # a Python keyword is an input name too (issue 51: a torch module's buffer or argument
+        # may be called ``class``); generated code holds names as string literals or mangled
+        if not isinstance(name, str) or not name.isidentifier():
             raise GraphError(f"input name {name!r} (at {loc}) must be a Python identifier")
         if name in self.inputs:
             raise GraphError(f"duplicate input name {name!r} (at {loc}) in graph {self.name!r}")

@@ -8,7 +8,6 @@ assembles them into a ``MuGraph``; ``validate.py`` checks them.
 
 from __future__ import annotations
 
-import keyword
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -74,8 +73,10 @@ def fmt_map(m: Mapping[int, int]) -> str:
 
 
 def check_name(name: Any, what: str) -> str:
-    """``name``, which must be a Python identifier (else ``MuGraphError`` naming ``what``)."""
-    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+    """``name``, which must be a Python identifier (else ``MuGraphError`` naming ``what``);
+    a keyword is one (issue 51: an input may be called ``class``): generated code holds a
+    name only as a string literal or a mangled identifier (``codegen.tiles.identifier``)."""
+    if not isinstance(name, str) or not name.isidentifier():
         raise MuGraphError(f"{what} name {name!r} must be a Python identifier")
     return name
 

@@ -228,3 +228,39 @@ def test_a_family_input_named_self_is_given_by_name():
     t = torch.randn(4, 37)
     for got in (fn(self=t), fn({"self": t}), fn(t)):
         np.testing.assert_allclose(got["y"].numpy(), (torch.exp(t) * 2).numpy(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("x", ["class", "None", "lambda", "def", "import", "nonlocal", "yield",
+                               "await", "True", "if"])
+def test_a_python_keyword_is_an_input_name(x):
+    """Issue 51: every Python keyword is an input name (a torch module's buffer or argument
+    may be called so), end to end: evaluate, verify, optimize, the source, the compiled call
+    by position and by name with its first-launch check, and the results cache round trip.
+    The keyword reaches generated code only mangled (``v_class``) or as a string literal: a
+    keyword used as an identifier would not parse."""
+    from eqsat_mirage.pipeline.result import from_data, to_data
+
+    g = small_graph("g", x, "w_in", "out")
+    a, b = torch.randn(4, 8), torch.randn(8, 8)
+    want = (torch.exp(a @ b) * 2.0).numpy()
+    got = em.evaluate(g, {x: a.numpy(), "w_in": b.numpy()})["out"]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert em.verify(g, g).equivalent
+    res = em.optimize(g, level="mugraph", cache=False, compile_check=False)
+    src = res.triton_source()
+    check_source(src, [])
+    assert repr(x) in src or f'"{x}"' in src  # the name itself only as a string literal
+    again = from_data(json.loads(json.dumps(to_data(res))), g)
+    for fn in (res.compile(), res.compile(check=False), again.compile()):
+        check_source(fn.source, [])
+        for out in (fn(a, b), fn(**{x: a, "w_in": b}), fn({x: a, "w_in": b}),
+                    fn(a, w_in=b)):
+            np.testing.assert_allclose(out["out"].numpy(), want, rtol=1e-5)
+    assert MARK not in os.environ
+
+
+@pytest.mark.parametrize("name", ["", 3, None, "a b", "1x", "a\nb", "a\x00b", "x\x1b", "é\t"])
+def test_a_mugraph_name_must_still_be_an_identifier(name):
+    """Issue 51 lets keywords in; any other text that is not an identifier stays out."""
+    with pytest.raises(MuGraphError, match="must be a Python identifier"):
+        em.MuGraph("m").input(name, (4,), "float32")

@@ -188,11 +188,26 @@ def test_duplicate_input_name():
         g.input("X", (3,), dtype="float32")
 
 
-@pytest.mark.parametrize("name", ["bad name", "1x", "class", ""])
+# issue 51: a Python keyword ("class") is an input name now (a torch module may name a buffer
+# or an argument so: generated code holds names only as string literals or mangled); any
+# other non-identifier (empty, not a str, spaces, control characters) is still refused
+@pytest.mark.parametrize("name", ["bad name", "1x", "", 3, None, "a\nb", "a\x00b", "x\x1b",
+                                  "a-b", "é\t"])
 def test_input_name_must_be_identifier(name):
     with pytest.raises(em.GraphError, match=rf"input name {re.escape(repr(name))} \(at {HERE}\) "
                                             r"must be a Python identifier"):
         em.Graph("g").input(name, (2,), dtype="float32")
+
+
+def test_every_python_keyword_is_an_input_name():
+    """Issue 51: ``class``, ``None``, ``lambda`` ... are input names (and MuGraph names)."""
+    import keyword
+
+    g, mg = em.Graph("g"), em.MuGraph("m")
+    for name in keyword.kwlist + keyword.softkwlist:
+        assert g.input(name, (2,), dtype="float32").node.arg == name
+        assert mg.input(name, (2,), "float32") == name
+    assert list(g.inputs) == keyword.kwlist + keyword.softkwlist
 
 
 @pytest.mark.parametrize("shape, why", [((2, 0), r"shape \(2, 0\) has a non-positive dim"),
