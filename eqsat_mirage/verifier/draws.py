@@ -52,15 +52,14 @@ STATIC = "float safety (static)"
 # the unsafe rewrites overflow far below it.
 HEADROOM = 2.0
 # drawn input by input
-_ONE_BY_ONE = ("signed", "folded", "exponent", "logits", "peakfold", "offset", "scales")
+_ONE_BY_ONE = ("signed", "folded", "exponent", "logits", "peakfold", "offset")
 # draws made again for each check, the first program's outputs on them held only while it
 # runs: a search's memo keeps none of them (``memory.verify_parts`` counts what it keeps)
-UNKEPT = ("offset", "scales")
-# N(0, 1) times 2^k, each input's own k uniform in its exponent range: OFF (0 draws). Judged
-# for accuracy they refuse true reassociations ((A @ B) @ C -> A @ (B @ C) in float32: B @ C
-# underflows when B and C are drawn small and A large), so the seed-independent checks are
-# the corners (``corners.py``: pairs at their peak, offsets) until underflow has its own rule
-SCALE_DRAWS = 0
+UNKEPT = ("offset",)
+# No draw gives each input its own exponent: judged for accuracy, such draws refused true
+# reassociations ((A @ B) @ C -> A @ (B @ C) in float32: B @ C underflows when B and C are
+# drawn small and A large); inputs of unrelated magnitudes meet at the corners
+# (``corners.py``: pairs at their peak, offsets) until underflow has its own rule
 _SHARED = {("folded", 0.5), ("signed", 1.0)}  # rounded draws that other draws are made from
 _LOOKUP_MIN = 1 << 18  # a float16 draw this large is drawn through ``_looked_up``'s table
 
@@ -189,9 +188,6 @@ class Draws:
         if kind == "exponent":  # z * 2^k, one k for every input, uniform across the
             return z if self._dtypes[name] == "bool" else (  # narrowest input range
                 _scaled(z, 2.0 ** self._power(int(s))))
-        if kind == "scales":  # z * 2^k, each input's own k, uniform across its range
-            return z if self._dtypes[name] == "bool" else (
-                _scaled(z, 2.0 ** self._own_power(int(s), name)))
         if kind == "offset":  # N(0, 1) plus a common offset on the inputs of the set s
             return z if name not in self.members(kind, s) else z + np.float32(
                 self.offset(int(s)))
@@ -235,14 +231,6 @@ class Draws:
         g = np.random.default_rng([self.base, 1, j])
         lo = max(self._range(n)[0] for n in self.normal)
         hi = min(self._range(n)[1] for n in self.normal)
-        return int(g.integers(lo, hi - 2))  # |z| < 8: stays below the dtype's largest
-
-    def _own_power(self, j: int, name: str) -> int:
-        """The exponent k of input ``name`` in ``scales`` draw ``j``: uniform across its
-        own dtype's range, drawn for each input on its own (a generator per input and
-        draw), so that inputs of very different magnitudes meet."""
-        g = np.random.default_rng([self.base, 4, j, list(self.normal).index(name)])
-        lo, hi = self._range(name)
         return int(g.integers(lo, hi - 2))  # |z| < 8: stays below the dtype's largest
 
     def members(self, kind: str, s: float) -> set[str]:

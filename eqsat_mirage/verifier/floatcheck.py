@@ -23,7 +23,7 @@ from ..semantics.floating import LazyInputs, evaluate
 from .accuracy import MAX_BITS_LOST, bits_lost
 from .conditioning import ill_conditioned
 from .corners import chosen, offset_draws, pairs
-from .draws import EXPONENT_DRAWS, HEADROOM, NATIVE_MAX, SCALE_DRAWS, SPREADS, STATIC, Draws
+from .draws import EXPONENT_DRAWS, HEADROOM, NATIVE_MAX, SPREADS, STATIC, Draws
 from .floatsafe import is_graph
 from .runner import Runner
 
@@ -160,7 +160,6 @@ def _reduction(program) -> int:
 
 _DRAWN = {"signed": "N(0, s^2)", "folded": "|N(0, s^2)|", "constant": "every input = s",
           "exponent": "N(0, 1) * 2^k, k across the inputs' exponent range, draw s",
-          "scales": "N(0, 1) * 2^k, each input's own k across its exponent range, draw s",
           "spread": "+-2^e per element, e uniform in [-s, s] (0: the dtype's whole range)",
           "peak": "input s (-1: every input) at its largest value keeping the first program "
                   "finite, the others 1",
@@ -171,7 +170,7 @@ _DRAWN = {"signed": "N(0, s^2)", "folded": "|N(0, s^2)|", "constant": "every inp
                      "finite, the others 1",
           "offset": "N(0, 1) plus a common offset {:g} on {}, the others N(0, 1)"}
 _CONSTANT = ("constant", "peak", "peakset")  # one value per input: cheap
-_RANGE_KINDS = ("peak", "peakset", "peakfold", "exponent", "scales", "spread")
+_RANGE_KINDS = ("peak", "peakset", "peakfold", "exponent", "spread")
 _NORMAL = ("signed", "folded", "logits")  # normal draws
 # the draws ``conditioned`` (the end-to-end check) asks about: the normal ones, and the
 # exponent draws, where a whole layer's float32 output can hinge on its BLAS's summation
@@ -225,7 +224,6 @@ def _check_list(a, b, native: bool, static: bool, peaked: Collection[int] | None
         each = range(n_in) if peaked is None else sorted(set(peaked) & set(range(n_in)))
         drawn += [("native", "peak", float(i)) for i in each]
         drawn += [("native", "exponent", float(j)) for j in range(EXPONENT_DRAWS)]
-        drawn += [("native", "scales", float(j)) for j in range(SCALE_DRAWS)]
         drawn += [("native", "spread", float(w)) for w in SPREADS]
         drawn += [("native", "peakfold", float(i)) for i in each]
         drawn += [("native", "peakset", float(j)) for j in chosen(pairs(a), peaked)]
@@ -372,11 +370,6 @@ class _Judge:
         floor = max(self.tiny, 0.0 if kind in _RANGE_KINDS else draws.largest(kind, s))
         ref, how = draws.truth(kind, s)
         xb = evaluate(self.b, inputs, dtype="native", rounded=True)
-        if kind == "scales":  # inputs of unrelated magnitudes: accuracy where both are
-            # finite (a normalization's input times a weight each near its dtype's largest
-            # overflows a sum taken before the normalization, beyond any headroom:
-            # overflow is the peak draws' to judge)
-            xa = {k: np.where(np.isfinite(xb[k]), v, np.nan) for k, v in xa.items()}
         return _compare(xa, xb, f"{where}; ground truth in {how}", max(self.coarsest, self.rtol),
                         "native dtype", inputs, i, rule, floor, self.limit, ref)
 
