@@ -8,6 +8,7 @@ import pytest
 
 import eqsat_mirage as em
 from eqsat_mirage.runtime.timing import Timing, fastest, time_candidates
+from tests.attention_graphs import attention as shared_attention
 
 LIMIT = 600  # the search's cap: far more than it needs, so a busy machine changes nothing
 
@@ -28,13 +29,9 @@ class FakeTimer:
 
 
 def attention() -> em.Graph:
-    g = em.Graph("att")
-    q = g.input("Q", (2, 16, 16), dtype="float32")
-    k = g.input("K", (2, 16, 64), dtype="float32")
-    v = g.input("V", (2, 64, 16), dtype="float32")
-    a = em.exp(q @ k)
-    g.output((a / a.sum(axis=2, keepdims=True)) @ v, "O")
-    return g
+    """The shared unsafe attention (exp(s) / sum(exp(s))) in float32, small: several plans
+    verify, so there is something to time."""
+    return shared_attention(False, "float32", b=2, m=16, d=16, n=64)
 
 
 def test_the_measured_winner_is_taken_not_the_models():
