@@ -52,6 +52,9 @@ from .search import search
 
 SHARE_END = 0.85  # piece searches end by this fraction of the time limit; the rest: stitch
 END_TO_END_MIN_S = 0.5  # the end-to-end check runs at least this long past the piece searches
+# why the optimized pieces stand when the end-to-end check did not run or was cut short
+OWN_CHECKS = ("the optimized pieces stand on their own verification (finite-field trials, "
+              "float64 and native-dtype checks, per piece)")
 PARALLEL_WORK = 2**30  # verification effort of the distinct pieces: from here, worker processes
 
 
@@ -245,9 +248,8 @@ def _check_whole(graph, parts: tuple, mugraph, seed, deadline: Deadline) -> tupl
         ran = end_to_end(graph, pieces, texts, programs, mugraph, seed,
                          max(deadline.remaining(), END_TO_END_MIN_S))
     except BudgetError as exc:  # the pieces fit, their stitched whole does not
-        ran = FloatCheck(None, False, False, 0.0, f"not run ({exc}); the optimized "
-                         "pieces stand on their own verification (finite-field trials, "
-                         "float64 and native-dtype checks, per piece)", over_budget=True)
+        ran = FloatCheck(None, False, False, 0.0, f"not run ({exc}); {OWN_CHECKS}",
+                         over_budget=True)
     if ran.counterexample is not None:  # one piece's optimized form may be the cause:
         kept = isolate(graph, pieces, texts, programs, did, seed, deadline)
         if kept is None:  # never a silent wrong answer: the input
@@ -259,10 +261,8 @@ def _check_whole(graph, parts: tuple, mugraph, seed, deadline: Deadline) -> tupl
                 if e["status"] == "optimized" and not d:
                     e.update(status="unchanged", cost_after_us=e["cost_before_us"],
                              bound=0.0, reason=f"the whole program's float check {first_why}")
-    if ran.cut_short:  # nothing found, nothing proven: the pieces' own checks stand
-        ran = FloatCheck(None, True, False, ran.seconds, f"{ran.message}; the optimized "
-                         "pieces stand on their own verification (finite-field trials, "
-                         "float64 and native-dtype checks, per piece)")
+    elif ran.cut_short:  # nothing found, nothing proven: the pieces' own checks stand
+        ran = FloatCheck(None, True, False, ran.seconds, f"{ran.message}; {OWN_CHECKS}")
     return failed, ran, programs, did, mugraph
 
 
