@@ -331,7 +331,8 @@ class KernelWriter(TileOps):
                 acc, new_var, alpha = self._maxima[a] = names
                 self.emit(self.pre, acc, f"tl.full({self.blocks(squeezed(shape))}, "
                                          "-float('inf'), tl.float32)")
-                self.emit(self.loop, new_var, f"tl.maximum({acc}, {self.f32(v)})",
+                self.emit(self.loop, new_var, f"tl.maximum({acc}, {self.f32(v)}, "
+                                                 "propagate_nan=tl.PropagateNan.ALL)",
                           f"running max {a}")
                 use = self.names(f"{a}_use")  # -inf (nothing kept yet in a row) reads as 0
                 self.emit(self.loop, use, f"tl.where({new_var} == -float('inf'), 0.0, {new_var})")

@@ -452,8 +452,12 @@ class TileOps(ConcatOps):
         if pos and (big or not x.clean) and any(self.padded(src[a]) for a in axes if src[a] > 1):
             expr = self._where(expr, self.full_mask(x.dims), "-float('inf')" if big else "0.0")
             clean = not big
+        nan = f"tl.where({expr} == {expr}, 0.0, {expr})"  # NaN where the operand is, else 0
         for p in sorted(pos, reverse=True):
             expr = f"tl.{'max' if big else 'sum'}({expr}, axis={p})"
+            nan = f"tl.sum({nan}, axis={p})"
+        if big and pos:  # tl.max skips NaN (maxnum); torch's max of a row with a NaN is NaN
+            expr = f"({expr} + {nan})"
         if node.op is Op.MEAN:
             count = numel(tuple(src[a] for a in axes))
             expr = f"{expr} / {float(count)!r}" if count > 1 else expr

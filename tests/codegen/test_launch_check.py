@@ -190,6 +190,51 @@ def test_relu_of_nan_is_nan_in_the_generated_kernel():
     assert torch.equal(torch.isnan(out), torch.isnan(torch.relu(xs @ ws)))
 
 
+def test_row_max_and_softmax_of_a_row_with_nan_are_nan_as_in_torch():
+    """Issue 51: the generated ``tl.max`` skips NaN (maxnum); torch's max of a row with a
+    NaN is NaN. The generated max adds a NaN term, so the row max and the softmax are NaN
+    exactly in the rows torch gives NaN (the checked first launch compares the positions)."""
+    g = em.Graph("rowmax_nan")
+    x = g.input("X", (8, 64), dtype="float32")
+    g.output(em.softmax(x), "O")
+    g.output(x.max(axis=1), "M")
+    res = em.optimize(g, cache=False, compile_check=False)
+    assert res.stats["custom_kernels"] >= 1 and "tl.max(" in res.triton_source()
+    xs = torch.randn(8, 64)
+    xs[3, 5] = float("nan")
+    out = res.compile()(xs)  # the checked first launch passes
+    assert torch.equal(torch.isnan(out["M"]), torch.isnan(xs.amax(dim=1)))
+    assert torch.equal(torch.isnan(out["O"]), torch.isnan(torch.softmax(xs, dim=1)))
+    assert torch.isnan(out["M"]).sum() == 1 and torch.isnan(out["O"]).sum() == 64
+
+
+@pytest.mark.parametrize("schedule", ["loop", "split"])
+def test_running_maximum_of_a_row_with_nan_is_nan(schedule):
+    """Issue 51: the online softmax's running maximum (``tl.maximum`` of the running max and
+    a tile's max, in a loop or across splits) propagates NaN: the row max an online kernel
+    writes is NaN in the row with a NaN, and only there."""
+    from eqsat_mirage.codegen.source import compile_mugraph
+
+    g = em.Graph("running_max_nan")
+    x = g.input("X", (4, 512), dtype="float32")
+    m = x.max(axis=-1, keepdims=True)
+    g.output(m, "M")
+    g.output(em.exp(x - m).sum(axis=-1, keepdims=True), "S")
+    sched = {"loop": Schedule(grid=(("a", 2),), loop="b", forloop=8),
+             "split": Schedule(grid=(("a", 2), ("b", 4)), split="b")}[schedule]
+    mg = lower(g, sched)
+    assert any(k.maxima for k in mg.kernels if k.kind == "custom")
+    torch.manual_seed(0)
+    xs = torch.randn(4, 512)
+    xs[1, 300] = float("nan")
+    out = compile_mugraph(mg)(X=xs)
+    want = xs.amax(dim=1, keepdim=True)
+    assert torch.equal(torch.isnan(out["M"]), torch.isnan(want))
+    assert torch.equal(torch.isnan(out["S"]), torch.isnan(want))
+    ok = ~torch.isnan(want)
+    torch.testing.assert_close(out["M"][ok], want[ok])
+
+
 @pytest.mark.parametrize("scale", [1e-7, 1e-5, 1e-3, 3e-2, 1.0, 30.0])
 def test_tanh_in_the_generated_kernel_is_accurate_over_the_whole_range(scale):
     """Issue 51: the generated tanh, 1 - 2 / (e^2x + 1), lost 4e-4 (relative) at inputs of
