@@ -140,7 +140,7 @@ def test_readme_quickstart_hugging_face_layer():
               for p in e.result.stats.get("pieces", [])]
     assert pieces and all(p["status"] == "optimized" or p.get("time_limited")
                           for p in pieces), pieces
-    assert s["predicted_us"][1] < s["predicted_us"][0] or s["optimized_ops"] == 0
+    assert s["optimized_ops"] == 0 or s["predicted_us"][1] < s["predicted_us"][0]
     shown = block("docs/pytorch.md", "backend-warning").text.strip()
     m = re.match(pattern + r" \(predicted ([\d.]+) us -> ([\d.]+) us\)$", shown)
     assert m and int(m[1]) == int(m[2]) == s["ops"] and int(m[3]) == 1, shown

@@ -49,12 +49,18 @@ Each compiled graph gets one warning, ``eqsat-mirage: N of M ops in K optimized
 partitions (predicted X us -> Y us); eager: op at file:line (reason), ...``, ending with
 ``ran out of time (...): part piece i (n ops: ...)`` when the time limit cut some search
 short (those pieces run as they were; the pieces that verified in time run optimized).
-The partitions of one graph share ``time_limit_s`` (weighted by their ops), so the
-compile call holds it. The warning also lists the ops torch.fx's partitioner put in no
-partition. ``warn=False`` silences it, and ``Backend.summary()`` returns the same as a
+The partitions of one graph share ``time_limit_s`` by their expected search cost
+(``limits.search_weight`` of the ops each converts to: matmuls and reductions weigh more),
+each getting the time left times its weight over the weights not yet searched, so time one
+leaves unused goes to the next and the compile call holds the limit. The warning also lists
+the ops torch.fx's partitioner put in no partition; a graph nothing was optimized in says
+"not priced". ``warn=False`` silences it, and ``Backend.summary()`` returns the same as a
 dict (totals, with ``compute_ops``: the ops computing a non-empty float tensor, and one
-entry per graph). ``Backend.report`` lists a ``PartitionReport`` per
-partition; ``Backend.unsupported`` names the ops that stayed eager and why. Nodes that
+entry per graph, ``report.GraphRecord``, with its outcome and reason: every graph the
+backend compiled is there, one that ran eagerly as a whole too, and a partition that fell
+back at its first call counts as eager). ``Backend.report`` lists a ``PartitionReport`` per
+partition (and one per graph that runs eagerly as a whole); ``Backend.unsupported`` names
+the ops that stayed eager and why. Nodes that
 produce or read a zero-size tensor (an empty KV cache) stay eager with that reason; nodes
 that produce a tuple of tensors (``split``, ``chunk``) join partitions like any other.
 """
@@ -80,7 +86,7 @@ from ..pipeline.whole import improved, unchanged_reason
 from ..verifier import blas
 from .options import check_options
 from .replay import CopyEscaping, graphs_backend
-from .report import PartitionReport, launch_summary, ran_out_of_time
+from .report import GraphRecord, PartitionReport, launch_summary
 from .runtime import OptimizedPartition, Warmup, uses_triton
 from .specs import SymbolicSizes, computes, graph_work, node_spec, split_runs
 from .support import (
@@ -152,7 +158,7 @@ class Backend:
         self.cuda_graph = cuda_graph
         self.report: list[PartitionReport] = []
         self.unsupported: list[str] = []
-        self._summaries: list[dict] = []
+        self._records: list[GraphRecord] = []
         self._graphs = 0
         self.warming: set[int] = set()  # graphs in their warmup calls (``Warmup``)
         self._limits: dict[int, float | None] = {}  # graph number -> its time limit (s)
@@ -183,15 +189,15 @@ class Backend:
         self._graphs += 1
         if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False)
                                            for x in example_inputs):
-            self.warning("inputs require grad and the optimized kernels have no backward: the "
-                       "graph runs eagerly (use torch.no_grad() or torch.inference_mode())")
-            return gm.forward
+            return self.refuse(gm, self._graphs, "inputs require grad and the optimized kernels "
+                               "have no backward: the graph runs eagerly (use torch.no_grad() "
+                               "or torch.inference_mode())")
         mutating = mutation(gm)
         if mutating is not None:  # partitions could move reads across the write: stay eager
             loc = source_line(mutating)
-            self.warning(f"the graph mutates a tensor in place ({op_name(mutating, gm)}"
-                       + (f" at {loc}" if loc else "") + "): it runs eagerly")
-            return gm.forward
+            return self.refuse(gm, self._graphs, f"the graph mutates a tensor in place "
+                               f"({op_name(mutating, gm)}" + (f" at {loc}" if loc else "")
+                               + "): it runs eagerly")
         self._ensure_specs(gm, example_inputs)
         gm.meta[CONSTANTS] = buffer_constants(gm, example_inputs)
         try:
@@ -199,13 +205,24 @@ class Backend:
         except Exception as exc:  # noqa: BLE001 - Dynamo's shape environment changed shape
             if unexpected(exc):
                 raise
-            self.warning(f"reading the graph's symbolic sizes failed ({type(exc).__name__}: "
-                       f"{exc}): the graph runs eagerly")
-            return gm.forward
+            return self.refuse(gm, self._graphs, f"reading the graph's symbolic sizes failed "
+                               f"({type(exc).__name__}: {exc}): the graph runs eagerly")
         calls = self._warmup_calls()
         if calls and not sizes.dynamic:
             return Warmup(self, gm, sizes, self._graphs, calls)
         return self.build(gm, sizes, self._graphs)
+
+    def refuse(self, gm: fx.GraphModule, number: int, why: str) -> Any:
+        """Graph ``number`` (``gm``) runs eagerly as a whole because ``why``: warn, record
+        it in ``summary()`` (outcome "eager", every op counted) and in ``report`` (one
+        ``PartitionReport`` named ``graph_<number>``, status "eager"); returns ``gm.forward``."""
+        self.warning(why)
+        calls = [n for n in gm.graph.nodes if n.op.startswith("call")]
+        self.report.append(PartitionReport(f"graph_{number}", [op_name(n, gm) for n in calls],
+                                           status="eager", reason=why))
+        self._records.append(GraphRecord(number, len(calls), sum(map(computes, calls)), [], [],
+                                         refused=why))
+        return gm.forward
 
     def _warmup_calls(self) -> int:
         """Eager calls before a static graph is searched (``warmup``; None: 1 while Dynamo's
@@ -222,8 +239,9 @@ class Backend:
 
     def build(self, gm: fx.GraphModule, sizes: SymbolicSizes, number: int) -> Any:
         """Partition graph ``number`` (``gm``), optimize each partition, return its callable.
-        The partitions share ``time_limit_s`` (``limits.Shares``, weighted by their ops):
-        the whole call holds the limit, not each partition."""
+        The partitions share ``time_limit_s`` (``limits.Shares``, weighted by their expected
+        search cost, ``NodeSupport.weight``): the whole call holds the limit, not each
+        partition, and time one leaves unused goes to those after it."""
         start = time.perf_counter()
         support = NodeSupport(gm, sizes)
         part = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
@@ -236,9 +254,8 @@ class Backend:
         except Exception as exc:  # noqa: BLE001 - the partitioner failed: the graph runs eagerly
             if unexpected(exc):
                 raise
-            self.warning(f"partitioning failed ({type(exc).__name__}: {exc}): the graph runs "
-                       "eagerly")
-            return gm.forward
+            return self.refuse(gm, number, f"partitioning failed ({type(exc).__name__}: "
+                               f"{exc}): the graph runs eagerly")
         eager = []
         for node in gm.graph.nodes:
             if node.op.startswith("call") and support.reason(node) is not None:
@@ -252,7 +269,8 @@ class Backend:
         total = sum(n.op.startswith("call") for n in gm.graph.nodes)
         total = (total, sum(computes(n) for n in gm.graph.nodes))
         if not parts:
-            self._summarize(total, [], eager, sizes, number)
+            self._summarize(total, [], eager, sizes, number,
+                            [op_name(n, gm) for n in gm.graph.nodes if n.op.startswith("call")])
             return gm.forward
         limit = resolve_time_limit(self.options.get("time_limit_s"),  # before fusing
                                    graph_work([n for q in parts for n in q.nodes]),
@@ -265,7 +283,8 @@ class Backend:
         nodes = [node for node in fused.graph.nodes if node.op == "call_module"
                  and str(node.target).startswith(prefix)]
         subs = [fused.get_submodule(node.target) for node in nodes]
-        weights = [sum(n.op.startswith("call") for n in sub.graph.nodes) for sub in subs]
+        weights = [max(1.0, sum(map(support.weight, parts[int(str(node.target)[len(prefix):])]
+                                    .nodes))) for node in nodes]  # fused: prefix + index
         shares = Shares(limit, weights, start)
         for i, (node, sub) in enumerate(zip(nodes, subs)):
             places = [n for n in sub.graph.nodes if n.op == "placeholder"]
@@ -273,9 +292,10 @@ class Backend:
                      for a in node.args]  # buffers, and what is computed from them
             sub.meta[CONSTANTS] = {p: v for p, v in zip(places, known) if v is not None
                                    and len(places) == len(node.args)}
-            replacement = self._partition(str(node.target), sub, sizes,
-                                          time_limit_s=shares.share(i))
+            share = shares.share(i)
+            replacement = self._partition(str(node.target), sub, sizes, time_limit_s=share)
             entries.append(self.report[-1])
+            entries[-1].share_s, entries[-1].weight = share, weights[i]
             if replacement is not None:
                 setattr(fused, node.target, replacement)
         fused.recompile()
@@ -285,60 +305,50 @@ class Backend:
 
     def _worth(self, part, sizes: SymbolicSizes) -> bool:
         """Whether a proposed partition is optimized: ``min_ops`` ops or more, or one op that
-        is a whole computation of its own (an SDPA), or ops touching a symbolic size."""
+        is a whole computation of its own (an SDPA); the same rule for static graphs and
+        shape families (a lone ``silu`` is below ``min_ops=2`` in both)."""
         nodes = list(part.nodes)
         return len(nodes) >= self.min_ops or any(
             n.target in _COMPOSITE or str(n.target).endswith("scaled_dot_product_attention")
-            for n in nodes) or bool(sizes.family and sizes.touches(nodes[0]))
+            for n in nodes)
 
     def _summarize(self, total: tuple[int, int], entries: list[PartitionReport],
-                   eager: list[str], sizes: SymbolicSizes, number: int) -> None:
-        """Record this graph's summary and warn once with it (unless ``warn=False``);
-        ``total``: the graph's call ops, and those of them that compute (``computes``)."""
-        total, compute = total
-        done = [e for e in entries if e.status == "optimized"]
-        before = sum(e.result.baseline_cost_us for e in done)
-        after = sum(e.result.cost_us for e in done)
-        small = [e for e in entries if e.status != "optimized"]
-        eager = eager + [f"partition {e.name} of {len(e.ops)} ops ({e.reason})" for e in small]
-        late = [t for e in entries for t in ran_out_of_time(e)]
-        graph = {"graph": number, "ops": total, "compute_ops": compute,
-                 "optimized_ops": sum(e.optimized_ops for e in done),
-                 "optimized_compute_ops": sum(e.optimized_compute_ops for e in done),
-                 "partitions": len(entries), "optimized_partitions": len(done),
-                 "time_limited": late,
-                 "predicted_us": [before, after], "eager": eager,
-                 "sizes": sizes.describe() if sizes.dynamic else "static",
-                 "time_limit_s": self._limits.get(number)}
-        self._summaries.append(graph)
-        shown = eager[:8] + ([f"... and {len(eager) - 8} more"] if len(eager) > 8 else [])
-        self.warning(f"{graph['optimized_ops']} of {total} ops in {len(done)} optimized "
-                   f"partitions (predicted {before:.2f} us -> {after:.2f} us)"
-                   + (f"; {graph['sizes']}, one search serves every value"
-                      if sizes.dynamic else "")
-                   + (f"; eager: {', '.join(shown)}" if shown else "")
-                   + (f"; ran out of time (time_limit_s={graph['time_limit_s']}, "
-                      f"kept as they were): {', '.join(late)}" if late else ""),
-                   prefix="eqsat-mirage: ")
+                   eager: list[str], sizes: SymbolicSizes, number: int,
+                   ops: list[str] | None = None) -> None:
+        """Record this graph (``report.GraphRecord``) and warn once with its summary (unless
+        ``warn=False``); ``total``: the graph's call ops, and those of them that compute;
+        ``ops``: their names, for the graph's entry in ``report`` when nothing was searched."""
+        record = GraphRecord(number, total[0], total[1], entries, eager,
+                             sizes.describe() if sizes.dynamic else "static",
+                             self._limits.get(number))
+        self._records.append(record)
+        if not entries:  # nothing searched: the graph's entry in ``report`` says why
+            self.report.append(PartitionReport(f"graph_{number}", ops or [], status="eager",
+                                               reason=record.outcome()[1]))
+        self.warning(record.warning(), prefix="eqsat-mirage: ")
 
     def summary(self) -> dict:
-        """What ran optimized and what stayed eager and why, over every graph searched so
-        far: the totals (``ops``: call nodes; ``compute_ops``: those computing a non-empty
-        float tensor; ``optimized_compute_ops``: those of them in optimized pieces, the
-        coverage's numerator), ``graphs``, one dict per graph as its warning said it, and
-        ``eager_only``: the graphs not searched, which so far ran only their ``warmup``
-        calls (a static graph Dynamo replaced after one call stays there; its ops are not
-        in the totals); ``launches``: how each optimized partition launched so far, in words;
-        ``cuda_graphs``: the partitions replayed as CUDA graphs."""
-        graphs = sorted(self._summaries, key=lambda g: g["graph"])
-        before = sum(g["predicted_us"][0] for g in graphs)
-        after = sum(g["predicted_us"][1] for g in graphs)
+        """What ran optimized and what stayed eager and why, over every graph compiled so
+        far (read from the reports now: a partition that fell back at its first call is
+        eager): the totals (``ops``: call nodes; ``compute_ops``: those computing a
+        non-empty float tensor; ``optimized_compute_ops``: those of them in optimized
+        pieces, the coverage's numerator; ``predicted_us``: before and after, over the
+        graphs priced), ``graphs``, one dict per graph (``GraphRecord.summary``: its
+        ``outcome``, "optimized", "partly optimized" or "eager", and ``reason``; a graph
+        that ran eagerly as a whole is there with its ops), and ``eager_only``: the graphs
+        not searched, which so far ran only their ``warmup`` calls (a static graph Dynamo
+        replaced after one call stays there; its ops are not in the totals); ``launches``:
+        how each optimized partition launched so far, in words; ``cuda_graphs``: the
+        partitions replayed as CUDA graphs."""
+        graphs = [r.summary() for r in sorted(self._records, key=lambda r: r.number)]
+        priced = [g["predicted_us"] for g in graphs if g["predicted_us"]]
         return {"ops": sum(g["ops"] for g in graphs),
                 "compute_ops": sum(g["compute_ops"] for g in graphs),
                 "optimized_ops": sum(g["optimized_ops"] for g in graphs),
                 "optimized_compute_ops": sum(g["optimized_compute_ops"] for g in graphs),
                 "optimized_partitions": sum(g["optimized_partitions"] for g in graphs),
-                "predicted_us": [before, after],
+                "predicted_us": [sum(p[0] for p in priced), sum(p[1] for p in priced)]
+                if priced else None,
                 "eager": [e for g in graphs for e in g["eager"]], "graphs": graphs,
                 "eager_only": sorted(self.warming), **launch_summary(self.report)}
 

@@ -209,7 +209,8 @@ class Warmup:
     """A static graph's callable while it warms up (``Backend``'s ``warmup``): its first
     ``calls`` calls run eagerly, the next one searches it (``be.build``: partitions,
     searches, the summary) and runs it, and so does every later one.
-    A search that fails leaves the graph eager, with a warning."""
+    A search that fails leaves the graph eager, with a warning, and says so in the
+    backend's summary (``be.refuse``)."""
 
     def __init__(self, be, gm, sizes, number: int, calls: int) -> None:
         self.be, self.gm, self.sizes, self.number, self.left = be, gm, sizes, number, calls
@@ -236,8 +237,7 @@ class Warmup:
         except Exception as exc:  # noqa: BLE001 - the graph stays eager, as at compile time
             if unexpected(exc):
                 raise
-            be.warning(f"optimizing graph {self.number} failed ({type(exc).__name__}: {exc}): "
-                     "it runs eagerly")
-            run = gm.forward
+            run = be.refuse(gm, self.number, f"optimizing graph {self.number} failed "
+                            f"({type(exc).__name__}: {exc}): it runs eagerly")
         self.gm = self.sizes = None  # held by the built graph where still needed
         return run

@@ -23,6 +23,8 @@ from ..frontend.graph import Graph, Tensor
 from ..frontend.torch_masks import FOLD_LIMIT, BoolMask, Snapshot, constant_mask
 from ..frontend.torch_movement import Empty
 from ..ir.errors import MirageError, unexpected
+from ..ir.limits import search_weight
+from ..ir.node import Op
 from .specs import SymbolicSizes, computes, empty
 
 __all__ = ["CONSTANTS", "NodeSupport", "buffer_constants", "constant_input", "mutation",
@@ -75,6 +77,7 @@ class NodeSupport(OperatorSupportBase):
     def __init__(self, gm: fx.GraphModule, sizes: SymbolicSizes) -> None:
         self.gm, self.sizes = gm, sizes
         self.reasons: dict[fx.Node, str | None] = {}
+        self.weights: dict[fx.Node, float] = {}  # a supported node's ``search_weight``
         self._constants = dict(gm.meta.get(CONSTANTS, {}))
         self._known: dict[fx.Node, torch.Tensor] = {}
         self.fold_all(gm)
@@ -107,6 +110,12 @@ class NodeSupport(OperatorSupportBase):
         if node not in self.reasons:
             self.reasons[node] = self._probe(node)
         return self.reasons[node]
+
+    def weight(self, node: fx.Node) -> float:
+        """The expected search cost of a supported node: ``limits.search_weight`` of the
+        eqsat-mirage ops it converts to (an SDPA's matmuls, max and sum; a folded mask: 0)."""
+        self.reason(node)
+        return self.weights.get(node, 0.0)
 
     def is_node_supported(self, submodules: Any, node: fx.Node) -> bool:
         """The partitioner's question: may ``node`` join a partition?"""
@@ -156,6 +165,7 @@ class NodeSupport(OperatorSupportBase):
             if unexpected(exc):
                 raise
             return f"{type(exc).__name__}: {exc}"
+        self.weights[node] = search_weight(_converted(value))
         if want is None:  # a tuple of tensors: each as torch gives it
             got = [_spec_tensor(v) if isinstance(v, Tensor) else None for v in value] \
                 if isinstance(value, (tuple, list)) else None
@@ -174,6 +184,20 @@ class NodeSupport(OperatorSupportBase):
 
 
 _CATS = frozenset({torch.cat, torch.concat, torch.concatenate})
+
+
+def _converted(value: Any) -> list:
+    """The eqsat-mirage nodes a probe's conversion made (up to the probe's inputs)."""
+    stack = [v.node for v in (value if isinstance(value, (tuple, list)) else [value])
+             if isinstance(v, Tensor)]
+    seen: dict[int, Any] = {}
+    while stack:
+        n = stack.pop()
+        if id(n) in seen or n.op is Op.INPUT:
+            continue
+        seen[id(n)] = n
+        stack += list(n.srcs)
+    return list(seen.values())
 
 
 def _empty_flows(node: fx.Node) -> bool:

@@ -96,6 +96,32 @@ class Shares:
         return max(self.LEAST, self.deadline.remaining() * self.weights[i] / rest)
 
 
+# A search's expected cost, in ops (``search_weight``): what a time limit is shared by. The
+# e-graph a search saturates grows most around matmuls (layouts, splits, fusion with their
+# neighbours) and reductions (online and split forms), and a piece's verification is mostly
+# its matmuls. The backend weighs an fx node by the ops it converts to
+# (``NodeSupport.weight``): one SDPA call (9 ops: two matmuls, a max, a sum and 5 more)
+# weighs 21, where counting fx ops gave it 1 beside four elementwise ops' 4.
+MATMUL_SEARCH_WEIGHT = 4.0  # each matmul: 1 op and this much more
+REDUCE_SEARCH_WEIGHT = 2.0  # each reduction (sum, max, mean, ...): 1 op and this much more
+
+
+def search_weight(nodes: Iterable) -> float:
+    """The expected search cost of the program of ``nodes`` (em ``Node``s; inputs and
+    constants are free): one per op, plus ``MATMUL_SEARCH_WEIGHT`` per matmul and
+    ``REDUCE_SEARCH_WEIGHT`` per reduction. ``Shares`` and the pieces of a whole program
+    share a time limit by it."""
+    from .ops import REDUCE
+
+    total = 0.0
+    for n in nodes:
+        if n.op in (Op.INPUT, Op.CONST):
+            continue
+        total += 1.0 + MATMUL_SEARCH_WEIGHT * (n.op is Op.MATMUL) + \
+            REDUCE_SEARCH_WEIGHT * (n.op in REDUCE)
+    return total
+
+
 AUTO = "auto"  # a time limit that grows with the program's size (``auto_time_limit``)
 AUTO_EVALS = 130  # float64 evaluations of the whole program a full search takes (85-90
 #   measured on LLaMA-7B-size layers at sequences 1 and 128, and half as much again)

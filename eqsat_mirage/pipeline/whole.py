@@ -6,7 +6,9 @@ path); ``optimize_whole`` goes through these steps:
 
 1. ``partition.partition`` cuts it into Lax pieces at the cheapest places;
 2. pieces equal up to renaming are searched once; the distinct ones are searched
-   one after another (each gets an equal share of the time left), or with
+   one after another (each gets a share of the time left weighted by its expected
+   search cost, ``limits.search_weight``: time a piece leaves unused goes to the
+   pieces after it; ``stats["pieces"]`` gives each its ``share_s``), or with
    ``jobs > 1`` in parallel through ``optimize_many`` (``jobs="auto"``, the default:
    one per core when the pieces are large, ``auto_jobs``); each search goes through
    the results cache, so a piece met before (another layer of the same model) is
@@ -39,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ..ir.errors import BudgetError, unexpected
-from ..ir.limits import AUTO, Deadline, memory_budget, physical_memory
+from ..ir.limits import AUTO, Deadline, memory_budget, physical_memory, search_weight
 from ..partition.contexts import first_contexts, peaked_inputs
 from ..partition.pieces import DEFAULT_PIECE_OPS, Piece, partition
 from ..partition.stitch import stitch
@@ -55,6 +57,10 @@ END_TO_END_MIN_S = 0.5  # the end-to-end check runs at least this long past the 
 # why the optimized pieces stand when the end-to-end check did not run or was cut short
 OWN_CHECKS = ("the optimized pieces stand on their own verification (finite-field trials, "
               "float64 and native-dtype checks, per piece)")
+# A piece (or a one-piece program) counts as optimized only when its predicted cost is below
+# (1 - MIN_GAIN) of its input's: a gain within the cost model's rounding (a lone silu priced
+# 3.02 -> 3.01 us) is no reason to replace eager ops (docs/pytorch.md)
+MIN_GAIN = 0.01
 PARALLEL_WORK = 2**30  # verification effort of the distinct pieces: from here, worker processes
 
 
@@ -69,7 +75,8 @@ def changed(res) -> bool:
         return False
     if res.stats.get("level") == "mugraph" and not res.stats.get("regions"):
         return False
-    return res.cost_us < res.baseline_cost_us  # "verified and cheaper": both, or unchanged
+    # "verified and cheaper" by more than MIN_GAIN: both, or unchanged
+    return res.cost_us < res.baseline_cost_us * (1.0 - MIN_GAIN)
 
 
 def improved(res) -> bool:
@@ -98,6 +105,11 @@ def unchanged_reason(res) -> str:
     if refused:  # every cheaper plan refused by the compile check: say so, with the first why
         return (f"{len(refused)} cheaper plan(s) refused by the compile check "
                 f"(first: {refused[0][:300]})")
+    if res.verified is not None and res.verified.equivalent and \
+            res.cost_us < res.baseline_cost_us:
+        return (f"predicted gain {res.baseline_cost_us - res.cost_us:.2f} us "
+                f"({res.baseline_cost_us:.2f} -> {res.cost_us:.2f} us) is below MIN_GAIN "
+                f"({MIN_GAIN:.0%} of the input's cost)")
     return "no candidate cheaper than one kernel per op"
 
 
@@ -123,8 +135,12 @@ def auto_jobs(distinct: list[Piece]) -> int:
 
 
 def _search_pieces(distinct: list[Piece], options: SearchOptions, jobs: int | str, cache,
-                   deadline: Deadline, progress, timer=None) -> list:
-    """The OptimizeResult (or the exception) of each distinct piece, in order."""
+                   deadline: Deadline, progress, timer=None, shares: list | None = None
+                   ) -> list:
+    """The OptimizeResult (or the exception) of each distinct piece, in order; each
+    piece's time limit is appended to ``shares`` (one after another: the time left times
+    its ``search_weight`` over that of the pieces not yet searched)."""
+    shares = [] if shares is None else shares
     opts = options.replace(max_bound=options.max_bound / max(1, len(distinct)))
     jobs = min(auto_jobs(distinct) if jobs == AUTO else jobs, len(distinct))
     end = deadline.part(SHARE_END)
@@ -132,13 +148,16 @@ def _search_pieces(distinct: list[Piece], options: SearchOptions, jobs: int | st
         from .many import optimize_many
 
         opts = opts.replace(time_limit_s=max(0.05, end.remaining() * jobs / len(distinct)))
+        shares += [opts.time_limit_s] * len(distinct)
         _say(progress, f"{len(distinct)} distinct pieces: searching {jobs} at once in worker "
                        f"processes (the largest first), {opts.time_limit_s:.1f} s at most each")
         return optimize_many([p.graph for p in distinct], jobs=jobs, errors="return",
                              progress=progress, cache=cache, **opts.key_data())
     out = []
+    weights = [max(1.0, search_weight(p.graph.nodes())) for p in distinct]
     for i, p in enumerate(distinct):
-        seconds = end.remaining() / (len(distinct) - i)
+        seconds = end.remaining() * weights[i] / sum(weights[i:])
+        shares.append(seconds if seconds != float("inf") else None)  # None: no limit
         if seconds < 0.05:
             out.append(TimeoutError("the time limit was reached before this piece was searched"))
             continue
@@ -183,15 +202,18 @@ def optimize_whole(graph, options: SearchOptions, cache, progress,
                    f"({len(distinct)} distinct) of {', '.join(str(len(p.ops)) for p in pieces)} "
                    f"ops in {t_part:.2f} s")
     t_search = time.perf_counter()
+    shares: list[float] = []
     found = dict(zip(first.values(), _search_pieces(distinct, options, jobs, cache, deadline,
-                                                    progress, timer)))
+                                                    progress, timer, shares)))
+    share = dict(zip(first.values(), shares))
     t_search = time.perf_counter() - t_search
     results = [found[first[text]] for text in texts]
     did = [changed(r) for r in results]
     programs = [r.program if d else from_graph(p.graph) for p, r, d in zip(pieces, results, did)]
     t1 = time.perf_counter()
     mugraph = stitch(graph, pieces, programs, f"{graph.name}_opt")
-    entries = [_entry(p, r, first[text], d) for p, r, text, d in zip(pieces, results, texts, did)]
+    entries = [_entry(p, r, first[text], d, share.get(first[text]))
+               for p, r, text, d in zip(pieces, results, texts, did)]
     stats = {"target": hw.name, "target_spec": str(options.target), "level": options.level,
              "guards": options.guards, "cache": "pieces", "pieces": entries,
              "partition_seconds": t_part, "search_seconds": t_search,
@@ -320,9 +342,10 @@ def _text(piece: Piece) -> str:
     return program_text(piece.graph)
 
 
-def _entry(piece: Piece, res, first: int, did: bool) -> dict:
-    """The ``stats["pieces"]`` entry of one piece."""
+def _entry(piece: Piece, res, first: int, did: bool, share_s: float | None = None) -> dict:
+    """The ``stats["pieces"]`` entry of one piece (``share_s``: its search's time limit)."""
     entry = {"index": piece.index, "ops": piece.op_names(), "inputs": len(piece.inputs),
+             "share_s": share_s,
              "outputs": len(piece.outputs), "same_as": None if first == piece.index else first,
              "status": "optimized" if did else "unchanged",
              "reason": "verified and cheaper" if did else unchanged_reason(res),

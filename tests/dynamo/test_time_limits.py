@@ -15,6 +15,7 @@ from eqsat_mirage.pipeline import whole
 torch = pytest.importorskip("torch")
 from bench.whole_programs import decoder_stack  # noqa: E402
 from eqsat_mirage.dynamo import backend as torch_backend  # noqa: E402
+from eqsat_mirage.dynamo.report import ran_out_of_time  # noqa: E402
 
 nn = torch.nn
 
@@ -47,8 +48,9 @@ def test_the_partitions_of_a_graph_share_its_time_limit(monkeypatch):
         torch.testing.assert_close(torch.compile(m, backend=be)(x), m(x))
     assert len(be.report) == 2 and len(limits) == 2
     assert all(0 < s < 60.0 for s in limits)
-    ops = [len(e.ops) for e in be.report]
-    assert limits[0] <= 60.0 * ops[0] / sum(ops) + 1e-6  # a share weighted by its ops
+    weights = [e.weight for e in be.report]  # expected search costs (limits.search_weight)
+    assert all(w >= len(e.ops) for w, e in zip(weights, be.report))
+    assert limits[0] <= 60.0 * weights[0] / sum(weights) + 1e-6  # a share by its weight
     # the second partition gets at most what the first left of the whole limit
     assert limits[1] <= 60.0 - be.report[0].seconds + 1e-6
 
@@ -85,7 +87,8 @@ def test_a_piece_cut_by_the_time_limit_is_named_and_the_others_run_optimized(mon
             assert "equal piece(s)" in said and str(p["index"]) in said, said
     s = be.summary()
     assert 0 < s["optimized_ops"] < s["ops"]
-    assert s["graphs"][0]["time_limited"] == torch_backend.ran_out_of_time(entry)
+    assert s["graphs"][0]["time_limited"] == ran_out_of_time(entry)
+    assert all(", spent " in t and "share" in t for t in ran_out_of_time(entry))
 
 
 # -- time_limit_s="auto" (the default): the limit grows with the program's work ------------

@@ -165,7 +165,9 @@ def test_autograd_runs_eagerly_with_a_warning():
     got.sum().backward()
     assert m.w1.weight.grad is not None
     torch.testing.assert_close(got, m(x))
-    assert be.report == []
+    (entry,) = be.report  # the whole graph, eager, with why
+    assert entry.status == "eager" and "no backward" in entry.reason
+    assert be.summary()["graphs"][0]["outcome"] == "eager"
 
 
 def test_backend_factory_and_direct_call():
@@ -191,9 +193,9 @@ def test_nothing_supported_returns_eager():
     with torch.no_grad(), pytest.warns(UserWarning) as caught:
         got = torch.compile(lambda x: torch.sort(x).values.tanh(), backend=be)(torch.ones(3))
     torch.testing.assert_close(got, torch.ones(3).tanh())
-    assert be.report == [] and be.unsupported
+    assert [(r.name, r.status) for r in be.report] == [("graph_1", "eager")] and be.unsupported
     (w,) = [str(w.message) for w in caught if "eqsat-mirage" in str(w.message)]  # one
-    assert w.startswith("eqsat-mirage: 0 of 3 ops in 0 optimized partitions (predicted ")
+    assert w.startswith("eqsat-mirage: 0 of 3 ops in 0 optimized partitions (not priced")
     assert "eager: torch.sort at test_torch_backend.py:" in w and "(unsupported op)" in w
     assert be.summary()["ops"] == 3 and be.summary()["optimized_ops"] == 0
     with torch.no_grad(), warnings.catch_warnings():  # warn=False: silent
@@ -241,7 +243,7 @@ def test_in_place_mutation_keeps_the_graph_eager():
                                                           r"\.add_ at test_torch_backend\.py"):
         got = torch.compile(mutating, backend=be)(x, y)
     torch.testing.assert_close(got, want)
-    assert be.report == []
+    assert [(r.name, r.status) for r in be.report] == [("graph_1", "eager")]  # the whole graph
 
 
 def test_operator_and_is_not_in_place():
