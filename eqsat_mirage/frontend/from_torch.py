@@ -88,13 +88,13 @@ def trace(fn_or_module: Any) -> fx.GraphModule:
     """
     if isinstance(fn_or_module, fx.GraphModule):
         return fn_or_module
-    root = fn_or_module if isinstance(fn_or_module, torch.nn.Module) else torch.nn.Module()
     what = getattr(fn_or_module, "__name__", type(fn_or_module).__name__)
     if not callable(fn_or_module):
         raise UnsupportedOpError(f"from_torch: expected a function or an nn.Module, got "
                                  f"{type(fn_or_module).__name__}")
     try:
-        graph = _Tracer().trace(fn_or_module)
+        tracer = _Tracer()
+        graph = tracer.trace(fn_or_module)
     except Exception as exc:  # torch.fx raises TraceError, TypeError, RuntimeError, ...
         where = _traceback_line(exc)
         raise UnsupportedOpError(
@@ -103,7 +103,7 @@ def trace(fn_or_module: Any) -> fx.GraphModule:
             "that need a concrete size, such as torch.ones(n, n) with n = x.shape[0], cannot "
             "be traced; pass such tensors as inputs, or use torch.compile(fn, backend="
             "em.backend), which sees concrete values)") from exc
-    return fx.GraphModule(root, graph, what)
+    return fx.GraphModule(tracer.root, graph, what)  # with the tensor constants it made
 
 
 def _traceback_line(exc: BaseException) -> str:
@@ -331,11 +331,15 @@ class Converter:
     def run(self, node: fx.Node) -> Any:
         """Convert one call/get_attr node (its operands already in ``env``); returns its value."""
         if node.op == "get_attr":
-            value = self.param(node.target)
-            self.env[node] = value
             held = self.root
             for part in str(node.target).split("."):
                 held = getattr(held, part, None)
+            if isinstance(held, torch.Tensor) and not (held.is_floating_point()
+                                                       or held.dtype == torch.bool):
+                self.env[node] = held  # an integer constant: indices (torch_movement.take)
+                return held
+            value = self.param(node.target)
+            self.env[node] = value
             if isinstance(held, torch.Tensor) and not isinstance(held, torch.nn.Parameter):
                 self.constant(node, held, self.sources[value.node.arg])  # a buffer
             return value

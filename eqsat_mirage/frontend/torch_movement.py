@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..ir.errors import UnsupportedOpError
+from ..ir.errors import ShapeError, UnsupportedOpError
 from .functions import concat
 from .graph import Tensor
 
@@ -61,25 +61,6 @@ class Empty:
     @property
     def ndim(self) -> int:
         return len(self.shape)
-
-
-def _empty_slice(x: Tensor, items: tuple) -> Empty | None:
-    """The ``Empty`` that basic index ``items`` selects from ``x``, or None when it selects
-    elements (torch's rules: slices with step 1, None and ...)."""
-    real = sum(i is not None and i is not Ellipsis for i in items)
-    if Ellipsis in items:
-        at = items.index(Ellipsis)
-        items = items[:at] + (slice(None),) * (x.ndim - real) + items[at + 1:]
-    items = items + (slice(None),) * (x.ndim - sum(i is not None for i in items))
-    shape, axis = [], 0
-    for item in items:
-        if item is None:
-            shape.append(1)
-            continue
-        start, stop, _ = item.indices(x.shape[axis])
-        shape.append(max(0, stop - start))
-        axis += 1
-    return Empty(tuple(shape), x.dtype) if 0 in shape else None
 
 
 # -- movement -------------------------------------------------------------------------------
@@ -208,6 +189,185 @@ def _expand(x: Any, *sizes: Any) -> Tensor:
     return y
 
 
+MAX_PIECES = 64  # a gathered or flipped axis becomes a concat of this many slices at most
+
+
+def _cut(x: Tensor, axis: int, start: int, stop: int) -> Tensor:
+    """``x[start:stop]`` along ``axis`` (a slice with step 1; non-empty)."""
+    return x[(slice(None),) * axis + (slice(start, stop),)]
+
+
+def _drop(x: Tensor, axis: int) -> Tensor:
+    """``x`` without its size-1 axis ``axis``."""
+    return x.reshape(x.shape[:axis] + x.shape[axis + 1:])
+
+
+def _strided(x: Tensor, axis: int, start: int, step: int, m: int) -> Tensor:
+    """The ``m`` elements ``start, start + step, ...`` of ``axis`` (all in range, m >= 1):
+    a window of ``m * step`` elements reshaped to ``(m, step)`` and one column of it kept,
+    so that slices with step 1 and reshapes express it exactly (``x[..., ::2]`` of an axis
+    of ``2n``: reshape to ``(n, 2)``, keep column 0); where no such window fits in the axis
+    (``x[::2]`` of 5), the last element is a slice of its own, concatenated."""
+    n = x.shape[axis]
+    if m == 1 or step == 1:
+        return _cut(x, axis, start, start + (m - 1) * step + 1)
+    if m * step > n:  # (m - 1) * step < n - start: the first m - 1 have a window
+        head = _strided(x, axis, start, step, m - 1)
+        last = start + (m - 1) * step
+        return concat([head, _cut(x, axis, last, last + 1)], axis=axis)
+    col = max(0, start + m * step - n)  # the window [start - col, ... + m * step) fits
+    win = _cut(x, axis, start - col, start - col + m * step)
+    win = win.reshape(x.shape[:axis] + (m, step) + x.shape[axis + 1:])
+    return _drop(_cut(win, axis + 1, col, col + 1), axis + 1)
+
+
+def take(x: Tensor, axis: int, index: list[int], what: str) -> Tensor:
+    """The elements ``index`` (ints, negative from the end, in range) of ``axis`` of ``x``, in
+    that order: runs of consecutive indices become slices, concatenated; an arithmetic
+    progression is a strided slice (``_strided``). ``what`` names the op in errors."""
+    n = x.shape[axis]
+    bad = [i for i in index if not -n <= i < n]
+    if bad:
+        raise ShapeError(f"{what}: index {bad[0]} is out of range for axis {axis} of size {n} "
+                         f"(tensor of shape {x.shape})")
+    index = [i % n for i in index]
+    steps = {b - a for a, b in zip(index, index[1:])}
+    if len(steps) == 1 and min(steps) > 1:
+        return _strided(x, axis, index[0], steps.pop(), len(index))
+    runs: list[list[int]] = []
+    for i in index:
+        if runs and i == runs[-1][1]:
+            runs[-1][1] += 1
+        else:
+            runs.append([i, i + 1])
+    if len(runs) > MAX_PIECES:
+        raise UnsupportedOpError(f"{what}: {len(index)} indices of an axis of {n} in "
+                                 f"{len(runs)} runs (at most {MAX_PIECES} runs of consecutive "
+                                 "indices are supported)")
+    parts = [_cut(x, axis, a, b) for a, b in runs]
+    return parts[0] if len(parts) == 1 else concat(parts, axis=axis)
+
+
+def _index_items(x: Tensor, index: Any) -> list:
+    """The items of index ``index`` of ``x`` with ``...`` expanded; refuses what has no form."""
+    items = list(index) if isinstance(index, tuple) else [index]
+    for i in items:
+        if isinstance(i, (Tensor, Empty)):
+            raise UnsupportedOpError(f"indexing with a computed tensor (x[{index!r}]): only "
+                                     "constant indices are supported")
+        held = torch.as_tensor(i) if isinstance(i, (list, torch.Tensor)) else None
+        if isinstance(i, bool) or (held is not None and (
+                held.dtype == torch.bool or held.is_floating_point() or held.is_complex())):
+            raise UnsupportedOpError(f"indexing with a bool or float index (x[{index!r}])")
+        if not (i is None or i is Ellipsis or isinstance(i, (int, slice, list, torch.Tensor))):
+            raise UnsupportedOpError(f"tensor indexing x[{index!r}] with a "
+                                     f"{type(i).__name__} (supported: ints, slices, None, "
+                                     "..., and one list or integer tensor of indices)")
+    if sum(isinstance(i, (list, torch.Tensor)) for i in items) > 1:
+        raise UnsupportedOpError(f"tensor indexing x[{index!r}] with more than one list or "
+                                 "tensor of indices (their broadcasting is not supported)")
+    if sum(i is Ellipsis for i in items) > 1:
+        raise ShapeError(f"indexing x[{index!r}]: more than one '...'")
+    if any(isinstance(i, slice) and i.step is not None and i.step <= 0 for i in items):
+        raise UnsupportedOpError(f"indexing x[{index!r}]: a step below 1 (torch needs a "
+                                 "positive step)")
+    real = sum(i is not None and i is not Ellipsis for i in items)
+    if real > x.ndim:
+        raise ShapeError(f"indexing x[{index!r}]: {real} indices for a tensor of shape "
+                         f"{x.shape}")
+    if Ellipsis in items:
+        at = items.index(Ellipsis)
+        items[at:at + 1] = [slice(None)] * (x.ndim - real)
+    return items + [slice(None)] * (x.ndim - sum(i is not None for i in items))
+
+
+def index_tensor(x: Tensor, index: Any) -> Tensor | Empty:
+    """``x[index]`` as torch computes it, of slices with step 1 and reshapes: ints, slices
+    with any positive step, ``None``, ``...`` and one list or constant integer tensor of
+    indices of one axis (``x[..., [-2], :]``; its shape replaces the axis). An index that
+    selects no element gives ``Empty``."""
+    items = _index_items(x, index)
+    try:
+        want = tuple(torch.empty(x.shape, device="meta")[tuple(items)].shape)
+    except (IndexError, ValueError, RuntimeError) as exc:
+        raise ShapeError(f"indexing x[{index!r}] of a tensor of shape {x.shape}: {exc}") from None
+    if 0 in want:
+        return Empty(want, x.dtype)
+    out, axis = x, 0
+    for item in items:
+        if item is None:
+            out = out.reshape(out.shape[:axis] + (1,) + out.shape[axis:])
+            axis += 1
+        elif isinstance(item, slice):
+            start, stop, step = item.indices(out.shape[axis])
+            m = len(range(start, stop, step))
+            if m != out.shape[axis]:
+                out = _strided(out, axis, start, step, m)
+            axis += 1
+        elif isinstance(item, int):
+            out = _drop(take(out, axis, [item], f"indexing x[{index!r}]"), axis)
+        else:
+            idx = torch.as_tensor(item)
+            flat = take(out, axis, [int(i) for i in idx.flatten()], f"indexing x[{index!r}]")
+            out = flat.reshape(out.shape[:axis] + tuple(idx.shape) + out.shape[axis + 1:])
+            axis += idx.ndim
+    if out.shape != want:  # the composition must give torch's shape
+        raise ShapeError(f"indexing x[{index!r}] of shape {x.shape}: got {out.shape}, torch "
+                         f"gives {want}")
+    return out
+
+
+def _select(x: Any, dim: int, index: int) -> Tensor:
+    x = tensor_arg(x, "select")
+    return _drop(take(x, dim % x.ndim, [int(index)], "select"), dim % x.ndim)
+
+
+def _stack(tensors: Any, dim: int = 0, *, out: Any = None) -> Tensor | Empty:
+    refuse(out, "out=")
+    tensors = list(tensors)
+    if not tensors:
+        raise UnsupportedOpError("stack of no tensors")
+    shapes = {tuple(t.shape) for t in tensors}
+    if len(shapes) != 1:
+        raise ShapeError(f"stack of tensors of different shapes {sorted(shapes)}")
+    shape = tensors[0].shape
+    d = dim % (len(shape) + 1)
+    new = tuple(shape[:d]) + (1,) + tuple(shape[d:])
+    if 0 in shape:
+        return Empty(new[:d] + (len(tensors),) + new[d + 1:], tensors[0].dtype)
+    parts = [tensor_arg(t, "stack").reshape(new) for t in tensors]
+    return parts[0] if len(parts) == 1 else concat(parts, axis=d)
+
+
+def _repeat_interleave(x: Any, repeats: Any, dim: Any = None, *,
+                       output_size: Any = None) -> Tensor:
+    x = tensor_arg(x, "repeat_interleave")
+    if isinstance(repeats, torch.Tensor) and repeats.numel() == 1:
+        repeats = int(repeats)
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise UnsupportedOpError(f"repeat_interleave with repeats={repeats!r} (one positive "
+                                 "int count is supported)")
+    if repeats > MAX_EXPAND:
+        raise UnsupportedOpError(f"repeat_interleave with repeats={repeats} (at most "
+                                 f"{MAX_EXPAND})")
+    if dim is None:
+        x, dim = _flatten(x), 0
+    d = dim % x.ndim
+    y = x.reshape(x.shape[:d + 1] + (1,) + x.shape[d + 1:])
+    if repeats > 1:
+        y = concat([y] * repeats, axis=d + 1)
+    return y.reshape(x.shape[:d] + (x.shape[d] * repeats,) + x.shape[d + 1:])
+
+
+def _flip(x: Any, *dims: Any, **kw: Any) -> Tensor:
+    x = tensor_arg(x, "flip")
+    for d in {d % x.ndim for d in _dims(x, dims or (kw.pop("dims"),))}:
+        n = x.shape[d]
+        if n > 1:
+            x = take(x, d, list(range(n - 1, -1, -1)), "flip")
+    return x
+
+
 # -- Python-level glue: shapes, attributes, indexing ----------------------------------------
 def _getattr(obj: Any, name: str) -> Any:
     if not isinstance(obj, Tensor):
@@ -227,16 +387,7 @@ def _getattr(obj: Any, name: str) -> Any:
 
 def _getitem(obj: Any, index: Any) -> Any:
     if isinstance(obj, Tensor):
-        items = index if isinstance(index, tuple) else (index,)
-        if any(isinstance(i, Tensor) or not (i is None or i is Ellipsis or isinstance(i, slice))
-               for i in items):
-            raise UnsupportedOpError(f"tensor indexing x[{index!r}] (supported: slices with "
-                                     "step 1, None and ...)")
-        if sum(i is Ellipsis for i in items) <= 1 and all(
-                i.step in (None, 1) for i in items if isinstance(i, slice)):
-            empty = _empty_slice(obj, items)
-            if empty is not None:
-                return empty
+        return index_tensor(obj, index)
     if isinstance(obj, Empty):
         raise UnsupportedOpError("indexing a zero-size tensor")
     return obj[index]
@@ -263,6 +414,8 @@ MOVEMENT_FUNCTIONS = {
     torch.transpose: _transpose, torch.swapaxes: _transpose, torch.permute: _permute,
     torch.t: _t, torch.reshape: _reshape, torch.flatten: _flatten,
     torch.unsqueeze: _unsqueeze, torch.squeeze: _squeeze,
+    torch.stack: _stack, torch.repeat_interleave: _repeat_interleave, torch.flip: _flip,
+    torch.select: _select,
     getattr: _getattr, operator.getitem: _getitem,
 }
 
@@ -272,6 +425,7 @@ MOVEMENT_METHODS = {
     "view": _reshape, "flatten": _flatten, "unsqueeze": _unsqueeze, "squeeze": _squeeze,
     "contiguous": _identity, "size": _size, "dim": _dim,
     "narrow": _narrow, "split": _split, "chunk": _chunk, "expand": _expand,
+    "repeat_interleave": _repeat_interleave, "flip": _flip, "select": _select,
 }
 
 _A = torch.ops.aten

@@ -61,11 +61,13 @@ SUPPORTED = (
     "silu and nn.SiLU, relu and nn.ReLU, sigmoid and nn.Sigmoid, gelu and nn.GELU (erf or "
     "tanh), softmax and "
     "nn.Softmax (dtype= too), scaled_dot_product_attention (causal, a bool mask or an "
-    "additive float mask, GQA), "
+    "additive float mask, GQA and MQA: enable_gqa or key heads broadcast), "
     "where and masked_fill (bool masks, finite or -inf fills; comparisons, ~ and "
     "logical_not of constants such as mask buffers are folded), rms_norm and nn.RMSNorm, "
     "layer_norm and nn.LayerNorm, casts (.to(dtype), .float(), .half(), .type(dtype), "
-    ".type_as), slicing x[a:b] and None, narrow, chunk, split, expand, cat, transpose, "
+    ".type_as), indexing x[...] with ints, slices (any positive step), None, ... and one "
+    "list or constant integer tensor of indices (x[..., [-2], :]), select, narrow, chunk, "
+    "split, expand, cat, stack, repeat_interleave (an int count), flip, transpose, "
     "permute, .T, .mT, t, neg, reshape, view, flatten, unsqueeze, squeeze, contiguous, "
     "dropout in eval mode")
 
@@ -230,11 +232,16 @@ def _sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: fl
     if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
         raise UnsupportedOpError(f"scaled_dot_product_attention of {q.ndim}-d, {k.ndim}-d and "
                                  f"{v.ndim}-d tensors (expected equal ranks >= 2)")
-    if q.shape[:-2] != k.shape[:-2] and not enable_gqa:
-        raise UnsupportedOpError(f"scaled_dot_product_attention: query batch dims "
-                                 f"{q.shape[:-2]} differ from key's {k.shape[:-2]}")
+    if not enable_gqa:  # batch dims broadcast (Falcon's one key head for every query head)
+        try:
+            torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+        except RuntimeError:
+            raise UnsupportedOpError(f"scaled_dot_product_attention: the batch dims of query "
+                                     f"{q.shape}, key {k.shape} and value {v.shape} do not "
+                                     "broadcast") from None
     shape = q.shape
-    if q.shape[:-2] != k.shape[:-2]:  # GQA: each group of query heads shares one key head
+    if enable_gqa and q.shape[:-2] != k.shape[:-2]:
+        # GQA: each group of query heads shares one key head
         hq, hkv = q.shape[-3] if q.ndim >= 3 else 1, k.shape[-3] if k.ndim >= 3 else 1
         if q.ndim < 3 or q.shape[:-3] != k.shape[:-3] or hq % hkv:
             raise UnsupportedOpError(f"scaled_dot_product_attention with enable_gqa: query "

@@ -264,7 +264,7 @@ def test_unsupported_module_and_arguments():
     with pytest.raises(em.UnsupportedOpError, match="Tensor.double"):
         em.from_torch(lambda x: x.double() + 1, torch.randn(2, 2))
     with pytest.raises(em.UnsupportedOpError, match="indexing"):
-        em.from_torch(lambda x: x[0] + 1, torch.randn(2, 2))
+        em.from_torch(lambda x: x[[0, 1], [1, 0]] + 1, torch.randn(2, 2))
 
 
 def test_size_arithmetic_and_keyword_inputs():

@@ -1,0 +1,133 @@
+"""Issue 52 (part C): torch indexing and movement ops the front end composes of slices with
+step 1, concats and reshapes (list and integer indices of one axis, strided slices, stack,
+repeat_interleave, flip, select) and SDPA with key heads broadcast (multi-query attention);
+each equal to torch eager."""
+
+import numpy as np
+import pytest
+
+import eqsat_mirage as em
+from eqsat_mirage.ir.ops import Op
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+from eqsat_mirage.frontend.from_torch import graph_inputs  # noqa: E402
+from eqsat_mirage.frontend.torch_movement import MAX_PIECES  # noqa: E402
+
+MOVES = {Op.INPUT, Op.SLICE, Op.RESHAPE, Op.CONCAT, Op.TRANSPOSE}
+
+
+def _check(fn, *xs, rtol=1e-6, atol=1e-6):
+    """from_torch(fn) evaluated by em.evaluate equals fn(*xs) (shape and values)."""
+    g = em.from_torch(fn, *xs)
+    feed = {k: v.detach().double().numpy() for k, v in graph_inputs(g, fn, *xs).items()}
+    got = list(em.evaluate(g, feed).values())[0]
+    with torch.no_grad():
+        want = fn(*xs).double().numpy()
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+    return g
+
+
+X = torch.randn(2, 3, 10, generator=torch.Generator().manual_seed(0))
+IDX = torch.tensor([[1, 2], [9, 0]])
+
+MOVEMENT = {
+    "list_of_one": lambda a: a[..., [-2], :],  # Falcon's fused_qkv[..., [-2], :]
+    "list_reordered": lambda a: a[:, [2, 0, 1]],
+    "list_repeated": lambda a: a[:, :, [3, 3, 4, 5, 0]],
+    "list_progression": lambda a: a[..., [1, 4, 7]],
+    "int": lambda a: a[..., 0, :],
+    "negative_int": lambda a: a[-1],
+    "step_2": lambda a: a[..., ::2],  # GPT-J's rotate_every_two
+    "step_2_odd": lambda a: a[..., 1::2],
+    "step_3_window": lambda a: a[..., 1:9:3],
+    "step_3_tail": lambda a: a[..., ::3],  # 0, 3, 6, 9: no window of 4 * 3 fits in 10
+    "steps_on_two_axes": lambda a: a[:, ::2, 1:8:2],
+    "step_past_the_end": lambda a: a[..., 4::7],
+    "none_int_ellipsis": lambda a: a[None, 1, ..., None, 2:],
+    "int_tensor": lambda a: a[..., IDX],
+    "int_tensor_0d": lambda a: a[:, torch.tensor(2)],
+    "stack_last": lambda a: torch.stack((-a, a * 2), dim=-1).flatten(-2),
+    "stack_first": lambda a: torch.stack([a, a + 1]),
+    "stack_one": lambda a: torch.stack([a], dim=1),
+    "rotate_every_two": lambda a: torch.stack((-a[..., 1::2], a[..., ::2]), dim=-1).flatten(-2),
+    "repeat_interleave": lambda a: torch.repeat_interleave(a[:, :, None, :], 2, 3),
+    "repeat_interleave_method": lambda a: a.repeat_interleave(3, dim=1),
+    "repeat_interleave_flat": lambda a: torch.repeat_interleave(a, 2),
+    "flip": lambda a: torch.flip(a, dims=(0, 2)),
+    "flip_method": lambda a: a.flip(-1),
+    "select": lambda a: a.select(1, -1)[:, :3] + torch.select(a, 2, 3),
+}
+
+
+@pytest.mark.parametrize("name", list(MOVEMENT))
+def test_each_movement_op_matches_torch_and_is_slices_concats_and_reshapes(name):
+    g = _check(MOVEMENT[name], X)
+    ops = {n.op for n in g.nodes()}
+    assert ops <= MOVES | {Op.NEG, Op.MUL, Op.ADD, Op.CONST}, ops
+
+
+def test_a_strided_slice_is_one_window_reshaped_where_it_fits():
+    """x[..., 1::2] of an axis of 10 is reshape (5, 2), column 1, reshape: no concat."""
+    g = _check(lambda a: a[..., 1::2], X)
+    assert [n.op for n in g.nodes()] == [Op.INPUT, Op.RESHAPE, Op.SLICE, Op.RESHAPE]
+    g = _check(lambda a: a[..., 1:8:3], X)  # 1, 4, 7: the window [0, 9) as (3, 3), column 1
+    assert [n.op for n in g.nodes()] == [Op.INPUT, Op.SLICE, Op.RESHAPE, Op.SLICE, Op.RESHAPE]
+
+
+def test_in_float16_and_with_odd_sizes():
+    x = torch.randn(3, 7, 5).half()
+    for fn in (lambda a: a[:, 1::3, [4, 0]], lambda a: torch.stack((a, -a), 1)[:, ::5],
+               lambda a: a.flip(1).repeat_interleave(2, dim=-1)[..., 2:9:2]):
+        _check(fn, x)
+
+
+def test_indexing_errors_name_the_index():
+    with pytest.raises(em.UnsupportedOpError, match="more than one list"):
+        em.from_torch(lambda a: a[[0, 1], :, [1, 2]], X)
+    with pytest.raises(em.ShapeError, match="index 10 is out of range for axis 2 of size 10"):
+        em.from_torch(lambda a: a[..., [1, 10]], X)
+    with pytest.raises(em.UnsupportedOpError, match="bool or float index"):
+        em.from_torch(lambda a: a[..., [True] * 10], X)
+    with pytest.raises(em.UnsupportedOpError, match="computed tensor"):
+        em.from_torch(lambda a, b: a[b], X, X)
+    with pytest.raises(em.UnsupportedOpError, match="a step below 1"):
+        em.from_torch(lambda a: a[..., ::-1], X)
+    with pytest.raises(em.ShapeError, match="4 indices for a tensor of shape"):
+        em.from_torch(lambda a: a[0, 0, 0, 0], X)
+    with pytest.raises(em.UnsupportedOpError, match=f"at most {MAX_PIECES} runs"):
+        em.from_torch(lambda a: a.flip(-1), torch.randn(2, MAX_PIECES + 1))
+    with pytest.raises(em.UnsupportedOpError, match="one positive int count"):
+        em.from_torch(lambda a: a.repeat_interleave(torch.tensor([1, 2]), dim=0), X[0, :2])
+    with pytest.raises(em.ShapeError, match="different shapes"):
+        em.from_torch(lambda a: torch.stack([a, a[:1]]), X)
+
+
+def test_an_index_selecting_nothing_is_empty_and_a_cat_drops_it():
+    _check(lambda a: torch.cat([a[..., 10::2], a[..., [0]]], dim=-1), X)
+
+
+SHAPES = {  # query, key (= value) shapes
+    "mqa_broadcast": ((1, 4, 6, 8), (1, 1, 6, 8), {}),  # Falcon's multi-query attention
+    "mqa_enable_gqa": ((1, 4, 6, 8), (1, 1, 6, 8), {"enable_gqa": True}),
+    "gqa_ratio_3": ((2, 6, 5, 8), (2, 2, 5, 8), {"enable_gqa": True}),
+    "batch_broadcast": ((2, 3, 6, 8), (1, 3, 7, 8), {}),
+}
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_with_key_heads_broadcast_or_grouped(name, causal):
+    qs, ks, kw = SHAPES[name]
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(s, generator=gen) for s in (qs, ks, ks))
+    _check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, **kw),
+           q, k, v, rtol=1e-5, atol=1e-6)
+
+
+def test_sdpa_batch_dims_that_do_not_broadcast_are_refused():
+    q, k = torch.randn(1, 4, 6, 8), torch.randn(1, 3, 6, 8)
+    with pytest.raises(em.UnsupportedOpError, match="do not broadcast"):
+        em.from_torch(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), q, k, k)
