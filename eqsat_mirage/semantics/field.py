@@ -12,6 +12,7 @@ The exact modular arithmetic (matmuls by float64 BLAS) is in ``modular.py``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -257,42 +258,96 @@ def _opaque(op):
     return apply
 
 
+_ROUNDS = 4  # Feistel rounds of the keyed permutation of Z_p (``_permute``)
+
+
+@functools.lru_cache(maxsize=64)
+def _round_tables(keys: tuple[int, int, int], bits: int) -> tuple[np.ndarray, ...]:
+    """The round functions of ``_feistel`` as tables (a round reads at most 16 bits): round
+    r maps its low half ``lo`` to ``_fmix(lo ^ key_r)``, cut to the high half's width."""
+    k1, k2, k3 = (np.uint64(k) for k in keys)
+    half = (bits - bits // 2, bits // 2)
+    out = []
+    with np.errstate(over="ignore"):  # uint64 wrap-around is intended
+        for r in range(_ROUNDS):
+            hi_bits, lo_bits = half if r % 2 == 0 else half[::-1]
+            key = _fmix(k1 + np.uint64(r) * k2) ^ k3
+            table = _fmix(np.arange(1 << lo_bits, dtype=np.uint64) ^ key)
+            out.append((table & np.uint64((1 << hi_bits) - 1)).astype(np.uint32))
+    return tuple(out)
+
+
+def _feistel(x: np.ndarray, bits: int, tables: tuple, inverse: bool) -> np.ndarray:
+    """A keyed permutation of [0, 2**bits) on uint32 arrays: an unbalanced Feistel network
+    of ``_ROUNDS`` rounds, round r's function the table ``tables[r]``."""
+    half = (bits - bits // 2, bits // 2)  # (high, low) widths of the first round's input
+    for r in (range(_ROUNDS - 1, -1, -1) if inverse else range(_ROUNDS)):
+        hi_bits, lo_bits = half if r % 2 == 0 else half[::-1]
+        if inverse:  # the round's output is (lo << hi_bits) | (hi ^ F(lo))
+            lo = x >> np.uint32(hi_bits)
+            hi = (x & np.uint32((1 << hi_bits) - 1)) ^ tables[r].take(lo)
+            x = (hi << np.uint32(lo_bits)) | lo
+        else:
+            lo = x & np.uint32((1 << lo_bits) - 1)
+            x = (lo << np.uint32(hi_bits)) | ((x >> np.uint32(lo_bits)) ^ tables[r].take(lo))
+    return x
+
+
+def _permute(v: Any, p: int, keys: tuple[int, int, int], inverse: bool = False) -> np.ndarray:
+    """A keyed pseudo-random permutation of Z_p (or its inverse), on int64 residues: the
+    Feistel permutation of [0, 2**bits) walked along its cycle until it lands below p."""
+    bits = int(p - 1).bit_length()
+    tables = _round_tables(tuple(int(k) for k in keys), bits)
+    v = np.asarray(v)
+    out = _feistel(v.astype(np.uint32).reshape(-1), bits, tables, inverse)
+    idx = np.flatnonzero(out >= np.uint32(p))
+    while idx.size:  # cycle walking: each cycle through a value below p returns below p
+        step = _feistel(out[idx], bits, tables, inverse)
+        out[idx] = step
+        idx = idx[step >= np.uint32(p)]
+    return out.astype(np.int64).reshape(v.shape)
+
+
 def _rowmax(ctx, n, x):
-    """max over axes: a random function of each row's multiset of values (keyed on the p
-    part, like the opaque functions), one axis at a time in ascending order (as the e-graph
-    encodes it). Any consistent value is sound: softmax cancels a shift exactly, and a wrong
+    """max over axes: a random function of the row's multiset of values (keyed on the p
+    part, like the opaque functions) that is associative over a partition of the row, as
+    the real max is: ``max(S) = g^-1(sum of g(s) for s in S)`` with ``g`` a keyed random
+    permutation of Z_p, so the max of the maxes of the parts of a row is the max of the
+    row (a tiled, looped or split max verifies against the whole-row one; the axes'
+    order does not matter), a max over a different multiset is an unrelated value, and
+    the max of one element is that element's p part. The q part is a keyed hash of the p
+    part. Any consistent value is sound: softmax cancels a shift exactly, and a wrong
     axis, sign or stale max gives values that do not cancel (docs/verifier.md)."""
-    k1, k2, k3 = (np.uint64(k) for k in ctx.keys[Op.MAX])
+    keys = ctx.keys[Op.MAX]
     axes, keep = n.arg
     if not axes:  # the max over no axis is the value itself
         return x
-    h, row = None, x[0]
+    z = _permute(x[0], ctx.p, keys)
+    if isinstance(x, MaskedPair):  # masked entries drop out
+        z = _masked_terms(ctx, x, z, keys)
+    total = np.sum(z, axis=tuple(axes), keepdims=True, dtype=np.int64) % ctx.p
+    row = _permute(total, ctx.p, keys, inverse=True)
+    if not keep:
+        row = row.reshape(n.shape)
+    k1, k2, k3 = (np.uint64(k) for k in keys)
     with np.errstate(over="ignore"):  # uint64 wrap-around is intended
-        first = True
-        for ax in sorted(axes):  # each step is the single-axis max of the previous one's p part
-            z = _fmix(np.asarray(row).astype(np.uint64) * k1 + k3)
-            if first and isinstance(x, MaskedPair):  # masked entries drop out
-                z = _masked_terms(ctx, x, z, k1, k3)
-            first = False
-            h = _fmix(np.sum(z, axis=ax, keepdims=True, dtype=np.uint64) ^ k2)
-            row = h % np.uint64(ctx.p)
-        if not keep:
-            h = h.reshape(n.shape)
-        out_q = _q(ctx, n, lambda: (_fmix(h ^ k1) % np.uint64(ctx.q)).astype(np.int64))
-        out_p = _p(ctx, n, lambda: np.asarray(row).reshape(n.shape).astype(np.int64))
-    return out_p, out_q
+        out_q = _q(ctx, n, lambda: (_fmix((row.astype(np.uint64) * k1 + k3) ^ k2)
+                                    % np.uint64(ctx.q)).astype(np.int64))
+    return _p(ctx, n, lambda: row.reshape(n.shape)), out_q
 
 
-def _masked_terms(ctx, x: MaskedPair, z, k1, k3):
+def _masked_terms(ctx, x: MaskedPair, z, keys):
     """A masked row's terms in ``_rowmax``'s sum: a kept entry (keep = 1) the same term as
     in an unmasked row, a masked one (keep = 0) none, so the max of a masked row is the
-    max of its kept values (a length mask's padded columns drop out); any other keep (a
-    mask given as input: a uniform value) a random function of (x, keep)."""
+    max of its kept values (a length mask's padded columns drop out, and a row with
+    nothing kept drops out of a max of maxes, as -inf does); any other keep (a mask given
+    as input: a uniform value) a random function of (x, keep)."""
     keep = np.asarray(x.keep) % ctx.p
     k4 = int(ctx.keys[Op.MASK][0]) % ctx.p
     mixed = (np.asarray(x[0]) + mulmod(keep, k4, ctx.p)) % ctx.p
-    other = _fmix((mixed.astype(np.uint64) * k1 + k3) ^ np.uint64(k4))
-    return np.where(keep == 1, z, np.where(keep == 0, np.uint64(0), other))
+    k1, k2, k3 = (int(k) for k in keys)
+    other = _permute(mixed, ctx.p, (k3, k1, k2 ^ k4))
+    return np.where(keep == 1, z, np.where(keep == 0, 0, other))
 
 
 def _select(c: Any, a: Any, b: Any, m: int) -> Any:

@@ -290,8 +290,12 @@ def node_degree(node, ds: list[Degree]) -> Degree:
                       max(c.arg, a.arg, b.arg),
                       max(a.nbits + b.dbits, b.nbits + a.dbits) + c.nbits + 1,
                       a.dbits + b.dbits, max(c.abits, a.abits, b.abits))
-    if op is Op.MAX:  # a random function of the row: one fresh variable per row
-        return Degree(1, 0, ds[0].arg, abits=ds[0].abits)
+    if op is Op.MAX:  # a random function of the row: one fresh variable per row, but the
+        # max of one element (or of a masked row that keeps one) is that element's p part
+        a, src = ds[0], node.srcs[0].shape
+        if a.keep or all(src[ax] == 1 for ax in node.arg[0]):
+            return Degree(max(1, a.num), a.den, a.arg, a.nbits, a.dbits, a.abits)
+        return Degree(1, 0, a.arg, abits=a.abits)
     if op in OPAQUE:  # a fresh variable (rsqrt: the inverse of sqrt's variable)
         a = ds[0]
         if SPECS[op].reciprocal_of is not None:

@@ -67,9 +67,63 @@ def test_row_max_in_the_field_depends_on_the_row_only():
     ctx.inputs = ctx.random_inputs(g)
     out = evaluate_field(g, ctx)
     np.testing.assert_array_equal(out["both"][0], out["nested"][0])
-    # a different order of the same axes is a different (equally valid) nesting
-    assert out["transposed"][0].shape == (4,)
+    # the max is associative over a partition of the row: the order of the axes is free
+    np.testing.assert_array_equal(out["both"][0], out["transposed"][0])
     assert len(set(out["last"][0].ravel().tolist())) == 12  # rows differ: values differ
+
+
+def tiled_max(kind: str) -> em.Graph:
+    """``exp(X).max(axis=(0, 1))`` computed as ``kind`` says (issue 51)."""
+    g = em.Graph(kind)
+    e = em.exp(g.input("X", (8, 16), "float32"))
+    if kind == "whole":
+        m = e.max(axis=(0, 1))
+    elif kind == "rows_then_columns":
+        m = e.max(axis=1).max(axis=0)
+    elif kind == "tiles":  # the max of the maxes of 4-element tiles of each row
+        m = e.reshape((8, 4, 4)).max(axis=2).max(axis=(1, 0))
+    elif kind == "missing_one":  # a max over all but the last element
+        m = e.reshape((128,))[0:127].max(axis=0)
+    elif kind == "one_twice":  # a max over a wrong multiset: row 0 stands in for row 7
+        m = em.concat([e[0:7], e[0:1]], axis=0).max(axis=(0, 1))
+    else:  # "rows_only": the max of the rows' maxes of half of the rows
+        m = e[0:4].max(axis=1).max(axis=0)
+    g.output(m, "M")
+    return g
+
+
+@pytest.mark.parametrize("kind", ["rows_then_columns", "tiles"])
+def test_a_max_of_maxes_over_a_partition_of_the_row_verifies(kind):
+    """Issue 51: the max of partial maxes (a tiled, looped or split max) over a partition of
+    the row is the row's max, and verifies against it, both ways."""
+    for a, b in ((tiled_max("whole"), tiled_max(kind)), (tiled_max(kind), tiled_max("whole"))):
+        res = em.verify(a, b, seed=0)
+        assert res.equivalent and res.false_positive_bound <= 1e-9, res
+
+
+@pytest.mark.parametrize("kind", ["missing_one", "one_twice", "rows_only"])
+def test_a_max_over_a_wrong_set_is_refused(kind):
+    res = em.verify(tiled_max("whole"), tiled_max(kind), seed=0)
+    assert not res.equivalent and res.counterexample.domain == "Z_p x Z_q", res
+
+
+def test_a_looped_row_max_output_verifies():
+    """Issue 51: a custom kernel whose loop keeps a running maximum writes the row max
+    itself (not only a softmax it cancels in); it verifies against the whole-row max."""
+    from eqsat_mirage.fusion.lower import lower
+    from eqsat_mirage.fusion.schedule import Schedule
+
+    g = em.Graph("rowmax_loop")
+    x = g.input("X", (4, 512), "float32")
+    m = x.max(axis=-1, keepdims=True)
+    g.output(m, "M")
+    g.output(em.exp(x - m).sum(axis=-1, keepdims=True), "S")
+    for sched in (Schedule(grid=(("a", 2),), loop="b", forloop=8),
+                  Schedule(grid=(("a", 2), ("b", 4)), split="b")):
+        mg = lower(g, sched)
+        assert any(k.maxima for k in mg.kernels if k.kind == "custom")
+        res = em.verify(g, mg, seed=0)
+        assert res.equivalent and res.false_positive_bound <= 1e-9, res
 
 
 def test_max_shift_cancels_only_along_the_softmax_axis():
