@@ -132,11 +132,48 @@ def nanogpt_block(dtype: str = "float32", impl: str = "masked_fill", seq: int = 
     return mod, (torch.randn(1, seq, hidden, dtype=dt),)
 
 
+def attention_block(family: str, dtype: str = "float32", impl: str = "sdpa", seq: int = SEQ,
+                    hidden: int = HIDDEN, seed: int = 0):
+    """(function, example inputs) of one attention module, random init, batch 1, head dim 64:
+    "falcon" is Falcon's multi-query attention (``new_decoder_architecture=False,
+    multi_query=True``: one key/value head, ``fused_qkv[..., [-2], :]``, SDPA with the key
+    head broadcast), "gptj" GPT-J's (rotary on the first 32 dims of each head:
+    ``x[..., ::2]``, ``torch.stack``, ``repeat_interleave``)."""
+    import torch
+
+    torch.manual_seed(seed)
+    dt = getattr(torch, dtype)
+    x = torch.randn(1, seq, hidden, dtype=dt)
+    pos = torch.arange(seq)[None]
+    if family == "falcon":
+        from transformers import FalconConfig
+        from transformers.models.falcon import modeling_falcon as mf
+
+        cfg = FalconConfig(hidden_size=hidden, num_attention_heads=hidden // 64,
+                           num_hidden_layers=1, vocab_size=VOCAB, new_decoder_architecture=False,
+                           multi_query=True, alibi=False, bias=False, attn_implementation=impl,
+                           max_position_embeddings=2 * seq)
+        cos, sin = mf.FalconRotaryEmbedding(cfg)(x, pos)
+        mod = mf.FalconAttention(cfg, 0).eval().to(dt)
+        return (lambda h: mod(h, alibi=None, attention_mask=None, position_ids=pos,
+                              position_embeddings=(cos, sin))[0]), (x,)
+    from transformers import GPTJConfig
+    from transformers.models.gptj import modeling_gptj as mg
+
+    cfg = GPTJConfig(n_embd=hidden, n_head=hidden // 64, n_layer=1, vocab_size=VOCAB,
+                     n_positions=2 * seq, rotary_dim=32, attn_implementation=impl,
+                     bos_token_id=0, eos_token_id=0)
+    sin, cos = mg.GPTJRotaryEmbedding(cfg)(x, pos)
+    mod = mg.GPTJAttention(cfg, 0).eval().to(dt)
+    return (lambda h: mod(h, position_embeddings=(sin, cos), attention_mask=None)[0]), (x,)
+
+
 def case(name: str, dtype: str = "float32", impl: str = "sdpa", seed: int = 0,
          seq: int = SEQ, hidden: int = HIDDEN):
     """(function, example inputs) of one case: "llama_layer", "llama_mlp",
     "llama_attention", "gpt2_block", "llama_model" (2 layers, logits), "bert",
-    "nanogpt_block", or "<family>_layer" for a family of ``DECODERS``."""
+    "nanogpt_block", "falcon_attention", "gptj_attention" (``attention_block``), or
+    "<family>_layer" for a family of ``DECODERS``."""
     import torch
 
     family = name.removesuffix("_layer")
@@ -146,6 +183,8 @@ def case(name: str, dtype: str = "float32", impl: str = "sdpa", seed: int = 0,
         return bert_model(dtype, impl, seq, hidden, seed)
     if name == "nanogpt_block":
         return nanogpt_block(dtype, impl, seq, hidden, seed)
+    if name in ("falcon_attention", "gptj_attention"):
+        return attention_block(name.removesuffix("_attention"), dtype, impl, seq, hidden, seed)
     torch.manual_seed(seed)
     dt = getattr(torch, dtype)
     x = torch.randn(1, SEQ, HIDDEN, dtype=dt)

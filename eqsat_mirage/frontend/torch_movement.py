@@ -1,7 +1,9 @@
 """Movement and Python-level glue of the torch support table (``torch_ops.py``).
 
-Handlers for ops that move or cut tensors (cat, transpose, permute, reshape/view,
-flatten, (un)squeeze, slicing ``x[a:b]``, narrow, split, chunk, expand) and for the
+Handlers for ops that move or cut tensors (cat, stack, transpose, permute, reshape/view,
+flatten, (un)squeeze, indexing ``x[...]``, select, narrow, split, chunk, expand,
+repeat_interleave, flip), each composed of slices with step 1, concats and reshapes (no op
+of its own in the IR: ``index_tensor``, ``take``), and for the
 Python values around them (``x.shape``, ``x.size(-1)``, ``getattr``, ``getitem``),
 plus the argument helpers every handler uses (``tensor_arg``, ``refuse``).
 ``MOVEMENT_FUNCTIONS``, ``MOVEMENT_METHODS``, ``MOVEMENT_ATEN`` and ``MOVEMENT_MODULES``

@@ -220,7 +220,9 @@ def _softmax(x: Any, dim: Any = None, _stacklevel: int = 3, dtype: Any = None) -
 def _sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
           is_causal: bool = False, scale: Any = None, enable_gqa: bool = False) -> Tensor:
     """F.scaled_dot_product_attention as ``softmax(q @ k^T * scale) @ v`` (max-subtracted;
-    the softmax as ``torch_softmax``)."""
+    the softmax as ``torch_softmax``). Batch dims broadcast as in torch (Falcon's one key
+    head for all query heads); with ``enable_gqa`` each group of query heads shares a key
+    head (the heads split into (key heads, group), the key's group axis of size 1)."""
     q, k, v = (tensor_arg(t, "scaled_dot_product_attention") for t in (query, key, value))
     refuse(float(dropout_p) != 0.0, f"scaled_dot_product_attention with dropout_p={dropout_p}")
     if attn_mask is not None and not isinstance(attn_mask, (Tensor, BoolMask)):
