@@ -309,20 +309,30 @@ def _features(inst: _Instance, above: tuple[int, ...] = ()) -> set[tuple[int, bo
 
 
 def _instantiate(rule: Rule, inst: _Instance, repairs: int = 4) -> tuple[_Instance, Node]:
-    """Build the LHS and check the facts, repairing shapes a few times; raise on failure."""
+    """Build the LHS and check the facts, repairing shapes a few times; raise on failure.
+    Facts go in any order (one may bind a variable another reads), and the LHS may compute
+    a scalar from a variable only a fact binds (``(Const (* d 2.0))`` with ``(= d ...)``):
+    it is built again once the facts have bound it."""
     while True:
         try:
-            lhs, pending = inst.build(rule.lhs, lhs=True), list(rule.when)
-            while pending:  # facts in any order: one may bind a variable another reads
+            lhs, pending, unbound = None, list(rule.when), ""
+            while lhs is None or pending:
+                progress = False
+                if lhs is None:
+                    try:
+                        lhs, progress = inst.build(rule.lhs, lhs=True), True
+                    except KeyError as exc:  # a variable a fact may bind first
+                        unbound = exc.args[0]
                 left = []
                 for f in pending:
                     try:
                         inst.fact(f)
                     except KeyError:
                         left.append(f)
-                if len(left) == len(pending):
-                    raise _Fail(f"cannot evaluate {to_text(left[0])}: unbound variables")
-                pending = left
+                progress, pending = progress or len(left) < len(pending), left
+                if not progress:
+                    what = to_text(left[0]) if left else f"the left side ({unbound!r})"
+                    raise _Fail(f"cannot evaluate {what}: unbound variables")
             return inst, lhs
         except (ShapeError, DTypeError, _Fail):
             if inst.repair is None or repairs == 0:
@@ -375,6 +385,9 @@ def check_rule(rule: Rule, schema: Schema | None = None, instances: int = 3, see
                    f"{fmt_shape(lhs.shape)}): {exc}")
         except _Fail as exc:  # e.g. a division by zero in a scalar the left side allows
             bad = f"the right side cannot be computed for {inst.describe()}: {exc}"
+        except KeyError as exc:  # the parser refuses these; a variable bound nowhere
+            raise RuleError(f"{rule.path}:{rule.line}: the right side reads {exc.args[0]!r}, "
+                            "which neither the left side nor a :when fact binds") from None
         if bad:
             res.status, res.message = "unsound", bad
             return res

@@ -228,3 +228,24 @@ def test_float_unsafe_rules_are_sound_but_flagged(tmp_path):
     with pytest.raises(em.RuleError, match="allow_float_unsafe_rules"):
         em.assert_sound([path], allow_float_unsafe=False)
     assert em.assert_sound([path]).ok
+
+
+@pytest.mark.parametrize("body, status", [
+    # d bound only in :when, read by a Const of the right side
+    ("(rewrite (Mul x (Const c)) (Mul (Mul x (Const d)) (Const 0.5)) :when ((= d (* c 2.0))) "
+     ":ruleset user)", "sound"),
+    # the left side computes its Const from d, bound only in :when (a bare KeyError before)
+    ("(rewrite (Mul x (Const (* d 2.0))) (Mul (Mul x (Const d)) (Const 2.0)) "
+     ":when ((= d 1.5)) :ruleset user)", "sound"),
+    ("(rewrite (Mul x (Const (* d 2.0))) (Mul (Mul x (Const d)) (Const 3.0)) "
+     ":when ((= d 1.5)) :ruleset user)", "unsound"),
+    # d's fact reads e, bound nowhere: never instantiated, never a crash
+    ("(rewrite (Mul x (Const (* d 2.0))) (Mul x (Const 1.0)) :when ((= d e)) :ruleset user)",
+     "not instantiated"),
+])
+def test_a_const_computed_from_a_variable_bound_in_when(tmp_path, body, status):
+    """Issue 51: a Const computed from a variable only a :when fact binds is checked."""
+    (res,) = em.check_rules(rule_file(tmp_path, "; a rule\n" + body)).results
+    assert res.status == status, str(res)
+    if status == "not instantiated":
+        assert "unbound variables" in res.message
