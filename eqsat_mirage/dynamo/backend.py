@@ -14,9 +14,12 @@ On CUDA inputs a static partition's launches replay as one CUDA graph after its 
 first launch (``cuda_graph``; ``replay``: what is copied, what is captured); a shape family
 launches plainly, and ``summary()["launches"]`` says how each partition launched.
 
-Everything else runs as eager torch, and so does a whole graph that mutates a
-tensor in place (``x.add_(1)``, ``x += y``, ``inplace=True``): moving ops into a
-partition could move a read across the write.
+Everything else runs as eager torch. In-place updates of a tensor the graph created
+(``x += y``, ``-=``, ``*=``, ``/=``, ``add_``, ``sub_``, ``mul_``, ``div_``, ``masked_fill_``,
+``copy_``) are first rewritten as their functional forms (``frontend.inplace``); a whole graph
+that still mutates a tensor in place (a graph input, a parameter or buffer, a view of one, a
+tensor whose view is read after the write, ``setitem``, ``inplace=True``) runs eagerly, the
+warning naming the write and why: moving ops into a partition could move a read across it.
 
 Symbolic sizes (``dynamic=True``, or the sizes automatic dynamic shapes mark after a
 recompile) become shape families (``specs.SymbolicSizes``): the symbol with the largest
@@ -77,6 +80,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 
 from ..frontend.from_torch import Converter, op_name, source_line, unique_identifier
 from ..frontend.graph import Graph
+from ..frontend.inplace import functionalize
 from ..frontend.torch_masks import BoolMask
 from ..frontend.torch_movement import Empty
 from ..ir.errors import MirageError, unexpected
@@ -192,12 +196,14 @@ class Backend:
             return self.refuse(gm, self._graphs, "inputs require grad and the optimized kernels "
                                "have no backward: the graph runs eagerly (use torch.no_grad() "
                                "or torch.inference_mode())")
-        mutating = mutation(gm)
+        refused = functionalize(gm, example_inputs, lambda n: op_name(n, gm) + (
+            f" at {source_line(n)}" if source_line(n) else ""))  # writes into fresh tensors
+        mutating, why = refused if refused is not None else (mutation(gm), "")
         if mutating is not None:  # partitions could move reads across the write: stay eager
             loc = source_line(mutating)
             return self.refuse(gm, self._graphs, f"the graph mutates a tensor in place "
                                f"({op_name(mutating, gm)}" + (f" at {loc}" if loc else "")
-                               + "): it runs eagerly")
+                               + (f"; {why}" if why else "") + "): it runs eagerly")
         self._ensure_specs(gm, example_inputs)
         gm.meta[CONSTANTS] = buffer_constants(gm, example_inputs)
         try:

@@ -23,6 +23,7 @@ The ``Converter`` is shared with the ``torch.compile`` backend (``dynamo/backend
 
 from __future__ import annotations
 
+import copy
 import inspect
 import keyword
 import linecache
@@ -35,8 +36,9 @@ import torch
 from torch import fx
 
 from ..ir.errors import DTypeError, GraphError, MirageError, UnsupportedOpError
-from ..ir.node import DTYPES, Node, Op, canonical_dtype
+from ..ir.node import DTYPES, Node, Op, canonical_dtype, located
 from .graph import Graph, Tensor
+from .inplace import functionalize
 from .torch_masks import FOLD_LIMIT, Snapshot, constant_mask, source_value
 from .torch_ops import METHODS, MODULES, SUPPORTED, function_handler
 
@@ -147,13 +149,15 @@ def source_line(node: fx.Node, fallback: Any = None) -> str:
     """``file.py:LINE (`code`)`` of the user's source of ``node``, or ``""`` if unknown.
 
     Reads the node's recorded stack trace (``node.meta["stack_trace"]``, set by our
-    tracer and by Dynamo); without one, searches the source of ``fallback`` (the
+    tracer and by Dynamo): its innermost frame outside torch (its last frame when every
+    one is torch's); without one, searches the source of ``fallback`` (the
     traced function or module) for the op's name.
     """
     trace_text = node.meta.get("stack_trace") or ""
     hits = list(_FILE_LINE.finditer(trace_text))
-    if hits:
-        fname, line = hits[-1].group(1), int(hits[-1].group(2))
+    if hits:  # the innermost frame outside torch (an inlined nn.Module's forward is torch's)
+        mine = [h for h in hits if not os.path.abspath(h.group(1)).startswith(_TORCH_DIR)]
+        fname, line = (mine or hits)[-1].group(1), int((mine or hits)[-1].group(2))
         code = linecache.getline(fname, line).strip()
         return f"{os.path.basename(fname)}:{line}" + (f" (`{code}`)" if code else "")
     fn = getattr(fallback, "forward", fallback)
@@ -357,7 +361,8 @@ class Converter:
         args = fx.node.map_arg(node.args, self.env.__getitem__)
         kwargs = fx.node.map_arg(node.kwargs, self.env.__getitem__)
         try:
-            value = handler(*extra, *args, **kwargs)
+            with located(source_line(node, self.fallback).split(" (")[0]):  # nodes, errors
+                value = handler(*extra, *args, **kwargs)
         except UnsupportedOpError as exc:
             raise UnsupportedOpError(f"unsupported use of {self.where(node)}: {exc}") from None
         except MirageError as exc:
@@ -415,6 +420,8 @@ def from_torch(fn_or_module: Any, *example_inputs: Any, name: str | None = None,
     ``DTypeError`` for other dtypes.
     """
     gm = trace(fn_or_module)
+    if gm is fn_or_module:  # a GraphModule: its in-place updates are rewritten in a copy
+        gm = copy.deepcopy(gm)
     default = getattr(fn_or_module, "__name__", None) or type(fn_or_module).__name__
     graph = Graph(name or default)
     cv = Converter(graph, gm, fallback=fn_or_module)
@@ -428,6 +435,9 @@ def from_torch(fn_or_module: Any, *example_inputs: Any, name: str | None = None,
                          f"{len(example_kwargs)} keyword example input(s)"
                          + (f" (unknown or repeated: {', '.join(unknown)})" if unknown else "")
                          + f" for {len(placeholders)} argument(s) ({', '.join(names)})")
+    _functional(gm, fn_or_module, default, [
+        example_inputs[i] if i < len(example_inputs) else example_kwargs.get(
+            names[i], n.args[0] if n.args else None) for i, n in enumerate(placeholders)])
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             i = placeholders.index(node)
@@ -454,6 +464,22 @@ def from_torch(fn_or_module: Any, *example_inputs: Any, name: str | None = None,
     graph.torch_sources = dict(cv.sources)
     graph.torch_snapshots = dict(cv.snapshots)
     return graph
+
+
+def _functional(gm: fx.GraphModule, fn_or_module: Any, what: str, values: list) -> None:
+    """Rewrite ``gm``'s in-place updates of tensors it created as their functional forms
+    (``inplace.functionalize``, ``values``: its placeholders'); ``UnsupportedOpError`` naming
+    the write and its line for one it cannot rewrite (into an input, a parameter, a buffer)."""
+    def where(node: fx.Node) -> str:
+        loc = source_line(node, fn_or_module)
+        return op_name(node, gm) + (f" at {loc}" if loc else "")
+
+    refused = functionalize(gm, values, where)
+    if refused is not None:
+        node, why = refused
+        raise UnsupportedOpError(f"from_torch({what}): {where(node)} mutates a tensor in place "
+                                 f"and {why}; eqsat-mirage rewrites in-place updates only of "
+                                 "tensors the function itself computed")
 
 
 def graph_inputs(graph: Graph, fn_or_module: Any, *example_inputs: Any,

@@ -11,6 +11,9 @@ declared in ``ops.py`` (re-exported here).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -69,10 +72,27 @@ def _in_package(fname: str) -> bool:
     return os.path.abspath(fname).startswith(_PKG_DIR)
 
 
+_PINNED: ContextVar[str] = ContextVar("eqsat_mirage_user_location", default="")
+
+
+@contextmanager
+def located(where: str) -> Iterator[None]:
+    """Within the block, ``user_location()`` is ``where`` (``file:line``; "": unchanged): a
+    front end converting a traced op names the op's source line, not its own caller's."""
+    token = _PINNED.set(where or _PINNED.get())
+    try:
+        yield
+    finally:
+        _PINNED.reset(token)
+
+
 def user_location() -> str:
-    """``file:line`` of the innermost caller outside this package (for errors)."""
+    """``file:line`` of the innermost caller outside this package (for errors), or the
+    place ``located`` pins."""
     import sys
 
+    if _PINNED.get():
+        return _PINNED.get()
     frame = sys._getframe(1)
     while frame is not None:
         fname = frame.f_code.co_filename
