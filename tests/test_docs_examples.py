@@ -214,7 +214,8 @@ def test_pytorch_backend(recwarn):
     warned = [str(w.message) for w in recwarn if str(w.message).startswith("eqsat-mirage: ")]
     assert len(warned) == 1 and re.match(
         rf"eqsat-mirage: {s['optimized_ops']} of 4 ops in {s['optimized_partitions']} "
-        r"optimized partitions \(predicted [\d.]+ us -> [\d.]+ us\)", warned[0]), warned
+        r"optimized partitions \((predicted [\d.]+ us -> [\d.]+ us|not priced: nothing "
+        r"optimized)\)", warned[0]), warned
 
 
 # -- dynamic.md ----------------------------------------------------------------------------
