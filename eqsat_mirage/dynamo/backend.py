@@ -408,7 +408,7 @@ class Backend:
                         in cv.sources.items() if kind == "arg"}
             if report and any(mod.held.values()):
                 def replan(sym, name=name, sub=sub, sizes=sizes, limit=time_limit_s):
-                    again = PartitionReport(name, ops)  # the share this partition had
+                    again = PartitionReport(name, ops, share_s=limit)  # this one's share
                     return self._partition(name, sub, sizes.focus(sym), False, again,
                                            limit), again.reason
                 mod.replan = replan

@@ -85,7 +85,7 @@ class OptimizedPartition(torch.nn.Module):
         if why:
             self.entry.replan = f"the search with {symbol} symbolic does not serve it ({why})"
             return False
-        keep = {k: getattr(self.entry, k) for k in ("calls", "eager_calls", "module")}
+        keep = {k: getattr(self.entry, k) for k in ("calls", "eager_calls", "module", "weight")}
         keep["seconds"] = self.entry.seconds + new.entry.seconds
         self.entry.__dict__.update(new.entry.__dict__, **keep, replan=f"symbolic {symbol}")
         for key in ("sources", "outs", "single", "expect", "held", "guards", "graphs"):

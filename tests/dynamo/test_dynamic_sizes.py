@@ -88,6 +88,7 @@ def test_a_batch_that_moves_a_specialized_size_searches_once_more():
     assert entry.status == "optimized" and entry.eager_calls == 0
     assert entry.replan.startswith("symbolic s")  # the batch's symbol
     assert entry.graph.is_family and entry.calls == 5
+    assert entry.share_s is not None and 0 < entry.share_s <= 10 and entry.weight > 0  # kept
 
 
 def test_a_call_moving_two_specialized_sizes_runs_eagerly_with_a_warning():
