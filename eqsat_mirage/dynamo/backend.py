@@ -111,17 +111,18 @@ _PREFIX = "eqsat_mirage_part_"
 _COMPOSITE = frozenset({torch.nn.functional.scaled_dot_product_attention})
 
 
-AUTO_BASE_S = 30.0  # time_limit_s="auto": the limit of a graph of toy size
+AUTO_BASE_S = 300.0  # time_limit_s="auto": the cap of a graph of toy size (a cap: searches
+#   stop on work done, so a busy machine gives the same partitions, later)
 
 
 class Backend:
     """The ``torch.compile`` backend (see the module docstring); ``backend`` is one.
 
     Options: ``target`` (hardware profile), ``time_limit_s`` (wall-clock bound on
-    the search of one compiled graph, its partitions together; "auto", the default: 30 s
+    the search of one compiled graph, its partitions together; "auto", the default: 300 s
     for a graph of toy size, more for a large one, ``limits.auto_time_limit``: 130 float64
-    evaluations of it at this machine's measured rate on top, at most 600 s; the value
-    used is in ``summary()``'s graphs), ``min_ops`` (smallest
+    evaluations of it at this machine's measured rate on top, at most 1800 s; the value
+    used is in ``summary()``'s graphs; a cap: searches stop on work done), ``min_ops`` (smallest
     partition to optimize, in ops), ``warn`` (each graph's summary warning, and warnings
     on fallbacks at run time),
     ``warmup`` (see below), ``size_hint`` and ``size_max`` (the family size's planning hint

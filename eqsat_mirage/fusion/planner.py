@@ -28,8 +28,8 @@ decided by the region search (``regions.search``), called from ``plan``:
 3. The search (``regions.py``): exact dynamic programming over every acyclic partition of a
    program of at most ``regions.EXACT_MAX_UNITS`` units, bounded by the quick descent's
    total; for larger programs best-improvement merging of neighbours (quick, then full
-   pricing), the whole program as one kernel, and local moves (under a deadline at most
-   ``DEADLINE_SHARE`` times the seconds spent before them). Elementwise chains need no
+   pricing), the whole program as one kernel, and local moves (bounded by regions priced,
+   not by seconds: the plan is the same on a quiet or a busy machine). Elementwise chains need no
    special case: fusing them saves launches and round trips, so they join their producer's
    or consumer's region. The result never costs more than one kernel per unit (a region a
    passed deadline left unpriced is split back into its units: left unfused).
@@ -75,7 +75,6 @@ from .strategy import Strategy, candidate_schedules, kern_choice, prefer_pow2_ch
 # come later). No split reductions: whether a split is priced is decided by the SplitOver
 # Kern nodes of rules/block.egg (egraph/kernels.py sets allow_split_reduction from them).
 DEFAULT_STRATEGY = Strategy(max_candidates=512)
-DEADLINE_SHARE = 1.0  # under a deadline: the local moves' time over the descent's
 # why the block level read from the e-graph refuses a schedule (Pricing.reason)
 _LEFT_OUT = {"Kern": "looping or splitting a reduction with no such Kern node",
              "Online": "where an exp reads a running maximum and has no Online node"}
@@ -292,8 +291,7 @@ class Planner(OpSpace):
     def search(self, budget: int) -> tuple[list[frozenset], dict[frozenset, list[str]]]:
         """The region search (``regions.search``) over this planner's prices, and why each
         pair of neighbouring regions of the result is not one kernel."""
-        local_share = DEADLINE_SHARE if self.deadline is not None else None
-        found = search(self.space(budget), self.space(budget, quick=True), local_share)
+        found = search(self.space(budget), self.space(budget, quick=True))
         return found, self.why_not(found, budget)
 
     def why_not(self, regions: list[frozenset], budget: int) -> dict[frozenset, list[str]]:

@@ -40,9 +40,8 @@ machine's speed (except through the deadline).
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 EXACT_MAX_UNITS = 6  # 2**6 - 1 = 63 regions at most (as many as the brute force prices)
 EXACT_MAX_NEW = 64  # regions not priced before that the DP may price
@@ -358,14 +357,13 @@ def total(space: RegionSpace, regions: list[frozenset[int]]) -> float:
     return sum(space.price(r) for r in regions)
 
 
-def search(full: RegionSpace, quick: RegionSpace | None = None,
-           local_share: float | None = None) -> list[frozenset[int]]:
+def search(full: RegionSpace, quick: RegionSpace | None = None) -> list[frozenset[int]]:
     """The partition of least price found (module docstring): the exact DP for at most
     ``EXACT_MAX_UNITS`` units (bounded by the quick descent's total), else the descent (with
     ``quick`` pricing first, when given), the whole program as one region, and local moves.
-    ``local_share``: the local moves run at most that many times the seconds spent before
-    them (None: only the space's bounds)."""
-    t0 = time.perf_counter()
+    Every step is bounded by work (regions priced: ``EXACT_MAX_NEW``, ``LOCAL_MAX_NEW``,
+    the space's evaluation budget), so the partition found does not depend on how fast the
+    machine runs; the space's deadline is only a cap."""
     units = list(full.units)
     whole = frozenset(i for u in units for i in u)
     regions = descend(quick, units) if quick is not None else units
@@ -380,11 +378,7 @@ def search(full: RegionSpace, quick: RegionSpace | None = None,
     if len(regions) > 1 and (full.priced(whole) or not full.stop()):
         if full.price(whole) < total(full, regions) - EPS_US:
             regions = [whole]
-    space = full
-    if local_share is not None:
-        until = time.perf_counter() + local_share * (time.perf_counter() - t0)
-        space = replace(full, stop=lambda: full.stop() or time.perf_counter() >= until)
-    return settle(full, local(space, regions) or regions)
+    return settle(full, local(full, regions) or regions)
 
 
 def neighbours(space: RegionSpace, regions: list[frozenset[int]], limit: int

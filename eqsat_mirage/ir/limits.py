@@ -127,7 +127,7 @@ AUTO_EVALS = 130  # float64 evaluations of the whole program a full search takes
 #   measured on LLaMA-7B-size layers at sequences 1 and 128, and half as much again)
 ELEMENT_FLOPS = 500  # an evaluation's passes over one input element (drawn, scaled,
 #   rounded), in matmul flops: what a program of large weights and few rows costs
-AUTO_MAX_S = 600.0  # the most an automatic time limit gives
+AUTO_MAX_S = 1800.0  # the most an automatic time limit gives
 
 
 def evaluation_work(flops: float, elements: float) -> float:

@@ -75,8 +75,8 @@ def test_only_exp_of_x_minus_max_may_be_summed():
 def test_search_picks_a_split_with_running_maxima_when_cheaper():
     from bench.programs import program
 
-    res = em.optimize(program("qknorm_safe", 1), cache=None, time_limit_s=60)
+    res = em.optimize(program("qknorm_safe", 1), cache=None)
     assert res.verified is not None and res.verified.equivalent
-    unsafe = em.optimize(program("qknorm", 1), cache=None, time_limit_s=60)
+    unsafe = em.optimize(program("qknorm", 1), cache=None)
     assert res.cost_us <= 1.15 * unsafe.cost_us, (res.cost_us, unsafe.cost_us)
     assert all(spec.shape != (2, 256, 4096) for spec in res.program.tensors.values())
