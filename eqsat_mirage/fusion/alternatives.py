@@ -15,12 +15,21 @@ from each other (``plan_key``):
   fused regions (a region left with no feasible schedule is split into its forced units);
   every such region recut alone, and all of them together when there are several;
 - partition variants: the next-best partitions one local move away from the chosen one
-  (``regions.neighbours``).
+  (``regions.neighbours``);
+- schedule shapes: for each custom region, the model's best schedule of every *shape* the
+  chosen one is not (``shape_of``: whether it splits its reduction across blocks, whether
+  its main kernel has fewer blocks than SMs, one to two per SM, or two or more, and whether
+  its largest input is read in runs of at least 128 bytes). These are the choices
+  ../shared/KERNELS.md says decide a weight-streaming kernel (split-K for parallelism,
+  enough blocks to keep bytes in flight, coalesced rows) and the ones the model ranks worst
+  (rank correlation -0.37 to 0.80 on measured sweeps), so tuning times one of each rather
+  than N near-copies of the model's favourite.
 
-The N kept are the cheapest by the model, less that the cheapest of each kind is always
-kept (the model's ranking is what tuning checks); they come cheapest first, labelled
-"schedule 2", "library matmul", "partition 2", ... (numbered by kind in cost order; the
-chosen plan is schedule 1 and partition 1). New prices count against the planner's
+The N kept are: the cheapest library-matmul and partition variants, every schedule shape
+(cheapest first), the cheapest other schedule, then the cheapest of the rest; they come cheapest
+first, labelled "schedule 2", "library matmul", "partition 2", "shape (split, 384 blocks,
+256 B runs)", ... (numbered by kind in cost order; the chosen plan is schedule 1 and
+partition 1). New prices count against the planner's
 evaluation budget and stop at its deadline; what is priced already is used.
 """
 
@@ -29,15 +38,18 @@ from __future__ import annotations
 import heapq
 import math
 
-from ..cost.gpucost import mugraph_cost
+from ..cost.gpucost import LINE_BYTES, contiguous_run, mugraph_cost
 from ..ir.errors import MirageError
-from ..ir.node import Op
+from ..ir.node import ITEMSIZE, Op, numel
 from ..mugraph.program import MuGraph
 from .indexing import ScheduleError
+from .lower import add_kernel
 from .plans import FusionPlan, Pricing, Region, plan_key
 from .regions import RegionSpace, neighbours
 
-SCHEDULE, LIBRARY, PARTITION = "schedule", "library matmul", "partition"
+SCHEDULE, LIBRARY, PARTITION, SHAPE = "schedule", "library matmul", "partition", "shape"
+SHAPE_POOL = 512  # schedules of a region ranked to find its best of each shape (all of them
+#   under the planner's default strategy: it lists at most 512 per region)
 
 
 def variants(planner, chosen: FusionPlan, regions: list[frozenset], why_not: dict,
@@ -60,7 +72,11 @@ def variants(planner, chosen: FusionPlan, regions: list[frozenset], why_not: dic
             seen.add(key)
             found.append((kind, cost, mg, report))
 
-    for overrides in schedule_variants(planner, space, regions, limit):
+    ranked = {r: planner.ranked(r, SHAPE_POOL) for r in regions
+              if planner.price(r, True).schedule is not None and not space.stop()}
+    for label, overrides in shape_variants(planner, regions, ranked):  # first: a plan that
+        add(f"{SHAPE} ({label})", regions, overrides)  # is also a next-best keeps its shape
+    for overrides in schedule_variants(planner, space, regions, limit, ranked):
         add(SCHEDULE, regions, overrides)
     for regs in library_variants(planner, space, regions):
         add(LIBRARY, regs)
@@ -70,15 +86,18 @@ def variants(planner, chosen: FusionPlan, regions: list[frozenset], why_not: dic
 
 
 def schedule_variants(planner, space: RegionSpace, regions: list[frozenset],
-                      limit: int) -> list[dict[frozenset, Pricing]]:
+                      limit: int, ranked: dict[frozenset, list[Pricing]] | None = None
+                      ) -> list[dict[frozenset, Pricing]]:
     """Up to ``limit`` choices of other schedules for the custom regions of ``regions``
-    (region -> its pricing under another schedule), the least extra cost first."""
+    (region -> its pricing under another schedule), the least extra cost first
+    (``ranked``: each region's ranked schedules, when already at hand)."""
     lists: list[tuple[frozenset, list[Pricing]]] = []
     for r in regions:
         p = planner.price(r, True)
-        if p.schedule is None or space.stop():
+        if p.schedule is None or (ranked is None and space.stop()):
             continue
-        others = [q for q in planner.ranked(r, limit + 1) if q.schedule != p.schedule]
+        pool = ranked.get(r, []) if ranked is not None else planner.ranked(r, limit + 1)
+        others = [q for q in pool if q.schedule != p.schedule]
         if others:
             lists.append((r, [p] + others[:limit]))
 
@@ -96,6 +115,54 @@ def schedule_variants(planner, space: RegionSpace, regions: list[frozenset],
             if vec[j] + 1 < len(ps) and nxt not in seen:
                 seen.add(nxt)
                 heapq.heappush(heap, (extra(nxt), nxt))
+    return out
+
+
+def shape_of(planner, p: Pricing) -> tuple[bool, int, bool, str]:
+    """The shape of region pricing ``p`` (module docstring): (splits its reduction, 0 / 1 /
+    2 for fewer blocks than SMs / one to two per SM / two or more, its largest input read in
+    runs of at least ``LINE_BYTES``, a label)."""
+    mg = MuGraph("shape")
+    for name, node in p.fragment.inputs.items():
+        mg.input(name, node.shape, node.dtype)
+    kernels = add_kernel(mg, p.fragment, p.schedule, indexing=p.indexing,
+                         registers=planner.registers(p.origin or {}))
+    main = kernels[0]  # a split's first kernel: the one that reads the inputs
+    blocks = math.prod(main.grid)
+    fill = min(2, blocks // max(1, planner.prof.sms))
+    run = LINE_BYTES
+    widest = max(main.inputs.values(), key=lambda bi: numel(mg.tensors[bi.tensor].shape)
+                 * ITEMSIZE[mg.tensors[bi.tensor].dtype], default=None)
+    if widest is not None:
+        spec = mg.tensors[widest.tensor]
+        tile = (main.loop.inputs[widest.name] if widest.name in main.loop.inputs
+                else main.post.inputs[widest.name])
+        if len(tile.shape) == len(spec.shape):
+            run = contiguous_run(tile.shape, spec.shape) * ITEMSIZE[spec.dtype]
+    split = p.schedule.split is not None
+    label = f"{'split' if split else 'one pass'}, {blocks} blocks, {min(run, 9999)} B runs"
+    return split, fill, run >= LINE_BYTES, label
+
+
+def shape_variants(planner, regions: list[frozenset], ranked: dict[frozenset, list[Pricing]]
+                   ) -> list[tuple[str, dict[frozenset, Pricing]]]:
+    """For each custom region with ranked schedules, its cheapest schedule of every shape
+    (``shape_of``) other than its chosen schedule's, as (label, overrides), one region at a
+    time, cheapest first within a region."""
+    out = []
+    for r, pool in ranked.items():
+        chosen = planner.price(r, True)
+        if chosen.schedule is None:
+            continue
+        seen = {shape_of(planner, chosen)[:3]}
+        for q in pool:
+            try:
+                *shape, label = shape_of(planner, q)
+            except (MirageError, ScheduleError):
+                continue
+            if tuple(shape) not in seen:
+                seen.add(tuple(shape))
+                out.append((label, {r: q}))
     return out
 
 
@@ -162,12 +229,15 @@ def _recut(planner, space: RegionSpace, region: frozenset, mms: list[int],
 
 
 def _pick(found: list[tuple[str, float, MuGraph, list[Region]]], limit: int) -> list:
-    """The ``limit`` cheapest of ``found``, the cheapest of each kind always among them,
-    cheapest first (ties: the order found)."""
+    """``limit`` plans of ``found``: the cheapest library-matmul and partition variants,
+    every schedule shape, the cheapest other schedule, then the cheapest of the rest;
+    returned cheapest first (ties: the order found)."""
     order = sorted(range(len(found)), key=lambda i: found[i][1])
     keep: list[int] = []
-    for kind in dict.fromkeys(found[i][0] for i in order):  # kinds by their cheapest
-        keep.append(next(i for i in order if found[i][0] == kind))
+    for kind in (LIBRARY, PARTITION):
+        keep += [i for i in order if found[i][0] == kind][:1]
+    keep += [i for i in order if found[i][0].startswith(SHAPE)]
+    keep += [i for i in order if found[i][0] == SCHEDULE][:1]
     keep = keep[:limit]
     keep += [i for i in order if i not in keep][:max(0, limit - len(keep))]
     return [found[i] for i in sorted(keep, key=lambda i: (found[i][1], i))]
@@ -175,11 +245,12 @@ def _pick(found: list[tuple[str, float, MuGraph, list[Region]]], limit: int) -> 
 
 def _labelled(picked: list) -> list[tuple[str, MuGraph, list[Region], float]]:
     """Each picked plan with its label: its kind, numbered in cost order within the kind
-    (schedule and partition variants from 2, library variants from 1, unnumbered)."""
+    (schedule and partition variants from 2; a library variant and each shape, whose
+    label says what it is, unnumbered when alone)."""
     count: dict[str, int] = {}
     out = []
     for kind, cost, mg, report in picked:
         count[kind] = count.get(kind, 0) + 1
-        n = count[kind] + (kind != LIBRARY)
+        n = count[kind] + (kind in (SCHEDULE, PARTITION))  # library, shapes: unnumbered
         out.append((kind if n == 1 else f"{kind} {n}", mg, report, cost))
     return out

@@ -5,6 +5,7 @@ tuning times them (an injected fake timer)."""
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -110,6 +111,62 @@ def test_rmsnorm_linear_at_its_benchmark_shape_has_a_library_variant():
     assert lib and library_matmuls(lib[0].mugraph) == 1
     regions = {r.kind for r in lib[0].regions}
     assert regions == {"custom", "predefined"}
+
+
+def decode_rmsnorm_linear() -> em.Graph:
+    """RMSNorm + Linear at decode (2 rows against the benchmark's 4096 x 6144 weight), the
+    division after the matmul: a weight-streaming kernel."""
+    g = em.Graph("rmsnorm_decode")
+    x = g.input("X", (2, 4096), dtype="float16")
+    w = g.input("W", (4096, 6144), dtype="float16")
+    g.output((x @ w) * em.rsqrt((x * x).sum(axis=1, keepdims=True) / 4096.0 + 1e-6), "O")
+    return g
+
+
+def streaming_shape(q) -> tuple[bool, int, int]:
+    """(splits, blocks, bytes per contiguous run of its largest input) of the first custom
+    kernel of plan ``q``."""
+    from eqsat_mirage.cost.gpucost import contiguous_run
+    from eqsat_mirage.ir.node import ITEMSIZE, numel
+
+    k = next(k for k in q.mugraph.kernels if k.kind == "custom")
+    specs = q.mugraph.tensors
+    bi = max(k.inputs.values(), key=lambda b: numel(specs[b.tensor].shape))
+    tile = k.loop.inputs.get(bi.name) or k.post.inputs[bi.name]
+    run = contiguous_run(tile.shape, specs[bi.tensor].shape) * ITEMSIZE[specs[bi.tensor].dtype]
+    return len([x for x in q.mugraph.kernels if x.kind == "custom"]) > 1, math.prod(k.grid), run
+
+
+def test_alternatives_cover_the_schedule_shapes_of_a_streaming_kernel():
+    """With splits allowed (as the e-graph's SplitOver Kern nodes allow them), the
+    alternatives of a decode RMSNorm + Linear hold one plan of each schedule shape the
+    chosen one is not, among them ../shared/KERNELS.md's weight-streaming kernel: K split
+    across blocks, at least two blocks per SM, W read in runs of at least 128 bytes."""
+    from dataclasses import replace
+
+    from eqsat_mirage.cost.profile import GPUProfile
+
+    strategy = replace(DEFAULT_STRATEGY, allow_split_reduction=True)
+    g = decode_rmsnorm_linear()
+    p0 = plan(g, "h200", strategy=strategy)
+    p = plan(g, "h200", strategy=strategy, alternatives=N)
+    assert plan_key(p.mugraph) == plan_key(p0.mugraph)
+    sms = GPUProfile.load("h200").sms
+
+    def key(q) -> tuple[bool, int, bool]:
+        split, blocks, run = streaming_shape(q)
+        return split, min(2, blocks // sms), run >= 128
+
+    shapes = [q for q in p.alternatives if q.label.startswith("shape (")]
+    assert len(shapes) >= 4, [q.label for q in p.alternatives]
+    seen = {key(p0)}
+    for q in shapes:
+        split, blocks, run = streaming_shape(q)
+        assert q.label == (f"shape ({'split' if split else 'one pass'}, {blocks} blocks, "
+                           f"{run} B runs)")
+        assert key(q) not in seen  # one plan per shape, none the chosen plan's
+        seen.add(key(q))
+    assert (True, 2, True) in seen  # the streaming shape: split-K, >= 2 blocks/SM, wide rows
 
 
 def test_plan_all_names_and_dedups_alternatives():
