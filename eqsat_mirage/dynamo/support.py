@@ -80,6 +80,7 @@ class NodeSupport(OperatorSupportBase):
         self.weights: dict[fx.Node, float] = {}  # a supported node's ``search_weight``
         self._constants = dict(gm.meta.get(CONSTANTS, {}))
         self._known: dict[fx.Node, torch.Tensor] = {}
+        self.aliased = returned_views(gm)
         self.fold_all(gm)
 
     def fold_all(self, gm: fx.GraphModule) -> None:
@@ -125,6 +126,9 @@ class NodeSupport(OperatorSupportBase):
     def _probe(self, node: fx.Node) -> str | None:
         if node.op not in ("call_function", "call_method", "call_module"):
             return f"{node.op} node"
+        if node in self.aliased:
+            return ("a view the graph returns of a graph input or of another output: eager, so "
+                    "it aliases that tensor as in eager torch (a partition writes a copy)")
         cv = Converter(Graph("probe"), self.gm)
         try:
             cv.lookup(node)
@@ -184,6 +188,47 @@ class NodeSupport(OperatorSupportBase):
 
 
 _CATS = frozenset({torch.cat, torch.concat, torch.concatenate})
+
+
+def _storage(value: Any) -> Any:
+    """A key of the storage of a recorded (fake) tensor, None for anything else."""
+    if not isinstance(value, torch.Tensor):
+        return None
+    try:
+        return torch.multiprocessing.reductions.StorageWeakRef(value.untyped_storage())
+    except (RuntimeError, NotImplementedError):  # a tensor without storage
+        return None
+
+
+def returned_views(gm: fx.GraphModule) -> set[fx.Node]:
+    """The nodes that must run eagerly for the graph's outputs to alias as in eager torch:
+    every node after the first that shares the storage (as Dynamo recorded it) of an output
+    that shares it with a graph input or with another output (``x.t()``, ``x[1:3]``, ``h``
+    and ``h.t()``). A partition writes its outputs to fresh tensors, so a view it computed
+    would be a copy, and a caller's later write to the input would not show through it."""
+    from .specs import recorded
+
+    first: dict[Any, fx.Node] = {}  # storage -> the node that made it (or the input)
+    nodes: dict[Any, list[fx.Node]] = {}
+    for node in gm.graph.nodes:
+        key = _storage(recorded(node))
+        if key is not None:
+            first.setdefault(key, node)
+            nodes.setdefault(key, []).append(node)
+    outs: list[fx.Node] = []
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            fx.node.map_arg(node.args, outs.append)
+    shared, seen = set(), {}  # seen: storage -> the first output on it
+    for o in outs:
+        key = _storage(recorded(o))
+        if key is None:
+            continue
+        base = first[key]
+        if (base.op == "placeholder" and base is not o) or seen.get(key, o) is not o:
+            shared.add(key)
+        seen.setdefault(key, o)
+    return {n for key in shared for n in nodes[key][1:] if n.op != "placeholder"}
 
 
 def _converted(value: Any) -> list:

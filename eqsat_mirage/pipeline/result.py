@@ -123,6 +123,9 @@ class OptimizeResult:
         tolerance, finite wherever the input's are); a mismatch raises
         ``LaunchCheckError`` naming the output, its kernel and the worst element
         (``runtime.check``, against ``reference()`` run by torch). ``check=False`` skips it.
+        An output that is a view of an input in the program (a transpose, a slice) is
+        returned as a contiguous copy, not a view (one that is an input itself, or a
+        reshape of one, may be that tensor): a later write to the input does not show in it.
         """
         from ..codegen.source import compile_mugraph
         from ..semantics.torch_reference import checked_against
