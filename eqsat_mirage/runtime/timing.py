@@ -12,13 +12,20 @@ nothing here needs a GPU to be tested.
 ``time_candidates`` times each named launch with one timer, in the order given, and
 returns a ``Timing`` per candidate (the median of its samples); ``fastest`` is the name of
 the smallest median, the earlier one on a tie (the cost model's order), so the verdict
-does not depend on dictionary or thread order.
+does not depend on dictionary or thread order. A group of candidates is timed holding the
+device (``holding_device``: an exclusive lock on a file named after the timer's device, in
+the temporary directory), so pieces searched in several worker processes (``jobs > 1``)
+never time on one GPU at the same time: each measurement sees the device to itself.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import os
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -103,16 +110,43 @@ class CudaEventTimer:
         return samples
 
 
+def device_lock_path(device: str) -> str:
+    """The lock file of ``device`` (a timer's ``device`` string): one per device and user,
+    in the temporary directory."""
+    digest = hashlib.sha256(device.encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), f"eqsat_mirage_timing_{os.getuid()}_{digest}.lock")
+
+
+@contextlib.contextmanager
+def holding_device(device: str) -> Iterator[None]:
+    """Hold ``device`` for timing: an exclusive ``flock`` on its lock file, waited for and
+    released on exit (where ``fcntl`` is missing, as on Windows, nothing is held)."""
+    try:
+        import fcntl
+    except ImportError:  # no advisory locks here: measurements may overlap
+        yield
+        return
+    with open(device_lock_path(device), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def time_candidates(launches: Mapping[str, Callable[[], object]], timer: Timer
                     ) -> list[Timing]:
-    """Each launch timed by ``timer``, in the order given: a ``Timing`` each."""
+    """Each launch timed by ``timer``, in the order given, holding the timer's device
+    (``holding_device``): a ``Timing`` each."""
     out = []
-    for name, launch in launches.items():
-        samples = tuple(float(s) for s in timer(name, launch))
-        if not samples:
-            raise ValueError(f"timer {type(timer).__name__} returned no samples for {name!r}")
-        mode = getattr(timer, "modes", {}).get(name, "graph")
-        out.append(Timing(name, statistics.median(samples), samples, mode))
+    with holding_device(timer.device):
+        for name, launch in launches.items():
+            samples = tuple(float(s) for s in timer(name, launch))
+            if not samples:
+                raise ValueError(f"timer {type(timer).__name__} returned no samples for "
+                                 f"{name!r}")
+            mode = getattr(timer, "modes", {}).get(name, "graph")
+            out.append(Timing(name, statistics.median(samples), samples, mode))
     return out
 
 
