@@ -23,9 +23,10 @@ _FROM = {
     "egraph.check_rules": ("RuleCheck", "RuleCheckReport", "assert_sound", "check_rules"),
     "frontend.from_torch": ("from_torch",),
     "frontend.functions": (
-        "amax", "causal_mask", "concat", "cos", "erf", "exp", "gelu", "layer_norm", "matmul",
-        "relu", "rms_norm", "rsqrt", "sigmoid", "silu", "sin", "softmax", "sqrt", "tanh",
-        "transpose", "where"),
+        "amax", "causal_mask", "concat", "cos", "erf", "exp", "gelu", "layer_norm",
+        "logical_not", "matmul", "relu", "rms_norm", "rsqrt", "sigmoid", "silu", "sin",
+        "softmax", "sqrt", "tanh", "transpose", "where"),
+    "frontend.gather": ("embedding", "index_select"),
     "frontend.graph": ("Graph", "Tensor"),
     "ir.check": ("check", "check_lax"),
     "ir.dims": ("Dim", "DynamicShapeError"),
@@ -53,12 +54,13 @@ __all__ = [
     "Counterexample", "CustomKernel", "from_graph", "MuGraph", "MuGraphError", "PredefinedKernel",
     "TensorSpec", "TilingError", "UnknownTensorError",
     "Dim", "DynamicShapeError", "DTypeError", "evaluate", "exp",
-    "Graph", "GraphError", "InputError", "LaunchCheckError", "LaxError", "matmul",
+    "Graph", "GraphError", "InputError", "LaunchCheckError", "LaxError", "logical_not", "matmul",
     "max", "MirageError", "Node", "Op", "optimize", "optimize_many", "OptimizeResult", "relu",
     "rms_norm", "rsqrt", "RuleCheck", "RuleCheckReport", "RuleError", "ShapeError", "sigmoid",
     "silu", "softmax", "sqrt", "tanh", "erf", "cos", "sin", "gelu", "layer_norm", "Tensor",
     "TimeLimitError", "transpose", "verify", "VerifyResult", "where",
     "backend", "from_torch", "UnsupportedOpError",
+    "embedding", "index_select",
 ]
 
 

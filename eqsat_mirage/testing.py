@@ -24,8 +24,8 @@ from hypothesis.extra import numpy as hnp
 
 from .frontend.graph import Graph
 from .ir.check import check, check_lax, exp_depth
-from .ir.errors import MirageError, ShapeError
-from .ir.node import DTYPES, REDUCE, UNARY, Node, Op, broadcast_shapes, make, numel
+from .ir.errors import DTypeError, MirageError, ShapeError
+from .ir.node import DTYPES, LOGIC, REDUCE, UNARY, Node, Op, broadcast_shapes, make, numel
 from .ir.ops import SPECS
 from .semantics.field import FieldCtx, FieldZeroDivisionError, evaluate_field
 from .semantics.floating import evaluate
@@ -44,7 +44,7 @@ def _const(value: float) -> Node:
 
 
 def _mk(op: Op, srcs: tuple[Node, ...], arg: Any = None) -> Node | None:
-    with suppress(ShapeError):
+    with suppress(ShapeError, DTypeError):  # DTypeError: a bool mask where a value goes
         return make(op, srcs, arg)
     return None
 
@@ -179,7 +179,7 @@ def programs(draw, max_ops: int = 8, max_inputs: int = 3, max_dim: int = 6,
              ops: Iterable[Op] | None = None, lax: bool = True) -> Graph:
     """Strategy of random well-shaped ``Graph``s (passing ``em.check``) with 1-2 outputs.
 
-    Up to ``max_ops`` ops drawn from ``ops`` (default: all but the masks, where/mask/causal,
+    Up to ``max_ops`` ops drawn from ``ops`` (default: all but the masks, where/mask/causal/not,
     which the generator does not build yet; ``Op.CONST`` allows constant operands), up to
     ``max_inputs`` inputs of rank 1-3, dims in ``1..max_dim``, any dtype.
     Shapes exercise broadcasting (size-1 dims, rank differences), batched matmul with
@@ -189,7 +189,7 @@ def programs(draw, max_ops: int = 8, max_inputs: int = 3, max_dim: int = 6,
     sqrt/rsqrt arguments are positive (``x * x + c``, c > 0, is built when none fits, even
     if ``ops`` lacks MUL/ADD). ``lax=False`` allows exp of exp, and values may overflow.
     """
-    masks = {Op.WHERE, Op.MASK, Op.CAUSAL}
+    masks = {Op.WHERE, Op.MASK, Op.CAUSAL, Op.NOT}
     allowed = set(Op) - masks if ops is None else set(ops)
     if allowed & masks:
         raise ValueError(f"programs(): {sorted(op.name for op in allowed & masks)} are not "
@@ -340,8 +340,10 @@ def _mutations(graph: Graph) -> list[tuple[Node, Node]]:
     out: list[tuple[Node, Node | None]] = []
     for n in nodes:
         out += [(n, _mk(op, n.srcs, n.arg)) for op in _SWAPS.get(n.op, ())]
-        out += [(n, n.srcs[0])] if n.op in UNARY - {Op.CAST} else []  # drop it: exp -> identity
-        out += [(n, make(Op.NEG, (n,)))] if n.op is not Op.CONST else []  # negate a value
+        # drop it: exp -> identity, not m -> m
+        out += [(n, n.srcs[0])] if n.op in (UNARY - {Op.CAST}) | LOGIC else []
+        if n.op is not Op.CONST:  # negate a value, or a mask
+            out.append((n, make(Op.NOT if n.dtype == "bool" else Op.NEG, (n,))))
         if n.op is Op.CONST:
             out += [(n, _const(n.arg + 1.0)), (n, _const(-2.0 * n.arg))]
         if n.op in (Op.SUB, Op.DIV, Op.MATMUL, Op.CONCAT):

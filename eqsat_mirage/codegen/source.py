@@ -38,7 +38,7 @@ import textwrap
 import tokenize
 from collections.abc import Callable, Mapping
 
-from ..ir.node import BINARY, UNARY, Node, Op
+from ..ir.node import BINARY, LOGIC, UNARY, Node, Op
 from ..ir.ops import SPECS
 from ..ir.printing import short_dtype
 from ..mugraph.io import format_mugraph
@@ -72,7 +72,8 @@ TRITON_DENYLIST = ("tl.make_tensor_descriptor", "TensorDescriptor", "_experiment
 
 HELD_SIZES = 4  # a shape family's reused buffers: padded sizes kept (REUSE_OUTPUTS)
 TORCH_DTYPE = {"float16": "torch.float16", "bfloat16": "torch.bfloat16",
-               "float32": "torch.float32", "bool": "torch.bool"}
+               "float32": "torch.float32", "bool": "torch.bool", "int64": "torch.int64",
+               "int32": "torch.int32"}
 _HOST_RESERVED = frozenset({"torch", "triton", "tl", "os", "device", "args", "kwargs", "run",
                             "entry", "key", "tensors", "INPUTS", "OUTPUTS", "NEEDS_TRITON",
                             "REUSE_OUTPUTS", "_bind", "_check", "_signature", "_buffers",
@@ -123,7 +124,7 @@ def _torch_op(k: PredefinedKernel, var: dict[str, str], length_mask: bool = Fals
                f"dtype={TORCH_DTYPE[n.dtype]}, device=device)"
     op, xs = n.op, n.srcs
     spec = SPECS[op]
-    if op in UNARY and op is not Op.CAST:  # the elementwise ops: their specs' torch functions
+    if op in UNARY | LOGIC and op is not Op.CAST:  # elementwise: their specs' torch functions
         return f"{spec.torch}({arg(xs[0])})"
     if op in BINARY:
         a, b, sym = arg(xs[0]), arg(xs[1]), spec.symbol
@@ -152,6 +153,9 @@ def _torch_op(k: PredefinedKernel, var: dict[str, str], length_mask: bool = Fals
         return f"torch.where({arg(xs[0])}, {arg(xs[1], True)}, {arg(xs[2], True)})"
     if op is Op.MASK:
         return f"torch.where({arg(xs[0])}, {arg(xs[1], True)}, float('-inf'))"
+    if op is Op.GATHER:  # torch checks the indices (IndexError; on a GPU a device assert)
+        return f"torch.index_select({arg(xs[0])}, {n.arg}, {arg(xs[1])}.reshape(-1))" \
+               f".reshape({_shape(n.shape)})"
     raise CodegenError(f"{who}: {n.describe()} has no torch form")
 
 

@@ -31,7 +31,7 @@ import keyword
 import math
 import re
 
-from ..ir.node import BINARY, REDUCE, Node, Op, Shape, fmt_shape, numel
+from ..ir.node import BINARY, LOGIC, REDUCE, Node, Op, Shape, fmt_shape, numel
 from ..ir.ops import SPECS, ZERO
 from .concat import CodegenError, ConcatOps, Val, squeezed
 from .dots import MIN_DOT, matmul_dims, merges_batch, pow2, uses_dot
@@ -306,6 +306,9 @@ class TileOps(ConcatOps):
             expr, clean = self._movement(node, srcs[0]), srcs[0].clean
             self.emit(section, var, expr, label)
             return Val(var, node.shape, srcs[0].dtype, clean)
+        elif node.op in LOGIC:  # a bool mask's not: an int1 block (its padding now holds)
+            self.emit(section, var, triton_form(SPECS[node.op].triton, srcs[0].expr), label)
+            return Val(var, node.shape, "bool", False)
         else:
             expr, clean = self._unary(node, srcs[0])
         self.emit(section, var, expr, label)

@@ -93,7 +93,7 @@ from pathlib import Path
 
 from ..frontend.graph import Graph
 from ..ir.errors import MirageError
-from ..ir.node import ELEMENTWISE, ITEMSIZE, REDUCE, Node, Op, numel
+from ..ir.node import ELEMENTWISE, ITEMSIZE, LOGIC, REDUCE, Node, Op, numel
 from ..ir.ops import SPECS
 from ..mugraph.kernels import CustomKernel, Kernel, PredefinedKernel
 from ..mugraph.online import causal_skip, kept_iterations
@@ -117,7 +117,7 @@ __all__ = ["GPUProfile", "KernelCost", "MuGraphCost", "Work", "block_reads", "ke
            "tensor_bytes", "tile_key", "warps_for"]  # transfers: transfers.py
 
 # per element of each elementwise op: (CUDA-core FLOPs, SFU ops), from its spec
-ELEMENT_COST = {op: SPECS[op].cost for op in ELEMENTWISE}
+ELEMENT_COST = {op: SPECS[op].cost for op in ELEMENTWISE | LOGIC}  # per element
 
 
 # -- work: FLOPs by unit ----------------------------------------------------------------------
@@ -145,7 +145,7 @@ class Work:
                 self.tensor[node.dtype] = self.tensor.get(node.dtype, 0.0) + flops
             else:
                 self.cuda += flops
-        elif op in ELEMENTWISE:
+        elif op in ELEMENT_COST:
             c, s = ELEMENT_COST[op]
             self.cuda += c * numel(shape(node)) * times
             self.sfu += s * numel(shape(node)) * times
@@ -247,6 +247,11 @@ def op_cost(node: Node, prof: GPUProfile, name: str = "", kind: str = "predefine
     reads = {id(s): s for s in node.srcs if s.op is not Op.CONST}.values()
     moved = sum(tensor_bytes(s.shape, s.dtype) for s in reads) + tensor_bytes(node.shape,
                                                                               node.dtype)
+    if node.op is Op.GATHER:  # the gathered rows (at most the table: a repeated row is
+        table, idx = node.srcs  # read once), the indices and the result; not the table
+        out = tensor_bytes(node.shape, node.dtype)
+        moved = min(out, tensor_bytes(table.shape, table.dtype)) + tensor_bytes(
+            idx.shape, idx.dtype) + out
     work = Work()
     work.add_node(node, 1)
     mem = moved / (prof.dram_bandwidth_GBps * 1e3 * prof.dram_achievable_fraction)

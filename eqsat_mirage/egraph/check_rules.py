@@ -68,9 +68,11 @@ def _tensor_vars(term, schema: Schema, out: list) -> list:
 
 
 def _mask_vars(term, out: set) -> set:
-    """Pattern variables in the condition of a Where or Mask: they become bool masks."""
+    """Pattern variables in the condition of a Where or Mask, or negated by a Not: they
+    become bool masks."""
     if isinstance(term, SList):
-        if term.head() in ("Where", "Mask") and len(term.items) > 1 and _is_var(term.items[1]):
+        if term.head() in ("Where", "Mask", "Not") and len(term.items) > 1 and \
+                _is_var(term.items[1]):
             out.add(str(term.items[1]))
         for arg in term.items[1:]:
             _mask_vars(arg, out)

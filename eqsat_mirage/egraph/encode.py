@@ -16,7 +16,7 @@ from ..ir.ops import SPECS
 # The ops whose term is their constructor applied to their operands (elementwise, matmul,
 # the masks); the reductions, whose term takes an axis. Constructor names: the specs'.
 _PLAIN = {op: s.egglog for op, s in SPECS.items()
-          if s.arg is None and s.group in ("unary", "binary", "matmul", "select")}
+          if s.arg is None and s.group in ("unary", "logic", "binary", "matmul", "select")}
 _REDUCE = {op: SPECS[op].egglog for op in REDUCE}
 CTOR_OP = {ctor: op for op, ctor in _PLAIN.items()}
 REDUCE_CTOR_OP = {ctor: op for op, ctor in _REDUCE.items()}
@@ -79,6 +79,8 @@ class Encoder:
             name = self._let(f'(Cast "{node.arg}" {src[0]})')
         elif op is Op.SLICE:
             name = self._let("(Slice {} {} {} {})".format(*node.arg, src[0]))
+        elif op is Op.GATHER:
+            name = self._let(f"(Gather {node.arg} {src[0]} {src[1]})")
         elif op is Op.MATMUL:
             a, b = (src[i] if len(s.shape) > 1 else self._let(
                 f"(Reshape {_vec((1, s.shape[0]) if i == 0 else (s.shape[0], 1))} {src[i]})")
@@ -145,6 +147,8 @@ def build_node(ctor: str, args: list, inputs: dict[str, Node]) -> Node:
         return make(Op.CAST, (args[1],), str(args[0]))
     if ctor == "Slice":
         return make(Op.SLICE, (args[3],), tuple(int(a) for a in args[:3]))
+    if ctor == "Gather":
+        return make(Op.GATHER, (args[1], args[2]), int(args[0]))
     if ctor == "Causal":
         return make(Op.CAUSAL, (), tuple(int(a) for a in args))
     if ctor == "Swap":

@@ -5,7 +5,7 @@ operand of each op) of that family, written out when the file loads, in the orde
 ``ir.ops.SPECS``. The families, each in its ruleset:
 
 - ``shape`` (rules/schema.egg, ruleset ``shapes``): each op's ``ndim`` and ``dim`` rules,
-  by its group (an elementwise unary op keeps its operand's shape, a binary or select
+  by its group (an elementwise unary or logic op keeps its operand's shape, a binary or select
   op broadcasts its operands, ...) or, for an op with a shape of its own (a constant,
   the movement ops, the causal mask), by its entry in ``_OWN_SHAPES``;
 - ``is-op`` (rules/schema.egg, ruleset ``shapes``): ``(is-op e)`` for every op but the
@@ -40,7 +40,7 @@ FAMILIES = {"shape": ("shapes", False), "is-op": ("shapes", False),
 # (a mask's: c x).
 _ARGS = {Op.CONST: ("c",), Op.TRANSPOSE: ("i", "j", "x"), Op.RESHAPE: ("s", "x"),
          Op.CONCAT: ("ax", "a", "b"), Op.SLICE: ("ax", "lo", "hi", "x"),
-         Op.CAUSAL: ("r", "c", "o")}
+         Op.CAUSAL: ("r", "c", "o"), Op.GATHER: ("ax", "x", "i")}
 _OPERANDS = {1: ("x",), 2: ("a", "b"), 3: ("c", "a", "b")}
 _PARAM = {"String": "t", "i64": "ax", "IVec": "s"}
 
@@ -87,9 +87,10 @@ def _reduce(p: str, xs: tuple[str, ...]) -> list[str]:
 
 
 _BY_GROUP: dict[str, Callable[[str, tuple[str, ...]], list[str]]] = {
-    "unary": _same, "binary": _broadcast, "select": _broadcast, "matmul": _matmul,
+    "unary": _same, "logic": _same, "binary": _broadcast, "select": _broadcast, "matmul": _matmul,
     "reduce": _reduce}
 
+_GATHER = "(Gather ax x i)"  # the indices' shape takes the axis's place
 _SLICE, _SWAP, _RESHAPE, _CONCAT = ("(Slice ax lo hi x)", "(Swap i j x)", "(Reshape s x)",
                                     "(Concat ax a b)")
 # The ops whose shape is their own (an input's is set when the program is encoded).
@@ -107,6 +108,12 @@ _OWN_SHAPES: dict[Op, list[str]] = {
     Op.RESHAPE: [_rule(_RESHAPE, "", "(set (ndim e) (vec-length s))"),
                  *(_rule(_RESHAPE, f"(> (vec-length s) {k})", f"(set (dim e {k}) (vec-get s {k}))")
                    for k in range(6))],  # ranks up to 6
+    Op.GATHER: [_rule(_GATHER, "(= rx (ndim x)) (= ri (ndim i))",
+                      "(set (ndim e) (+ (- rx 1) ri))"),
+                _rule(_GATHER, "(= d (dim x k)) (< k ax)", "(set (dim e k) d)"),
+                _rule(_GATHER, "(= d (dim i k))", "(set (dim e (+ ax k)) d)"),
+                _rule(_GATHER, "(= ri (ndim i)) (= d (dim x k)) (> k ax)",
+                      "(set (dim e (+ k (- ri 1))) d)")],
     Op.CONCAT: [_rule(_CONCAT, "(= n (ndim a))", "(set (ndim e) n)"),
                 _rule(_CONCAT, "(= d (dim a i)) (!= i ax)", "(set (dim e i) d)"),
                 _rule(_CONCAT, "(= da (dim a ax)) (= db (dim b ax))",

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from ..frontend.family import rebuild
 from ..frontend.graph import Graph
 from ..ir.dims import DynamicShapeError
-from ..ir.node import BINARY, ELEMENTWISE, REDUCE, Node, Op, fmt_shape, make
+from ..ir.node import BINARY, ELEMENTWISE, REDUCE, Node, Op, fmt_shape, make, toposort
 from ..ir.ops import ANY, FINITE, NEG_INF, SPECS, ZERO
 
 PAD_QUANTUM = 64  # the hint is padded up to a multiple of this (16 below it)
@@ -111,6 +111,8 @@ def _state(node: Node, srcs: list[str | None]) -> str:
     if op in ELEMENTWISE:
         return unary_state(op, srcs[0]) if op not in BINARY else _binary(op, *srcs)
     if op is Op.MASK:
+        if any(n.op is Op.NOT for n in toposort([node.srcs[0]])):  # padding may be kept
+            return ANY
         return NEG_INF if node.srcs[0].op is Op.INPUT or srcs[0] is not None else srcs[1]
     if op is Op.WHERE:
         a, b = srcs[1], srcs[2]

@@ -200,9 +200,8 @@ class Converter:
 
     ``env`` maps fx nodes to their values; ``sources`` maps each graph input name to
     ``("arg", i)`` (the i-th positional input), ``("param", path)`` (a parameter
-    or buffer of ``root``), ``("const", tensor)`` (a folded bool mask) or ``("not",
-    source)`` (the complement of a bool input); ``fallback`` (the traced function or
-    module) serves ``source_line`` when a node has no recorded stack trace.
+    or buffer of ``root``) or ``("const", tensor)`` (a folded bool mask); ``fallback`` (the
+    traced function or module) serves ``source_line`` when a node has no recorded stack trace.
 
     ``known`` maps fx nodes to the torch values of constants (module buffers, set by the
     caller) and of every op computed from constants alone, which ``run`` folds in torch;
@@ -220,8 +219,7 @@ class Converter:
         self.known_sources: dict[fx.Node, tuple] = {}  # a constant node -> its input's source
         self._roots: dict[fx.Node, frozenset[fx.Node]] = {}  # the constants a fold read
         self.snapshots: dict[tuple, Snapshot] = {}
-        graph.torch_sources = self.sources  # a bool input's complement is made through these
-        graph.torch_input = self.input
+        graph.torch_sources = self.sources
 
     def input(self, name: str, shape: tuple[int, ...], dtype: str, source: tuple) -> Tensor:
         """A new graph input (the name made a unique identifier) fed from ``source``."""
@@ -390,9 +388,7 @@ class Converter:
 
     def finish(self) -> None:
         """End the conversion: remove the inputs of constants that only fed folds (no
-        output reads them) and the graph's link back to this converter."""
-        for attr in ("torch_input", "torch_complements"):
-            self.graph.__dict__.pop(attr, None)
+        output reads them)."""
         reached = {id(n) for n in self.graph.nodes()}
         for source in self.known_sources.values():
             for name, src in list(self.sources.items()):

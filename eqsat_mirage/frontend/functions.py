@@ -126,6 +126,15 @@ def where(cond: Tensor, a: Any, b: Any) -> Tensor:
     return apply(Op.WHERE, cond, a, b)
 
 
+def logical_not(mask: Tensor) -> Tensor:
+    """The complement of the bool ``mask`` (``~mask``): True where it does not hold.
+    ``em.where(em.logical_not(m), x, float("-inf"))`` is -inf where ``m`` holds."""
+    if not isinstance(mask, Tensor) or mask.dtype != "bool":
+        raise GraphError(f"logical_not (at {user_location()}): expected a bool mask Tensor, "
+                         f"got {getattr(mask, 'dtype', type(mask).__name__)}")
+    return apply(Op.NOT, mask)
+
+
 def causal_mask(graph: Graph, rows: int, cols: int | None = None, offset: int = 0) -> Tensor:
     """``graph.causal_mask(rows, cols, offset)``: True where ``col <= row + offset``."""
     if not isinstance(graph, Graph):

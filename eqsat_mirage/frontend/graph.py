@@ -248,6 +248,10 @@ class Tensor:
     def __neg__(self) -> Tensor:
         return apply(Op.NEG, self)
 
+    def __invert__(self) -> Tensor:
+        """``~mask``: the logical not of a bool mask (``em.logical_not``)."""
+        return apply(Op.NOT, self)
+
     def __pow__(self, k: Any) -> Tensor:
         if k == 2:
             return apply(Op.MUL, self, self)

@@ -13,8 +13,10 @@ still holds the value it was folded at, and ``graph_inputs`` refuses a changed o
 ``masked_fill(m, v)`` is ``where(m, v, x)``, i.e. ``where(~m, x, v)``: a ``BoolMask`` keeps a
 graph bool tensor and whether it is negated, so ``~`` costs nothing and a ``-inf`` fill
 lands in the third argument of ``em.where`` (the ``mask`` op, which the verifier handles).
-A bool graph *input* used with its ``-inf`` value where it holds gets its complement as a
-second input, computed from the first by the caller (source ``("not", source)``).
+A ``-inf`` where a bool graph tensor holds (nanoGPT's ``masked_fill(mask, -inf)`` with a
+``mask`` argument) keeps ``x`` where its logical not holds: ``mask(not m, x)``, computed in
+the program (the function's inputs stay its arguments). ``mask == 0`` and ``mask == False``
+of a bool graph tensor are its complement, ``mask != 0`` and ``mask == 1`` the mask.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import torch
 
 from ..ir.errors import MirageError, UnsupportedOpError
 from ..ir.node import Op
-from .functions import where
+from .functions import logical_not, where
 from .graph import Tensor
 
 __all__ = ["BoolMask", "MASK_FUNCTIONS", "MASK_METHODS", "Snapshot", "constant_mask",
@@ -84,37 +86,19 @@ def _shape(v: Any) -> tuple[int, ...]:
     return tuple(v.shape) if isinstance(v, Tensor) else ()
 
 
-def _complement_input(t: Tensor) -> Tensor | None:
-    """A second graph input holding ``~t`` for a bool graph input ``t`` of a converted torch
-    program (source ``("not", t's source)``), or None when ``t`` is not such an input."""
-    graph = t.graph
-    sources, make = getattr(graph, "torch_sources", None), getattr(graph, "torch_input", None)
-    if t.node.op is not Op.INPUT or sources is None or make is None or \
-            t.node.arg not in sources:
-        return None
-    made = graph.__dict__.setdefault("torch_complements", {})
-    if t.node.arg not in made:
-        made[t.node.arg] = make(f"not_{t.node.arg}", t.shape, "bool",
-                                ("not", sources[t.node.arg]))
-    return made[t.node.arg]
-
-
 def select(mask: Any, a: Any, b: Any, what: str) -> Tensor:
     """``a`` where the bool ``mask`` holds, else ``b`` (tensors or numbers, broadcast as torch
     broadcasts ``torch.where``). A ``-inf`` may be either value: it becomes the third
     argument of ``em.where`` (the kept positions' mask is the complement where needed)."""
     m = _as_mask(mask, what)
-    first, second = (b, a) if m.negated else (a, b)  # where(base, first, second)
-    if _neg_inf(first):
-        keep = _complement_input(m.base)
-        if keep is None:
-            raise UnsupportedOpError(
-                f"{what}: -inf where a computed bool mask holds (the complement of "
-                f"{m.base.node.describe()} has no eqsat-mirage form; a mask that is a "
-                "program input, the negation of one, or folded from a module buffer works)")
-        out = where(keep, second, first)
+    base, negated = m.base, m.negated
+    if base.node.op is Op.NOT:  # where(not y, a, b) is where(y, b, a): no not is computed
+        base, negated = Tensor(base.node.srcs[0], base.graph), not negated
+    first, second = (b, a) if negated else (a, b)  # where(base, first, second)
+    if _neg_inf(first):  # -inf where base holds: second where its logical not does
+        out = where(logical_not(base), second, first)
     else:
-        out = where(m.base, first, second)
+        out = where(base, first, second)
     want = tuple(np.broadcast_shapes(m.shape, _shape(a), _shape(b)))
     return out if out.shape == want else out.reshape(want)
 
@@ -153,13 +137,11 @@ def constant_mask(graph: Any, value: torch.Tensor, name: str, make_input: Any) -
 
 def source_value(source: tuple, fetch: Any) -> Any:
     """The tensor that feeds an input of source ``source``: ``("const", tensor)`` is the
-    tensor, ``("not", inner)`` the logical not of ``inner``'s, and any other source what
-    ``fetch(kind, ref)`` gives (an argument, a keyword argument, a parameter)."""
+    tensor, and any other source what ``fetch(kind, ref)`` gives (an argument, a keyword
+    argument, a parameter)."""
     kind, ref = source
     if kind == "const":
         return ref
-    if kind == "not":
-        return torch.logical_not(source_value(ref, fetch))
     return fetch(kind, ref)
 
 
@@ -190,8 +172,22 @@ class Snapshot:
 
 
 # -- handlers: comparisons (folded when constant), negation, masked_fill, where ------------
+def _mask_literal(name: str, args: tuple, kwargs: dict) -> Any:
+    """``mask == 0``, ``mask == False`` (the complement), ``mask != 0``, ``mask == 1`` (the
+    mask) of a bool mask and a 0/1 number, either side; None for any other comparison."""
+    if name not in ("eq", "ne") or len(args) != 2 or kwargs:
+        return None
+    a, b = args if is_mask(args[0]) else args[::-1]
+    if not is_mask(a) or not isinstance(b, Real) or float(b) not in (0.0, 1.0):
+        return None
+    return a if (float(b) == 1.0) == (name == "eq") else _complement(a)
+
+
 def _compare(name: str):
     def h(*args: Any, **kwargs: Any) -> Any:
+        m = _mask_literal(name, args, kwargs)
+        if m is not None:
+            return m
         raise UnsupportedOpError(
             f"{name} of a computed tensor (a comparison or a cast to bool is folded when its "
             "operands are constants, such as a module buffer: nanoGPT's "
@@ -199,10 +195,18 @@ def _compare(name: str):
     return h
 
 
+def _complement(x: Any) -> Any:
+    """``~x``: a bool graph tensor's logical not (``not not y`` is ``y``), or a ``BoolMask``
+    with its ``negated`` flipped."""
+    if isinstance(x, Tensor) and x.dtype == "bool":
+        return Tensor(x.node.srcs[0], x.graph) if x.node.op is Op.NOT else logical_not(x)
+    return ~_as_mask(x, "logical not")
+
+
 def _invert(x: Any, *, out: Any = None) -> Any:
     if out is not None:
         raise UnsupportedOpError("out= is not supported")
-    return ~_as_mask(x, "logical not")
+    return _complement(x)
 
 
 def _masked_fill(x: Any, mask: Any, value: Any) -> Tensor:

@@ -15,7 +15,7 @@ from string import ascii_lowercase
 from ..frontend.graph import Graph
 from ..ir.check import check
 from ..ir.errors import MirageError
-from ..ir.node import BINARY, REDUCE, UNARY, Node, Op, Shape, fmt_shape
+from ..ir.node import BINARY, LOGIC, REDUCE, UNARY, Node, Op, Shape, fmt_shape
 
 
 class ScheduleError(MirageError):
@@ -129,7 +129,7 @@ class _Ties:
     def node(self, n: Node) -> None:
         """Tie ``n``'s dims to its operands' by what its op does."""
         tie, r = self.tie, len(n.shape)
-        if n.op in UNARY:
+        if n.op in UNARY | LOGIC:  # elementwise on one operand (a bool mask's not too)
             for d in range(r):
                 tie(n.srcs[0], d, n, d)
         elif n.op in BINARY or n.op in (Op.WHERE, Op.MASK):  # broadcasting ops

@@ -25,8 +25,10 @@ from .ops import (  # noqa: F401  (re-exported: the op groups, derived from the 
     ARITY,
     BINARY,
     ELEMENTWISE,
+    GATHERS,
     KEYED,
     LEAF,
+    LOGIC,
     MOVEMENT,
     OPAQUE,
     REDUCE,
@@ -36,10 +38,12 @@ from .ops import (  # noqa: F401  (re-exported: the op groups, derived from the 
 )
 
 DTYPES = ("float16", "bfloat16", "float32")  # the value dtypes; masks are "bool"
-ALL_DTYPES = DTYPES + ("bool",)
-ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "bool": 1}  # bytes per element
+INDEX_DTYPES = ("int64", "int32")  # integer index tensors: a gather's indices (embedding)
+ALL_DTYPES = DTYPES + ("bool",) + INDEX_DTYPES
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "bool": 1, "int64": 8,
+            "int32": 4}  # bytes per element
 _DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16",
-                  "fp32": "float32", "float": "float32"}
+                  "fp32": "float32", "float": "float32", "long": "int64", "int": "int32"}
 _DTYPE_RANK = {"float16": 0, "bfloat16": 0, "float32": 1}
 
 Shape = tuple[int, ...]
@@ -240,11 +244,25 @@ def infer(op: Op, srcs: tuple[Node, ...], arg: Any) -> tuple[Shape, str]:
         return _causal_shape(arg, where), "bool"
     if op in (Op.WHERE, Op.MASK):
         return _masking(op, srcs, where)
+    if op in LOGIC:  # logical not: a bool mask of its operand's shape
+        if srcs[0].dtype != "bool":
+            raise DTypeError(f"{where}: the operand must be a bool mask, got {srcs[0].dtype}")
+        return srcs[0].shape, "bool"
+    if op is Op.GATHER:
+        return _gather_shape(srcs, arg, where)
+    if any(s.dtype in INDEX_DTYPES for s in srcs):
+        if op not in VIEWS and op is not Op.CONCAT or any(
+                s.dtype != srcs[0].dtype for s in srcs):
+            raise DTypeError(f"{where}: an integer index tensor can only be moved (transpose, "
+                             "reshape, concat, slice) or index a gather (embedding, "
+                             "index_select)")
+        return _moved_indices(op, srcs, arg, where)
     if any(s.dtype == "bool" for s in srcs):
         if op not in MOVEMENT or any(
                 s.dtype != "bool" for s in srcs):
             raise DTypeError(f"{where}: a bool mask can only be moved (transpose, reshape, "
-                             "concat, slice) or used as the condition of em.where")
+                             "concat, slice), negated (logical not) or used as the condition "
+                             "of em.where")
     if op is Op.CAST:
         if arg not in DTYPES:
             raise DTypeError(f"{where}: cast to {arg!r}; expected one of {', '.join(DTYPES)}")
@@ -337,6 +355,25 @@ def _slice_shape(shape: Shape, arg: Any, where: Any) -> Shape:
                          f"the axis's size, got {arg!r} for shape {fmt_shape(shape)}")
     axis, start, stop = arg
     return shape[:axis] + (stop - start,) + shape[axis + 1:]
+
+
+def _gather_shape(srcs: tuple[Node, ...], arg: Any, where: Any) -> tuple[Shape, str]:
+    """gather(table, idx) along axis ``arg``: idx's shape in place of that axis."""
+    table, idx = srcs
+    if idx.dtype not in INDEX_DTYPES:
+        raise DTypeError(f"{where}: the indices must be an integer tensor (int64 or int32), "
+                         f"got {idx.dtype}")
+    if table.dtype not in DTYPES:
+        raise DTypeError(f"{where}: the table must be a float tensor, got {table.dtype}")
+    if not isinstance(arg, int) or isinstance(arg, bool) or not 0 <= arg < len(table.shape):
+        raise ShapeError(f"{where}: axis {arg!r} out of range for a {len(table.shape)}-d table")
+    return table.shape[:arg] + idx.shape + table.shape[arg + 1:], table.dtype
+
+
+def _moved_indices(op: Op, srcs: tuple[Node, ...], arg: Any, where: Any) -> tuple[Shape, str]:
+    """An index tensor moved (a view or a concat of index tensors): its dtype kept."""
+    fake = tuple(Node(s.op, s.srcs, s.arg, s.shape, "float32") for s in srcs)
+    return infer(op, fake, arg)[0], srcs[0].dtype
 
 
 def _causal_shape(arg: Any, where: Any) -> Shape:

@@ -59,12 +59,17 @@ class Op(Enum):
     COS = auto()
     SIN = auto()
     SIGMOID = auto()
+    NOT = auto()
+    GATHER = auto()
 
 
 # What a padded (zero-filled) tensor holds where it is padded (family/padding.py).
 ZERO, NEG_INF, FINITE, ANY = "0", "-inf", "finite", "any"
 
-GROUPS = ("leaf", "unary", "binary", "matmul", "reduce", "movement", "select", "mask")
+# "logic": elementwise ops on bool masks, a bool mask of the operand's shape (logical not)
+# "gather": rows of a table picked by an integer index tensor (embedding, index_select)
+GROUPS = ("leaf", "unary", "binary", "matmul", "reduce", "movement", "select", "mask",
+          "logic", "gather")
 
 
 @dataclass(frozen=True)
@@ -102,11 +107,12 @@ class OpSpec:
     # (torch on CPU and GPU, and the generated kernels); False: the exact result rounded
     accumulates: bool = False
     opaque: bool = False  # in the finite field: a random function of its argument
-    field: str | None = None  # the exact field form: "neg", "add", "sub", "mul", "div"
+    field: str | None = None  # the exact field form: "neg", "add", "sub", "mul", "div", "not"
     reciprocal_of: Op | None = None  # in the field: 1 / that opaque op's random function
     torch: str | None = None  # the torch function, a dotted name as generated source spells it
     symbol: str | None = None  # a binary op's infix operator (torch and Triton source)
-    triton: str | None = None  # a unary op's Triton form: {x} the operand, exp(..) as exp2
+    triton: str | None = None  # a unary or logic op's Triton form: {x} the operand, exp(..)
+    # emitted as exp2
     egglog: str | None = None  # the constructor in rules/schema.egg (its rules: egraph/op_rules.py)
     guard: str | None = None  # the abstract expression, {0} {1} the operands' (section 4.3)
     cost: tuple[int, int] = (1, 0)  # per element: CUDA-core FLOPs, SFU ops
@@ -236,6 +242,22 @@ _ALL = [
            egglog="Sigmoid", guard=_fn("sigmoid"), cost=(2, 2),
            padding=Padding(FINITE, ZERO), bounds=lambda m, lo: (1.0, 0.0),
            mutants=(Op.SILU,)),
+    # a bool mask's complement: masked_fill(m, -inf) keeps x where m does not hold, i.e.
+    # mask(not m, x). Masks are 0/1 in the float semantics and any residue c in the field
+    # (a bool input is drawn uniform there): 1 - c, the polynomial that is not on {0, 1}
+    OpSpec(Op.NOT, "logic", 1, "the logical not of a bool mask",
+           floats=lambda c: (np.asarray(c) == 0).astype(np.float64), field="not",
+           torch="torch.logical_not", triton="({x} == 0)", egglog="Not",
+           guard=_fn("not"), cost=(1, 0)),
+    # np.take(table, idx, axis): the table's slices along ``axis`` picked by an int32/int64
+    # index tensor, whose shape takes the axis's place (embedding: axis 0 of a 2-D table;
+    # index_select: a 1-D index). Linear in the table: the field gathers its residues by the
+    # indices, drawn as plain integers in [0, rows) (docs/verifier.md). An index out of range
+    # raises in every backend, as torch does. The guard is the table's: a gather of exp(T)
+    # is exp of the gather (as a view's)
+    OpSpec(Op.GATHER, "gather", 2, "the table's slices along an axis at integer indices",
+           arg="the axis", floats=None, torch="torch.index_select", egglog="Gather",
+           guard="{0}", cost=(0, 0), mutants=()),
 ]
 
 SPECS: dict[Op, OpSpec] = {s.op: s for s in _ALL}
@@ -255,6 +277,7 @@ LEAF = ops_in("leaf")
 UNARY = ops_in("unary")
 BINARY = ops_in("binary")
 ELEMENTWISE = UNARY | BINARY
+LOGIC = ops_in("logic")  # bool -> bool elementwise (not): the operand's shape, a bool mask
 REDUCE = ops_in("reduce")
 MOVEMENT = ops_in("movement")
 # Movement of one operand: its values rearranged in its dtype, nothing computed (a view).
@@ -269,3 +292,4 @@ OPAQUE = frozenset(s.op for s in _ALL if s.opaque)
 # functions (per element) and max (per row: any consistent value, see docs/verifier.md).
 KEYED = OPAQUE | {Op.MAX}
 ARITY = {s.op: s.arity for s in _ALL}
+GATHERS = ops_in("gather")  # integer-indexed reads of a table (embedding, index_select)

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.node import BINARY, REDUCE, UNARY, Node, Op, make, tile_split, toposort
+from ..ir.node import BINARY, LOGIC, REDUCE, UNARY, Node, Op, make, tile_split, toposort
 from ..semantics.field import FIELD_SEMANTICS, MaskedPair
 from ..semantics.floating import FLOAT_SEMANTICS, float_ctx, round_to, uniform
 from ..semantics.interp import Outputs, Table, run
@@ -84,7 +84,7 @@ def vectorise(outputs: Mapping[str, Node], prefix: tuple[int, ...]) -> tuple[Out
                 arg = arg + g
             elif op is Op.SLICE:
                 arg = (arg[0] + g, arg[1], arg[2])
-            elif op not in UNARY:
+            elif op not in UNARY | LOGIC:
                 raise MuGraphError(f"block op {node.describe()} cannot be vectorised")
             v = make(op, tuple(srcs), arg, node.loc)
             if v.shape != prefix + node.shape:

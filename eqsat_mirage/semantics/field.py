@@ -22,6 +22,7 @@ import numpy as np
 from ..ir.errors import LaxError
 from ..ir.node import KEYED, Op, slice_index
 from ..ir.ops import SPECS, OpSpec
+from .gather import draw_indices, index_bounds, take
 from .modular import (  # noqa: F401  (re-exported: the field backend's arithmetic)
     CHUNK,
     EXACT_K,
@@ -92,7 +93,10 @@ class FieldCtx:
         The q part is drawn on first use: only inputs that reach an exp need it.
         """
         self.pinned = set()  # the inputs' arrays; q parts added when drawn
-        out = {name: LazyPair(residues(self.rng, self.p, node.shape), node.shape, self, name)
+        rows = index_bounds(program)  # an index input: plain integers in [0, rows), not
+        out = {name: _IndexPair(draw_indices(self.rng, node.shape, rows[name]))  # residues
+               if name in rows else
+               LazyPair(residues(self.rng, self.p, node.shape), node.shape, self, name)
                for name, node in program.inputs.items()}
         self.pinned.update(id(pair[0]) for pair in out.values())
         self.limb_cache = self.input_cache()
@@ -164,6 +168,21 @@ class LazyPair:
 
     def __len__(self) -> int:
         return 2
+
+
+class _IndexPair(tuple):
+    """An index input's value in a trial: the same plain integers as both parts (a gather
+    reads them as positions, not as residues)."""
+
+    def __new__(cls, idx: np.ndarray) -> _IndexPair:
+        return super().__new__(cls, (idx, idx))
+
+
+def _gather(ctx, n, x, i):
+    """GATHER: linear in the table, so each part is gathered at the plain integer indices
+    (the index operand's parts are the same integers; either may be left uncomputed)."""
+    idx = i[0] if i[0] is not None else i[1]
+    return (_p(ctx, n, lambda: take(x[0], idx, n)), _q(ctx, n, lambda: take(x[1], idx, n)))
 
 
 def _powers(base: int, n: int, m: int) -> np.ndarray:
@@ -363,9 +382,10 @@ def _reciprocal(of: Op):
     return apply
 
 
-# The exact field forms a spec's ``field`` names.
+# The exact field forms a spec's ``field`` names ("not": a bool mask c as 1 - c, exact on
+# {0, 1} and a uniform residue again for a mask drawn uniform).
 _EXACT = {"neg": lambda x, m: submod(0, x, m), "add": addmod, "sub": submod, "mul": mulmod,
-          "div": lambda a, b, m: mulmod(a, invmod(b, m), m)}
+          "div": lambda a, b, m: mulmod(a, invmod(b, m), m), "not": lambda x, m: submod(1, x, m)}
 
 
 def _from_spec(s: OpSpec):
@@ -417,6 +437,7 @@ FIELD_SEMANTICS = {
     Op.CONCAT: _movement(lambda xs, axis: np.concatenate(xs, axis=axis)),
     Op.CAST: _movement(lambda xs, dtype: xs[0]),  # exact values: a cast only rounds floats
     Op.SLICE: _movement(lambda xs, arg: np.asarray(xs[0])[slice_index(arg)]),
+    Op.GATHER: _gather,
 }
 
 

@@ -24,7 +24,7 @@ import math
 from collections.abc import Callable, Mapping
 
 from ..ir.errors import MirageError
-from ..ir.node import BINARY, REDUCE, UNARY, Op, slice_index, tile_split, toposort
+from ..ir.node import BINARY, LOGIC, REDUCE, UNARY, Op, slice_index, tile_split, toposort
 from ..ir.ops import SPECS
 from ..runtime.check import CheckedLaunch, checked, tolerance
 
@@ -88,9 +88,10 @@ class _TorchOps:
         import torch
 
         self.torch = torch
-        # the elementwise ops from their specs' torch functions (cast: by code, below)
+        # the elementwise ops (and logical not) from their specs' torch functions (cast: by
+        # code, below)
         self.unary = {op: s.torch_callable() for op, s in SPECS.items()
-                      if op in UNARY and op is not Op.CAST}
+                      if op in UNARY | LOGIC and op is not Op.CAST}
         self.binary = {op: s.torch_callable() for op, s in SPECS.items() if op in BINARY}
         self.reduce = {op: s.torch_callable() for op, s in SPECS.items() if op in REDUCE}
 
@@ -137,7 +138,22 @@ class _TorchOps:
             return torch.where(xs[0].bool(), xs[1], xs[2])
         if n.op is Op.MASK:
             return torch.where(xs[0].bool(), xs[1], float("-inf"))
+        if n.op is Op.GATHER:
+            return self.gather(n, *xs)
         raise MirageError(f"torch_reference: no torch op for {n.describe()}")
+
+    def gather(self, n, table, idx):
+        """GATHER by ``torch.index_select`` of the flattened indices, checked first: an
+        index out of range raises ``IndexRangeError`` naming the node (never a read past
+        the table, nor a device-side assert)."""
+        from .gather import IndexRangeError
+
+        rows, flat = table.shape[n.arg], idx.reshape(-1).long()
+        if flat.numel() and (bool((flat < 0).any()) or bool((flat >= rows).any())):
+            bad = int(flat[(flat < 0) | (flat >= rows)][0])
+            raise IndexRangeError(f"{n.describe()}: index {bad} is out of range for an axis "
+                                  f"of {rows} (indices lie in [0, {rows}))")
+        return self.torch.index_select(table, n.arg, flat).reshape(n.shape)
 
     def walk(self, nodes, leaves: Mapping, env: dict | None = None) -> dict:
         """Evaluate ``nodes`` (in order) into ``env`` (id(node) -> value); INPUT nodes are

@@ -256,6 +256,10 @@ def node_degree(node, ds: list[Degree]) -> Degree:
     if op is Op.SLICE:  # a range of the operand: a denominator common along an axis stays so
         a = ds[0]
         return a if a.den == 0 else replace(a, inv=a.inv | unit_axes(node.shape))
+    if op is Op.GATHER:  # elements of the table (the indices are plain integers): its
+        # degree; a denominator common along an axis is no longer known to be (rows mix)
+        a = ds[0]
+        return a if a.den == 0 else replace(a, inv=unit_axes(node.shape), groups=())
     if op is Op.TRANSPOSE:
         a = ds[0]
         if a.den == 0:
@@ -281,6 +285,9 @@ def node_degree(node, ds: list[Degree]) -> Degree:
                       abits=max(a.abits, a.nbits + a.dbits))
     if op is Op.CAUSAL:  # 0 or 1 everywhere: a constant
         return Degree()
+    if op is Op.NOT:  # 1 - c: c's degree, one more unit coefficient
+        c = ds[0]
+        return replace(c, nbits=math.log2(2.0 ** c.nbits + 1.0))
     if op is Op.MASK:  # the value where kept; the mask's degree waits for the exp
         c, x = ds
         return replace(x, keep=max(x.keep, c.num, 1 if c.num else 0))

@@ -137,9 +137,11 @@ def test_masks_written_other_ways():
     g = em.from_torch(mod, s, m)
     assert {n.arg for n in g.nodes() if n.op is Op.CAUSAL} == {(8, 8, 0)}  # a and b
     # the band mask is a constant bool input (True where masked: logical_not and == 0 are
-    # folded in torch); the bool argument's complement is a second input fed from it
+    # folded in torch); the bool argument's complement is computed in the program (issue 52:
+    # it was a second input)
     sources = g.torch_sources
-    assert sources["not_m"] == ("not", ("arg", 1))
+    assert set(sources) - {"s", "m"} == {k for k, v in sources.items() if v[0] == "const"}
+    assert any(n.op is Op.NOT and n.srcs[0] is g.inputs["m"] for n in g.nodes())
     consts = [v[1] for v in sources.values() if v[0] == "const"]
     assert len(consts) == 2 and all(torch.equal(c, mod.band == 0) for c in consts)
     got = em.evaluate(g, _numpy(graph_inputs(g, mod, s, m)))["out"]

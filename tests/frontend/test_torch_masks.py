@@ -62,9 +62,9 @@ def test_select_puts_minus_inf_last_and_keeps_the_masks_rank():
     out = select(~causal, float("-inf"), s, "masked_fill")
     assert out.node.op is Op.RESHAPE and out.shape == (1, 2, 8, 8)  # torch's broadcast rank
     assert out.node.srcs[0].op is Op.MASK
-    # -inf where a computed mask holds has no form: refused, naming the mask
-    with pytest.raises(em.UnsupportedOpError, match="complement"):
-        select(causal, float("-inf"), s, "masked_fill")
+    # -inf where a computed mask holds: kept where its logical not holds (issue 52: refused)
+    neg = select(causal, float("-inf"), s, "masked_fill").node.srcs[0]
+    assert neg.op is Op.MASK and neg.srcs[0].op is Op.NOT and neg.srcs[0].srcs[0].op is Op.CAUSAL
     finite = select(causal, -1e4, s, "masked_fill")
     assert finite.node.srcs[0].op is Op.WHERE
 
@@ -82,5 +82,5 @@ def test_a_snapshot_sees_in_place_writes_and_accepts_equal_tensors():
 def test_source_values():
     m = torch.tensor([True, False])
     fetch = {("arg", 0): m}.__getitem__
-    assert torch.equal(source_value(("not", ("arg", 0)), lambda k, r: fetch((k, r))), ~m)
+    assert source_value(("arg", 0), lambda k, r: fetch((k, r))) is m
     assert source_value(("const", m), None) is m

@@ -155,7 +155,7 @@ def _field_deps(g, seed: int) -> set[tuple[str, str]]:
     return deps
 
 
-MASKS = {em.Op.WHERE, em.Op.MASK, em.Op.CAUSAL}  # not drawn by programs() yet
+MASKS = {em.Op.WHERE, em.Op.MASK, em.Op.CAUSAL, em.Op.NOT}  # not drawn by programs() yet
 # max is a random function of its row in the field (like the opaque ones): its float value
 # depends on one element, its field value on all of them
 NON_OPAQUE = sorted(set(em.Op) - OPAQUE - MASKS - {em.Op.MAX}, key=lambda op: op.value)

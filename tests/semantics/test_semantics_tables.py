@@ -84,6 +84,8 @@ OP_CASES = {
                  lambda x, y, z: x),
     em.Op.SLICE: (lambda X, Y, Z: X[:, 1:3], lambda x, y, z: x[:, 1:3]),
     em.Op.SIGMOID: (lambda X, Y, Z: em.sigmoid(X), lambda x, y, z: 1.0 / (1.0 + np.exp(-x))),
+    em.Op.NOT: (lambda X, Y, Z: em.where(~X.graph.causal_mask(2, 3), X, Z),
+                lambda x, y, z: np.where(~np.tri(2, 3, 0, dtype=bool), x, z)),
 }
 OPS = sorted(em.Op, key=lambda o: o.value)
 IDS = [op.name.lower() for op in OPS]
@@ -113,6 +115,7 @@ def tiny_inputs(seed: int = 0) -> dict[str, np.ndarray]:
 INNER_NODES = {
     em.Op.CONST: (None, lambda x, y, z: 2.5),
     em.Op.CAUSAL: (None, lambda x, y, z: np.tri(2, 3, 0)),
+    em.Op.NOT: (None, lambda x, y, z: 1.0 - np.tri(2, 3, 0)),
     em.Op.MASK: (None, lambda x, y, z: np.where(np.tri(2, 3, 0, dtype=bool), x, -np.inf)),
 }
 

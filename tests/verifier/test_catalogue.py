@@ -257,6 +257,9 @@ IDENTITIES = [
          lambda Q, K, V: causal_av(Q, K, V), lambda Q, K, V: causal_av(Q, K, V, late=True)),
     Case("mask-select-distributes", ins("A:3x4", "B:3x4", "M:3x4:bool"),
          lambda A, B, M: em.where(M, A, B) * 2.0, lambda A, B, M: em.where(M, A * 2.0, B * 2.0)),
+    # issue 52: a bool mask's logical not swaps where's values, and ~~M is M
+    Case("mask-not-swaps-where", ins("A:3x4", "B:3x4", "M:3x4:bool"),
+         lambda A, B, M: em.where(~M, A, B), lambda A, B, M: em.where(~~M, B, A)),
     Case("flash-decoding-max-rescaled", ins("Q:4x8", "K1:8x6", "K2:8x6", "V1:6x8", "V2:6x8"),
          flash_whole_safe, flash_split_safe),
     Case("gated-mlp-commute", ins("X:4x8", "W1:8x6", "W2:8x6"),
@@ -364,6 +367,10 @@ MUTANTS = [
          @ V),
     Case("causal-mask-shifted-by-one", ins("Q:2x6x8", "K:2x8x6", "V:2x6x8"),
          lambda Q, K, V: causal_av(Q, K, V), lambda Q, K, V: causal_av(Q, K, V, offset=1)),
+    # issue 52: masked_fill(M, -inf) keeps the scores where ~M holds; the not dropped
+    Case("masked-fill-not-dropped", ins("S:2x4x6", "M:4x6:bool"),
+         lambda S, M: em.softmax(em.where(~M, S, float("-inf"))),
+         lambda S, M: em.softmax(em.where(M, S, float("-inf")))),
     Case("safe-softmax-max-over-wrong-axis", ins("Q:4x8", "K:8x6", "V:6x8"),
          safe_softmax_av, lambda Q, K, V: (lambda S: (lambda E: E / E.sum(
              axis=-1, keepdims=True))(em.exp(S - S.max(axis=0, keepdims=True))) @ V)(Q @ K)),
