@@ -39,6 +39,7 @@ from .functions import (
     sqrt,
     tanh,
 )
+from .gather import embedding, index_select
 from .graph import Tensor
 from .torch_masks import MASK_FUNCTIONS, MASK_METHODS, BoolMask, is_mask, select
 from .torch_movement import (
@@ -69,7 +70,7 @@ SUPPORTED = (
     "list or constant integer tensor of indices (x[..., [-2], :]), select, narrow, chunk, "
     "split, expand, cat, stack, repeat_interleave (an int count), flip, transpose, "
     "permute, .T, .mT, t, neg, reshape, view, flatten, unsqueeze, squeeze, contiguous, "
-    "dropout in eval mode")
+    "dropout in eval mode, embedding and nn.Embedding, index_select (int64/int32 indices)")
 
 
 def _as(x: Tensor, dtype: Any, what: str) -> Tensor:
@@ -355,6 +356,32 @@ METHODS = {
 }
 
 
+# -- gathers: embedding lookups and index_select ----------------------------------------------
+def _embedding(idx: Any, weight: Any, padding_idx: Any = None, max_norm: Any = None,
+               norm_type: float = 2.0, scale_grad_by_freq: bool = False,
+               sparse: bool = False) -> Tensor:
+    """``F.embedding(idx, weight)``: rows of ``weight`` (padding_idx only changes the
+    gradient; max_norm renormalizes the table in place: refused)."""
+    refuse(max_norm, "embedding(max_norm=...) (it renormalizes the table in place)")
+    return embedding(tensor_arg(weight, "embedding"), tensor_arg(idx, "embedding"))
+
+
+def _index_select(x: Any, dim: int, index: Any, *, out: Any = None) -> Tensor:
+    refuse(out, "out=")
+    return index_select(tensor_arg(x, "index_select"), dim, tensor_arg(index, "index_select"))
+
+
+def _aten_embedding(weight: Any, idx: Any, padding_idx: int = -1,
+                    scale_grad_by_freq: bool = False, sparse: bool = False) -> Tensor:
+    return _embedding(idx, weight)
+
+
+GATHER_FUNCTIONS = {F.embedding: _embedding, torch.embedding: _aten_embedding,
+                    torch.index_select: _index_select}
+FUNCTIONS.update(GATHER_FUNCTIONS)
+METHODS["index_select"] = _index_select
+
+
 # -- aten ops (graphs from AOTAutograd or export), keyed by overload packet ----------------
 def _addmm(bias: Any, m1: Any, m2: Any, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
     y = _matmul(m1, m2)
@@ -380,6 +407,7 @@ ATEN = {
     _A.sigmoid: FUNCTIONS[torch.sigmoid],
     _A.sum: FUNCTIONS[torch.sum], _A.mean: FUNCTIONS[torch.mean], _A.amax: FUNCTIONS[torch.amax],
     **MOVEMENT_ATEN,
+    _A.embedding: _aten_embedding, _A.index_select: _index_select,
 }
 
 
@@ -423,4 +451,6 @@ MODULES = {
     nn.Tanh: lambda cv, mod, path, x: _unary(tanh, "nn.Tanh")(x),
     **MOVEMENT_MODULES,
     nn.Sigmoid: lambda cv, mod, path, x: _unary(sigmoid, "nn.Sigmoid")(x),
+    nn.Embedding: lambda cv, mod, path, idx: _embedding(
+        idx, cv.param(f"{path}.weight"), max_norm=mod.max_norm),
 }

@@ -8,8 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.node import Node, Op, slice_index
+from ..ir.node import INDEX_DTYPES, Node, Op, slice_index
 from ..ir.ops import NAN_STRICT, SPECS, VIEWS
+from .gather import checked_indices, take
 from .gemm import matmul as gemm
 from .interp import Later, check_inputs, made, run
 
@@ -159,6 +160,8 @@ def round_to(x: np.ndarray, dtype: str | None) -> np.ndarray:
         return _spread(round_to(_one(x), dtype), np.shape(x))
     if dtype == "bool":  # a mask: 1.0 where it holds, else 0.0
         return (np.asarray(x) != 0).astype(np.float32)
+    if dtype in INDEX_DTYPES:  # integer indices: exact in float64, never rounded
+        return np.asarray(x, dtype=np.float64)
     if dtype == "float16":
         return _round_half(x)
     if dtype == "bfloat16":
@@ -200,7 +203,7 @@ class FloatCtx:
 
     def fix(self, node: Node, value: Any) -> np.ndarray:
         """Apply the precision policy to a node's result."""
-        if self.mode is None:
+        if self.mode is None or node.dtype in INDEX_DTYPES:  # indices: exact integers
             return np.asarray(value, dtype=np.float64)
         if node.op is Op.CAST and self.mode != "native":  # a cast rounds whatever the mode
             value = round_to(value, node.arg)  # (a MuGraph's tiles: float32 registers, as
@@ -314,7 +317,16 @@ FLOAT_SEMANTICS = {
     Op.RESHAPE: lambda ctx, n, x: np.reshape(x, n.arg),
     Op.CONCAT: lambda ctx, n, *xs: np.concatenate(xs, axis=n.arg),
     Op.SLICE: lambda ctx, n, x: x[slice_index(n.arg)],
+    Op.GATHER: lambda ctx, n, x, i: _gather(ctx, n, x, i),
 }
+
+
+def _gather(ctx, n, x, i):
+    """GATHER: the table's slices at the (checked) indices; one value stays one."""
+    if np.ndim(x) and uniform(x):
+        checked_indices(i, n.srcs[0].shape[n.arg], n)
+        return _spread(_one(x), n.shape)
+    return take(x, i, n)
 
 
 def _all_nan(x: Any) -> bool:

@@ -12,7 +12,7 @@ import threading
 
 import numpy as np
 
-from ..ir.node import Op
+from ..ir.node import INDEX_DTYPES, Op
 from ..semantics.floating import (
     EVERY_HALF,
     FLOAT_SEMANTICS,
@@ -25,6 +25,7 @@ from ..semantics.floating import (
     to_half,
     uniform,
 )
+from ..semantics.gather import draw_indices, index_bounds
 from ..semantics.interp import Outputs, run
 from ..semantics.modular import DRAW_CHUNK, chunked
 from .corners import offset as common_offset
@@ -93,6 +94,17 @@ def standard_normal(rng: np.random.Generator, shape: tuple[int, ...],
     return chunked(rng, shape, np.float16 if half else np.float32, fill)
 
 
+def _index_draws(a, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Each integer index input of ``a``: valid indices (``gather.draw_indices``, 0 and the
+    largest among them) as exact float32 (float64 past 2^24 rows), from a generator
+    seeded by ``rng``'s next draw."""
+    g = np.random.default_rng(int(rng.integers(0, 2**62)))
+    rows = index_bounds(a)
+    return {n: draw_indices(g, node.shape, rows[n]).astype(
+        np.float32 if rows[n] <= 2**24 else np.float64)
+        for n, node in a.inputs.items() if node.dtype in INDEX_DTYPES}
+
+
 class Draws:
     """One standard-normal draw per input, scaled, folded (|z|), replaced by a constant, or
     spread over the inputs' exponent ranges on demand; the first program's outputs per draw
@@ -113,6 +125,10 @@ class Draws:
                        for n, node in a.inputs.items()}
         # a search's memo keeps every rounded draw, when they are small (``keeps_draws``)
         self.keeps = memo is not None and keeps_draws(a)
+        # an integer index input: the same valid indices in every draw (``_indexed``), drawn
+        # from a generator of its own (the float inputs' draws stay as they were)
+        self.index = _index_draws(a, rng) if any(
+            n.dtype in INDEX_DTYPES for n in a.inputs.values()) else {}
         self.base = int(rng.integers(0, 2**62))  # the exponent-range draws' own generators
         self.lock = threading.Lock()  # the memo's short updates; each long first-time
         # computation has a lock of its own, so that no other holds up the checks that
@@ -136,12 +152,29 @@ class Draws:
         if kind in ("signed", "folded"):
             return s * self.top
         return max((float(np.max(np.abs(x), initial=0.0))
-                    for x in self.rounded(kind, s).values()), default=0.0)
+                    for n, x in self.rounded(kind, s).items() if n not in self.index),
+                   default=0.0)
 
     def _range(self, name: str) -> tuple[int, int]:
         return EXP_RANGE.get(self._dtypes[name], EXP_RANGE["float32"])
 
     def inputs(self, kind: str, s: float) -> dict:
+        """The inputs of the draw (``kind``, ``s``) as drawn (float64 or float32 arrays, or
+        ``LazyInputs`` made as they are read); an index input holds its drawn indices."""
+        return self._indexed(self._drawn(kind, s))
+
+    def _indexed(self, values):
+        """``values`` with each integer index input's drawn indices in place of its draw:
+        indices are positions, never scaled, folded or rounded (docs/verifier.md)."""
+        if not self.index:
+            return values
+        index = self.index
+        if isinstance(values, LazyInputs):
+            return LazyInputs(values.names, lambda n: index[n] if n in index else values[n],
+                              keep=lambda n: index[n] if n in index else values.keep(n))
+        return {n: index.get(n, x) for n, x in values.items()}
+
+    def _drawn(self, kind: str, s: float) -> dict:
         if kind.endswith("@h"):  # the same draw, every float input times ``headroom``
             out = {}
             for n, x in self.inputs(kind[:-2], s).items():
@@ -264,7 +297,10 @@ class Draws:
         float32 arrays; kept in the memo in the inputs' own 2-byte formats (``packed``),
         except a draw at the headroom (``@h``): only the first program reads it, once."""
         if kind.endswith("@h"):
-            return self._rounded(kind, s)
+            return self._indexed(self._rounded(kind, s))
+        return self._indexed(self._rounded_draw(kind, s))
+
+    def _rounded_draw(self, kind: str, s: float) -> dict:
         cur = self._current  # up to four evaluations read a draw in a row (the first
         if getattr(cur, "key", None) != (kind, s):  # program, at the headroom, its truth,
             cur.key = cur.value = None  # the second): unpacked once per thread, the last
@@ -420,8 +456,8 @@ class Draws:
         key = ("finite", tuple(float(values[n]) for n in self.normal))
         if key in self.memo:
             return self.memo[key]
-        out = evaluate(self.a, rounded_inputs(self.a, {
-            n: np.broadcast_to(np.float64(v), self.normal[n].shape) for n, v in values.items()}),
+        out = evaluate(self.a, rounded_inputs(self.a, self._indexed({
+            n: np.broadcast_to(np.float64(v), self.normal[n].shape) for n, v in values.items()})),
             dtype="native", rounded=True)
         with np.errstate(invalid="ignore"):
             found = all(bool(np.all(np.abs(x) < self.limit)) for x in out.values())

@@ -1,0 +1,79 @@
+"""The gather op (``Op.GATHER``: embedding, index_select) shared by the backends.
+
+``gather(table, idx)`` along axis ``a`` is ``np.take(table, idx, axis=a)``: the table's
+slices along ``a`` picked by an integer index tensor, whose shape takes the axis's place.
+Every backend checks the indices first and raises ``IndexRangeError`` naming the node for
+a negative or too large index (torch raises there; nothing is read out of bounds).
+
+The verifier draws an index input as integers in ``[0, rows)``, ``rows`` the size of the
+axis it indexes (``index_bounds``), with 0 and rows - 1 among them (``draw_indices``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..ir.errors import InputError
+from ..ir.node import INDEX_DTYPES, MOVEMENT, Node, Op
+
+
+class IndexRangeError(InputError):
+    """An index of a gather (embedding, index_select) is negative or past the table."""
+
+
+def checked_indices(idx: Any, rows: int, node: Node) -> np.ndarray:
+    """``idx`` (any real array holding integers) as int64, checked to lie in ``[0, rows)``:
+    an ``IndexRangeError`` naming ``node`` otherwise."""
+    given = np.asarray(idx)
+    out = given.astype(np.int64)
+    if given.dtype.kind == "f" and not np.array_equal(out, given):
+        raise IndexRangeError(f"{node.describe()}: indices must be integers")
+    if out.size and (int(out.min()) < 0 or int(out.max()) >= rows):
+        bad = out[(out < 0) | (out >= rows)].reshape(-1)[0]
+        raise IndexRangeError(f"{node.describe()}: index {int(bad)} is out of range for an "
+                              f"axis of {rows} (indices lie in [0, {rows}))")
+    return out
+
+
+def take(table: Any, idx: Any, node: Node) -> np.ndarray:
+    """The gather of ``node`` (``Op.GATHER``, its axis in ``arg``) on NumPy values."""
+    axis = node.arg
+    ix = checked_indices(idx, node.srcs[0].shape[axis], node)
+    return np.take(np.asarray(table), ix, axis=axis)
+
+
+def _index_inputs(node: Node) -> list[Node]:
+    """The index inputs ``node`` (an index tensor) is moved from."""
+    if node.op is Op.INPUT:
+        return [node]
+    if node.op in MOVEMENT:
+        return [x for s in node.srcs for x in _index_inputs(s)]
+    return []
+
+
+def index_bounds(program) -> dict[str, int]:
+    """``{index input: rows}``: each integer input of ``program`` and the size of the
+    smallest axis a gather indexes with it (its valid values: ``[0, rows)``)."""
+    out: dict[str, int] = {}
+    for node in program.nodes():
+        if node.op is Op.GATHER:
+            rows = node.srcs[0].shape[node.arg]
+            for inp in _index_inputs(node.srcs[1]):
+                out[inp.arg] = min(out.get(inp.arg, rows), rows)
+    for name, node in program.inputs.items():
+        if node.dtype in INDEX_DTYPES and name not in out:
+            out[name] = 1  # indexes nothing: any valid index is 0
+    return out
+
+
+def draw_indices(rng: np.random.Generator, shape: tuple[int, ...], rows: int) -> np.ndarray:
+    """Uniform integers in ``[0, rows)`` of ``shape`` (int64), the first 0 and the last
+    ``rows - 1`` (the extremes of the range, where an off-by-one reads past or short)."""
+    out = rng.integers(0, rows, size=shape, dtype=np.int64)
+    flat = out.reshape(-1)
+    if flat.size:
+        flat[0] = 0
+        flat[-1] = rows - 1
+    return out
