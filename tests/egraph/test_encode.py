@@ -145,8 +145,19 @@ def gates() -> em.Graph:
     return g
 
 
+def gathers() -> em.Graph:
+    """An embedding lookup (a 2-d index) and an index_select along axis 1 (issue 52)."""
+    g = em.Graph("gathers")
+    table = g.input("E", (16, 8), dtype="float32")
+    ids = g.input("ids", (2, 3), dtype="int64")
+    cols = g.input("cols", (5,), dtype="int32")
+    g.output(em.rms_norm(em.embedding(table, ids), axis=-1), "h")
+    g.output(em.exp(em.index_select(table, 1, cols)), "picked")
+    return g
+
+
 PROGRAMS = {f.__name__: f for f in (elementwise, reductions, transposes, concats, matmuls, masked,
-                                    reshapes, mixed, hf_ops, gates)}
+                                    reshapes, mixed, hf_ops, gates, gathers)}
 
 
 def test_programs_cover_every_op():

@@ -86,7 +86,11 @@ OP_CASES = {
     em.Op.SIGMOID: (lambda X, Y, Z: em.sigmoid(X), lambda x, y, z: 1.0 / (1.0 + np.exp(-x))),
     em.Op.NOT: (lambda X, Y, Z: em.where(~X.graph.causal_mask(2, 3), X, Z),
                 lambda x, y, z: np.where(~np.tri(2, 3, 0, dtype=bool), x, z)),
+    # rows of X.T (3, 2) at the index input I (tiny_inputs: IDX; the field draws its own)
+    em.Op.GATHER: (lambda X, Y, Z: em.embedding(X.T, X.graph.input("I", (2, 2), "int64")),
+                   lambda x, y, z: x.T[IDX]),
 }
+IDX = np.array([[0, 2], [1, 0]])  # the gather's indices: both extremes of [0, 3)
 OPS = sorted(em.Op, key=lambda o: o.value)
 IDS = [op.name.lower() for op in OPS]
 
@@ -105,10 +109,13 @@ def tiny(op: em.Op, dtype: str = "float32") -> tuple[em.Graph, em.Node]:
     return g, node
 
 
-def tiny_inputs(seed: int = 0) -> dict[str, np.ndarray]:
+def tiny_inputs(seed: int = 0, g: em.Graph | None = None) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return {"X": rng.standard_normal((2, 3)), "Y": rng.standard_normal((3, 2)),
-            "Z": rng.uniform(0.5, 2.0, (2, 3))}
+    out = {"X": rng.standard_normal((2, 3)), "Y": rng.standard_normal((3, 2)),
+           "Z": rng.uniform(0.5, 2.0, (2, 3))}
+    if g is not None and "I" in g.inputs:  # the gather's index input
+        out["I"] = IDX
+    return out
 
 
 # The value of the op's node where the tiny program's output is more than it (as OP_CASES).
@@ -124,7 +131,7 @@ INNER_NODES = {
 def test_op_has_float_semantics(op):
     """The table's entry, applied to the op's node and its operands' values, computes the op."""
     g, node = tiny(op)
-    inputs = tiny_inputs()
+    inputs = tiny_inputs(g=g)
     ctx = float_ctx(g, inputs, None, False)
     env = run(g, FLOAT_SEMANTICS, ctx, outputs=False)
     got = np.broadcast_to(FLOAT_SEMANTICS[op](ctx, node, *(env[id(s)] for s in node.srcs)),
@@ -194,7 +201,7 @@ def test_degree_rules_on_known_nodes():
 @pytest.mark.parametrize("op", OPS, ids=IDS)
 def test_float_evaluate_matches_numpy(op):
     g, _ = tiny(op)
-    inputs = tiny_inputs()
+    inputs = tiny_inputs(g=g)
     got = em.evaluate(g, inputs)["O"]
     want = OP_CASES[op][1](inputs["X"], inputs["Y"], inputs["Z"])
     assert got.dtype == np.float64 and got.shape == g.outputs["O"].shape
@@ -204,7 +211,7 @@ def test_float_evaluate_matches_numpy(op):
 @pytest.mark.parametrize("op", OPS, ids=IDS)
 def test_float16_native_outputs_are_float16_values(op):
     g, _ = tiny(op, dtype="float16")
-    inputs = tiny_inputs(1)
+    inputs = tiny_inputs(1, g)
     got = em.evaluate(g, inputs, dtype="native")["O"]
     assert np.array_equal(got.astype(np.float16).astype(np.float64), got)
     ref = em.evaluate(g, inputs)["O"]
@@ -437,7 +444,7 @@ def test_a_nan_strict_op_is_nan_everywhere_on_an_operand_nan_everywhere(op, mode
     from eqsat_mirage.semantics.floating import evaluate
 
     g, node = tiny(op, "float16")
-    inputs = tiny_inputs()
+    inputs = tiny_inputs(g=g)
     ctx = float_ctx(g, inputs, mode, False)
     env = run(g, FLOAT_SEMANTICS, ctx, outputs=False)
     operands = [env[id(s)] for s in node.srcs]
