@@ -111,6 +111,13 @@ _PREFIX = "eqsat_mirage_part_"
 _COMPOSITE = frozenset({torch.nn.functional.scaled_dot_product_attention})
 
 
+def launch_mode(graph, cuda_graph) -> str:
+    """How a partition's kernels will launch, which prices each launch (``optimize``'s
+    ``launch``): "graph" where the backend replays it as a CUDA graph (``cuda_graph`` on and
+    every size fixed), else "plain" (a shape family, or ``cuda_graph=False``)."""
+    return "graph" if cuda_graph and not graph.is_family else "plain"
+
+
 AUTO_BASE_S = 300.0  # time_limit_s="auto": the cap of a graph of toy size (a cap: searches
 #   stop on work done, so a busy machine gives the same partitions, later)
 
@@ -394,6 +401,7 @@ class Backend:
             options = dict(self.options)
             if time_limit_s is not None:
                 options["time_limit_s"] = time_limit_s
+            options.setdefault("launch", launch_mode(graph, self.cuda_graph))
             entry.result = optimize(graph, **options)
             if not improved(entry.result):  # nothing better found: the eager ops stay
                 entry.status, entry.reason = "unchanged", unchanged_reason(entry.result)

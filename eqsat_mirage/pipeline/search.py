@@ -204,7 +204,7 @@ class Search:
         loaded = load_rule_files(options.rules)
         self.stats = {"target": self.hardware.name, "target_spec": str(options.target),
                       "guards": options.guards, "rules": len(loaded[1]),
-                      "level": options.level, "cache": "off"}
+                      "level": options.level, "launch": options.launch, "cache": "off"}
         try:
             check_lax(self.graph)
             self.lax = True

@@ -215,7 +215,8 @@ def optimize_whole(graph, options: SearchOptions, cache, progress,
     entries = [_entry(p, r, first[text], d, share.get(first[text]))
                for p, r, text, d in zip(pieces, results, texts, did)]
     stats = {"target": hw.name, "target_spec": str(options.target), "level": options.level,
-             "guards": options.guards, "cache": "pieces", "pieces": entries,
+             "launch": options.launch, "guards": options.guards, "cache": "pieces",
+             "pieces": entries,
              "partition_seconds": t_part, "search_seconds": t_search,
              "time_limit_s": limit, "time_limit_auto": options.time_limit_s == AUTO}
     failed, ran = None, FloatCheck(None, False, False, 0.0, "not needed (every piece unchanged)")

@@ -267,3 +267,31 @@ def test_a_llama_layer_replays_as_cuda_graphs_on_a_gpu():
     assert s["cuda_graphs"], s["launches"]
     assert all(how.startswith("CUDA graph") for how in s["launches"].values()), s["launches"]
     torch.testing.assert_close(got[0], got[3])  # not overwritten by the calls after it
+
+
+@pytest.mark.parametrize("cuda_graph, launch", [(True, "graph"), (False, "plain")])
+def test_the_search_prices_the_launch_that_will_run(cuda_graph, launch):
+    """A static partition replayed as a CUDA graph is searched with launch="graph" (each
+    kernel at the profile's replay cost), one launched plainly with launch="plain"; a
+    launch= given to the backend wins."""
+    model, be, fast = _compiled(cuda_graph)
+    with torch.no_grad():
+        fast(torch.randn(4, 8))
+    (entry,) = [e for e in be.report if e.result is not None]
+    assert entry.result.stats["launch"] == launch
+    model, be, fast = _compiled(cuda_graph, launch="plain")
+    with torch.no_grad():
+        fast(torch.randn(4, 8))
+    assert all(e.result.stats["launch"] == "plain" for e in be.report if e.result is not None)
+
+
+def test_a_family_is_priced_at_plain_launches():
+    from eqsat_mirage.dynamo.backend import launch_mode
+
+    g = em.Graph("f")
+    n = em.Dim("n", hint=16)
+    g.output(g.input("x", (n, 8)) @ g.input("w", (8, 4)), "y")
+    assert launch_mode(g, True) == "plain"
+    s = em.Graph("s")
+    s.output(s.input("x", (16, 8)) @ s.input("w", (8, 4)), "y")
+    assert (launch_mode(s, True), launch_mode(s, False)) == ("graph", "plain")
