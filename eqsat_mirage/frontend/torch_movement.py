@@ -255,8 +255,9 @@ def _index_items(x: Tensor, index: Any) -> list:
     items = list(index) if isinstance(index, tuple) else [index]
     for i in items:
         if isinstance(i, (Tensor, Empty)):
-            raise UnsupportedOpError(f"indexing with a computed tensor (x[{index!r}]): only "
-                                     "constant indices are supported")
+            raise UnsupportedOpError(f"indexing with a tensor of the program, an input or a "
+                                     f"computed one (x[{index!r}]): only constant indices "
+                                     "are supported")
         held = torch.as_tensor(i) if isinstance(i, (list, torch.Tensor)) else None
         if isinstance(i, bool) or (held is not None and (
                 held.dtype == torch.bool or held.is_floating_point() or held.is_complex())):
