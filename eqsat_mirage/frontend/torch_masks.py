@@ -13,10 +13,12 @@ still holds the value it was folded at, and ``graph_inputs`` refuses a changed o
 ``masked_fill(m, v)`` is ``where(m, v, x)``, i.e. ``where(~m, x, v)``: a ``BoolMask`` keeps a
 graph bool tensor and whether it is negated, so ``~`` costs nothing and a ``-inf`` fill
 lands in the third argument of ``em.where`` (the ``mask`` op, which the verifier handles).
-A ``-inf`` where a bool graph tensor holds (nanoGPT's ``masked_fill(mask, -inf)`` with a
-``mask`` argument) keeps ``x`` where its logical not holds: ``mask(not m, x)``, computed in
-the program (the function's inputs stay its arguments). ``mask == 0`` and ``mask == False``
-of a bool graph tensor are its complement, ``mask != 0`` and ``mask == 1`` the mask.
+``~``, ``logical_not``, ``mask == 0`` and ``mask == False`` of a bool graph tensor are its
+logical not (``em.logical_not``; ``not not y`` is ``y``), ``mask != 0`` and ``mask == 1`` the
+mask; ``select`` reads ``where(not y, a, b)`` as ``where(y, b, a)``, so a not is computed
+only where a ``-inf`` lands where the mask holds (nanoGPT's ``masked_fill(mask, -inf)`` with
+a ``mask`` argument): ``mask(not m, x)``, inside the program (its inputs stay the function's
+arguments; a ``not_mask`` input was added before issue 52).
 """
 
 from __future__ import annotations
