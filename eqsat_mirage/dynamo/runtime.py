@@ -29,6 +29,7 @@ from ..frontend.torch_masks import source_value
 from ..ir.dims import DynamicShapeError
 from ..ir.errors import unexpected
 from ..runtime.check import LaunchCheckError
+from ..semantics.gather import IndexRangeError
 from ..semantics.torch_reference import checked_against, torch_reference
 from .replay import Replay
 
@@ -184,6 +185,10 @@ class OptimizedPartition(torch.nn.Module):
             got = fn(**{n: t.contiguous() for n, t in feed.items()})
         except DynamicShapeError as exc:  # sizes that should agree do not, or out of range
             return self._eager_call(str(exc), args)
+        except (IndexRangeError, IndexError) as exc:  # an index past a gather's table (the
+            # torch reference's check, or torch.index_select's in the generated module): this
+            # call runs eagerly, where torch raises it; the next call may be valid
+            return self._eager_call(f"{type(exc).__name__}: {exc}", args)
         except LaunchCheckError as exc:  # the code that ran disagrees with the input program
             self.failed = True
             self.entry.status = "fallback"
