@@ -11,8 +11,8 @@ Python. Ops computed from buffers alone are folded in torch at trace time: a com
 of a mask buffer (nanoGPT's ``self.bias[:, :, :T, :T] == 0``) becomes the causal mask
 built from positions, or a constant bool input, and the buffer is no input any more
 (``torch_masks``). An op outside the table raises ``UnsupportedOpError`` naming the op and
-the source line; a dtype other than float16, bfloat16 and float32 raises
-``DTypeError``.
+the source line; a dtype other than float16, bfloat16, float32 (bool masks, and int64 or
+int32 index tensors: token ids of an embedding lookup) raises ``DTypeError``.
 
 ``softmax`` becomes ``em.softmax``: ``exp(x - max) / sum(exp(x - max))``, max-subtracted
 as torch computes it, so large logits do not overflow; of a float16 or bfloat16 tensor it
@@ -192,7 +192,8 @@ def dtype_of(value: Any, what: str) -> str:
         return canonical_dtype(value.dtype)
     except DTypeError:
         raise DTypeError(f"{what}: dtype {value.dtype} is not supported (eqsat-mirage "
-                         f"supports {', '.join(DTYPES)})") from None
+                         f"supports {', '.join(DTYPES)}, bool masks and int64/int32 "
+                         "indices)") from None
 
 
 class Converter:
@@ -403,7 +404,8 @@ def from_torch(fn_or_module: Any, *example_inputs: Any, name: str | None = None,
     (positional) and ``example_kwargs`` (by argument name; ``name`` names the graph).
 
     Placeholders become inputs named after the function's arguments, with the
-    example inputs' shapes and dtypes (float16, bfloat16 or float32; Python numbers
+    example inputs' shapes and dtypes (float16, bfloat16 or float32; int64 or int32
+    index tensors, used only as a gather's indices; Python numbers
     are baked in as constants); parameters and buffers become inputs named after
     their path, made identifiers ("proj.weight" -> ``proj_weight``). Outputs: a
     single tensor is ``out``, a tuple/list ``out0``, ``out1``, ..., a dict keeps its

@@ -305,10 +305,19 @@ def test_untraceable_control_flow():
         em.from_torch(branchy, torch.randn(2))
 
 
-@pytest.mark.parametrize("dtype", ["float64", "int32"])
+@pytest.mark.parametrize("dtype", ["float64", "uint8"])
 def test_bad_dtype(dtype):
     x = torch.ones(2, 3, dtype=getattr(torch, dtype))
     with pytest.raises(em.DTypeError, match=rf"input 'Q'.*{dtype}.*float16, bfloat16, float32"):
+        em.from_torch(gqa, x, torch.ones(3, 2), torch.ones(2, 2))
+
+
+def test_integer_tensor_in_arithmetic_names_the_op():
+    """An int32 input is an index tensor (issue 52): a matmul of it is refused where it is
+    written, naming the op and its source line."""
+    x = torch.ones(2, 3, dtype=torch.int32)
+    with pytest.raises(em.DTypeError, match=r"matmul of input 'Q'.*integer index tensor.*"
+                                            r"converting operator.matmul"):
         em.from_torch(gqa, x, torch.ones(3, 2), torch.ones(2, 2))
 
 
