@@ -26,6 +26,7 @@ import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..ir.errors import TimeLimitError
 from .concat import CodegenError
 
 ARCH = {"h100": 90, "h200": 90, "a100": 80}  # compute capability of each built-in target
@@ -172,11 +173,14 @@ def _resources(ptx: str, arch: int, name: str) -> dict[str, int]:
     return {k: int(m.group(1)) if (m := re.search(rx, text)) else 0 for k, rx in found.items()}
 
 
-def compile_report(source: str, target: str = "h100") -> list[KernelResources]:
+def compile_report(source: str, target: str = "h100", deadline=None) -> list[KernelResources]:
     """Compile each kernel launched by the generated module ``source`` for ``target``.
 
     Raises ``CodegenError`` naming the kernel when the compiler fails (Triton's compiler
-    and the ptxas/cuobjdump in its wheel are needed; no GPU is).
+    and the ptxas/cuobjdump in its wheel are needed; no GPU is). Past ``deadline`` (an
+    ``ir.limits.Deadline``) it stops with a ``TimeLimitError`` and keeps nothing: in this
+    process between kernels (one kernel's compile cannot be interrupted), in the child
+    process of ``TRITON_INTERPRET=1`` at the deadline itself (the child is killed).
     """
     if target not in ARCH:
         raise CodegenError(f"compile_report: no compute capability known for target "
@@ -186,27 +190,24 @@ def compile_report(source: str, target: str = "h100") -> list[KernelResources]:
         # a process that runs kernels under TRITON_INTERPRET=1 has triton.language in its
         # interpreted form, which the compiler cannot use: compile in a clean child process
         interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-        _CACHE[key] = _in_child(source, target) if interpreted else _compile(source, target)
+        _CACHE[key] = (_in_child(source, target, deadline) if interpreted
+                       else _compile(source, target, deadline))
     return _CACHE[key]
 
 
-def _in_child(source: str, target: str) -> list[KernelResources]:
-    """``_compile`` in a child Python without TRITON_INTERPRET (source on its stdin)."""
-    import json
-    import sys
+def _in_child(source: str, target: str, deadline=None) -> list[KernelResources]:
+    """``_compile`` in a child Python without TRITON_INTERPRET, one kept for this process's
+    lifetime (``buildserver.SERVER``: no imports per build), killed at ``deadline``
+    (``TimeLimitError``)."""
+    from .buildserver import SERVER
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", __name__, target], input=source, text=True,
-                          capture_output=True, env=env, timeout=600)
-    if proc.returncode != 0:
-        lines = proc.stderr.strip().splitlines()
-        raise CodegenError(lines[-1] if lines else f"compiler process failed ({proc.returncode})")
     return [KernelResources(**{**d, "grid": tuple(d["grid"])})
-            for d in json.loads(proc.stdout)]
+            for d in SERVER.build(source, target, deadline)]
 
 
-def _compile(source: str, target: str) -> list[KernelResources]:
-    """Compile in this process (which must not run the interpreter)."""
+def _compile(source: str, target: str, deadline=None) -> list[KernelResources]:
+    """Compile in this process (which must not run the interpreter), kernel by kernel, the
+    ``deadline`` checked before each (``TimeLimitError``)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -215,6 +216,9 @@ def _compile(source: str, target: str) -> list[KernelResources]:
     for name, fn, grid, args, kwargs in record_launches(_load(source)):
         sig, consts, options = _signature(fn, args, kwargs)
         options = {"num_warps": 4, "num_stages": 3, **options}  # Triton's defaults if absent
+        if deadline is not None and deadline.expired():
+            raise TimeLimitError(f"the compile for {target} was stopped at its time limit "
+                                 f"({deadline.seconds:g} s) before kernel {name!r}")
         t = time.perf_counter()
         try:
             with _interpreter(False):
@@ -233,17 +237,42 @@ def _compile(source: str, target: str) -> list[KernelResources]:
     return out
 
 
-def _main() -> None:
-    """The child process of ``_in_child``: source on stdin, resources as JSON on stdout."""
+def _answer(source: str, target: str) -> dict:
+    """One build's answer in the child: its kernels' resources, or the error's last
+    traceback line (``CodegenError: ...`` for the compiler's refusals)."""
     import dataclasses
+    import traceback
+
+    try:
+        return {"kernels": [dataclasses.asdict(r) for r in _compile(source, target)]}
+    except CodegenError as exc:
+        return {"error": f"CodegenError: {exc}"}
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which refuses the plan
+        return {"error": traceback.format_exception_only(exc)[-1].strip()}
+
+
+def _main() -> None:
+    """The child process: ``--serve`` (``buildserver.BuildServer``'s: a JSON request a line
+    on stdin, an answer a line on stdout, whatever else writes to stdout sent to stderr,
+    until stdin closes), or one build (source on stdin, the target as argument, resources
+    as JSON on stdout)."""
     import json
     import sys
 
-    try:
-        out = _compile(sys.stdin.read(), sys.argv[1])
-    except CodegenError as exc:
-        sys.exit(f"CodegenError: {exc}")
-    print(json.dumps([dataclasses.asdict(r) for r in out]))
+    if sys.argv[1] != "--serve":
+        got = _answer(sys.stdin.read(), sys.argv[1])
+        if "error" in got:
+            sys.exit(got["error"])
+        print(json.dumps(got["kernels"]))
+        return
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    for line in sys.stdin:
+        if line.strip():
+            ask = json.loads(line)
+            out.write(json.dumps(_answer(ask["source"], ask["target"])) + "\n")
+            out.flush()
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from ..cost.profile import GPUProfile
 from ..cost.tiles import tile_key, warps_for
+from ..ir.errors import TimeLimitError
 from ..mugraph.kernels import CustomKernel
 from ..mugraph.program import MuGraph
 from .compiled import ARCH, KernelResources, compile_report
@@ -71,15 +72,20 @@ def _problem(r: KernelResources, smem_limit: float) -> str:
 def tune(mugraph: MuGraph, target: str = "h100", deadline=None) -> TuneResult:
     """Compile ``mugraph``'s custom kernels for ``target``; pin clean warp counts, refuse the
     rest (see the module docstring). ``target`` is a built-in profile name (``ARCH``).
-    Past ``deadline`` (an ``ir.limits.Deadline``) no other warp count is tried: a kernel not
-    yet clean is left unpinned and the result is ``cut_short`` (nothing refused)."""
+    Past ``deadline`` (an ``ir.limits.Deadline``) no other warp count is tried, and a build
+    under way stops between kernels (``compile_report``): a kernel not yet clean is left
+    unpinned and the result is ``cut_short`` (nothing refused)."""
     t0 = time.perf_counter()
     out = TuneResult(target)
     limit = GPUProfile.load(target).smem_per_block_KiB * 1024
     custom = [k for k in mugraph.kernels if isinstance(k, CustomKernel)]
     if not custom:
         return out
-    builds = compile_report(triton_source(mugraph), target)
+    try:
+        builds = compile_report(triton_source(mugraph), target, deadline)
+    except TimeLimitError:  # the deadline came during the first build: nothing known
+        out.cut_short, out.seconds = True, time.perf_counter() - t0
+        return out
     out.compiles += 1
     for k, r in zip(custom, builds):
         why = _problem(r, limit)
@@ -92,7 +98,11 @@ def tune(mugraph: MuGraph, target: str = "h100", deadline=None) -> TuneResult:
                 k.num_warps, out.cut_short = None, True
                 break
             k.num_warps = w
-            again = compile_report(triton_source(mugraph), target)
+            try:
+                again = compile_report(triton_source(mugraph), target, deadline)
+            except TimeLimitError:
+                k.num_warps, out.cut_short = None, True
+                break
             out.compiles += 1
             r2 = again[custom.index(k)]
             problem = _problem(r2, limit)

@@ -16,6 +16,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+# imported with this module, not at the first ILP: under load the import of scipy.optimize
+# takes up to 8 s, which inside a search overran extraction's share of its time limit
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import lil_matrix
+
 from ..cost.per_op import Hardware, graph_cost_us
 from ..ir.errors import MirageError, TimeLimitError
 from ..ir.limits import Deadline
@@ -83,9 +88,6 @@ def _ilp(ev: EGraphView, roots, warm: dict[str, str], time_limit_s: float) -> di
     """Exact DAG extraction as a MILP (HiGHS via scipy), bounded by ``ILP_NODE_LIMIT``
     branch-and-bound nodes and capped at ``time_limit_s``. The benchmarks' MILPs solve at
     the root (0 or 1 nodes, 0.05-0.2 s), so the answer does not depend on the clock."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import lil_matrix
-
     reach: set[str] = set()
     stack = list(roots)
     while stack:

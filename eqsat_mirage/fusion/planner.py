@@ -187,6 +187,10 @@ class Planner(OpSpace):
                                      if id(n) in origin]),)
         return ix, prefer_pow2_chunks(ix, scheds), key, left_out
 
+    def late(self) -> bool:
+        """Whether the plan's deadline (if any) has passed."""
+        return self.deadline is not None and self.deadline.expired()
+
     def _price_custom(self, frag: Graph, final: bool, origin: dict[int, int]) -> Pricing:
         """The cheapest schedule of ``frag`` as one custom kernel, with the full strategies
         (``final``) or the quick ones of the search, less those ``permit`` refuses."""
@@ -211,6 +215,9 @@ class Planner(OpSpace):
                 return Pricing(frag, ix, None, math.inf, reason, len(scheds))
         best, best_i, infeasible = math.inf, None, ""
         for i, s in enumerate(scheds):
+            if self.late():  # one fragment's schedules took 3 s on a busy machine: the
+                return Pricing(frag, None, None, math.inf,  # deadline is checked between
+                               "not priced: the time limit ran out")  # them (nothing kept)
             try:
                 total, costs = self._cost(frag, s, ix, origin)
             except (ScheduleError, MirageError):
@@ -248,6 +255,8 @@ class Planner(OpSpace):
             return []
         found = []
         for i, s in enumerate(scheds):
+            if self.late():  # past the deadline: no schedule ranked (as before pricing)
+                return []
             try:
                 total = self._cost(frag, s, ix, origin)[0]
             except (ScheduleError, MirageError):

@@ -9,7 +9,8 @@ again with every refused schedule priced as infeasible (the refusals become fact
 kernel planner, ``KernelPlanner.refuse``, read by every later plan); the new plan joins the
 queue in cost order. Past its deadline (optimize gives it until 70% of the
 time limit) a plan is verified without being built, and counted as skipped, and so is a plan
-whose warp retries the deadline cut short (``tune``'s ``cut_short``). A refusal that comes
+whose build or warp retries the deadline cut short (``tune``'s ``cut_short``: a build stops
+between kernels, ``compile_report``). A refusal that comes
 back after that deadline is still re-planned until planning's own (85%): before, whether a
 piece kept its input depended on which side of the deadline a 15 s build finished. ``report()`` is
 its ``CompileRecord`` (``res.stats["compiled"]`` is its ``as_stats()``).

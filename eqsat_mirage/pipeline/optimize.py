@@ -9,6 +9,8 @@ searched, and stitched (``whole.optimize_whole``).
 
 from __future__ import annotations
 
+import time
+
 from ..ir.check import check
 from ..partition.pieces import needs_partition
 from .options import optimize_signature, options_doc, progress_fn, split_options
@@ -30,6 +32,7 @@ def optimize(graph, **options) -> OptimizeResult:
 
     {options}
     """
+    start = time.perf_counter()  # the time limit bounds the whole call
     search_options, entry = split_options(options)
     progress = progress_fn(entry.progress)
     if getattr(graph, "is_family", False):  # symbolic sizes: one search for every size
@@ -41,9 +44,10 @@ def optimize(graph, **options) -> OptimizeResult:
     if entry.partition is False or (entry.partition == "auto"
                                     and not needs_partition(graph, entry.piece_ops)):
         return search(graph, search_options, progress=progress, cache=entry.cache,
-                      timer=entry.timer)
+                      timer=entry.timer, start=start)
     return optimize_whole(graph, search_options, entry.cache, progress,
-                          piece_ops=entry.piece_ops, jobs=entry.jobs, timer=entry.timer)
+                          piece_ops=entry.piece_ops, jobs=entry.jobs, timer=entry.timer,
+                          start=start)
 
 
 optimize.__signature__ = optimize_signature(OptimizeResult)

@@ -68,17 +68,20 @@ def candidate_splits(graph, factors) -> list[tuple[int, int, int]]:
 
 
 def search(graph, options: SearchOptions, progress=None, cache=True,
-           timer=None) -> OptimizeResult:
+           timer=None, start: float | None = None) -> OptimizeResult:
     """One program searched as one piece with ``options``, through the results cache
     ``cache`` (True: the default cache; a path, a ``ResultCache``, or False/None: none),
-    tuned with ``timer`` where tuning runs (``em.optimize``'s docstring tells the rest)."""
+    tuned with ``timer`` where tuning runs (``em.optimize``'s docstring tells the rest).
+    ``start``: when the time limit's clock started (``time.perf_counter()``; default now:
+    ``em.optimize`` passes the moment it was called, so the limit bounds the whole call)."""
+    start = time.perf_counter() if start is None else start
     options, timer = resolve_tuning(options.resolved(), timer)
     progress = progress_fn(progress)
     if cache is not None and cache is not False:
         store = open_cache(cache)  # None when $EQSAT_MIRAGE_CACHE is "off"
         if store is not None:
-            return cached_search(graph, store, progress, options, timer=timer)
-    return Search(graph, options, progress, timer).run()
+            return cached_search(graph, store, progress, options, timer=timer, start=start)
+    return Search(graph, options, progress, timer, start).run()
 
 
 def resolve_tuning(options: SearchOptions, timer=None) -> tuple[SearchOptions, object]:
@@ -92,14 +95,16 @@ def resolve_tuning(options: SearchOptions, timer=None) -> tuple[SearchOptions, o
 
 
 def cached_search(graph, store: ResultCache, progress, options: SearchOptions,
-                  key: str | None = None, timer=None) -> OptimizeResult:
+                  key: str | None = None, timer=None,
+                  start: float | None = None) -> OptimizeResult:
     """One ``Search`` of ``graph`` through the open cache ``store``: a stored result when it
     loads and validates (``cache.lookup``), else a search whose result is stored (unless the
     time limit cut it short). ``key`` is the entry's key when the caller computed it
-    (``optimize_many``'s workers use their parent's, so that both sides agree)."""
+    (``optimize_many``'s workers use their parent's, so that both sides agree). ``start``:
+    when the time limit's clock started (default now)."""
+    t0 = time.perf_counter() if start is None else start
     check(graph)
     options, timer = resolve_tuning(options.resolved(), timer)
-    t0 = time.perf_counter()
     key = make_key(graph, options) if key is None else key
     name = getattr(graph, "name", "program")
     try:
@@ -115,7 +120,7 @@ def cached_search(graph, store: ResultCache, progress, options: SearchOptions,
         return res
     if progress and store is not None:
         progress(f"cache miss: {name} ({key[:12]}); searching")
-    res = Search(graph, options, progress, timer).run()
+    res = Search(graph, options, progress, timer, t0).run()
     if store is not None:
         store_result(store, key, res, name)
         if res.stats.get("time_limited") and progress:
@@ -128,9 +133,13 @@ class Search:
     ``compile_check`` and ``tune`` decided here when not yet), reporting to ``progress``
     (None, or a callable taking a line), tuning with ``timer`` (None: the CUDA device's, when
     there is one). ``run()`` calls the passes in order; each records what it did in
-    ``record`` (``res.passes``), from which ``res.stats`` is written."""
+    ``record`` (``res.passes``), from which ``res.stats`` is written. The time limit counts
+    from ``start`` (a ``time.perf_counter()``; default: now, before the timer is decided,
+    whose first use imports torch)."""
 
-    def __init__(self, graph, options: SearchOptions, progress=None, timer=None) -> None:
+    def __init__(self, graph, options: SearchOptions, progress=None, timer=None,
+                 start: float | None = None) -> None:
+        self.start = time.perf_counter() if start is None else start
         self.graph = graph
         self.options, self.timer = resolve_tuning(options.resolved(), timer)
         self.progress = progress_fn(progress)
@@ -146,7 +155,7 @@ class Search:
 
     def run(self) -> OptimizeResult:
         """Every pass in order; the result, its stats written from the records."""
-        t0 = time.perf_counter()
+        t0 = self.start
         self.budget = Budget.start(self.limit, t0)
         self.check()
         loaded = self.rules()

@@ -175,29 +175,30 @@ def _search_pieces(distinct: list[Piece], options: SearchOptions, jobs: int | st
 
 def optimize_whole(graph, options: SearchOptions, cache, progress,
                    piece_ops: int = DEFAULT_PIECE_OPS, jobs: int | str = AUTO,
-                   timer=None) -> OptimizeResult:
+                   timer=None, start: float | None = None) -> OptimizeResult:
     """Partition ``graph`` into pieces of at most ``piece_ops`` ops, optimize each piece
     (``jobs`` at once; each tuned with ``timer`` where tuning runs), stitch and verify
-    (module docstring)."""
+    (module docstring). The time limit counts from ``start`` (default: now)."""
     from ..cost.gpucost import mugraph_cost, roofline_us
     from ..cost.per_op import Hardware, graph_cost_us
     from ..cost.profile import GPUProfile
     from ..egraph.rulefiles import rule_paths
     from ..mugraph.program import from_graph
 
+    t0 = time.perf_counter() if start is None else start
     prof = GPUProfile.load(options.target)
     hw = Hardware.load(prof)
     rule_paths(options.rules)  # a bad rules= is reported once, not once per piece
-    t0 = time.perf_counter()
     limit = options.limit_for(graph)
     deadline = Deadline(limit, t0)
+    t_p = time.perf_counter()
     pieces = partition(graph, piece_ops)
     texts = [_text(p) for p in pieces]
     first: dict[str, int] = {}
     for p, text in zip(pieces, texts):
         first.setdefault(text, p.index)
     distinct = [pieces[i] for i in first.values()]
-    t_part = time.perf_counter() - t0
+    t_part = time.perf_counter() - t_p
     _say(progress, f"partition: {graph.name!r} cut into {len(pieces)} Lax pieces "
                    f"({len(distinct)} distinct) of {', '.join(str(len(p.ops)) for p in pieces)} "
                    f"ops in {t_part:.2f} s")

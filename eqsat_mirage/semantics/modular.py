@@ -106,12 +106,15 @@ def residues(rng: np.random.Generator, m: int, shape: tuple[int, ...]) -> np.nda
 
 
 def chunked(rng: np.random.Generator, shape: tuple[int, ...], dtype,
-            fill: Callable[[np.random.Generator, np.ndarray], None]) -> np.ndarray:
+            fill: Callable[[np.random.Generator, np.ndarray], None],
+            stop: Callable[[], None] | None = None) -> np.ndarray:
     """A new array of ``shape`` and ``dtype`` filled ``DRAW_CHUNK`` elements at a time, on
     one thread per core: ``fill(generator, chunk)`` writes each flat chunk from a generator
     of its own, seeded by ``rng`` (the same values for the same state; the array owns its
     memory, so views of it lead back to it). A large input's field residues
-    (``residues``) and its float checks' N(0, 1) draw (``draws.standard_normal``)."""
+    (``residues``) and its float checks' N(0, 1) draw (``draws.standard_normal``).
+    ``stop`` is called before each chunk and stops the draw by raising (the verifier's
+    deadline, ``Runner.check``: a 7B weight's draw is 0.3-1 s, more on a busy machine)."""
     n = math.prod(shape)
     starts = range(0, n, DRAW_CHUNK)
     seeds = rng.integers(0, 2**63, size=len(starts))
@@ -119,6 +122,8 @@ def chunked(rng: np.random.Generator, shape: tuple[int, ...], dtype,
     flat = out.reshape(-1)
 
     def one(j: int) -> None:
+        if stop is not None:
+            stop()
         fill(np.random.default_rng(int(seeds[j])), flat[starts[j]:min(n, starts[j] + DRAW_CHUNK)])
 
     with ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as pool:

@@ -74,14 +74,18 @@ def _scaled(z: np.ndarray, factor: float) -> np.ndarray:
 
 
 def standard_normal(rng: np.random.Generator, shape: tuple[int, ...],
-                    half: bool = False) -> np.ndarray:
+                    half: bool = False, stop=None) -> np.ndarray:
     """N(0, 1) values of ``shape`` in float32 from ``rng``: drawn in float64 and rounded, as
     before, up to ``DRAW_CHUNK`` elements (every seed's draws of such inputs, and the
     generator's later ones, stay as they were); a larger input (a 7B layer's weight, 45M:
     1.1 s so) drawn in float32 chunk by chunk on one thread per core (``modular.chunked``,
     as a field trial's residues: 0.33 s), and kept in float16 where ``half`` (a float16
     input: its draws are rounded to float16 anyway, and 2 bytes an element held through
-    the check is what lets a 7B-size stack's end-to-end check run two draws at once)."""
+    the check is what lets a 7B-size stack's end-to-end check run two draws at once).
+    ``stop`` (None, or a callable that raises to stop, the verifier's deadline check) is
+    called before each chunk and before a small draw."""
+    if stop is not None:
+        stop()
     if math.prod(shape) <= DRAW_CHUNK:
         return rng.standard_normal(shape).astype(np.float32)
 
@@ -91,7 +95,7 @@ def standard_normal(rng: np.random.Generator, shape: tuple[int, ...],
         else:
             g.standard_normal(out.size, dtype=np.float32, out=out)
 
-    return chunked(rng, shape, np.float16 if half else np.float32, fill)
+    return chunked(rng, shape, np.float16 if half else np.float32, fill, stop)
 
 
 def _index_draws(a, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -108,10 +112,11 @@ def _index_draws(a, rng: np.random.Generator) -> dict[str, np.ndarray]:
 class Draws:
     """One standard-normal draw per input, scaled, folded (|z|), replaced by a constant, or
     spread over the inputs' exponent ranges on demand; the first program's outputs per draw
-    are kept in ``memo`` across calls."""
+    are kept in ``memo`` across calls. ``stop`` (a callable that raises, the verifier's
+    deadline check) is called as the normal draws are made (``standard_normal``)."""
 
     def __init__(self, a, rng: np.random.Generator, memo: dict | None,
-                 limit: float = np.inf) -> None:
+                 limit: float = np.inf, stop=None) -> None:
         self.a, self.memo, self.limit = a, memo if memo is not None else {}, limit
         self._own_memo = memo is None  # no other ``Draws`` reads it (``_packed``)
         # each input's dtype, read by the makers of lazy draws too (no ``Draws`` in them)
@@ -121,7 +126,7 @@ class Draws:
         # large float16 input's in float16 (``standard_normal``: how each is drawn)
         self.normal = {n: (rng.random(node.shape) < 0.75).astype(np.float64)
                        if node.dtype == "bool" else standard_normal(
-                           rng, node.shape, half=node.dtype == "float16")
+                           rng, node.shape, half=node.dtype == "float16", stop=stop)
                        for n, node in a.inputs.items()}
         # a search's memo keeps every rounded draw, when they are small (``keeps_draws``)
         self.keeps = memo is not None and keeps_draws(a)

@@ -242,7 +242,7 @@ class _Judge:
 
     def __init__(self, a, b, rng: np.random.Generator, rtol: float, native: bool,
                  memo: dict | None, static: bool, constant_finite: bool, conditioned: bool,
-                 skipped: list) -> None:
+                 skipped: list, stop=None) -> None:
         self.b, self.rtol, self.constant_finite = b, rtol, constant_finite
         self.conditioned, self.skipped = conditioned, skipped
         self.coarsest = self.tiny = self.room = None  # the native checks' (set when native)
@@ -254,7 +254,7 @@ class _Judge:
             self.tiny = max(NATIVE_TINY.get(dt, 0.0) for dt in dts)
             longest = _reduction(a)  # the input program's: its draws are memoized
             self.room = self.limit / longest
-        draws = self.draws = Draws(a, rng, memo, self.limit)
+        draws = self.draws = Draws(a, rng, memo, self.limit, stop)
         if not (native and static):
             draws.static_done.set()  # no static check to wait for
         if native:
@@ -435,7 +435,9 @@ def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
     """
     pool = pool or Runner(None, Deadline(None))
     skipped = skipped if skipped is not None else []
-    judge = _Judge(a, b, rng, rtol, native, memo, static, constant_finite, conditioned, skipped)
+    # the draws stop at the pool's deadline too (a large input's draw is long)
+    judge = _Judge(a, b, rng, rtol, native, memo, static, constant_finite, conditioned, skipped,
+                   pool.check)
     checks = _check_list(a, b, native, static, peaked)
     jobs: list = [functools.partial(judge.checked, i, *c) for i, c in enumerate(checks)]
     if checks and checks[0][0] == "static":  # the strict float64 check compares the static
