@@ -155,7 +155,8 @@ def _field_deps(g, seed: int) -> set[tuple[str, str]]:
     return deps
 
 
-MASKS = {em.Op.WHERE, em.Op.MASK, em.Op.CAUSAL, em.Op.NOT}  # not drawn by programs() yet
+# not drawn by programs() yet (masks need bool tensors, the gather index inputs)
+MASKS = {em.Op.WHERE, em.Op.MASK, em.Op.CAUSAL, em.Op.NOT, em.Op.GATHER}
 # max is a random function of its row in the field (like the opaque ones): its float value
 # depends on one element, its field value on all of them
 NON_OPAQUE = sorted(set(em.Op) - OPAQUE - MASKS - {em.Op.MAX}, key=lambda op: op.value)

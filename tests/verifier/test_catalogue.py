@@ -258,6 +258,11 @@ IDENTITIES = [
     Case("mask-select-distributes", ins("A:3x4", "B:3x4", "M:3x4:bool"),
          lambda A, B, M: em.where(M, A, B) * 2.0, lambda A, B, M: em.where(M, A * 2.0, B * 2.0)),
     # issue 52: a bool mask's logical not swaps where's values, and ~~M is M
+    # issue 52: a gather is linear in its table; an RMSNorm of the rows gathered is the
+    # rows of the normed table (ids drawn in [0, 6), both extremes)
+    Case("embedding-commutes-with-rms-norm", ins("E:6x8", "ids:2x3:int64"),
+         lambda E, ids: em.rms_norm(em.embedding(E, ids)),
+         lambda E, ids: em.embedding(em.rms_norm(E), ids)),
     Case("mask-not-swaps-where", ins("A:3x4", "B:3x4", "M:3x4:bool"),
          lambda A, B, M: em.where(~M, A, B), lambda A, B, M: em.where(~~M, B, A)),
     Case("flash-decoding-max-rescaled", ins("Q:4x8", "K1:8x6", "K2:8x6", "V1:6x8", "V2:6x8"),
@@ -368,6 +373,12 @@ MUTANTS = [
     Case("causal-mask-shifted-by-one", ins("Q:2x6x8", "K:2x8x6", "V:2x6x8"),
          lambda Q, K, V: causal_av(Q, K, V), lambda Q, K, V: causal_av(Q, K, V, offset=1)),
     # issue 52: masked_fill(M, -inf) keeps the scores where ~M holds; the not dropped
+    # issue 52: a gather reading the next row (off by one), or along the other axis
+    Case("embedding-off-by-one", ins("E:6x8", "ids:2x3:int64"),
+         lambda E, ids: em.embedding(E, ids),
+         lambda E, ids: em.embedding(em.concat([E[1:], E[:1]], 0), ids)),
+    Case("index-select-wrong-axis", ins("X:6x6", "c:4:int32"),
+         lambda X, c: em.index_select(X, 0, c), lambda X, c: em.index_select(X, 1, c).T),
     Case("masked-fill-not-dropped", ins("S:2x4x6", "M:4x6:bool"),
          lambda S, M: em.softmax(em.where(~M, S, float("-inf"))),
          lambda S, M: em.softmax(em.where(M, S, float("-inf")))),
