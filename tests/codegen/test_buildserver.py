@@ -1,0 +1,98 @@
+"""The compile check's child Python (``codegen.buildserver``): kept across builds, the same
+resources as a child per build, errors and deadlines as before (issue 51)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from mugraph_examples import attention_tiles
+
+from eqsat_mirage.codegen.buildserver import BuildServer
+from eqsat_mirage.codegen.concat import CodegenError
+from eqsat_mirage.codegen.source import triton_source
+from eqsat_mirage.codegen.tune import can_tune
+from eqsat_mirage.ir.errors import TimeLimitError
+from eqsat_mirage.ir.limits import Deadline
+
+needs_compiler = pytest.mark.skipif(not can_tune("h100"), reason="no Triton NVIDIA compiler")
+
+
+def _one_shot(source: str) -> list[dict]:
+    """The kernels' resources from a child per build (``compiled``'s one-build mode)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "eqsat_mirage.codegen.compiled", "h100"],
+                          input=source, text=True, capture_output=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def _figures(kernels: list[dict]) -> list[dict]:
+    return [{k: v for k, v in d.items() if k != "seconds"} for d in kernels]
+
+
+@needs_compiler
+def test_one_child_builds_module_after_module_as_a_child_per_build_did():
+    server = BuildServer()
+    try:
+        sources = [triton_source(attention_tiles(32, 64)), triton_source(attention_tiles(64))]
+        got = [server.build(s, "h100") for s in sources]
+        pid = server.proc.pid
+        again = server.build(sources[0], "h100")  # no cache in the child's answer path
+        assert server.proc.pid == pid  # the same child built all three
+        assert _figures(again) == _figures(got[0])
+        for source, kernels in zip(sources, got):
+            assert kernels and _figures(kernels) == _figures(_one_shot(source))
+    finally:
+        server.stop()
+
+
+@needs_compiler
+def test_a_failed_build_is_a_codegen_error_and_the_child_goes_on():
+    server = BuildServer()
+    try:
+        with pytest.raises(CodegenError, match="SyntaxError"):
+            server.build("def run(:\n", "h100")
+        pid = server.proc.pid
+        assert server.build(triton_source(attention_tiles(32, 64)), "h100")
+        assert server.proc.pid == pid
+    finally:
+        server.stop()
+
+
+@needs_compiler
+def test_a_child_that_ended_is_reported_and_replaced():
+    server = BuildServer()
+    try:
+        source = triton_source(attention_tiles(32, 64))
+        server.build(source, "h100")
+        server.proc.kill()  # ended between builds: the next build starts another
+        server.proc.wait()
+        assert server.build(source, "h100")
+        with pytest.raises(CodegenError, match="compiler process failed"):
+            server.build("import os\nos._exit(3)\n", "h100")  # ends during a build
+        assert server.proc is None
+        assert server.build(source, "h100")  # a new child
+    finally:
+        server.stop()
+
+
+def test_past_the_deadline_nothing_is_built():
+    server = BuildServer()
+    with pytest.raises(TimeLimitError, match="before it started"):
+        server.build(triton_source(attention_tiles(32, 64)), "h100", Deadline(0.0))
+    assert server.proc is None  # no child was started for it
+
+
+@needs_compiler
+def test_a_build_the_deadline_passes_kills_the_child():
+    server = BuildServer()
+    try:
+        with pytest.raises(TimeLimitError, match="stopped at its time limit"):
+            server.build(triton_source(attention_tiles(64)), "h100", Deadline(0.05))
+        assert server.proc is None
+    finally:
+        server.stop()
