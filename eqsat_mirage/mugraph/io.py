@@ -94,12 +94,18 @@ def format_mugraph(mg: KernelGraph, name: str | None = None) -> str:
     ins = ", ".join(f"{n}: {short_dtype(v.dtype)}{list(v.shape)}" for n, v in mg.inputs.items())
     lines = [f"mugraph {mg.name if name is None else name}({ins})"]
     specs = mg.tensors
+    # tensors the host holds: read by a library kernel, or an output (a causal mask read only
+    # by custom kernels is computed from positions inside them, never written)
+    held = {s.arg for k in mg.kernels if isinstance(k, PredefinedKernel)
+            for s in k.node.srcs if s.op is Op.INPUT} | set(mg.output_tensors.values())
     for k in mg.kernels:
         if isinstance(k, PredefinedKernel):
             n = k.node
             args = ", ".join(s.arg if s.op is Op.INPUT else repr(s.arg) for s in n.srcs)
+            where = ("  (computed from positions in the kernels that read it; not written)"
+                     if n.op is Op.CAUSAL and k.output not in held else "")
             lines.append(f"  kernel {k.name}: {k.output} = {n.op.name.lower()}{op_attrs(n)} {args}"
-                         f"  : {short_dtype(n.dtype)}{list(n.shape)}")
+                         f"  : {short_dtype(n.dtype)}{list(n.shape)}{where}")
         else:
             lines += _fmt_custom(k, specs)
     for name, t in mg.output_tensors.items():
