@@ -245,7 +245,8 @@ def pieces(hidden: int, heads: int, kv_heads: int, intermediate: int, seq: int,
     got: list = []
     real = entry.optimize_whole
 
-    def capture(graph, options, cache, progress, piece_ops=None, jobs=1, timer=None):
+    def capture(graph, options, cache, progress, piece_ops=None, jobs=1, timer=None,
+                start=None):
         got.extend(p.graph for p in (partition(graph, piece_ops) if piece_ops
                                      else partition(graph)))
         raise CapturedError

@@ -226,6 +226,9 @@ class Search:
         thread), each phase until its share of saturation's time (by weight)."""
         t1 = time.perf_counter()
         graph, options, budget = self.graph, self.options, self.budget
+        if budget.saturation().expired():  # spent before (a first call's imports): loading
+            raise TimeLimitError("the time limit's share of saturation was spent before it "
+                                 "started")  # the rules alone is 0.25 s of CPU, 4 s loaded
         rulesets, rule_list, facts = loaded
         sat = Saturator(graph, rulesets, rule_list, guards=options.guards,
                         splits=candidate_splits(graph, options.split_factors),

@@ -14,6 +14,8 @@ slower than its eager form on that device. ``TuningRecord`` (``res.passes.tuning
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections.abc import Sequence
 
@@ -26,8 +28,19 @@ from .records import TuningRecord
 EAGER = "eager"  # the name the eager form is timed under
 
 
+def no_gpu_driver() -> bool:
+    """Whether this is a Linux machine without a GPU driver loaded (no
+    ``/proc/driver/nvidia``, no ``/dev/kfd``) and torch is not imported yet: then no CUDA
+    device can be there, and asking torch (importing it: 6-19 s on a loaded 2-core
+    machine, inside the first search's time limit) is skipped."""
+    return (sys.platform.startswith("linux") and "torch" not in sys.modules
+            and not os.path.exists("/proc/driver/nvidia") and not os.path.exists("/dev/kfd"))
+
+
 def default_timer() -> Timer | None:
     """The device's timer when a CUDA device is there, else None (the model decides)."""
+    if no_gpu_driver():
+        return None
     return CudaEventTimer() if device_available() else None
 
 
