@@ -156,6 +156,12 @@ class _Ties:
             self._slice(n)
         elif n.op is Op.CONCAT:
             self._concat(n)
+        elif n.op is Op.GATHER:  # rows at data-dependent positions: no dim ties to its table
+            raise ScheduleError(f"{n.describe()}: a gather (embedding, index_select) runs as a "
+                                "kernel of its own (torch.index_select); fusing it into a "
+                                "custom kernel is not supported yet")
+        elif n.op not in (Op.INPUT, Op.CONST, Op.CAUSAL):
+            raise ScheduleError(f"{n.describe()}: no indexing rule for {n.op.name.lower()}")
 
     def _matmul(self, n: Node) -> None:
         a, b = n.srcs

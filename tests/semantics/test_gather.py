@@ -220,6 +220,15 @@ def test_optimized_module_runs_with_its_triton_kernels():
     torch.testing.assert_close(next(iter(got.values())), want, rtol=1e-5, atol=1e-5)
 
 
+def test_a_gather_is_never_indexed_into_a_custom_kernel():
+    """Its rows sit at data-dependent positions: the fusion indexer refuses it (the planner
+    then keeps it a kernel of its own) instead of leaving its dims untied."""
+    from eqsat_mirage.fusion.indexing import ScheduleError, index_fragment
+
+    with pytest.raises(ScheduleError, match="gather .* runs as a kernel of its own"):
+        index_fragment(graph(lambda T, i: em.rms_norm(em.embedding(T, i))))
+
+
 def test_backend_runs_embedding_and_rms_norm_optimized():
     torch.manual_seed(0)
     mod, ids = EmbedNorm().eval(), torch.tensor([[0, 5, 11], [3, 3, 7]])
