@@ -53,15 +53,34 @@ def _index_inputs(node: Node) -> list[Node]:
     return []
 
 
+def _gathers(program) -> list[tuple[int, list[str]]]:
+    """(rows, the index inputs it reads) of each gather of ``program``: a kernel-level
+    ``Graph``, or a ``MuGraph`` (whose gathers are library kernels: the index may be a
+    tensor a movement kernel made from an input)."""
+    if hasattr(program, "nodes"):
+        return [(n.srcs[0].shape[n.arg], [i.arg for i in _index_inputs(n.srcs[1])])
+                for n in program.nodes() if n.op is Op.GATHER]
+    made = {k.output: k.node for k in program.kernels if getattr(k, "kind", "") == "predefined"}
+
+    def sources(tensor: str) -> list[str]:
+        node = made.get(tensor)
+        if node is None:
+            return [tensor] if tensor in program.inputs else []
+        return [x for i in _index_inputs(node) for x in sources(i.arg)]
+
+    return [(k.node.srcs[0].shape[k.node.arg], sources(k.node.srcs[1].arg))
+            for k in program.kernels
+            if getattr(k, "kind", "") == "predefined" and k.node.op is Op.GATHER]
+
+
 def index_bounds(program) -> dict[str, int]:
-    """``{index input: rows}``: each integer input of ``program`` and the size of the
-    smallest axis a gather indexes with it (its valid values: ``[0, rows)``)."""
+    """``{index input: rows}``: each integer input of ``program`` (a ``Graph`` or a
+    ``MuGraph``) and the size of the smallest axis a gather indexes with it (its valid
+    values: ``[0, rows)``)."""
     out: dict[str, int] = {}
-    for node in program.nodes():
-        if node.op is Op.GATHER:
-            rows = node.srcs[0].shape[node.arg]
-            for inp in _index_inputs(node.srcs[1]):
-                out[inp.arg] = min(out.get(inp.arg, rows), rows)
+    for rows, names in _gathers(program):
+        for name in names:
+            out[name] = min(out.get(name, rows), rows)
     for name, node in program.inputs.items():
         if node.dtype in INDEX_DTYPES and name not in out:
             out[name] = 1  # indexes nothing: any valid index is 0

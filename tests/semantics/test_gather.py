@@ -106,6 +106,17 @@ def test_index_bounds_and_draws_take_the_indexed_axis():
     assert d[0] == 0 and d[-1] == DIM - 1 and ((d >= 0) & (d < DIM)).all()
 
 
+def test_index_bounds_of_a_mugraph_follow_its_library_kernels():
+    """A MuGraph's gather is a library kernel; its index may be a moved input (a reshape
+    kernel's output): the bound still reaches the input."""
+    from eqsat_mirage.mugraph.program import from_graph
+
+    g = graph(lambda T, i: em.index_select(T, 1, i), ishape=(5,))
+    assert index_bounds(from_graph(g)) == {"i": DIM}
+    moved = graph(lambda T, i: em.index_select(T, 1, i.reshape((5,))), ishape=(1, 5))
+    assert index_bounds(from_graph(moved)) == {"i": DIM}
+
+
 # --- indices out of range: every backend raises, naming the node -------------------------------
 
 @pytest.mark.parametrize("bad", [-1, ROWS])
