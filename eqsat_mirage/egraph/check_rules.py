@@ -2,7 +2,8 @@
 
 Tensor pattern variables become float32 inputs of random small shapes, axis
 variables small valid ints, f64 variables dyadic floats; an instance counts when
-the left side type-checks and the ``:when`` facts hold. Its right side must then
+the left side type-checks and the ``:when`` facts hold (a block-level fact's values drawn
+again for the same shapes where one fails). Its right side must then
 type-check to the same shape, and a few instances are compared by ``em.verify``
 (without its native-dtype checks): "sound" means equal over the reals. Each sound rule's
 instances then go through the float-safety check of ``em.verify`` (static checks and the
@@ -36,6 +37,7 @@ _FLOATS = (0.5, 1.5, -2.0, 3.0, 0.25, -0.75)
 # from these small values and a bound (min-loop-range, max-loop-range) leaves the range open.
 _FACT_VALUES = (1, 2, 4)
 _OPEN_BOUND = {"min": 1, "max": 2**31}
+_REDRAWS = 8  # an instance's block-level fact values drawn again when a fact fails
 
 
 class _Fail(Exception):  # noqa: N818 - no instance here: a fact is false or a term undefined
@@ -100,6 +102,7 @@ class _Instance:
                        for v, s in shapes.items()}
         self.env: dict[str, object] = {**self.inputs, **(drawn or {})}
         self.drawn = dict(drawn or {})  # scalars drawn while building the LHS
+        self.facts: set[str] = set()  # those drawn for a block-level fact (``redrawn``)
         self.repair: tuple | None = None  # (tensor var, axis or None for rank, wanted value)
 
     def _want(self, term, axis, value) -> None:  # a shape change that could pass a check
@@ -115,8 +118,16 @@ class _Instance:
             shape = ([self.rng.choice((2, 3))] * value + shape)[len(shape):]
         elif ok and -len(shape) <= axis < len(shape):
             shape[axis] = value
-        return _Instance(self.schema, self.rng, {**self.shapes, var: tuple(shape)}, self.drawn,
-                         self.masks, self.dtype)
+        out = _Instance(self.schema, self.rng, {**self.shapes, var: tuple(shape)}, self.drawn,
+                        self.masks, self.dtype)
+        out.facts = set(self.facts)  # still the block-level facts' (``redrawn``)
+        return out
+
+    def redrawn(self) -> _Instance:
+        """A fresh instance with the same shapes and scalars but the values drawn for
+        block-level facts, drawn again (a loop range that does not divide the size)."""
+        kept = {k: v for k, v in self.drawn.items() if k not in self.facts}
+        return _Instance(self.schema, self.rng, self.shapes, kept, self.masks, self.dtype)
 
     def build(self, term, lhs: bool) -> Node:
         """The IR node of a T-sorted term; in the LHS, unbound scalars get random values."""
@@ -240,6 +251,7 @@ class _Instance:
         if op in self.schema.relations:  # a block-level fact: any value a file may add
             for a in unbound:
                 self.env[str(a)] = self.drawn[str(a)] = self.rng.choice(_FACT_VALUES)
+                self.facts.add(str(a))
             return
         a, b = (self.eval(x) for x in args)
         try:
@@ -310,8 +322,11 @@ def _features(inst: _Instance, above: tuple[int, ...] = ()) -> set[tuple[int, bo
                           inst.dtype != "float32")))
 
 
-def _instantiate(rule: Rule, inst: _Instance, repairs: int = 4) -> tuple[_Instance, Node]:
-    """Build the LHS and check the facts, repairing shapes a few times; raise on failure.
+def _instantiate(rule: Rule, inst: _Instance, repairs: int = 4,
+                 redraws: int = _REDRAWS) -> tuple[_Instance, Node]:
+    """Build the LHS and check the facts, repairing shapes a few times and drawing the
+    values of block-level facts again (``redraws`` times: sizes that some loop range and
+    part count divide, not the ones drawn, instantiate the rule); raise on failure.
     Facts go in any order (one may bind a variable another reads), and the LHS may compute
     a scalar from a variable only a fact binds (``(Const (* d 2.0))`` with ``(= d ...)``):
     it is built again once the facts have bound it."""
@@ -336,10 +351,13 @@ def _instantiate(rule: Rule, inst: _Instance, repairs: int = 4) -> tuple[_Instan
                     what = to_text(left[0]) if left else f"the left side ({unbound!r})"
                     raise _Fail(f"cannot evaluate {what}: unbound variables")
             return inst, lhs
-        except (ShapeError, DTypeError, _Fail):
-            if inst.repair is None or repairs == 0:
+        except (ShapeError, DTypeError, _Fail) as exc:
+            if inst.repair is not None and repairs:
+                inst, repairs = inst.repaired(), repairs - 1
+            elif isinstance(exc, _Fail) and inst.facts and redraws:
+                inst, redraws = inst.redrawn(), redraws - 1
+            else:
                 raise
-            inst, repairs = inst.repaired(), repairs - 1
 
 
 def check_rule(rule: Rule, schema: Schema | None = None, instances: int = 3, seed: int = 0,

@@ -27,6 +27,10 @@ from ..ir.node import Op
 from .floatsafe import input_deps, is_graph
 
 OFFSET_EXP = {"float16": 8, "bfloat16": 8, "float32": 16}  # log2 of the common offset
+# the pairs' other forms (``pair_draws``): the second input's factor against the first, and
+# whether the other float inputs sit large (``REST_BELOW`` under their own largest) or at 1
+PAIR_FORMS = {"peakneg": (-1.0, "one"), "peakrest": (0.5, "large"), "peakinv": (None, "small")}
+REST_BELOW = 4.0
 MAX_OPPOSED = 8  # pairs of opposed inputs given an offset draw (the first found)
 
 
@@ -42,6 +46,28 @@ def pairs(program) -> list[tuple[int, ...]]:
     is finite only through that exact 0, a cancellation no real input has, where
     ``(1 - a) H + a N`` overflows."""
     return [tuple(p) for p in itertools.combinations(float_inputs(program), 2)]
+
+
+def pair_draws(program, peaked) -> list[tuple[str, int]]:
+    """The draws of the pairs' other forms, ``(kind, j)`` with ``j`` an index into
+    ``pairs(program)`` (those whose inputs are all in ``peaked``; None: every pair):
+
+    - ``peakneg``: the pair at opposite values, ``(P, -P)``, the others 1: a sum of the
+      two is exactly 0, where ``exp(a + b)`` is 1 and ``exp(a) * exp(b)`` is inf * 0;
+    - ``peakrest`` (with a third float input): the pair at ``(P, P / 2)`` and the other
+      float inputs at ``REST_BELOW`` under the largest value they keep the first program
+      finite at together, so that a product with them that the candidate forms and the
+      first program does not is found where it overflows (``(x / s) @ w`` against
+      ``(x @ w) / s``: with ``w`` at 1 and ``x``, ``s`` large, ``x @ w`` overflows only
+      past the headroom). Not equal: equal inputs make their difference exactly 0, and a
+      lerp's ``H + a (N - H)`` is then finite through that 0 however large ``a`` is.
+
+    ``P``, as for ``peakset``, is the largest value keeping the first program finite,
+    every value then over the headroom (``draws.Draws.pair_values``)."""
+    js = chosen(pairs(program), peaked)
+    rest = len(float_inputs(program)) > 2
+    return [(kind, j) for kind, (_, others) in PAIR_FORMS.items() if rest or others == "one"
+            for j in js]
 
 
 def offset_sets(program) -> list[tuple[int, ...]]:

@@ -28,8 +28,8 @@ from ..semantics.floating import (
 from ..semantics.gather import draw_indices, index_bounds
 from ..semantics.interp import Outputs, run
 from ..semantics.modular import DRAW_CHUNK, chunked
+from .corners import PAIR_FORMS, REST_BELOW, offset_sets, pairs
 from .corners import offset as common_offset
-from .corners import offset_sets, pairs
 from .floatsafe import fingerprints, is_graph, static_check, unsampled
 from .kernelsafe import kernel_check
 from .memory import keeps_draws, keeps_folded
@@ -37,6 +37,10 @@ from .packing import kept, pack, read_only, scaled_up, unpack, unpacked, weakly
 from .truth import precision, truth
 
 NATIVE_MAX = {"float16": 65504.0, "bfloat16": 3.3895e38, "float32": 3.4028e38}
+# each dtype's smallest normal: below it the dtype holds values to a fixed spacing (its
+# subnormals), not to a relative precision, so the relative tolerance is asked of
+# magnitudes of at least this much (an absolute floor, rtol times it: 1.2e-6 for float16)
+NATIVE_TINY = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**-126}
 # Float safety (docs/verifier.md, section 5): draws across each input dtype's exponent range.
 # The binary exponents of each dtype's normal numbers (float16 from 2^-14 to 2^15, ...).
 EXP_RANGE = {"float16": (-14, 15), "bfloat16": (-126, 127), "float32": (-126, 127)}
@@ -199,6 +203,10 @@ class Draws:
                 self.headroom
             return {n: np.broadcast_to(np.float64(big if n in members else 1.0), z.shape)
                     for n, z in self.normal.items()}
+        if kind in PAIR_FORMS:  # the pair s in its form (``corners.PAIR_FORMS``), over the
+            values = self.pair_values(kind, int(s))  # headroom
+            return {n: np.broadcast_to(np.float64(values.get(n, 1.0)), z.shape)
+                    for n, z in self.normal.items()}
         if kind == "signed" and s == 1.0:  # the draw itself, read-only: no copies
             return {n: self._as_drawn(kind, s, n) for n in self.normal}
         if kind in _ONE_BY_ONE:  # as float64 evaluations read them (``_as_drawn``), each
@@ -278,7 +286,7 @@ class Draws:
         names = list(self.normal)
         if kind == "peak":
             return set(names) if s < 0 else {names[int(s)]}
-        sets = self._sets("pairs" if kind == "peakset" else "offsets")
+        sets = self._sets("pairs" if kind == "peakset" or kind in PAIR_FORMS else "offsets")
         return {names[i] for i in sets[int(s)]}
 
     def _sets(self, which: str) -> list[tuple[int, ...]]:
@@ -482,14 +490,52 @@ class Draws:
         """``peak`` of the inputs of ``corners.pairs`` ``j`` together (the same value)."""
         return self._peak(("peakset", j), self.members("peakset", j))
 
-    def _peak(self, key: tuple, members: set[str]) -> float:
-        """``peak`` of the inputs ``members`` together, memoized under ``key``."""
+    def pair_values(self, kind: str, j: int) -> dict[str, float]:
+        """The inputs' values in the draw of pair ``j`` (``corners.pairs``) in the form
+        ``kind`` (``corners.PAIR_FORMS``): the pair's first input at the largest magnitude
+        P for which the first program stays finite, the second at ``factor`` times P (or
+        1 / P, ``factor`` None), the other float inputs at ``REST_BELOW`` below the largest
+        value they keep it finite at together (the pair at 1) where ``rest`` is "large",
+        at the smallest normal of their dtypes where it is "small", else 1; every float
+        input over the headroom, a bool mask 1. Memoized."""
+        key = ("pair form", kind, j)
+        if key not in self.memo:
+            factor, rest = PAIR_FORMS[kind]
+            names = list(self.normal)
+            first, second = (names[i] for i in self._sets("pairs")[j])
+            others = {n for n in names if n not in (first, second)  # float inputs
+                      and self._dtypes[n] != "bool" and "int" not in self._dtypes[n]}
+            base = {}
+            if rest == "large" and others:
+                low = self._peak(("rest", j), others) / REST_BELOW
+                base = dict.fromkeys(others, low)
+            elif rest == "small":
+                base = {n: NATIVE_TINY.get(self._dtypes[n], NATIVE_TINY["float32"])
+                        for n in others}
+            big = self._peak(key + ("peak",), {first, second}, base, {second: factor})
+            values = {first: big, second: 1.0 / big if factor is None else big * factor,
+                      **base}
+            self.memo[key] = {n: v / self.headroom for n, v in values.items()}
+        return self.memo[key]
+
+    def _peak(self, key: tuple, members: set[str], base: dict | None = None,
+              factors: dict | None = None) -> float:
+        """``peak`` of the inputs ``members`` together, memoized under ``key``: each times
+        its ``factors`` (1 if none; None: at the reciprocal), the other inputs at ``base``
+        (1 if none)."""
         if key in self.memo:
             return self.memo[key]
         names = list(self.normal)
+        base, factors = base or {}, factors or {}
+
+        def at(n: str, k: float) -> float:
+            if n not in members:
+                return base.get(n, 1.0)
+            f = factors.get(n, 1.0)
+            return 2.0 ** -k if f is None else 2.0 ** k * f
 
         def ok(k: float) -> bool:
-            return self._finite({n: 2.0 ** k if n in members else 1.0 for n in names})
+            return self._finite({n: at(n, k) for n in names})
 
         hi = max(self._range(n)[1] for n in members)
         lo, top = 0.0, hi + 1.0  # ok(lo), not ok(top)

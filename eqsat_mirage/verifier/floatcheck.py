@@ -22,8 +22,16 @@ from ..ir.node import Op
 from ..semantics.floating import LazyInputs, evaluate
 from .accuracy import MAX_BITS_LOST, bits_lost
 from .conditioning import ill_conditioned
-from .corners import chosen, offset_draws, pairs
-from .draws import EXPONENT_DRAWS, HEADROOM, NATIVE_MAX, SPREADS, STATIC, Draws
+from .corners import chosen, offset_draws, pair_draws, pairs
+from .draws import (
+    EXPONENT_DRAWS,
+    HEADROOM,
+    NATIVE_MAX,
+    NATIVE_TINY,
+    SPREADS,
+    STATIC,
+    Draws,
+)
 from .floatsafe import is_graph
 from .runner import Runner
 
@@ -36,11 +44,6 @@ FLOAT64_SCALES = (1.0, 30.0, 1000.0)  # N(0, s^2) inputs: past the thresholds of
 NATIVE_DRAWS = tuple(("constant", round(0.3 * 2.0 ** (k / 3), 4)) for k in (0, 1, 2, 4, 6)) + (
     ("signed", 1.0), ("folded", 0.25), ("folded", 0.5))
 NATIVE_RTOL = {"float16": 2e-2, "bfloat16": 6e-2, "float32": 1e-4}
-# each dtype's smallest normal: below it the dtype holds values to a fixed spacing (its
-# subnormals), not to a relative precision, so the relative tolerance is asked of
-# magnitudes of at least this much (an absolute floor, rtol times it: 1.2e-6 for float16)
-NATIVE_TINY = {dt: float(np.finfo(dt).tiny) for dt in ("float16", "float32")}
-NATIVE_TINY["bfloat16"] = NATIVE_TINY["float32"]
 
 
 @dataclass
@@ -168,9 +171,16 @@ _DRAWN = {"signed": "N(0, s^2)", "folded": "|N(0, s^2)|", "constant": "every inp
           "logits": "N(0, s^2), s setting the exp arguments' standard deviation to 9",
           "peakset": "{} together at their largest value keeping the first program "
                      "finite, the others 1",
+          "peakneg": "{} at opposite values, the largest keeping the first program finite, "
+                     "the others 1",
+          "peakrest": "{} at the largest value keeping the first program finite, the second "
+                      "at half the first, the others a quarter of their own largest",
+          "peakinv": "{} at the largest value keeping the first program finite and its "
+                     "reciprocal, the others at their dtype's smallest normal",
           "offset": "N(0, 1) plus a common offset {:g} on {}, the others N(0, 1)"}
-_CONSTANT = ("constant", "peak", "peakset")  # one value per input: cheap
-_RANGE_KINDS = ("peak", "peakset", "peakfold", "exponent", "spread")
+_PAIRS = ("peakset", "peakneg", "peakrest", "peakinv")  # a pair of inputs at its largest
+_CONSTANT = ("constant", "peak", *_PAIRS)  # one value per input: cheap
+_RANGE_KINDS = ("peak", *_PAIRS, "peakfold", "exponent", "spread")
 _NORMAL = ("signed", "folded", "logits")  # normal draws
 # the draws ``conditioned`` (the end-to-end check) asks about: the normal ones, and the
 # exponent draws, where a whole layer's float32 output can hinge on its BLAS's summation
@@ -227,6 +237,7 @@ def _check_list(a, b, native: bool, static: bool, peaked: Collection[int] | None
         drawn += [("native", "spread", float(w)) for w in SPREADS]
         drawn += [("native", "peakfold", float(i)) for i in each]
         drawn += [("native", "peakset", float(j)) for j in chosen(pairs(a), peaked)]
+        drawn += [("native", kind, float(j)) for kind, j in pair_draws(a, peaked)]
         drawn += [("native", "offset", float(j)) for j in offset_draws(a, b, peaked)]
         if is_graph(a) and any(n.op is Op.EXP for n in a.nodes()):
             drawn += [("native", "logits", 0.0)]
@@ -289,9 +300,9 @@ class _Judge:
         where = f"{_DRAWN[kind]}, s = {s:g}"
         if kind == "logits":
             where = f"{_DRAWN[kind]} (s = {draws.logit_scale():.3g})"
-        if kind in ("peakset", "offset"):  # the inputs named
+        if kind in (*_PAIRS, "offset"):  # the inputs named
             names = ", ".join(sorted(draws.members(kind, s), key=list(draws.a.inputs).index))
-            where = _DRAWN[kind].format(*((names,) if kind == "peakset" else (
+            where = _DRAWN[kind].format(*((names,) if kind in _PAIRS else (
                 draws.offset(int(s)), names)))
         if dtype is None:
             return self._float64(i, kind, s, where)
@@ -360,7 +371,7 @@ class _Judge:
         # a peak draw (one value per input, at the largest the first program allows) asks
         # for finiteness only: its equal inputs make differences of inputs exactly 0, a
         # cancellation no real input has (lerp's H + a (N - H) against (1 - a) H + a N)
-        rule = "finite-only" if kind in ("peak", "peakset") or self.constant_finite and \
+        rule = "finite-only" if kind in ("peak", *_PAIRS) or self.constant_finite and \
             kind in _CONSTANT else "a-finite"
         rule = "finite-only" if finite_only else rule
         # across the exponent range the error counts relative to the output, not to the

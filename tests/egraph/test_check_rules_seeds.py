@@ -1,0 +1,58 @@
+"""``em.check_rules``' verdict on a built-in rule does not depend on the seed (issue 51).
+
+Before, ``(Div x s) @ w -> (x @ w) / s`` was float-unsafe for every seed but its reverse for
+seeds 2, 5 and 6 only (a ``peakfold`` draw making ``s`` small in the right row), and the
+split-matmul loop rule of rules/block.egg was "not instantiated" for seed 3 (its loop range
+and part count drawn so that none divided the sizes drawn). The pairs' other forms
+(``verifier/corners.py: pair_draws``) find the hazards, and a block-level fact's value is
+drawn again for the same shapes (``check_rules._REDRAWS``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import eqsat_mirage as em
+from eqsat_mirage.egraph.check_rules import check_rule
+from eqsat_mirage.egraph.rulefiles import Schema, load_rules
+
+SEEDS = range(6)
+# the one rule whose verdict still depends on the seed (docs/verifier.md, "Known blind
+# spots"): exp(a) * exp(b) -> exp(a + b) rounds a + b to bfloat16, refused by the logits
+# draw at seed 4 only; identified by file and name (a birewrite's reverse: "(reversed)")
+SEED_DEPENDENT = {("algebra.egg", "exp of a sum is the product of exps (reversed)")}
+DIV = "dividing rows by a broadcast row scalar commutes with a matmul"
+
+
+def directed(report) -> dict[tuple[str, str], object]:
+    """The report's results by (file, rule name); a name met again gets its position."""
+    out: dict[tuple[str, str], object] = {}
+    for k, r in enumerate(report.results):
+        key = (r.where.split(":")[0], r.rule)
+        out[key if key not in out else (key[0], f"{key[1]} #{k}")] = r
+    return out
+
+
+@pytest.mark.slow
+def test_every_builtin_rule_has_the_same_verdict_for_every_seed():
+    verdicts: dict[tuple, dict[int, str]] = {}
+    for seed in SEEDS:
+        for key, r in directed(em.check_rules("rules", seed=seed)).items():
+            verdicts.setdefault(key, {})[seed] = r.verdict
+    differ = {key: v for key, v in verdicts.items() if len(set(v.values())) > 1}
+    assert set(differ) <= SEED_DEPENDENT, differ
+    div = [verdicts[("algebra.egg", name)] for name in (DIV, f"{DIV} (reversed)")]
+    assert all(set(v.values()) == {"sound, float-unsafe"} for v in div), div
+    exp = verdicts[("algebra.egg", "exp of a sum is the product of exps")]
+    assert set(exp.values()) == {"sound, float-unsafe"}, exp
+
+
+def test_a_block_rule_that_holds_at_divisible_sizes_is_instantiated_for_every_seed():
+    """The split-matmul loop rule needs the contraction to be 16 times a part count times a
+    loop range (1, 2 or 4 each): only 64 of its sizes, with both drawn small. Seed 3 drew
+    none in 400 attempts; redrawing the facts' values for the same shapes finds them."""
+    _, rules = load_rules(["rules"])
+    rule = next(r for r in rules if r.name.startswith("a split matmul may loop over each part"))
+    for seed in SEEDS:
+        res = check_rule(rule, Schema.load(), instances=1, seed=seed)
+        assert res.status == "sound" and res.shape_instances >= 3, (seed, res)

@@ -1,0 +1,107 @@
+"""The pairs' other forms (issue 51; ``verifier/corners.py: pair_draws``): a pair of inputs
+at opposite values (``peakneg``), at ``(P, P / 2)`` with the other inputs at a large scale
+(``peakrest``), and at ``(P, 1 / P)`` with the other inputs at their smallest normal
+(``peakinv``). Each refuses a rewrite that only a lucky random draw refused before, for
+every seed and dtype, and the safe rewrites pass them."""
+
+# ruff: noqa: N803, N806
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import eqsat_mirage as em
+from eqsat_mirage.verifier.corners import PAIR_FORMS, pair_draws, pairs
+from eqsat_mirage.verifier.floatcheck import _Judge
+
+DTYPES = ("float16", "bfloat16", "float32")
+
+
+def pair(inputs: dict, lhs, rhs) -> tuple[em.Graph, em.Graph]:
+    """Two programs over the same ``inputs`` ({name: (shape, dtype)})."""
+    out = []
+    for side, fn in (("lhs", lhs), ("rhs", rhs)):
+        g = em.Graph(side)
+        ts = [g.input(n, shape, dt) for n, (shape, dt) in inputs.items()]
+        g.output(fn(*ts), "O")
+        out.append(g)
+    return out[0], out[1]
+
+
+def div_matmul(dt: str, k: int, forward: bool):
+    """rules/algebra.egg's ``(Div x s) @ w <-> (x @ w) / s`` (``forward``: left to right)."""
+    ins = {"x": ((3, k), dt), "s": ((3, 1), dt), "w": ((k, 3), dt)}
+    a, b = (lambda x, s, w: (x / s) @ w), (lambda x, s, w: (x @ w) / s)
+    return pair(ins, a, b) if forward else pair(ins, b, a)
+
+
+def exp_sum(dt: str):
+    """rules/algebra.egg's ``exp(a + b) -> exp(a) * exp(b)``."""
+    return pair({"a": ((3, 2), dt), "b": ((1, 2), dt)}, lambda a, b: em.exp(a + b),
+                lambda a, b: em.exp(a) * em.exp(b))
+
+
+def corner(a, b, kind: str, j: int, seed: int = 0):
+    """The counterexample of draw (``kind``, ``j``) alone, or None."""
+    judge = _Judge(a, b, np.random.default_rng(seed), 1e-7, True, None, True, False, False, [])
+    return judge.checked(0, "native", kind, float(j))
+
+
+UNSAFE = {  # the rewrite, the corner that refuses it, the pair (positions)
+    **{f"x @ w before / s {dt} K={k}": (lambda dt=dt, k=k: div_matmul(dt, k, True),
+                                        "peakrest", (0, 1)) for dt in DTYPES for k in (1, 3, 6)},
+    **{f"x / s before @ w {dt}": (lambda dt=dt: div_matmul(dt, 3, False), "peakinv", (0, 1))
+       for dt in DTYPES},
+    **{f"exp(a) * exp(b) {dt}": (lambda dt=dt: exp_sum(dt), "peakneg", (0, 1))
+       for dt in DTYPES},
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNSAFE))
+def test_a_pair_form_refuses_it(name):
+    make, kind, members = UNSAFE[name]
+    a, b = make()
+    j = pairs(a).index(members)
+    assert (kind, j) in pair_draws(a, None)
+    for seed in (0, 1, 2):  # the corner alone, whatever the seed
+        cex = corner(a, b, kind, j, seed)
+        assert cex is not None and "non-finite where the first program is finite" in \
+            cex.detail, (seed, cex)
+    assert corner(b, a, kind, j) is None  # the reverse is no worse there
+
+
+@pytest.mark.parametrize("name", sorted(UNSAFE))
+def test_verify_refuses_it_for_every_seed(name):
+    a, b = UNSAFE[name][0]()
+    for seed in range(6):
+        res = em.verify(a, b, trials=3, seed=seed)
+        assert not res.equivalent and res.counterexample.domain == "native dtype", (seed, res)
+
+
+SAFE = {
+    **{f"lerp {dt}": lambda dt=dt: pair(
+        {"H": ((4, 8), dt), "N": ((4, 8), dt), "a": ((1, 8), dt)},
+        lambda H, N, a: H + a * (N - H), lambda H, N, a: (1.0 - a) * H + a * N)
+       for dt in DTYPES},
+    **{f"distributed over a sum {dt}": lambda dt=dt: pair(
+        {"A": ((4, 8), dt), "B": ((8, 3), dt), "C": ((8, 3), dt)},
+        lambda A, B, C: A @ (B + C), lambda A, B, C: A @ B + A @ C) for dt in DTYPES},
+    **{f"exp(a) * exp(b) to exp(a + b) {dt}": lambda dt=dt: exp_sum(dt)[::-1]
+       for dt in DTYPES},  # finite wherever the first is (its accuracy: not these draws')
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAFE))
+def test_safe_rewrites_pass_every_pair_form(name):
+    a, b = SAFE[name]()
+    for kind, j in pair_draws(a, None):
+        assert corner(a, b, kind, j) is None, (kind, pairs(a)[j])
+
+
+def test_the_forms_are_chosen_from_the_programs():
+    a, _ = exp_sum("float16")  # two inputs: no others to set large or small
+    assert pair_draws(a, None) == [("peakneg", 0)]
+    a, _ = div_matmul("float16", 3, True)
+    assert pair_draws(a, None) == [(kind, j) for kind in PAIR_FORMS for j in range(3)]
+    assert pair_draws(a, [0, 1]) == [(kind, 0) for kind in PAIR_FORMS]  # the peaked only
