@@ -81,6 +81,17 @@ def _mask_vars(term, out: set) -> set:
     return out
 
 
+def _index_vars(term, out: set) -> set:
+    """Pattern variables a Gather reads as its indices: they become int64 index inputs
+    (the field and float draws give them valid indices of the table they index)."""
+    if isinstance(term, SList):
+        if term.head() == "Gather" and len(term.items) > 3 and _is_var(term.items[3]):
+            out.add(str(term.items[3]))
+        for arg in term.items[1:]:
+            _index_vars(arg, out)
+    return out
+
+
 def _factorize(n: int, k: int, rng: random.Random) -> tuple[int, ...]:
     """A random ordered factorization of ``n`` into ``k`` positive factors."""
     out = []
@@ -95,10 +106,12 @@ class _Instance:
 
     def __init__(self, schema: Schema, rng: random.Random, shapes: dict[str, tuple],
                  drawn: dict | None = None, masks: frozenset = frozenset(),
-                 dtype: str = "float32") -> None:
+                 dtype: str = "float32", indices: frozenset = frozenset()) -> None:
         self.schema, self.rng, self.shapes, self.masks = schema, rng, shapes, masks
-        self.dtype = dtype  # of every tensor variable but masks
-        self.inputs = {v: Node(Op.INPUT, (), v, s, "bool" if v in masks else dtype)
+        self.indices = indices  # variables a Gather reads as indices: int64
+        self.dtype = dtype  # of every tensor variable but masks and indices
+        self.inputs = {v: Node(Op.INPUT, (), v, s, "bool" if v in masks else
+                               "int64" if v in indices else dtype)
                        for v, s in shapes.items()}
         self.env: dict[str, object] = {**self.inputs, **(drawn or {})}
         self.drawn = dict(drawn or {})  # scalars drawn while building the LHS
@@ -119,7 +132,7 @@ class _Instance:
         elif ok and -len(shape) <= axis < len(shape):
             shape[axis] = value
         out = _Instance(self.schema, self.rng, {**self.shapes, var: tuple(shape)}, self.drawn,
-                        self.masks, self.dtype)
+                        self.masks, self.dtype, self.indices)
         out.facts = set(self.facts)  # still the block-level facts' (``redrawn``)
         return out
 
@@ -127,7 +140,8 @@ class _Instance:
         """A fresh instance with the same shapes and scalars but the values drawn for
         block-level facts, drawn again (a loop range that does not divide the size)."""
         kept = {k: v for k, v in self.drawn.items() if k not in self.facts}
-        return _Instance(self.schema, self.rng, self.shapes, kept, self.masks, self.dtype)
+        return _Instance(self.schema, self.rng, self.shapes, kept, self.masks, self.dtype,
+                         self.indices)
 
     def build(self, term, lhs: bool) -> Node:
         """The IR node of a T-sorted term; in the LHS, unbound scalars get random values."""
@@ -372,6 +386,7 @@ def check_rule(rule: Rule, schema: Schema | None = None, instances: int = 3, see
     res = RuleCheck(rule.name, rule.where, "not instantiated", path=rule.path, line=rule.line)
     names = _tensor_vars(rule.lhs, schema, [])
     masks = frozenset(_mask_vars(rule.lhs, set()))
+    indices = frozenset(_index_vars(rule.lhs, set()))
     above = _thresholds(rule)
     found, seen, why = [], set(), "no instance type-checked"  # found: (instance, lhs, rhs)
     for _ in range(max_attempts):
@@ -383,7 +398,8 @@ def check_rule(rule: Rule, schema: Schema | None = None, instances: int = 3, see
         try:
             dtype = dtypes.choice(("float32", "float32", "float16", "bfloat16"))
             inst, lhs = _instantiate(rule, _Instance(schema, rng, _draw_shapes(names, rng, above),
-                                                     masks=masks, dtype=dtype))
+                                                     masks=masks, dtype=dtype,
+                                                     indices=indices))
         except (ShapeError, DTypeError, _Fail) as exc:
             why = f"last attempt: {exc}"
             continue
