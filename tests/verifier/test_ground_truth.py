@@ -10,6 +10,7 @@ from test_catalogue import IDENTITIES  # pytest puts this folder on sys.path
 
 import eqsat_mirage as em
 from eqsat_mirage.semantics.floating import rounded_inputs
+from eqsat_mirage.semantics.gather import draw_indices, index_bounds
 from eqsat_mirage.verifier import truth as gt
 
 wide = pytest.mark.skipif(gt.WIDE is None, reason="numpy longdouble is float64 on this machine")
@@ -55,8 +56,10 @@ def test_float64_suffices_on_the_catalogue_by_a_wide_margin():
             g = case.build(side)
             if gt.precision(g) == "float64":
                 continue
+            rows = index_bounds(g)  # an index input (a gather's): valid integer indices
             for k in (0, 6, -6, 20, -20):
-                raw = {n: (rng.random(v.shape) < 0.75).astype(float) if v.dtype == "bool"
+                raw = {n: draw_indices(rng, v.shape, rows[n]) if n in rows
+                       else (rng.random(v.shape) < 0.75).astype(float) if v.dtype == "bool"
                        else rng.standard_normal(v.shape) * 2.0**k for n, v in g.inputs.items()}
                 x = rounded_inputs(g, raw)
                 r64 = em.evaluate(g, x)
