@@ -50,9 +50,11 @@ class TuneResult:
     def summary(self) -> str:
         """One line: kernels built, warps changed, refusals, seconds."""
         arch = f"sm_{ARCH[self.target]}" + ("a" if ARCH.get(self.target) == 90 else "")
-        spills = ("not clean" if not self.ok else "a kernel spilled; its other warp counts "
-                  "were not tried in time" if self.cut_short
-                  else "no spills, shared memory within the limit")
+        spills = ("not clean" if not self.ok
+                  else "not built: the time limit came before the first build ended"
+                  if self.cut_short and not self.compiles
+                  else "a kernel spilled; its other warp counts were not tried in time"
+                  if self.cut_short else "no spills, shared memory within the limit")
         parts = [f"{len(self.kernels)} kernel(s) built for {self.target} ({arch}): {spills} "
                  f"({self.compiles} builds, {self.seconds:.1f} s)"]
         parts += [f"{n}: {a} -> {b} warps (ptxas spilled at {a})"

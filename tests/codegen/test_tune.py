@@ -67,15 +67,34 @@ def test_a_spilling_warp_count_is_retuned():
 
 
 @needs_compiler
+class _AfterOneBuild:
+    """A deadline that passes once the first build has been asked for."""
+
+    def __init__(self) -> None:
+        self.checks = 0
+
+    def expired(self) -> bool:
+        self.checks += 1
+        return self.checks > 1
+
+    def remaining(self) -> float:
+        return 0.0 if self.checks > 1 else 3600.0
+
+
 def test_warp_retries_stop_at_the_deadline_without_refusing():
     """Issue 32: past its deadline the compile check tries no other warp count (a build can
-    take a minute at LLaMA-7B sizes); the kernel is not refused, only left unpinned."""
+    take a minute at LLaMA-7B sizes); the kernel is not refused, only left unpinned. A
+    deadline already past builds nothing (issue 51: a build stops at the deadline) and says
+    so."""
     from eqsat_mirage.ir.limits import Deadline
 
     mg = attention_tiles(128, 128)  # spills at 4 warps
     (k,) = _custom(mg)
     k.num_warps = 4
     result = tune(mg, "h100", Deadline(0.0))
+    assert result.cut_short and result.ok and not result.retuned and result.compiles == 0
+    assert "not built: the time limit came before the first build ended" in result.summary()
+    result = tune(mg, "h100", _AfterOneBuild())  # the first build ends, then time is up
     assert result.cut_short and result.ok and not result.retuned and result.compiles == 1
     assert k.num_warps is None and "not tried in time" in result.summary()
 
