@@ -67,34 +67,43 @@ def test_a_spilling_warp_count_is_retuned():
 
 
 @needs_compiler
-class _AfterOneBuild:
-    """A deadline that passes once the first build has been asked for."""
+class _Flag:
+    """A deadline that passes when told to (``passed``)."""
 
-    def __init__(self) -> None:
-        self.checks = 0
+    passed = False
 
     def expired(self) -> bool:
-        self.checks += 1
-        return self.checks > 1
+        return self.passed
 
     def remaining(self) -> float:
-        return 0.0 if self.checks > 1 else 3600.0
+        return 0.0 if self.passed else 3600.0
 
 
-def test_warp_retries_stop_at_the_deadline_without_refusing():
+def test_warp_retries_stop_at_the_deadline_without_refusing(monkeypatch):
     """Issue 32: past its deadline the compile check tries no other warp count (a build can
     take a minute at LLaMA-7B sizes); the kernel is not refused, only left unpinned. A
     deadline already past builds nothing (issue 51: a build stops at the deadline) and says
     so."""
     from eqsat_mirage.ir.limits import Deadline
 
+    unbuilt = attention_tiles(16, 128)  # a kernel no other test builds (builds are cached)
+    result = tune(unbuilt, "h100", Deadline(0.0))
+    assert result.cut_short and result.ok and not result.retuned and result.compiles == 0
+    assert "not built: the time limit came before the first build ended" in result.summary()
     mg = attention_tiles(128, 128)  # spills at 4 warps
     (k,) = _custom(mg)
     k.num_warps = 4
-    result = tune(mg, "h100", Deadline(0.0))
-    assert result.cut_short and result.ok and not result.retuned and result.compiles == 0
-    assert "not built: the time limit came before the first build ended" in result.summary()
-    result = tune(mg, "h100", _AfterOneBuild())  # the first build ends, then time is up
+    import eqsat_mirage.codegen.tune as tuning
+
+    deadline, built = _Flag(), tuning.compile_report
+
+    def first_build_then_late(*args):  # the first build ends (or comes from the cache), then
+        out = built(*args)             # the time is up
+        deadline.passed = True
+        return out
+
+    monkeypatch.setattr(tuning, "compile_report", first_build_then_late)
+    result = tune(mg, "h100", deadline)
     assert result.cut_short and result.ok and not result.retuned and result.compiles == 1
     assert k.num_warps is None and "not tried in time" in result.summary()
 
