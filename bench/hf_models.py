@@ -253,7 +253,8 @@ def run(name: str, dtype: str = "float32", impl: str = "sdpa", time_limit_s: flo
             "optimized_ops": s["optimized_ops"], "optimized_compute_ops":
             s["optimized_compute_ops"], "partitions": s["optimized_partitions"],
             "time_limited_ops": timed_out,
-            "before": s["predicted_us"][0], "after": s["predicted_us"][1], "error": err,
+            "before": (s["predicted_us"] or (None, None))[0],  # None: nothing optimized
+            "after": (s["predicted_us"] or (None, None))[1], "error": err,
             "finite": bool(torch.isfinite(got).all()), "seconds": seconds,
             "eager": s["eager"], "backend": be,
             "rejected": [line for line in said if "rejected by the verifier" in line],
@@ -342,7 +343,9 @@ def table(rows: list[dict]) -> str:
                      f"{r['hidden']} | {r['optimized_compute_ops']} / {r['compute_ops']} / "
                      f"{r['ops']} "
                      f"({share:.0f}% of compute) | {r['time_limited_ops']} | "
-                     f"{r['partitions']} | {r['before']:.2f} -> {r['after']:.2f} | "
+                     f"{r['partitions']} | "
+                     + (f"{r['before']:.2f} -> {r['after']:.2f}" if r["after"] else "not priced")
+                     + " | "
                      f"{speed:.2f}x | {r['error']:.1e} | {r['seconds']:.1f} |")
     return "\n".join(lines)
 

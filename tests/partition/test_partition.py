@@ -194,4 +194,7 @@ def test_stitching_never_collides_with_user_names():
     assert list(mg.inputs) == list(g.inputs)
     _pieces_compute(g, pieces)
     res = em.optimize(g, level="kernel", time_limit_s=60)
-    assert res.verified.equivalent
+    assert list(res.program.inputs) == list(g.inputs)
+    # optimized and verified, or (a gain under whole.MIN_GAIN at the kernel level) the input
+    assert (res.verified is not None and res.verified.equivalent) or \
+        "input returned" in res.stats["note"], res.stats.get("note")
