@@ -343,6 +343,17 @@ def contiguous_run(tile: tuple[int, ...], shape: tuple[int, ...]) -> int:
     return run
 
 
+def run_bytes(k: CustomKernel, bi, spec) -> int:
+    """Bytes block input ``bi`` of ``k`` reads from its tensor (``spec``, a ``TensorSpec``
+    or None when unknown) in one contiguous run (``contiguous_run`` of its tile);
+    ``LINE_BYTES`` where the tile and the tensor differ in rank (a reshaped read: taken as
+    whole lines)."""
+    tile = _tile_node(k, bi.name)
+    if spec is None or len(spec.shape) != len(tile.shape):
+        return LINE_BYTES
+    return contiguous_run(tile.shape, spec.shape) * ITEMSIZE[spec.dtype]
+
+
 def load_slowdown(k: CustomKernel, mg: MuGraph, prof: GPUProfile) -> float:
     """What the shape of ``k``'s tiles costs its loads, beside their bytes: the mean over
     its block inputs (weighted by the bytes each loads) of (padded / loaded tile elements)
@@ -360,10 +371,7 @@ def load_slowdown(k: CustomKernel, mg: MuGraph, prof: GPUProfile) -> float:
         size = numel(tile.shape) * ITEMSIZE[tile.dtype] * (k.forloop if bi.fmap is not None
                                                           else 1)
         pad = numel(tuple(pow2_ceil(d) for d in tile.shape)) / max(numel(tile.shape), 1)
-        spec = specs.get(bi.tensor)
-        run = (contiguous_run(tile.shape, spec.shape) * ITEMSIZE[spec.dtype]
-               if spec is not None and len(spec.shape) == len(tile.shape) else LINE_BYTES)
-        short = LINE_BYTES / min(LINE_BYTES, max(run, 1))
+        short = LINE_BYTES / min(LINE_BYTES, max(run_bytes(k, bi, specs.get(bi.tensor)), 1))
         total, weighted = total + size, weighted + size * pad ** p * short ** q
     return weighted / total if total else 1.0
 

@@ -38,9 +38,9 @@ from __future__ import annotations
 import heapq
 import math
 
-from ..cost.gpucost import LINE_BYTES, contiguous_run, mugraph_cost
+from ..cost.gpucost import LINE_BYTES, mugraph_cost, run_bytes, tensor_bytes
 from ..ir.errors import MirageError
-from ..ir.node import ITEMSIZE, Op, numel
+from ..ir.node import Op
 from ..mugraph.program import MuGraph
 from .indexing import ScheduleError
 from .lower import add_kernel
@@ -130,15 +130,10 @@ def shape_of(planner, p: Pricing) -> tuple[bool, int, bool, str]:
     main = kernels[0]  # a split's first kernel: the one that reads the inputs
     blocks = math.prod(main.grid)
     fill = min(2, blocks // max(1, planner.prof.sms))
-    run = LINE_BYTES
-    widest = max(main.inputs.values(), key=lambda bi: numel(mg.tensors[bi.tensor].shape)
-                 * ITEMSIZE[mg.tensors[bi.tensor].dtype], default=None)
-    if widest is not None:
-        spec = mg.tensors[widest.tensor]
-        tile = (main.loop.inputs[widest.name] if widest.name in main.loop.inputs
-                else main.post.inputs[widest.name])
-        if len(tile.shape) == len(spec.shape):
-            run = contiguous_run(tile.shape, spec.shape) * ITEMSIZE[spec.dtype]
+    specs = mg.tensors
+    widest = max(main.inputs.values(), default=None, key=lambda bi: tensor_bytes(
+        specs[bi.tensor].shape, specs[bi.tensor].dtype))
+    run = LINE_BYTES if widest is None else run_bytes(main, widest, specs[widest.tensor])
     split = p.schedule.split is not None
     label = f"{'split' if split else 'one pass'}, {blocks} blocks, {min(run, 9999)} B runs"
     return split, fill, run >= LINE_BYTES, label
