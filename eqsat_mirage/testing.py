@@ -25,7 +25,7 @@ from hypothesis.extra import numpy as hnp
 from .frontend.graph import Graph
 from .ir.check import check, check_lax, exp_depth
 from .ir.errors import DTypeError, MirageError, ShapeError
-from .ir.node import DTYPES, LOGIC, REDUCE, UNARY, Node, Op, broadcast_shapes, make, numel
+from .ir.node import COMPARE, DTYPES, LOGIC, REDUCE, UNARY, Node, Op, broadcast_shapes, make, numel
 from .ir.ops import SPECS
 from .semantics.field import FieldCtx, FieldZeroDivisionError, evaluate_field
 from .semantics.floating import evaluate
@@ -179,8 +179,9 @@ def programs(draw, max_ops: int = 8, max_inputs: int = 3, max_dim: int = 6,
              ops: Iterable[Op] | None = None, lax: bool = True) -> Graph:
     """Strategy of random well-shaped ``Graph``s (passing ``em.check``) with 1-2 outputs.
 
-    Up to ``max_ops`` ops drawn from ``ops`` (default: all but the masks, where/mask/causal/not,
-    and the gather (integer index inputs), which the generator does not build yet;
+    Up to ``max_ops`` ops drawn from ``ops`` (default: all but the masks, where/mask/causal/not
+    and the comparisons (bool results), and the gather (integer index inputs), which the
+    generator does not build yet;
     ``Op.CONST`` allows constant operands), up to
     ``max_inputs`` inputs of rank 1-3, dims in ``1..max_dim``, any dtype.
     Shapes exercise broadcasting (size-1 dims, rank differences), batched matmul with
@@ -190,7 +191,7 @@ def programs(draw, max_ops: int = 8, max_inputs: int = 3, max_dim: int = 6,
     sqrt/rsqrt arguments are positive (``x * x + c``, c > 0, is built when none fits, even
     if ``ops`` lacks MUL/ADD). ``lax=False`` allows exp of exp, and values may overflow.
     """
-    masks = {Op.WHERE, Op.MASK, Op.CAUSAL, Op.NOT}
+    masks = {Op.WHERE, Op.MASK, Op.CAUSAL, Op.NOT} | COMPARE  # a comparison: a bool mask
     allowed = set(Op) - masks - {Op.GATHER} if ops is None else set(ops)
     if allowed & masks:
         raise ValueError(f"programs(): {sorted(op.name for op in allowed & masks)} are not "

@@ -38,7 +38,7 @@ import textwrap
 import tokenize
 from collections.abc import Callable, Mapping
 
-from ..ir.node import BINARY, LOGIC, UNARY, Node, Op
+from ..ir.node import BINARY, COMPARE, LOGIC, UNARY, Node, Op
 from ..ir.ops import SPECS
 from ..ir.printing import short_dtype
 from ..mugraph.io import format_mugraph
@@ -126,7 +126,7 @@ def _torch_op(k: PredefinedKernel, var: dict[str, str], length_mask: bool = Fals
     spec = SPECS[op]
     if op in UNARY | LOGIC and op is not Op.CAST:  # elementwise: their specs' torch functions
         return f"{spec.torch}({arg(xs[0])})"
-    if op in BINARY:
+    if op in BINARY | COMPARE:  # a comparison: a bool tensor
         a, b, sym = arg(xs[0]), arg(xs[1]), spec.symbol
         if xs[1].op is Op.CONST and b.startswith("-"):
             b = f"({b})"

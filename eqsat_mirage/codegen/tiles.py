@@ -31,7 +31,7 @@ import keyword
 import math
 import re
 
-from ..ir.node import BINARY, LOGIC, REDUCE, Node, Op, Shape, fmt_shape, numel
+from ..ir.node import BINARY, COMPARE, LOGIC, REDUCE, Node, Op, Shape, fmt_shape, numel
 from ..ir.ops import SPECS, ZERO
 from .concat import CodegenError, ConcatOps, Val, squeezed
 from .dots import MIN_DOT, matmul_dims, merges_batch, pow2, uses_dot
@@ -308,6 +308,10 @@ class TileOps(ConcatOps):
             return Val(var, node.shape, srcs[0].dtype, clean)
         elif node.op in LOGIC:  # a bool mask's not: an int1 block (its padding now holds)
             self.emit(section, var, triton_form(SPECS[node.op].triton, srcs[0].expr), label)
+            return Val(var, node.shape, "bool", False)
+        elif node.op in COMPARE:  # an int1 block in registers, compared in float32 (exact
+            a, b = (self.broadcast(self.f32(s), s, node.shape) for s in srcs)  # on the
+            self.emit(section, var, f"{a} {SPECS[node.op].symbol} {b}", label)  # operands)
             return Val(var, node.shape, "bool", False)
         else:
             expr, clean = self._unary(node, srcs[0])

@@ -16,7 +16,8 @@ from ..ir.ops import SPECS
 # The ops whose term is their constructor applied to their operands (elementwise, matmul,
 # the masks); the reductions, whose term takes an axis. Constructor names: the specs'.
 _PLAIN = {op: s.egglog for op, s in SPECS.items()
-          if s.arg is None and s.group in ("unary", "logic", "binary", "matmul", "select")}
+          if s.arg is None and s.group in ("unary", "logic", "binary", "compare", "matmul",
+                                           "select")}
 _REDUCE = {op: SPECS[op].egglog for op in REDUCE}
 CTOR_OP = {ctor: op for op, ctor in _PLAIN.items()}
 REDUCE_CTOR_OP = {ctor: op for op, ctor in _REDUCE.items()}

@@ -87,7 +87,8 @@ def _reduce(p: str, xs: tuple[str, ...]) -> list[str]:
 
 
 _BY_GROUP: dict[str, Callable[[str, tuple[str, ...]], list[str]]] = {
-    "unary": _same, "logic": _same, "binary": _broadcast, "select": _broadcast, "matmul": _matmul,
+    "unary": _same, "logic": _same, "binary": _broadcast, "compare": _broadcast,
+    "select": _broadcast, "matmul": _matmul,
     "reduce": _reduce}
 
 _GATHER = "(Gather ax x i)"  # the indices' shape takes the axis's place

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..ir.errors import GraphError, ShapeError
 from ..ir.node import Op, user_location
+from ..ir.ops import SPECS
 from .graph import Graph, Tensor, apply
 
 
@@ -133,6 +134,21 @@ def logical_not(mask: Tensor) -> Tensor:
         raise GraphError(f"logical_not (at {user_location()}): expected a bool mask Tensor, "
                          f"got {getattr(mask, 'dtype', type(mask).__name__)}")
     return apply(Op.NOT, mask)
+
+
+def _comparison(op: Op, name: str):
+    def compare(a: Any, b: Any) -> Tensor:
+        if not any(isinstance(x, Tensor) for x in (a, b)):
+            raise GraphError(f"{name} (at {user_location()}): needs a Tensor operand")
+        return apply(op, a, b)
+    compare.__name__ = compare.__qualname__ = name
+    compare.__doc__ = (f"``a {SPECS[op].symbol} b`` elementwise (float tensors or numbers, "
+                       "broadcast): a bool mask, for ``em.where`` and ``masked_fill``.")
+    return compare
+
+
+gt, ge, lt, le = (_comparison(op, op.name.lower()) for op in (Op.GT, Op.GE, Op.LT, Op.LE))
+eq, ne = _comparison(Op.EQ, "eq"), _comparison(Op.NE, "ne")
 
 
 def causal_mask(graph: Graph, rows: int, cols: int | None = None, offset: int = 0) -> Tensor:

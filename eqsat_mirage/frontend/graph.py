@@ -252,6 +252,23 @@ class Tensor:
         """``~mask``: the logical not of a bool mask (``em.logical_not``)."""
         return apply(Op.NOT, self)
 
+    def __gt__(self, o: Any) -> Tensor:
+        """``x > y``: a bool mask (``em.gt``; ``==`` and ``!=`` are ``em.eq`` and ``em.ne``,
+        a Tensor's ``==`` stays Python's identity)."""
+        return apply(Op.GT, self, o)
+
+    def __ge__(self, o: Any) -> Tensor:
+        """``x >= y``: a bool mask (``em.ge``)."""
+        return apply(Op.GE, self, o)
+
+    def __lt__(self, o: Any) -> Tensor:
+        """``x < y``: a bool mask (``em.lt``)."""
+        return apply(Op.LT, self, o)
+
+    def __le__(self, o: Any) -> Tensor:
+        """``x <= y``: a bool mask (``em.le``)."""
+        return apply(Op.LE, self, o)
+
     def __pow__(self, k: Any) -> Tensor:
         if k == 2:
             return apply(Op.MUL, self, self)
@@ -321,8 +338,11 @@ class Tensor:
         name = canonical_dtype(dtype)
         if name == self.dtype:
             return self
-        if "bool" in (name, self.dtype):
-            raise GraphError(f"{self._what('astype')}: casts to or from bool are not supported")
+        if name == "bool":
+            raise GraphError(f"{self._what('astype')}: casts to bool are not supported (a "
+                             "comparison makes a mask: x != 0)")
+        if self.dtype == "bool":  # a mask as 0/1 values: where(m, 1, 0) in ``name``
+            return apply(Op.WHERE, self, 1.0, 0.0).astype(name)
         return apply(Op.CAST, self, arg=name)
 
     def __getitem__(self, index: Any) -> Tensor:

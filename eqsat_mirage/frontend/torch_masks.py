@@ -32,9 +32,9 @@ import numpy as np
 import torch
 
 from ..ir.errors import MirageError, UnsupportedOpError
-from ..ir.node import Op
+from ..ir.node import DTYPES, Op
 from .functions import logical_not, where
-from .graph import Tensor
+from .graph import Tensor, apply
 
 __all__ = ["BoolMask", "MASK_FUNCTIONS", "MASK_METHODS", "Snapshot", "constant_mask",
            "is_mask", "select", "source_value"]
@@ -185,15 +185,33 @@ def _mask_literal(name: str, args: tuple, kwargs: dict) -> Any:
     return a if (float(b) == 1.0) == (name == "eq") else _complement(a)
 
 
+_OPS = {"eq": Op.EQ, "ne": Op.NE, "lt": Op.LT, "le": Op.LE, "gt": Op.GT, "ge": Op.GE}
+# torch's long names of the comparisons
+_ALIASES = {"greater": "gt", "greater_equal": "ge", "less": "lt", "less_equal": "le",
+            "not_equal": "ne"}
+
+
 def _compare(name: str):
-    def h(*args: Any, **kwargs: Any) -> Any:
+    """The handler of comparison ``name`` (``x.bool()``: ``x != 0``): of a bool mask and a
+    0/1 number, the mask or its complement; of float tensors (computed, arguments, buffers)
+    and numbers, the comparison op, a bool mask (``em.gt``, ...)."""
+    def h(*args: Any, out: Any = None, **kwargs: Any) -> Any:
+        if out is not None:
+            raise UnsupportedOpError("out= is not supported")
         m = _mask_literal(name, args, kwargs)
         if m is not None:
             return m
+        if name == "bool" and len(args) == 1 and not kwargs:
+            args = (args[0], 0.0)
+        if len(args) == 2 and not kwargs and all(
+                isinstance(x, Real) and not isinstance(x, bool) or
+                isinstance(x, Tensor) and x.dtype in DTYPES for x in args) and any(
+                isinstance(x, Tensor) for x in args):
+            return apply(_OPS.get(name, Op.NE), *args)
+        kinds = ", ".join(getattr(x, "dtype", type(x).__name__) for x in args)
         raise UnsupportedOpError(
-            f"{name} of a computed tensor (a comparison or a cast to bool is folded when its "
-            "operands are constants, such as a module buffer: nanoGPT's "
-            "`self.bias[:, :, :T, :T] == 0`)")
+            f"{name} of ({kinds}){' with keyword arguments' if kwargs else ''}: float tensors "
+            "and numbers are compared (a bool mask only with 0 or 1: mask == 0)")
     return h
 
 
@@ -245,6 +263,7 @@ def _where(condition: Any, input: Any, other: Any, *, out: Any = None) -> Tensor
 _COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge")
 MASK_FUNCTIONS = {
     **{getattr(torch, n): _compare(n) for n in _COMPARISONS},
+    **{getattr(torch, n): _compare(short) for n, short in _ALIASES.items()},
     **{getattr(operator, n): _compare(n) for n in _COMPARISONS},
     operator.invert: _invert, torch.logical_not: _invert,
     torch.bitwise_not: _invert, torch.where: _where, torch.masked_fill: _masked_fill,
@@ -252,6 +271,7 @@ MASK_FUNCTIONS = {
 MASK_METHODS = {
     **{n: _compare(n) for n in _COMPARISONS},
     **{f"__{n}__": _compare(n) for n in _COMPARISONS},
+    **{n: _compare(short) for n, short in _ALIASES.items()},
     "logical_not": _invert, "bitwise_not": _invert, "__invert__": _invert,
     "masked_fill": _masked_fill, "where": lambda x, cond, y: _where(cond, x, y),
     "bool": _compare("bool"),

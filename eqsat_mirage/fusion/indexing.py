@@ -15,7 +15,7 @@ from string import ascii_lowercase
 from ..frontend.graph import Graph
 from ..ir.check import check
 from ..ir.errors import MirageError
-from ..ir.node import BINARY, LOGIC, REDUCE, UNARY, Node, Op, Shape, fmt_shape
+from ..ir.node import BINARY, COMPARE, LOGIC, REDUCE, UNARY, Node, Op, Shape, fmt_shape
 
 
 class ScheduleError(MirageError):
@@ -132,7 +132,7 @@ class _Ties:
         if n.op in UNARY | LOGIC:  # elementwise on one operand (a bool mask's not too)
             for d in range(r):
                 tie(n.srcs[0], d, n, d)
-        elif n.op in BINARY or n.op in (Op.WHERE, Op.MASK):  # broadcasting ops
+        elif n.op in BINARY | COMPARE or n.op in (Op.WHERE, Op.MASK):  # broadcasting ops
             for s in n.srcs:
                 for i in range(1, len(s.shape) + 1):
                     tie(s, len(s.shape) - i, n, r - i)

@@ -24,6 +24,7 @@ from .errors import DTypeError, ShapeError
 from .ops import (  # noqa: F401  (re-exported: the op groups, derived from the specs)
     ARITY,
     BINARY,
+    COMPARE,
     ELEMENTWISE,
     GATHERS,
     KEYED,
@@ -250,6 +251,14 @@ def infer(op: Op, srcs: tuple[Node, ...], arg: Any) -> tuple[Shape, str]:
         return srcs[0].shape, "bool"
     if op is Op.GATHER:
         return _gather_shape(srcs, arg, where)
+    if op in COMPARE:  # float values compared: a bool mask of their broadcast shape
+        if any(s.dtype not in DTYPES for s in srcs):
+            raise DTypeError(f"{where}: a comparison's operands must be float tensors, got "
+                             f"{', '.join(s.dtype for s in srcs)}")
+        shape = broadcast_shapes(srcs[0].shape, srcs[1].shape)
+        if shape is None:
+            raise ShapeError(f"{where}: shapes do not broadcast")
+        return shape, "bool"
     if any(s.dtype in INDEX_DTYPES for s in srcs):
         if op not in VIEWS and op is not Op.CONCAT or any(
                 s.dtype != srcs[0].dtype for s in srcs):
@@ -262,7 +271,7 @@ def infer(op: Op, srcs: tuple[Node, ...], arg: Any) -> tuple[Shape, str]:
                 s.dtype != "bool" for s in srcs):
             raise DTypeError(f"{where}: a bool mask can only be moved (transpose, reshape, "
                              "concat, slice), negated (logical not) or used as the condition "
-                             "of em.where")
+                             "of em.where (a 0/1 float: em.where(m, 1.0, 0.0))")
     if op is Op.CAST:
         if arg not in DTYPES:
             raise DTypeError(f"{where}: cast to {arg!r}; expected one of {', '.join(DTYPES)}")

@@ -61,6 +61,12 @@ class Op(Enum):
     SIGMOID = auto()
     NOT = auto()
     GATHER = auto()
+    GT = auto()
+    GE = auto()
+    LT = auto()
+    LE = auto()
+    EQ = auto()
+    NE = auto()
 
 
 # What a padded (zero-filled) tensor holds where it is padded (family/padding.py).
@@ -68,8 +74,9 @@ ZERO, NEG_INF, FINITE, ANY = "0", "-inf", "finite", "any"
 
 # "logic": elementwise ops on bool masks, a bool mask of the operand's shape (logical not)
 # "gather": rows of a table picked by an integer index tensor (embedding, index_select)
+# "compare": a comparison of two float values (broadcast as binary ops are), a bool mask
 GROUPS = ("leaf", "unary", "binary", "matmul", "reduce", "movement", "select", "mask",
-          "logic", "gather")
+          "logic", "gather", "compare")
 
 
 @dataclass(frozen=True)
@@ -145,6 +152,16 @@ def _erf(x: Any) -> Any:
 
 def _fn(name: str) -> str:
     return f'(AFn "{name}" {{0}})'
+
+
+def _compare(op: Op, symbol: str, ufunc: str, mutant: Op) -> OpSpec:
+    """The spec of comparison ``op`` (``a symbol b``; NumPy's ``ufunc``)."""
+    fn = getattr(np, ufunc)
+    name = op.name.lower()
+    return OpSpec(op, "compare", 2, f"a {symbol} b, a bool mask (NumPy broadcasting)",
+                  floats=lambda a, b: fn(a, b).astype(np.float64), torch=f"torch.{name}",
+                  symbol=symbol, egglog=name.capitalize(),
+                  guard=f'(AFn "{name}" (AAdd {{0}} {{1}}))', cost=(1, 0), mutants=(mutant,))
 
 
 _UNIT = (lambda m, lo: (1.0, -1.0))  # noqa: E731 - tanh, erf, cos, sin lie in [-1, 1]
@@ -258,6 +275,13 @@ _ALL = [
     OpSpec(Op.GATHER, "gather", 2, "the table's slices along an axis at integer indices",
            arg="the axis", floats=None, torch="torch.index_select", egglog="Gather",
            guard="{0}", cost=(0, 0), mutants=()),
+    # comparisons of float values, a bool mask (NumPy broadcasting): 0/1 in the float
+    # semantics; in the field a keyed random function of a - b into {0, 1}, one per op
+    # (docs/verifier.md, "Comparisons"), so any rewrite that keeps a - b keeps the mask
+    *(_compare(op, sym, name, mutant) for op, sym, name, mutant in (
+        (Op.GT, ">", "greater", Op.GE), (Op.GE, ">=", "greater_equal", Op.GT),
+        (Op.LT, "<", "less", Op.LE), (Op.LE, "<=", "less_equal", Op.LT),
+        (Op.EQ, "==", "equal", Op.NE), (Op.NE, "!=", "not_equal", Op.EQ))),
 ]
 
 SPECS: dict[Op, OpSpec] = {s.op: s for s in _ALL}
@@ -277,6 +301,7 @@ LEAF = ops_in("leaf")
 UNARY = ops_in("unary")
 BINARY = ops_in("binary")
 ELEMENTWISE = UNARY | BINARY
+COMPARE = ops_in("compare")  # float, float -> a bool mask (gt, ge, lt, le, eq, ne)
 LOGIC = ops_in("logic")  # bool -> bool elementwise (not): the operand's shape, a bool mask
 REDUCE = ops_in("reduce")
 MOVEMENT = ops_in("movement")
@@ -289,7 +314,8 @@ NAN_STRICT = UNARY | BINARY | REDUCE | VIEWS | {Op.MATMUL}
 # Functions outside the Lax algebra: the verifier models them as random functions.
 OPAQUE = frozenset(s.op for s in _ALL if s.opaque)
 # Ops whose field value is a random function keyed on the operand's Z_p part: the opaque
-# functions (per element) and max (per row: any consistent value, see docs/verifier.md).
-KEYED = OPAQUE | {Op.MAX}
+# functions (per element), max (per row: any consistent value, see docs/verifier.md) and
+# the comparisons (a random bit keyed on a - b).
+KEYED = OPAQUE | {Op.MAX} | COMPARE
 ARITY = {s.op: s.arity for s in _ALL}
 GATHERS = ops_in("gather")  # integer-indexed reads of a table (embedding, index_select)

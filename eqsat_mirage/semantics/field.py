@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.errors import LaxError
-from ..ir.node import KEYED, Op, slice_index
+from ..ir.node import COMPARE, KEYED, Op, slice_index
 from ..ir.ops import SPECS, OpSpec
 from .gather import draw_indices, index_bounds, take
 from .modular import (  # noqa: F401  (re-exported: the field backend's arithmetic)
@@ -398,6 +398,24 @@ def _from_spec(s: OpSpec):
     return _unary(fn) if s.arity == 1 else _binary(fn, fn)
 
 
+def _comparison(op: Op):
+    """A comparison ``a OP b`` (float values, a bool mask): not a polynomial, so modelled as
+    a keyed random function of ``a - b`` into {0, 1}, one per op and trial (keyed on the p
+    part, as the opaque functions are), the same bit as both parts: a mask that ``where``
+    (``c * a + (1 - c) * b``), ``mask`` and ``not`` read as 0/1. Two comparisons agree
+    wherever their differences agree as polynomials, which every rewrite that holds over
+    the reals through ``a - b`` keeps (``x + c > y + c``); a different op, operand order
+    or difference is an unrelated bit (docs/verifier.md, "Comparisons")."""
+    def apply(ctx, n, a, b):
+        k1, k2, k3 = (np.uint64(k) for k in ctx.keys[op])
+        diff = np.broadcast_to(submod(a[0], b[0], ctx.p), n.shape)
+        with np.errstate(over="ignore"):  # uint64 wrap-around is intended; 0-d values warn
+            z = _fmix((diff.astype(np.uint64) * k1 + k3) ^ k2)
+        bit = ((z >> np.uint64(40)) & np.uint64(1)).astype(np.int64)
+        return _p(ctx, n, lambda: bit), _q(ctx, n, lambda: bit)
+    return apply
+
+
 def _input(ctx, n):
     pair = ctx.inputs[n.arg]
     return pair[0], _q(ctx, n, lambda: pair[1])
@@ -438,6 +456,7 @@ FIELD_SEMANTICS = {
     Op.CAST: _movement(lambda xs, dtype: xs[0]),  # exact values: a cast only rounds floats
     Op.SLICE: _movement(lambda xs, arg: np.asarray(xs[0])[slice_index(arg)]),
     Op.GATHER: _gather,
+    **{op: _comparison(op) for op in COMPARE},
 }
 
 

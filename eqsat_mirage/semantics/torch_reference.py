@@ -21,10 +21,11 @@ stage sits below ``mugraph``).
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Mapping
 
 from ..ir.errors import MirageError
-from ..ir.node import BINARY, LOGIC, REDUCE, UNARY, Op, slice_index, tile_split, toposort
+from ..ir.node import BINARY, COMPARE, LOGIC, REDUCE, UNARY, Op, slice_index, tile_split, toposort
 from ..ir.ops import SPECS
 from ..runtime.check import CheckedLaunch, checked, tolerance
 
@@ -81,6 +82,10 @@ def checked_against(run: Callable, program, names: list[str] | None = None,
     return checked(run, torch_reference(program), names, program_tolerance(program), kernels)
 
 
+_INFIX = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
+          "==": operator.eq, "!=": operator.ne}
+
+
 class _TorchOps:
     """One torch op per kernel-level op, and the walk over a list of nodes."""
 
@@ -94,6 +99,8 @@ class _TorchOps:
                       if op in UNARY | LOGIC and op is not Op.CAST}
         self.binary = {op: s.torch_callable() for op, s in SPECS.items() if op in BINARY}
         self.reduce = {op: s.torch_callable() for op, s in SPECS.items() if op in REDUCE}
+        # the comparisons by their infix operators (a constant operand may come first)
+        self.compare = {op: _INFIX[SPECS[op].symbol] for op in COMPARE}
 
     def cast(self, xs) -> list:
         """Operands of mixed dtypes promoted to a common one (torch.matmul/cat need one)."""
@@ -114,6 +121,9 @@ class _TorchOps:
             return self.unary[n.op](xs[0])
         if n.op in self.binary:
             return self.binary[n.op](*xs)
+        if n.op in self.compare:
+            out = self.compare[n.op](*xs)
+            return out if isinstance(out, torch.Tensor) else torch.tensor(bool(out))
         if n.op is Op.MATMUL:
             return torch.matmul(*self.cast(xs))
         if n.op in (Op.SUM, Op.MEAN, Op.MAX):

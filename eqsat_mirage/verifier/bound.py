@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
-from ..ir.node import BINARY, OPAQUE, Op
+from ..ir.node import BINARY, COMPARE, OPAQUE, Op, toposort
 from ..ir.ops import SPECS
 from ..semantics.primes import family_size
 
@@ -303,6 +303,10 @@ def node_degree(node, ds: list[Degree]) -> Degree:
         if a.keep or all(src[ax] == 1 for ax in node.arg[0]):
             return Degree(max(1, a.num), a.den, a.arg, a.nbits, a.dbits, a.abits)
         return Degree(1, 0, a.arg, abits=a.abits)
+    if op in COMPARE:  # a fresh variable (a bit: ``per_trial_bound``), keyed on a - b
+        a, b = ds
+        diff = max(a.num + b.den, b.num + a.den) + a.den + b.den
+        return Degree(1, 0, max(a.arg, b.arg, diff), abits=max(a.abits, b.abits))
     if op in OPAQUE:  # a fresh variable (rsqrt: the inverse of sqrt's variable)
         a = ds[0]
         if SPECS[op].reciprocal_of is not None:
@@ -336,6 +340,20 @@ def degrees(program) -> dict[str, Degree]:
     for node in program.nodes():
         env[id(node)] = node_degree(node, [env[id(s)] for s in node.srcs])
     return {name: env[id(n)] for name, n in program.outputs.items()}
+
+
+# A difference that runs through comparisons' bits (each a keyed random bit of a - b,
+# semantics/field.py) is caught in one trial with probability 1/2 at least: the element's
+# bits that differ between the programs are fresh fair coins (docs/verifier.md).
+COMPARE_CATCH = 0.5
+
+
+def compared(program) -> set[str]:
+    """The outputs of ``program`` (a Graph, or a MuGraph by its reference Graph) that a
+    comparison feeds."""
+    graph = program.reference() if hasattr(program, "reference") else program
+    return {name for name, n in graph.outputs.items()
+            if any(m.op in COMPARE for m in toposort([n]))}
 
 
 @dataclass(frozen=True)
@@ -373,6 +391,7 @@ def per_trial_bound(a, b, prime_bits: int = 30) -> PerTrial:
     q_min, p_min = 1 << (prime_bits - 1), 1 << prime_bits
     fam = family_size(prime_bits)
     da, db = degrees(a), degrees(b)
+    bits = compared(a) | compared(b)
     worst = PerTrial(0.0, family=fam)
     for name in da:
         x, y = da[name], db[name]
@@ -383,6 +402,8 @@ def per_trial_bound(a, b, prime_bits: int = 30) -> PerTrial:
         miss_p = min(1.0, dp / p_min + kp / fam)
         miss_q = min(1.0, dq / q_min + kq / fam) if dq else 0.0
         value = min(1.0, 1.0 - (1.0 - miss_q) * (1.0 - miss_p))
+        if name in bits:  # a comparison's bit is 0 or 1, not uniform in Z_p: a difference
+            value = max(value, 1.0 - (1.0 - value) * COMPARE_CATCH)  # it makes is caught
         if value > worst.value or not worst.output:
             worst = PerTrial(value, name, dp, dq, kp, kq, fam)
     return worst

@@ -57,6 +57,8 @@ STATIC = "float safety (static)"
 # the unsafe rewrites overflow far below it.
 HEADROOM = 2.0
 # drawn input by input
+# the ``ties`` draw (comparisons): every float input k * step, k in [-TIE_STEPS, TIE_STEPS]
+TIE_STEPS, TIES_SEED = 4, 0x71E5
 _ONE_BY_ONE = ("signed", "folded", "exponent", "logits", "peakfold", "offset")
 # draws made again for each check, the first program's outputs on them held only while it
 # runs: a search's memo keeps none of them (``memory.verify_parts`` counts what it keeps)
@@ -67,6 +69,17 @@ UNKEPT = ("offset",)
 # (``corners.py``: pairs at their peak, offsets) until underflow has its own rule
 _SHARED = {("folded", 0.5), ("signed", 1.0)}  # rounded draws that other draws are made from
 _LOOKUP_MIN = 1 << 18  # a float16 draw this large is drawn through ``_looked_up``'s table
+
+
+def ties(position: int, shape: tuple[int, ...], step: float) -> np.ndarray:
+    """The ``ties`` draw of the input at ``position``: ``k * step``, ``k`` a uniform integer
+    in [-TIE_STEPS, TIE_STEPS] from a generator of its own, the same for every seed (the
+    verdict on a comparison's corners must not hang on the seed). Small multiples of a
+    power of two are exact in every dtype, and so are their sums and products of a few
+    terms: inputs, differences and matmul rows are often exactly equal or exactly 0, where
+    ``>`` and ``>=`` (``==`` and ``!=``, a strict and a loose threshold) part."""
+    g = np.random.default_rng([TIES_SEED, position])
+    return g.integers(-TIE_STEPS, TIE_STEPS + 1, shape).astype(np.float64) * step
 
 
 def _scaled(z: np.ndarray, factor: float) -> np.ndarray:
@@ -213,6 +226,9 @@ class Draws:
             # made where the evaluation first reads it and dropped after its last reader
             return LazyInputs(self.normal, functools.partial(self._as_drawn, kind, s),
                               keep=functools.partial(self._draw, kind, s))
+        if kind == "ties":  # every float input k * s, k uniform in [-TIE_STEPS, TIE_STEPS]
+            return {n: z if self._dtypes[n] == "bool" else ties(i, z.shape, s)  # (seedless)
+                    for i, (n, z) in enumerate(self.normal.items())}
         if kind == "spread":  # each element +-2^e, e uniform in [-s, s] (0: the whole range)
             g = np.random.default_rng([self.base, 2, int(s)])
             out = {}

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.limits import Deadline
-from ..ir.node import Op
+from ..ir.node import COMPARE, Op
 from ..semantics.floating import LazyInputs, evaluate
 from .accuracy import MAX_BITS_LOST, bits_lost
 from .conditioning import ill_conditioned
@@ -177,7 +177,9 @@ _DRAWN = {"signed": "N(0, s^2)", "folded": "|N(0, s^2)|", "constant": "every inp
                       "at half the first, the others a quarter of their own largest",
           "peakinv": "{} at the largest value keeping the first program finite and its "
                      "reciprocal, the others at their dtype's smallest normal",
-          "offset": "N(0, 1) plus a common offset {:g} on {}, the others N(0, 1)"}
+          "offset": "N(0, 1) plus a common offset {:g} on {}, the others N(0, 1)",
+          "ties": "every float input k * s, k a uniform integer in [-4, 4] (one draw for "
+                  "every seed): equal values and zeros, a comparison's ties"}
 _PAIRS = ("peakset", "peakneg", "peakrest", "peakinv")  # a pair of inputs at its largest
 _CONSTANT = ("constant", "peak", *_PAIRS)  # one value per input: cheap
 _RANGE_KINDS = ("peak", *_PAIRS, "peakfold", "exponent", "spread")
@@ -222,6 +224,15 @@ def _start_rank(dtype: str | None, kind: str, s: float) -> int:
     return 3 if kind == "peakfold" else 2
 
 
+TIE_STEP = 0.5  # the ``ties`` draw's grid: k / 2, exact in every dtype
+
+
+def compares(program) -> bool:
+    """Whether ``program`` (a Graph; a MuGraph by its reference) holds a comparison."""
+    graph = program.reference() if hasattr(program, "reference") else program
+    return is_graph(graph) and any(n.op in COMPARE for n in graph.nodes())
+
+
 def _check_list(a, b, native: bool, static: bool, peaked: Collection[int] | None
                 ) -> list[tuple[str | None, str, float]]:
     """``float_checks``' checks as ``(dtype, kind, s)`` in the order their verdicts count:
@@ -241,6 +252,8 @@ def _check_list(a, b, native: bool, static: bool, peaked: Collection[int] | None
         drawn += [("native", "offset", float(j)) for j in offset_draws(a, b, peaked)]
         if is_graph(a) and any(n.op is Op.EXP for n in a.nodes()):
             drawn += [("native", "logits", 0.0)]
+    if compares(a) or compares(b):  # ties, where > and >= part: natively and in float64
+        drawn += [(d, "ties", TIE_STEP) for d in (("native", None) if native else (None,))]
     first, rest = ([c for c in drawn if (c[1] in _CONSTANT) == k] for k in (True, False))
     return ([("static", "", 0.0)] if native and static else []) + first + [
         (None, "signed", s) for s in FLOAT64_SCALES[:1]] + rest + [

@@ -25,6 +25,7 @@ from eqsat_mirage.ir.ops import (
     ANY,
     ARITY,
     BINARY,
+    COMPARE,
     ELEMENTWISE,
     FINITE,
     GROUPS,
@@ -65,6 +66,10 @@ def test_every_op_has_a_spec_with_every_facet_its_group_needs(op):
         assert s.triton or op is Op.CAST  # a cast rounds by code (tiles compute in fp32)
     if op in BINARY:
         assert s.symbol in ("+", "-", "*", "/") and s.field in ("add", "sub", "mul", "div")
+    if op in COMPARE:  # a bool mask of float operands: an infix operator, no field form
+        assert s.symbol in (">", ">=", "<", "<=", "==", "!=") and s.field is None
+        assert callable(s.floats) and s.guard == f'(AFn "{s.name}" (AAdd {{0}} {{1}}))'
+        assert SPECS[s.mutants[0]].group == "compare"
     if s.opaque:  # a random function in the field, a function of one argument
         assert op in UNARY and s.field is None and s.guard == f'(AFn "{s.name}" {{0}})'
     if s.reciprocal_of is not None:
@@ -74,10 +79,12 @@ def test_every_op_has_a_spec_with_every_facet_its_group_needs(op):
 def test_groups_are_derived_from_the_specs():
     assert set(Op) == set(SPECS)
     assert UNARY == {op for op, s in SPECS.items() if s.group == "unary"}
-    assert OPAQUE == {op for op, s in SPECS.items() if s.opaque} and KEYED == OPAQUE | {Op.MAX}
+    assert OPAQUE == {op for op, s in SPECS.items() if s.opaque}
+    assert KEYED == OPAQUE | {Op.MAX} | COMPARE  # a comparison: a keyed bit of a - b
+    assert COMPARE == {Op.GT, Op.GE, Op.LT, Op.LE, Op.EQ, Op.NE}
     assert ir_node.UNARY is UNARY and ir_node.Op is Op  # node.py re-exports, never redeclares
     assert {Op.SILU, Op.SIGMOID, Op.TANH, Op.ERF, Op.COS, Op.SIN, Op.SQRT, Op.RSQRT} <= OPAQUE
-    assert Op.GATHER.value == max(op.value for op in Op)  # a new op goes last (field keys)
+    assert Op.NE.value == max(op.value for op in Op)  # a new op goes last (field keys)
 
 
 @pytest.mark.parametrize("op", OPS, ids=IDS)
@@ -85,7 +92,7 @@ def test_every_backend_table_has_an_entry(op):
     s = SPECS[op]
     assert callable(FLOAT_SEMANTICS[op]) and callable(FIELD_SEMANTICS[op])
     assert op is Op.INPUT or ABSTRACT[s.egglog] == s.guard  # an input: its own variable
-    if s.arg is None and s.group in ("unary", "binary", "matmul", "select"):
+    if s.arg is None and s.group in ("unary", "binary", "compare", "matmul", "select"):
         assert CTOR_OP[s.egglog] is op  # decoded by its constructor name
     if op in REDUCE:
         assert REDUCE_CTOR_OP[s.egglog] is op

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
 import eqsat_mirage as em
-from eqsat_mirage.ir.node import OPAQUE, toposort
+from eqsat_mirage.ir.node import COMPARE, OPAQUE, toposort
 from eqsat_mirage.semantics.field import (
     FieldCtx,
     FieldZeroDivisionError,
@@ -155,8 +155,9 @@ def _field_deps(g, seed: int) -> set[tuple[str, str]]:
     return deps
 
 
-# not drawn by programs() yet (masks need bool tensors, the gather index inputs)
-MASKS = {em.Op.WHERE, em.Op.MASK, em.Op.CAUSAL, em.Op.NOT, em.Op.GATHER}
+# not drawn by programs() yet (masks and comparisons need bool tensors, the gather index
+# inputs)
+MASKS = {em.Op.WHERE, em.Op.MASK, em.Op.CAUSAL, em.Op.NOT, em.Op.GATHER} | COMPARE
 # max is a random function of its row in the field (like the opaque ones): its float value
 # depends on one element, its field value on all of them
 NON_OPAQUE = sorted(set(em.Op) - OPAQUE - MASKS - {em.Op.MAX}, key=lambda op: op.value)

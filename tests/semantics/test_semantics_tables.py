@@ -89,6 +89,12 @@ OP_CASES = {
     # rows of X.T (3, 2) at the index input I (tiny_inputs: IDX; the field draws its own)
     em.Op.GATHER: (lambda X, Y, Z: em.embedding(X.T, X.graph.input("I", (2, 2), "int64")),
                    lambda x, y, z: x.T[IDX]),
+    # the comparisons (a bool mask) read by a where
+    **{op: ((lambda f: lambda X, Y, Z: em.where(f(X, Z), X, Z))(fn),
+            (lambda f: lambda x, y, z: np.where(f(x, z), x, z))(npf))
+       for op, fn, npf in ((em.Op.GT, em.gt, np.greater), (em.Op.GE, em.ge, np.greater_equal),
+                           (em.Op.LT, em.lt, np.less), (em.Op.LE, em.le, np.less_equal),
+                           (em.Op.EQ, em.eq, np.equal), (em.Op.NE, em.ne, np.not_equal))},
 }
 IDX = np.array([[0, 2], [1, 0]])  # the gather's indices: both extremes of [0, 3)
 OPS = sorted(em.Op, key=lambda o: o.value)
@@ -124,6 +130,10 @@ INNER_NODES = {
     em.Op.CAUSAL: (None, lambda x, y, z: np.tri(2, 3, 0)),
     em.Op.NOT: (None, lambda x, y, z: 1.0 - np.tri(2, 3, 0)),
     em.Op.MASK: (None, lambda x, y, z: np.where(np.tri(2, 3, 0, dtype=bool), x, -np.inf)),
+    **{op: (None, (lambda f: lambda x, y, z: f(x, z).astype(np.float64))(npf))
+       for op, npf in ((em.Op.GT, np.greater), (em.Op.GE, np.greater_equal),
+                       (em.Op.LT, np.less), (em.Op.LE, np.less_equal), (em.Op.EQ, np.equal),
+                       (em.Op.NE, np.not_equal))},
 }
 
 
