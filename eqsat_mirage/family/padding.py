@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from ..frontend.family import rebuild
 from ..frontend.graph import Graph
 from ..ir.dims import DynamicShapeError
-from ..ir.node import BINARY, ELEMENTWISE, REDUCE, Node, Op, fmt_shape, make, toposort
+from ..ir.node import BINARY, COMPARE, ELEMENTWISE, REDUCE, Node, Op, fmt_shape, make, toposort
 from ..ir.ops import ANY, FINITE, NEG_INF, SPECS, ZERO
 
 PAD_QUANTUM = 64  # the hint is padded up to a multiple of this (16 below it)
@@ -111,7 +111,8 @@ def _state(node: Node, srcs: list[str | None]) -> str:
     if op in ELEMENTWISE:
         return unary_state(op, srcs[0]) if op not in BINARY else _binary(op, *srcs)
     if op is Op.MASK:
-        if any(n.op is Op.NOT for n in toposort([node.srcs[0]])):  # padding may be kept
+        if any(n.op is Op.NOT or n.op in COMPARE  # padding may be kept (0 > -1 holds)
+               for n in toposort([node.srcs[0]])):
             return ANY
         return NEG_INF if node.srcs[0].op is Op.INPUT or srcs[0] is not None else srcs[1]
     if op is Op.WHERE:

@@ -210,3 +210,23 @@ def test_a_fused_kernel_computes_the_comparison_in_registers(dtype):
     want = torch.softmax(s.masked_fill(s < -1.0, float("-inf")), -1)
     tol = 2e-3 if dtype == "float32" else 2e-2
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+def test_a_shape_family_masks_the_padding_a_comparison_may_keep():
+    """A family's padded columns hold 0, and ``0 >= -1`` holds: a mask made by a comparison
+    keeps them (not -inf), so the softmax over the dynamic axis needs a length mask."""
+    from eqsat_mirage.family.padding import padded_graph, plan_masks
+
+    g = em.Graph("thresh_family")
+    Qm, K = g.input("Q", (4, 16), "float32"), g.input("K", (16, em.Dim("L", hint=64)), "float32")
+    S = Qm @ K
+    g.output(em.softmax(em.where(S >= -1.0, S, float("-inf"))), "O")
+    plan = plan_masks(g)
+    assert plan.masks  # a length mask hides the padding
+    padded = padded_graph(plan, {"L": 64}, {"L": 40})
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((4, 16)), rng.standard_normal((16, 40))
+    got = em.evaluate(padded, {"Q": q, "K": np.pad(k, ((0, 0), (0, 24)))})["O"][:, :40]
+    s = q @ k
+    e = np.exp(np.where(s >= -1.0, s, -np.inf) - s.max(axis=-1, keepdims=True))
+    np.testing.assert_allclose(got, e / e.sum(axis=-1, keepdims=True), rtol=1e-6)
