@@ -349,11 +349,25 @@ COMPARE_CATCH = 0.5
 
 
 def compared(program) -> set[str]:
-    """The outputs of ``program`` (a Graph, or a MuGraph by its reference Graph) that a
-    comparison feeds."""
-    graph = program.reference() if hasattr(program, "reference") else program
-    return {name for name, n in graph.outputs.items()
-            if any(m.op in COMPARE for m in toposort([n]))}
+    """The outputs of ``program`` that a comparison feeds: of a Graph, those downstream of
+    one; of a MuGraph (whose split kernels may have no kernel-level source), every output
+    where any kernel holds one."""
+    if not hasattr(program, "kernels"):
+        return {name for name, n in program.outputs.items()
+                if any(m.op in COMPARE for m in toposort([n]))}
+    return set(program.outputs) if has_comparison(program) else set()
+
+
+def has_comparison(program) -> bool:
+    """Whether a Graph, or any kernel of a MuGraph (its block graphs), holds a comparison."""
+    if not hasattr(program, "kernels"):
+        return any(n.op in COMPARE for n in program.nodes())
+    for k in program.kernels:
+        graphs = (k.loop, k.post) if k.kind == "custom" else ()
+        nodes = [n for g in graphs for n in g.nodes()] if graphs else toposort([k.node])
+        if any(n.op in COMPARE for n in nodes):
+            return True
+    return False
 
 
 @dataclass(frozen=True)

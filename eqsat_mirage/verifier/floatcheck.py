@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 
 from ..ir.limits import Deadline
-from ..ir.node import COMPARE, Op
+from ..ir.node import Op
 from ..semantics.floating import LazyInputs, evaluate
 from .accuracy import MAX_BITS_LOST, bits_lost
+from .bound import has_comparison
 from .conditioning import ill_conditioned
 from .corners import chosen, offset_draws, pair_draws, pairs
 from .draws import (
@@ -227,12 +228,6 @@ def _start_rank(dtype: str | None, kind: str, s: float) -> int:
 TIE_STEP = 0.5  # the ``ties`` draw's grid: k / 2, exact in every dtype
 
 
-def compares(program) -> bool:
-    """Whether ``program`` (a Graph; a MuGraph by its reference) holds a comparison."""
-    graph = program.reference() if hasattr(program, "reference") else program
-    return is_graph(graph) and any(n.op in COMPARE for n in graph.nodes())
-
-
 def _check_list(a, b, native: bool, static: bool, peaked: Collection[int] | None
                 ) -> list[tuple[str | None, str, float]]:
     """``float_checks``' checks as ``(dtype, kind, s)`` in the order their verdicts count:
@@ -252,7 +247,7 @@ def _check_list(a, b, native: bool, static: bool, peaked: Collection[int] | None
         drawn += [("native", "offset", float(j)) for j in offset_draws(a, b, peaked)]
         if is_graph(a) and any(n.op is Op.EXP for n in a.nodes()):
             drawn += [("native", "logits", 0.0)]
-    if compares(a) or compares(b):  # ties, where > and >= part: natively and in float64
+    if has_comparison(a) or has_comparison(b):  # ties, where > and >= part: natively and in float64
         drawn += [(d, "ties", TIE_STEP) for d in (("native", None) if native else (None,))]
     first, rest = ([c for c in drawn if (c[1] in _CONSTANT) == k] for k in (True, False))
     return ([("static", "", 0.0)] if native and static else []) + first + [
