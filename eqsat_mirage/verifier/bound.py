@@ -353,8 +353,11 @@ def compared(program) -> set[str]:
     one; of a MuGraph (whose split kernels may have no kernel-level source), every output
     where any kernel holds one."""
     if not hasattr(program, "kernels"):
-        return {name for name, n in program.outputs.items()
-                if any(m.op in COMPARE for m in toposort([n]))}
+        fed: set[int] = set()  # ids of the nodes a comparison feeds (one pass, in order)
+        for n in program.nodes():
+            if n.op in COMPARE or any(id(s) in fed for s in n.srcs):
+                fed.add(id(n))
+        return {name for name, n in program.outputs.items() if id(n) in fed}
     return set(program.outputs) if has_comparison(program) else set()
 
 
