@@ -156,8 +156,22 @@ def gathers() -> em.Graph:
     return g
 
 
+def comparisons() -> em.Graph:
+    """Each comparison of computed values (issue 52): a leaky ReLU by hand, a 0/1 gate, a
+    threshold mask before a softmax, and eq/ne/le against a number or a broadcast row."""
+    g = em.Graph("comparisons")
+    x, y = g.input("X", (4, 8), dtype="float32"), g.input("Y", (1, 8), dtype="float32")
+    s = x @ g.input("W", (8, 8), dtype="float32")
+    g.output(em.where(s > 0, s, 0.1 * s), "leaky")
+    g.output((x >= y).astype("float32") * x, "gate")
+    g.output(em.softmax(em.where(em.logical_not(s < -1.0), s, float("-inf"))), "masked")
+    g.output(em.where(em.eq(x, 0.5), x, y) + em.where(em.ne(x, y), y, x)
+             + em.where(x <= y, x, y), "rest")
+    return g
+
+
 PROGRAMS = {f.__name__: f for f in (elementwise, reductions, transposes, concats, matmuls, masked,
-                                    reshapes, mixed, hf_ops, gates, gathers)}
+                                    reshapes, mixed, hf_ops, gates, gathers, comparisons)}
 
 
 def test_programs_cover_every_op():
