@@ -141,6 +141,18 @@ def test_api_masks_match_numpy():
     assert np.allclose(ns["o"], want, rtol=1e-9, atol=1e-12)
 
 
+@runs("docs/api.md", "api-int8")
+def test_api_int8_weights_one_kernel():
+    ns = run_python(block("docs/api.md", "api-int8"))
+    x = ns["inputs"]
+    want = x["x"] @ ((x["Wq"] - x["z"]) * x["s"])
+    assert np.allclose(ns["y"], want, rtol=1e-9, atol=1e-12)
+    res = ns["res"]
+    _verified_or_out_of_time(res)
+    if res.verified and res.verified.equivalent:
+        assert len(res.program.kernels) == 1 and "tl.load(Wq_ptrs" in res.triton_source()
+
+
 @pytest.mark.slow  # a GQA search, a kernel-level search, a verification and a picture
 @runs("docs/api.md", "api-optimize")
 def test_api_optimize(tmp_path, monkeypatch):

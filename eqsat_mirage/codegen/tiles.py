@@ -32,13 +32,14 @@ import math
 import re
 
 from ..ir.node import BINARY, COMPARE, LOGIC, REDUCE, Node, Op, Shape, fmt_shape, numel
+from ..ir.node import QUANT_DTYPES as INT_VALUES
 from ..ir.ops import SPECS, ZERO
 from .concat import CodegenError, ConcatOps, Val, squeezed
 from .dots import MIN_DOT, matmul_dims, merges_batch, pow2, uses_dot
 
 MAX_NUMEL = 2 ** 20  # Triton's largest block (TRITON_MAX_TENSOR_NUMEL)
 TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32",
-            "bool": "tl.int1"}
+            "bool": "tl.int1", "int8": "tl.int8", "uint8": "tl.uint8"}
 # the dtype a bfloat16 tl.dot reads its operands in: a module constant, bfloat16 on a GPU and
 # float32 under TRITON_INTERPRET=1 (Triton 3.8's interpreter multiplies the bit patterns of
 # bfloat16 operands as integers in tl.dot); ``source.py`` defines it
@@ -367,6 +368,8 @@ class TileOps(ConcatOps):
         if op is Op.EXP and x.expr in self.row_diffs:
             xa, m = self.row_diffs[x.expr]  # exp(x - m) = exp2(x*log2e - m*log2e): one FMA
             return f"tl.exp2({xa} * {LOG2E!r} - {m} * {LOG2E!r})", False
+        if op is Op.CAST and node.arg in INT_VALUES:  # int8 <-> uint8 wraps (bits kept)
+            return f"{x.expr}.to({TL_DTYPE[node.arg]}).to(tl.float32)", x.clean
         if op is Op.CAST:  # tiles compute in fp32: a cast to a half type rounds there
             if node.arg == "float32":
                 return a, x.clean

@@ -192,8 +192,8 @@ def dtype_of(value: Any, what: str) -> str:
         return canonical_dtype(value.dtype)
     except DTypeError:
         raise DTypeError(f"{what}: dtype {value.dtype} is not supported (eqsat-mirage "
-                         f"supports {', '.join(DTYPES)}, bool masks and int64/int32 "
-                         "indices)") from None
+                         f"supports {', '.join(DTYPES)}, bool masks, int64/int32 "
+                         "indices and int8/uint8 weights)") from None
 
 
 class Converter:
@@ -337,8 +337,8 @@ class Converter:
             held = self.root
             for part in str(node.target).split("."):
                 held = getattr(held, part, None)
-            if isinstance(held, torch.Tensor) and not (held.is_floating_point()
-                                                       or held.dtype == torch.bool):
+            if isinstance(held, torch.Tensor) and not (held.is_floating_point() or held.dtype
+                                                       in (torch.bool, torch.int8, torch.uint8)):
                 self.env[node] = held  # an integer constant: indices (torch_movement.take)
                 return held
             value = self.param(node.target)

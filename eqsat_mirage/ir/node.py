@@ -40,11 +40,15 @@ from .ops import (  # noqa: F401  (re-exported: the op groups, derived from the 
 
 DTYPES = ("float16", "bfloat16", "float32")  # the value dtypes; masks are "bool"
 INDEX_DTYPES = ("int64", "int32")  # integer index tensors: a gather's indices (embedding)
-ALL_DTYPES = DTYPES + ("bool",) + INDEX_DTYPES
+# integer value tensors (quantized weights): cast to a float dtype before any arithmetic
+QUANT_DTYPES = ("int8", "uint8")
+QUANT_RANGE = {"int8": (-128, 127), "uint8": (0, 255)}  # each one's values, both ends in
+ALL_DTYPES = DTYPES + ("bool",) + INDEX_DTYPES + QUANT_DTYPES
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "bool": 1, "int64": 8,
-            "int32": 4}  # bytes per element
+            "int32": 4, "int8": 1, "uint8": 1}  # bytes per element
 _DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16",
-                  "fp32": "float32", "float": "float32", "long": "int64", "int": "int32"}
+                  "fp32": "float32", "float": "float32", "long": "int64", "int": "int32",
+                  "char": "int8"}
 _DTYPE_RANK = {"float16": 0, "bfloat16": 0, "float32": 1}
 
 Shape = tuple[int, ...]
@@ -243,6 +247,8 @@ def infer(op: Op, srcs: tuple[Node, ...], arg: Any) -> tuple[Shape, str]:
         return (), "float32"
     if op is Op.CAUSAL:
         return _causal_shape(arg, where), "bool"
+    if any(s.dtype in QUANT_DTYPES for s in srcs):
+        return _quant_cast(op, srcs, arg, where)
     if op in (Op.WHERE, Op.MASK):
         return _masking(op, srcs, where)
     if op in LOGIC:  # logical not: a bool mask of its operand's shape
@@ -377,6 +383,21 @@ def _gather_shape(srcs: tuple[Node, ...], arg: Any, where: Any) -> tuple[Shape, 
     if not isinstance(arg, int) or isinstance(arg, bool) or not 0 <= arg < len(table.shape):
         raise ShapeError(f"{where}: axis {arg!r} out of range for a {len(table.shape)}-d table")
     return table.shape[:arg] + idx.shape + table.shape[arg + 1:], table.dtype
+
+
+def _quant_cast(op: Op, srcs: tuple[Node, ...], arg: Any, where: Any) -> tuple[Shape, str]:
+    """An int8/uint8 value tensor: only a cast (to a float dtype, or a wrapping cast to the
+    other integer dtype) may read it; arithmetic on integer values is not supported."""
+    if op is not Op.CAST:
+        dtype = next(s.dtype for s in srcs if s.dtype in QUANT_DTYPES)
+        raise DTypeError(f"{where}: {'an' if dtype == 'int8' else 'a'} {dtype} tensor (integer "
+                         "values) can only be cast, "
+                         "to a float dtype (w.astype('float16')) before any arithmetic or "
+                         "movement; integer arithmetic is not supported")
+    if arg not in DTYPES + QUANT_DTYPES:
+        raise DTypeError(f"{where}: cast of an integer tensor to {arg!r}; expected one of "
+                         f"{', '.join(DTYPES + QUANT_DTYPES)}")
+    return srcs[0].shape, arg
 
 
 def _moved_indices(op: Op, srcs: tuple[Node, ...], arg: Any, where: Any) -> tuple[Shape, str]:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.errors import LaxError
-from ..ir.node import COMPARE, KEYED, Op, slice_index
+from ..ir.node import COMPARE, KEYED, QUANT_DTYPES, Op, slice_index
 from ..ir.ops import SPECS, OpSpec
 from .gather import draw_indices, index_bounds, take
 from .modular import (  # noqa: F401  (re-exported: the field backend's arithmetic)
@@ -270,6 +270,17 @@ def _movement(fn):
     return apply
 
 
+def _cast(ctx, n, x):
+    """CAST: the identity on exact values (a cast only rounds floats, and an int8/uint8
+    value is exact in every float dtype); a wrapping cast between int8 and uint8 is no
+    polynomial, so a keyed random function of its operand, one per target dtype."""
+    if n.arg not in QUANT_DTYPES or n.srcs[0].dtype == n.arg:
+        return _movement(lambda xs, dtype: xs[0])(ctx, n, x)
+    shift = 1 + QUANT_DTYPES.index(n.arg)  # the target dtype's own function
+    out = ctx.random_fn(Op.CAST, (addmod(np.asarray(x[0]), shift, ctx.p),))
+    return out[0], _q(ctx, n, lambda: out[1])
+
+
 def _opaque(op):
     def apply(ctx, n, x):
         out = ctx.random_fn(op, x)
@@ -453,7 +464,7 @@ FIELD_SEMANTICS = {
     Op.TRANSPOSE: _movement(lambda xs, perm: np.transpose(xs[0], perm)),
     Op.RESHAPE: _movement(lambda xs, shape: np.reshape(xs[0], shape)),
     Op.CONCAT: _movement(lambda xs, axis: np.concatenate(xs, axis=axis)),
-    Op.CAST: _movement(lambda xs, dtype: xs[0]),  # exact values: a cast only rounds floats
+    Op.CAST: _cast,
     Op.SLICE: _movement(lambda xs, arg: np.asarray(xs[0])[slice_index(arg)]),
     Op.GATHER: _gather,
     **{op: _comparison(op) for op in COMPARE},

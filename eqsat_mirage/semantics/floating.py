@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.node import INDEX_DTYPES, Node, Op, slice_index
+from ..ir.node import INDEX_DTYPES, QUANT_DTYPES, QUANT_RANGE, Node, Op, slice_index
 from ..ir.ops import NAN_STRICT, SPECS, VIEWS
 from .gather import checked_indices, take
 from .gemm import matmul as gemm
@@ -162,6 +162,8 @@ def round_to(x: np.ndarray, dtype: str | None) -> np.ndarray:
         return (np.asarray(x) != 0).astype(np.float32)
     if dtype in INDEX_DTYPES:  # integer indices: exact in float64, never rounded
         return np.asarray(x, dtype=np.float64)
+    if dtype in QUANT_DTYPES:
+        return wrap_int(x, dtype)
     if dtype == "float16":
         return _round_half(x)
     if dtype == "bfloat16":
@@ -169,6 +171,27 @@ def round_to(x: np.ndarray, dtype: str | None) -> np.ndarray:
         u = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
         return u.view(np.float32)
     return np.asarray(x, dtype=np.float32)
+
+
+def wrap_int(x: np.ndarray, dtype: str) -> np.ndarray:
+    """Integer values ``x`` as ``dtype`` (int8 or uint8) holds them, exact in float64:
+    wrapped modulo 256 into its range, as a cast between integer dtypes does (int8 -1 is
+    uint8 255); a value of the range stays."""
+    lo, hi = QUANT_RANGE[dtype]
+    return np.mod(np.asarray(x, dtype=np.float64) - lo, hi - lo + 1) + lo
+
+
+def draw_ints(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """Integer values of ``dtype``'s range (int8 or uint8) of ``shape``, as float32: uniform,
+    with both ends of the range and 0 at random positions and, where the tensor has room,
+    every value of the range once (where a wrong sign, offset or wrap-around shows)."""
+    lo, hi = QUANT_RANGE[dtype]
+    out = rng.integers(lo, hi + 1, size=shape).astype(np.float32)
+    flat = out.reshape(-1)
+    rest = np.array([v for v in rng.permutation(np.arange(lo, hi + 1)) if v not in (lo, hi, 0)])
+    head = np.concatenate([np.unique([lo, hi, 0])[::-1], rest])[:flat.size]
+    flat[rng.permutation(flat.size)[:head.size]] = head
+    return out
 
 
 _BITS = {"float16": (np.float16, np.uint16, 0), "bfloat16": (np.float32, np.uint32, 16),
@@ -203,6 +226,8 @@ class FloatCtx:
 
     def fix(self, node: Node, value: Any) -> np.ndarray:
         """Apply the precision policy to a node's result."""
+        if node.dtype in QUANT_DTYPES:  # integer values (an input, a wrapping cast): exact
+            return wrap_int(value, node.dtype)
         if self.mode is None or node.dtype in INDEX_DTYPES:  # indices: exact integers
             return np.asarray(value, dtype=np.float64)
         if node.op is Op.CAST and self.mode != "native":  # a cast rounds whatever the mode
@@ -452,9 +477,13 @@ def float_ctx(program, inputs: Mapping[str, Any], dtype: str | None, rounded: bo
               ) -> FloatCtx:
     """The interpreter's context for ``evaluate``'s ``dtype`` and ``rounded``: inputs checked
     (or, from ``rounded_inputs``, used as given; ``LazyInputs``: made as they are read)."""
+    from ..ir.errors import DTypeError
     from ..ir.node import canonical_dtype
 
     mode = None if dtype is None else ("native" if dtype == "native" else canonical_dtype(dtype))
+    if mode not in (None, "native", *_BITS):
+        raise DTypeError(f"unknown dtype {dtype!r} for an evaluation: expected one of "
+                         f"{', '.join(_BITS)} or 'native'")
     if isinstance(inputs, LazyInputs) and set(inputs) == set(program.inputs):
         return FloatCtx(inputs, mode, rounded=rounded and mode == "native")
     if rounded and mode == "native" and _as_given(program, inputs, (np.float32,)):
@@ -466,7 +495,9 @@ def float_ctx(program, inputs: Mapping[str, Any], dtype: str | None, rounded: bo
 
 def _as_given(program, inputs: Mapping[str, Any], dtypes: tuple) -> bool:
     """Whether ``inputs`` are NumPy arrays of ``dtypes``, one per input of ``program``, of
-    its shapes: usable without ``check_inputs``'s float64 copies."""
+    its shapes: usable without ``check_inputs``'s float64 copies (an int8/uint8 input's
+    values are checked there: integers of its range)."""
     return isinstance(inputs, Mapping) and set(inputs) == set(program.inputs) and all(
         isinstance(inputs[n], np.ndarray) and inputs[n].dtype in dtypes
-        and inputs[n].shape == node.shape for n, node in program.inputs.items())
+        and inputs[n].shape == node.shape and node.dtype not in QUANT_DTYPES
+        for n, node in program.inputs.items())

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.errors import InputError
-from ..ir.node import Node, Op, fmt_shape, toposort
+from ..ir.node import QUANT_DTYPES, QUANT_RANGE, Node, Op, fmt_shape, toposort
 
 Table = Mapping[Op, Callable[..., Any]]
 
@@ -80,8 +80,19 @@ def check_inputs(program, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         if arr.shape != node.shape:
             raise InputError(f"input {name!r} of {program.name!r}: expected shape "
                              f"{fmt_shape(node.shape)}, got {fmt_shape(arr.shape)}")
+        if node.dtype in QUANT_DTYPES:
+            _check_ints(arr, name, node.dtype)
         out[name] = arr
     return out
+
+
+def _check_ints(arr: np.ndarray, name: str, dtype: str) -> None:
+    """An int8/uint8 input's values must be integers of its range (never wrapped here)."""
+    lo, hi = QUANT_RANGE[dtype]
+    if arr.size and not (np.all(arr == np.round(arr)) and arr.min() >= lo and arr.max() <= hi):
+        raise InputError(f"input {name!r} ({dtype}): expected integers in [{lo}, {hi}]; "
+                         f"got values in [{arr.min()}, {arr.max()}]"
+                         + ("" if np.all(arr == np.round(arr)) else ", not all integers"))
 
 
 def last_reads(nodes, keep) -> dict[int, list[int]]:

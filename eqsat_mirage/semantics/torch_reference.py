@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping
 
 from ..ir.errors import MirageError
 from ..ir.node import BINARY, COMPARE, LOGIC, REDUCE, UNARY, Op, slice_index, tile_split, toposort
+from ..ir.node import QUANT_DTYPES as INT_VALUES
+from ..ir.node import QUANT_RANGE as INT_RANGE
 from ..ir.ops import SPECS
 from ..runtime.check import CheckedLaunch, checked, tolerance
 
@@ -139,6 +141,9 @@ class _TorchOps:
             return torch.cat(self.cast(xs), dim=n.arg)
         if n.op is Op.CAST:  # (a constant, a Python float here, cast: a 0-dim tensor)
             x = xs[0] if isinstance(xs[0], torch.Tensor) else torch.tensor(xs[0])
+            if n.arg in INT_VALUES and x.is_floating_point():  # integer values held as
+                lo, hi = INT_RANGE[n.arg]  # floats (a tile): wrapped as an integer cast is
+                x = torch.remainder(x - lo, hi - lo + 1) + lo
             return x.to(getattr(torch, n.arg))
         if n.op is Op.SLICE:
             return xs[0][slice_index(n.arg)]

@@ -12,12 +12,13 @@ import threading
 
 import numpy as np
 
-from ..ir.node import INDEX_DTYPES, Op
+from ..ir.node import INDEX_DTYPES, QUANT_DTYPES, Op
 from ..semantics.floating import (
     EVERY_HALF,
     FLOAT_SEMANTICS,
     LazyInputs,
     by_bits,
+    draw_ints,
     evaluate,
     float_ctx,
     round_to,
@@ -121,9 +122,14 @@ def _index_draws(a, rng: np.random.Generator) -> dict[str, np.ndarray]:
     seeded by ``rng``'s next draw."""
     g = np.random.default_rng(int(rng.integers(0, 2**62)))
     rows = index_bounds(a)
-    return {n: draw_indices(g, node.shape, rows[n]).astype(
+    out = {n: draw_indices(g, node.shape, rows[n]).astype(
         np.float32 if rows[n] <= 2**24 else np.float64)
         for n, node in a.inputs.items() if node.dtype in INDEX_DTYPES}
+    # an int8/uint8 value input: integers of its range, every one where there is room
+    # (``draw_ints``), held fixed as the indices are (docs/verifier.md, "Integer inputs")
+    out.update({n: draw_ints(g, node.shape, node.dtype) for n, node in a.inputs.items()
+                if node.dtype in QUANT_DTYPES})
+    return out
 
 
 class Draws:
@@ -150,7 +156,7 @@ class Draws:
         # an integer index input: the same valid indices in every draw (``_indexed``), drawn
         # from a generator of its own (the float inputs' draws stay as they were)
         self.index = _index_draws(a, rng) if any(
-            n.dtype in INDEX_DTYPES for n in a.inputs.values()) else {}
+            n.dtype in INDEX_DTYPES + QUANT_DTYPES for n in a.inputs.values()) else {}
         self.base = int(rng.integers(0, 2**62))  # the exponent-range draws' own generators
         self.lock = threading.Lock()  # the memo's short updates; each long first-time
         # computation has a lock of its own, so that no other holds up the checks that

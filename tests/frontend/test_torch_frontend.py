@@ -305,10 +305,19 @@ def test_untraceable_control_flow():
         em.from_torch(branchy, torch.randn(2))
 
 
-@pytest.mark.parametrize("dtype", ["float64", "uint8"])
+@pytest.mark.parametrize("dtype", ["float64", "int16"])
 def test_bad_dtype(dtype):
     x = torch.ones(2, 3, dtype=getattr(torch, dtype))
     with pytest.raises(em.DTypeError, match=rf"input 'Q'.*{dtype}.*float16, bfloat16, float32"):
+        em.from_torch(gqa, x, torch.ones(3, 2), torch.ones(2, 2))
+
+
+def test_int8_weights_in_arithmetic_name_the_op():
+    """A uint8 input is an integer value tensor (issue 53): it is cast to a float dtype
+    before any arithmetic, and a matmul of it is refused where it is written."""
+    x = torch.ones(2, 3, dtype=torch.uint8)
+    with pytest.raises(em.DTypeError, match=r"matmul of input 'Q'.*a uint8 tensor .*can only "
+                                            r"be cast.*converting operator.matmul"):
         em.from_torch(gqa, x, torch.ones(3, 2), torch.ones(2, 2))
 
 

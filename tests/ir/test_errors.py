@@ -166,7 +166,7 @@ def test_unsupported_power_and_operand_type():
 # --- declarations: dtypes, names, outputs ----------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", ["int8", "float64", "complex", None])
+@pytest.mark.parametrize("dtype", ["int16", "float64", "complex", None])
 def test_unknown_dtype(dtype):
     g = em.Graph("g")
     with pytest.raises(em.DTypeError, match=rf"unknown dtype {re.escape(repr(dtype))}: "
