@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import pytest
 
 import eqsat_mirage as em
+from eqsat_mirage.verifier.bound import compared
 
 F32, F16 = "float32", "float16"
 
@@ -56,6 +57,15 @@ def ins(*specs: str, dtype: str = F32) -> tuple[tuple[str, tuple[int, ...], str]
         name, dims, *kind = spec.split(":")
         out.append((name, tuple(int(d) for d in dims.split("x")), kind[0] if kind else dtype))
     return tuple(out)
+
+
+def compare_all(X, Y, diff: bool = False):
+    """Each comparison of X and Y (``diff``: of X - Y and 0, the same in IEEE arithmetic,
+    gradual underflow included), selecting between them (or gating X)."""
+    A, B = (X - Y, 0.0) if diff else (X, Y)
+    return (em.where(A > B, X, Y) + em.where(A >= B, Y, X) + em.where(A < B, X, 2.0 * Y)
+            + (A <= B).astype("float32") * X + em.where(em.eq(A, B), X, Y)
+            + em.where(em.ne(A, B), Y, X))
 
 
 def lora_lhs(W, X, A, B):
@@ -265,6 +275,9 @@ IDENTITIES = [
          lambda E, ids: em.embedding(em.rms_norm(E), ids)),
     Case("mask-not-swaps-where", ins("A:3x4", "B:3x4", "M:3x4:bool"),
          lambda A, B, M: em.where(~M, A, B), lambda A, B, M: em.where(~~M, B, A)),
+    # issue 52: a comparison is a keyed bit of a - b: x - y against 0 is x against y
+    Case("comparisons-keep-their-difference", ins("X:3x4", "Y:3x4"),
+         lambda X, Y: compare_all(X, Y), lambda X, Y: compare_all(X, Y, diff=True)),
     Case("flash-decoding-max-rescaled", ins("Q:4x8", "K1:8x6", "K2:8x6", "V1:6x8", "V2:6x8"),
          flash_whole_safe, flash_split_safe),
     Case("gated-mlp-commute", ins("X:4x8", "W1:8x6", "W2:8x6"),
@@ -379,6 +392,11 @@ MUTANTS = [
          lambda E, ids: em.embedding(em.concat([E[1:], E[:1]], 0), ids)),
     Case("index-select-wrong-axis", ins("X:6x6", "c:4:int32"),
          lambda X, c: em.index_select(X, 0, c), lambda X, c: em.index_select(X, 1, c).T),
+    # issue 52: a comparison the wrong way round, or its where's branches swapped
+    Case("comparison-flipped", ins("X:3x4", "Y:3x4"),
+         lambda X, Y: em.where(X > Y, X - Y, Y), lambda X, Y: em.where(X < Y, X - Y, Y)),
+    Case("comparison-branches-swapped", ins("S:3x4"),
+         lambda S: em.where(S > 0.0, S, 0.1 * S), lambda S: em.where(S > 0.0, 0.1 * S, S)),
     Case("masked-fill-not-dropped", ins("S:2x4x6", "M:4x6:bool"),
          lambda S, M: em.softmax(em.where(~M, S, float("-inf"))),
          lambda S, M: em.softmax(em.where(M, S, float("-inf")))),
@@ -425,7 +443,8 @@ def test_identity_is_equivalent(case: Case):
     res = em.verify(a, b, trials=3, seed=IDENTITIES.index(case))
     assert res.equivalent, str(res)
     assert res.counterexample is None
-    assert res.trials == 3 and res.float_checked
+    # a comparison's bit is a coin: the trials go on until 2^-T is under max_bound (30)
+    assert res.trials == (3 if not compared(a) else 30) and res.float_checked
     assert 0.0 < res.false_positive_bound < 1e-6
 
 
