@@ -34,7 +34,8 @@ from ..ir.errors import MirageError
 from .gpucost import MuGraphCost
 from .profile import GPUProfile, figure_error
 
-MEMORY_KEYS = ("dram_achievable_fraction", "sm_dram_bandwidth_GBps", "l2_bandwidth_GBps")
+MEMORY_KEYS = ("dram_achievable_fraction", "sm_dram_bandwidth_GBps", "block_dram_bandwidth_GBps",
+               "l2_bandwidth_GBps")
 LATENCY_KEYS = ("dram_latency_ns",)  # scaled up with the memory time, not down
 COMPUTE_KEYS = ("tensor_achievable_fraction", "fp32_cuda_TFLOPs", "sfu_TOPs")
 
@@ -214,7 +215,7 @@ def _priced(programs: list[Measured], prof: GPUProfile) -> np.ndarray:
 def _with(prof: GPUProfile, keys: tuple[str, ...], logs: np.ndarray) -> GPUProfile:
     from dataclasses import replace
 
-    values = {k: float(np.exp(v)) for k, v in zip(keys, logs)}
+    values = {k: float(np.exp(np.clip(v, -40.0, 40.0))) for k, v in zip(keys, logs)}  # > 0
     values.update({k: min(values[k], 1.0) for k in _FRACTIONS if k in values})
     if "graph_launch_us" in values:  # priced as replays: every launch costs the replay's
         values["launch_overhead_us"] = values["graph_launch_us"]
@@ -223,7 +224,8 @@ def _with(prof: GPUProfile, keys: tuple[str, ...], logs: np.ndarray) -> GPUProfi
 
 # Start points of the fit, as factors of the datasheet figure: a per-SM bandwidth cap and a
 # latency term bind only past some value, and the gradient is zero until they do.
-_START_FACTORS = {"sm_dram_bandwidth_GBps": (1.0, 0.5, 0.25), "dram_latency_ns": (1.0, 2.0)}
+_START_FACTORS = {"sm_dram_bandwidth_GBps": (1.0, 0.5, 0.25),
+                  "block_dram_bandwidth_GBps": (1.0, 0.25), "dram_latency_ns": (1.0, 2.0)}
 
 
 def _starts(keys: tuple[str, ...]) -> list[np.ndarray]:
@@ -301,10 +303,13 @@ def write_fitted(path: str | Path, result: FigureFit, device: str, when: str = "
 
 # -- ranking: how well the model orders the schedules of one measured sweep ----------------
 
-# The figures a ranking fit moves: FIGURE_KEYS and the two effects the sweeps showed (a cost
-# per loop iteration, Triton's padded tiles); both are 0 (off) in the datasheet profiles, so
-# a fit starts them from RANK_STARTS; so is the cost of tile rows shorter than a line.
-RANK_KEYS = (*FIGURE_KEYS, "loop_iteration_us", "padded_load_exponent", "short_run_exponent")
+# The figures a ranking fit moves: FIGURE_KEYS, what one block streams at most (equal to the
+# per-SM figure, so off, in the datasheet profiles) and the two effects the sweeps showed (a
+# cost per loop iteration, Triton's padded tiles); both are 0 (off) in the datasheet
+# profiles, so a fit starts them from RANK_STARTS; so is the cost of tile rows shorter than
+# a line.
+RANK_KEYS = (*FIGURE_KEYS, "block_dram_bandwidth_GBps",
+             "loop_iteration_us", "padded_load_exponent", "short_run_exponent")
 RANK_STARTS = {"loop_iteration_us": 0.3, "padded_load_exponent": 1.0, "short_run_exponent": 0.5}
 
 

@@ -55,11 +55,14 @@ slots). A wave of n blocks costs max(memory, compute)::
 
     memory(n)  = max(n x DRAM/B / min(BW x f_bw, lat(n)), n x (DRAM + L2)/B / min(L2BW, cap(n)))
                  cap(n) = min(n, SMs) x sm_dram_bandwidth_GBps   (what n SMs can keep in flight)
-                 lat(n) = min(n, SMs) x min(sm_dram_bandwidth_GBps,
-                                            ceil(n / SMs) x flight / dram_latency_ns)
+                 lat(n) = min(n, SMs) x min(sm_dram_bandwidth_GBps, ceil(n / SMs) x
+                                  min(flight / dram_latency_ns, block_dram_bandwidth_GBps))
                  flight = in_flight_bytes(k): (stages - 1) loop iterations' tiles per block
                           (Little's law: latency and occupancy; a loop of small tiles on
-                          few blocks waits a latency per iteration)
+                          few blocks waits a latency per iteration); one block streams at
+                          most block_dram_bandwidth_GBps however large its tiles (its loads
+                          in flight are bounded; equal to the per-SM figure, so off, in the
+                          datasheet profiles)
     compute(n) = ceil(n / SMs) x c_b,  c_b = compute x SMs / B  (one block alone on an SM)
     time = launch + (B // slots) x (max(memory(slots), compute(slots)) + F x it)
                   + [B % slots > 0] x (max(memory(r), compute(r)) + F x it),  r = B % slots
@@ -434,12 +437,13 @@ def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile,
     flight = max(in_flight_bytes(k, mg), 1)  # a kernel that loads nothing waits on nothing
     slow = load_slowdown(k, mg, prof)
     per_wave = f_range * prof.loop_iteration_us  # a block's iterations, one after another
+    block_bw = prof.block_dram_bandwidth_GBps * 1e3  # what one block's loads pull at most
 
     def wave(n: int) -> tuple[float, float]:
         cap = min(n, prof.sms) * prof.sm_dram_bandwidth_GBps * 1e3
         # Little's law: an SM pulls at most its resident blocks' bytes in flight per latency
-        per_sm = min(prof.sm_dram_bandwidth_GBps * 1e3,
-                     math.ceil(n / prof.sms) * flight / prof.dram_latency_ns * 1e3)
+        per_sm = min(prof.sm_dram_bandwidth_GBps * 1e3, math.ceil(n / prof.sms) * min(
+            flight / prof.dram_latency_ns * 1e3, block_bw))
         l2_bw = min(prof.l2_bandwidth_GBps * 1e3, cap)
         memory = max(n * dram / blocks / min(bw_all, min(n, prof.sms) * per_sm),
                      n * (dram + hits) / blocks / l2_bw)

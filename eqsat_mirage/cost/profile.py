@@ -84,6 +84,7 @@ class GPUProfile:
     tensor_achievable_fraction: float
     sm_dram_bandwidth_GBps: float  # noqa: N815
     dram_latency_ns: float
+    block_dram_bandwidth_GBps: float  # noqa: N815
     replicated_read_dram_fraction: float
     l2_bandwidth_GBps: float  # noqa: N815
     loop_iteration_us: float = 0.0  # per loop iteration of a block, beside its bytes (>= 0)
