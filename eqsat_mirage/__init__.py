@@ -23,9 +23,10 @@ _FROM = {
     "egraph.check_rules": ("RuleCheck", "RuleCheckReport", "assert_sound", "check_rules"),
     "frontend.from_torch": ("from_torch",),
     "frontend.functions": (
-        "amax", "causal_mask", "concat", "cos", "eq", "erf", "exp", "ge", "gelu", "gt",
-        "layer_norm", "le", "logical_not", "lt", "matmul", "ne", "relu", "rms_norm", "rsqrt",
-        "sigmoid", "silu", "sin", "softmax", "sqrt", "tanh", "transpose", "where"),
+        "amax", "bitwise_and", "causal_mask", "concat", "cos", "eq", "erf", "exp", "ge",
+        "gelu", "gt", "layer_norm", "le", "logical_not", "lt", "matmul", "ne", "relu",
+        "right_shift", "rms_norm", "rsqrt", "sigmoid", "silu", "sin", "softmax", "sqrt",
+        "tanh", "transpose", "where"),
     "frontend.gather": ("embedding", "index_select"),
     "frontend.graph": ("Graph", "Tensor"),
     "ir.check": ("check", "check_lax"),
@@ -60,7 +61,8 @@ __all__ = [
     "silu", "softmax", "sqrt", "tanh", "erf", "cos", "sin", "gelu", "layer_norm", "Tensor",
     "TimeLimitError", "transpose", "verify", "VerifyResult", "where",
     "backend", "from_torch", "UnsupportedOpError",
-    "embedding", "index_select", "gt", "ge", "lt", "le", "eq", "ne",
+    "embedding", "index_select", "gt", "ge", "lt", "le", "eq", "ne", "bitwise_and",
+    "right_shift",
 ]
 
 

@@ -153,6 +153,19 @@ def test_api_int8_weights_one_kernel():
         assert len(res.program.kernels) == 1 and "tl.load(Wq_ptrs" in res.triton_source()
 
 
+@runs("docs/api.md", "api-int4")
+def test_api_int4_weights():
+    ns = run_python(block("docs/api.md", "api-int4"))
+    x, k, n, g = ns["inputs"], ns["K"], ns["N"], ns["G"]
+    q = np.stack([x["Wp"] & 0xF, x["Wp"] >> 4], axis=1).reshape(k, n)
+    w = ((q.reshape(k // g, g, n) - 8.0) * x["s"][:, None, :]).reshape(k, n)
+    assert np.allclose(ns["y"], x["x"] @ w, rtol=1e-9, atol=1e-12)
+    res = ns["res"]
+    _verified_or_out_of_time(res)
+    if res.verified and res.verified.equivalent:
+        assert "tl.load(Wp_ptrs" in res.triton_source()
+
+
 @pytest.mark.slow  # a GQA search, a kernel-level search, a verification and a picture
 @runs("docs/api.md", "api-optimize")
 def test_api_optimize(tmp_path, monkeypatch):

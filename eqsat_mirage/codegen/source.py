@@ -38,7 +38,7 @@ import textwrap
 import tokenize
 from collections.abc import Callable, Mapping
 
-from ..ir.node import BINARY, COMPARE, LOGIC, UNARY, Node, Op
+from ..ir.node import BINARY, BIT_OPS, COMPARE, LOGIC, UNARY, Node, Op
 from ..ir.ops import SPECS
 from ..ir.printing import short_dtype
 from ..mugraph.io import format_mugraph
@@ -124,6 +124,8 @@ def _torch_op(k: PredefinedKernel, var: dict[str, str], length_mask: bool = Fals
                f"dtype={TORCH_DTYPE[n.dtype]}, device=device)"
     op, xs = n.op, n.srcs
     spec = SPECS[op]
+    if op in BIT_OPS:  # x & mask, x >> shift: the constant second
+        return f"{spec.torch}({arg(xs[0])}, {n.arg})"
     if op in UNARY | LOGIC and op is not Op.CAST:  # elementwise: their specs' torch functions
         return f"{spec.torch}({arg(xs[0])})"
     if op in BINARY | COMPARE:  # a comparison: a bool tensor

@@ -31,7 +31,7 @@ import keyword
 import math
 import re
 
-from ..ir.node import BINARY, COMPARE, LOGIC, REDUCE, Node, Op, Shape, fmt_shape, numel
+from ..ir.node import BINARY, BIT_OPS, COMPARE, LOGIC, REDUCE, Node, Op, Shape, fmt_shape, numel
 from ..ir.node import QUANT_DTYPES as INT_VALUES
 from ..ir.ops import SPECS, ZERO
 from .concat import CodegenError, ConcatOps, Val, squeezed
@@ -374,6 +374,10 @@ class TileOps(ConcatOps):
             if node.arg == "float32":
                 return a, x.clean
             return f"{a}.to({TL_DTYPE[node.arg]}).to(tl.float32)", x.clean
+        if op in BIT_OPS:  # x & mask, x >> shift on the integer tile (a uint8 load: zero-
+            # extended, int8: sign-extended, so >> is arithmetic), exact in float32 after
+            form = spec.triton.format(x=f"{x.expr}.to(tl.int32)", arg=node.arg)
+            return f"({form}).to(tl.float32)", x.clean
         if spec.triton is None:
             raise CodegenError(f"{self.who}: {node.describe()} has no Triton form")
         return triton_form(spec.triton, a), x.clean and spec.padding.zero == ZERO

@@ -78,6 +78,8 @@ class Encoder:
             name = self._let(f"(Const {_f64(node.arg)})")
         elif op is Op.CAST:
             name = self._let(f'(Cast "{node.arg}" {src[0]})')
+        elif op in (Op.BITAND, Op.SHR):  # x & mask, x >> shift: the constant first
+            name = self._let(f"({SPECS[op].egglog} {node.arg} {src[0]})")
         elif op is Op.SLICE:
             name = self._let("(Slice {} {} {} {})".format(*node.arg, src[0]))
         elif op is Op.GATHER:
@@ -146,6 +148,8 @@ def build_node(ctor: str, args: list, inputs: dict[str, Node]) -> Node:
         return make(REDUCE_CTOR_OP[ctor], (args[1],), ((int(args[0]),), True))
     if ctor == "Cast":
         return make(Op.CAST, (args[1],), str(args[0]))
+    if ctor in ("BitAnd", "Shr"):
+        return make(Op.BITAND if ctor == "BitAnd" else Op.SHR, (args[1],), int(args[0]))
     if ctor == "Slice":
         return make(Op.SLICE, (args[3],), tuple(int(a) for a in args[:3]))
     if ctor == "Gather":

@@ -14,7 +14,7 @@ from typing import Any
 from ..ir.errors import GraphError, ShapeError
 from ..ir.node import Op, user_location
 from ..ir.ops import SPECS
-from .graph import Graph, Tensor, apply
+from .graph import Graph, Tensor, apply, bitwise_and, right_shift  # noqa: F401 (re-exported)
 
 
 def exp(x: Tensor) -> Tensor:

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from numbers import Integral, Real
 from typing import Any
 
+import numpy as np
+
 from ..ir.dims import Dim
 from ..ir.errors import GraphError, ShapeError
 from ..ir.node import (
@@ -199,6 +201,26 @@ def apply(op: Op, *args: Any, arg: Any = None) -> Tensor:
     return Tensor(node, graph)
 
 
+def _int_constant(value: Any, what: str) -> int:
+    """A bit op's constant: a Python or NumPy integer (a Tensor operand is not supported)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise GraphError(f"{what} (at {user_location()}): the second operand must be an "
+                         f"integer constant, got {type(value).__name__}")
+    return int(value)
+
+
+def bitwise_and(x: Tensor, mask: Any) -> Tensor:
+    """``x & mask`` (NumPy's ``bitwise_and``): an int8/uint8 tensor and an integer constant
+    of its dtype's range, e.g. ``w_p & 0xF``, the low nibbles of packed int4 weights."""
+    return apply(Op.BITAND, x, arg=_int_constant(mask, "bitwise_and"))
+
+
+def right_shift(x: Tensor, shift: Any) -> Tensor:
+    """``x >> shift`` (NumPy's ``right_shift``): an int8/uint8 tensor and an integer
+    constant in [0, 7] (arithmetic on int8), e.g. ``w_p >> 4``, the high nibbles."""
+    return apply(Op.SHR, x, arg=_int_constant(shift, "right_shift"))
+
+
 class Tensor:
     """A value in a Graph under construction, with NumPy-style operators."""
 
@@ -251,6 +273,16 @@ class Tensor:
     def __invert__(self) -> Tensor:
         """``~mask``: the logical not of a bool mask (``em.logical_not``)."""
         return apply(Op.NOT, self)
+
+    def __and__(self, mask: Any) -> Tensor:
+        """``w & mask``: an int8/uint8 tensor and an integer constant (``em.bitwise_and``)."""
+        return bitwise_and(self, mask)
+
+    __rand__ = __and__
+
+    def __rshift__(self, shift: Any) -> Tensor:
+        """``w >> shift``: an int8/uint8 tensor, a constant in [0, 7] (``em.right_shift``)."""
+        return right_shift(self, shift)
 
     def __gt__(self, o: Any) -> Tensor:
         """``x > y``: a bool mask (``em.gt``; ``==`` and ``!=`` are ``em.eq`` and ``em.ne``,

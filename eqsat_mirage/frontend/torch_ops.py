@@ -24,12 +24,14 @@ from torch import nn
 from ..ir.errors import DTypeError, UnsupportedOpError
 from ..ir.node import canonical_dtype
 from .functions import (
+    bitwise_and,
     cos,
     erf,
     exp,
     gelu,
     layer_norm,
     relu,
+    right_shift,
     rms_norm,
     rsqrt,
     sigmoid,
@@ -318,6 +320,30 @@ def _reduce(kind: str):
     return h
 
 
+# -- bit ops on int8/uint8 tensors (packed int4 weights: w_p & 0xF, w_p >> 4) ------------------
+def _bits(fn: Any, name: str):
+    def h(x: Any, other: Any, *, out: Any = None) -> Tensor:
+        refuse(out, "out=")
+        if not isinstance(x, Tensor):
+            raise UnsupportedOpError(f"{name} of {type(x).__name__} and a tensor: the tensor "
+                                     "comes first, an integer constant second (w & 0xF)")
+        if isinstance(other, Tensor):
+            raise UnsupportedOpError(f"{name} of two tensors: the second operand must be an "
+                                     "integer constant (w & 0xF, w >> 4)")
+        return fn(x, other)
+    return h
+
+
+BIT_FUNCTIONS = {
+    operator.and_: _bits(bitwise_and, "&"), torch.bitwise_and: _bits(bitwise_and, "bitwise_and"),
+    operator.rshift: _bits(right_shift, ">>"),
+    torch.bitwise_right_shift: _bits(right_shift, "bitwise_right_shift")}
+BIT_METHODS = {"__and__": BIT_FUNCTIONS[operator.and_],
+               "bitwise_and": BIT_FUNCTIONS[torch.bitwise_and],
+               "__rshift__": BIT_FUNCTIONS[operator.rshift],
+               "bitwise_right_shift": BIT_FUNCTIONS[torch.bitwise_right_shift]}
+
+
 FUNCTIONS = {
     torch.matmul: _matmul, operator.matmul: _matmul, torch.bmm: _fixed_matmul(3, "bmm"),
     torch.mm: _fixed_matmul(2, "mm"), F.linear: _linear,
@@ -339,7 +365,7 @@ FUNCTIONS = {
     F.scaled_dot_product_attention: _sdpa,
     torch.softmax: _softmax, F.softmax: _softmax, F.rms_norm: _rms_norm,
     torch.sum: _reduce("sum"), torch.mean: _reduce("mean"), torch.amax: _reduce("max"),
-    **MASK_FUNCTIONS, **MOVEMENT_FUNCTIONS,
+    **MASK_FUNCTIONS, **MOVEMENT_FUNCTIONS, **BIT_FUNCTIONS,
 }
 
 METHODS = {
@@ -353,7 +379,7 @@ METHODS = {
     "cos": FUNCTIONS[torch.cos], "sin": FUNCTIONS[torch.sin],
     "sigmoid": FUNCTIONS[torch.sigmoid],
     "float": _cast_to("float32"), "half": _cast_to("float16"), "bfloat16": _cast_to("bfloat16"),
-    "type_as": _type_as, "type": _type, **MASK_METHODS, **MOVEMENT_METHODS,
+    "type_as": _type_as, "type": _type, **MASK_METHODS, **MOVEMENT_METHODS, **BIT_METHODS,
 }
 
 
@@ -409,6 +435,10 @@ ATEN = {
     _A.sum: FUNCTIONS[torch.sum], _A.mean: FUNCTIONS[torch.mean], _A.amax: FUNCTIONS[torch.amax],
     **MOVEMENT_ATEN,
     _A.embedding: _aten_embedding, _A.index_select: _index_select,
+    _A.bitwise_and: BIT_FUNCTIONS[torch.bitwise_and],
+    _A.__and__: BIT_FUNCTIONS[torch.bitwise_and],
+    _A.bitwise_right_shift: BIT_FUNCTIONS[torch.bitwise_right_shift],
+    _A.__rshift__: BIT_FUNCTIONS[torch.bitwise_right_shift],
 }
 
 

@@ -24,6 +24,7 @@ from .errors import DTypeError, ShapeError
 from .ops import (  # noqa: F401  (re-exported: the op groups, derived from the specs)
     ARITY,
     BINARY,
+    BIT_OPS,  # noqa: F401  (re-exported)
     COMPARE,
     ELEMENTWISE,
     GATHERS,
@@ -247,7 +248,7 @@ def infer(op: Op, srcs: tuple[Node, ...], arg: Any) -> tuple[Shape, str]:
         return (), "float32"
     if op is Op.CAUSAL:
         return _causal_shape(arg, where), "bool"
-    if any(s.dtype in QUANT_DTYPES for s in srcs):
+    if any(s.dtype in QUANT_DTYPES for s in srcs) or op in BIT_OPS:
         return _quant_cast(op, srcs, arg, where)
     if op in (Op.WHERE, Op.MASK):
         return _masking(op, srcs, where)
@@ -386,18 +387,44 @@ def _gather_shape(srcs: tuple[Node, ...], arg: Any, where: Any) -> tuple[Shape, 
 
 
 def _quant_cast(op: Op, srcs: tuple[Node, ...], arg: Any, where: Any) -> tuple[Shape, str]:
-    """An int8/uint8 value tensor: only a cast (to a float dtype, or a wrapping cast to the
-    other integer dtype) may read it; arithmetic on integer values is not supported."""
+    """An int8/uint8 value tensor: read by a cast (to a float dtype, or a wrapping cast to
+    the other integer dtype), moved (a view or a concat of one integer dtype) or unpacked by
+    a bit op with a constant (``x & mask``, ``x >> shift``); arithmetic on integer values is
+    not supported."""
+    dtype = next((s.dtype for s in srcs if s.dtype in QUANT_DTYPES), srcs[0].dtype)
+    if op in BIT_OPS:
+        return _bit_op(op, srcs[0], arg, where)
+    if op in VIEWS or op is Op.CONCAT:
+        if any(s.dtype != dtype for s in srcs):
+            article = "an" if dtype == "int8" else "a"
+            raise DTypeError(f"{where}: a concat of {article} {dtype} tensor with "
+                             f"{', '.join(sorted({s.dtype for s in srcs} - {dtype}))}; cast "
+                             "them to one dtype first")
+        return _moved_indices(op, srcs, arg, where)
     if op is not Op.CAST:
-        dtype = next(s.dtype for s in srcs if s.dtype in QUANT_DTYPES)
         raise DTypeError(f"{where}: {'an' if dtype == 'int8' else 'a'} {dtype} tensor (integer "
-                         "values) can only be cast, "
-                         "to a float dtype (w.astype('float16')) before any arithmetic or "
-                         "movement; integer arithmetic is not supported")
+                         "values) can only be cast (to a float dtype, w.astype('float16'), "
+                         "before any arithmetic), moved (reshape, transpose, concat, slice) "
+                         "or unpacked (w & mask, w >> shift); integer arithmetic is not "
+                         "supported")
     if arg not in DTYPES + QUANT_DTYPES:
         raise DTypeError(f"{where}: cast of an integer tensor to {arg!r}; expected one of "
                          f"{', '.join(DTYPES + QUANT_DTYPES)}")
     return srcs[0].shape, arg
+
+
+def _bit_op(op: Op, x: Node, arg: Any, where: Any) -> tuple[Shape, str]:
+    """``x & mask`` or ``x >> shift``: an int8/uint8 ``x``, a constant of the dtype's range
+    (a mask) or in [0, 7] (a shift); the result has ``x``'s shape and dtype."""
+    if x.dtype not in QUANT_DTYPES:
+        raise DTypeError(f"{where}: bit ops need an int8 or uint8 operand, got {x.dtype} "
+                         "(cast packed weights' storage to uint8)")
+    lo, hi = QUANT_RANGE[x.dtype] if op is Op.BITAND else (0, 7)
+    if not isinstance(arg, (int, np.integer)) or isinstance(arg, bool) or not lo <= arg <= hi:
+        what = "mask" if op is Op.BITAND else "shift"
+        raise DTypeError(f"{where}: the {what} must be an integer in [{lo}, {hi}] for "
+                         f"{'an' if x.dtype == 'int8' else 'a'} {x.dtype} tensor, got {arg!r}")
+    return x.shape, x.dtype
 
 
 def _moved_indices(op: Op, srcs: tuple[Node, ...], arg: Any, where: Any) -> tuple[Shape, str]:

@@ -67,6 +67,8 @@ class Op(Enum):
     LE = auto()
     EQ = auto()
     NE = auto()
+    BITAND = auto()
+    SHR = auto()
 
 
 # What a padded (zero-filled) tensor holds where it is padded (family/padding.py).
@@ -162,6 +164,19 @@ def _compare(op: Op, symbol: str, ufunc: str, mutant: Op) -> OpSpec:
                   floats=lambda a, b: fn(a, b).astype(np.float64), torch=f"torch.{name}",
                   symbol=symbol, egglog=name.capitalize(),
                   guard=f'(AFn "{name}" (AAdd {{0}} {{1}}))', cost=(1, 0), mutants=(mutant,))
+
+
+def bit_and(x: Any, mask: int) -> Any:
+    """``x & mask`` of integer values held as floats (two's complement, as int8 holds them)."""
+    return np.bitwise_and(np.asarray(x).astype(np.int64), int(mask)).astype(np.float64)
+
+
+def shift_right(x: Any, shift: int) -> Any:
+    """``x >> shift`` of integer values held as floats (arithmetic: floor(x / 2**shift))."""
+    return np.right_shift(np.asarray(x).astype(np.int64), int(shift)).astype(np.float64)
+
+
+BIT_OPS = (Op.BITAND, Op.SHR)  # integer ops with a constant argument: x & mask, x >> shift
 
 
 _UNIT = (lambda m, lo: (1.0, -1.0))  # noqa: E731 - tanh, erf, cos, sin lie in [-1, 1]
@@ -282,6 +297,19 @@ _ALL = [
         (Op.GT, ">", "greater", Op.GE), (Op.GE, ">=", "greater_equal", Op.GT),
         (Op.LT, "<", "less", Op.LE), (Op.LE, "<=", "less_equal", Op.LT),
         (Op.EQ, "==", "equal", Op.NE), (Op.NE, "!=", "not_equal", Op.EQ))),
+    # bit ops on int8/uint8 values with a constant (packed int4 weights: x & 0xF, x >> 4);
+    # the result keeps the operand's integer dtype and, like it, is read only through a cast,
+    # a view or another bit op. In the field x & 15 is a keyed random function lo(x) and
+    # x >> 4 is (x - lo(x)) / 16, so that lo + 16 * hi == x holds; other masks and shifts
+    # are keyed random functions of x of their own (docs/verifier.md, "Integer inputs")
+    OpSpec(Op.BITAND, "unary", 1, "x & mask, an int8/uint8 tensor and a constant mask",
+           arg="the mask (an integer of the dtype's range)", floats=bit_and,
+           torch="torch.bitwise_and", symbol="&", triton="{x} & {arg}", egglog="BitAnd",
+           guard=_fn("bitand"), padding=_KEEP, bounds=lambda m, lo: (m, 0.0)),
+    OpSpec(Op.SHR, "unary", 1, "x >> shift (arithmetic on int8), a constant shift in [0, 7]",
+           arg="the shift", floats=shift_right, torch="torch.bitwise_right_shift",
+           symbol=">>", triton="{x} >> {arg}", egglog="Shr", guard=_fn("shr"), padding=_KEEP,
+           bounds=lambda m, lo: (m, min(lo, 0.0))),
 ]
 
 SPECS: dict[Op, OpSpec] = {s.op: s for s in _ALL}
@@ -310,12 +338,13 @@ VIEWS = frozenset(s.op for s in _ALL if s.group == "movement" and s.arity == 1)
 # Ops whose float result is NaN everywhere where one operand is NaN everywhere (IEEE NaN
 # propagates through arithmetic, NumPy's max and sums, and views; a select or a concat may
 # take its values from another operand): the float interpreter does not compute them then.
-NAN_STRICT = UNARY | BINARY | REDUCE | VIEWS | {Op.MATMUL}
+# (The bit ops read integer values, never NaN.)
+NAN_STRICT = (UNARY - frozenset(BIT_OPS)) | BINARY | REDUCE | VIEWS | {Op.MATMUL}
 # Functions outside the Lax algebra: the verifier models them as random functions.
 OPAQUE = frozenset(s.op for s in _ALL if s.opaque)
 # Ops whose field value is a random function keyed on the operand's Z_p part: the opaque
 # functions (per element), max (per row: any consistent value, see docs/verifier.md) and
-# the comparisons (a random bit keyed on a - b).
-KEYED = OPAQUE | {Op.MAX} | COMPARE
+# the comparisons (a random bit keyed on a - b) and the bit ops (a nibble keyed on x).
+KEYED = OPAQUE | {Op.MAX} | COMPARE | frozenset(BIT_OPS)  # bit ops: keyed on x (nibbles)
 ARITY = {s.op: s.arity for s in _ALL}
 GATHERS = ops_in("gather")  # integer-indexed reads of a table (embedding, index_select)

@@ -23,6 +23,10 @@ def op_attrs(node: Node) -> str:
         return f" axis={node.arg}"
     if node.op is Op.CAST:
         return f" to={node.arg}"
+    if node.op is Op.BITAND:
+        return f" {node.arg:#x}"
+    if node.op is Op.SHR:
+        return f" {node.arg}"
     if node.op is Op.SLICE:
         return f" axis={node.arg[0]} [{node.arg[1]}:{node.arg[2]}]"
     if node.op is Op.CAUSAL:

@@ -138,7 +138,7 @@ def _arg_load(op: Op, arg: Any) -> Any:
         return tuple(int(a) for a in arg)
     if op is Op.CAST:
         return str(arg)
-    return int(arg) if op is Op.CONCAT else arg
+    return int(arg) if op in (Op.CONCAT, Op.BITAND, Op.SHR) else arg
 
 
 def graph_to_dict(graph: Graph) -> dict:

@@ -281,6 +281,26 @@ def _cast(ctx, n, x):
     return out[0], _q(ctx, n, lambda: out[1])
 
 
+NIBBLE, NIBBLE_BITS = 15, 4  # x & 15 and x >> 4: the two nibbles of a packed byte
+
+
+def _bits(ctx, n, x):
+    """BITAND / SHR of integer values: no polynomial. ``x & 15`` is a keyed random function
+    lo(x) and ``x >> 4`` is ``(x - lo(x)) / 16``, one lo per trial, so that the nibbles
+    are two values drawn for each byte with ``lo + 16 * hi == x``, which holds over the
+    integers (for int8 too: ``x >> 4`` is floor(x / 16)); any other mask or shift is a
+    keyed random function of its own (docs/verifier.md, "Integer inputs")."""
+    xp = np.asarray(x[0])
+    nibble = (n.op is Op.BITAND and n.arg == NIBBLE) or (n.op is Op.SHR and n.arg == NIBBLE_BITS)
+    shift = 0 if nibble else (2000 if n.op is Op.SHR else 1000) + int(n.arg)
+    lo = ctx.random_fn(Op.BITAND, (addmod(xp, shift, ctx.p),))
+    if not nibble or n.op is Op.BITAND:
+        return lo[0], _q(ctx, n, lambda: lo[1])
+    return (mulmod(submod(xp, lo[0], ctx.p), pow(16, -1, ctx.p), ctx.p),
+            _q(ctx, n, lambda: mulmod(submod(np.asarray(x[1]), lo[1], ctx.q),
+                                      pow(16, -1, ctx.q), ctx.q)))
+
+
 def _opaque(op):
     def apply(ctx, n, x):
         out = ctx.random_fn(op, x)
@@ -468,6 +488,8 @@ FIELD_SEMANTICS = {
     Op.SLICE: _movement(lambda xs, arg: np.asarray(xs[0])[slice_index(arg)]),
     Op.GATHER: _gather,
     **{op: _comparison(op) for op in COMPARE},
+    Op.BITAND: _bits,
+    Op.SHR: _bits,
 }
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.node import INDEX_DTYPES, QUANT_DTYPES, QUANT_RANGE, Node, Op, slice_index
+from ..ir.node import BIT_OPS, INDEX_DTYPES, QUANT_DTYPES, QUANT_RANGE, Node, Op, slice_index
 from ..ir.ops import NAN_STRICT, SPECS, VIEWS
 from .gather import checked_indices, take
 from .gemm import matmul as gemm
@@ -343,6 +343,9 @@ FLOAT_SEMANTICS = {
     Op.CONCAT: lambda ctx, n, *xs: np.concatenate(xs, axis=n.arg),
     Op.SLICE: lambda ctx, n, x: x[slice_index(n.arg)],
     Op.GATHER: lambda ctx, n, x, i: _gather(ctx, n, x, i),
+    # x & mask, x >> shift of integer values (exact; the spec's function takes the constant)
+    **{op: (lambda f: lambda ctx, n, x: ctx.fix(n, f(x, n.arg)))(SPECS[op].floats)
+       for op in BIT_OPS},
 }
 
 

@@ -25,7 +25,18 @@ import operator
 from collections.abc import Callable, Mapping
 
 from ..ir.errors import MirageError
-from ..ir.node import BINARY, COMPARE, LOGIC, REDUCE, UNARY, Op, slice_index, tile_split, toposort
+from ..ir.node import (
+    BINARY,
+    BIT_OPS,
+    COMPARE,
+    LOGIC,
+    REDUCE,
+    UNARY,
+    Op,
+    slice_index,
+    tile_split,
+    toposort,
+)
 from ..ir.node import QUANT_DTYPES as INT_VALUES
 from ..ir.node import QUANT_RANGE as INT_RANGE
 from ..ir.ops import SPECS
@@ -98,7 +109,7 @@ class _TorchOps:
         # the elementwise ops (and logical not) from their specs' torch functions (cast: by
         # code, below)
         self.unary = {op: s.torch_callable() for op, s in SPECS.items()
-                      if op in UNARY | LOGIC and op is not Op.CAST}
+                      if op in UNARY | LOGIC and op not in (Op.CAST, *BIT_OPS)}
         self.binary = {op: s.torch_callable() for op, s in SPECS.items() if op in BINARY}
         self.reduce = {op: s.torch_callable() for op, s in SPECS.items() if op in REDUCE}
         # the comparisons by their infix operators (a constant operand may come first)
@@ -145,6 +156,9 @@ class _TorchOps:
                 lo, hi = INT_RANGE[n.arg]  # floats (a tile): wrapped as an integer cast is
                 x = torch.remainder(x - lo, hi - lo + 1) + lo
             return x.to(getattr(torch, n.arg))
+        if n.op in BIT_OPS:  # x & mask, x >> shift (integer values held as floats: as ints)
+            x = xs[0] if not xs[0].is_floating_point() else xs[0].to(torch.int64)
+            return SPECS[n.op].torch_callable()(x, n.arg).to(getattr(torch, n.dtype))
         if n.op is Op.SLICE:
             return xs[0][slice_index(n.arg)]
         if n.op is Op.CAUSAL:

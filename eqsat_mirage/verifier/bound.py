@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
-from ..ir.node import BINARY, COMPARE, OPAQUE, Op, toposort
+from ..ir.node import BINARY, BIT_OPS, COMPARE, OPAQUE, Op, toposort
 from ..ir.ops import SPECS
 from ..semantics.primes import family_size
 
@@ -307,6 +307,11 @@ def node_degree(node, ds: list[Degree]) -> Degree:
         a, b = ds
         diff = max(a.num + b.den, b.num + a.den) + a.den + b.den
         return Degree(1, 0, max(a.arg, b.arg, diff), abits=max(a.abits, b.abits))
+    if op in BIT_OPS:  # x & 15 (any other mask or shift too): a fresh variable keyed on x;
+        a = ds[0]  # x >> 4 is (x - lo(x)) / 16: x's degree, one more term, over 16
+        if op is Op.SHR and node.arg == 4:
+            return Degree(max(a.num, 1), a.den, a.arg, a.nbits + 1.0, a.dbits + 4.0, a.abits)
+        return Degree(1, 0, a.arg, abits=a.abits)
     if op in OPAQUE:  # a fresh variable (rsqrt: the inverse of sqrt's variable)
         a = ds[0]
         if SPECS[op].reciprocal_of is not None:

@@ -170,8 +170,20 @@ def comparisons() -> em.Graph:
     return g
 
 
+def int4_weights() -> em.Graph:
+    """Packed int4 weights (issue 53): nibbles of a uint8 tensor interleaved along K,
+    dequantized with a scale per group of 8 rows, read by a matmul."""
+    g = em.Graph("int4_weights")
+    x, wp = g.input("X", (2, 16), dtype="float16"), g.input("Wp", (8, 4), dtype="uint8")
+    q = em.concat([(wp & 0xF).reshape((8, 1, 4)), (wp >> 4).reshape((8, 1, 4))], axis=1)
+    w = q.reshape((2, 8, 4)).astype("float16") - 8.0
+    g.output(x @ (w * g.input("s", (2, 1, 4), dtype="float16")).reshape((16, 4)), "y")
+    return g
+
+
 PROGRAMS = {f.__name__: f for f in (elementwise, reductions, transposes, concats, matmuls, masked,
-                                    reshapes, mixed, hf_ops, gates, gathers, comparisons)}
+                                    reshapes, mixed, hf_ops, gates, gathers, comparisons,
+                                    int4_weights)}
 
 
 def test_programs_cover_every_op():

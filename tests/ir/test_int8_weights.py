@@ -87,9 +87,9 @@ def test_int8_input_cast_in_the_ir_and_the_float_backend():
 
 
 @pytest.mark.parametrize("bad", [
-    lambda w, x: w + 1, lambda w, x: w * x, lambda w, x: w.T, lambda w, x: w.sum(axis=0),
-    lambda w, x: em.exp(w), lambda w, x: x @ w, lambda w, x: w.reshape((16,))])
-def test_arithmetic_or_movement_on_int8_is_refused(bad):
+    lambda w, x: w + 1, lambda w, x: w * x, lambda w, x: w.sum(axis=0),
+    lambda w, x: em.exp(w), lambda w, x: x @ w])
+def test_arithmetic_on_int8_is_refused(bad):  # (movement: tests/ir/test_int4_weights.py)
     g = em.Graph("bad")
     w = g.input("w", (4, 4), dtype="int8")
     x = g.input("x", (4, 4), dtype="float16")

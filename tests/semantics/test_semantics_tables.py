@@ -46,6 +46,11 @@ def gf():
 
 # --- tiny programs, one per op ---------------------------------------------------------------
 
+def _bytes(X):
+    """The uint8 input ``B`` (2, 3) of ``X``'s graph (the bit ops' operand)."""
+    return X.graph.input("B", (2, 3), "uint8")
+
+
 # Each entry: op -> (builder over X(2,3), Y(3,2), Z(2,3) positive, numpy reference).
 OP_CASES = {
     em.Op.INPUT: (lambda X, Y, Z: X, lambda x, y, z: x),
@@ -95,8 +100,14 @@ OP_CASES = {
        for op, fn, npf in ((em.Op.GT, em.gt, np.greater), (em.Op.GE, em.ge, np.greater_equal),
                            (em.Op.LT, em.lt, np.less), (em.Op.LE, em.le, np.less_equal),
                            (em.Op.EQ, em.eq, np.equal), (em.Op.NE, em.ne, np.not_equal))},
+    # the bit ops of a uint8 input B (tiny_inputs: BYTES), read through a cast
+    em.Op.BITAND: (lambda X, Y, Z: (_bytes(X) & 0xF).astype(X.dtype),
+                   lambda x, y, z: (BYTES & 0xF).astype(np.float64)),
+    em.Op.SHR: (lambda X, Y, Z: (_bytes(X) >> 4).astype(X.dtype),
+                lambda x, y, z: (BYTES >> 4).astype(np.float64)),
 }
 IDX = np.array([[0, 2], [1, 0]])  # the gather's indices: both extremes of [0, 3)
+BYTES = np.array([[0, 255, 16], [15, 0xA5, 128]])  # the bit ops' bytes: both nibbles' ends
 OPS = sorted(em.Op, key=lambda o: o.value)
 IDS = [op.name.lower() for op in OPS]
 
@@ -121,12 +132,16 @@ def tiny_inputs(seed: int = 0, g: em.Graph | None = None) -> dict[str, np.ndarra
            "Z": rng.uniform(0.5, 2.0, (2, 3))}
     if g is not None and "I" in g.inputs:  # the gather's index input
         out["I"] = IDX
+    if g is not None and "B" in g.inputs:  # the bit ops' bytes
+        out["B"] = BYTES
     return out
 
 
 # The value of the op's node where the tiny program's output is more than it (as OP_CASES).
 INNER_NODES = {
     em.Op.CONST: (None, lambda x, y, z: 2.5),
+    em.Op.BITAND: (None, lambda x, y, z: (BYTES & 0xF).astype(np.float64)),
+    em.Op.SHR: (None, lambda x, y, z: (BYTES >> 4).astype(np.float64)),
     em.Op.CAUSAL: (None, lambda x, y, z: np.tri(2, 3, 0)),
     em.Op.NOT: (None, lambda x, y, z: 1.0 - np.tri(2, 3, 0)),
     em.Op.MASK: (None, lambda x, y, z: np.where(np.tri(2, 3, 0, dtype=bool), x, -np.inf)),
