@@ -10,6 +10,7 @@ machine's (a loaded machine) and must say so, and everything else is checked.
 """
 
 import contextlib
+import dataclasses
 import io
 import os
 import re
@@ -164,6 +165,15 @@ def test_api_int4_weights():
     _verified_or_out_of_time(res)
     if res.verified and res.verified.equivalent:
         assert "tl.load(Wp_ptrs" in res.triton_source()
+
+
+@runs("docs/api.md", "api-int4-regrouped")
+def test_api_int4_regrouped_equals_the_written_form():
+    first = block("docs/api.md", "api-int4")  # its search left out: not what is tested here
+    ns = run_python(dataclasses.replace(first, text=first.text.replace("em.optimize(g)", "g")))
+    run_python(block("docs/api.md", "api-int4-regrouped"), ns)
+    out = em.evaluate(ns["g"], ns["inputs"])
+    assert np.allclose(out["y2"], out["y"], rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.slow  # a GQA search, a kernel-level search, a verification and a picture

@@ -49,6 +49,24 @@ def w4_linear(m: int, k: int, n: int, group: int, act: str = "float16",
     return g
 
 
+def w4_regrouped(m: int, k: int, n: int, group: int, act: str = "float16") -> em.Graph:
+    """``w4_linear`` written so that the search fuses the unpacking into the matmul: x's
+    columns de-interleaved (even and odd k), the groups a batch axis summed,
+    ``y = sum_g (x_even[g] @ (lo[g] - 8) + x_odd[g] @ (hi[g] - 8)) * s[g]``."""
+    g = em.Graph("w4_regrouped")
+    x = g.input("x", (m, k), dtype=act)
+    wp = g.input("Wp", (k // 2, n), dtype="uint8")
+    s = g.input("s", (k // group, n), dtype=act)
+    pairs = x.reshape((m, k // group, group // 2, 2))
+    x_even, x_odd = (pairs[:, :, :, j:j + 1].reshape((m, k // group, group // 2))
+                     .transpose((1, 0, 2)) for j in (0, 1))
+    w3 = wp.reshape((k // group, group // 2, n))
+    lo, hi = ((w3 & 0xF).astype(act) - 8.0), ((w3 >> 4).astype(act) - 8.0)
+    y = (x_even @ lo + x_odd @ hi) * s.reshape((k // group, 1, n))
+    g.output(y.sum(axis=0), "y")
+    return g
+
+
 def _inputs(g: em.Graph, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     k2, n = g.inputs["Wp"].shape
@@ -72,6 +90,23 @@ def _eager(g: em.Graph, inputs: dict[str, np.ndarray]) -> torch.Tensor:
     q = torch.stack([wp & 0xF, wp >> 4], dim=1).reshape(k, n)
     w = ((q.reshape(k // group, group, n).to(act) - 8) * s[:, None, :]).reshape(k, n)
     return torch.tensor(inputs["x"]).to(act) @ w
+
+
+def _unpacks_the_loaded_bytes(src: str) -> bool:
+    """Whether the generated source loads ``Wp``'s uint8 tile and applies ``& 15`` and
+    ``>> 4`` to it (or to a ``tl.reshape`` of it) in registers."""
+    load = re.search(r"^\s*(\w+) = tl\.load\(Wp_ptrs", src, re.M)
+    if not load:
+        return False
+    names = {load.group(1)} | set(re.findall(rf"^\s*(\w+) = tl\.reshape\({load.group(1)}\b",
+                                             src, re.M))
+    return all(any(re.search(rf"\b{v}\.to\(tl\.int32\) {op}\b", src) for v in names)
+               for op in ("& 15", ">> 4"))
+
+
+def _ops(kernel) -> list:
+    """The nodes of a custom kernel's loop and post stages."""
+    return [*kernel.loop.nodes(), *kernel.post.nodes()]
 
 
 def _run(res, g: em.Graph, inputs: dict[str, np.ndarray]) -> torch.Tensor:
@@ -193,10 +228,7 @@ def test_optimized_w4_linear_loads_uint8_and_equals_eager(act, group):
     assert res.verified and res.verified.equivalent, res.verified
     src = res.triton_source()
     assert '"Wp": ((128, 64), torch.uint8)' in src
-    load = re.search(r"^\s*(\w+) = tl\.load\(Wp_ptrs", src, re.M)  # the packed bytes
-    assert load, src
-    assert re.search(rf"\b{load.group(1)}\.to\(tl\.int32\) & 15\b", src), src
-    assert re.search(rf"\b{load.group(1)}\.to\(tl\.int32\) >> 4\b", src), src
+    assert _unpacks_the_loaded_bytes(src), src  # the packed bytes, unpacked in registers
     inputs = _inputs(g, seed=1)
     want = _eager(g, inputs).double()
     got = _run(res, g, inputs).double()
@@ -227,3 +259,42 @@ def test_optimized_w4_linear_equals_eager_over_shapes(m, k, n, group, act, seed)
     assert torch.allclose(got, want, rtol=tol, atol=tol * float(want.abs().max()))
     np.testing.assert_allclose(em.evaluate(res.program, inputs)["y"],
                                em.evaluate(g, inputs)["y"], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("act,group", [("float16", 32), ("float32", 128)])
+def test_the_regrouped_w4_linear_unpacks_inside_the_matmul_kernel(act, group):
+    """Written regrouped (x de-interleaved, groups a batch axis), the search gives one
+    kernel that loads the uint8 W tile, extracts both nibbles, subtracts 8, multiplies by
+    x, scales by the group's scale row and sums the groups in its loop: no float W."""
+    k, n = 256, 64
+    g = w4_regrouped(16, k, n, group, act)
+    assert em.verify(w4_linear(16, k, n, group, act), g).equivalent
+    res = em.optimize(g)
+    assert res.verified and res.verified.equivalent, res.verified
+    custom = [kn for kn in res.program.kernels if kn.kind == "custom"
+              and {"matmul", "bitand", "shr"} <= {x.op.name.lower() for x in _ops(kn)}]
+    assert len(custom) == 1, str(res.program)
+    src = res.triton_source()
+    assert _unpacks_the_loaded_bytes(src), src
+    made = re.findall(r"(?:new_empty|torch\.empty)\(\(([\d, ]+)\)", src)
+    assert not {f"{k}, {n}", f"{k // group}, {group // 2}, {n}"} & set(made), made
+    inputs = _inputs(g, seed=2)
+    want = _eager(w4_linear(16, k, n, group, act), inputs).double()
+    got = _run(res, g, inputs).double()
+    tol = 2e-2 if act == "float16" else 1e-4
+    assert torch.allclose(got, want, rtol=tol, atol=tol * want.abs().max())
+
+
+def test_the_cost_model_reads_packed_int4_at_half_a_byte():
+    """At a decode size the fused kernel's device-memory bytes are the packed weights (half
+    a byte a weight), the scales and x: about half the int8 kernel's."""
+    from eqsat_mirage.cost.gpucost import kernel_cost
+    from eqsat_mirage.fusion.planner import plan
+
+    k = n = 4096
+    found = plan(w4_regrouped(1, k, n, 128), "h200")
+    (fused,) = [kn for kn in found.mugraph.kernels if kn.kind == "custom"
+                and any(x.op.name == "BITAND" for x in _ops(kn))]
+    read = kernel_cost(fused, found.mugraph, "h200").dram_bytes
+    packed, scales = k * n // 2, (k // 128) * n * 2
+    assert packed + scales <= read <= 1.1 * (packed + scales), read
