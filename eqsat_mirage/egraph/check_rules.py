@@ -26,7 +26,7 @@ from ..ir.limits import Deadline, check_seconds
 from ..ir.node import DTYPES, Node, Op, fmt_shape, make, numel
 from ..verifier.floatcheck import float_checks
 from ..verifier.verify import Counterexample, verify
-from .encode import build_node
+from .encode import IDENTITIES, build_node
 from .rule_report import RuleCheck, RuleCheckReport, printable
 from .rulefiles import Rule, Schema, SList, Sym, load_rules, to_text
 
@@ -92,6 +92,21 @@ def _index_vars(term, out: set) -> set:
     return out
 
 
+def _int_vars(term, out: set) -> set:
+    """Pattern variables a bit op (BitAnd, Shr) reads, directly or through identity
+    constructors (Dev, Reg, ...): they become uint8 inputs (packed weights)."""
+    if isinstance(term, SList):
+        if term.head() in ("BitAnd", "Shr") and len(term.items) > 2:
+            x = term.items[2]
+            while isinstance(x, SList) and x.head() in IDENTITIES and len(x.items) > 1:
+                x = x.items[-1]
+            if _is_var(x):
+                out.add(str(x))
+        for arg in term.items[1:]:
+            _int_vars(arg, out)
+    return out
+
+
 def _factorize(n: int, k: int, rng: random.Random) -> tuple[int, ...]:
     """A random ordered factorization of ``n`` into ``k`` positive factors."""
     out = []
@@ -106,12 +121,15 @@ class _Instance:
 
     def __init__(self, schema: Schema, rng: random.Random, shapes: dict[str, tuple],
                  drawn: dict | None = None, masks: frozenset = frozenset(),
-                 dtype: str = "float32", indices: frozenset = frozenset()) -> None:
+                 dtype: str = "float32", indices: frozenset = frozenset(),
+                 ints: frozenset = frozenset()) -> None:
         self.schema, self.rng, self.shapes, self.masks = schema, rng, shapes, masks
         self.indices = indices  # variables a Gather reads as indices: int64
         self.dtype = dtype  # of every tensor variable but masks and indices
+        self.ints = ints  # variables a bit op (BitAnd, Shr) reads: uint8
         self.inputs = {v: Node(Op.INPUT, (), v, s, "bool" if v in masks else
-                               "int64" if v in indices else dtype)
+                               "int64" if v in indices else "uint8" if v in self.ints
+                               else dtype)
                        for v, s in shapes.items()}
         self.env: dict[str, object] = {**self.inputs, **(drawn or {})}
         self.drawn = dict(drawn or {})  # scalars drawn while building the LHS
@@ -132,7 +150,7 @@ class _Instance:
         elif ok and -len(shape) <= axis < len(shape):
             shape[axis] = value
         out = _Instance(self.schema, self.rng, {**self.shapes, var: tuple(shape)}, self.drawn,
-                        self.masks, self.dtype, self.indices)
+                        self.masks, self.dtype, self.indices, self.ints)
         out.facts = set(self.facts)  # still the block-level facts' (``redrawn``)
         return out
 
@@ -141,7 +159,7 @@ class _Instance:
         block-level facts, drawn again (a loop range that does not divide the size)."""
         kept = {k: v for k, v in self.drawn.items() if k not in self.facts}
         return _Instance(self.schema, self.rng, self.shapes, kept, self.masks, self.dtype,
-                         self.indices)
+                         self.indices, self.ints)
 
     def build(self, term, lhs: bool) -> Node:
         """The IR node of a T-sorted term; in the LHS, unbound scalars get random values."""
@@ -387,6 +405,7 @@ def check_rule(rule: Rule, schema: Schema | None = None, instances: int = 3, see
     names = _tensor_vars(rule.lhs, schema, [])
     masks = frozenset(_mask_vars(rule.lhs, set()))
     indices = frozenset(_index_vars(rule.lhs, set()))
+    ints = frozenset(_int_vars(rule.lhs, set()))
     above = _thresholds(rule)
     found, seen, why = [], set(), "no instance type-checked"  # found: (instance, lhs, rhs)
     for _ in range(max_attempts):
@@ -399,7 +418,7 @@ def check_rule(rule: Rule, schema: Schema | None = None, instances: int = 3, see
             dtype = dtypes.choice(("float32", "float32", "float16", "bfloat16"))
             inst, lhs = _instantiate(rule, _Instance(schema, rng, _draw_shapes(names, rng, above),
                                                      masks=masks, dtype=dtype,
-                                                     indices=indices))
+                                                     indices=indices, ints=ints))
         except (ShapeError, DTypeError, _Fail) as exc:
             why = f"last attempt: {exc}"
             continue
