@@ -157,7 +157,30 @@ def flash_whole(Q, K1, K2, V1, V2):
     return em.exp(Q @ em.concat([K1, K2], 1)) @ em.concat([V1, V2], 0)
 
 
+def int4_linear(X, Wp, s):
+    """X (4, 16) @ W, W (16, 3) unpacked from Wp (8, 3) uint8 (rows 2i, 2i + 1 in byte i's
+    low and high nibble), (q - 8) times a scale per group of 8 rows (issue 53)."""
+    q = em.concat([(Wp & 0xF).reshape((8, 1, 3)), (Wp >> 4).reshape((8, 1, 3))], axis=1)
+    w = (q.reshape((2, 8, 3)).astype(F32) - 8.0) * s.reshape((2, 1, 3))
+    return X @ w.reshape((16, 3))
+
+
+def int4_regrouped(X, Wp, s):
+    """``int4_linear`` with x's columns de-interleaved and the groups a summed batch axis."""
+    pairs = X.reshape((4, 2, 4, 2))
+    even, odd = (pairs[:, :, :, j:j + 1].reshape((4, 2, 4)).transpose((1, 0, 2)) for j in (0, 1))
+    w3 = Wp.reshape((2, 4, 3))
+    lo, hi = (w3 & 0xF).astype(F32) - 8.0, (w3 >> 4).astype(F32) - 8.0
+    return ((even @ lo + odd @ hi) * s.reshape((2, 1, 3))).sum(axis=0)
+
+
 IDENTITIES = [
+    # issue 53: a byte's nibbles recombine to it; packed int4 weights regrouped
+    Case("nibbles-recombine", ins("B:4x6:uint8"),
+         lambda B: (B & 15).astype(F32) + (B >> 4).astype(F32) * 16.0,
+         lambda B: B.astype(F32)),
+    Case("int4-linear-regrouped", ins("X:4x16", "Wp:8x3:uint8", "s:2x3"),
+         int4_linear, int4_regrouped),
     Case("matmul-assoc", ins("A:4x8", "B:8x3", "C:3x5"),
          lambda A, B, C: (A @ B) @ C, lambda A, B, C: A @ (B @ C)),
     Case("matmul-assoc-fp16", ins("A:4x8", "B:8x3", "C:3x5", dtype=F16),
@@ -304,6 +327,10 @@ IDENTITIES = [
 
 
 MUTANTS = [
+    # issue 53: the nibbles swapped
+    Case("nibbles-swapped", ins("B:4x6:uint8"),
+         lambda B: (B & 15).astype(F32) + (B >> 4).astype(F32) * 16.0,
+         lambda B: (B >> 4).astype(F32) + (B & 15).astype(F32) * 16.0),
     Case("wrong-reduction-axis", ins("X:4x4"),
          lambda X: X.sum(axis=0), lambda X: X.sum(axis=1)),
     Case("sum-over-wrong-axes", ins("X:3x4x4"),
