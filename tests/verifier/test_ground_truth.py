@@ -9,7 +9,8 @@ import pytest
 from test_catalogue import IDENTITIES  # pytest puts this folder on sys.path
 
 import eqsat_mirage as em
-from eqsat_mirage.semantics.floating import rounded_inputs
+from eqsat_mirage.ir.node import QUANT_DTYPES
+from eqsat_mirage.semantics.floating import draw_ints, rounded_inputs
 from eqsat_mirage.semantics.gather import draw_indices, index_bounds
 from eqsat_mirage.verifier import truth as gt
 
@@ -59,6 +60,7 @@ def test_float64_suffices_on_the_catalogue_by_a_wide_margin():
             rows = index_bounds(g)  # an index input (a gather's): valid integer indices
             for k in (0, 6, -6, 20, -20):
                 raw = {n: draw_indices(rng, v.shape, rows[n]) if n in rows
+                       else draw_ints(rng, v.shape, v.dtype) if v.dtype in QUANT_DTYPES
                        else (rng.random(v.shape) < 0.75).astype(float) if v.dtype == "bool"
                        else rng.standard_normal(v.shape) * 2.0**k for n, v in g.inputs.items()}
                 x = rounded_inputs(g, raw)
