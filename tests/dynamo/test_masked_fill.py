@@ -149,13 +149,18 @@ def test_masks_written_other_ways():
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
 
 
-def test_a_comparison_of_a_computed_tensor_is_refused_with_its_line():
+def test_a_comparison_of_a_computed_tensor_is_traced():
+    """Issue 52: ``s > 0`` of a computed tensor is an op of the program now (it was
+    refused), and the masked fill on it evaluates as torch computes it."""
     def fn(s):
         return s.masked_fill(s > 0, -1e4)
 
-    with pytest.raises(em.UnsupportedOpError,
-                       match=r"test_masked_fill.py:\d+.*gt of a computed tensor"):
-        em.from_torch(fn, torch.randn(4, 4))
+    x = torch.randn(4, 4, dtype=torch.float64)
+    g = em.from_torch(fn, x.float())
+    assert any(n.op is Op.GT for n in g.nodes())
+    (name,) = g.inputs
+    (got,) = em.evaluate(g, {name: x.numpy()}).values()
+    np.testing.assert_array_equal(got, fn(x).numpy())
 
 
 @pytest.mark.slow
