@@ -341,3 +341,14 @@ def test_every_subpackage_ships_in_the_wheel():
     listed = set(config["tool"]["setuptools"]["packages"])
     found = {module_name(p, PACKAGE) for p in PACKAGE.rglob("__init__.py")}
     assert found <= listed, sorted(found - listed)
+
+
+def test_test_modules_have_distinct_names():
+    """tests/ has no packages, so pytest imports each test module by its file name: two
+    modules of one name in different folders stop the whole suite at collection ("import
+    file mismatch"), which a run of one folder never shows."""
+    tests = Path(__file__).resolve().parent
+    seen: dict[str, Path] = {}
+    for path in sorted(tests.rglob("test_*.py")):
+        assert path.name not in seen, (path, seen.get(path.name))
+        seen[path.name] = path
