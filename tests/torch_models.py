@@ -89,3 +89,29 @@ class NanoGPTBlock(nn.Module):
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
+
+
+def quantized_linear_result(m: nn.Module, x: torch.Tensor):
+    """Run the weight-quantized linear ``m`` on ``x`` through ``torch.compile`` with the
+    eqsat-mirage backend; check it equals eager (fp16 within 2e-2, fp32 within 1e-4 of the
+    output's largest value), has every compute op in one optimized Triton partition, and
+    return that partition's ``OptimizeResult`` (the int8 and int4 linear tests read its
+    source and program)."""
+    import warnings
+
+    import eqsat_mirage as em
+
+    be = em.backend(warmup=0, cache=False, warn=False)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = m(x)
+        got = torch.compile(m, backend=be)(x)
+    assert got.dtype == want.dtype
+    tol = 2e-2 if x.dtype == torch.float16 else 1e-4
+    err = float((got.double() - want.double()).abs().max())
+    assert err <= tol * float(want.double().abs().max()), err
+    s = be.summary()
+    assert s["optimized_compute_ops"] == s["compute_ops"] > 0, s
+    (entry,) = [e for e in be.report if e.result is not None]
+    assert entry.status == "optimized" and entry.mode == "triton", entry
+    return entry.result
