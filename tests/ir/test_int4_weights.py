@@ -110,11 +110,10 @@ def _ops(kernel) -> list:
 
 
 def _run(res, g: em.Graph, inputs: dict[str, np.ndarray]) -> torch.Tensor:
-    """The optimized program's generated code run on ``inputs`` (Triton's interpreter)."""
-    ns: dict = {}
-    exec(compile(res.triton_source(), "w4_generated", "exec"), ns)  # noqa: S102
+    """The optimized program compiled (``res.compile``: its generated code, under Triton's
+    interpreter) and run on ``inputs``."""
     args = {n: torch.tensor(v).to(getattr(torch, g.inputs[n].dtype)) for n, v in inputs.items()}
-    return ns["run"](**args)["y"]
+    return res.compile()(**args)["y"]
 
 
 def test_bit_ops_in_the_ir_and_the_float_backends():

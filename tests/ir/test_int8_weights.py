@@ -64,11 +64,10 @@ def _eager(g: em.Graph, inputs: dict[str, np.ndarray]) -> torch.Tensor:
 
 
 def _run(res, g: em.Graph, inputs: dict[str, np.ndarray]) -> torch.Tensor:
-    """The optimized program's generated Triton code run on ``inputs`` (interpreter)."""
-    ns: dict = {}
-    exec(compile(res.triton_source(), "w8_generated", "exec"), ns)  # noqa: S102
+    """The optimized program compiled (``res.compile``: its generated code, under Triton's
+    interpreter) and run on ``inputs``."""
     args = {n: torch.tensor(v).to(getattr(torch, g.inputs[n].dtype)) for n, v in inputs.items()}
-    return ns["run"](**args)["y"]
+    return res.compile()(**args)["y"]
 
 
 def test_int8_input_cast_in_the_ir_and_the_float_backend():
