@@ -115,3 +115,11 @@ def quantized_linear_result(m: nn.Module, x: torch.Tensor):
     (entry,) = [e for e in be.report if e.result is not None]
     assert entry.status == "optimized" and entry.mode == "triton", entry
     return entry.result
+
+
+def run_compiled(res, g, inputs: dict) -> dict:
+    """``res.compile()`` (the generated code, its first launch checked; Triton's interpreter
+    on CPU) run on the NumPy ``inputs`` of ``g``, each as a torch tensor of its input's
+    dtype: the outputs by name."""
+    args = {n: torch.tensor(v).to(getattr(torch, g.inputs[n].dtype)) for n, v in inputs.items()}
+    return res.compile()(**args)

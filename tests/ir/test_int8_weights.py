@@ -21,6 +21,8 @@ from eqsat_mirage.verifier.draws import Draws
 
 torch = pytest.importorskip("torch")
 
+from torch_models import run_compiled  # noqa: E402
+
 
 def w8_linear(m: int, k: int, n: int, act: str = "float16", zero_point: bool = False,
               wdtype: str = "int8", scale_2d: bool = False) -> em.Graph:
@@ -64,10 +66,8 @@ def _eager(g: em.Graph, inputs: dict[str, np.ndarray]) -> torch.Tensor:
 
 
 def _run(res, g: em.Graph, inputs: dict[str, np.ndarray]) -> torch.Tensor:
-    """The optimized program compiled (``res.compile``: its generated code, under Triton's
-    interpreter) and run on ``inputs``."""
-    args = {n: torch.tensor(v).to(getattr(torch, g.inputs[n].dtype)) for n, v in inputs.items()}
-    return res.compile()(**args)["y"]
+    """The optimized program's output ``y`` (``torch_models.run_compiled``)."""
+    return run_compiled(res, g, inputs)["y"]
 
 
 def test_int8_input_cast_in_the_ir_and_the_float_backend():
