@@ -91,6 +91,15 @@ class NanoGPTBlock(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+def assert_close_to_eager(got: torch.Tensor, want: torch.Tensor, dtype) -> None:
+    """``got`` within the quantized tests' tolerance of eager ``want`` (fp16: 2e-2, else
+    1e-4, of ``want``'s largest magnitude), compared in float64; ``dtype`` the activations'
+    (a torch dtype or its name)."""
+    tol = 2e-2 if dtype in (torch.float16, "float16") else 1e-4
+    err = float((got.double() - want.double()).abs().max())
+    assert err <= tol * float(want.double().abs().max()), err
+
+
 def quantized_linear_result(m: nn.Module, x: torch.Tensor):
     """Run the weight-quantized linear ``m`` on ``x`` through ``torch.compile`` with the
     eqsat-mirage backend; check it equals eager (fp16 within 2e-2, fp32 within 1e-4 of the
@@ -107,9 +116,7 @@ def quantized_linear_result(m: nn.Module, x: torch.Tensor):
         want = m(x)
         got = torch.compile(m, backend=be)(x)
     assert got.dtype == want.dtype
-    tol = 2e-2 if x.dtype == torch.float16 else 1e-4
-    err = float((got.double() - want.double()).abs().max())
-    assert err <= tol * float(want.double().abs().max()), err
+    assert_close_to_eager(got, want, x.dtype)
     s = be.summary()
     assert s["optimized_compute_ops"] == s["compute_ops"] > 0, s
     (entry,) = [e for e in be.report if e.result is not None]

@@ -23,7 +23,7 @@ from eqsat_mirage.verifier.draws import Draws
 
 torch = pytest.importorskip("torch")
 
-from torch_models import run_compiled  # noqa: E402
+from torch_models import assert_close_to_eager, run_compiled  # noqa: E402
 
 
 def w4_linear(m: int, k: int, n: int, group: int, act: str = "float16",
@@ -230,9 +230,7 @@ def test_optimized_w4_linear_loads_uint8_and_equals_eager(act, group):
     assert _unpacks_the_loaded_bytes(src), src  # the packed bytes, unpacked in registers
     inputs = _inputs(g, seed=1)
     want = _eager(g, inputs).double()
-    got = _run(res, g, inputs).double()
-    tol = 2e-2 if act == "float16" else 1e-4
-    assert torch.allclose(got, want, rtol=tol, atol=tol * want.abs().max())
+    assert_close_to_eager(_run(res, g, inputs), want, act)
     assert res.cost_us < res.baseline_cost_us
 
 
@@ -281,9 +279,7 @@ def test_the_regrouped_w4_linear_unpacks_inside_the_matmul_kernel(act, group):
     assert not {f"{k}, {n}", f"{k // group}, {group // 2}, {n}"} & set(made), made
     inputs = _inputs(g, seed=2)
     want = _eager(w4_linear(16, k, n, group, act), inputs).double()
-    got = _run(res, g, inputs).double()
-    tol = 2e-2 if act == "float16" else 1e-4
-    assert torch.allclose(got, want, rtol=tol, atol=tol * want.abs().max())
+    assert_close_to_eager(_run(res, g, inputs), want, act)
 
 
 def test_the_cost_model_reads_packed_int4_at_half_a_byte():

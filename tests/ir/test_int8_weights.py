@@ -21,7 +21,7 @@ from eqsat_mirage.verifier.draws import Draws
 
 torch = pytest.importorskip("torch")
 
-from torch_models import run_compiled  # noqa: E402
+from torch_models import assert_close_to_eager, run_compiled  # noqa: E402
 
 
 def w8_linear(m: int, k: int, n: int, act: str = "float16", zero_point: bool = False,
@@ -156,9 +156,7 @@ def test_w8_linear_is_one_kernel_that_loads_int8(act, zero_point, scale_2d):
     assert made == ["16, 48"], made
     inputs = _inputs(g, seed=1)
     want = _eager(g, inputs).double()
-    got = _run(res, g, inputs).double()
-    tol = 2e-2 if act == "float16" else 1e-4
-    assert torch.allclose(got, want, rtol=tol, atol=tol * want.abs().max())
+    assert_close_to_eager(_run(res, g, inputs), want, act)
     # the cost model reads W at one byte an element: the fused kernel's price is below the
     # one-kernel-per-op plan's, which writes and reads the dequantized W in ``act``
     assert res.cost_us < res.baseline_cost_us
