@@ -31,7 +31,13 @@ def pow2_ceil(d: int) -> int:
 
 
 def padded_shapes(graph: Graph) -> dict[int, tuple[int, ...]]:
-    """Tile shapes as Triton holds them: dims to powers of two, matmul M and N to >= 16."""
+    """Tile shapes as Triton holds them: dims to powers of two, matmul M and N to >= 16.
+    Kept with the graph while its outputs are the same (``Graph.derived``): a kernel's
+    price reads them three times. Read-only."""
+    return graph.derived("padded shapes", _padded)
+
+
+def _padded(graph: Graph) -> dict[int, tuple[int, ...]]:
     pad = {id(n): tuple(pow2_ceil(d) for d in n.shape) for n in graph.nodes()}
     for n in graph.nodes():
         if n.op is Op.MATMUL:

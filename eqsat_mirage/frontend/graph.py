@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import keyword
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from numbers import Integral, Real
 from typing import Any
 
@@ -144,12 +144,20 @@ class Graph:
     def nodes(self) -> list[Node]:
         """Every node reachable from the outputs, operands first (a fresh list; the order
         is remembered while the outputs are the same nodes: nodes are immutable)."""
+        return list(self.derived("nodes", lambda g: toposort(list(g.outputs.values()))))
+
+    def derived(self, what: str, make: Callable[[Graph], Any]) -> Any:
+        """``make(self)``, kept under ``what`` while the outputs are the same nodes (nodes
+        are immutable, so a fact of the nodes reachable from them stays true): the node
+        order, the cost model's padded tile shapes. The caller must not change the value."""
         roots = tuple(self.outputs.values())
-        cached = getattr(self, "_order", None)
-        if cached is None or len(cached[0]) != len(roots) or any(
-                x is not y for x, y in zip(cached[0], roots)):
-            cached = self._order = (roots, toposort(list(roots)))
-        return list(cached[1])
+        facts = getattr(self, "_derived", None)
+        if facts is None or len(facts[0]) != len(roots) or any(
+                x is not y for x, y in zip(facts[0], roots)):
+            facts = self._derived = (roots, {})
+        if what not in facts[1]:
+            facts[1][what] = make(self)
+        return facts[1][what]
 
     def check(self) -> Graph:
         """Run the ``check`` pass on this graph and return it."""

@@ -138,9 +138,10 @@ class CustomKernel:
 
     # -- building ---------------------------------------------------------------------------
     def _spec(self, tensor: str) -> TensorSpec:
-        specs = self.owner.tensors if self.owner is not None else {}
-        check_read(self.name, tensor, specs)
-        return specs[tensor]
+        spec = self.owner.spec(tensor) if self.owner is not None else None
+        if spec is None:
+            check_read(self.name, tensor, self.owner.tensors if self.owner is not None else {})
+        return spec
 
     def input(self, tensor: str, imap: Mapping[int, int] | None = None, fmap: int | None = None,
               name: str | None = None) -> Tensor:
@@ -231,7 +232,7 @@ class CustomKernel:
             raise MuGraphError(f"kernel {self.name!r}: output {tensor!r} must be a tile of this "
                                "kernel's loop or post stage")
         stage = "loop" if value.graph is self.loop else "post"
-        if self.owner is not None and tensor in self.owner.tensors:
+        if self.owner is not None and self.owner.spec(tensor) is not None:
             raise MuGraphError(f"kernel {self.name!r}: tensor {tensor!r} is already defined")
         if dtype is not None and dtype not in ("float16", "bfloat16", "float32"):
             raise MuGraphError(f"kernel {self.name!r}: output {tensor!r}: unknown dtype "

@@ -85,7 +85,7 @@ class MuGraph:
     def input(self, name: str, shape: Sequence[int], dtype: Any = "float16") -> str:
         """Declare device input ``name``; returns the name."""
         check_name(name, "input")
-        if name in self.tensors:
+        if self.spec(name) is not None:
             raise MuGraphError(f"mugraph {self.name!r}: tensor {name!r} is already defined")
         shape = tuple(int(d) for d in shape)
         if any(d <= 0 for d in shape):
@@ -132,7 +132,7 @@ class MuGraph:
     def output(self, tensor: str, name: str | None = None) -> None:
         """Mark device ``tensor`` as output ``name`` (default: the tensor's name)."""
         name = check_name(name or tensor, "output")
-        if tensor not in self.tensors:
+        if self.spec(tensor) is None:
             raise UnknownTensorError(f"output {name!r}: unknown tensor {tensor!r}")
         if name in self.output_tensors or name in self.inputs:
             raise MuGraphError(f"output name {name!r} is already used")
@@ -153,6 +153,17 @@ class MuGraph:
             for t, spec in k.output_specs().items():
                 specs.setdefault(t, spec)
         return specs
+
+    def spec(self, tensor: str) -> TensorSpec | None:
+        """Device tensor ``tensor`` as ``tensors`` holds it (None: not defined), found
+        without making every kernel's specs (the planner lowers thousands of schedules)."""
+        if tensor in self.inputs:
+            node = self.inputs[tensor]
+            return TensorSpec(tensor, node.shape, node.dtype)
+        for k in self.kernels:
+            if tensor in ((k.output,) if isinstance(k, PredefinedKernel) else k.outputs):
+                return k.output_specs()[tensor]
+        return None
 
     @property
     def outputs(self) -> dict[str, TensorSpec]:

@@ -65,11 +65,10 @@ def pair_draws(program, peaked) -> list[tuple[str, int]]:
     ``P``, as for ``peakset``, is the largest value keeping the first program finite,
     every value then over the headroom (``draws.Draws.pair_values``).
 
-    None in the end-to-end check of a whole program (``peaked`` given): its pieces were
-    each checked with these forms, and over a whole layer's inputs the pairs times three
-    forms made that check 11x dearer (1.1 to 12.8 CPU s on the tiny LLaMA layer)."""
-    if peaked is not None:
-        return []
+    Not in the end-to-end check of a whole program (``floatcheck.float_checks``'
+    ``pair_forms``): its pieces were each checked with these forms, and over a whole
+    layer's inputs the pairs times three forms made that check 11x dearer (1.1 to 12.8
+    CPU s on the tiny LLaMA layer)."""
     js = chosen(pairs(program), peaked)
     rest = len(float_inputs(program)) > 2
     return [(kind, j) for kind, (_, others) in PAIR_FORMS.items() if rest or others == "one"

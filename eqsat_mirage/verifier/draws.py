@@ -16,10 +16,12 @@ from ..ir.node import INDEX_DTYPES, QUANT_DTYPES, Op
 from ..semantics.floating import (
     EVERY_HALF,
     FLOAT_SEMANTICS,
+    KeptValues,
     LazyInputs,
     by_bits,
     draw_ints,
     evaluate,
+    evaluate_kept,
     float_ctx,
     round_to,
     rounded_inputs,
@@ -31,7 +33,7 @@ from ..semantics.interp import Outputs, run
 from ..semantics.modular import DRAW_CHUNK, chunked
 from .corners import PAIR_FORMS, REST_BELOW, offset_sets, pairs
 from .corners import offset as common_offset
-from .floatsafe import fingerprints, is_graph, static_check, unsampled
+from .floatsafe import fingerprints, input_deps, is_graph, static_check, unsampled
 from .kernelsafe import kernel_check
 from .memory import keeps_draws, keeps_folded
 from .packing import kept, pack, read_only, scaled_up, unpack, unpacked, weakly
@@ -57,6 +59,7 @@ STATIC = "float safety (static)"
 # ((A @ B) @ C), and then overflows within that factor of where the input program does;
 # the unsafe rewrites overflow far below it.
 HEADROOM = 2.0
+KEPT_BYTES = 64 * 2**20  # node values the peak bisections keep between evaluations
 # drawn input by input
 # the ``ties`` draw (comparisons): every float input k * step, k in [-TIE_STEPS, TIE_STEPS]
 TIE_STEPS, TIES_SEED = 4, 0x71E5
@@ -491,13 +494,34 @@ class Draws:
         key = ("finite", tuple(float(values[n]) for n in self.normal))
         if key in self.memo:
             return self.memo[key]
-        out = evaluate(self.a, rounded_inputs(self.a, self._indexed({
-            n: np.broadcast_to(np.float64(v), self.normal[n].shape) for n, v in values.items()})),
-            dtype="native", rounded=True)
+        inputs = rounded_inputs(self.a, self._indexed({
+            n: np.broadcast_to(np.float64(v), self.normal[n].shape) for n, v in values.items()}))
+        if is_graph(self.a):  # each node computed once for the values of its own inputs
+            deps = self._deps
+
+            def key_of(n) -> tuple:
+                return id(n), tuple(float(values[x]) for x in deps[id(n)])
+
+            out = evaluate_kept(self.a, inputs, key_of, self._kept)
+        else:
+            out = evaluate(self.a, inputs, dtype="native", rounded=True)
         with np.errstate(invalid="ignore"):
             found = all(bool(np.all(np.abs(x) < self.limit)) for x in out.values())
         self.memo[key] = found
         return found
+
+    @functools.cached_property
+    def _deps(self) -> dict[int, tuple[str, ...]]:
+        """The inputs each node of the first program (a Graph) depends on, by node id."""
+        return {k: tuple(sorted(v)) for k, v in input_deps(self.a).items()}
+
+    @functools.cached_property
+    def _kept(self) -> KeptValues:
+        """The first program's node values in the ``_finite`` evaluations, by the values of
+        the inputs each depends on: a bisection changes one or two inputs, and the nodes
+        that read neither (a layer's attention, while its MLP's weights move) are computed
+        once for all of them. At most ``KEPT_BYTES`` of arrays."""
+        return KeptValues(KEPT_BYTES)
 
     def peak(self, i: int) -> float:
         """The largest magnitude for which the first program stays finite (in its dtypes)

@@ -228,8 +228,8 @@ def _start_rank(dtype: str | None, kind: str, s: float) -> int:
 TIE_STEP = 0.5  # the ``ties`` draw's grid: k / 2, exact in every dtype
 
 
-def _check_list(a, b, native: bool, static: bool, peaked: Collection[int] | None
-                ) -> list[tuple[str | None, str, float]]:
+def check_list(a, b, native: bool, static: bool, peaked: Collection[int] | None,
+                pair_forms: bool = True) -> list[tuple[str | None, str, float]]:
     """``float_checks``' checks as ``(dtype, kind, s)`` in the order their verdicts count:
     the static checks, the native constant draws, float64 at scale 1, the other native
     draws (per input, exponent range, spread, per input folded, logits), float64 at the
@@ -243,7 +243,8 @@ def _check_list(a, b, native: bool, static: bool, peaked: Collection[int] | None
         drawn += [("native", "spread", float(w)) for w in SPREADS]
         drawn += [("native", "peakfold", float(i)) for i in each]
         drawn += [("native", "peakset", float(j)) for j in chosen(pairs(a), peaked)]
-        drawn += [("native", kind, float(j)) for kind, j in pair_draws(a, peaked)]
+        drawn += [("native", kind, float(j)) for kind, j in pair_draws(a, peaked)
+                  if pair_forms]
         drawn += [("native", "offset", float(j)) for j in offset_draws(a, b, peaked)]
         if is_graph(a) and any(n.op is Op.EXP for n in a.nodes()):
             drawn += [("native", "logits", 0.0)]
@@ -257,7 +258,7 @@ def _check_list(a, b, native: bool, static: bool, peaked: Collection[int] | None
 
 class _Judge:
     """One ``float_checks`` call: the draws of ``a``, the second program ``b`` and the
-    tolerances from ``a``'s dtypes; ``checked`` runs one check of ``_check_list``."""
+    tolerances from ``a``'s dtypes; ``checked`` runs one check of ``check_list``."""
 
     def __init__(self, a, b, rng: np.random.Generator, rtol: float, native: bool,
                  memo: dict | None, static: bool, constant_finite: bool, conditioned: bool,
@@ -425,7 +426,7 @@ def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
                   memo: dict | None = None, pool: Runner | None = None,
                   constant_finite: bool = False, static: bool = True,
                   conditioned: bool = False, skipped: list | None = None,
-                  peaked: Collection[int] | None = None
+                  peaked: Collection[int] | None = None, pair_forms: bool = True
                   ) -> tuple[Counterexample | None, bool]:
     """The static float-safety checks, float64 at ``FLOAT64_SCALES`` and both programs in
     their own dtypes at ``NATIVE_DRAWS`` and the exponent-range draws (see
@@ -451,13 +452,15 @@ def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
     counts there; such draws are listed in ``skipped``. ``peaked``: the positions (in
     ``a.inputs``) of the inputs that get the per-input draws (``peak``, ``peakfold``);
     None: every input (``endtoend``: one piece context each, docs/verifier.md, section 5).
+    ``pair_forms=False`` leaves out the pairs' other forms (``corners.pair_draws``;
+    ``endtoend``: each piece had them on its own inputs).
     """
     pool = pool or Runner(None, Deadline(None))
     skipped = skipped if skipped is not None else []
     # the draws stop at the pool's deadline too (a large input's draw is long)
     judge = _Judge(a, b, rng, rtol, native, memo, static, constant_finite, conditioned, skipped,
                    pool.check)
-    checks = _check_list(a, b, native, static, peaked)
+    checks = check_list(a, b, native, static, peaked, pair_forms)
     jobs: list = [functools.partial(judge.checked, i, *c) for i, c in enumerate(checks)]
     if checks and checks[0][0] == "static":  # the strict float64 check compares the static
         strict = checks.index((None, "signed", FLOAT64_SCALES[0]))  # checks' runs: it

@@ -13,7 +13,7 @@ import pytest
 
 import eqsat_mirage as em
 from eqsat_mirage.verifier.corners import PAIR_FORMS, pair_draws, pairs
-from eqsat_mirage.verifier.floatcheck import _Judge
+from eqsat_mirage.verifier.floatcheck import _Judge, check_list
 
 DTYPES = ("float16", "bfloat16", "float32")
 
@@ -104,4 +104,16 @@ def test_the_forms_are_chosen_from_the_programs():
     assert pair_draws(a, None) == [("peakneg", 0)]
     a, _ = div_matmul("float16", 3, True)
     assert pair_draws(a, None) == [(kind, j) for kind in PAIR_FORMS for j in range(3)]
-    assert pair_draws(a, [0, 1]) == []  # an end-to-end check (peaked given): its pieces had them
+    assert pair_draws(a, [0, 1]) == [(kind, 0) for kind in PAIR_FORMS]  # the pair (0, 1)
+
+
+def test_the_end_to_end_check_leaves_the_pair_forms_out():
+    """A whole program's end-to-end check (``pair_forms=False``) keeps each pair at its peak
+    and drops the other forms, whatever ``peaked`` is (its pieces each had them): over a
+    tiny LLaMA layer's 12 inputs they were 264 bisections of the first program."""
+    a, b = div_matmul("float16", 3, True)
+    for peaked in (None, [0, 1, 2]):
+        kinds = {k for _, k, _ in check_list(a, b, True, True, peaked, pair_forms=False)}
+        assert "peakset" in kinds and not kinds & set(PAIR_FORMS), kinds
+        kinds = {k for _, k, _ in check_list(a, b, True, True, peaked)}
+        assert set(PAIR_FORMS) <= kinds, kinds

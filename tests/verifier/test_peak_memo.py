@@ -18,19 +18,24 @@ def _program(scale: float) -> em.Graph:
 
 
 def _counted(work, monkeypatch):
-    """``work()``'s result and how many programs it evaluated (``draws.evaluate`` calls)."""
+    """``work()``'s result and how many programs it evaluated (``draws.evaluate`` and
+    ``draws.evaluate_kept`` calls: a Graph's bisections keep node values between theirs)."""
     calls = []
-    real = draws_mod.evaluate
+    real = {name: getattr(draws_mod, name) for name in ("evaluate", "evaluate_kept")}
 
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
+    def counted(name):
+        def call(*args, **kwargs):
+            calls.append(1)
+            return real[name](*args, **kwargs)
+        return call
 
-    monkeypatch.setattr(draws_mod, "evaluate", counted)
+    for name in real:
+        monkeypatch.setattr(draws_mod, name, counted(name))
     try:
         return work(), len(calls)
     finally:
-        monkeypatch.setattr(draws_mod, "evaluate", real)
+        for name, fn in real.items():
+            monkeypatch.setattr(draws_mod, name, fn)
 
 
 def _peaks(program, memo: dict, monkeypatch) -> tuple[list[float], int]:
@@ -60,3 +65,18 @@ def test_shared_evaluations_give_the_peaks_computed_one_by_one(monkeypatch):
     memo: dict = {}
     _peaks(_program(2.0), memo, monkeypatch)
     assert _peaks(_program(2.0), memo, monkeypatch)[1] == 0  # a search's memo: none again
+
+
+def test_kept_node_values_give_the_same_peaks():
+    """``Draws._finite`` keeps each node's value under the values of the inputs it reads
+    (``floating.KeptValues``): the peaks are those of evaluating every node every time."""
+    g = em.Graph("q")
+    x, y, z = (g.input(n, (4, 8), dtype="float16") for n in ("x", "y", "z"))
+    g.output(em.exp(x - y) * z + (y * z).sum(axis=1, keepdims=True), "out")
+    kept = Draws(g, np.random.default_rng(0), {}, 65504.0)
+    plain = Draws(g, np.random.default_rng(0), {}, 65504.0)
+    plain._kept = draws_mod.KeptValues(0)  # nothing kept: every node computed each time
+    for d in (kept, plain):
+        d.found = [d.peak(i) for i in range(-1, 3)] + [d.peak_set(j) for j in range(3)]
+    assert kept.found == plain.found
+    assert kept._kept.values and not plain._kept.values
