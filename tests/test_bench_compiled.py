@@ -1,6 +1,9 @@
-"""Every benchmark's chosen program (batch sizes 1 and 8, full DESIGN.md shapes), compiled
-to Triton and run on CPU under TRITON_INTERPRET=1, matches the float64 reference of the
-input program.
+"""Every benchmark's chosen program (batch size 1, full DESIGN.md shapes), compiled to
+Triton and run on CPU under TRITON_INTERPRET=1, matches the float64 reference of the input
+program. At batch size 8 the chosen programs are searched and verified on CPU by
+tests/test_bench_costs.py, and compiled and checked against the reference on a GPU by
+`eqsat-mirage bench --gpu` (docs/gpu.md); interpreted here they took 245 s of the suite's
+time (GQA b=8 runs 16 x 256 x 4096 attention scores through the interpreter).
 
 Inputs are fp16 with standard deviation 0.1: the benchmarks are fp16 programs, and larger
 attention scores overflow fp16 in the input program itself (exp(Q@K) summed over 4096 keys).
@@ -38,7 +41,7 @@ def test_qknorm_overflows_fp16_in_the_input_program():
     assert np.isnan(em.evaluate(g, _inputs(g, np.float16), dtype="native")["O"]).all()
 
 
-@pytest.mark.parametrize("batch", [1, pytest.param(8, marks=pytest.mark.slow)])  # b=8: 20-50 s
+@pytest.mark.parametrize("batch", [1])
 @pytest.mark.parametrize("name", list(BENCHMARKS))
 def test_chosen_program_compiles_and_matches_reference(name, batch, monkeypatch):
     dtype = np.float32 if name in FP32 else np.float16

@@ -15,6 +15,7 @@ overshoot the node limit by much (``_match_limit``).
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -106,6 +107,47 @@ def _guard_facts(rule: Rule, schema_ctors: dict[str, tuple[str, ...]]) -> list[s
     return facts
 
 
+class Loaded:
+    """E-graphs holding a schema and rule set as loaded (the text they were loaded from, by
+    ``Saturator``), idle between searches: parsing and loading the built-in rules took 0.7
+    to 1.4 s of every search, as much as saturating a small program. Kept per thread (an
+    egglog e-graph may only be used by the thread that made it) and dropped with it; at
+    most ``per_text`` idle e-graphs for each of the ``texts`` most recent texts (a few MB
+    each)."""
+
+    def __init__(self, texts: int = 4, per_text: int = 2) -> None:
+        self.texts, self.per_text = texts, per_text
+        self.local = threading.local()
+
+    def _idle(self) -> dict[str, list]:
+        if not hasattr(self.local, "idle"):
+            self.local.idle = {}
+        return self.local.idle
+
+    def idle(self, text: str) -> int:
+        """How many idle e-graphs of this thread hold ``text``."""
+        return len(self._idle().get(text, []))
+
+    def take(self, text: str):
+        """An idle e-graph of this thread loaded from ``text`` (now the caller's), or None."""
+        found = self._idle().get(text)
+        return found.pop() if found else None
+
+    def give(self, text: str, egraph) -> None:
+        """``egraph``, made by this thread, loaded from ``text`` and holding nothing else,
+        back to the pool."""
+        idle = self._idle()
+        found = idle.pop(text, [])  # re-inserted: the most recent text last
+        if len(found) < self.per_text:
+            found.append(egraph)
+        idle[text] = found
+        while len(idle) > self.texts:
+            del idle[next(iter(idle))]
+
+
+LOADED = Loaded()
+
+
 class Saturator:
     """One egglog e-graph holding a program, its shape facts and the rules."""
 
@@ -118,11 +160,9 @@ class Saturator:
         self.graph = graph
         self.guards = guards
         self.rules = rules
-        self.egraph = eb.EGraph()
         self.ctors = Schema.load().constructors
         self.stats: list[PhaseStats] = []
         parts = [schema_text(), "(relation split (i64 i64 i64))"]
-        parts += [f"(split {n} {i} {j})" for n, i, j in splits]
         parts += [f.egglog() for f in facts]  # the rule files' facts (rulefiles.Fact)
         if guards:
             parts.append(guards_text())
@@ -134,14 +174,37 @@ class Saturator:
             facts = _guard_facts(rule, self.ctors) if guards else []
             text = rule.egglog(facts)
             parts.append(text[:-1] + f' :name "{key}")')
+        # the schema and rules loaded once per thread (``LOADED``), this program on top
+        self.rules_text, self._thread = "\n".join(parts), threading.get_ident()
+        self.egraph = LOADED.take(self.rules_text)
+        if self.egraph is None:
+            self.egraph = eb.EGraph()
+            self._run(self.rules_text, "loading the schema and rules")
+        self._run("(push)", "keeping the loaded rules")
         self.encoder = Encoder()
         self.roots = {name: self.encoder.encode(node) for name, node in graph.outputs.items()}
-        parts.append("\n".join(self.encoder.lines))
-        self._run("\n".join(parts), "loading the schema, rules and program")
+        self._run("\n".join([f"(split {n} {i} {j})" for n, i, j in splits]
+                            + self.encoder.lines), "loading the program")
         self._fixpoint(("shapes",), "computing shape facts")
         if guards:
             self._saturate_target(guard_limits or Limits(node_limit=20_000, iter_limit=6,
                                                          time_limit_s=10.0, match_limit=500))
+
+    def release(self) -> None:
+        """Done with the e-graph (its data serialized): the loaded schema and rules go back
+        to ``LOADED`` for the next search (egglog's ``pop`` restores the e-graph exactly as
+        it was before this program was added). The Saturator cannot run after this. On
+        another thread than its own: nothing (egglog's e-graphs are bound to theirs)."""
+        if threading.get_ident() != self._thread:
+            return  # another thread may not use nor drop it: kept until this one is dropped
+        egraph, self.egraph = self.egraph, None
+        if egraph is None:
+            return
+        try:
+            egraph.run_program(*egraph.parse_program("(pop)"))
+        except eb.EggSmolError:
+            return  # not returned: the next search loads its own
+        LOADED.give(self.rules_text, egraph)
 
     def _fixpoint(self, rulesets: tuple[str, ...], what: str) -> None:
         """Run ``rulesets`` to a fixpoint, ``_CHUNK`` iterations per call, checking the

@@ -146,6 +146,13 @@ class Graph:
         is remembered while the outputs are the same nodes: nodes are immutable)."""
         return list(self.derived("nodes", lambda g: toposort(list(g.outputs.values()))))
 
+    def __getstate__(self) -> dict:
+        """What a copy (``copy.copy``, ``copy.deepcopy``) takes: not the ``derived`` facts,
+        which may be keyed by the ids of this graph's nodes (a deep copy has new ones)."""
+        state = dict(self.__dict__)
+        state.pop("_derived", None)
+        return state
+
     def derived(self, what: str, make: Callable[[Graph], Any]) -> Any:
         """``make(self)``, kept under ``what`` while the outputs are the same nodes (nodes
         are immutable, so a fact of the nodes reachable from them stays true): the node

@@ -160,6 +160,7 @@ class Search:
         self.check()
         loaded = self.rules()
         record = self.record
+        sat = None
         try:
             sat = self.saturate(loaded)
             cands, data = self.extract(sat)
@@ -168,6 +169,9 @@ class Search:
             record.search_timed_out = True
             record.verification.note = f"time limit: {exc}; input returned"
             cands, egraph = [], (None, None, None)
+        finally:
+            if sat is not None:
+                sat.release()  # the e-graph's data is serialized: its rules go back
         vplan = VerifyPlan.of(self.options, self.budget)
         if self.options.level == "kernel":
             res = self.choose_graph(cands, vplan)

@@ -277,3 +277,13 @@ def test_random_programs_plan_into_verified_mugraphs(g):
     assert p.cost_us <= p.baseline_us + 1e-9
     assert p.cost_us == pytest.approx(mugraph_cost(p.mugraph).total_us)
     assert em.verify(g, p.mugraph, trials=TRIALS, seed=1).equivalent, (str(g), str(p.mugraph))
+
+
+def test_a_deep_copy_of_a_kernel_prices_as_the_kernel():
+    """A graph's derived facts (its node order, the padded tile shapes keyed by node ids)
+    are not copied: a shape family deep-copies its plan's MuGraph and prices the copy."""
+    import copy
+
+    res = em.optimize(program("lora", 1), cache=False, time_limit_s=600)
+    before = mugraph_cost(res.program).total_us
+    assert mugraph_cost(copy.deepcopy(res.program)).total_us == before
