@@ -40,14 +40,16 @@ HIDDEN, HEADS, KV_HEADS, SEQ, VOCAB = 256, 4, 2, 64, 128
 TOLERANCE = {"float32": 2e-3, "float16": 2e-2}  # max |compiled - eager| / max |eager|
 
 
-def llama_config(impl: str = "sdpa", layers: int = 2):
-    """A tiny LLaMA config: GQA (4 query heads, 2 key/value heads), random init."""
+def llama_config(impl: str = "sdpa", layers: int = 2, hidden: int = HIDDEN, seq: int = SEQ):
+    """A tiny LLaMA config: GQA (4 query heads, 2 key/value heads at hidden 256; heads of
+    64 at other sizes, half as many key/value heads), random init."""
     from transformers import LlamaConfig
 
-    return LlamaConfig(hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
-                       num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+    heads = HEADS if hidden == HIDDEN else max(hidden // 64, 2)
+    return LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden,
+                       num_attention_heads=heads, num_key_value_heads=heads // 2,
                        num_hidden_layers=layers, vocab_size=VOCAB,
-                       max_position_embeddings=2 * SEQ, attn_implementation=impl)
+                       max_position_embeddings=2 * seq, attn_implementation=impl)
 
 
 # Decoder layers built the same way (rotary position embeddings passed in, causal SDPA
@@ -216,8 +218,8 @@ def case(name: str, dtype: str = "float32", impl: str = "sdpa", seed: int = 0,
     if name == "llama_model":
         from transformers import LlamaForCausalLM
 
-        mod = LlamaForCausalLM(llama_config(impl)).eval().to(dt)
-        ids = torch.randint(0, VOCAB, (1, SEQ))
+        mod = LlamaForCausalLM(llama_config(impl, hidden=hidden, seq=seq)).eval().to(dt)
+        ids = torch.randint(0, VOCAB, (1, seq))
         return (lambda i: mod(i).logits), (ids,)
     raise ValueError(f"unknown case {name!r}")
 
@@ -261,18 +263,19 @@ def run(name: str, dtype: str = "float32", impl: str = "sdpa", time_limit_s: flo
             "load": (load, os.getloadavg()[0])}
 
 
-def decode(steps: int = 4, dynamic=None, time_limit_s: float = 30.0, cache=None) -> dict:
-    """A 2-layer LlamaForCausalLM decoding ``steps`` tokens through torch.compile after an
-    eager 64-token prefill: its DynamicCache grows by one per step (torch.cat, a size
-    formula Dynamo computes as s + 1). Each step's logits against eager's on a copy of
-    the cache; the figures of one row."""
+def decode(steps: int = 4, dynamic=None, time_limit_s: float = 30.0, cache=None,
+           hidden: int = HIDDEN, seq: int = SEQ) -> dict:
+    """A 2-layer LlamaForCausalLM (``llama_config`` at ``hidden``) decoding ``steps``
+    tokens through torch.compile after an eager ``seq``-token prefill: its DynamicCache
+    grows by one per step (torch.cat, a size formula Dynamo computes as s + 1). Each
+    step's logits against eager's on a copy of the cache; the figures of one row."""
     import copy
 
     import torch
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    mod = LlamaForCausalLM(llama_config("sdpa")).eval()
+    mod = LlamaForCausalLM(llama_config("sdpa", hidden=hidden, seq=seq)).eval()
     torch._dynamo.reset()
     be = em.backend(time_limit_s=time_limit_s, warn=False,
                     **({"cache": cache} if cache is not None else {}))
@@ -281,7 +284,7 @@ def decode(steps: int = 4, dynamic=None, time_limit_s: float = 30.0, cache=None)
     errors, seconds = [], []
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        out = mod(torch.randint(0, VOCAB, (1, SEQ)), use_cache=True)
+        out = mod(torch.randint(0, VOCAB, (1, seq)), use_cache=True)
         mine, theirs = copy.deepcopy(out.past_key_values), out.past_key_values
         token = out.logits[:, -1:].argmax(-1)
         for _ in range(steps):

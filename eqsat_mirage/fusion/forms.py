@@ -56,6 +56,9 @@ class KernelPlanner:
                  unsettled: frozenset[str] = frozenset()) -> None:
         self.data, self.profile = data, profile
         self.refused: dict[tuple, str] = {}  # the compile check's refusals (``refuse``)
+        # fragment shape -> its best schedule, across every plan of this search
+        # (``planner.plan``'s ``shared``: each is checked again where it is reused)
+        self.shared: dict = {}
         # no e-graph (saturation ran out of time): the base strategy, every schedule allowed;
         # ``unsettled``: the kernel levels whose phase was cut short (KernelChoices)
         self.choices = (replace(read_kernels(data), unsettled=frozenset(unsettled))
@@ -88,6 +91,15 @@ class KernelPlanner:
                     shared=shared, deadline=deadline, permit=self.permit(form),
                     refused=dict(self.refused) or None, alternatives=alternatives)
 
+    def replan(self, form: Form, deadline):
+        """``form`` planned again after the compile check refused some of its kernels
+        (``refuse``): every fragment priced before keeps its best schedule unless that
+        one is refused now (``planner.plan``'s ``shared``: its price is checked again),
+        the rest are priced again; the plan is the one a fresh planner would find. A
+        tiny LLaMA layer's 4 re-plans priced 8,609 schedules before, as many as the
+        first plans."""
+        return self.plan(form, self.shared, deadline)
+
     def plan_all(self, forms: list[Form], late, record,
                  alternatives: int = 0) -> tuple[list, dict]:
         """Each distinct form planned until ``late`` (a ``Deadline``): the plans as (cost,
@@ -97,7 +109,7 @@ class KernelPlanner:
         named "<how> / <label>" ("greedy-dag / schedule 2"), duplicates dropped."""
         from ..ir.errors import MirageError, unexpected
 
-        plans, seen, distinct, priced, allowed = [], set(), set(), {}, {}
+        plans, seen, distinct, priced, allowed = [], set(), set(), self.shared, {}
         for i, form in enumerate(forms):
             g, cuts = form.graph, form.cuts
             canon = canonical(g)

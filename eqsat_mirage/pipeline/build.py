@@ -107,7 +107,7 @@ class Builder:
             return False
         self.replans += 1
         try:
-            again = self.kernels.plan(self.todo[i], None, self.replan_deadline)
+            again = self.kernels.replan(self.todo[i], self.replan_deadline)
         except Exception as exc:  # the planner refused the program (a bug too, outside
             if unexpected(exc):   # strict mode: the candidate is dropped, the search goes on)
                 raise

@@ -236,3 +236,33 @@ def test_an_unsettled_level_permits_what_its_rules_did_not_mark_yet():
     none = read_kernels(saturated(g, [rules[0], rules[1]]).serialize())
     assert replace(none, unsettled=frozenset({"block"})).strategy(DEFAULT_STRATEGY).loop_ranges \
         == DEFAULT_STRATEGY.loop_ranges
+
+
+def test_a_replan_after_refusals_equals_a_fresh_plan_and_prices_less(monkeypatch):
+    """After the compile check refuses a plan's kernels, the re-plan reuses every fragment's
+    best schedule that is not refused (checked again) and prices the rest: the plan a fresh
+    planner with the same refusals finds, for a fraction of its schedules."""
+    from eqsat_mirage.cost.tiles import tile_key
+    from eqsat_mirage.fusion.planner import Planner
+    from eqsat_mirage.fusion.plans import plan_key
+
+    g = program("rmsnorm", 1)
+    data, form = saturated(g).serialize(), Form("input", g, None)
+    kernels = KernelPlanner(data, "h100", DEFAULT_STRATEGY)
+    first = kernels.plan(form, kernels.shared, None)
+    refused = {tile_key(k): "refused by this test" for k in first.mugraph.kernels
+               if k.kind == "custom"}
+    assert refused
+    kernels.refuse(refused)
+    calls: list[int] = []
+    real = Planner._cost
+    monkeypatch.setattr(Planner, "_cost", lambda self, *a: calls.append(1) or real(self, *a))
+    again = kernels.replan(form, None)
+    priced_again = len(calls)
+    fresh = KernelPlanner(data, "h100", DEFAULT_STRATEGY)
+    fresh.refuse(refused)
+    calls.clear()
+    want = fresh.plan(form, None, None)
+    assert plan_key(again.mugraph) == plan_key(want.mugraph) != plan_key(first.mugraph)
+    assert again.cost_us == want.cost_us
+    assert priced_again < len(calls) / 2, (priced_again, len(calls))
