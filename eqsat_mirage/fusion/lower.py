@@ -110,7 +110,7 @@ def add_kernel(mg: MuGraph, fragment: Graph, schedule: Schedule, name: str | Non
     """
     ix = indexing or index_fragment(fragment)
     plan = check_schedule(ix, schedule)
-    missing = [n for n in fragment.inputs if n not in mg.tensors]
+    missing = [n for n in fragment.inputs if mg.spec(n) is None]
     if missing:
         raise ScheduleError(f"fragment {fragment.name!r} reads {missing}, which are not device "
                             f"tensors of mugraph {mg.name!r}")

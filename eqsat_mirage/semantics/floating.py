@@ -446,8 +446,14 @@ def evaluate(program, inputs: Mapping[str, Any], dtype: str | None = None,
     if hasattr(program, "evaluate"):  # MuGraph and other program kinds evaluate themselves
         return program.evaluate(inputs, dtype=dtype, rounded=rounded)
     _checked(program)
+    return _outputs(program, _EVALUATE, float_ctx(program, inputs, dtype, rounded))
+
+
+def _outputs(program, table, ctx: FloatCtx) -> dict[str, np.ndarray]:
+    """``program`` (checked) run with ``table``: its outputs in float64 (``evaluate`` and
+    ``evaluate_kept``)."""
     with np.errstate(all="ignore"):
-        out = run(program, _EVALUATE, float_ctx(program, inputs, dtype, rounded))
+        out = run(program, table, ctx)
     return {k: np.asarray(v, dtype=np.float64) for k, v in out.items()}
 
 
@@ -513,9 +519,7 @@ def evaluate_kept(program, inputs: Mapping[str, np.ndarray], key_of: Callable[[N
     only to equal values (the node and the values of the inputs it depends on)."""
     _checked(program)
     table = {op: _reading_kept(fn, key_of, kept) for op, fn in _EVALUATE.items()}
-    with np.errstate(all="ignore"):
-        out = run(program, table, float_ctx(program, inputs, "native", True))
-    return {k: np.asarray(v, dtype=np.float64) for k, v in out.items()}
+    return _outputs(program, table, float_ctx(program, inputs, "native", True))
 
 
 class LazyInputs(Mapping):
