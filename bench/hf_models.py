@@ -6,7 +6,9 @@
 
 Each case builds a real ``transformers`` module from a tiny random-init config
 (nothing is downloaded): hidden size 256, 4 heads (2 key/value heads for LLaMA),
-sequence 64; or a nanoGPT block (its causal attention written ``masked_fill(bias == 0,
+sequence 64 (decoder layers of LLaMA, Qwen2/3, Mistral, Phi/Phi-3, Gemma, GPT-NeoX, Falcon,
+OPT, GPT-J and GPT-2; encoder layers of BERT, ViT, CLIP and T5; Mixtral's sparse MoE
+block); or a nanoGPT block (its causal attention written ``masked_fill(bias == 0,
 -inf)``, as nanoGPT and minGPT write it). It runs through ``torch.compile(...,
 backend=em.backend(...))`` and is compared with eager torch; the table gives the ops
 that ran in optimized partitions, the predicted time of those partitions one kernel
@@ -62,6 +64,10 @@ DECODERS = {
     "gemma": ("gemma", "Gemma", "GemmaConfig", {"head_dim": 64}),
     "neox": ("gpt_neox", "GPTNeoX", "GPTNeoXConfig", {"rotary_pct": 0.25,
                                                      "use_parallel_residual": True}),
+    # phi-2 style: LayerNorm, attention and GELU MLP in parallel, rotary on half of each head
+    "phi": ("phi", "Phi", "PhiConfig", {}),
+    # RMSNorm on each query and key head (qk-norm) before the rotary embedding
+    "qwen3": ("qwen3", "Qwen3", "Qwen3Config", {"head_dim": 64}),
 }
 
 
@@ -170,17 +176,149 @@ def attention_block(family: str, dtype: str = "float32", impl: str = "sdpa", seq
     return (lambda h: mod(h, position_embeddings=(sin, cos), attention_mask=None)[0]), (x,)
 
 
+def decoder_block(family: str, dtype: str = "float32", impl: str = "sdpa", seq: int = SEQ,
+                  hidden: int = HIDDEN, seed: int = 0):
+    """(function, example inputs) of one causal decoder layer whose forward differs from
+    ``DECODERS``'s, random init, batch 1, head dim 64, MLP width 2 * ``hidden``: "falcon"
+    is FalconDecoderLayer at its default attention choices (``new_decoder_architecture=
+    False, multi_query=True, parallel_attn=True``: one key/value head, attention and MLP
+    both fed by the one LayerNorm), "opt" OPTDecoderLayer (pre-LayerNorm, the query scaled
+    before SDPA, ReLU MLP on a ``reshape(-1, hidden)``), "gptj" GPTJBlock (attention and
+    MLP in parallel, rotary on the first 32 dims of each head, ``x[..., ::2]``)."""
+    import torch
+
+    torch.manual_seed(seed)
+    dt = getattr(torch, dtype)
+    x = torch.randn(1, seq, hidden, dtype=dt)
+    pos = torch.arange(seq)[None]
+    heads = hidden // 64
+    if family == "falcon":
+        from transformers import FalconConfig
+        from transformers.models.falcon import modeling_falcon as mf
+
+        cfg = FalconConfig(hidden_size=hidden, num_attention_heads=heads, num_hidden_layers=1,
+                           vocab_size=VOCAB, ffn_hidden_size=2 * hidden,
+                           max_position_embeddings=2 * seq, attn_implementation=impl)
+        cos, sin = mf.FalconRotaryEmbedding(cfg)(x, pos)
+        mod = mf.FalconDecoderLayer(cfg, 0).eval().to(dt)
+        return (lambda h: mod(h, alibi=None, attention_mask=None, position_ids=pos,
+                              position_embeddings=(cos, sin))[0]), (x,)
+    if family == "opt":
+        from transformers import OPTConfig
+        from transformers.models.opt import modeling_opt as mo
+
+        cfg = OPTConfig(hidden_size=hidden, ffn_dim=2 * hidden, num_attention_heads=heads,
+                        num_hidden_layers=1, vocab_size=VOCAB, max_position_embeddings=2 * seq,
+                        attn_implementation=impl)
+        mod = mo.OPTDecoderLayer(cfg, 0).eval().to(dt)
+        return (lambda h: mod(h, attention_mask=None, position_ids=pos)), (x,)
+    if family != "gptj":
+        raise ValueError(f"unknown decoder block {family!r}")
+    from transformers import GPTJConfig
+    from transformers.models.gptj import modeling_gptj as mg
+
+    cfg = GPTJConfig(n_embd=hidden, n_head=heads, n_layer=1, n_inner=2 * hidden,
+                     vocab_size=VOCAB, n_positions=2 * seq, rotary_dim=32,
+                     attn_implementation=impl, bos_token_id=0, eos_token_id=0)
+    sin, cos = mg.GPTJRotaryEmbedding(cfg)(x, pos)
+    mod = mg.GPTJBlock(cfg, 0).eval().to(dt)
+    return (lambda h: mod(h, attention_mask=None, position_ids=pos,
+                          position_embeddings=(sin, cos))), (x,)
+
+
+def encoder_block(family: str, dtype: str = "float32", impl: str = "sdpa", seq: int = SEQ,
+                  hidden: int = HIDDEN, seed: int = 0):
+    """(function, example inputs) of one bidirectional encoder layer on [1, ``seq``,
+    ``hidden``] hidden states, no attention mask, random init, head dim 64, MLP width
+    2 * ``hidden``: "vit" ViTLayer (LayerNorm, GELU), "clip" CLIPEncoderLayer of the vision
+    tower (quick GELU, ``attention_mask=None``), "t5" an encoder's first T5Block (RMS-style
+    T5LayerNorm, no query scaling, ReLU MLP, the relative position bias computed inside:
+    bucketed ``arange`` differences, an embedding lookup, added to the scores)."""
+    import torch
+
+    torch.manual_seed(seed)
+    dt = getattr(torch, dtype)
+    x = torch.randn(1, seq, hidden, dtype=dt)
+    heads = hidden // 64
+    if family == "vit":
+        from transformers import ViTConfig
+        from transformers.models.vit.modeling_vit import ViTLayer
+
+        cfg = ViTConfig(hidden_size=hidden, num_attention_heads=heads, num_hidden_layers=1,
+                        intermediate_size=2 * hidden, attn_implementation=impl)
+        mod = ViTLayer(cfg).eval().to(dt)
+        return (lambda h: mod(h)), (x,)
+    if family == "clip":
+        from transformers import CLIPVisionConfig
+        from transformers.models.clip.modeling_clip import CLIPEncoderLayer
+
+        cfg = CLIPVisionConfig(hidden_size=hidden, num_attention_heads=heads,
+                               num_hidden_layers=1, intermediate_size=2 * hidden,
+                               attn_implementation=impl)
+        mod = CLIPEncoderLayer(cfg).eval().to(dt)
+        return (lambda h: mod(h, attention_mask=None)), (x,)
+    if family != "t5":
+        raise ValueError(f"unknown encoder block {family!r}")
+    from transformers import T5Config
+    from transformers.models.t5.modeling_t5 import T5Block
+
+    cfg = T5Config(d_model=hidden, d_kv=64, d_ff=2 * hidden, num_heads=heads, num_layers=1,
+                   vocab_size=VOCAB, is_decoder=False, use_cache=False,
+                   attn_implementation=impl)
+    mod = T5Block(cfg, has_relative_attention_bias=True, layer_idx=0).eval().to(dt)
+    return (lambda h: mod(h, attention_mask=None)[0]), (x,)
+
+
+def moe_block(dtype: str = "float32", impl: str = "eager", seq: int = SEQ,
+              hidden: int = HIDDEN, seed: int = 0, experts: int = 4, top_k: int = 2):
+    """(function, example inputs) of a MixtralSparseMoeBlock on [1, ``seq``, ``hidden``]:
+    a router (linear, softmax, ``topk``, renormalised), ``experts`` SiLU-gated experts of
+    width 2 * ``hidden``, ``top_k`` per token; ``impl`` is the experts implementation
+    ("eager": the loop over the experts hit, ``one_hot``, ``nonzero``, ``torch.where``,
+    ``index_add_``; or transformers' "batched_mm" / "grouped_mm"). The block's weights are
+    ``torch.empty`` until a PreTrainedModel initialises them, so here they are drawn
+    normal with standard deviation fan_in ** -0.5 (after ``seed``)."""
+    import torch
+    from transformers import MixtralConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+    heads = hidden // 64
+    cfg = MixtralConfig(hidden_size=hidden, intermediate_size=2 * hidden,
+                        num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
+                        num_hidden_layers=1, vocab_size=VOCAB, num_local_experts=experts,
+                        num_experts_per_tok=top_k, max_position_embeddings=2 * seq,
+                        experts_implementation=impl)
+    torch.manual_seed(seed)
+    dt = getattr(torch, dtype)
+    x = torch.randn(1, seq, hidden, dtype=dt)
+    mod = MixtralSparseMoeBlock(cfg).eval()
+    with torch.no_grad():
+        for p in mod.parameters():
+            p.normal_(0.0, p.shape[-1] ** -0.5)
+    mod = mod.to(dt)
+    return (lambda h: mod(h)), (x,)
+
+
 def case(name: str, dtype: str = "float32", impl: str = "sdpa", seed: int = 0,
          seq: int = SEQ, hidden: int = HIDDEN):
     """(function, example inputs) of one case: "llama_layer", "llama_mlp",
     "llama_attention", "gpt2_block", "llama_model" (2 layers, logits), "bert",
-    "nanogpt_block", "falcon_attention", "gptj_attention" (``attention_block``), or
-    "<family>_layer" for a family of ``DECODERS``."""
+    "nanogpt_block", "falcon_attention", "gptj_attention" (``attention_block``),
+    "falcon_layer", "opt_layer", "gptj_block" (``decoder_block``), "vit_layer",
+    "clip_layer", "t5_block" (``encoder_block``), "mixtral_moe" (``moe_block``; ``impl``
+    the experts implementation), or "<family>_layer" for a family of ``DECODERS``."""
     import torch
 
     family = name.removesuffix("_layer")
     if family in DECODERS:
         return decoder_layer(family, dtype, impl, seq, hidden, seed)
+    family = family.removesuffix("_block")
+    if family in ("falcon", "opt", "gptj"):
+        return decoder_block(family, dtype, impl, seq, hidden, seed)
+    if family in ("vit", "clip", "t5"):
+        return encoder_block(family, dtype, impl, seq, hidden, seed)
+    if name == "mixtral_moe":
+        return moe_block(dtype, impl, seq, hidden, seed)
     if name == "bert":
         return bert_model(dtype, impl, seq, hidden, seed)
     if name == "nanogpt_block":
@@ -330,6 +468,14 @@ CASES += [("llama_layer", "float32", "eager", SEQ, HIDDEN),
           ("llama_model", "float32", "sdpa", SEQ, HIDDEN),
           ("nanogpt_block", "float32", "masked_fill", SEQ, HIDDEN),
           ("nanogpt_block", "float16", "masked_fill", SEQ, HIDDEN)]
+# issue 52: more families (appended, so the rows above keep their indices)
+CASES += [(name, dt, impl, SEQ, HIDDEN)
+          for name, impl in (("falcon_layer", "sdpa"), ("opt_layer", "sdpa"),
+                             ("gptj_block", "sdpa"), ("phi_layer", "sdpa"),
+                             ("qwen3_layer", "sdpa"), ("vit_layer", "sdpa"),
+                             ("clip_layer", "sdpa"), ("t5_block", "sdpa"),
+                             ("mixtral_moe", "eager"))
+          for dt in ("float32", "float16")]
 
 
 def table(rows: list[dict]) -> str:

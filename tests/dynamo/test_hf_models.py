@@ -36,8 +36,10 @@ def _meets_the_bar(r: dict, share: float = 0.9) -> None:
     assert 0 < r["after"] < r["before"], r  # the predicted speedup is reported, and real
 
 
+# LLaMA fp32 with SDPA at these sizes is README's quickstart layer, compiled and checked
+# against eager by tests/test_readme.py::test_readme_quickstart_hugging_face_layer
 @pytest.mark.parametrize("name,dtype,impl", [
-    ("llama_layer", "float32", "sdpa"), ("llama_layer", "float16", "sdpa"),
+    ("llama_layer", "float16", "sdpa"),
     ("llama_layer", "float32", "eager"), ("gpt2_block", "float32", "sdpa"),
     ("gpt2_block", "float16", "eager")])
 def test_layer_equals_eager_mostly_optimized(name, dtype, impl):
@@ -71,7 +73,9 @@ def test_two_layer_llama_for_causal_lm():
 
 
 def test_summary_warning_names_the_partitions():
-    fn, args = case("gpt2_block", "float32", "sdpa")
+    """The one warning a compile gives holds the summary's counts and predicted times (a
+    LLaMA MLP: one partition; the layers' tests above count theirs)."""
+    fn, args = case("llama_mlp", "float32", "sdpa")
     be = em.backend(warmup=0, time_limit_s=30)
     with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
