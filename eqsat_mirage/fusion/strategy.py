@@ -19,7 +19,8 @@ schedules of a fragment (``schedule.py``) in a deterministic order, bounded by
   is a power of two (on an H100 a chunk of 172, held as 256, ran 2.2x slower than 256);
   no loop only when no index can be looped;
 - split (``allow_split_reduction``): a reduced index on a grid axis instead,
-  FlashDecoding style (two kernels, see ``lower.py``). Split grids
+  FlashDecoding style (two kernels, see ``lower.py``), in parts of at least
+  ``min_split_part`` elements. Split grids
   are taken round robin over their block counts (so a bound keeps some of
   every count), each in variants: without a loop, or with a loop over each
   split (``split_loops``: ranges of ``loop_ranges`` keeping a matmul's
@@ -59,6 +60,8 @@ class Strategy:
     max_candidates: int = 32
     max_grid_choices: int = 4096  # enumeration bound before ordering
     split_loops: bool = True  # split schedules also with a loop over each split
+    min_split_part: int = 16  # smallest part of a split reduction (FlashDecoding's parts
+    #   are thousands long; a part of 2 sums in a second kernel what a block sums in one)
     reduce_grids: int = 1  # finer reduce-kernel grids tried per split schedule
 
 
@@ -202,7 +205,8 @@ def candidate_schedules(fragment: Graph | Indexing, strategy: Strategy | None = 
                 continue
             others = [i for i in eligible if i != idx]
             choices = [_grids(ix, others, strategy, ((idx, b),))
-                       for b in block_counts(ix, idx, strategy)]
+                       for b in block_counts(ix, idx, strategy)
+                       if ix.sizes[idx] // b >= strategy.min_split_part]
             splits += [Schedule(g, None, 1, idx) for gs in choices for g in gs]
         splits = sorted(splits, key=lambda s: (abs(s.blocks - strategy.min_blocks),
                                                -ix.sizes[s.split], len(s.grid), str(s)))
