@@ -34,8 +34,10 @@ def unpack(x: np.ndarray) -> np.ndarray:
 
 
 def read_only(x: np.ndarray) -> np.ndarray:
-    """A read-only view of ``x``: a draw shared by several evaluations is never written."""
-    view = x.view()
+    """A read-only view of ``x``: a draw shared by several evaluations is never written. A
+    NumPy scalar (what NumPy makes of some ops on a 0-d array: a 0-d bool mask's draw, a
+    0-d input times a scalar) becomes a read-only 0-d array."""
+    view = np.asarray(x).view()
     view.flags.writeable = False
     return view
 
@@ -72,7 +74,9 @@ def scaled_up(packed, dtypes: dict, factor: float, name: str) -> np.ndarray:
         if x.ndim and not any(x.strides):
             return np.broadcast_to(round_to(x.reshape(-1)[:1] * np.float32(factor), dt),
                                    x.shape)
-        return x * np.float32(factor)  # bfloat16 and float32: float32's own range
+        # bfloat16 and float32: float32's own range (np.asarray: a 0-d input times a
+        # NumPy scalar is a NumPy scalar, which ``read_only`` cannot flag)
+        return np.asarray(x * np.float32(factor))
 
 
 def weakly(method):

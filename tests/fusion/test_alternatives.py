@@ -27,8 +27,8 @@ def rmsnorm_linear(rewritten: bool = False) -> em.Graph:
     """RMSNorm + Linear at a small shape: ``rms_norm(X) @ W`` (or the division moved after
     the matmul)."""
     g = em.Graph("rmsnorm_small")
-    x = g.input("X", (4, 256), dtype="float32")
-    w = g.input("W", (256, 512), dtype="float32")
+    x = g.input("X", (4, 64), dtype="float32")
+    w = g.input("W", (64, 128), dtype="float32")
     if rewritten:
         g.output((x @ w) * em.rsqrt((x * x).mean(axis=-1, keepdims=True) + 1e-6), "O")
     else:
