@@ -275,9 +275,12 @@ def moe_block(dtype: str = "float32", impl: str = "eager", seq: int = SEQ,
     a router (linear, softmax, ``topk``, renormalised), ``experts`` SiLU-gated experts of
     width 2 * ``hidden``, ``top_k`` per token; ``impl`` is the experts implementation
     ("eager": the loop over the experts hit, ``one_hot``, ``nonzero``, ``torch.where``,
-    ``index_add_``; or transformers' "batched_mm" / "grouped_mm"). The block's weights are
-    ``torch.empty`` until a PreTrainedModel initialises them, so here they are drawn
-    normal with standard deviation fan_in ** -0.5 (after ``seed``)."""
+    ``index_add_``: Dynamo captures the router and the bookkeeping, and runs the loop's
+    frame itself uncaptured; or transformers' "batched_mm": one graph, the experts' weights
+    gathered by ``w[expert_ids]``; or "grouped_mm": one graph with an in-place
+    ``inv_perm[perm] = ...``). The block's weights are ``torch.empty`` until a
+    PreTrainedModel initialises them, so here they are drawn normal with standard
+    deviation fan_in ** -0.5 (after ``seed``)."""
     import torch
     from transformers import MixtralConfig
     from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
@@ -541,6 +544,9 @@ def main(argv=None) -> int:
             print(table([row]).splitlines()[-1], flush=True)
             for e in row["eager"]:
                 print(f"    eager: {e}", flush=True)
+            for g in row["backend"].summary().get("graphs", []):  # refused whole: no op named
+                if g.get("outcome") == "eager" and not g.get("eager"):
+                    print(f"    graph {g['graph']} eager: {g['reason']}", flush=True)
             for e in row["backend"].report:  # pieces left as they were, and why
                 pieces = getattr(e.result, "stats", {}).get("pieces") or []
                 for p in pieces:

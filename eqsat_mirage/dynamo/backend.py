@@ -88,6 +88,7 @@ from ..ir.limits import AUTO, Shares, resolve_time_limit
 from ..pipeline.optimize import optimize
 from ..pipeline.whole import improved, unchanged_reason
 from ..verifier import blas
+from .folding import Folded, fold_constants
 from .options import check_options
 from .replay import CopyEscaping, graphs_backend
 from .report import GraphRecord, PartitionReport, launch_summary
@@ -101,6 +102,7 @@ from .support import (
     left_out,
     mutation,
     optimized_ops,
+    retarget_tensor_indexing,
     served,
 )
 
@@ -174,6 +176,7 @@ class Backend:
         self._graphs = 0
         self.warming: set[int] = set()  # graphs in their warmup calls (``Warmup``)
         self._limits: dict[int, float | None] = {}  # graph number -> its time limit (s)
+        self._folded: dict[int, Folded] = {}  # graph number -> the ops computed at compile
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """``(gm, example_inputs)``: compile (Dynamo's call); keywords only: a new Backend."""
@@ -213,6 +216,8 @@ class Backend:
                                f"({op_name(mutating, gm)}" + (f" at {loc}" if loc else "")
                                + (f"; {why}" if why else "") + "): it runs eagerly")
         self._ensure_specs(gm, example_inputs)
+        self._folded[self._graphs] = fold_constants(gm)  # position math: computed once now
+        retarget_tensor_indexing(gm)  # w[i]: torch.fx's partitioner loops on it otherwise
         gm.meta[CONSTANTS] = buffer_constants(gm, example_inputs)
         try:
             sizes = SymbolicSizes(gm, self.size_hint, self.size_max)
@@ -334,7 +339,8 @@ class Backend:
         ``ops``: their names, for the graph's entry in ``report`` when nothing was searched."""
         record = GraphRecord(number, total[0], total[1], entries, eager,
                              sizes.describe() if sizes.dynamic else "static",
-                             self._limits.get(number))
+                             self._limits.get(number),
+                             folded=self._folded.get(number, Folded()).ops)
         self._records.append(record)
         if not entries:  # nothing searched: the graph's entry in ``report`` says why
             self.report.append(PartitionReport(f"graph_{number}", ops or [], status="eager",
@@ -363,6 +369,7 @@ class Backend:
                 "optimized_partitions": sum(g["optimized_partitions"] for g in graphs),
                 "predicted_us": [sum(p[0] for p in priced), sum(p[1] for p in priced)]
                 if priced else None,
+                "folded_ops": sum(len(g["folded"]) for g in graphs),
                 "eager": [e for g in graphs for e in g["eager"]], "graphs": graphs,
                 "eager_only": sorted(self.warming), **launch_summary(self.report)}
 

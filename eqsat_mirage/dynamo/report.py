@@ -89,7 +89,8 @@ class GraphRecord:
     """One graph the backend compiled: its ``number``, its call ops (``ops``) and those
     of them that compute (``compute_ops``), its partitions' reports (``entries``), the ops
     left eager outside every partition with why (``eager``), its sizes in words, its time
-    limit, and ``refused``: why the whole graph runs eagerly ("" when it was partitioned).
+    limit, ``refused``: why the whole graph runs eagerly ("" when it was partitioned), and
+    ``folded``: the ops computed once at compile time (``folding``), not in ``ops``.
     ``summary()`` and ``warning()`` read the reports when called: a partition whose first
     call failed counts as fallen back, not optimized."""
 
@@ -101,6 +102,7 @@ class GraphRecord:
     sizes: str = "static"
     time_limit_s: float | None = None
     refused: str = ""
+    folded: list[str] = field(default_factory=list)
 
     def outcome(self) -> tuple[str, str]:
         """``(outcome, reason)``: "optimized" (every op in an optimized partition),
@@ -141,7 +143,8 @@ class GraphRecord:
                 "optimized_partitions": len(done),
                 "time_limited": [t for e in self.entries for t in ran_out_of_time(e)],
                 "predicted_us": predicted, "eager": self.eager_items(),
-                "sizes": self.sizes, "time_limit_s": self.time_limit_s}
+                "sizes": self.sizes, "time_limit_s": self.time_limit_s,
+                "folded": list(self.folded)}
 
     def warning(self) -> str:
         """The graph's one warning: ``N of M ops in K optimized partitions (predicted X us
@@ -159,6 +162,8 @@ class GraphRecord:
                 f"optimized partitions ({price})"
                 + (f"; {self.sizes}, one search serves every value"
                    if self.sizes != "static" else "")
+                + (f"; {len(self.folded)} ops folded to constants at compile time (computed "
+                   "from no graph input)" if self.folded else "")
                 + (f"; eager: {', '.join(shown)}" if shown else "")
                 + (f"; ran out of time (graph time_limit_s={self.time_limit_s}, shared by "
                    f"expected search cost; kept as they were): {', '.join(late)}"

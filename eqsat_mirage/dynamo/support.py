@@ -21,14 +21,14 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from ..frontend.from_torch import Converter, op_name, source_line
 from ..frontend.graph import Graph, Tensor
 from ..frontend.torch_masks import FOLD_LIMIT, BoolMask, Snapshot, constant_mask
-from ..frontend.torch_movement import Empty
+from ..frontend.torch_movement import Empty, index_with_tensor
 from ..ir.errors import MirageError, unexpected
 from ..ir.limits import search_weight
 from ..ir.node import Op
-from .specs import SymbolicSizes, computes, empty
+from .specs import SymbolicSizes, computes, empty, recorded
 
 __all__ = ["CONSTANTS", "NodeSupport", "buffer_constants", "constant_input", "mutation",
-           "served"]
+           "retarget_tensor_indexing", "served"]
 
 CONSTANTS = "eqsat_mirage_constants"  # gm.meta key: {placeholder target: its buffer's tensor}
 
@@ -206,7 +206,6 @@ def returned_views(gm: fx.GraphModule) -> set[fx.Node]:
     that shares it with a graph input or with another output (``x.t()``, ``x[1:3]``, ``h``
     and ``h.t()``). A partition writes its outputs to fresh tensors, so a view it computed
     would be a copy, and a caller's later write to the input would not show through it."""
-    from .specs import recorded
 
     first: dict[Any, fx.Node] = {}  # storage -> the node that made it (or the input)
     nodes: dict[Any, list[fx.Node]] = {}
@@ -296,6 +295,29 @@ def mutation(gm: fx.GraphModule) -> fx.Node | None:
         if name.endswith("_") and not name.startswith("__"):
             return n
     return None
+
+
+def retarget_tensor_indexing(gm: fx.GraphModule) -> int:
+    """Make every ``operator.getitem`` whose index holds a tensor (``w[i]``, ``x[:, idx]``)
+    a call of ``torch_movement.index_with_tensor`` (the same ``x[index]``); returns how
+    many. torch.fx's partitioner moves a ``getitem`` into the partition of a producer whose
+    users are all ``getitem``s, again until nothing moves: where every user of ``w`` and
+    every user of ``i`` is ``w[i]`` it moves it between their two partitions forever (torch
+    2.13, ``CapabilityBasedPartitioner.propose_partitions``). A tuple's ``getitem`` (an
+    integer index) keeps its target: the partitioner places those with their tuple."""
+    changed = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is not operator.getitem or \
+                len(node.args) != 2:
+            continue
+        found: list[fx.Node] = []
+        fx.node.map_arg(node.args[1], found.append)
+        if any(isinstance(recorded(n), torch.Tensor) for n in found):
+            node.target = index_with_tensor
+            changed += 1
+    if changed:
+        gm.recompile()
+    return changed
 
 
 def left_out(gm: fx.GraphModule, support: NodeSupport, placed: list) -> list[str]:

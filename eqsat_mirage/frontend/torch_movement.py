@@ -396,6 +396,13 @@ def _getitem(obj: Any, index: Any) -> Any:
     return obj[index]
 
 
+def index_with_tensor(x: Any, index: Any) -> Any:
+    """``x[index]`` where ``index`` holds an index tensor: the target the torch.compile
+    backend gives such an indexing before torch.fx partitions the graph
+    (``dynamo.support.retarget_tensor_indexing``), converted as ``x[index]`` is."""
+    return x[index]
+
+
 def _size(x: Any, dim: Any = None) -> Any:
     shape = torch.Size(tensor_arg(x, "size").shape)
     return shape if dim is None else shape[dim]
@@ -419,7 +426,7 @@ MOVEMENT_FUNCTIONS = {
     torch.unsqueeze: _unsqueeze, torch.squeeze: _squeeze,
     torch.stack: _stack, torch.repeat_interleave: _repeat_interleave, torch.flip: _flip,
     torch.select: _select,
-    getattr: _getattr, operator.getitem: _getitem,
+    getattr: _getattr, operator.getitem: _getitem, index_with_tensor: _getitem,
 }
 
 MOVEMENT_METHODS = {
