@@ -260,6 +260,44 @@ def _where(condition: Any, input: Any, other: Any, *, out: Any = None) -> Tensor
     return select(condition, input, other, "where")
 
 
+def _clamp(input: Any, min: Any = None, max: Any = None, *,  # noqa: A002
+           out: Any = None) -> Tensor:
+    """``torch.clamp``: ``where(x < min, min, x)``, then ``where(y > max, max, y)`` (so
+    ``max`` wins where ``min > max``, and NaN stays NaN, as in torch). A bound is a finite
+    number or a float tensor; a 0-dim one is cast to the input's dtype (torch's result
+    dtype). T5's float16 overflow guard clamps by a 0-dim tensor."""
+    if out is not None:
+        raise UnsupportedOpError("out= is not supported")
+    if not isinstance(input, Tensor) or input.dtype not in DTYPES:
+        raise UnsupportedOpError(f"clamp of a {getattr(input, 'dtype', type(input).__name__)}"
+                                 " value (a float tensor is supported)")
+    if min is None and max is None:
+        raise UnsupportedOpError("clamp without a bound")
+    x = input
+    for bound, op in ((min, Op.LT), (max, Op.GT)):
+        if bound is None:
+            continue
+        if isinstance(bound, Tensor) and bound.dtype in DTYPES:
+            bound = bound.astype(x.dtype) if not bound.shape and bound.dtype != x.dtype \
+                else bound
+        elif not isinstance(bound, Real) or isinstance(bound, bool) or \
+                not math.isfinite(float(bound)):
+            raise UnsupportedOpError(f"clamp with the bound {bound!r} (finite numbers and "
+                                     "float tensors are supported)")
+        else:
+            bound = float(bound)
+        x = where(apply(op, x, bound), bound, x)
+    return x
+
+
+def _clamp_min(x: Any, min: Any) -> Tensor:  # noqa: A002
+    return _clamp(x, min=min)
+
+
+def _clamp_max(x: Any, max: Any) -> Tensor:  # noqa: A002
+    return _clamp(x, max=max)
+
+
 _COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge")
 MASK_FUNCTIONS = {
     **{getattr(torch, n): _compare(n) for n in _COMPARISONS},
@@ -267,6 +305,8 @@ MASK_FUNCTIONS = {
     **{getattr(operator, n): _compare(n) for n in _COMPARISONS},
     operator.invert: _invert, torch.logical_not: _invert,
     torch.bitwise_not: _invert, torch.where: _where, torch.masked_fill: _masked_fill,
+    torch.clamp: _clamp, torch.clip: _clamp, torch.clamp_min: _clamp_min,
+    torch.clamp_max: _clamp_max,
 }
 MASK_METHODS = {
     **{n: _compare(n) for n in _COMPARISONS},
@@ -274,5 +314,6 @@ MASK_METHODS = {
     **{n: _compare(short) for n, short in _ALIASES.items()},
     "logical_not": _invert, "bitwise_not": _invert, "__invert__": _invert,
     "masked_fill": _masked_fill, "where": lambda x, cond, y: _where(cond, x, y),
-    "bool": _compare("bool"),
+    "bool": _compare("bool"), "clamp": _clamp, "clip": _clamp, "clamp_min": _clamp_min,
+    "clamp_max": _clamp_max,
 }
