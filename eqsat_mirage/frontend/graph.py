@@ -31,6 +31,12 @@ from ..ir.node import (
 )
 
 
+def _is_int(v: Any) -> bool:
+    """An integer that is not a bool; plain ints first (the planner declares tile inputs by
+    the thousand, and an ABC check of ``Integral`` is most of the time such a check takes)."""
+    return type(v) is int or (isinstance(v, Integral) and not isinstance(v, bool))
+
+
 class Graph:
     """A kernel-level program: named inputs, a DAG of ops, named outputs."""
 
@@ -65,7 +71,7 @@ class Graph:
             raise ShapeError(f"input {name!r} (at {loc}): shape {shape!r} is not a "
                              "sequence of ints") from exc
         dims, symbolic = self._symbolic(name, dims, loc)
-        if not all(isinstance(d, Integral) and not isinstance(d, bool) for d in dims):
+        if not all(_is_int(d) for d in dims):
             raise ShapeError(f"input {name!r} (at {loc}): shape {shape!r} is not a sequence of "
                              "ints (a dim such as 2.5 or '3' is not rounded or parsed)")
         shape = tuple(int(d) for d in dims)
@@ -350,7 +356,7 @@ class Tensor:
         """``values`` (one sequence, or ints) as ints; a ShapeError naming the op otherwise."""
         if len(values) == 1 and isinstance(values[0], list | tuple):
             values = tuple(values[0])
-        if not all(isinstance(v, Integral) and not isinstance(v, bool) for v in values):
+        if not all(_is_int(v) for v in values):
             raise ShapeError(f"{self._what(op)}: {what} must be ints, got {values!r}")
         return tuple(int(v) for v in values)
 
