@@ -79,9 +79,23 @@ def node_spec(node: fx.Node) -> tuple[tuple[int, ...], str, Any] | None:
     return shape, name, device
 
 
+def _surely(cond: Any) -> bool:
+    """``cond`` (a bool, or a SymBool of Dynamo's sizes) where it is known; False where it
+    depends on data (an unbacked size such as ``x[x > 0]``'s under
+    ``capture_dynamic_output_shape_ops``: asking would raise ``GuardOnDataDependentSymNode``)."""
+    if isinstance(cond, bool):
+        return cond
+    try:
+        from torch.fx.experimental.symbolic_shapes import guard_or_false
+    except ImportError:  # pragma: no cover - a torch before guard_or_false
+        return False
+    return bool(guard_or_false(cond))
+
+
 def empty(node: fx.Node) -> bool:
-    """Whether ``node`` produces a zero-size tensor (or a tuple holding one)."""
-    return any(isinstance(t, torch.Tensor) and t.numel() == 0 for t in values(node))
+    """Whether ``node`` produces a zero-size tensor (or a tuple holding one); a size that
+    depends on data is not known to be empty."""
+    return any(isinstance(t, torch.Tensor) and _surely(t.numel() == 0) for t in values(node))
 
 
 def computes(node: fx.Node) -> bool:
@@ -89,7 +103,7 @@ def computes(node: fx.Node) -> bool:
     ops that count as compute in ``summary()`` (not int position math, tensor creation of
     empty caches, or Python glue)."""
     return node.op.startswith("call") and any(
-        isinstance(t, torch.Tensor) and t.numel() > 0 and t.is_floating_point()
+        isinstance(t, torch.Tensor) and t.is_floating_point() and _surely(t.numel() > 0)
         for t in values(node))
 
 

@@ -131,6 +131,8 @@ def op_name(node: fx.Node, root: torch.nn.Module | None = None) -> str:
             name = fx.node._get_qualified_name(node.target)
         except Exception:  # noqa: BLE001 - any odd callable: fall back to its name
             name = getattr(node.target, "__name__", repr(node.target))
+        if name.endswith("torch_movement.index_with_tensor"):  # the backend's own target
+            return "operator.getitem"  # for x[idx] (dynamo.support.retarget_tensor_indexing)
         return name.replace("_operator.", "operator.").replace("torch._C._nn.", "torch.")
     if node.op == "call_method":
         return f"Tensor.{node.target}"

@@ -28,7 +28,7 @@ __all__ = ["INPLACE_FUNCTIONS", "INPLACE_METHODS", "functionalize"]
 INPLACE_FUNCTIONS = {operator.iadd: operator.add, operator.isub: operator.sub,
                      operator.imul: operator.mul, operator.itruediv: operator.truediv}
 INPLACE_METHODS = {"add_": "add", "sub_": "sub", "mul_": "mul", "div_": "div",
-                   "masked_fill_": "masked_fill", "copy_": "to"}
+                   "masked_fill_": "masked_fill", "copy_": "to", "index_add_": "index_add"}
 _KEYS = ("example_value", "val")  # where Dynamo (or FakeTensorProp) records a node's value
 
 

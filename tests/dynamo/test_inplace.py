@@ -1,6 +1,6 @@
 """In-place updates through ``torch.compile(backend=em.backend)`` (issue 52): ``+=``, ``-=``,
-``*=``, ``/=``, ``add_``, ``sub_``, ``mul_``, ``div_``, ``masked_fill_`` and ``copy_`` of a
-tensor the graph created are traced as their functional forms (``frontend.inplace``) and
+``*=``, ``/=``, ``add_``, ``sub_``, ``mul_``, ``div_``, ``masked_fill_``, ``copy_`` and
+``index_add_`` of a tensor the graph created are traced as their functional forms (``frontend.inplace``) and
 optimized; a write into a graph input, a buffer or a view of one, or into a tensor whose
 view is read after the write, still keeps the whole graph eager, the warning naming the
 write's line and why."""
@@ -278,3 +278,26 @@ def test_partition_nodes_and_reasons_name_the_users_lines():
     locs = {n.loc for n in graph.nodes() if n.op.name not in ("INPUT", "CONST")}
     first = fn.__code__.co_firstlineno
     assert locs and locs <= {f"test_inplace.py:{first + i}" for i in (1, 2, 3)}, locs
+
+
+def test_index_add_into_a_fresh_tensor_leaves_the_rest_optimized():
+    """A scatter-add into a tensor the graph made (an MoE's ``final.index_add_(0, tokens,
+    expert_out)``) is traced as ``index_add``: it and ``zeros_like`` run eagerly (no
+    eqsat-mirage form), the rest of the graph is optimized, where the write once kept the
+    whole graph eager."""
+    def f(x, w, idx):
+        h = torch.nn.functional.silu(x @ w) * 2.0
+        out = torch.zeros_like(h)
+        out.index_add_(0, idx, h[:3] * 0.5)
+        return out + 1.0
+
+    torch.manual_seed(0)
+    x, w, idx = torch.randn(8, 16), torch.randn(16, 16), torch.tensor([0, 2, 2])
+    torch._dynamo.reset()
+    be = em.backend(warn=False, cache=False, **FAST)
+    with torch.no_grad():
+        got = torch.compile(f, backend=be)(x, w, idx)
+    torch.testing.assert_close(got, f(x, w, idx), rtol=1e-5, atol=1e-5)
+    s = be.summary()
+    assert s["graphs"][0]["outcome"] == "partly optimized" and s["optimized_ops"] >= 4, s
+    assert any(e.startswith("Tensor.index_add ") for e in s["eager"]), s["eager"]

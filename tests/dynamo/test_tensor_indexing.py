@@ -72,3 +72,25 @@ def test_the_backend_compiles_it_and_equals_eager():
     assert err <= 1e-5, out
     optimized, ops = map(int, out.split("ops ")[1].split()[:2])
     assert 0 < optimized <= ops, out
+
+
+def test_a_size_that_depends_on_data_is_reported_not_a_crash():
+    """``x[x > 0]`` under ``capture_dynamic_output_shape_ops``: its size is unbacked (u0);
+    counting compute ops asked ``numel() > 0`` of it and raised inside torch.compile. Now it
+    is an op whose size depends on data, left eager with that reason."""
+    import eqsat_mirage as em
+
+    def f(x):
+        y = x[x > 0]
+        return (y * 2.0 + 1.0).exp().sum() + x.sum()
+
+    x = torch.randn(64)
+    torch._dynamo.reset()
+    be = em.backend(warmup=0, time_limit_s=60, warn=False)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True), torch.no_grad():
+        got = torch.compile(f, backend=be)(x)
+    torch._dynamo.reset()
+    torch.testing.assert_close(got, f(x), rtol=1e-5, atol=1e-5)
+    eager = be.summary()["eager"]
+    assert any(e.startswith("operator.getitem ") and "depends on data" in e
+               for e in eager), eager
