@@ -1,9 +1,9 @@
 """In-place updates through ``torch.compile(backend=em.backend)`` (issue 52): ``+=``, ``-=``,
 ``*=``, ``/=``, ``add_``, ``sub_``, ``mul_``, ``div_``, ``masked_fill_``, ``copy_`` and
-``index_add_`` of a tensor the graph created are traced as their functional forms (``frontend.inplace``) and
-optimized; a write into a graph input, a buffer or a view of one, or into a tensor whose
-view is read after the write, still keeps the whole graph eager, the warning naming the
-write's line and why."""
+``index_add_`` of a tensor the graph created are traced as their functional forms
+(``frontend.inplace``) and optimized; a write into a graph input, a buffer or a view of one,
+or into a tensor whose view is read after the write, still keeps the whole graph eager, the
+warning naming the write's line and why."""
 
 import warnings
 
