@@ -37,7 +37,7 @@ def attention(seq: int, head_dim: int, kv_heads: int = 2, group: int = 2) -> em.
 
 
 @pytest.mark.slow
-@settings(deadline=None, max_examples=24, derandomize=True, database=None,
+@settings(deadline=None, max_examples=16, derandomize=True, database=None,
           phases=[Phase.explicit, Phase.generate],  # no shrinking: the example is printed
           suppress_health_check=[HealthCheck.too_slow])
 @given(seq=st.integers(1, 130), head_dim=st.sampled_from([32, 48, 64, 80, 96, 128]))
