@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..frontend.from_torch import op_name, source_line
+from ..frontend.from_torch import call_in_torch, op_name, source_line
 from ..frontend.torch_masks import FOLD_LIMIT
 
 __all__ = ["PURE_FUNCTIONS", "PURE_METHODS", "Folded", "fold_constants"]
@@ -89,12 +89,8 @@ def _value(node: fx.Node, known: dict[fx.Node, torch.Tensor]) -> torch.Tensor | 
     if not _pure(node) or not all(s in known for s in node.all_input_nodes) or \
             not _leaves_constant((node.args, node.kwargs)):
         return None
-    args = fx.node.map_arg(node.args, known.__getitem__)
-    kwargs = fx.node.map_arg(node.kwargs, known.__getitem__)
     try:
-        with torch.no_grad():
-            value = getattr(args[0], node.target)(*args[1:], **kwargs) \
-                if node.op == "call_method" else node.target(*args, **kwargs)
+        value = call_in_torch(node, known.__getitem__)
     except Exception:  # noqa: BLE001 - torch refuses these arguments: not folded
         return None
     if not isinstance(value, torch.Tensor) or value.numel() > FOLD_LIMIT or \

@@ -198,6 +198,17 @@ def dtype_of(value: Any, what: str) -> str:
                          "indices and int8/uint8 weights)") from None
 
 
+def call_in_torch(node: fx.Node, value_of: Any) -> Any:
+    """Run the call_function or call_method ``node`` in torch (no grad) on its operands'
+    values (``value_of``: fx node -> value); raises what torch raises."""
+    args = fx.node.map_arg(node.args, value_of)
+    kwargs = fx.node.map_arg(node.kwargs, value_of)
+    with torch.no_grad():
+        if node.op == "call_method":
+            return getattr(args[0], node.target)(*args[1:], **kwargs)
+        return node.target(*args, **kwargs)
+
+
 class Converter:
     """Interprets an fx graph node by node, building an ``em.Graph`` with ``em.Tensor``s.
 
@@ -298,12 +309,8 @@ class Converter:
                                                     or hasattr(self.env.get(s), "shape"))
                            for s in srcs) or not any(s in self.known for s in srcs):
             return None
-        args = fx.node.map_arg(node.args, lambda n: self.known.get(n, self.env.get(n)))
-        kwargs = fx.node.map_arg(node.kwargs, lambda n: self.known.get(n, self.env.get(n)))
         try:
-            with torch.no_grad():
-                value = getattr(args[0], node.target)(*args[1:], **kwargs) \
-                    if node.op == "call_method" else node.target(*args, **kwargs)
+            value = call_in_torch(node, lambda n: self.known.get(n, self.env.get(n)))
         except Exception:  # noqa: BLE001 - not foldable: converted as any other op
             return None
         if not isinstance(value, torch.Tensor) or value.numel() > FOLD_LIMIT:
