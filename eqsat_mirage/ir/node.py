@@ -266,12 +266,14 @@ def infer(op: Op, srcs: tuple[Node, ...], arg: Any) -> tuple[Shape, str]:
         if shape is None:
             raise ShapeError(f"{where}: shapes do not broadcast")
         return shape, "bool"
+    if op is Op.CAST and srcs[0].dtype in INDEX_DTYPES and arg in DTYPES:
+        return srcs[0].shape, arg  # integer positions as floats (rotary angles, masks)
     if any(s.dtype in INDEX_DTYPES for s in srcs):
         if op not in VIEWS and op is not Op.CONCAT or any(
                 s.dtype != srcs[0].dtype for s in srcs):
             raise DTypeError(f"{where}: an integer index tensor can only be moved (transpose, "
-                             "reshape, concat, slice) or index a gather (embedding, "
-                             "index_select)")
+                             "reshape, concat, slice), cast to a float dtype or index a "
+                             "gather (embedding, index_select)")
         return _moved_indices(op, srcs, arg, where)
     if any(s.dtype == "bool" for s in srcs):
         if op not in MOVEMENT or any(

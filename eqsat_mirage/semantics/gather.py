@@ -6,7 +6,8 @@ Every backend checks the indices first and raises ``IndexRangeError`` naming the
 a negative or too large index (torch raises there; nothing is read out of bounds).
 
 The verifier draws an index input as integers in ``[0, rows)``, ``rows`` the size of the
-axis it indexes (``index_bounds``), with 0 and rows - 1 among them (``draw_indices``).
+axis it indexes (``index_bounds``), with 0 and rows - 1 among them (``draw_indices``). An
+integer input no gather reads is a value (``value_inputs``: positions cast to floats).
 """
 
 from __future__ import annotations
@@ -81,10 +82,20 @@ def index_bounds(program) -> dict[str, int]:
     for rows, names in _gathers(program):
         for name in names:
             out[name] = min(out.get(name, rows), rows)
-    for name, node in program.inputs.items():
-        if node.dtype in INDEX_DTYPES and name not in out:
-            out[name] = 1  # indexes nothing: any valid index is 0
     return out
+
+
+POSITIONS = 2048  # an integer input no gather reads (positions): drawn in [0, POSITIONS)
+
+
+def value_inputs(program) -> list[str]:
+    """The integer inputs of ``program`` that no gather reads: values (positions cast to
+    floats, moved or returned), drawn in the field from all of Z_p like any input, and in
+    the float checks as integers in ``[0, POSITIONS)`` (exact in every float dtype but
+    float16 past 2048, where the cast rounds as torch's does)."""
+    rows = index_bounds(program)
+    return [n for n, node in program.inputs.items()
+            if node.dtype in INDEX_DTYPES and n not in rows]
 
 
 def draw_indices(rng: np.random.Generator, shape: tuple[int, ...], rows: int) -> np.ndarray:

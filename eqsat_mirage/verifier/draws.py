@@ -28,7 +28,7 @@ from ..semantics.floating import (
     to_half,
     uniform,
 )
-from ..semantics.gather import draw_indices, index_bounds
+from ..semantics.gather import POSITIONS, draw_indices, index_bounds, value_inputs
 from ..semantics.interp import Outputs, run
 from ..semantics.modular import DRAW_CHUNK, chunked
 from .corners import PAIR_FORMS, REST_BELOW, offset_sets, pairs
@@ -124,7 +124,8 @@ def _index_draws(a, rng: np.random.Generator) -> dict[str, np.ndarray]:
     largest among them) as exact float32 (float64 past 2^24 rows), from a generator
     seeded by ``rng``'s next draw."""
     g = np.random.default_rng(int(rng.integers(0, 2**62)))
-    rows = index_bounds(a)
+    rows = index_bounds(a)  # an integer input no gather reads: positions (``value_inputs``)
+    rows.update({n: POSITIONS for n in value_inputs(a)})
     out = {n: draw_indices(g, node.shape, rows[n]).astype(
         np.float32 if rows[n] <= 2**24 else np.float64)
         for n, node in a.inputs.items() if node.dtype in INDEX_DTYPES}
