@@ -24,7 +24,8 @@ _FROM = {
     "frontend.from_torch": ("from_torch",),
     "frontend.functions": (
         "amax", "bitwise_and", "causal_mask", "concat", "cos", "eq", "erf", "exp", "ge",
-        "gelu", "gt", "layer_norm", "le", "logical_not", "lt", "matmul", "ne", "relu",
+        "gelu", "gt", "layer_norm", "le", "logical_and", "logical_not", "logical_or", "lt",
+        "matmul", "ne", "relu",
         "right_shift", "rms_norm", "rsqrt", "sigmoid", "silu", "sin", "softmax", "sqrt",
         "tanh", "transpose", "where"),
     "frontend.gather": ("embedding", "index_select"),
@@ -62,7 +63,7 @@ __all__ = [
     "TimeLimitError", "transpose", "verify", "VerifyResult", "where",
     "backend", "from_torch", "UnsupportedOpError",
     "embedding", "index_select", "gt", "ge", "lt", "le", "eq", "ne", "bitwise_and",
-    "right_shift",
+    "right_shift", "logical_and", "logical_or",
 ]
 
 

@@ -191,9 +191,9 @@ def programs(draw, max_ops: int = 8, max_inputs: int = 3, max_dim: int = 6,
              ops: Iterable[Op] | None = None, lax: bool = True) -> Graph:
     """Strategy of random well-shaped ``Graph``s (passing ``em.check``) with 1-2 outputs.
 
-    Up to ``max_ops`` ops drawn from ``ops`` (default: all but the masks, where/mask/causal/not
-    and the comparisons (bool results), the gather (integer index inputs) and the bit ops
-    (uint8 inputs), which the generator does not build yet;
+    Up to ``max_ops`` ops drawn from ``ops`` (default: all but the masks, where/mask/causal,
+    not/and/or and the comparisons (bool results), the gather (integer index inputs) and the
+    bit ops (uint8 inputs), which the generator does not build yet;
     ``Op.CONST`` allows constant operands), up to
     ``max_inputs`` inputs of rank 1-3, dims in ``1..max_dim``, any dtype.
     Shapes exercise broadcasting (size-1 dims, rank differences), batched matmul with
@@ -203,7 +203,7 @@ def programs(draw, max_ops: int = 8, max_inputs: int = 3, max_dim: int = 6,
     sqrt/rsqrt arguments are positive (``x * x + c``, c > 0, is built when none fits, even
     if ``ops`` lacks MUL/ADD). ``lax=False`` allows exp of exp, and values may overflow.
     """
-    masks = {Op.WHERE, Op.MASK, Op.CAUSAL, Op.NOT} | COMPARE  # a comparison: a bool mask
+    masks = {Op.WHERE, Op.MASK, Op.CAUSAL} | LOGIC | COMPARE  # a comparison: a bool mask
     allowed = set(Op) - masks - {Op.GATHER, *BIT_OPS} if ops is None else set(ops)
     if allowed & masks:
         raise ValueError(f"programs(): {sorted(op.name for op in allowed & masks)} are not "
@@ -360,7 +360,7 @@ def _mutations(graph: Graph) -> list[tuple[Node, Node]]:
     out: list[tuple[Node, Node | None]] = []
     for n in nodes:
         out += [(n, _mk(op, n.srcs, n.arg)) for op in _SWAPS.get(n.op, ())]
-        # drop it: exp -> identity, not m -> m
+        # drop it: exp -> identity, not m -> m, a & b -> a (an and <-> or swap: its mutants)
         out += [(n, n.srcs[0])] if n.op in (UNARY - {Op.CAST}) | LOGIC else []
         if n.op is not Op.CONST:  # negate a value, or a mask
             out.append((n, make(Op.NOT if n.dtype == "bool" else Op.NEG, (n,))))
@@ -387,15 +387,17 @@ def mutate(graph: Graph, data_or_rng: Any = None, rtol: float = 1e-6) -> Graph |
     undo a transpose, swap the operands of SUB/DIV/MATMUL/CONCAT, replace an operand by
     another same-shape node, in an order drawn from ``data_or_rng`` (a ``st.data()`` object,
     ``random.Random``, NumPy ``Generator`` or seed). Returns the first that is well formed
-    (Lax if ``graph`` is), finite on a standard-normal input, evaluable over the field and
-    off by more than ``rtol`` times an output's scale there: a sound verifier rejects it."""
+    (Lax if ``graph`` is), finite on a standard-normal input (a bool mask input: fair random
+    bits, so that an and swapped for an or shows), evaluable over the field and off by more
+    than ``rtol`` times an output's scale there: a sound verifier rejects it."""
     rng = data_or_rng.draw(st.randoms(use_true_random=False)) \
         if hasattr(data_or_rng, "draw") else data_or_rng
     if not isinstance(rng, random.Random):
         rng = random.Random(int(rng.integers(2**63)) if hasattr(rng, "integers") else rng)
     lax = max(exp_depth(graph).values(), default=0) <= 1
     nprng = np.random.default_rng(rng.getrandbits(64))
-    inputs = {k: nprng.standard_normal(v.shape) for k, v in graph.inputs.items()}
+    inputs = {k: nprng.random(v.shape) < 0.5 if v.dtype == "bool" else
+              nprng.standard_normal(v.shape) for k, v in graph.inputs.items()}
     ref = evaluate(graph, inputs)
     cands = _mutations(graph)
     rng.shuffle(cands)

@@ -127,7 +127,7 @@ def _torch_op(k: PredefinedKernel, var: dict[str, str], length_mask: bool = Fals
     if op in BIT_OPS:  # x & mask, x >> shift: the constant second
         return f"{spec.torch}({arg(xs[0])}, {n.arg})"
     if op in UNARY | LOGIC and op is not Op.CAST:  # elementwise: their specs' torch functions
-        return f"{spec.torch}({arg(xs[0])})"
+        return f"{spec.torch}({', '.join(arg(x) for x in xs)})"  # (logical and, or: two)
     if op in BINARY | COMPARE:  # a comparison: a bool tensor
         a, b, sym = arg(xs[0]), arg(xs[1]), spec.symbol
         if xs[1].op is Op.CONST and b.startswith("-"):

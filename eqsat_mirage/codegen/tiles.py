@@ -31,7 +31,19 @@ import keyword
 import math
 import re
 
-from ..ir.node import BINARY, BIT_OPS, COMPARE, LOGIC, REDUCE, Node, Op, Shape, fmt_shape, numel
+from ..ir.node import (
+    BINARY,
+    BIT_OPS,
+    COMPARE,
+    LOGIC,
+    LOGIC_BINARY,
+    REDUCE,
+    Node,
+    Op,
+    Shape,
+    fmt_shape,
+    numel,
+)
 from ..ir.node import QUANT_DTYPES as INT_VALUES
 from ..ir.ops import SPECS, ZERO
 from .concat import CodegenError, ConcatOps, Val, squeezed
@@ -307,6 +319,10 @@ class TileOps(ConcatOps):
             expr, clean = self._movement(node, srcs[0]), srcs[0].clean
             self.emit(section, var, expr, label)
             return Val(var, node.shape, srcs[0].dtype, clean)
+        elif node.op in LOGIC_BINARY:  # a and b, a or b of int1 blocks: an int1 block (its
+            a, b = (self.broadcast(s.expr, s, node.shape) for s in srcs)  # padding may hold)
+            self.emit(section, var, f"{a} {SPECS[node.op].symbol} {b}", label)
+            return Val(var, node.shape, "bool", False)
         elif node.op in LOGIC:  # a bool mask's not: an int1 block (its padding now holds)
             self.emit(section, var, triton_form(SPECS[node.op].triton, srcs[0].expr), label)
             return Val(var, node.shape, "bool", False)

@@ -23,7 +23,8 @@ from pathlib import Path
 from ..frontend.graph import Graph
 from ..ir.errors import DTypeError, MirageError, RuleError, ShapeError
 from ..ir.limits import Deadline, check_seconds
-from ..ir.node import DTYPES, Node, Op, fmt_shape, make, numel
+from ..ir.node import DTYPES, LOGIC_BINARY, Node, Op, fmt_shape, make, numel
+from ..ir.ops import SPECS
 from ..verifier.floatcheck import float_checks
 from ..verifier.verify import Counterexample, verify
 from .encode import IDENTITIES, build_node
@@ -69,13 +70,18 @@ def _tensor_vars(term, schema: Schema, out: list) -> list:
     return out
 
 
+_MASKS_COMBINED = frozenset(SPECS[op].egglog for op in LOGIC_BINARY)  # And, Or
+
+
 def _mask_vars(term, out: set) -> set:
-    """Pattern variables in the condition of a Where or Mask, or negated by a Not: they
-    become bool masks."""
+    """Pattern variables in the condition of a Where or Mask, negated by a Not or combined by
+    an And or Or: they become bool masks."""
     if isinstance(term, SList):
         if term.head() in ("Where", "Mask", "Not") and len(term.items) > 1 and \
                 _is_var(term.items[1]):
             out.add(str(term.items[1]))
+        if term.head() in _MASKS_COMBINED:  # both operands are masks
+            out.update(str(a) for a in term.items[1:] if _is_var(a))
         for arg in term.items[1:]:
             _mask_vars(arg, out)
     return out

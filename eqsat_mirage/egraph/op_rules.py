@@ -5,8 +5,9 @@ operand of each op) of that family, written out when the file loads, in the orde
 ``ir.ops.SPECS``. The families, each in its ruleset:
 
 - ``shape`` (rules/schema.egg, ruleset ``shapes``): each op's ``ndim`` and ``dim`` rules,
-  by its group (an elementwise unary or logic op keeps its operand's shape, a binary or select
-  op broadcasts its operands, ...) or, for an op with a shape of its own (a constant,
+  by its group (an elementwise unary op or a logical not keeps its operand's shape, a binary,
+  select or logic op of two operands broadcasts them, ...) or, for an op with a shape of its
+  own (a constant,
   the movement ops, the causal mask), by its entry in ``_OWN_SHAPES``;
 - ``is-op`` (rules/schema.egg, ruleset ``shapes``): ``(is-op e)`` for every op but the
   leaves;
@@ -156,6 +157,8 @@ def _shape_rules(s: OpSpec, names: tuple[str, ...], xs: tuple[str, ...]) -> list
     if s.op in _OWN_SHAPES:
         return _OWN_SHAPES[s.op]
     make = _BY_GROUP.get(s.group)
+    if s.group == "logic" and len(xs) > 1:  # and, or of two bool masks: broadcast
+        make = _broadcast
     return make(_pattern(s.egglog, names), xs) if make else []
 
 

@@ -111,8 +111,9 @@ def _state(node: Node, srcs: list[str | None]) -> str:
     if op in ELEMENTWISE:
         return unary_state(op, srcs[0]) if op not in BINARY else _binary(op, *srcs)
     if op is Op.MASK:
-        if any(n.op is Op.NOT or n.op in COMPARE  # padding may be kept (0 > -1 holds)
-               for n in toposort([node.srcs[0]])):
+        # padding may be kept: 0 > -1 holds, not False does, False or a mask broadcast along
+        # the padded axis holds where that mask does (False and anything stays False)
+        if any(n.op in (Op.NOT, Op.OR) or n.op in COMPARE for n in toposort([node.srcs[0]])):
             return ANY
         return NEG_INF if node.srcs[0].op is Op.INPUT or srcs[0] is not None else srcs[1]
     if op is Op.WHERE:

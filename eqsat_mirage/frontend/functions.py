@@ -14,7 +14,15 @@ from typing import Any
 from ..ir.errors import GraphError, ShapeError
 from ..ir.node import Op, user_location
 from ..ir.ops import SPECS
-from .graph import Graph, Tensor, apply, bitwise_and, right_shift  # noqa: F401 (re-exported)
+from .graph import (  # noqa: F401 (re-exported)
+    Graph,
+    Tensor,
+    apply,
+    bitwise_and,
+    logical_and,
+    logical_or,
+    right_shift,
+)
 
 
 def exp(x: Tensor) -> Tensor:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.dims import Dim
-from ..ir.errors import GraphError, ShapeError
+from ..ir.errors import DTypeError, GraphError, ShapeError
 from ..ir.node import (
     Node,
     Op,
@@ -242,6 +242,36 @@ def right_shift(x: Tensor, shift: Any) -> Tensor:
     return apply(Op.SHR, x, arg=_int_constant(shift, "right_shift"))
 
 
+def _operand(x: Any) -> str:
+    """An operand as an error message names it: a Tensor's dtype and shape, else its type."""
+    if isinstance(x, Tensor):
+        return f"{x.node.describe()}: {x.dtype} {fmt_shape(x.shape)}"
+    return f"{type(x).__name__} {repr(x)[:40]}"
+
+
+def _logic(op: Op, a: Any, b: Any, what: str) -> Tensor:
+    """``op`` (logical and, or) of two bool mask Tensors; ``DTypeError`` naming the op and
+    its operands' dtypes and shapes for anything else (a float tensor, a number)."""
+    if not all(isinstance(x, Tensor) and x.dtype == "bool" for x in (a, b)):
+        raise DTypeError(f"{what} (at {user_location()}): the operands must be bool masks, "
+                         f"got {_operand(a)} and {_operand(b)} (a bool mask compares values "
+                         "first: (x > 0) & m)")
+    return apply(op, a, b)
+
+
+def logical_and(a: Tensor, b: Tensor) -> Tensor:
+    """``a & b`` of two bool masks (NumPy's ``logical_and``, broadcast): True where both
+    hold. ``em.where(em.logical_and(pad, causal), S, float("-inf"))`` masks a score where
+    either mask does not hold (transformers' ``and_masks``)."""
+    return _logic(Op.AND, a, b, "logical_and")
+
+
+def logical_or(a: Tensor, b: Tensor) -> Tensor:
+    """``a | b`` of two bool masks (NumPy's ``logical_or``, broadcast): True where either
+    holds (transformers' ``or_masks``)."""
+    return _logic(Op.OR, a, b, "logical_or")
+
+
 class Tensor:
     """A value in a Graph under construction, with NumPy-style operators."""
 
@@ -295,11 +325,26 @@ class Tensor:
         """``~mask``: the logical not of a bool mask (``em.logical_not``)."""
         return apply(Op.NOT, self)
 
-    def __and__(self, mask: Any) -> Tensor:
-        """``w & mask``: an int8/uint8 tensor and an integer constant (``em.bitwise_and``)."""
-        return bitwise_and(self, mask)
+    def __and__(self, other: Any) -> Tensor:
+        """``m & n`` of two bool masks: their logical and (``em.logical_and``); ``w & mask``:
+        an int8/uint8 tensor and an integer constant (``em.bitwise_and``)."""
+        if self.dtype == "bool" or (isinstance(other, Tensor) and other.dtype == "bool"):
+            return _logic(Op.AND, self, other, "&")
+        return bitwise_and(self, other)
 
-    __rand__ = __and__
+    def __rand__(self, other: Any) -> Tensor:
+        """``mask & w``: as ``w & mask`` (a bool mask's other operand is a bool mask)."""
+        if self.dtype == "bool":
+            return _logic(Op.AND, other, self, "&")
+        return bitwise_and(self, other)
+
+    def __or__(self, other: Any) -> Tensor:
+        """``m | n`` of two bool masks: their logical or (``em.logical_or``)."""
+        return _logic(Op.OR, self, other, "|")
+
+    def __ror__(self, other: Any) -> Tensor:
+        """``other | m``: a logical or, whose operands are both bool masks."""
+        return _logic(Op.OR, other, self, "|")
 
     def __rshift__(self, shift: Any) -> Tensor:
         """``w >> shift``: an int8/uint8 tensor, a constant in [0, 7] (``em.right_shift``)."""

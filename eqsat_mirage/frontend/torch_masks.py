@@ -18,7 +18,10 @@ logical not (``em.logical_not``; ``not not y`` is ``y``), ``mask != 0`` and ``ma
 mask; ``select`` reads ``where(not y, a, b)`` as ``where(y, b, a)``, so a not is computed
 only where a ``-inf`` lands where the mask holds (nanoGPT's ``masked_fill(mask, -inf)`` with
 a ``mask`` argument): ``mask(not m, x)``, inside the program (its inputs stay the function's
-arguments; a ``not_mask`` input was added before issue 52).
+arguments; a ``not_mask`` input was added before issue 52). ``&``, ``|``, ``logical_and``,
+``logical_or``, ``bitwise_and`` and ``bitwise_or`` of two bool masks (padding and causal
+masks combined) are their logical and / or (``em.logical_and``, ``em.logical_or``),
+broadcast as torch broadcasts them; a negated ``BoolMask`` operand is its logical not.
 """
 
 from __future__ import annotations
@@ -33,10 +36,10 @@ import torch
 
 from ..ir.errors import MirageError, UnsupportedOpError
 from ..ir.node import DTYPES, Op
-from .functions import logical_not, where
+from .functions import logical_and, logical_not, logical_or, where
 from .graph import Tensor, apply
 
-__all__ = ["BoolMask", "MASK_FUNCTIONS", "MASK_METHODS", "Snapshot", "constant_mask",
+__all__ = ["BoolMask", "MASK_FUNCTIONS", "MASK_METHODS", "Snapshot", "combine", "constant_mask",
            "is_mask", "select", "source_value"]
 
 # a folded constant larger than this (elements) is not folded (it stays an ordinary input)
@@ -229,6 +232,39 @@ def _invert(x: Any, *, out: Any = None) -> Any:
     return _complement(x)
 
 
+def _mask_tensor(m: BoolMask) -> Tensor:
+    """The bool graph tensor of ``m``: its base, or the base's logical not when negated."""
+    return _complement(m.base) if m.negated else m.base
+
+
+_COMBINE = {Op.AND: logical_and, Op.OR: logical_or}
+
+
+def combine(op: Op, a: Any, b: Any, what: str) -> Tensor:
+    """``a & b`` (``op`` ``Op.AND``) or ``a | b`` (``Op.OR``) of two bool masks (graph bool
+    tensors or ``BoolMask``s), of torch's broadcast shape; ``UnsupportedOpError`` naming
+    ``what`` and the operands for anything else."""
+    if not (is_mask(a) and is_mask(b)):
+        kinds = " and ".join(f"{getattr(x, 'dtype', type(x).__name__)} "
+                             f"{list(getattr(x, 'shape', ()))}" for x in (a, b))
+        raise UnsupportedOpError(f"{what} of {kinds}: two bool masks are combined (a logical "
+                                 "and / or); an int8/uint8 tensor takes & with an integer "
+                                 "constant")
+    ma, mb = _as_mask(a, what), _as_mask(b, what)
+    out = _COMBINE[op](_mask_tensor(ma), _mask_tensor(mb))
+    want = tuple(np.broadcast_shapes(ma.shape, mb.shape))
+    return out if out.shape == want else out.reshape(want)
+
+
+def _logical(op: Op, name: str):
+    """The handler of ``name`` (``logical_and``, ``|``, ...): ``combine`` of two masks."""
+    def h(a: Any, b: Any, *, out: Any = None) -> Tensor:
+        if out is not None:
+            raise UnsupportedOpError("out= is not supported")
+        return combine(op, a, b, name)
+    return h
+
+
 def _masked_fill(x: Any, mask: Any, value: Any) -> Tensor:
     if not isinstance(x, Tensor):
         raise UnsupportedOpError(f"masked_fill of a {type(x).__name__} (expected a tensor)")
@@ -307,6 +343,11 @@ MASK_FUNCTIONS = {
     torch.bitwise_not: _invert, torch.where: _where, torch.masked_fill: _masked_fill,
     torch.clamp: _clamp, torch.clip: _clamp, torch.clamp_min: _clamp_min,
     torch.clamp_max: _clamp_max,
+    torch.logical_and: _logical(Op.AND, "logical_and"),
+    torch.logical_or: _logical(Op.OR, "logical_or"),
+    # & of int8/uint8 tensors and a constant: torch_ops' bit ops, which call ``combine`` for
+    # two masks; | has no integer form
+    operator.or_: _logical(Op.OR, "|"), torch.bitwise_or: _logical(Op.OR, "bitwise_or"),
 }
 MASK_METHODS = {
     **{n: _compare(n) for n in _COMPARISONS},
@@ -316,4 +357,7 @@ MASK_METHODS = {
     "masked_fill": _masked_fill, "where": lambda x, cond, y: _where(cond, x, y),
     "bool": _compare("bool"), "clamp": _clamp, "clip": _clamp, "clamp_min": _clamp_min,
     "clamp_max": _clamp_max,
+    "logical_and": MASK_FUNCTIONS[torch.logical_and],
+    "logical_or": MASK_FUNCTIONS[torch.logical_or], "__or__": MASK_FUNCTIONS[operator.or_],
+    "bitwise_or": MASK_FUNCTIONS[torch.bitwise_or],
 }

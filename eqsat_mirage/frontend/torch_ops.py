@@ -22,7 +22,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from ..ir.errors import DTypeError, UnsupportedOpError
-from ..ir.node import canonical_dtype
+from ..ir.node import Op, canonical_dtype
 from .functions import (
     bitwise_and,
     cos,
@@ -43,7 +43,7 @@ from .functions import (
 )
 from .gather import embedding, index_select
 from .graph import Tensor
-from .torch_masks import MASK_FUNCTIONS, MASK_METHODS, BoolMask, is_mask, select
+from .torch_masks import MASK_FUNCTIONS, MASK_METHODS, BoolMask, combine, is_mask, select
 from .torch_movement import (
     MOVEMENT_ATEN,
     MOVEMENT_FUNCTIONS,
@@ -66,8 +66,9 @@ SUPPORTED = (
     "nn.Softmax (dtype= too), scaled_dot_product_attention (causal, a bool mask or an "
     "additive float mask, GQA and MQA: enable_gqa or key heads broadcast), "
     "where and masked_fill (bool masks, finite or -inf fills; ~ and logical_not of "
-    "constants such as mask buffers are folded), comparisons of float tensors and numbers "
-    "(gt, ge, lt, le, eq, ne, greater, ..., x.bool()), rms_norm and nn.RMSNorm, "
+    "constants such as mask buffers are folded), ~, logical_not, &, |, logical_and, "
+    "logical_or, bitwise_and and bitwise_or of bool masks, comparisons of float tensors "
+    "and numbers (gt, ge, lt, le, eq, ne, greater, ..., x.bool()), rms_norm and nn.RMSNorm, "
     "layer_norm and nn.LayerNorm, casts (.to(dtype), .float(), .half(), .type(dtype), "
     ".type_as), indexing x[...] with ints, slices (any positive step), None, ... and one "
     "list or constant integer tensor of indices (x[..., [-2], :]), select, narrow, chunk, "
@@ -322,8 +323,11 @@ def _reduce(kind: str):
 
 # -- bit ops on int8/uint8 tensors (packed int4 weights: w_p & 0xF, w_p >> 4) ------------------
 def _bits(fn: Any, name: str):
+    """The handler of bit op ``fn`` (``&``: of two bool masks, their logical and)."""
     def h(x: Any, other: Any, *, out: Any = None) -> Tensor:
         refuse(out, "out=")
+        if fn is bitwise_and and (is_mask(x) or is_mask(other)):  # padding & causal
+            return combine(Op.AND, x, other, name)
         if not isinstance(x, Tensor):
             raise UnsupportedOpError(f"{name} of {type(x).__name__} and a tensor: the tensor "
                                      "comes first, an integer constant second (w & 0xF)")
@@ -439,6 +443,8 @@ ATEN = {
     _A.__and__: BIT_FUNCTIONS[torch.bitwise_and],
     _A.bitwise_right_shift: BIT_FUNCTIONS[torch.bitwise_right_shift],
     _A.__rshift__: BIT_FUNCTIONS[torch.bitwise_right_shift],
+    _A.logical_and: FUNCTIONS[torch.logical_and], _A.logical_or: FUNCTIONS[torch.logical_or],
+    _A.bitwise_or: FUNCTIONS[torch.bitwise_or], _A.__or__: FUNCTIONS[torch.bitwise_or],
 }
 
 

@@ -15,7 +15,18 @@ from string import ascii_lowercase
 from ..frontend.graph import Graph
 from ..ir.check import check
 from ..ir.errors import MirageError
-from ..ir.node import BINARY, COMPARE, LOGIC, REDUCE, UNARY, Node, Op, Shape, fmt_shape
+from ..ir.node import (
+    BINARY,
+    COMPARE,
+    LOGIC,
+    LOGIC_BINARY,
+    REDUCE,
+    UNARY,
+    Node,
+    Op,
+    Shape,
+    fmt_shape,
+)
 
 
 class ScheduleError(MirageError):
@@ -129,10 +140,11 @@ class _Ties:
     def node(self, n: Node) -> None:
         """Tie ``n``'s dims to its operands' by what its op does."""
         tie, r = self.tie, len(n.shape)
-        if n.op in UNARY | LOGIC:  # elementwise on one operand (a bool mask's not too)
-            for d in range(r):
+        if n.op in UNARY | (LOGIC - LOGIC_BINARY):  # elementwise on one operand (a bool
+            for d in range(r):  # mask's not too)
                 tie(n.srcs[0], d, n, d)
-        elif n.op in BINARY | COMPARE or n.op in (Op.WHERE, Op.MASK):  # broadcasting ops
+        elif n.op in BINARY | COMPARE | LOGIC_BINARY or n.op in (Op.WHERE, Op.MASK):
+            # broadcasting ops (a bool masks' and, or too)
             for s in n.srcs:
                 for i in range(1, len(s.shape) + 1):
                     tie(s, len(s.shape) - i, n, r - i)

@@ -31,6 +31,7 @@ from .ops import (  # noqa: F401  (re-exported: the op groups, derived from the 
     KEYED,
     LEAF,
     LOGIC,
+    LOGIC_BINARY,
     MOVEMENT,
     OPAQUE,
     REDUCE,
@@ -248,14 +249,20 @@ def infer(op: Op, srcs: tuple[Node, ...], arg: Any) -> tuple[Shape, str]:
         return (), "float32"
     if op is Op.CAUSAL:
         return _causal_shape(arg, where), "bool"
+    if op in LOGIC:  # not: a bool mask of its operand's shape; and, or: of their broadcast
+        if any(s.dtype != "bool" for s in srcs):
+            what = "operand must be a bool mask" if len(srcs) == 1 else \
+                "operands must be bool masks"
+            raise DTypeError(f"{where}: the {what}, got {', '.join(s.dtype for s in srcs)}")
+        shape = srcs[0].shape if len(srcs) == 1 else broadcast_shapes(srcs[0].shape,
+                                                                      srcs[1].shape)
+        if shape is None:
+            raise ShapeError(f"{where}: shapes do not broadcast")
+        return shape, "bool"
     if any(s.dtype in QUANT_DTYPES for s in srcs) or op in BIT_OPS:
         return _quant_cast(op, srcs, arg, where)
     if op in (Op.WHERE, Op.MASK):
         return _masking(op, srcs, where)
-    if op in LOGIC:  # logical not: a bool mask of its operand's shape
-        if srcs[0].dtype != "bool":
-            raise DTypeError(f"{where}: the operand must be a bool mask, got {srcs[0].dtype}")
-        return srcs[0].shape, "bool"
     if op is Op.GATHER:
         return _gather_shape(srcs, arg, where)
     if op in COMPARE:  # float values compared: a bool mask of their broadcast shape
@@ -279,8 +286,9 @@ def infer(op: Op, srcs: tuple[Node, ...], arg: Any) -> tuple[Shape, str]:
         if op not in MOVEMENT or any(
                 s.dtype != "bool" for s in srcs):
             raise DTypeError(f"{where}: a bool mask can only be moved (transpose, reshape, "
-                             "concat, slice), negated (logical not) or used as the condition "
-                             "of em.where (a 0/1 float: em.where(m, 1.0, 0.0))")
+                             "concat, slice), negated (logical not), combined with another "
+                             "(logical and, or) or used as the condition of em.where (a 0/1 "
+                             "float: em.where(m, 1.0, 0.0))")
     if op is Op.CAST:
         if arg not in DTYPES:
             raise DTypeError(f"{where}: cast to {arg!r}; expected one of {', '.join(DTYPES)}")

@@ -69,12 +69,15 @@ class Op(Enum):
     NE = auto()
     BITAND = auto()
     SHR = auto()
+    AND = auto()
+    OR = auto()
 
 
 # What a padded (zero-filled) tensor holds where it is padded (family/padding.py).
 ZERO, NEG_INF, FINITE, ANY = "0", "-inf", "finite", "any"
 
-# "logic": elementwise ops on bool masks, a bool mask of the operand's shape (logical not)
+# "logic": elementwise ops on bool masks, a bool mask: of the operand's shape (logical not),
+# or of the operands' broadcast shape (logical and, or)
 # "gather": rows of a table picked by an integer index tensor (embedding, index_select)
 # "compare": a comparison of two float values (broadcast as binary ops are), a bool mask
 GROUPS = ("leaf", "unary", "binary", "matmul", "reduce", "movement", "select", "mask",
@@ -116,10 +119,12 @@ class OpSpec:
     # (torch on CPU and GPU, and the generated kernels); False: the exact result rounded
     accumulates: bool = False
     opaque: bool = False  # in the finite field: a random function of its argument
-    field: str | None = None  # the exact field form: "neg", "add", "sub", "mul", "div", "not"
+    field: str | None = None  # the exact field form: "neg", "add", "sub", "mul", "div", "not",
+    # "and", "or"
     reciprocal_of: Op | None = None  # in the field: 1 / that opaque op's random function
     torch: str | None = None  # the torch function, a dotted name as generated source spells it
-    symbol: str | None = None  # a binary op's infix operator (torch and Triton source)
+    symbol: str | None = None  # a binary op's infix operator (torch and Triton source; a
+    # comparison's, a logical and's or or's on bool tensors and int1 tiles)
     triton: str | None = None  # a unary or logic op's Triton form: {x} the operand, exp(..)
     # emitted as exp2
     egglog: str | None = None  # the constructor in rules/schema.egg (its rules: egraph/op_rules.py)
@@ -310,6 +315,21 @@ _ALL = [
            arg="the shift", floats=shift_right, torch="torch.bitwise_right_shift",
            symbol=">>", triton="{x} >> {arg}", egglog="Shr", guard=_fn("shr"), padding=_KEEP,
            bounds=lambda m, lo: (m, min(lo, 0.0))),
+    # the logical and / or of two bool masks (NumPy broadcasting), a bool mask (attention
+    # masks combined: padding & causal, transformers' and_masks / or_masks). 0/1 in the
+    # float semantics; in the field a * b and a + b - a * b, the polynomials that are and /
+    # or on {0, 1} (multilinear: a comparison's bit and a causal mask are 0/1, a bool input
+    # is a uniform residue), so De Morgan's laws and commutativity hold as polynomials and
+    # an and swapped for an or is refused; identities that need m * m = m (m & m is m) are
+    # refused (incomplete, not unsound)
+    OpSpec(Op.AND, "logic", 2, "a and b of two bool masks, a bool mask (NumPy broadcasting)",
+           floats=lambda a, b: np.logical_and(np.asarray(a) != 0, np.asarray(b) != 0).astype(
+               np.float64), field="and", torch="torch.logical_and", symbol="&", egglog="And",
+           guard='(AFn "and" (AAdd {0} {1}))', cost=(1, 0), mutants=(Op.OR,)),
+    OpSpec(Op.OR, "logic", 2, "a or b of two bool masks, a bool mask (NumPy broadcasting)",
+           floats=lambda a, b: np.logical_or(np.asarray(a) != 0, np.asarray(b) != 0).astype(
+               np.float64), field="or", torch="torch.logical_or", symbol="|", egglog="Or",
+           guard='(AFn "or" (AAdd {0} {1}))', cost=(1, 0), mutants=(Op.AND,)),
 ]
 
 SPECS: dict[Op, OpSpec] = {s.op: s for s in _ALL}
@@ -330,7 +350,7 @@ UNARY = ops_in("unary")
 BINARY = ops_in("binary")
 ELEMENTWISE = UNARY | BINARY
 COMPARE = ops_in("compare")  # float, float -> a bool mask (gt, ge, lt, le, eq, ne)
-LOGIC = ops_in("logic")  # bool -> bool elementwise (not): the operand's shape, a bool mask
+LOGIC = ops_in("logic")  # bool masks -> a bool mask, elementwise: not, and, or
 REDUCE = ops_in("reduce")
 MOVEMENT = ops_in("movement")
 # Movement of one operand: its values rearranged in its dtype, nothing computed (a view).
@@ -347,4 +367,6 @@ OPAQUE = frozenset(s.op for s in _ALL if s.opaque)
 # the comparisons (a random bit keyed on a - b) and the bit ops (a nibble keyed on x).
 KEYED = OPAQUE | {Op.MAX} | COMPARE | frozenset(BIT_OPS)  # bit ops: keyed on x (nibbles)
 ARITY = {s.op: s.arity for s in _ALL}
+# the logic ops of two bool masks (and, or): broadcast as the binary ops are
+LOGIC_BINARY = frozenset(op for op in LOGIC if ARITY[op] == 2)
 GATHERS = ops_in("gather")  # integer-indexed reads of a table (embedding, index_select)

@@ -29,7 +29,19 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.node import BINARY, COMPARE, LOGIC, REDUCE, UNARY, Node, Op, make, tile_split, toposort
+from ..ir.node import (
+    BINARY,
+    COMPARE,
+    LOGIC,
+    LOGIC_BINARY,
+    REDUCE,
+    UNARY,
+    Node,
+    Op,
+    make,
+    tile_split,
+    toposort,
+)
 from ..semantics.field import FIELD_SEMANTICS, MaskedPair
 from ..semantics.floating import FLOAT_SEMANTICS, float_ctx, round_to, uniform
 from ..semantics.interp import Outputs, Table, run
@@ -68,7 +80,7 @@ def vectorise(outputs: Mapping[str, Node], prefix: tuple[int, ...]) -> tuple[Out
             v = node
         else:
             op, arg = node.op, node.arg
-            if op in BINARY | COMPARE or op in (Op.WHERE, Op.MASK):
+            if op in BINARY | COMPARE | LOGIC_BINARY or op in (Op.WHERE, Op.MASK):
                 srcs = [_lift(s, prefix, len(node.shape), o) for s, o in zip(srcs, on)]
             elif op is Op.MATMUL:
                 rank = max(len(s.shape) for s in node.srcs)

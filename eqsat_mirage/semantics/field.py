@@ -413,10 +413,19 @@ def _reciprocal(of: Op):
     return apply
 
 
+def _or(a: Any, b: Any, m: int) -> Any:
+    """a + b - a * b mod m: the logical or of two masks, multilinear in both."""
+    return submod(addmod(a, b, m), mulmod(a, b, m), m)
+
+
 # The exact field forms a spec's ``field`` names ("not": a bool mask c as 1 - c, exact on
-# {0, 1} and a uniform residue again for a mask drawn uniform).
+# {0, 1} and a uniform residue again for a mask drawn uniform; "and", "or": a * b and
+# a + b - a * b, exact on {0, 1} and multilinear in each mask, so the polynomials of two
+# programs agree wherever their masks' truth tables do as polynomials: De Morgan's laws,
+# commutativity and associativity hold, an and for an or does not).
 _EXACT = {"neg": lambda x, m: submod(0, x, m), "add": addmod, "sub": submod, "mul": mulmod,
-          "div": lambda a, b, m: mulmod(a, invmod(b, m), m), "not": lambda x, m: submod(1, x, m)}
+          "div": lambda a, b, m: mulmod(a, invmod(b, m), m), "not": lambda x, m: submod(1, x, m),
+          "and": mulmod, "or": _or}
 
 
 def _from_spec(s: OpSpec):

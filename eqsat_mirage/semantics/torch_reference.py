@@ -106,10 +106,11 @@ class _TorchOps:
         import torch
 
         self.torch = torch
-        # the elementwise ops (and logical not) from their specs' torch functions (cast: by
-        # code, below)
+        # the elementwise ops from their specs' torch functions (cast: by code, below)
         self.unary = {op: s.torch_callable() for op, s in SPECS.items()
-                      if op in UNARY | LOGIC and op not in (Op.CAST, *BIT_OPS)}
+                      if op in UNARY and op not in (Op.CAST, *BIT_OPS)}
+        # the bool masks' logical not, and, or (torch.logical_*: a bool tensor)
+        self.logic = {op: SPECS[op].torch_callable() for op in LOGIC}
         self.binary = {op: s.torch_callable() for op, s in SPECS.items() if op in BINARY}
         self.reduce = {op: s.torch_callable() for op, s in SPECS.items() if op in REDUCE}
         # the comparisons by their infix operators (a constant operand may come first)
@@ -132,6 +133,8 @@ class _TorchOps:
             return float(n.arg)
         if n.op in self.unary:
             return self.unary[n.op](xs[0])
+        if n.op in self.logic:
+            return self.logic[n.op](*xs)
         if n.op in self.binary:
             return self.binary[n.op](*xs)
         if n.op in self.compare:

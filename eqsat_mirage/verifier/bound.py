@@ -109,8 +109,9 @@ def const_bits(value: float) -> tuple[float, float]:
     return (math.log2(n) if n > 1 else 0.0), math.log2(frac.denominator)
 
 
-def _binary(node, a: Degree, b: Degree) -> Degree:
-    op, shape = node.op, node.shape
+def _binary(node, a: Degree, b: Degree, op: Op | None = None) -> Degree:
+    """Degree facts of binary ``node`` (computed as ``op``: its own op by default)."""
+    op, shape = op or node.op, node.shape
     sa, sb = node.srcs[0].shape, node.srcs[1].shape
     inv = _meet(shape, _aligned(a, sa, shape), _aligned(b, sb, shape))
     if op in (Op.ADD, Op.SUB):
@@ -288,6 +289,13 @@ def node_degree(node, ds: list[Degree]) -> Degree:
     if op is Op.NOT:  # 1 - c: c's degree, one more unit coefficient
         c = ds[0]
         return replace(c, nbits=math.log2(2.0 ** c.nbits + 1.0))
+    if op in (Op.AND, Op.OR):  # a * b (a product's degree: deg a + deg b), a + b - a * b
+        prod = _binary(node, *ds, op=Op.MUL)
+        if op is Op.AND:
+            return prod
+        add = _binary(node, *ds, op=Op.ADD)  # the same denominator; the larger numerator
+        return replace(add, num=max(add.num, prod.num),
+                       nbits=math.log2(2.0 ** add.nbits + 2.0 ** prod.nbits))
     if op is Op.MASK:  # the value where kept; the mask's degree waits for the exp
         c, x = ds
         return replace(x, keep=max(x.keep, c.num, 1 if c.num else 0))

@@ -113,14 +113,15 @@ def mixed() -> em.Graph:
 
 
 def masked() -> em.Graph:
-    """A causal-masked softmax, a bool mask input (and its logical not) selecting between
-    two values."""
+    """A causal-masked softmax, a bool mask input (its logical not, its and with the causal
+    mask or a comparison: broadcast, issue 52) selecting between two values."""
     g = em.Graph("masked")
     s = g.input("S", (2, 6, 6), dtype="float32")
     m = g.input("M", (2, 6, 6), dtype="bool")
     p = em.softmax(em.where(g.causal_mask(6, 6), s, float("-inf")), axis=-1)
     g.output(em.where(m, p, s * 0.5), "P")
     g.output(em.where(~m, s, p), "N")
+    g.output(em.where((m & g.causal_mask(6, 6)) | (s > 1.0), s, p), "C")
     return g
 
 

@@ -30,6 +30,8 @@ from eqsat_mirage.ir.ops import (
     FINITE,
     GROUPS,
     KEYED,
+    LOGIC,
+    LOGIC_BINARY,
     NEG_INF,
     OPAQUE,
     REDUCE,
@@ -70,6 +72,11 @@ def test_every_op_has_a_spec_with_every_facet_its_group_needs(op):
         assert s.symbol in (">", ">=", "<", "<=", "==", "!=") and s.field is None
         assert callable(s.floats) and s.guard == f'(AFn "{s.name}" (AAdd {{0}} {{1}}))'
         assert SPECS[s.mutants[0]].group == "compare"
+    if op in LOGIC:  # bool masks to a bool mask: an exact field form (1 - c, a * b, ...)
+        assert callable(s.floats) and s.field == s.name and s.arity == (
+            2 if op in LOGIC_BINARY else 1)
+        assert s.symbol == {Op.AND: "&", Op.OR: "|"}.get(op)  # and, or: an infix operator
+        assert not s.mutants or SPECS[s.mutants[0]].group == "logic"
     if s.opaque:  # a random function in the field, a function of one argument
         assert op in UNARY and s.field is None and s.guard == f'(AFn "{s.name}" {{0}})'
     if s.reciprocal_of is not None:
@@ -85,7 +92,8 @@ def test_groups_are_derived_from_the_specs():
     assert COMPARE == {Op.GT, Op.GE, Op.LT, Op.LE, Op.EQ, Op.NE}
     assert ir_node.UNARY is UNARY and ir_node.Op is Op  # node.py re-exports, never redeclares
     assert {Op.SILU, Op.SIGMOID, Op.TANH, Op.ERF, Op.COS, Op.SIN, Op.SQRT, Op.RSQRT} <= OPAQUE
-    assert Op.SHR.value == max(op.value for op in Op)  # a new op goes last (field keys)
+    assert Op.OR.value == max(op.value for op in Op)  # a new op goes last (field keys)
+    assert LOGIC == {Op.NOT, Op.AND, Op.OR} and LOGIC_BINARY == {Op.AND, Op.OR}
 
 
 @pytest.mark.parametrize("op", OPS, ids=IDS)
@@ -93,11 +101,12 @@ def test_every_backend_table_has_an_entry(op):
     s = SPECS[op]
     assert callable(FLOAT_SEMANTICS[op]) and callable(FIELD_SEMANTICS[op])
     assert op is Op.INPUT or ABSTRACT[s.egglog] == s.guard  # an input: its own variable
-    if s.arg is None and s.group in ("unary", "binary", "compare", "matmul", "select"):
+    if s.arg is None and s.group in ("unary", "logic", "binary", "compare", "matmul",
+                                     "select"):
         assert CTOR_OP[s.egglog] is op  # decoded by its constructor name
     if op in REDUCE:
         assert REDUCE_CTOR_OP[s.egglog] is op
-    if op in ELEMENTWISE:
+    if op in ELEMENTWISE | LOGIC:
         assert ELEMENT_COST[op] == s.cost
         assert callable(s.torch_callable())  # the torch reference's function
     if op in UNARY and op is not Op.CAST:

@@ -157,8 +157,8 @@ def _field_deps(g, seed: int) -> set[tuple[str, str]]:
 
 # not drawn by programs() yet (masks and comparisons need bool tensors, the gather index
 # inputs, the bit ops uint8 inputs)
-MASKS = {em.Op.WHERE, em.Op.MASK, em.Op.CAUSAL, em.Op.NOT, em.Op.GATHER, em.Op.BITAND,
-         em.Op.SHR} | COMPARE
+MASKS = {em.Op.WHERE, em.Op.MASK, em.Op.CAUSAL, em.Op.NOT, em.Op.AND, em.Op.OR, em.Op.GATHER,
+         em.Op.BITAND, em.Op.SHR} | COMPARE
 # max is a random function of its row in the field (like the opaque ones): its float value
 # depends on one element, its field value on all of them
 NON_OPAQUE = sorted(set(em.Op) - OPAQUE - MASKS - {em.Op.MAX}, key=lambda op: op.value)

@@ -105,6 +105,11 @@ OP_CASES = {
                    lambda x, y, z: (BYTES & 0xF).astype(np.float64)),
     em.Op.SHR: (lambda X, Y, Z: (_bytes(X) >> 4).astype(X.dtype),
                 lambda x, y, z: (BYTES >> 4).astype(np.float64)),
+    # a comparison and a causal mask combined (issue 52), read by a where
+    em.Op.AND: (lambda X, Y, Z: em.where((X > Z) & X.graph.causal_mask(2, 3), X, Z),
+                lambda x, y, z: np.where((x > z) & np.tri(2, 3, 0, dtype=bool), x, z)),
+    em.Op.OR: (lambda X, Y, Z: em.where((X > Z) | X.graph.causal_mask(2, 3), X, Z),
+               lambda x, y, z: np.where((x > z) | np.tri(2, 3, 0, dtype=bool), x, z)),
 }
 IDX = np.array([[0, 2], [1, 0]])  # the gather's indices: both extremes of [0, 3)
 BYTES = np.array([[0, 255, 16], [15, 0xA5, 128]])  # the bit ops' bytes: both nibbles' ends
@@ -145,6 +150,8 @@ INNER_NODES = {
     em.Op.CAUSAL: (None, lambda x, y, z: np.tri(2, 3, 0)),
     em.Op.NOT: (None, lambda x, y, z: 1.0 - np.tri(2, 3, 0)),
     em.Op.MASK: (None, lambda x, y, z: np.where(np.tri(2, 3, 0, dtype=bool), x, -np.inf)),
+    em.Op.AND: (None, lambda x, y, z: ((x > z) & np.tri(2, 3, 0, dtype=bool)).astype(float)),
+    em.Op.OR: (None, lambda x, y, z: ((x > z) | np.tri(2, 3, 0, dtype=bool)).astype(float)),
     **{op: (None, (lambda f: lambda x, y, z: f(x, z).astype(np.float64))(npf))
        for op, npf in ((em.Op.GT, np.greater), (em.Op.GE, np.greater_equal),
                        (em.Op.LT, np.less), (em.Op.LE, np.less_equal), (em.Op.EQ, np.equal),
@@ -217,6 +224,9 @@ def test_degree_rules_on_known_nodes():
     assert deg(em.Op.DIV, one, one) == Degree(1, 1, 0)
     assert deg(em.Op.EXP, one) == Degree(1, 0, 1)
     assert deg(em.Op.RSQRT, one) == Degree(0, 1, 0)
+    # a & b is a * b, a | b is a + b - a * b: the degrees add (issue 52)
+    assert deg(em.Op.AND, one, Degree(2, 0, 1)) == Degree(3, 0, 1)
+    assert deg(em.Op.OR, one, Degree(2, 0, 1)) == Degree(3, 0, 1)
     # A sum of 3 fractions with distinct denominators: (num + 2*den) / (3*den).
     assert deg(em.Op.SUM, Degree(1, 1, 0)) == Degree(3, 3, 0)
     # ... and with one denominator along the summed axis: (sum of num) / den.

@@ -301,6 +301,17 @@ IDENTITIES = [
     # issue 52: a comparison is a keyed bit of a - b: x - y against 0 is x against y
     Case("comparisons-keep-their-difference", ins("X:3x4", "Y:3x4"),
          lambda X, Y: compare_all(X, Y), lambda X, Y: compare_all(X, Y, diff=True)),
+    # issue 52: masks combined: and / or commute, and De Morgan's laws hold (a * b and
+    # a + b - a * b in the field), for mask inputs and for comparisons' bits
+    Case("mask-and-commutes", ins("S:2x3x4", "M:3x4:bool", "N:4:bool"),
+         lambda S, M, N: em.softmax(em.where(M & N, S, float("-inf"))),
+         lambda S, M, N: em.softmax(em.where(N & M, S, float("-inf")))),
+    Case("mask-de-morgan", ins("A:3x4", "B:3x4", "M:3x4:bool", "N:3x4:bool"),
+         lambda A, B, M, N: {"D1": em.where(~(M & N), A, B), "D2": em.where(~(M | N), A, B)},
+         lambda A, B, M, N: {"D1": em.where(~M | ~N, A, B), "D2": em.where(~M & ~N, A, B)}),
+    Case("compared-masks-de-morgan", ins("X:3x4", "Y:3x4", "M:3x4:bool"),
+         lambda X, Y, M: em.where(~((X > Y) | M), X, Y),
+         lambda X, Y, M: em.where(em.logical_and(~(X > Y), ~M), X, Y)),
     Case("flash-decoding-max-rescaled", ins("Q:4x8", "K1:8x6", "K2:8x6", "V1:6x8", "V2:6x8"),
          flash_whole_safe, flash_split_safe),
     Case("gated-mlp-commute", ins("X:4x8", "W1:8x6", "W2:8x6"),
@@ -424,6 +435,10 @@ MUTANTS = [
          lambda X, Y: em.where(X > Y, X - Y, Y), lambda X, Y: em.where(X < Y, X - Y, Y)),
     Case("comparison-branches-swapped", ins("S:3x4"),
          lambda S: em.where(S > 0.0, S, 0.1 * S), lambda S: em.where(S > 0.0, 0.1 * S, S)),
+    # issue 52: an and where the program has an or (padding | causal for padding & causal)
+    Case("mask-and-for-or", ins("S:2x4x6", "M:4x6:bool", "N:6:bool"),
+         lambda S, M, N: em.softmax(em.where(M | N, S, float("-inf"))),
+         lambda S, M, N: em.softmax(em.where(M & N, S, float("-inf")))),
     Case("masked-fill-not-dropped", ins("S:2x4x6", "M:4x6:bool"),
          lambda S, M: em.softmax(em.where(~M, S, float("-inf"))),
          lambda S, M: em.softmax(em.where(M, S, float("-inf")))),
