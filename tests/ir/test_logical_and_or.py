@@ -209,6 +209,17 @@ def test_verify_tells_and_from_or_and_knows_de_morgan():
                      seed=2).equivalent
 
 
+def test_check_rules_reads_and_or_operands_as_masks(tmp_path):
+    rules = tmp_path / "masks.egg"
+    rules.write_text("(ruleset masks)\n"
+                     "; and commutes\n(rewrite (And a b) (And b a) :ruleset masks)\n"
+                     "; De Morgan\n(rewrite (Not (And a b)) (Or (Not a) (Not b)) :ruleset masks)\n"
+                     "; and for or\n(rewrite (And a b) (Or a b) :ruleset masks)\n")
+    report = em.check_rules(str(rules))
+    assert [c.status for c in report.results] == ["sound", "sound", "unsound"]
+    assert "a: " in str(report) and "bool" in str(report)  # the masks drawn as bool inputs
+
+
 def test_a_mutant_swaps_and_for_or():
     g = em.Graph("sel")
     S = g.input("S", (4, 6), "float32")
