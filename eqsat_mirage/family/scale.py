@@ -212,6 +212,10 @@ class FamilyMember:
     def degrees(self):
         return self.program.degrees()
 
+    def bit_degrees(self) -> dict:
+        """The plan's bit degree per output (``verifier.bound.bit_degree``): the plan's own."""
+        return self.program.bit_degrees()
+
     def evaluate(self, inputs, dtype=None, rounded=False) -> dict:
         padded = {n: self._pad(n, np.asarray(v)) for n, v in inputs.items()}
         out = self.program.evaluate(padded, dtype=dtype, rounded=rounded)

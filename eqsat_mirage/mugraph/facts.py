@@ -18,7 +18,15 @@ from ..ir.check import check, masked_fact
 from ..ir.errors import LaxError, ShapeError
 from ..ir.node import OPAQUE, Node, Op, fmt_shape, make
 from ..ir.ops import SPECS
-from ..verifier.bound import FRESH, Degree, accumulated, node_degree, unit_axes
+from ..verifier.bound import (
+    FRESH,
+    BitFact,
+    Degree,
+    accumulated,
+    bit_fact,
+    node_degree,
+    unit_axes,
+)
 from .kernels import (
     CustomKernel,
     KernelGraph,
@@ -188,6 +196,21 @@ def degrees(mg: KernelGraph) -> dict[str, Degree]:
     leaf = (FRESH, frozenset(), frozenset())
     env = fold(mg, leaf, _node_degree, acc, write, _tile_degree)
     return {name: env[t][0] for name, t in mg.output_tensors.items()}
+
+
+def bit_degrees(mg: KernelGraph) -> dict[str, int]:
+    """The bit degree (``verifier.bound.BitFact.k``) of each output, folded through the
+    tiled computation exactly as the tiles compute it: kernel by kernel, each device tensor
+    carrying its facts to the kernels that read it (a tile's element is its tensor's),
+    through the loop and post block graphs and predefined kernels' nodes. An accumulator is
+    a sum over the iterations (the loop value's degree; its elements combine, so its bits
+    are no longer counted); a running maximum's rescaling, exp(m_old - m_new), multiplies
+    the value it rescales (their degrees add: an over-estimate where the max carries bits)."""
+    def acc(k, f: BitFact) -> BitFact:
+        return f if not f.bits else BitFact(f.degree, None)
+
+    env = fold(mg, BitFact(), lambda k, stage, n, fs: bit_fact(n, fs), acc)
+    return {name: env[t].k for name, t in mg.output_tensors.items()}
 
 
 # -- the reference graph --------------------------------------------------------------------

@@ -44,7 +44,7 @@ from ..ir.check import check
 from ..ir.errors import MirageError, ShapeError
 from ..ir.limits import matmul_scratch
 from ..ir.node import Node, Op, canonical_dtype, fmt_shape, make, toposort
-from .facts import check_lax, degrees, reference
+from .facts import bit_degrees, check_lax, degrees, reference
 from .io import (
     FORMAT,
     VERSION,
@@ -255,6 +255,11 @@ class MuGraph:
     def degrees(self) -> dict:
         """Degree facts of each output (``bound.Degree``) from the tiled computation."""
         return degrees(self)
+
+    def bit_degrees(self) -> dict:
+        """The bit degree of each output (``bound.bit_degree``: how many comparison bits are
+        multiplied together at most) from the tiled computation."""
+        return bit_degrees(self)
 
     def reference(self) -> Graph:
         """The kernel-level Graph this MuGraph computes (custom kernels by their ``source``)."""

@@ -355,23 +355,94 @@ def degrees(program) -> dict[str, Degree]:
     return {name: env[id(n)] for name, n in program.outputs.items()}
 
 
-# A difference that runs through comparisons' bits (each a keyed random bit of a - b,
-# semantics/field.py) is caught in one trial with probability 1/2 at least: the element's
-# bits that differ between the programs are fresh fair coins (docs/verifier.md).
+# A comparison's value is a keyed random bit of a - b (semantics/field.py), not a uniform
+# residue. Fix every other value of a trial: the difference of two programs at an output
+# element is then a multilinear polynomial in those bits (0 or 1: powers collapse) of degree
+# at most k, the output's bit degree (``bit_degrees``), and a nonzero multilinear polynomial
+# of degree k in fair bits is nonzero with probability at least 2**-k. One trial catches
+# such a difference with probability COMPARE_CATCH ** k at least: 1/2 per bit multiplied
+# in, not 1/2 in all (four comparisons and-ed together: 1/16; docs/verifier.md).
 COMPARE_CATCH = 0.5
+
+# Ops whose bit degree is the largest of their operands': a sum of terms, a view, a cast,
+# a random function of one argument (f(c u + (1 - c) v) = c f(u) + (1 - c) f(v)), a
+# reduction (a sum of terms, or max: a random function of the row).
+_BIT_MAX = frozenset({Op.ADD, Op.SUB, Op.NEG, Op.CAST, Op.NOT, Op.SUM, Op.MEAN, Op.MAX,
+                      Op.EXP, Op.TRANSPOSE, Op.RESHAPE, Op.SLICE, Op.CONCAT, Op.GATHER}
+                     | OPAQUE | frozenset(BIT_OPS))
+
+
+def bit_degree(node, ks: list[int]) -> int:
+    """The bit degree of ``node`` from its operands' ``ks``: how many comparison bits at
+    most are multiplied together in one of its elements (0: none reaches it).
+
+    A comparison is one bit more than its operands (a random bit of a value that depends on
+    bits keeps that dependence); a product (mul, div, matmul, logical and, or) adds its
+    operands' degrees; ``where(c, x, y)`` and ``mask(c, x)`` add c's to the larger of the
+    values'; sums, views, casts, reductions and functions of one argument keep the largest.
+    Inputs (bool ones too: uniform residues, counted by Schwartz-Zippel), constants and
+    causal masks (deterministic) are 0. An op with no rule adds its operands' degrees (an
+    over-estimate costs trials; an under-estimate would be unsound).
+    """
+    op = node.op
+    if not ks or op in (Op.INPUT, Op.CONST, Op.CAUSAL):
+        return 0
+    if op in COMPARE:
+        return 1 + max(ks)
+    if op is Op.WHERE:
+        return ks[0] + max(ks[1], ks[2])
+    if op in _BIT_MAX:
+        return max(ks)
+    return sum(ks)  # mul, div, matmul, and, or, mask (c's plus the value's), any other
+
+
+# Ops that move or combine elements: past them, an element may meet several elements of
+# one comparison (a row's bits summed, a transposed mask beside the mask), so the set of
+# comparisons upstream no longer counts its bits.
+_MIXING = frozenset({Op.SUM, Op.MEAN, Op.MAX, Op.MATMUL, Op.TRANSPOSE, Op.RESHAPE, Op.SLICE,
+                     Op.CONCAT, Op.GATHER})
+
+
+@dataclass(frozen=True)
+class BitFact:
+    """The bit facts of one node: ``degree`` (``bit_degree``'s sum rule) and ``bits``, the
+    comparisons upstream while elementwise ops (broadcasting included) are all that lie
+    between: one bit of each per element, so the degree is at most how many there are
+    (clamp of a clamp: 4 bits, where the sum rule counts the first clamp's twice: 8); None
+    once elements have moved or combined."""
+
+    degree: int = 0
+    bits: frozenset | None = frozenset()
+
+    @property
+    def k(self) -> int:
+        """The bit degree: ``degree``, or fewer where ``bits`` counts fewer."""
+        return self.degree if self.bits is None else min(self.degree, len(self.bits))
+
+
+def bit_fact(node, facts: list[BitFact]) -> BitFact:
+    """``node``'s ``BitFact`` from its operands'."""
+    degree = bit_degree(node, [f.k for f in facts])
+    if any(f.bits is None for f in facts) or (node.op in _MIXING and any(f.bits for f in facts)):
+        return BitFact(degree, None)
+    bits = frozenset().union(*(f.bits for f in facts))
+    return BitFact(degree, bits | {id(node)} if node.op in COMPARE else bits)
+
+
+def bit_degrees(program) -> dict[str, int]:
+    """The bit degree (``BitFact.k``) of each output of ``program``: of a Graph, node by
+    node; of a MuGraph, folded through its kernels in order (``MuGraph.bit_degrees``)."""
+    if hasattr(program, "bit_degrees"):
+        return program.bit_degrees()
+    env: dict[int, BitFact] = {}
+    for node in program.nodes():
+        env[id(node)] = bit_fact(node, [env[id(s)] for s in node.srcs])
+    return {name: env[id(n)].k for name, n in program.outputs.items()}
 
 
 def compared(program) -> set[str]:
-    """The outputs of ``program`` that a comparison feeds: of a Graph, those downstream of
-    one; of a MuGraph (whose split kernels may have no kernel-level source), every output
-    where any kernel holds one."""
-    if not hasattr(program, "kernels"):
-        fed: set[int] = set()  # ids of the nodes a comparison feeds (one pass, in order)
-        for n in program.nodes():
-            if n.op in COMPARE or any(id(s) in fed for s in n.srcs):
-                fed.add(id(n))
-        return {name for name, n in program.outputs.items() if id(n) in fed}
-    return set(program.outputs) if has_comparison(program) else set()
+    """The outputs of ``program`` that a comparison feeds (a bit degree above 0)."""
+    return {name for name, k in bit_degrees(program).items() if k}
 
 
 def has_comparison(program) -> bool:
@@ -397,12 +468,16 @@ class PerTrial:
     kp: int = 0  # family primes that can divide every coefficient of the former
     kq: int = 0  # ... of the latter
     family: int = 1
+    bits: int = 0  # bit degree of the difference (comparison bits multiplied together)
 
     def explain(self) -> str:
         """One line: the degrees and divisibility terms behind ``value``."""
+        bits = (f", {self.bits} comparison bit{'s' if self.bits > 1 else ''} multiplied "
+                f"(caught with probability {COMPARE_CATCH ** self.bits:.3g} at least)"
+                if self.bits else "")
         return (f"output {self.output!r}: difference of degree {self.dp}, exp arguments of "
                 f"degree {self.dq}, at most {self.kp}+{self.kq} of {self.family} primes "
-                "dividing their coefficients")
+                f"dividing their coefficients{bits}")
 
 
 def per_trial_bound(a, b, prime_bits: int = 30) -> PerTrial:
@@ -414,14 +489,17 @@ def per_trial_bound(a, b, prime_bits: int = 30) -> PerTrial:
     opaque results counted as variables), dq that of a difference of two exp
     arguments; kp and kq bound how many of the F primes of the family can divide
     every integer coefficient of those numerators (a prime above 2**bits divides
-    an integer of n bits at most n / bits times).
+    an integer of n bits at most n / bits times). Where comparison bits reach an output
+    (bit degree k: the larger of the two programs' there, ``bit_degrees``), a trial that
+    meets a nonzero difference of the residues still has to draw bits where it is nonzero:
+    probability ``COMPARE_CATCH ** k`` at least, so the miss is at least ``1 - 2**-k``.
     """
     # the sampling sets' sizes: q >= 2**(bits-1) and p = 2q + 1 > 2**bits, and an input
     # above modular.DRAW_CHUNK elements is drawn from [0, 2**k), 2**k <= the prime
     q_min, p_min = 1 << (prime_bits - 1), 1 << prime_bits
     fam = family_size(prime_bits)
     da, db = degrees(a), degrees(b)
-    bits = compared(a) | compared(b)
+    ka, kb = bit_degrees(a), bit_degrees(b)
     worst = PerTrial(0.0, family=fam)
     for name in da:
         x, y = da[name], db[name]
@@ -432,8 +510,10 @@ def per_trial_bound(a, b, prime_bits: int = 30) -> PerTrial:
         miss_p = min(1.0, dp / p_min + kp / fam)
         miss_q = min(1.0, dq / q_min + kq / fam) if dq else 0.0
         value = min(1.0, 1.0 - (1.0 - miss_q) * (1.0 - miss_p))
-        if name in bits:  # a comparison's bit is 0 or 1, not uniform in Z_p: a difference
-            value = max(value, 1.0 - (1.0 - value) * COMPARE_CATCH)  # it makes is caught
+        bits = max(ka[name], kb[name])  # the difference's degree in the comparison bits
+        if bits:  # bits are 0 or 1, not uniform in Z_p: a nonzero multilinear polynomial of
+            # degree k in fair bits is nonzero with probability 2**-k at least
+            value = max(value, 1.0 - (1.0 - value) * COMPARE_CATCH ** bits)
         if value > worst.value or not worst.output:
-            worst = PerTrial(value, name, dp, dq, kp, kq, fam)
+            worst = PerTrial(value, name, dp, dq, kp, kq, fam, bits)
     return worst

@@ -221,7 +221,28 @@ def _trials_needed(eps: PerTrial, trials: int, max_bound: float) -> int | None:
     return max(trials, math.ceil(math.log(max_bound) / math.log(eps.value)))
 
 
+# The trial cap when ``verify`` is given none: 32 (30 reach the default max_bound at a per
+# trial bound of 1/2), raised for programs whose comparison bits multiply (bit degree k: a
+# trial catches a difference with probability 2**-k only, bound.COMPARE_CATCH) to what
+# the bits need at ``max_bound`` (k = 2, a clamp: 72; k = 3: 156; k = 4: 321), up to
+# MAX_BIT_TRIALS: a higher degree stays inconclusive rather than running thousands of trials.
+DEFAULT_MAX_TRIALS = 32
+MAX_BIT_TRIALS = 1400
+
+
+def trial_cap(eps: PerTrial, max_bound: float) -> int:
+    """The trials ``verify`` allows when its caller sets no ``max_trials``: the default, or,
+    where ``eps.bits`` comparison bits multiply, as many as ``eps.value`` needs to reach
+    ``max_bound``, at most ``MAX_BIT_TRIALS``."""
+    if eps.bits <= 1:
+        return DEFAULT_MAX_TRIALS
+    need = _trials_needed(eps, 1, max_bound)
+    return max(DEFAULT_MAX_TRIALS, min(MAX_BIT_TRIALS, need or MAX_BIT_TRIALS))
+
+
 def _check_args(trials, max_trials, max_bound, prime_bits, seed) -> None:
+    if max_trials is None:
+        max_trials = DEFAULT_MAX_TRIALS
     for name, value, low in (("trials", trials, 1), ("max_trials", max_trials, 1),
                              ("prime_bits", prime_bits, 8)):
         if not isinstance(value, int) or isinstance(value, bool):
@@ -238,7 +259,7 @@ def _check_args(trials, max_trials, max_bound, prime_bits, seed) -> None:
 
 def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
            float_check: bool = True, rtol: float = 1e-7, max_redraws: int = 3,
-           max_bound: float = 1e-9, max_trials: int = 32,
+           max_bound: float = 1e-9, max_trials: int | None = None,
            native_check: bool = True, memo: dict | None = None,
            float_first: bool = False, time_limit_s: float | Deadline | None = None
            ) -> VerifyResult:
@@ -248,7 +269,9 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
     finite-field trials run, each with its own primes (q < 2**prime_bits, p = 2q + 1),
     and more until ``false_positive_bound = per_trial_bound ** trials`` is at
     most ``max_bound``; if that needs more than ``max_trials`` trials the
-    verdict is "inconclusive" (``equivalent`` False, ``inconclusive`` True).
+    verdict is "inconclusive" (``equivalent`` False, ``inconclusive`` True). Without
+    ``max_trials``, 32, or more where comparison bits multiply (``trial_cap``: 72 for a
+    clamp's two, at most ``MAX_BIT_TRIALS``).
     Raises ``LaxError`` for a program outside the Lax fragment and
     ``GraphError`` when the two programs' inputs or outputs do not match.
 
@@ -290,6 +313,8 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
                              or memo.setdefault("seed", seed) != seed):
         memo = None  # a different first program or seed, or draws that differ every call
     eps = per_trial_bound(a, b, prime_bits)
+    if max_trials is None:
+        max_trials = trial_cap(eps, max_bound)
     needed = _trials_needed(eps, trials, max_bound)
     avoid = program_constants(a) | program_constants(b)
     result = VerifyResult(False, 1.0, None, 0, 0, 0, eps.value, max_bound=max_bound)
