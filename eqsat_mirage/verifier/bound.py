@@ -420,13 +420,27 @@ class BitFact:
         return self.degree if self.bits is None else min(self.degree, len(self.bits))
 
 
+# Functions of one argument: of an argument with several bits, a value of each of their
+# combinations (sqrt(where(c1, x, 0) + where(c2, y, 0)) is a polynomial of degree 2 in c1, c2)
+_FUNCTIONS = OPAQUE | frozenset(BIT_OPS) | {Op.EXP}
+
+
 def bit_fact(node, facts: list[BitFact]) -> BitFact:
-    """``node``'s ``BitFact`` from its operands'."""
+    """``node``'s ``BitFact`` from its operands'. Where the bits are counted, a function of
+    one argument, a comparison and a divisor take the count of their argument's bits, not
+    its degree (a function of a value with m bits is a polynomial of degree m in them);
+    elsewhere, ``bit_degree``'s rule."""
     degree = bit_degree(node, [f.k for f in facts])
     if any(f.bits is None for f in facts) or (node.op in _MIXING and any(f.bits for f in facts)):
         return BitFact(degree, None)
     bits = frozenset().union(*(f.bits for f in facts))
-    return BitFact(degree, bits | {id(node)} if node.op in COMPARE else bits)
+    if node.op in COMPARE:
+        return BitFact(len(bits) + 1, bits | {id(node)})
+    if node.op in _FUNCTIONS:
+        degree = len(bits)
+    elif node.op is Op.DIV:
+        degree = facts[0].k + len(facts[1].bits)
+    return BitFact(degree, bits)
 
 
 def bit_degrees(program) -> dict[str, int]:

@@ -54,6 +54,13 @@ def test_bit_degrees_of_a_few_graphs():
     X, Y = g.input("X", (4, 8), "float32"), g.input("Y", (4, 8), "float32")
     g.output(em.where(em.where(X > 0.0, X, Y) > 1.0, X, Y), "O")
     assert bit_degrees(g) == {"O": 2}
+    g = em.Graph("root")  # a function of a sum of 4 bits' values: a polynomial of degree 4 in
+    xs = [g.input(c, (1,), "float32") for c in "XYZW"]  # them (a crafted difference can
+    t = [em.where(x > 0.0, x, 0.0 * x) for x in xs]  # hide where all 4 hold)
+    g.output(em.sqrt(t[0] + t[1] + t[2] + t[3]), "O")
+    g.output(xs[0] / (t[0] + t[1] + 1.0), "D")  # a divisor's bits: 2
+    g.output(em.sqrt(t[0] + t[1]) / (t[0] + t[1] + 1.0), "E")  # 2 + 2, but only 2 bits
+    assert bit_degrees(g) == {"O": 4, "D": 2, "E": 2}
     g = em.Graph("rows")  # a row summed: its bits combine, the sum rule counts
     X = g.input("X", (4, 8), "float32")
     s = em.where(X > 0.0, X, 0.0 * X).sum(-1)
