@@ -275,7 +275,7 @@ def _check_whole(graph, parts: tuple, mugraph, seed, deadline: Deadline) -> tupl
         ran = FloatCheck(None, False, False, 0.0, f"not run ({exc}); {OWN_CHECKS}",
                          over_budget=True)
     if ran.counterexample is not None:  # one piece's optimized form may be the cause:
-        kept = isolate(graph, pieces, texts, programs, did, seed, deadline)
+        kept = isolate(graph, pieces, texts, programs, did, seed, deadline, ran.counterexample)
         if kept is None:  # never a silent wrong answer: the input
             failed = f"failed ({ran.counterexample})"
         else:  # the culprit pieces stay as they were, the rest optimized
@@ -291,45 +291,61 @@ def _check_whole(graph, parts: tuple, mugraph, seed, deadline: Deadline) -> tupl
 
 
 def isolate(graph, pieces: list[Piece], texts: list[str], programs: list, did: list,
-            seed, deadline: Deadline):
-    """After the end-to-end check refused the stitched program: the same check with one
-    distinct optimized piece at a time put back as it was (all its occurrences), in the
-    pieces' order, within the time left; the first that passes gives (programs, did, the
-    stitched MuGraph, its check). None when none does: the whole input is returned."""
+            seed, deadline: Deadline, cex=None):
+    """After the end-to-end check refused the stitched program (``cex``, its
+    counterexample): distinct optimized pieces put back as they were (all their
+    occurrences), one at a time in the pieces' order. A put-back is first tried on the
+    counterexample's own check alone (``end_to_end(only=...)``, one draw: cheap), and only
+    one that passes there gets the whole check; when the whole check then fails elsewhere
+    (a second culprit), that put-back is kept and the search goes on from the new
+    counterexample. The first whole check that passes gives (programs, did, the stitched
+    MuGraph, its check); None when none does within the time left: the input is returned."""
     from ..mugraph.program import from_graph
 
+    back = list(did)  # which pieces stay optimized
+    check = getattr(cex, "check", ())  # the check that found it (none: no replay)
     for text in dict.fromkeys(t for t, d in zip(texts, did) if d):
         if deadline.remaining() < END_TO_END_MIN_S:
             return None
-        back = [d and t != text for t, d in zip(texts, did)]
-        if not any(back):  # nothing would stay optimized: the input, as without isolating
+        trial = [d and t != text for t, d in zip(texts, back)]
+        if not any(trial):  # nothing would stay optimized: the input, as without isolating
             return None
         progs = [prog if d else from_graph(p.graph)
-                 for p, prog, d in zip(pieces, programs, back)]
+                 for p, prog, d in zip(pieces, programs, trial)]
         mugraph = stitch(graph, pieces, progs, f"{graph.name}_opt")
         try:
+            if check:  # its own draw first: does it move?
+                quick = end_to_end(graph, pieces, texts, progs, mugraph, seed,
+                                   deadline.remaining(), only=check)
+                if quick.counterexample is not None or quick.cut_short:
+                    continue
             ran = end_to_end(graph, pieces, texts, progs, mugraph, seed, deadline.remaining())
         except BudgetError:
             return None
-        if ran.counterexample is None and not ran.cut_short:
-            return progs, back, mugraph, ran
+        if ran.cut_short:
+            return None
+        if ran.counterexample is None:
+            return progs, trial, mugraph, ran
+        if check:  # it fixed the first point: a second culprit
+            back, check = trial, ran.counterexample.check
     return None
 
 
 def end_to_end(graph, pieces: list[Piece], texts: list[str], programs: list, mugraph,
-                seed, seconds: float) -> FloatCheck:
+                seed, seconds: float, only: tuple | None = None) -> FloatCheck:
     """The end-to-end float check of the stitched program: on the whole program, or where
     piece contexts repeat (a stack of identical layers) on its shortest prefix that holds
     the first occurrence of every context (``contexts.first_contexts``; docs/verifier.md,
-    section 5), its per-input draws on one occurrence of each context."""
+    section 5), its per-input draws on one occurrence of each context. ``only``: one check
+    (a counterexample's ``check``) replayed alone."""
     head = first_contexts(graph, pieces, texts)
     if head is None:
         return float_check(graph, mugraph, seed=seed, time_limit_s=seconds,
-                           peaked=peaked_inputs(graph, pieces, texts))
+                           peaked=peaked_inputs(graph, pieces, texts), only=only)
     stitched = stitch(head.graph, head.pieces, programs[:len(head.pieces)],
                       f"{head.graph.name}_opt")
     ran = float_check(head.graph, stitched, seed=seed, time_limit_s=seconds,
-                      peaked=peaked_inputs(head.graph, head.pieces, head.texts))
+                      peaked=peaked_inputs(head.graph, head.pieces, head.texts), only=only)
     where = (f"on the first {len(head.pieces)} of {len(pieces)} pieces (every piece "
              f"context; the rest repeat them)")
     if ran.counterexample is not None and ran.counterexample.output in head.cut:

@@ -53,13 +53,14 @@ class FloatCheck:
 
 def float_check(a, b, seed: int | None = 0, rtol: float = 1e-7, native: bool = True,
                 time_limit_s: float | Deadline | None = None,
-                peaked: Collection[str] | None = None) -> FloatCheck:
+                peaked: Collection[str] | None = None, only: tuple | None = None) -> FloatCheck:
     """``b`` against ``a`` on random float inputs (float64, and native dtype when
     ``native``); a ``FloatCheck``, whose message names the checks ("float64 and native
     dtype, 0.42 s") or says the time limit cut them short. ``peaked``: the names of the
     inputs that get the per-input draws (``peak``, ``peakfold``; None: every input); a
     stitched program of repeated pieces passes the inputs of one occurrence of each piece
-    context (``partition.contexts.peaked_inputs``; docs/verifier.md, section 5)."""
+    context (``partition.contexts.peaked_inputs``; docs/verifier.md, section 5). ``only``:
+    the one check a counterexample names (its ``check``), replayed on its draw."""
     start = time.perf_counter()
     match_interfaces(a, b)
     names = list(a.inputs)
@@ -78,7 +79,7 @@ def float_check(a, b, seed: int | None = 0, rtol: float = 1e-7, native: bool = T
             cex, ran_native = float_checks(a, b, rng, rtol, native, None, pool,
                                             constant_finite=True, conditioned=True,
                                             skipped=skipped, peaked=where,
-                                            pair_forms=False)
+                                            pair_forms=False, only=only)
     except TimeLimitError as exc:
         return FloatCheck(None, True, False, time.perf_counter() - start,
                           f"cut short by the time limit ({exc})")

@@ -59,6 +59,7 @@ class Counterexample:
     trial: int
     inputs: dict[str, np.ndarray] = field(repr=False, default_factory=dict)
     detail: str = ""
+    check: tuple = ()  # the check of ``check_list`` that found it: (dtype, kind, s)
 
     def __str__(self) -> str:
         if self.domain == STATIC:
@@ -426,8 +427,8 @@ def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
                   memo: dict | None = None, pool: Runner | None = None,
                   constant_finite: bool = False, static: bool = True,
                   conditioned: bool = False, skipped: list | None = None,
-                  peaked: Collection[int] | None = None, pair_forms: bool = True
-                  ) -> tuple[Counterexample | None, bool]:
+                  peaked: Collection[int] | None = None, pair_forms: bool = True,
+                  only: tuple | None = None) -> tuple[Counterexample | None, bool]:
     """The static float-safety checks, float64 at ``FLOAT64_SCALES`` and both programs in
     their own dtypes at ``NATIVE_DRAWS`` and the exponent-range draws (see
     docs/verifier.md, sections 4 and 5).
@@ -453,7 +454,9 @@ def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
     ``a.inputs``) of the inputs that get the per-input draws (``peak``, ``peakfold``);
     None: every input (``endtoend``: one piece context each, docs/verifier.md, section 5).
     ``pair_forms=False`` leaves out the pairs' other forms (``corners.pair_draws``;
-    ``endtoend``: each piece had them on its own inputs).
+    ``endtoend``: each piece had them on its own inputs). ``only``: that one check of
+    ``check_list`` (a counterexample's ``check``), replayed on the same draw (same ``rng``
+    seed); none when ``check_list`` has no such check.
     """
     pool = pool or Runner(None, Deadline(None))
     skipped = skipped if skipped is not None else []
@@ -461,13 +464,16 @@ def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
     judge = _Judge(a, b, rng, rtol, native, memo, static, constant_finite, conditioned, skipped,
                    pool.check)
     checks = check_list(a, b, native, static, peaked, pair_forms)
+    if only is not None:
+        checks = [c for c in checks if c == tuple(only)]
     jobs: list = [functools.partial(judge.checked, i, *c) for i, c in enumerate(checks)]
-    if checks and checks[0][0] == "static":  # the strict float64 check compares the static
+    if len(checks) > 1 and checks[0][0] == "static":  # the strict float64 check compares the static
         strict = checks.index((None, "signed", FLOAT64_SCALES[0]))  # checks' runs: it
         result: Future = Future()
         jobs[0], jobs[strict] = functools.partial(_then, jobs[0], jobs[strict], result), result
     start = sorted(range(len(checks)), key=lambda i: (_start_rank(*checks[i]), i))
-    for (dtype, _, _), cex in zip(checks, pool.in_order(jobs, start)):  # follows them
+    for check, cex in zip(checks, pool.in_order(jobs, start)):  # follows them
         if cex is not None:
-            return cex, dtype is not None
+            cex.check = check
+            return cex, check[0] is not None
     return None, native

@@ -166,3 +166,51 @@ def test_a_piece_the_end_to_end_check_refuses_is_put_back_alone():
     # a single optimized piece is not put back alone: the input is returned, as before
     assert whole.isolate(g, pieces, texts, programs, [True] + [False] * (len(pieces) - 1), 0,
                          Deadline(60)) is None
+
+
+def test_two_pieces_the_end_to_end_check_refuses_are_both_put_back():
+    """Two distinct unsafe pieces: putting back either alone still fails. The isolation
+    replays the counterexample's own check first (one draw), keeps a put-back that fixes
+    it, and goes on from the next counterexample: both unsafe pieces are put back, every
+    other piece stays optimized."""
+    from eqsat_mirage.ir.limits import Deadline
+    from eqsat_mirage.partition import stitch
+
+    def block(t, w, c):
+        return ((t * c) * (t * c)) * w
+
+    def unsafe(piece, c):  # the same block with c * c applied after the square
+        g = em.Graph("unsafe")
+        t, w = (g.input(k, piece.inputs[k].shape, dtype="float16") for k in piece.inputs)
+        g.output(((t * t) * (c * c)) * w, next(iter(piece.graph.outputs)))
+        return g
+
+    g = em.Graph("two_unsafe")
+    x = g.input("x", (8, 16), dtype="float16")
+    w = [g.input(f"w{i}", (8, 16), dtype="float16") for i in range(3)]
+    y = ((block(x, w[0], 1.0 / 256.0) + w[1]) * w[2]) * 0.5 + w[1]
+    g.output(block(em.exp(y * 0.125), w[0], 1.0 / 128.0) * 0.25 + w[2], "out")
+    pieces = partition(g, 4)
+    texts = [program_text(p.graph) for p in pieces]
+    blocks = [i for i, p in enumerate(pieces) if p.op_names() == ["mul"] * 4]
+    assert len(blocks) == 2 and texts[blocks[0]] != texts[blocks[1]]
+    programs = [p.graph for p in pieces]
+    for i, c in zip(blocks, (1.0 / 256.0, 1.0 / 128.0)):
+        programs[i] = unsafe(pieces[i], c)
+    ran = whole.end_to_end(g, pieces, texts, programs, stitch(g, pieces, programs), 0, 60)
+    assert ran.counterexample is not None and ran.counterexample.check
+    replay = whole.end_to_end(g, pieces, texts, programs, stitch(g, pieces, programs), 0, 60,
+                              only=ran.counterexample.check)  # that one draw, same verdict
+    first, again = ran.counterexample, replay.counterexample
+    assert again is not None and (again.output, again.index, again.value_b) == (
+        first.output, first.index, first.value_b)
+    for i in blocks:  # either put back alone: still refused
+        alone = [prog if k != i else p.graph for k, (p, prog) in enumerate(zip(pieces,
+                                                                               programs))]
+        assert whole.end_to_end(g, pieces, texts, alone, stitch(g, pieces, alone), 0,
+                                60).counterexample is not None
+    kept = whole.isolate(g, pieces, texts, programs, [True] * len(pieces), 0, Deadline(120),
+                         ran.counterexample)
+    assert kept is not None
+    progs, did, _, passed = kept
+    assert passed.passed and [not d for d in did] == [i in blocks for i in range(len(pieces))]
