@@ -9,7 +9,8 @@ Each case builds a real ``transformers`` module from a tiny random-init config
 sequence 64 (decoder layers of LLaMA, Qwen2/3, Mistral, Phi/Phi-3, Gemma, GPT-NeoX, Falcon,
 OPT, GPT-J and GPT-2; encoder layers of BERT, ViT, CLIP and T5; Mixtral's sparse MoE
 block); or a nanoGPT block (its causal attention written ``masked_fill(bias == 0,
--inf)``, as nanoGPT and minGPT write it). It runs through ``torch.compile(...,
+-inf)``, as nanoGPT and minGPT write it); or a 2-layer LlamaForCausalLM's forward and its
+``generate()`` (8 greedy tokens, ``forward`` compiled). It runs through ``torch.compile(...,
 backend=em.backend(...))`` and is compared with eager torch; the table gives the ops
 that ran in optimized partitions, the predicted time of those partitions one kernel
 per op and as chosen (h100 cost model), the largest error against eager and the
@@ -39,6 +40,7 @@ import eqsat_mirage as em  # noqa: E402
 
 SECTION = "## Hugging Face models"
 MORE_SECTION = "## More Hugging Face families"  # rows 27-46 (issue 52), a table of their own
+LLAMA_SECTION = "## LlamaForCausalLM: forward and generate()"  # rows 47-49, the same
 HIDDEN, HEADS, KV_HEADS, SEQ, VOCAB = 256, 4, 2, 64, 128
 TOLERANCE = {"float32": 2e-3, "float16": 2e-2}  # max |compiled - eager| / max |eager|
 
@@ -373,8 +375,12 @@ def first(value):
 
 def run(name: str, dtype: str = "float32", impl: str = "sdpa", time_limit_s: float = 30.0,
         cache=None, seq: int = SEQ, hidden: int = HIDDEN) -> dict:
-    """Compile one case with em.backend, compare with eager; the figures of one row."""
+    """Compile one case with em.backend, compare with eager; the figures of one row
+    ("llama_generate": ``generate``)."""
     import torch
+
+    if name == "llama_generate":
+        return generate(dtype, time_limit_s, cache, seq, hidden)
 
     fn, args = case(name, dtype, impl, seq=seq, hidden=hidden)
     torch._dynamo.reset()  # one call: searched when Dynamo compiles it (warmup=0)
@@ -441,6 +447,63 @@ def decode(steps: int = 4, dynamic=None, time_limit_s: float = 30.0, cache=None,
             "report": be.report, "time_limited_ops": time_limited_ops(be.report)}
 
 
+def generate(dtype: str = "float32", time_limit_s: float = 30.0, cache=None,
+             seq: int = SEQ, hidden: int = HIDDEN, new_tokens: int = 8,
+             warmup: int | None = 0) -> dict:
+    """A 2-layer LlamaForCausalLM's ``generate()`` (greedy, ``new_tokens`` tokens after a
+    ``seq``-token prompt, transformers' DynamicCache) with its ``forward`` compiled by
+    ``em.backend``, as users compile a model for generation; the same call eagerly is the
+    reference. The figures of one row: ops over every graph Dynamo made (the prompt's,
+    the first decode step's, the growing-cache family), the largest error of any step's
+    logits, and whether the tokens equal eager's. ``warmup``: the backend's (0: every graph
+    searched at its first call; None: its default, where the prompt's graph and the first
+    decode step's run eagerly and only the growing-cache family is searched)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    dt = getattr(torch, dtype)
+    mod = LlamaForCausalLM(llama_config("sdpa", hidden=hidden, seq=seq + new_tokens)).eval()
+    mod = mod.to(dt)
+    mod.generation_config.pad_token_id = 0
+    ids = torch.randint(0, VOCAB, (1, seq))
+    kw = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False,
+          "output_logits": True, "return_dict_in_generate": True}
+    torch._dynamo.reset()
+    said: list[str] = []
+    load = os.getloadavg()[0]
+    be = em.backend(time_limit_s=time_limit_s, warn=False, warmup=warmup,
+                    progress=said.append, **({"cache": cache} if cache is not None else {}))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = mod.generate(ids, **kw)
+        eager_forward = mod.forward
+        mod.forward = torch.compile(eager_forward, backend=be)
+        t = time.perf_counter()
+        got = mod.generate(ids, **kw)
+        seconds = time.perf_counter() - t
+        mod.forward = eager_forward
+    err = max(float((g.float() - w.float()).abs().max() / w.float().abs().max())
+              for g, w in zip(got.logits, want.logits))
+    s = be.summary()
+    return {"name": "llama_generate", "dtype": dtype, "impl": "sdpa", "seq": seq,
+            "hidden": hidden, "ops": s["ops"], "compute_ops": s["compute_ops"],
+            "optimized_ops": s["optimized_ops"],
+            "optimized_compute_ops": s["optimized_compute_ops"],
+            "partitions": s["optimized_partitions"],
+            "time_limited_ops": time_limited_ops(be.report),
+            "before": (s["predicted_us"] or (None, None))[0],
+            "after": (s["predicted_us"] or (None, None))[1], "error": err,
+            "tokens_equal": bool(torch.equal(got.sequences, want.sequences)),
+            "families": [e for e in be.report if e.graph is not None and e.graph.is_family],
+            "summary": s,
+            "graphs": len(s.get("graphs", [])),
+            "finite": all(bool(torch.isfinite(g).all()) for g in got.logits),
+            "seconds": seconds, "eager": s["eager"], "backend": be,
+            "rejected": [line for line in said if "rejected by the verifier" in line],
+            "load": (load, os.getloadavg()[0])}
+
+
 def time_limited_ops(report) -> int:
     """Ops left as they were only because their search ran out of time (the machine's
     speed, said so in the reason): those of a partition left unchanged by the time limit,
@@ -481,6 +544,9 @@ CASES += [(name, dt, impl, SEQ, HIDDEN)
                              ("mixtral_moe", "eager"), ("mixtral_moe", "batched_mm"))
           for dt in ("float32", "float16")]  # Mixtral: its experts' eager loop (which Dynamo
 #   runs uncaptured) and transformers' batched_mm (one graph: the experts' MLP searched once)
+# LlamaForCausalLM: forward in fp16 (fp32 is row 23), and generate() with forward compiled
+CASES += [("llama_model", "float16", "sdpa", SEQ, HIDDEN)]
+CASES += [("llama_generate", dt, "sdpa", SEQ, HIDDEN) for dt in ("float32", "float16")]
 
 
 def table(rows: list[dict]) -> str:
@@ -493,6 +559,8 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         speed = r["before"] / r["after"] if r["after"] else float("nan")
         share = 100 * r["optimized_compute_ops"] / max(r["compute_ops"], 1)
+        tokens = {None: "", True: ", tokens equal", False: ", TOKENS DIFFER"}[
+            r.get("tokens_equal")]
         lines.append(f"| {r['name']} | {r['dtype']} | {r['impl']} | {r['seq']} | "
                      f"{r['hidden']} | {r['optimized_compute_ops']} / {r['compute_ops']} / "
                      f"{r['ops']} "
@@ -500,7 +568,7 @@ def table(rows: list[dict]) -> str:
                      f"{r['partitions']} | "
                      + (f"{r['before']:.2f} -> {r['after']:.2f}" if r["after"] else "not priced")
                      + " | "
-                     f"{speed:.2f}x | {r['error']:.1e} | {r['seconds']:.1f} |")
+                     f"{speed:.2f}x | {r['error']:.1e}{tokens} | {r['seconds']:.1f} |")
     return "\n".join(lines)
 
 
@@ -533,7 +601,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", metavar="FILE.jsonl", help="append each row's figures here")
     ap.add_argument("--section", default=SECTION,
                     help=f"the RESULTS.md heading written (default {SECTION!r}; the families "
-                    f"of rows 27-46: {MORE_SECTION!r})")
+                    f"of rows 27-46: {MORE_SECTION!r}; rows 47-49: {LLAMA_SECTION!r})")
     ap.add_argument("--table-only", action="store_true",
                     help="run nothing: the table of the rows kept in --rows")
     args = ap.parse_args(argv)
