@@ -265,6 +265,8 @@ def infer(op: Op, srcs: tuple[Node, ...], arg: Any) -> tuple[Shape, str]:
         return _masking(op, srcs, where)
     if op is Op.GATHER:
         return _gather_shape(srcs, arg, where)
+    if op is Op.TAKE_ALONG_AXIS:
+        return _take_along_shape(srcs, arg, where)
     if op in COMPARE:  # float values compared: a bool mask of their broadcast shape
         if any(s.dtype not in DTYPES for s in srcs):
             raise DTypeError(f"{where}: a comparison's operands must be float tensors, got "
@@ -280,7 +282,7 @@ def infer(op: Op, srcs: tuple[Node, ...], arg: Any) -> tuple[Shape, str]:
                 s.dtype != srcs[0].dtype for s in srcs):
             raise DTypeError(f"{where}: an integer index tensor can only be moved (transpose, "
                              "reshape, concat, slice), cast to a float dtype or index a "
-                             "gather (embedding, index_select)")
+                             "gather (embedding, index_select, take_along_axis)")
         return _moved_indices(op, srcs, arg, where)
     if any(s.dtype == "bool" for s in srcs):
         if op not in MOVEMENT or any(
@@ -394,6 +396,19 @@ def _gather_shape(srcs: tuple[Node, ...], arg: Any, where: Any) -> tuple[Shape, 
     if not isinstance(arg, int) or isinstance(arg, bool) or not 0 <= arg < len(table.shape):
         raise ShapeError(f"{where}: axis {arg!r} out of range for a {len(table.shape)}-d table")
     return table.shape[:arg] + idx.shape + table.shape[arg + 1:], table.dtype
+
+
+def _take_along_shape(srcs: tuple[Node, ...], arg: Any, where: Any) -> tuple[Shape, str]:
+    """take_along_axis(table, idx) along axis ``arg``: idx of the table's rank and sizes but
+    along that axis (torch.gather's smaller sizes elsewhere are refused); idx's shape."""
+    table, idx = srcs
+    _gather_shape((table, idx), arg, where)  # the dtypes and the axis, checked as a gather's
+    if len(idx.shape) != len(table.shape) or any(
+            a != arg and i != t for a, (i, t) in enumerate(zip(idx.shape, table.shape))):
+        raise ShapeError(f"{where}: the indices must have the table's rank and its sizes but "
+                         f"along axis {arg}, got {fmt_shape(idx.shape)} for a table of "
+                         f"{fmt_shape(table.shape)}")
+    return idx.shape, table.dtype
 
 
 def _quant_cast(op: Op, srcs: tuple[Node, ...], arg: Any, where: Any) -> tuple[Shape, str]:

@@ -71,6 +71,7 @@ class Op(Enum):
     SHR = auto()
     AND = auto()
     OR = auto()
+    TAKE_ALONG_AXIS = auto()
 
 
 # What a padded (zero-filled) tensor holds where it is padded (family/padding.py).
@@ -78,7 +79,8 @@ ZERO, NEG_INF, FINITE, ANY = "0", "-inf", "finite", "any"
 
 # "logic": elementwise ops on bool masks, a bool mask: of the operand's shape (logical not),
 # or of the operands' broadcast shape (logical and, or)
-# "gather": rows of a table picked by an integer index tensor (embedding, index_select)
+# "gather": elements of a table picked along an axis by an integer index tensor (np.take:
+# embedding, index_select; np.take_along_axis: torch.gather)
 # "compare": a comparison of two float values (broadcast as binary ops are), a bool mask
 GROUPS = ("leaf", "unary", "binary", "matmul", "reduce", "movement", "select", "mask",
           "logic", "gather", "compare")
@@ -330,6 +332,16 @@ _ALL = [
            floats=lambda a, b: np.logical_or(np.asarray(a) != 0, np.asarray(b) != 0).astype(
                np.float64), field="or", torch="torch.logical_or", symbol="|", egglog="Or",
            guard='(AFn "or" (AAdd {0} {1}))', cost=(1, 0), mutants=(Op.AND,)),
+    # np.take_along_axis(table, idx, axis) (torch.gather(table, axis, idx)): an index tensor
+    # of the table's rank and sizes but along ``axis`` picks, for each of its elements, the
+    # table's element at that index along the axis (out[i][j][k] = T[i][idx[i][j][k]][k] for
+    # axis 1); the result has the index's shape. Like GATHER linear in the table (the field
+    # takes its residues at the plain integer indices), checked in every backend, a library
+    # kernel of its own (torch.gather), and its guard is the table's
+    OpSpec(Op.TAKE_ALONG_AXIS, "gather", 2, "the table's elements along an axis at an index "
+           "tensor of its rank (np.take_along_axis, torch.gather)", arg="the axis",
+           floats=None, torch="torch.gather", egglog="TakeAlongAxis", guard="{0}",
+           cost=(0, 0), mutants=()),
 ]
 
 SPECS: dict[Op, OpSpec] = {s.op: s for s in _ALL}
@@ -369,4 +381,5 @@ KEYED = OPAQUE | {Op.MAX} | COMPARE | frozenset(BIT_OPS)  # bit ops: keyed on x 
 ARITY = {s.op: s.arity for s in _ALL}
 # the logic ops of two bool masks (and, or): broadcast as the binary ops are
 LOGIC_BINARY = frozenset(op for op in LOGIC if ARITY[op] == 2)
-GATHERS = ops_in("gather")  # integer-indexed reads of a table (embedding, index_select)
+GATHERS = ops_in("gather")  # integer-indexed reads of a table (embedding, index_select,
+# take_along_axis)

@@ -257,8 +257,9 @@ def node_degree(node, ds: list[Degree]) -> Degree:
     if op is Op.SLICE:  # a range of the operand: a denominator common along an axis stays so
         a = ds[0]
         return a if a.den == 0 else replace(a, inv=a.inv | unit_axes(node.shape))
-    if op is Op.GATHER:  # elements of the table (the indices are plain integers): its
-        # degree; a denominator common along an axis is no longer known to be (rows mix)
+    if op in (Op.GATHER, Op.TAKE_ALONG_AXIS):  # elements of the table (the indices are
+        # plain integers): its degree; a denominator common along an axis is no longer known
+        # to be (rows mix)
         a = ds[0]
         return a if a.den == 0 else replace(a, inv=unit_axes(node.shape), groups=())
     if op is Op.TRANSPOSE:
@@ -368,7 +369,8 @@ COMPARE_CATCH = 0.5
 # a random function of one argument (f(c u + (1 - c) v) = c f(u) + (1 - c) f(v)), a
 # reduction (a sum of terms, or max: a random function of the row).
 _BIT_MAX = frozenset({Op.ADD, Op.SUB, Op.NEG, Op.CAST, Op.NOT, Op.SUM, Op.MEAN, Op.MAX,
-                      Op.EXP, Op.TRANSPOSE, Op.RESHAPE, Op.SLICE, Op.CONCAT, Op.GATHER}
+                      Op.EXP, Op.TRANSPOSE, Op.RESHAPE, Op.SLICE, Op.CONCAT, Op.GATHER,
+                      Op.TAKE_ALONG_AXIS}
                      | OPAQUE | frozenset(BIT_OPS))
 
 
@@ -400,7 +402,7 @@ def bit_degree(node, ks: list[int]) -> int:
 # one comparison (a row's bits summed, a transposed mask beside the mask), so the set of
 # comparisons upstream no longer counts its bits.
 _MIXING = frozenset({Op.SUM, Op.MEAN, Op.MAX, Op.MATMUL, Op.TRANSPOSE, Op.RESHAPE, Op.SLICE,
-                     Op.CONCAT, Op.GATHER})
+                     Op.CONCAT, Op.GATHER, Op.TAKE_ALONG_AXIS})
 
 
 @dataclass(frozen=True)
