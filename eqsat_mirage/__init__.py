@@ -28,7 +28,7 @@ _FROM = {
         "matmul", "ne", "relu",
         "right_shift", "rms_norm", "rsqrt", "sigmoid", "silu", "sin", "softmax", "sqrt",
         "tanh", "transpose", "where"),
-    "frontend.gather": ("embedding", "index_select"),
+    "frontend.gather": ("embedding", "index_select", "take_along_axis"),
     "frontend.graph": ("Graph", "Tensor"),
     "ir.check": ("check", "check_lax"),
     "ir.dims": ("Dim", "DynamicShapeError"),
@@ -62,8 +62,8 @@ __all__ = [
     "silu", "softmax", "sqrt", "tanh", "erf", "cos", "sin", "gelu", "layer_norm", "Tensor",
     "TimeLimitError", "transpose", "verify", "VerifyResult", "where",
     "backend", "from_torch", "UnsupportedOpError",
-    "embedding", "index_select", "gt", "ge", "lt", "le", "eq", "ne", "bitwise_and",
-    "right_shift", "logical_and", "logical_or",
+    "embedding", "index_select", "take_along_axis", "gt", "ge", "lt", "le", "eq", "ne",
+    "bitwise_and", "right_shift", "logical_and", "logical_or",
 ]
 
 

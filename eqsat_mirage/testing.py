@@ -29,6 +29,7 @@ from .ir.node import (
     BIT_OPS,
     COMPARE,
     DTYPES,
+    GATHERS,
     LOGIC,
     REDUCE,
     UNARY,
@@ -192,7 +193,7 @@ def programs(draw, max_ops: int = 8, max_inputs: int = 3, max_dim: int = 6,
     """Strategy of random well-shaped ``Graph``s (passing ``em.check``) with 1-2 outputs.
 
     Up to ``max_ops`` ops drawn from ``ops`` (default: all but the masks, where/mask/causal,
-    not/and/or and the comparisons (bool results), the gather (integer index inputs) and the
+    not/and/or and the comparisons (bool results), the gathers (integer index inputs) and the
     bit ops (uint8 inputs), which the generator does not build yet;
     ``Op.CONST`` allows constant operands), up to
     ``max_inputs`` inputs of rank 1-3, dims in ``1..max_dim``, any dtype.
@@ -204,16 +205,17 @@ def programs(draw, max_ops: int = 8, max_inputs: int = 3, max_dim: int = 6,
     if ``ops`` lacks MUL/ADD). ``lax=False`` allows exp of exp, and values may overflow.
     """
     masks = {Op.WHERE, Op.MASK, Op.CAUSAL} | LOGIC | COMPARE  # a comparison: a bool mask
-    allowed = set(Op) - masks - {Op.GATHER, *BIT_OPS} if ops is None else set(ops)
+    allowed = set(Op) - masks - GATHERS - set(BIT_OPS) if ops is None else set(ops)
     if allowed & masks:
         raise ValueError(f"programs(): {sorted(op.name for op in allowed & masks)} are not "
                          "generated yet (masks need bool tensors)")
     if allowed & set(BIT_OPS):
         raise ValueError("programs(): BITAND and SHR are not generated yet (they need uint8 "
                          "inputs; tests/ir/test_int4_weights.py builds them by hand)")
-    if Op.GATHER in allowed:
-        raise ValueError("programs(): GATHER is not generated yet (it needs integer index "
-                         "inputs; tests/semantics/test_gather.py builds gathers by hand)")
+    if allowed & GATHERS:
+        raise ValueError(f"programs(): {sorted(op.name for op in allowed & GATHERS)} are not "
+                         "generated yet (they need integer index inputs; tests/semantics/"
+                         "test_gather.py and test_take_along_axis.py build gathers by hand)")
     # MATMUL first: hypothesis draws the first choice most often
     step_ops = sorted(allowed - {Op.INPUT, Op.CONST}, key=lambda o: (o is not Op.MATMUL, o.value))
     if not step_ops:

@@ -187,3 +187,22 @@ def bf16_dot_lines() -> list[str]:
             "(Triton 3.8's", "# interpreter multiplies bfloat16 bit patterns as integers in "
             "tl.dot)", 'BF16_DOT = tl.constexpr(tl.float32 if os.environ.get("TRITON_INTERPRET") '
             '== "1" else tl.bfloat16)']
+
+
+TAKE_ALONG = "_take_along"  # the generated module's torch.gather with its indices checked
+
+
+def take_along_lines() -> list[str]:
+    """The generated module's ``_take_along(x, dim, idx)``: ``torch.gather`` (a
+    take_along_axis kernel), an index out of ``[0, x.shape[dim])`` an ``IndexError`` as
+    ``torch.index_select``'s is (a gather's kernel; ``torch.gather``'s is a RuntimeError
+    on a CPU), so a call with a bad index runs eagerly, where torch raises it. On a GPU
+    torch's device assert checks them (a check here would wait for the device)."""
+    return ["", "", f"def {TAKE_ALONG}(x, dim, idx):",
+            '    """torch.gather(x, dim, idx); an index out of range: IndexError (on a CPU)."""',
+            '    if idx.device.type == "cpu" and idx.numel():',
+            "        bad = (idx < 0) | (idx >= x.shape[dim])",
+            "        if bool(bad.any()):",
+            "            raise IndexError(f\"index {int(idx[bad][0])} is out of range for an axis "
+            "of {x.shape[dim]}\")",
+            "    return torch.gather(x, dim, idx if idx.dtype == torch.int64 else idx.long())"]

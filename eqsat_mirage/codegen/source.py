@@ -48,7 +48,14 @@ from ..runtime.load import load_source
 from .concat import CodegenError
 from .family_launch import cut_to_length, family_head, family_run
 from .family_layout import FamilyLayout
-from .host import bf16_dot_lines, bind_source, contiguous_strides, unpack
+from .host import (
+    TAKE_ALONG,
+    bf16_dot_lines,
+    bind_source,
+    contiguous_strides,
+    take_along_lines,
+    unpack,
+)
 from .kernel import KernelWriter, fit, wrap
 from .tiles import BF16_DOT, Names, comment_safe, identifier, literal, named, pystr, shown
 
@@ -79,7 +86,7 @@ _HOST_RESERVED = frozenset({"torch", "triton", "tl", "os", "device", "args", "kw
                             "REUSE_OUTPUTS", "_bind", "_check", "_signature", "_buffers",
                             "_CHECKED", "SIZE", "GRANULE", "LENGTHS", "HINT", "PADDED", "SHORT",
                             "seq_len", "lp", "held", "_held", "_", "f", "builtins"}
-                           | set(dir(builtins)) | {BF16_DOT})
+                           | set(dir(builtins)) | {BF16_DOT, TAKE_ALONG})
 
 
 def _shape(shape: tuple[int, ...]) -> str:
@@ -158,6 +165,8 @@ def _torch_op(k: PredefinedKernel, var: dict[str, str], length_mask: bool = Fals
     if op is Op.GATHER:  # torch checks the indices (IndexError; on a GPU a device assert)
         return f"torch.index_select({arg(xs[0])}, {n.arg}, {arg(xs[1])}.reshape(-1))" \
                f".reshape({_shape(n.shape)})"
+    if op is Op.TAKE_ALONG_AXIS:  # torch.gather, its indices checked as a gather's
+        return f"{TAKE_ALONG}({arg(xs[0])}, {n.arg}, {arg(xs[1])})"
     raise CodegenError(f"{who}: {n.describe()} has no torch form")
 
 
@@ -232,12 +241,15 @@ class _Launcher:
         return lines
 
     def definitions(self) -> list[str]:
-        """The ``@triton.jit`` kernels, ``_bind`` (with ``_check``) and, reusing outputs,
-        ``_buffers``."""
+        """The ``@triton.jit`` kernels, ``_take_along`` where a kernel is a take_along_axis,
+        ``_bind`` (with ``_check``) and, reusing outputs, ``_buffers``."""
         var, names, specs, family = self.var, self.names, self.specs, self.family
         lines = []
         for k in self.custom:
             lines += ["", "", self.writers[id(k)].text.rstrip("\n")]
+        if any(k.kind == "predefined" and k.node.op is Op.TAKE_ALONG_AXIS
+               for k in self.mg.kernels):
+            lines += take_along_lines()
         lines += ["", "", bind_source([var[n] for n in names], self.reuse, {
             names.index(n): (len(specs[n].shape), axes) for n, axes in self.dyn.items()}
         ).rstrip("\n")]

@@ -96,7 +96,7 @@ from pathlib import Path
 
 from ..frontend.graph import Graph
 from ..ir.errors import MirageError
-from ..ir.node import ELEMENTWISE, ITEMSIZE, LOGIC, REDUCE, Node, Op, numel
+from ..ir.node import ELEMENTWISE, GATHERS, ITEMSIZE, LOGIC, REDUCE, Node, Op, numel
 from ..ir.ops import SPECS
 from ..mugraph.kernels import CustomKernel, Kernel, PredefinedKernel
 from ..mugraph.online import causal_skip, kept_iterations
@@ -250,8 +250,8 @@ def op_cost(node: Node, prof: GPUProfile, name: str = "", kind: str = "predefine
     reads = {id(s): s for s in node.srcs if s.op is not Op.CONST}.values()
     moved = sum(tensor_bytes(s.shape, s.dtype) for s in reads) + tensor_bytes(node.shape,
                                                                               node.dtype)
-    if node.op is Op.GATHER:  # the gathered rows (at most the table: a repeated row is
-        table, idx = node.srcs  # read once), the indices and the result; not the table
+    if node.op in GATHERS:  # the gathered rows or elements (at most the table: a repeated
+        table, idx = node.srcs  # one is read once), the indices and the result; not the table
         out = tensor_bytes(node.shape, node.dtype)
         moved = min(out, tensor_bytes(table.shape, table.dtype)) + tensor_bytes(
             idx.shape, idx.dtype) + out

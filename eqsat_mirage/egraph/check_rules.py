@@ -88,10 +88,12 @@ def _mask_vars(term, out: set) -> set:
 
 
 def _index_vars(term, out: set) -> set:
-    """Pattern variables a Gather reads as its indices: they become int64 index inputs
-    (the field and float draws give them valid indices of the table they index)."""
+    """Pattern variables a Gather or a TakeAlongAxis reads as its indices: they become int64
+    index inputs (the field and float draws give them valid indices of the table they
+    index)."""
     if isinstance(term, SList):
-        if term.head() == "Gather" and len(term.items) > 3 and _is_var(term.items[3]):
+        if term.head() in ("Gather", "TakeAlongAxis") and len(term.items) > 3 and \
+                _is_var(term.items[3]):
             out.add(str(term.items[3]))
         for arg in term.items[1:]:
             _index_vars(arg, out)
@@ -130,7 +132,7 @@ class _Instance:
                  dtype: str = "float32", indices: frozenset = frozenset(),
                  ints: frozenset = frozenset()) -> None:
         self.schema, self.rng, self.shapes, self.masks = schema, rng, shapes, masks
-        self.indices = indices  # variables a Gather reads as indices: int64
+        self.indices = indices  # variables a gather reads as indices: int64
         self.dtype = dtype  # of every tensor variable but masks and indices
         self.ints = ints  # variables a bit op (BitAnd, Shr) reads: uint8
         self.inputs = {v: Node(Op.INPUT, (), v, s, "bool" if v in masks else

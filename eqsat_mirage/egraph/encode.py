@@ -82,8 +82,8 @@ class Encoder:
             name = self._let(f"({SPECS[op].egglog} {node.arg} {src[0]})")
         elif op is Op.SLICE:
             name = self._let("(Slice {} {} {} {})".format(*node.arg, src[0]))
-        elif op is Op.GATHER:
-            name = self._let(f"(Gather {node.arg} {src[0]} {src[1]})")
+        elif op in (Op.GATHER, Op.TAKE_ALONG_AXIS):  # the axis first
+            name = self._let(f"({SPECS[op].egglog} {node.arg} {src[0]} {src[1]})")
         elif op is Op.MATMUL:
             a, b = (src[i] if len(s.shape) > 1 else self._let(
                 f"(Reshape {_vec((1, s.shape[0]) if i == 0 else (s.shape[0], 1))} {src[i]})")
@@ -154,6 +154,8 @@ def build_node(ctor: str, args: list, inputs: dict[str, Node]) -> Node:
         return make(Op.SLICE, (args[3],), tuple(int(a) for a in args[:3]))
     if ctor == "Gather":
         return make(Op.GATHER, (args[1], args[2]), int(args[0]))
+    if ctor == "TakeAlongAxis":
+        return make(Op.TAKE_ALONG_AXIS, (args[1], args[2]), int(args[0]))
     if ctor == "Causal":
         return make(Op.CAUSAL, (), tuple(int(a) for a in args))
     if ctor == "Swap":

@@ -41,7 +41,8 @@ FAMILIES = {"shape": ("shapes", False), "is-op": ("shapes", False),
 # (a mask's: c x).
 _ARGS = {Op.CONST: ("c",), Op.TRANSPOSE: ("i", "j", "x"), Op.RESHAPE: ("s", "x"),
          Op.CONCAT: ("ax", "a", "b"), Op.SLICE: ("ax", "lo", "hi", "x"),
-         Op.CAUSAL: ("r", "c", "o"), Op.GATHER: ("ax", "x", "i")}
+         Op.CAUSAL: ("r", "c", "o"), Op.GATHER: ("ax", "x", "i"),
+         Op.TAKE_ALONG_AXIS: ("ax", "x", "i")}
 _OPERANDS = {1: ("x",), 2: ("a", "b"), 3: ("c", "a", "b")}
 _PARAM = {"String": "t", "i64": "ax", "IVec": "s"}
 
@@ -93,6 +94,7 @@ _BY_GROUP: dict[str, Callable[[str, tuple[str, ...]], list[str]]] = {
     "reduce": _reduce}
 
 _GATHER = "(Gather ax x i)"  # the indices' shape takes the axis's place
+_TAKE_ALONG = "(TakeAlongAxis ax x i)"  # the indices' shape (the table's but along ax)
 _SLICE, _SWAP, _RESHAPE, _CONCAT = ("(Slice ax lo hi x)", "(Swap i j x)", "(Reshape s x)",
                                     "(Concat ax a b)")
 # The ops whose shape is their own (an input's is set when the program is encoded).
@@ -116,6 +118,8 @@ _OWN_SHAPES: dict[Op, list[str]] = {
                 _rule(_GATHER, "(= d (dim i k))", "(set (dim e (+ ax k)) d)"),
                 _rule(_GATHER, "(= ri (ndim i)) (= d (dim x k)) (> k ax)",
                       "(set (dim e (+ k (- ri 1))) d)")],
+    Op.TAKE_ALONG_AXIS: [_rule(_TAKE_ALONG, "(= n (ndim i))", "(set (ndim e) n)"),
+                         _rule(_TAKE_ALONG, "(= d (dim i k))", "(set (dim e k) d)")],
     Op.CONCAT: [_rule(_CONCAT, "(= n (ndim a))", "(set (ndim e) n)"),
                 _rule(_CONCAT, "(= d (dim a i)) (!= i ax)", "(set (dim e i) d)"),
                 _rule(_CONCAT, "(= da (dim a ax)) (= db (dim b ax))",

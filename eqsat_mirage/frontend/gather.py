@@ -1,8 +1,12 @@
-"""The gather functions of the builder API: ``em.embedding`` and ``em.index_select``.
+"""The gather functions of the builder API: ``em.embedding``, ``em.index_select`` and
+``em.take_along_axis``.
 
-Both build ``Op.GATHER`` (``np.take`` along an axis): an integer index tensor (a graph
-input of dtype int64 or int32, or a view of one) picks slices of a float table. An index
-out of range raises when the program runs, in every backend (``semantics/gather.py``).
+The first two build ``Op.GATHER`` (``np.take`` along an axis): an integer index tensor (a
+graph input of dtype int64 or int32, or a view of one) picks slices of a float table.
+``take_along_axis`` builds ``Op.TAKE_ALONG_AXIS`` (``np.take_along_axis``,
+``torch.gather``): an index of the table's rank picks one element along the axis for each
+of its elements. An index out of range raises when the program runs, in every backend
+(``semantics/gather.py``).
 """
 
 from __future__ import annotations
@@ -47,3 +51,23 @@ def index_select(x: Tensor, axis: int, idx: Tensor) -> Tensor:
         raise ShapeError(f"index_select (at {user_location()}): the indices must be 0-d or "
                          f"1-d, got shape {idx.shape}")
     return apply(Op.GATHER, x, idx if idx.ndim == 1 else idx.reshape(1), arg=int(axis) % x.ndim)
+
+
+def take_along_axis(x: Tensor, idx: Tensor, axis: int = -1) -> Tensor:
+    """The elements of ``x`` along ``axis`` at the integer indices ``idx``, as
+    ``np.take_along_axis(x, idx, axis)`` and ``torch.gather(x, axis, idx)``: ``idx`` has
+    ``x``'s rank and sizes but along ``axis`` (any size there; NumPy's broadcasting and
+    torch's smaller sizes elsewhere raise ``ShapeError``), and ``out[i][j][k] =
+    x[i][idx[i][j][k]][k]`` for axis 1; shape ``idx.shape``."""
+    _tensors("take_along_axis", x, idx)
+    where = f"take_along_axis (at {user_location()})"
+    if not isinstance(axis, Integral) or isinstance(axis, bool) or not -x.ndim <= axis < x.ndim:
+        raise ShapeError(f"{where}: axis {axis!r} out of range for a {x.ndim}-d tensor of "
+                         f"shape {x.shape}")
+    axis = int(axis) % x.ndim
+    if idx.ndim != x.ndim or any(a != axis and i != d
+                                 for a, (i, d) in enumerate(zip(idx.shape, x.shape))):
+        raise ShapeError(f"{where}: the indices must have the shape of the tensor but along "
+                         f"axis {axis}, got {idx.shape} for a tensor of shape {x.shape} (sizes "
+                         "that differ elsewhere are not supported)")
+    return apply(Op.TAKE_ALONG_AXIS, x, idx, arg=axis)

@@ -41,7 +41,7 @@ from .functions import (
     sqrt,
     tanh,
 )
-from .gather import embedding, index_select
+from .gather import embedding, index_select, take_along_axis
 from .graph import Tensor
 from .torch_masks import MASK_FUNCTIONS, MASK_METHODS, BoolMask, combine, is_mask, select
 from .torch_movement import (
@@ -74,7 +74,8 @@ SUPPORTED = (
     "list or constant integer tensor of indices (x[..., [-2], :]), select, narrow, chunk, "
     "split, expand, cat, stack, repeat_interleave (an int count), flip, transpose, "
     "permute, .T, .mT, t, neg, reshape, view, flatten, unsqueeze, squeeze, contiguous, "
-    "dropout in eval mode, embedding and nn.Embedding, index_select (int64/int32 indices)")
+    "dropout in eval mode, embedding and nn.Embedding, index_select, gather (int64/int32 "
+    "indices; gather's of the input's shape but along dim)")
 
 
 def _as(x: Tensor, dtype: Any, what: str) -> Tensor:
@@ -387,7 +388,7 @@ METHODS = {
 }
 
 
-# -- gathers: embedding lookups and index_select ----------------------------------------------
+# -- gathers: embedding lookups, index_select and gather (take_along_axis) ------------------
 def _embedding(idx: Any, weight: Any, padding_idx: Any = None, max_norm: Any = None,
                norm_type: float = 2.0, scale_grad_by_freq: bool = False,
                sparse: bool = False) -> Tensor:
@@ -407,10 +408,20 @@ def _aten_embedding(weight: Any, idx: Any, padding_idx: int = -1,
     return _embedding(idx, weight)
 
 
+def _gather(x: Any, dim: int, index: Any, *, sparse_grad: bool = False,
+            out: Any = None) -> Tensor:
+    """``torch.gather(x, dim, index)`` (and ``x.gather``, ``aten.gather``): NumPy's
+    ``take_along_axis`` (an index of x's shape but along ``dim``; sparse_grad refused)."""
+    refuse(sparse_grad, "gather(sparse_grad=True)")
+    refuse(out, "out=")
+    return take_along_axis(tensor_arg(x, "gather"), tensor_arg(index, "gather"), dim)
+
+
 GATHER_FUNCTIONS = {F.embedding: _embedding, torch.embedding: _aten_embedding,
-                    torch.index_select: _index_select}
+                    torch.index_select: _index_select, torch.gather: _gather}
 FUNCTIONS.update(GATHER_FUNCTIONS)
 METHODS["index_select"] = _index_select
+METHODS["gather"] = _gather
 
 
 # -- aten ops (graphs from AOTAutograd or export), keyed by overload packet ----------------
@@ -438,7 +449,7 @@ ATEN = {
     _A.sigmoid: FUNCTIONS[torch.sigmoid],
     _A.sum: FUNCTIONS[torch.sum], _A.mean: FUNCTIONS[torch.mean], _A.amax: FUNCTIONS[torch.amax],
     **MOVEMENT_ATEN,
-    _A.embedding: _aten_embedding, _A.index_select: _index_select,
+    _A.embedding: _aten_embedding, _A.index_select: _index_select, _A.gather: _gather,
     _A.bitwise_and: BIT_FUNCTIONS[torch.bitwise_and],
     _A.__and__: BIT_FUNCTIONS[torch.bitwise_and],
     _A.bitwise_right_shift: BIT_FUNCTIONS[torch.bitwise_right_shift],

@@ -18,6 +18,7 @@ from ..ir.errors import MirageError
 from ..ir.node import (
     BINARY,
     COMPARE,
+    GATHERS,
     LOGIC,
     LOGIC_BINARY,
     REDUCE,
@@ -27,6 +28,7 @@ from ..ir.node import (
     Shape,
     fmt_shape,
 )
+from ..ir.ops import SPECS
 
 
 class ScheduleError(MirageError):
@@ -168,10 +170,11 @@ class _Ties:
             self._slice(n)
         elif n.op is Op.CONCAT:
             self._concat(n)
-        elif n.op is Op.GATHER:  # rows at data-dependent positions: no dim ties to its table
-            raise ScheduleError(f"{n.describe()}: a gather (embedding, index_select) runs as a "
-                                "kernel of its own (torch.index_select); fusing it into a "
-                                "custom kernel is not supported yet")
+        elif n.op in GATHERS:  # rows at data-dependent positions: no dim ties to its table
+            raise ScheduleError(f"{n.describe()}: a gather (embedding, index_select, "
+                                "take_along_axis) runs as a kernel of its own "
+                                f"({SPECS[n.op].torch}); fusing it into a custom kernel is "
+                                "not supported yet")
         elif n.op not in (Op.INPUT, Op.CONST, Op.CAUSAL):
             raise ScheduleError(f"{n.describe()}: no indexing rule for {n.op.name.lower()}")
 

@@ -19,7 +19,7 @@ def op_attrs(node: Node) -> str:
         return f" axis={list(axes)}" + (" keepdims" if keep else "")
     if node.op in (Op.TRANSPOSE, Op.RESHAPE):
         return f" {list(node.arg)}"
-    if node.op is Op.CONCAT:
+    if node.op in (Op.CONCAT, Op.GATHER, Op.TAKE_ALONG_AXIS):
         return f" axis={node.arg}"
     if node.op is Op.CAST:
         return f" to={node.arg}"

@@ -179,8 +179,9 @@ class _IndexPair(tuple):
 
 
 def _gather(ctx, n, x, i):
-    """GATHER: linear in the table, so each part is gathered at the plain integer indices
-    (the index operand's parts are the same integers; either may be left uncomputed)."""
+    """GATHER, TAKE_ALONG_AXIS: linear in the table, so each part is gathered at the plain
+    integer indices (``take``: np.take, np.take_along_axis; the index operand's parts are the
+    same integers; either may be left uncomputed)."""
     idx = i[0] if i[0] is not None else i[1]
     return (_p(ctx, n, lambda: take(x[0], idx, n)), _q(ctx, n, lambda: take(x[1], idx, n)))
 
@@ -496,6 +497,7 @@ FIELD_SEMANTICS = {
     Op.CAST: _cast,
     Op.SLICE: _movement(lambda xs, arg: np.asarray(xs[0])[slice_index(arg)]),
     Op.GATHER: _gather,
+    Op.TAKE_ALONG_AXIS: _gather,
     **{op: _comparison(op) for op in COMPARE},
     Op.BITAND: _bits,
     Op.SHR: _bits,

@@ -349,6 +349,7 @@ FLOAT_SEMANTICS = {
     Op.CONCAT: lambda ctx, n, *xs: np.concatenate(xs, axis=n.arg),
     Op.SLICE: lambda ctx, n, x: x[slice_index(n.arg)],
     Op.GATHER: lambda ctx, n, x, i: _gather(ctx, n, x, i),
+    Op.TAKE_ALONG_AXIS: lambda ctx, n, x, i: _gather(ctx, n, x, i),
     # x & mask, x >> shift of integer values (exact; the spec's function takes the constant)
     **{op: (lambda f: lambda ctx, n, x: ctx.fix(n, f(x, n.arg)))(SPECS[op].floats)
        for op in BIT_OPS},
@@ -356,7 +357,8 @@ FLOAT_SEMANTICS = {
 
 
 def _gather(ctx, n, x, i):
-    """GATHER: the table's slices at the (checked) indices; one value stays one."""
+    """GATHER, TAKE_ALONG_AXIS: the table's slices (its elements along the axis) at the
+    (checked) indices; one value stays one."""
     if np.ndim(x) and uniform(x):
         checked_indices(i, n.srcs[0].shape[n.arg], n)
         return _spread(_one(x), n.shape)

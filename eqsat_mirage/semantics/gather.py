@@ -1,7 +1,11 @@
-"""The gather op (``Op.GATHER``: embedding, index_select) shared by the backends.
+"""The gather ops (``GATHERS``) shared by the backends.
 
-``gather(table, idx)`` along axis ``a`` is ``np.take(table, idx, axis=a)``: the table's
-slices along ``a`` picked by an integer index tensor, whose shape takes the axis's place.
+``gather(table, idx)`` along axis ``a`` (``Op.GATHER``: embedding, index_select) is
+``np.take(table, idx, axis=a)``: the table's slices along ``a`` picked by an integer index
+tensor, whose shape takes the axis's place. ``take_along_axis(table, idx)`` along ``a``
+(``Op.TAKE_ALONG_AXIS``: torch.gather) is ``np.take_along_axis(table, idx, axis=a)``: an
+index of the table's rank, its sizes but along ``a``, picks one element of the table along
+``a`` for each of its elements (the result has its shape).
 Every backend checks the indices first and raises ``IndexRangeError`` naming the node for
 a negative or too large index (torch raises there; nothing is read out of bounds).
 
@@ -17,11 +21,12 @@ from typing import Any
 import numpy as np
 
 from ..ir.errors import InputError
-from ..ir.node import INDEX_DTYPES, MOVEMENT, Node, Op
+from ..ir.node import GATHERS, INDEX_DTYPES, MOVEMENT, Node, Op
 
 
 class IndexRangeError(InputError):
-    """An index of a gather (embedding, index_select) is negative or past the table."""
+    """An index of a gather (embedding, index_select, take_along_axis) is negative or past
+    the table's axis."""
 
 
 def checked_indices(idx: Any, rows: int, node: Node) -> np.ndarray:
@@ -39,9 +44,13 @@ def checked_indices(idx: Any, rows: int, node: Node) -> np.ndarray:
 
 
 def take(table: Any, idx: Any, node: Node) -> np.ndarray:
-    """The gather of ``node`` (``Op.GATHER``, its axis in ``arg``) on NumPy values."""
+    """The gather of ``node`` (one of ``GATHERS``, its axis in ``arg``) on NumPy values:
+    ``np.take`` (``Op.GATHER``) or ``np.take_along_axis`` (``Op.TAKE_ALONG_AXIS``) at the
+    checked indices."""
     axis = node.arg
     ix = checked_indices(idx, node.srcs[0].shape[axis], node)
+    if node.op is Op.TAKE_ALONG_AXIS:
+        return np.take_along_axis(np.asarray(table), ix, axis=axis)
     return np.take(np.asarray(table), ix, axis=axis)
 
 
@@ -60,7 +69,7 @@ def _gathers(program) -> list[tuple[int, list[str]]]:
     tensor a movement kernel made from an input)."""
     if hasattr(program, "nodes"):
         return [(n.srcs[0].shape[n.arg], [i.arg for i in _index_inputs(n.srcs[1])])
-                for n in program.nodes() if n.op is Op.GATHER]
+                for n in program.nodes() if n.op in GATHERS]
     made = {k.output: k.node for k in program.kernels if getattr(k, "kind", "") == "predefined"}
 
     def sources(tensor: str) -> list[str]:
@@ -71,7 +80,7 @@ def _gathers(program) -> list[tuple[int, list[str]]]:
 
     return [(k.node.srcs[0].shape[k.node.arg], sources(k.node.srcs[1].arg))
             for k in program.kernels
-            if getattr(k, "kind", "") == "predefined" and k.node.op is Op.GATHER]
+            if getattr(k, "kind", "") == "predefined" and k.node.op in GATHERS]
 
 
 def index_bounds(program) -> dict[str, int]:

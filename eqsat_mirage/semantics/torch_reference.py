@@ -172,20 +172,32 @@ class _TorchOps:
             return torch.where(xs[0].bool(), xs[1], float("-inf"))
         if n.op is Op.GATHER:
             return self.gather(n, *xs)
+        if n.op is Op.TAKE_ALONG_AXIS:
+            return self.take_along_axis(n, *xs)
         raise MirageError(f"torch_reference: no torch op for {n.describe()}")
 
     def gather(self, n, table, idx):
         """GATHER by ``torch.index_select`` of the flattened indices, checked first: an
         index out of range raises ``IndexRangeError`` naming the node (never a read past
         the table, nor a device-side assert)."""
+        flat = self.checked(n, table, idx.reshape(-1).long())
+        return self.torch.index_select(table, n.arg, flat).reshape(n.shape)
+
+    def take_along_axis(self, n, table, idx):
+        """TAKE_ALONG_AXIS by ``torch.gather``, the indices checked first as a gather's."""
+        return self.torch.gather(table, n.arg, self.checked(n, table, idx.long()))
+
+    def checked(self, n, table, idx):
+        """``idx`` (int64), or an ``IndexRangeError`` naming gather ``n`` for an index out of
+        ``[0, rows)``, ``rows`` the size of the table's axis ``n.arg``."""
         from .gather import IndexRangeError
 
-        rows, flat = table.shape[n.arg], idx.reshape(-1).long()
-        if flat.numel() and (bool((flat < 0).any()) or bool((flat >= rows).any())):
-            bad = int(flat[(flat < 0) | (flat >= rows)][0])
+        rows = table.shape[n.arg]
+        if idx.numel() and (bool((idx < 0).any()) or bool((idx >= rows).any())):
+            bad = int(idx[(idx < 0) | (idx >= rows)].reshape(-1)[0])
             raise IndexRangeError(f"{n.describe()}: index {bad} is out of range for an axis "
                                   f"of {rows} (indices lie in [0, {rows}))")
-        return self.torch.index_select(table, n.arg, flat).reshape(n.shape)
+        return idx
 
     def walk(self, nodes, leaves: Mapping, env: dict | None = None) -> dict:
         """Evaluate ``nodes`` (in order) into ``env`` (id(node) -> value); INPUT nodes are

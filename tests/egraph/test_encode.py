@@ -147,13 +147,16 @@ def gates() -> em.Graph:
 
 
 def gathers() -> em.Graph:
-    """An embedding lookup (a 2-d index) and an index_select along axis 1 (issue 52)."""
+    """An embedding lookup (a 2-d index), an index_select along axis 1 and a
+    take_along_axis along axis 1 (torch.gather; issue 52)."""
     g = em.Graph("gathers")
     table = g.input("E", (16, 8), dtype="float32")
     ids = g.input("ids", (2, 3), dtype="int64")
     cols = g.input("cols", (5,), dtype="int32")
+    rows = g.input("rows", (16, 3), dtype="int64")
     g.output(em.rms_norm(em.embedding(table, ids), axis=-1), "h")
     g.output(em.exp(em.index_select(table, 1, cols)), "picked")
+    g.output(em.take_along_axis(em.exp(table), rows, 1) * 2.0, "along")
     return g
 
 
