@@ -110,8 +110,12 @@ OP_CASES = {
                 lambda x, y, z: np.where((x > z) & np.tri(2, 3, 0, dtype=bool), x, z)),
     em.Op.OR: (lambda X, Y, Z: em.where((X > Z) | X.graph.causal_mask(2, 3), X, Z),
                lambda x, y, z: np.where((x > z) | np.tri(2, 3, 0, dtype=bool), x, z)),
+    # X's elements along axis 1 at the same index input I (torch.gather)
+    em.Op.TAKE_ALONG_AXIS: (lambda X, Y, Z: em.take_along_axis(
+        X, X.graph.input("I", (2, 2), "int64"), 1),
+        lambda x, y, z: np.take_along_axis(x, IDX, 1)),
 }
-IDX = np.array([[0, 2], [1, 0]])  # the gather's indices: both extremes of [0, 3)
+IDX = np.array([[0, 2], [1, 0]])  # the gathers' indices: both extremes of [0, 3)
 BYTES = np.array([[0, 255, 16], [15, 0xA5, 128]])  # the bit ops' bytes: both nibbles' ends
 OPS = sorted(em.Op, key=lambda o: o.value)
 IDS = [op.name.lower() for op in OPS]
