@@ -155,10 +155,10 @@ def _field_deps(g, seed: int) -> set[tuple[str, str]]:
     return deps
 
 
-# not drawn by programs() yet (masks and comparisons need bool tensors, the gather index
+# not drawn by programs() yet (masks and comparisons need bool tensors, the gathers index
 # inputs, the bit ops uint8 inputs)
 MASKS = {em.Op.WHERE, em.Op.MASK, em.Op.CAUSAL, em.Op.NOT, em.Op.AND, em.Op.OR, em.Op.GATHER,
-         em.Op.BITAND, em.Op.SHR} | COMPARE
+         em.Op.TAKE_ALONG_AXIS, em.Op.BITAND, em.Op.SHR} | COMPARE
 # max is a random function of its row in the field (like the opaque ones): its float value
 # depends on one element, its field value on all of them
 NON_OPAQUE = sorted(set(em.Op) - OPAQUE - MASKS - {em.Op.MAX}, key=lambda op: op.value)

@@ -296,6 +296,10 @@ IDENTITIES = [
     Case("embedding-commutes-with-rms-norm", ins("E:6x8", "ids:2x3:int64"),
          lambda E, ids: em.rms_norm(em.embedding(E, ids)),
          lambda E, ids: em.embedding(em.rms_norm(E), ids)),
+    # take_along_axis (torch.gather) is linear in its table the same way
+    Case("take-along-axis-commutes-with-exp", ins("X:3x6", "i:3x4:int64"),
+         lambda X, i: em.exp(em.take_along_axis(X, i, 1)),
+         lambda X, i: em.take_along_axis(em.exp(X), i, 1)),
     Case("mask-not-swaps-where", ins("A:3x4", "B:3x4", "M:3x4:bool"),
          lambda A, B, M: em.where(~M, A, B), lambda A, B, M: em.where(~~M, B, A)),
     # issue 52: a comparison is a keyed bit of a - b: x - y against 0 is x against y
@@ -430,6 +434,8 @@ MUTANTS = [
          lambda E, ids: em.embedding(em.concat([E[1:], E[:1]], 0), ids)),
     Case("index-select-wrong-axis", ins("X:6x6", "c:4:int32"),
          lambda X, c: em.index_select(X, 0, c), lambda X, c: em.index_select(X, 1, c).T),
+    Case("take-along-axis-wrong-axis", ins("X:5x5", "i:5x5:int32"),
+         lambda X, i: em.take_along_axis(X, i, 1), lambda X, i: em.take_along_axis(X, i, 0)),
     # issue 52: a comparison the wrong way round, or its where's branches swapped
     Case("comparison-flipped", ins("X:3x4", "Y:3x4"),
          lambda X, Y: em.where(X > Y, X - Y, Y), lambda X, Y: em.where(X < Y, X - Y, Y)),
