@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from ..ir.errors import MirageError, UnsupportedOpError
-from ..ir.node import DTYPES, Op
+from ..ir.node import DTYPES, INDEX_DTYPES, Op
 from .functions import logical_and, logical_not, logical_or, where
 from .graph import Tensor, apply
 
@@ -197,7 +197,8 @@ _ALIASES = {"greater": "gt", "greater_equal": "ge", "less": "lt", "less_equal": 
 def _compare(name: str):
     """The handler of comparison ``name`` (``x.bool()``: ``x != 0``): of a bool mask and a
     0/1 number, the mask or its complement; of float tensors (computed, arguments, buffers)
-    and numbers, the comparison op, a bool mask (``em.gt``, ...)."""
+    and numbers, or of integer tensors (positions) and numbers, the comparison op, a bool
+    mask (``em.gt``, ...)."""
     def h(*args: Any, out: Any = None, **kwargs: Any) -> Any:
         if out is not None:
             raise UnsupportedOpError("out= is not supported")
@@ -206,15 +207,16 @@ def _compare(name: str):
             return m
         if name == "bool" and len(args) == 1 and not kwargs:
             args = (args[0], 0.0)
-        if len(args) == 2 and not kwargs and all(
+        kinds = {x.dtype in DTYPES for x in args if isinstance(x, Tensor)}  # float or int
+        if len(args) == 2 and not kwargs and len(kinds) == 1 and all(
                 isinstance(x, Real) and not isinstance(x, bool) or
-                isinstance(x, Tensor) and x.dtype in DTYPES for x in args) and any(
-                isinstance(x, Tensor) for x in args):
+                isinstance(x, Tensor) and x.dtype in DTYPES + INDEX_DTYPES for x in args):
             return apply(_OPS.get(name, Op.NE), *args)
         kinds = ", ".join(getattr(x, "dtype", type(x).__name__) for x in args)
         raise UnsupportedOpError(
-            f"{name} of ({kinds}){' with keyword arguments' if kwargs else ''}: float tensors "
-            "and numbers are compared (a bool mask only with 0 or 1: mask == 0)")
+            f"{name} of ({kinds}){' with keyword arguments' if kwargs else ''}: float tensors, "
+            "integer tensors and numbers are compared, a float with an integer tensor only "
+            "after a cast (a bool mask only with 0 or 1: mask == 0)")
     return h
 
 

@@ -267,9 +267,12 @@ def infer(op: Op, srcs: tuple[Node, ...], arg: Any) -> tuple[Shape, str]:
         return _gather_shape(srcs, arg, where)
     if op is Op.TAKE_ALONG_AXIS:
         return _take_along_shape(srcs, arg, where)
-    if op in COMPARE:  # float values compared: a bool mask of their broadcast shape
-        if any(s.dtype not in DTYPES for s in srcs):
-            raise DTypeError(f"{where}: a comparison's operands must be float tensors, got "
+    if op in COMPARE:  # values compared: a bool mask of their broadcast shape
+        kinds = {"float" if s.dtype in DTYPES else "int" if s.dtype in INDEX_DTYPES else s.dtype
+                 for s in srcs if not _weak(s)}  # a number meets either kind
+        if not kinds <= {"float"} and kinds != {"int"}:
+            raise DTypeError(f"{where}: a comparison's operands must be float tensors or "
+                             f"integer (int64/int32) tensors, got "
                              f"{', '.join(s.dtype for s in srcs)}")
         shape = broadcast_shapes(srcs[0].shape, srcs[1].shape)
         if shape is None:

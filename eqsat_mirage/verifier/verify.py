@@ -258,7 +258,7 @@ def _check_args(trials, max_trials, max_bound, prime_bits, seed) -> None:
 
 
 def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
-           float_check: bool = True, rtol: float = 1e-7, max_redraws: int = 3,
+           float_check: bool = True, rtol: float = 1e-7, max_redraws: int = 15,
            max_bound: float = 1e-9, max_trials: int | None = None,
            native_check: bool = True, memo: dict | None = None,
            float_first: bool = False, time_limit_s: float | Deadline | None = None

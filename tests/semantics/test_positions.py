@@ -100,3 +100,53 @@ def test_backend_optimizes_transformers_rotary_embedding():
         torch.testing.assert_close(g, w)
     s = be.summary()
     assert s["compute_ops"] >= 4 and s["optimized_compute_ops"] == s["compute_ops"], s
+
+
+def causal_from_positions(op):
+    """softmax(s) where ``op(k, q)`` holds: k (1, 1, SEQ) and q (1, SEQ, 1) integer positions."""
+    g = em.Graph("positions_mask")
+    q = g.input("q", (1, SEQ, 1), dtype="int64")
+    k = g.input("k", (1, 1, SEQ), dtype="int64")
+    s = g.input("s", (1, SEQ, SEQ), dtype="float32")
+    g.output(em.softmax(em.where(op(k, q), s, float("-inf")), axis=-1), "y")
+    return g
+
+
+def test_integer_positions_compare_exactly_and_le_is_not_lt():
+    g = causal_from_positions(em.le)
+    pos = np.arange(SEQ)
+    s = np.random.default_rng(0).standard_normal((1, SEQ, SEQ)).astype(np.float32)
+    got = em.evaluate(g, {"q": pos.reshape(1, SEQ, 1), "k": pos.reshape(1, 1, SEQ), "s": s})
+    want = torch.softmax(torch.from_numpy(s).masked_fill(
+        torch.from_numpy(pos[None, :] > pos[:, None])[None], float("-inf")), -1)
+    np.testing.assert_allclose(got["y"], want.numpy(), rtol=1e-6, atol=1e-7)
+    assert em.verify(g, causal_from_positions(em.le), seed=0).equivalent
+    assert not em.verify(g, causal_from_positions(em.lt), seed=0).equivalent
+    h = em.Graph("mixed")  # an integer tensor against a float one: cast it first
+    with pytest.raises(DTypeError, match="float tensors or integer"):
+        em.le(h.input("k", (SEQ,), dtype="int64"), h.input("s", (SEQ,), dtype="float32"))
+
+
+def test_backend_optimizes_a_mask_built_from_integer_positions():
+    """transformers' masking_utils builds the SDPA mask from integer positions and the int64
+    attention_mask: ``kv_idx <= q_idx``, ``attention_mask.to(torch.bool)``, ``&``. Every
+    compute op runs optimized, equal to eager."""
+
+    def masked_softmax(s, pos, am):
+        kv = torch.arange(SEQ)
+        m = (kv[None, None, :] <= pos[:, :, None]) & am[:, None, :].to(torch.bool)
+        return torch.softmax(s.masked_fill(~m, float("-inf")), dim=-1)
+
+    s, pos = torch.randn(1, SEQ, SEQ), torch.arange(SEQ)[None] + 3
+    am = torch.ones(1, SEQ, dtype=torch.long)
+    am[0, :2] = 0  # two padded keys: every row still has one
+    torch._dynamo.reset()
+    be = em.backend(time_limit_s=300, warn=False, warmup=0, cache=False)
+    with torch.no_grad():
+        want = masked_softmax(s, pos, am)
+        got = torch.compile(masked_softmax, backend=be)(s, pos, am)
+    torch.testing.assert_close(got, want)
+    summary = be.summary()  # (compute ops: those computing floats; the mask ops are bool)
+    assert summary["optimized_compute_ops"] == summary["compute_ops"] > 0, summary["eager"]
+    assert [r.status for r in be.report] == ["optimized"], [r.reason for r in be.report]
+    assert {"operator.le", "Tensor.to", "operator.and_"} <= set(be.report[0].ops)
