@@ -240,6 +240,28 @@ def _weak(n: Node) -> bool:
                                 and all(_weak(s) for s in n.srcs))
 
 
+def _mask_shape(op: Op, srcs: tuple[Node, ...], where: _Where) -> Shape:
+    """The shape of a bool mask made by ``op``: a logical op's (not: its operand's; and,
+    or: their broadcast) of bool masks, or a comparison's (the broadcast) of float tensors,
+    or of integer tensors (positions), and numbers."""
+    if op in LOGIC and any(s.dtype != "bool" for s in srcs):
+        what = "operand must be a bool mask" if len(srcs) == 1 else "operands must be bool masks"
+        raise DTypeError(f"{where}: the {what}, got {', '.join(s.dtype for s in srcs)}")
+    if op in COMPARE:
+        kinds = {"float" if s.dtype in DTYPES else "int" if s.dtype in INDEX_DTYPES else s.dtype
+                 for s in srcs if not _weak(s)}  # a number meets either kind
+        if not kinds <= {"float"} and kinds != {"int"}:
+            raise DTypeError(f"{where}: a comparison's operands must be float tensors or "
+                             f"integer (int64/int32) tensors, got "
+                             f"{', '.join(s.dtype for s in srcs)}")
+    if len(srcs) == 1:
+        return srcs[0].shape
+    shape = broadcast_shapes(srcs[0].shape, srcs[1].shape)
+    if shape is None:
+        raise ShapeError(f"{where}: shapes do not broadcast")
+    return shape
+
+
 def infer(op: Op, srcs: tuple[Node, ...], arg: Any) -> tuple[Shape, str]:
     """Shape and dtype of ``op`` applied to ``srcs``; raises ``ShapeError``."""
     where = _Where(op, srcs)
@@ -249,16 +271,8 @@ def infer(op: Op, srcs: tuple[Node, ...], arg: Any) -> tuple[Shape, str]:
         return (), "float32"
     if op is Op.CAUSAL:
         return _causal_shape(arg, where), "bool"
-    if op in LOGIC:  # not: a bool mask of its operand's shape; and, or: of their broadcast
-        if any(s.dtype != "bool" for s in srcs):
-            what = "operand must be a bool mask" if len(srcs) == 1 else \
-                "operands must be bool masks"
-            raise DTypeError(f"{where}: the {what}, got {', '.join(s.dtype for s in srcs)}")
-        shape = srcs[0].shape if len(srcs) == 1 else broadcast_shapes(srcs[0].shape,
-                                                                      srcs[1].shape)
-        if shape is None:
-            raise ShapeError(f"{where}: shapes do not broadcast")
-        return shape, "bool"
+    if op in LOGIC or op in COMPARE:
+        return _mask_shape(op, srcs, where), "bool"
     if any(s.dtype in QUANT_DTYPES for s in srcs) or op in BIT_OPS:
         return _quant_cast(op, srcs, arg, where)
     if op in (Op.WHERE, Op.MASK):
@@ -267,17 +281,6 @@ def infer(op: Op, srcs: tuple[Node, ...], arg: Any) -> tuple[Shape, str]:
         return _gather_shape(srcs, arg, where)
     if op is Op.TAKE_ALONG_AXIS:
         return _take_along_shape(srcs, arg, where)
-    if op in COMPARE:  # values compared: a bool mask of their broadcast shape
-        kinds = {"float" if s.dtype in DTYPES else "int" if s.dtype in INDEX_DTYPES else s.dtype
-                 for s in srcs if not _weak(s)}  # a number meets either kind
-        if not kinds <= {"float"} and kinds != {"int"}:
-            raise DTypeError(f"{where}: a comparison's operands must be float tensors or "
-                             f"integer (int64/int32) tensors, got "
-                             f"{', '.join(s.dtype for s in srcs)}")
-        shape = broadcast_shapes(srcs[0].shape, srcs[1].shape)
-        if shape is None:
-            raise ShapeError(f"{where}: shapes do not broadcast")
-        return shape, "bool"
     if op is Op.CAST and srcs[0].dtype in INDEX_DTYPES and arg in DTYPES:
         return srcs[0].shape, arg  # integer positions as floats (rotary angles, masks)
     if any(s.dtype in INDEX_DTYPES for s in srcs):
