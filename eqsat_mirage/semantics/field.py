@@ -328,28 +328,53 @@ def _round_tables(keys: tuple[int, int, int], bits: int) -> tuple[np.ndarray, ..
     return tuple(out)
 
 
+def _round_keys(keys: tuple[int, int, int]) -> tuple[np.uint64, ...]:
+    """The round keys of ``_round_tables`` (round r: ``_fmix(k1 + r * k2) ^ k3``)."""
+    k1, k2, k3 = (np.uint64(k) for k in keys)
+    with np.errstate(over="ignore"):  # uint64 wrap-around is intended
+        return tuple(_fmix(k1 + np.uint64(r) * k2) ^ k3 for r in range(_ROUNDS))
+
+
+def _round(lo: np.ndarray, r: int, bits: int, tables: tuple) -> np.ndarray:
+    """Round ``r``'s function of ``_feistel`` at ``lo``: a look-up in ``tables`` (the
+    ``_round_tables``), or, given the round keys instead (``tables[0]`` a scalar: few
+    values to permute), the same value computed at ``lo`` alone."""
+    if isinstance(tables[r], np.ndarray):
+        return tables[r].take(lo)
+    hi_bits = (bits - bits // 2, bits // 2)[r % 2]
+    with np.errstate(over="ignore"):
+        z = _fmix(lo.astype(np.uint64) ^ tables[r])
+    return (z & np.uint64((1 << hi_bits) - 1)).astype(np.uint32)
+
+
 def _feistel(x: np.ndarray, bits: int, tables: tuple, inverse: bool) -> np.ndarray:
     """A keyed permutation of [0, 2**bits) on uint32 arrays: an unbalanced Feistel network
-    of ``_ROUNDS`` rounds, round r's function the table ``tables[r]``."""
+    of ``_ROUNDS`` rounds, round r's function ``_round`` (the table ``tables[r]``, or its
+    value computed from round key ``tables[r]``)."""
     half = (bits - bits // 2, bits // 2)  # (high, low) widths of the first round's input
     for r in (range(_ROUNDS - 1, -1, -1) if inverse else range(_ROUNDS)):
         hi_bits, lo_bits = half if r % 2 == 0 else half[::-1]
         if inverse:  # the round's output is (lo << hi_bits) | (hi ^ F(lo))
             lo = x >> np.uint32(hi_bits)
-            hi = (x & np.uint32((1 << hi_bits) - 1)) ^ tables[r].take(lo)
+            hi = (x & np.uint32((1 << hi_bits) - 1)) ^ _round(lo, r, bits, tables)
             x = (hi << np.uint32(lo_bits)) | lo
         else:
             lo = x & np.uint32((1 << lo_bits) - 1)
-            x = (lo << np.uint32(hi_bits)) | ((x >> np.uint32(lo_bits)) ^ tables[r].take(lo))
+            x = (lo << np.uint32(hi_bits)) | ((x >> np.uint32(lo_bits)) ^
+                                               _round(lo, r, bits, tables))
     return x
+
+
+_DIRECT = 4096  # fewer values than this: the round functions computed, not tabulated
 
 
 def _permute(v: Any, p: int, keys: tuple[int, int, int], inverse: bool = False) -> np.ndarray:
     """A keyed pseudo-random permutation of Z_p (or its inverse), on int64 residues: the
     Feistel permutation of [0, 2**bits) walked along its cycle until it lands below p."""
     bits = int(p - 1).bit_length()
-    tables = _round_tables(tuple(int(k) for k in keys), bits)
     v = np.asarray(v)
+    keys = tuple(int(k) for k in keys)
+    tables = _round_keys(keys) if v.size < _DIRECT else _round_tables(keys, bits)
     out = _feistel(v.astype(np.uint32).reshape(-1), bits, tables, inverse)
     idx = np.flatnonzero(out >= np.uint32(p))
     while idx.size:  # cycle walking: each cycle through a value below p returns below p
