@@ -293,41 +293,58 @@ def _check_whole(graph, parts: tuple, mugraph, seed, deadline: Deadline) -> tupl
 def isolate(graph, pieces: list[Piece], texts: list[str], programs: list, did: list,
             seed, deadline: Deadline, cex=None):
     """After the end-to-end check refused the stitched program (``cex``, its
-    counterexample): distinct optimized pieces put back as they were (all their
-    occurrences), one at a time in the pieces' order. A put-back is first tried on the
-    counterexample's own check alone (``end_to_end(only=...)``, one draw: cheap), and only
-    one that passes there gets the whole check; when the whole check then fails elsewhere
-    (a second culprit), that put-back is kept and the search goes on from the new
-    counterexample. The first whole check that passes gives (programs, did, the stitched
-    MuGraph, its check); None when none does within the time left: the input is returned."""
+    counterexample): culprit pieces put back as they were (a distinct piece with all its
+    occurrences). Each round finds the fewest put-backs that make the counterexample's own
+    check pass (``end_to_end(only=...)``, one draw: cheap): one distinct piece, else the
+    first of them in order up to the one that fixes it, less those it does not need. Only
+    then the whole check runs; when it fails elsewhere (another culprit) the next round
+    starts from the put-backs kept and the new counterexample. The first whole check that
+    passes gives (programs, which stay optimized, the stitched MuGraph, its check); None
+    when every piece would go back or the time runs out: the input is returned."""
     from ..mugraph.program import from_graph
 
-    back = list(did)  # which pieces stay optimized
     check = getattr(cex, "check", ())  # the check that found it (none: no replay)
-    for text in dict.fromkeys(t for t, d in zip(texts, did) if d):
-        if deadline.remaining() < END_TO_END_MIN_S:
-            return None
-        trial = [d and t != text for t, d in zip(texts, back)]
-        if not any(trial):  # nothing would stay optimized: the input, as without isolating
-            return None
-        progs = [prog if d else from_graph(p.graph)
-                 for p, prog, d in zip(pieces, programs, trial)]
+    order = list(dict.fromkeys(t for t, d in zip(texts, did) if d))
+
+    def run(out: set, only: tuple | None = None):
+        keep = [d and t not in out for t, d in zip(texts, did)]
+        progs = [prog if k else from_graph(p.graph)
+                 for p, prog, k in zip(pieces, programs, keep)]
         mugraph = stitch(graph, pieces, progs, f"{graph.name}_opt")
-        try:
-            if check:  # its own draw first: does it move?
-                quick = end_to_end(graph, pieces, texts, progs, mugraph, seed,
-                                   deadline.remaining(), only=check)
-                if quick.counterexample is not None or quick.cut_short:
-                    continue
-            ran = end_to_end(graph, pieces, texts, progs, mugraph, seed, deadline.remaining())
-        except BudgetError:
-            return None
-        if ran.cut_short:
-            return None
-        if ran.counterexample is None:
-            return progs, trial, mugraph, ran
-        if check:  # it fixed the first point: a second culprit
-            back, check = trial, ran.counterexample.check
+        return end_to_end(graph, pieces, texts, progs, mugraph, seed, deadline.remaining(),
+                          only=only), (progs, keep, mugraph)
+
+    def fixes(out: set) -> bool:  # the counterexample's own draw passes with ``out`` back
+        if not check:
+            return True
+        ran, _ = run(out, check)
+        return ran.counterexample is None and not ran.cut_short
+
+    out: set[str] = set()
+    try:
+        while deadline.remaining() >= END_TO_END_MIN_S:
+            rest = [t for t in order if t not in out]
+            add = next(({t} for t in rest if fixes(out | {t})), None)
+            if add is None:  # no one piece: the shortest prefix of them, then pared
+                prefix = next((rest[:i] for i in range(2, len(rest) + 1)
+                               if fixes(out | set(rest[:i]))), None)
+                if prefix is None:
+                    return None
+                add = set(prefix)
+                for t in prefix[:-1]:
+                    if fixes(out | (add - {t})):
+                        add.discard(t)
+            out |= add
+            if len(out) == len(order):  # nothing would stay optimized: the input
+                return None
+            ran, (progs, keep, mugraph) = run(out)
+            if ran.cut_short:
+                return None
+            if ran.counterexample is None:
+                return progs, keep, mugraph, ran
+            check = getattr(ran.counterexample, "check", ())
+    except BudgetError:
+        return None
     return None
 
 

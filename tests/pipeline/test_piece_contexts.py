@@ -214,3 +214,41 @@ def test_two_pieces_the_end_to_end_check_refuses_are_both_put_back():
     assert kept is not None
     progs, did, _, passed = kept
     assert passed.passed and [not d for d in did] == [i in blocks for i in range(len(pieces))]
+
+
+def test_two_pieces_that_each_fail_the_same_draw_are_put_back_together(monkeypatch):
+    """When no one piece put back fixes the counterexample's draw (two optimized pieces
+    each fail it), the shortest prefix of the pieces that fixes it is put back, less the
+    pieces the draw does not need; the rest stay optimized. (The end-to-end check is
+    replaced by one that fails while either of two given pieces stays optimized.)"""
+    from types import SimpleNamespace
+
+    from eqsat_mirage.ir.limits import Deadline
+
+    g = em.Graph("chain")
+    h = g.input("x", (8, 16), dtype="float16")
+    for i in range(4):
+        h = em.exp(h * (1.0 / (i + 2))) * g.input(f"w{i}", (8, 16), dtype="float16")
+    g.output(h, "out")
+    pieces = partition(g, 2)
+    texts = [program_text(p.graph) for p in pieces]
+    unique = [i for i, t in enumerate(texts) if texts.count(t) == 1]
+    assert len(unique) >= 3
+    a, b = unique[0], unique[-1]
+    programs = [p.graph for p in pieces]  # "optimized": these very objects
+    calls = []
+
+    def fake(graph, pcs, txts, progs, mugraph, seed, seconds, only=None):
+        calls.append(only)
+        bad = progs[a] is programs[a] or progs[b] is programs[b]
+        cex = SimpleNamespace(check=("native", "offset", 0.0)) if bad else None
+        return SimpleNamespace(counterexample=cex, cut_short=False, passed=not bad)
+
+    monkeypatch.setattr(whole, "end_to_end", fake)
+    first = SimpleNamespace(check=("native", "offset", 0.0))
+    kept = whole.isolate(g, pieces, texts, programs, [True] * len(pieces), 0, Deadline(60),
+                         first)
+    assert kept is not None
+    back = [i for i, d in enumerate(kept[1]) if not d]
+    assert back == [a, b], (back, a, b)
+    assert calls.count(None) == 1  # one whole check: the draw's own replays found the set
