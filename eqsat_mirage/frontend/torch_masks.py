@@ -202,16 +202,17 @@ def _compare(name: str):
     def h(*args: Any, out: Any = None, **kwargs: Any) -> Any:
         if out is not None:
             raise UnsupportedOpError("out= is not supported")
-        m = _mask_literal(name, args, kwargs)
+        which = name
+        if which == "bool" and len(args) == 1 and not kwargs:  # x != 0 (a mask: itself)
+            which, args = "ne", (args[0], 0.0)
+        m = _mask_literal(which, args, kwargs)
         if m is not None:
             return m
-        if name == "bool" and len(args) == 1 and not kwargs:
-            args = (args[0], 0.0)
         kinds = {x.dtype in DTYPES for x in args if isinstance(x, Tensor)}  # float or int
         if len(args) == 2 and not kwargs and len(kinds) == 1 and all(
                 isinstance(x, Real) and not isinstance(x, bool) or
                 isinstance(x, Tensor) and x.dtype in DTYPES + INDEX_DTYPES for x in args):
-            return apply(_OPS.get(name, Op.NE), *args)
+            return apply(_OPS.get(which, Op.NE), *args)
         kinds = ", ".join(getattr(x, "dtype", type(x).__name__) for x in args)
         raise UnsupportedOpError(
             f"{name} of ({kinds}){' with keyword arguments' if kwargs else ''}: float tensors, "

@@ -22,7 +22,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from ..ir.errors import DTypeError, UnsupportedOpError
-from ..ir.node import DTYPES, INDEX_DTYPES, Op, canonical_dtype
+from ..ir.node import Op, canonical_dtype
 from .functions import (
     bitwise_and,
     cos,
@@ -42,7 +42,7 @@ from .functions import (
     tanh,
 )
 from .gather import embedding, index_select, take_along_axis
-from .graph import Tensor, apply
+from .graph import Tensor
 from .torch_masks import MASK_FUNCTIONS, MASK_METHODS, BoolMask, combine, is_mask, select
 from .torch_movement import (
     MOVEMENT_ATEN,
@@ -87,12 +87,8 @@ def _as(x: Tensor, dtype: Any, what: str) -> Tensor:
     except DTypeError:
         raise UnsupportedOpError(f"{what} with dtype={dtype} (supported: float16, bfloat16, "
                                  "float32)") from None
-    if name == "bool":  # x != 0: a bool mask (of float or integer values)
-        if x.dtype == "bool":
-            return x
-        if x.dtype not in DTYPES + INDEX_DTYPES:
-            raise UnsupportedOpError(f"{what}: a cast of a {x.dtype} tensor to bool")
-        return apply(Op.NE, x, 0.0)
+    if name == "bool":  # x != 0, as x.bool() (a bool mask: itself)
+        return MASK_METHODS["bool"](x)
     return x.astype(name)
 
 

@@ -316,13 +316,11 @@ _ROUNDS = 4  # Feistel rounds of the keyed permutation of Z_p (``_permute``)
 def _round_tables(keys: tuple[int, int, int], bits: int) -> tuple[np.ndarray, ...]:
     """The round functions of ``_feistel`` as tables (a round reads at most 16 bits): round
     r maps its low half ``lo`` to ``_fmix(lo ^ key_r)``, cut to the high half's width."""
-    k1, k2, k3 = (np.uint64(k) for k in keys)
     half = (bits - bits // 2, bits // 2)
     out = []
     with np.errstate(over="ignore"):  # uint64 wrap-around is intended
-        for r in range(_ROUNDS):
+        for r, key in enumerate(_round_keys(keys)):
             hi_bits, lo_bits = half if r % 2 == 0 else half[::-1]
-            key = _fmix(k1 + np.uint64(r) * k2) ^ k3
             table = _fmix(np.arange(1 << lo_bits, dtype=np.uint64) ^ key)
             out.append((table & np.uint64((1 << hi_bits) - 1)).astype(np.uint32))
     return tuple(out)

@@ -28,7 +28,7 @@ from ..semantics.floating import (
     to_half,
     uniform,
 )
-from ..semantics.gather import POSITIONS, draw_indices, index_bounds, value_inputs
+from ..semantics.gather import POSITIONS, draw_indices, index_bounds
 from ..semantics.interp import Outputs, run
 from ..semantics.modular import DRAW_CHUNK, chunked
 from .corners import PAIR_FORMS, REST_BELOW, offset_sets, pairs
@@ -124,11 +124,11 @@ def _index_draws(a, rng: np.random.Generator) -> dict[str, np.ndarray]:
     largest among them) as exact float32 (float64 past 2^24 rows), from a generator
     seeded by ``rng``'s next draw."""
     g = np.random.default_rng(int(rng.integers(0, 2**62)))
-    rows = index_bounds(a)  # an integer input no gather reads: positions (``value_inputs``)
-    rows.update({n: POSITIONS for n in value_inputs(a)})
-    out = {n: draw_indices(g, node.shape, rows[n]).astype(
-        np.float32 if rows[n] <= 2**24 else np.float64)
-        for n, node in a.inputs.items() if node.dtype in INDEX_DTYPES}
+    bounds = index_bounds(a)  # an integer input no gather reads: positions (``value_inputs``)
+    rows = {n: bounds.get(n, POSITIONS) for n, node in a.inputs.items()
+            if node.dtype in INDEX_DTYPES}
+    out = {n: draw_indices(g, a.inputs[n].shape, r).astype(
+        np.float32 if r <= 2**24 else np.float64) for n, r in rows.items()}
     # an int8/uint8 value input: integers of its range, every one where there is room
     # (``draw_ints``), held fixed as the indices are (docs/verifier.md, "Integer inputs")
     out.update({n: draw_ints(g, node.shape, node.dtype) for n, node in a.inputs.items()
