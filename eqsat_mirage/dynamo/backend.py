@@ -81,6 +81,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from ..frontend.from_torch import Converter, op_name, source_line, unique_identifier
 from ..frontend.graph import Graph
 from ..frontend.inplace import functionalize
+from ..frontend.quantized import is_wrapped
 from ..frontend.torch_masks import BoolMask
 from ..frontend.torch_movement import Empty
 from ..ir.errors import MirageError, unexpected
@@ -93,7 +94,7 @@ from .options import check_options
 from .replay import CopyEscaping, graphs_backend
 from .report import GraphRecord, PartitionReport, launch_summary
 from .runtime import OptimizedPartition, Warmup, uses_triton
-from .specs import SymbolicSizes, computes, graph_work, node_spec, split_runs
+from .specs import SymbolicSizes, computes, graph_work, node_spec, recorded, split_runs
 from .support import (
     CONSTANTS,
     NodeSupport,
@@ -324,12 +325,13 @@ class Backend:
 
     def _worth(self, part, sizes: SymbolicSizes) -> bool:
         """Whether a proposed partition is optimized: ``min_ops`` ops or more, or one op that
-        is a whole computation of its own (an SDPA); the same rule for static graphs and
-        shape families (a lone ``silu`` is below ``min_ops=2`` in both)."""
+        is a whole computation of its own (an SDPA; an op reading a quantized weight, which
+        it dequantizes); the same rule for static graphs and shape families (a lone
+        ``silu`` is below ``min_ops=2`` in both)."""
         nodes = list(part.nodes)
         return len(nodes) >= self.min_ops or any(
             n.target in _COMPOSITE or str(n.target).endswith("scaled_dot_product_attention")
-            for n in nodes)
+            or any(is_wrapped(recorded(a)) for a in n.all_input_nodes) for n in nodes)
 
     def _summarize(self, total: tuple[int, int], entries: list[PartitionReport],
                    eager: list[str], sizes: SymbolicSizes, number: int,

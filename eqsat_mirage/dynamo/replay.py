@@ -10,7 +10,8 @@ does.
 
 - **Inputs.** Inputs that keep their memory from call to call are not copied: the graph
   reads them in place. Those are the module's parameters (an ``nn.Parameter``, contiguous)
-  and the partition's constants and module attributes (sources ``"param"``, ``"const"``).
+  and the partition's constants and module attributes (sources ``"param"``, ``"const"``),
+  and the tensors a quantized weight holds (source ``"inner"``).
   The graph is captured per binding of those (their addresses, shapes, strides, dtypes);
   a call whose parameter moved (``model.to(...)``, a new ``Parameter`` assigned) captures
   again; at most ``BINDINGS`` bindings are kept (the oldest is dropped). Every other input (the

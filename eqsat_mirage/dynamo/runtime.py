@@ -114,7 +114,7 @@ class OptimizedPartition(torch.nn.Module):
                     mugraph=res.program if hasattr(res.program, "kernels") else None)
                 if triton and self.graphs is not None:
                     fixed = [n for n, (kind, _) in self.sources.items()
-                             if kind in ("param", "const")]
+                             if kind in ("param", "const", "inner")]  # inner: a weight's parts
                     self._fns[key] = Replay(self._fns[key], fixed, self.graphs, self.entry.name)
         return key, self._fns[key]
 

@@ -20,6 +20,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ..frontend.from_torch import Converter, op_name, source_line
 from ..frontend.graph import Graph, Tensor
+from ..frontend.quantized import dequantized, is_wrapped
 from ..frontend.torch_masks import FOLD_LIMIT, BoolMask, Snapshot, constant_mask
 from ..frontend.torch_movement import Empty, index_with_tensor
 from ..ir.errors import MirageError, unexpected
@@ -61,7 +62,10 @@ def constant_input(cv: Converter, node: fx.Node, name: str, shape: tuple, dtype:
     """Convert a graph input: a ``cv.input`` of ``shape`` and ``dtype`` fed from ``source``;
     with a known constant ``value``, a bool one is its folded mask (guarded: the input must
     hold ``value`` at each call) and a float one an input the converter folds comparisons
-    of (``Converter.constant``)."""
+    of (``Converter.constant``). A quantized weight (a wrapper tensor, Dynamo's recorded
+    value) is its dequantization from inputs for its parts (``quantized.dequantized``)."""
+    if is_wrapped(recorded(node)):
+        return dequantized(cv.input, name, recorded(node), source, node.name)
     if value is not None and value.dtype == torch.bool:
         cv.snapshots.setdefault(source, Snapshot(value))
         return constant_mask(cv.graph, value, name, cv.input)
@@ -147,7 +151,7 @@ class NodeSupport(OperatorSupportBase):
         specs = [(sizes.spec(src), sizes.tuple_spec(src)) for src in node.all_input_nodes]
         dims = sizes.dims([d for spec, parts in specs for sp in ([spec] if spec else parts or [])
                            for d in sp[0]])
-        for i, (src, (spec, parts)) in enumerate(zip(node.all_input_nodes, specs)):
+        for src, (spec, parts) in zip(node.all_input_nodes, specs):
             if spec is not None and 0 in spec[0]:  # an empty slice: flows into a cat
                 cv.env[src] = Empty(tuple(spec[0]), spec[1])
                 continue
@@ -157,11 +161,13 @@ class NodeSupport(OperatorSupportBase):
                     return f"operand {src.name!r} is not a float tensor"
                 cv.env[src] = scalar
                 continue
-            cv.env[src] = constant_input(cv, src, f"x{i}", served(spec[0], dims), spec[1],
-                                         ("arg", i), self.known(src)) \
-                if spec else tuple(cv.input(f"x{i}_{j}", served(p[0], dims), p[1], ("arg", i))
-                                   for j, p in enumerate(parts))
         try:
+            for i, (src, (spec, parts)) in enumerate(zip(node.all_input_nodes, specs)):
+                if src not in cv.env:
+                    cv.env[src] = constant_input(cv, src, f"x{i}", served(spec[0], dims),
+                                                 spec[1], ("arg", i), self.known(src)) \
+                        if spec else tuple(cv.input(f"x{i}_{j}", served(p[0], dims), p[1],
+                                                    ("arg", i)) for j, p in enumerate(parts))
             value = cv.run(node)
         except MirageError as exc:
             return str(exc)

@@ -39,6 +39,7 @@ from ..ir.errors import DTypeError, GraphError, MirageError, UnsupportedOpError
 from ..ir.node import DTYPES, Node, Op, canonical_dtype, located
 from .graph import Graph, Tensor
 from .inplace import functionalize
+from .quantized import dequantized, is_wrapped
 from .torch_masks import FOLD_LIMIT, Snapshot, constant_mask, source_value
 from .torch_ops import METHODS, MODULES, SUPPORTED, function_handler
 
@@ -263,6 +264,9 @@ class Converter:
             if not isinstance(value, torch.Tensor):
                 raise UnsupportedOpError(f"attribute {path!r} is a {type(value).__name__}, "
                                          "not a tensor")
+            if is_wrapped(value):  # a quantized weight: dequantized from its parts
+                self._params[path] = dequantized(self.input, path, value, ("param", path))
+                return self._params[path]
             self._params[path] = self.tensor_input(path, value, ("param", path))
         return self._params[path]
 

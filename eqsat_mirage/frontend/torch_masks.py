@@ -142,11 +142,14 @@ def constant_mask(graph: Any, value: torch.Tensor, name: str, make_input: Any) -
 
 def source_value(source: tuple, fetch: Any) -> Any:
     """The tensor that feeds an input of source ``source``: ``("const", tensor)`` is the
-    tensor, and any other source what ``fetch(kind, ref)`` gives (an argument, a keyword
-    argument, a parameter)."""
+    tensor, ``("inner", (source, part))`` the tensor ``part`` that the wrapper tensor (a
+    quantized weight, ``frontend.quantized``) fed from ``source`` holds, and any other source
+    what ``fetch(kind, ref)`` gives (an argument, a keyword argument, a parameter)."""
     kind, ref = source
     if kind == "const":
         return ref
+    if kind == "inner":
+        return getattr(source_value(ref[0], fetch), ref[1])
     return fetch(kind, ref)
 
 

@@ -1,0 +1,111 @@
+"""Weights quantized by torchao's ``quantize_`` (issue 53): the backend and ``em.from_torch``
+read a quantized weight (a torchao wrapper tensor) as its parts, int8 ``qdata``, ``scale``
+and ``zero_point``, and dequantize it inside the program, so the compiled module equals
+eager torchao and its kernels load int8. A layout it cannot read keeps the ops reading
+that weight eager, with the weight and its class in the reason."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import eqsat_mirage as em
+from eqsat_mirage.frontend.from_torch import graph_inputs
+
+torch = pytest.importorskip("torch")
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    quantization = pytest.importorskip("torchao.quantization")
+
+from torch_models import assert_close_to_eager, quantized_linear_result  # noqa: E402
+
+nn = torch.nn
+PerGroup = quantization.granularity.PerGroup
+
+CONFIGS = {
+    "int8 per row": lambda: quantization.Int8WeightOnlyConfig(),
+    "int8 group 32": lambda: quantization.Int8WeightOnlyConfig(granularity=PerGroup(32)),
+    "int4 group 32": lambda: quantization.IntxWeightOnlyConfig(weight_dtype=torch.int4,
+                                                               granularity=PerGroup(32)),
+}
+
+
+class Block(nn.Module):
+    """RMSNorm, a linear with bias, SiLU, a linear, a residual: two quantized weights."""
+
+    def __init__(self, d: int = 64, h: int = 96) -> None:
+        super().__init__()
+        self.norm = nn.RMSNorm(d)
+        self.up = nn.Linear(d, h)
+        self.down = nn.Linear(h, d, bias=False)
+
+    def forward(self, x):
+        return x + self.down(nn.functional.silu(self.up(self.norm(x))))
+
+
+def _quantized(module: nn.Module, config: str, dtype: torch.dtype) -> nn.Module:
+    torch.manual_seed(0)
+    module = module.to(dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantization.quantize_(module, CONFIGS[config]())
+    return module
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_torchao_linear_runs_optimized_and_equals_eager(config, dtype):
+    dtype = getattr(torch, dtype)
+    m = _quantized(nn.Linear(64, 48, bias=False), config, dtype)
+    res = quantized_linear_result(m, torch.randn(4, 64, dtype=dtype))
+    parts = {n: node.dtype for n, node in res.program.inputs.items()}
+    qdata = [n for n in parts if n.endswith("_qdata")]
+    assert len(qdata) == 1 and parts[qdata[0]] == "int8", parts  # the stored int8, not W
+    assert any(n.endswith("_scale") for n in parts), parts
+    if config == "int8 per row":  # the dequantization is fused into the matmul's W load
+        assert len(res.program.kernels) == 1, res.program
+
+
+def test_a_quantized_block_is_one_partition_equal_to_eager():
+    m = _quantized(Block(), "int8 per row", torch.float32)
+    be = em.backend(warmup=0, cache=False, warn=False)
+    x = torch.randn(1, 5, 64)
+    with torch.no_grad():
+        want, got = m(x), torch.compile(m, backend=be)(x)
+    assert_close_to_eager(got, want, x.dtype)
+    s = be.summary()
+    assert s["optimized_compute_ops"] == s["compute_ops"] == 5, s
+    (entry,) = be.report
+    assert entry.status == "optimized" and entry.calls == 1, entry
+
+
+def test_a_layout_it_cannot_read_stays_eager_with_the_reason():
+    torch.manual_seed(0)
+    m = Block()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantization.quantize_(m, quantization.Float8WeightOnlyConfig())
+    be = em.backend(warmup=0, cache=False, warn=False)
+    x = torch.randn(1, 5, 64)
+    with torch.no_grad():
+        want, got = m(x), torch.compile(m, backend=be)(x)
+    assert torch.equal(got, want)
+    eager = " ".join(be.summary()["eager"])
+    assert "Float8Tensor" in eager and "up_parameters_weight" in eager, eager
+    assert "cannot read" in eager, eager
+
+
+def test_from_torch_reads_the_parts_and_evaluates_to_eager():
+    m = _quantized(Block(), "int4 group 32", torch.float32)
+    x = torch.randn(2, 64)
+    g = em.from_torch(m, x)
+    assert g.inputs["up_weight_qdata"].dtype == "int8", g.inputs
+    assert g.inputs["up_weight_scale"].shape == (96, 2), g.inputs
+    feed = graph_inputs(g, m, x)
+    assert feed["up_weight_qdata"] is m.up.weight.qdata
+    got = em.evaluate(g, {n: t.detach().numpy() for n, t in feed.items()})
+    with torch.no_grad():
+        want = m(x).numpy()
+    np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-5, atol=1e-5)
