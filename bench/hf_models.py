@@ -41,6 +41,7 @@ import eqsat_mirage as em  # noqa: E402
 SECTION = "## Hugging Face models"
 MORE_SECTION = "## More Hugging Face families"  # rows 27-46 (issue 52), a table of their own
 LLAMA_SECTION = "## LlamaForCausalLM: forward and generate()"  # rows 47-49, the same
+QUANT_SECTION = "## LlamaForCausalLM with quantized weights (torchao)"  # rows 50-52, the same
 HIDDEN, HEADS, KV_HEADS, SEQ, VOCAB = 256, 4, 2, 64, 128
 TOLERANCE = {"float32": 2e-3, "float16": 2e-2}  # max |compiled - eager| / max |eager|
 
@@ -359,13 +360,40 @@ def case(name: str, dtype: str = "float32", impl: str = "sdpa", seed: int = 0,
                          bos_token_id=0, eos_token_id=0)
         mod = GPT2Block(cfg, 0).eval().to(dt)
         return (lambda h: mod(h)), (x,)
-    if name == "llama_model":
+    if name.startswith("llama_model"):
         from transformers import LlamaForCausalLM
 
         mod = LlamaForCausalLM(llama_config(impl, hidden=hidden, seq=seq)).eval().to(dt)
+        if name != "llama_model":
+            mod = quantized(mod, name.removeprefix("llama_model_"), dt)
         ids = torch.randint(0, VOCAB, (1, seq))
         return (lambda i: mod(i).logits), (ids,)
     raise ValueError(f"unknown case {name!r}")
+
+
+QUANTIZED = ("int8", "int4g128", "int8_hf")  # llama_model_<kind>: its weights (``quantized``)
+
+
+def quantized(mod, kind: str, dtype):
+    """``mod`` with its linear weights quantized by torchao, weight-only: "int8" (per row,
+    ``Int8WeightOnlyConfig``), "int4g128" (int4 in groups of 128, ``IntxWeightOnlyConfig``)
+    with ``quantize_``, or "int8_hf" through transformers (``save_pretrained``, then
+    ``from_pretrained(quantization_config=TorchAoConfig(...))``)."""
+    import torch
+    from torchao.quantization import Int8WeightOnlyConfig, IntxWeightOnlyConfig, quantize_
+    from torchao.quantization.granularity import PerGroup
+
+    config = IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(128)) \
+        if kind == "int4g128" else Int8WeightOnlyConfig()
+    if kind == "int8_hf":
+        from transformers import TorchAoConfig
+
+        with tempfile.TemporaryDirectory() as tmp:
+            mod.save_pretrained(tmp)
+            return type(mod).from_pretrained(tmp, dtype=dtype,
+                                             quantization_config=TorchAoConfig(config)).eval()
+    quantize_(mod, config)
+    return mod
 
 
 def first(value):
@@ -547,6 +575,10 @@ CASES += [(name, dt, impl, SEQ, HIDDEN)
 # LlamaForCausalLM: forward in fp16 (fp32 is row 23), and generate() with forward compiled
 CASES += [("llama_model", "float16", "sdpa", SEQ, HIDDEN)]
 CASES += [("llama_generate", dt, "sdpa", SEQ, HIDDEN) for dt in ("float32", "float16")]
+# issue 53: LlamaForCausalLM forward with torchao weight-only quantized weights
+CASES += [("llama_model_int8", "float16", "sdpa", SEQ, HIDDEN),
+          ("llama_model_int4g128", "float16", "sdpa", SEQ, HIDDEN),
+          ("llama_model_int8_hf", "float32", "sdpa", SEQ, HIDDEN)]
 
 
 def table(rows: list[dict]) -> str:
@@ -601,7 +633,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", metavar="FILE.jsonl", help="append each row's figures here")
     ap.add_argument("--section", default=SECTION,
                     help=f"the RESULTS.md heading written (default {SECTION!r}; the families "
-                    f"of rows 27-46: {MORE_SECTION!r}; rows 47-49: {LLAMA_SECTION!r})")
+                    f"of rows 27-46: {MORE_SECTION!r}; rows 47-49: {LLAMA_SECTION!r}; "
+                    f"rows 50-52: {QUANT_SECTION!r})")
     ap.add_argument("--table-only", action="store_true",
                     help="run nothing: the table of the rows kept in --rows")
     args = ap.parse_args(argv)
