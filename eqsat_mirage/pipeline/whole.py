@@ -299,8 +299,11 @@ def isolate(graph, pieces: list[Piece], texts: list[str], programs: list, did: l
     first of them in order up to the one that fixes it, less those it does not need. Only
     then the whole check runs; when it fails elsewhere (another culprit) the next round
     starts from the put-backs kept and the new counterexample. The first whole check that
-    passes gives (programs, which stay optimized, the stitched MuGraph, its check); None
-    when every piece would go back or the time runs out: the input is returned."""
+    passes gives (programs, which stay optimized, the stitched MuGraph, its check); so does
+    one the time limit cuts short with nothing found: every counterexample found so far is
+    fixed, and the pieces left optimized stand on their own verification, as when the first
+    end-to-end check is cut short. None when every piece would go back, or the time runs
+    out before the last counterexample is fixed: the input is returned."""
     from ..mugraph.program import from_graph
 
     check = getattr(cex, "check", ())  # the check that found it (none: no replay)
@@ -338,9 +341,11 @@ def isolate(graph, pieces: list[Piece], texts: list[str], programs: list, did: l
             if len(out) == len(order):  # nothing would stay optimized: the input
                 return None
             ran, (progs, keep, mugraph) = run(out)
-            if ran.cut_short:
-                return None
-            if ran.counterexample is None:
+            if ran.counterexample is None:  # passed, or cut short with nothing found
+                if ran.cut_short:
+                    ran = FloatCheck(None, True, ran.native, ran.seconds,
+                                     f"{ran.message} after putting the culprit pieces back; "
+                                     f"{OWN_CHECKS}")
                 return progs, keep, mugraph, ran
             check = getattr(ran.counterexample, "check", ())
     except BudgetError:

@@ -252,3 +252,42 @@ def test_two_pieces_that_each_fail_the_same_draw_are_put_back_together(monkeypat
     back = [i for i, d in enumerate(kept[1]) if not d]
     assert back == [a, b], (back, a, b)
     assert calls.count(None) == 1  # one whole check: the draw's own replays found the set
+
+
+def test_a_whole_check_cut_short_after_the_put_back_keeps_the_other_pieces(monkeypatch):
+    """The counterexample's own draw passes with the culprit put back, and the whole check
+    that follows runs out of time with nothing found: the other pieces stay optimized on
+    their own verification (as when the first end-to-end check is cut short), and the check's
+    message says so. Before the culprit is found, running out of time returns the input."""
+    from types import SimpleNamespace
+
+    from eqsat_mirage.ir.limits import Deadline
+
+    g = em.Graph("chain")
+    h = g.input("x", (8, 16), dtype="float16")
+    for i in range(3):
+        h = em.exp(h * (1.0 / (i + 2))) * g.input(f"w{i}", (8, 16), dtype="float16")
+    g.output(h, "out")
+    pieces = partition(g, 2)
+    texts = [program_text(p.graph) for p in pieces]
+    a = next(i for i, t in enumerate(texts) if texts.count(t) == 1)
+    programs = [p.graph for p in pieces]
+
+    def fake(graph, pcs, txts, progs, mugraph, seed, seconds, only=None):
+        bad = progs[a] is programs[a]
+        if only is None and not bad:  # the whole check: out of time, nothing found
+            return SimpleNamespace(counterexample=None, cut_short=True, native=True,
+                                   seconds=seconds, message="cut short", passed=False)
+        cex = SimpleNamespace(check=("native", "offset", 0.0)) if bad else None
+        return SimpleNamespace(counterexample=cex, cut_short=False, passed=not bad)
+
+    monkeypatch.setattr(whole, "end_to_end", fake)
+    first = SimpleNamespace(check=("native", "offset", 0.0))
+    kept = whole.isolate(g, pieces, texts, programs, [True] * len(pieces), 0, Deadline(60),
+                         first)
+    assert kept is not None
+    progs, did, _, ran = kept
+    assert [i for i, d in enumerate(did) if not d] == [a]
+    assert ran.cut_short and not ran.passed and "own verification" in ran.message
+    assert whole.isolate(g, pieces, texts, programs, [True] * len(pieces), 0, Deadline(0.1),
+                         first) is None  # no time to find the culprit: the input
