@@ -335,7 +335,7 @@ def case(name: str, dtype: str = "float32", impl: str = "sdpa", seed: int = 0,
     torch.manual_seed(seed)
     dt = getattr(torch, dtype)
     x = torch.randn(1, SEQ, HIDDEN, dtype=dt)
-    if name.startswith("llama") and name != "llama_model":
+    if name.startswith("llama") and not name.startswith("llama_model"):
         from transformers.models.llama import modeling_llama as ml
 
         cfg = llama_config(impl)
