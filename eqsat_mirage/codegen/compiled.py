@@ -33,7 +33,7 @@ ARCH = {"h100": 90, "h200": 90, "a100": 80}  # compute capability of each built-
 _CACHE: dict[tuple[str, str], list] = {}
 _DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32",
            "torch.bool": "i1", "torch.int8": "i8", "torch.uint8": "u8", "torch.int32": "i32",
-           "torch.int64": "i64"}
+           "torch.int64": "i64", "torch.float8_e4m3fn": "fp8e4nv", "torch.float8_e5m2": "fp8e5"}
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,8 @@ TRITON_DENYLIST = ("tl.make_tensor_descriptor", "TensorDescriptor", "_experiment
 HELD_SIZES = 4  # a shape family's reused buffers: padded sizes kept (REUSE_OUTPUTS)
 TORCH_DTYPE = {"float16": "torch.float16", "bfloat16": "torch.bfloat16",
                "float32": "torch.float32", "bool": "torch.bool", "int64": "torch.int64",
-               "int32": "torch.int32", "int8": "torch.int8", "uint8": "torch.uint8"}
+               "int32": "torch.int32", "int8": "torch.int8", "uint8": "torch.uint8",
+               "float8_e4m3fn": "torch.float8_e4m3fn", "float8_e5m2": "torch.float8_e5m2"}
 _HOST_RESERVED = frozenset({"torch", "triton", "tl", "os", "device", "args", "kwargs", "run",
                             "entry", "key", "tensors", "INPUTS", "OUTPUTS", "NEEDS_TRITON",
                             "REUSE_OUTPUTS", "_bind", "_check", "_signature", "_buffers",

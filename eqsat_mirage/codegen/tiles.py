@@ -51,7 +51,8 @@ from .dots import MIN_DOT, matmul_dims, merges_batch, pow2, uses_dot
 
 MAX_NUMEL = 2 ** 20  # Triton's largest block (TRITON_MAX_TENSOR_NUMEL)
 TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32",
-            "bool": "tl.int1", "int8": "tl.int8", "uint8": "tl.uint8"}
+            "bool": "tl.int1", "int8": "tl.int8", "uint8": "tl.uint8",
+            "float8_e4m3fn": "tl.float8e4nv", "float8_e5m2": "tl.float8e5"}
 # the dtype a bfloat16 tl.dot reads its operands in: a module constant, bfloat16 on a GPU and
 # float32 under TRITON_INTERPRET=1 (Triton 3.8's interpreter multiplies the bit patterns of
 # bfloat16 operands as integers in tl.dot); ``source.py`` defines it

@@ -45,9 +45,13 @@ INDEX_DTYPES = ("int64", "int32")  # integer index tensors: a gather's indices (
 # integer value tensors (quantized weights): cast to a float dtype before any arithmetic
 QUANT_DTYPES = ("int8", "uint8")
 QUANT_RANGE = {"int8": (-128, 127), "uint8": (0, 255)}  # each one's values, both ends in
-ALL_DTYPES = DTYPES + ("bool",) + INDEX_DTYPES + QUANT_DTYPES
+# float8 value tensors (fp8 weights): cast to a wider float dtype (exact) before arithmetic
+FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}  # each one's largest finite value
+ALL_DTYPES = DTYPES + ("bool",) + INDEX_DTYPES + QUANT_DTYPES + FP8_DTYPES
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "bool": 1, "int64": 8,
-            "int32": 4, "int8": 1, "uint8": 1}  # bytes per element
+            "int32": 4, "int8": 1, "uint8": 1, "float8_e4m3fn": 1,
+            "float8_e5m2": 1}  # bytes per element
 _DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16",
                   "fp32": "float32", "float": "float32", "long": "int64", "int": "int32",
                   "char": "int8"}
@@ -273,6 +277,8 @@ def infer(op: Op, srcs: tuple[Node, ...], arg: Any) -> tuple[Shape, str]:
         return _causal_shape(arg, where), "bool"
     if op in LOGIC or op in COMPARE:
         return _mask_shape(op, srcs, where), "bool"
+    if any(s.dtype in FP8_DTYPES for s in srcs):
+        return _fp8_read(op, srcs, arg, where)
     if any(s.dtype in QUANT_DTYPES for s in srcs) or op in BIT_OPS:
         return _quant_cast(op, srcs, arg, where)
     if op in (Op.WHERE, Op.MASK):
@@ -441,6 +447,27 @@ def _quant_cast(op: Op, srcs: tuple[Node, ...], arg: Any, where: Any) -> tuple[S
     if arg not in DTYPES + QUANT_DTYPES:
         raise DTypeError(f"{where}: cast of an integer tensor to {arg!r}; expected one of "
                          f"{', '.join(DTYPES + QUANT_DTYPES)}")
+    return srcs[0].shape, arg
+
+
+def _fp8_read(op: Op, srcs: tuple[Node, ...], arg: Any, where: Any) -> tuple[Shape, str]:
+    """A float8 value tensor (e4m3fn or e5m2): read by a cast to a float dtype (exact: every
+    finite fp8 value is a float16, bfloat16 and float32 value) or moved (a view or a concat
+    of one fp8 dtype); arithmetic on fp8 values is not supported (no fp8 compute)."""
+    dtype = next(s.dtype for s in srcs if s.dtype in FP8_DTYPES)
+    if op in VIEWS or op is Op.CONCAT:
+        if any(s.dtype != dtype for s in srcs):
+            raise DTypeError(f"{where}: a concat of a {dtype} tensor with "
+                             f"{', '.join(sorted({s.dtype for s in srcs} - {dtype}))}; cast "
+                             "them to one dtype first")
+        return _moved_indices(op, srcs, arg, where)
+    if op is not Op.CAST:
+        raise DTypeError(f"{where}: a {dtype} tensor (fp8 values) can only be cast (to a float "
+                         "dtype, w.astype('float16'), before any arithmetic) or moved "
+                         "(reshape, transpose, concat, slice); fp8 arithmetic is not supported")
+    if arg not in DTYPES:
+        raise DTypeError(f"{where}: cast of a {dtype} tensor to {arg!r}; expected one of "
+                         f"{', '.join(DTYPES)}")
     return srcs[0].shape, arg
 
 

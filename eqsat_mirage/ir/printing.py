@@ -8,7 +8,8 @@ from .node import Node, Op
 def short_dtype(dtype: str) -> str:
     """The listing's short name of a dtype: ``f16``, ``bf16``, ``f32`` or ``bool``."""
     return {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "bool": "bool",
-            "int64": "i64", "int32": "i32", "int8": "i8", "uint8": "u8"}[dtype]
+            "int64": "i64", "int32": "i32", "int8": "i8", "uint8": "u8",
+            "float8_e4m3fn": "f8e4m3fn", "float8_e5m2": "f8e5m2"}[dtype]
 
 
 def op_attrs(node: Node) -> str:

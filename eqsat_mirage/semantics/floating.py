@@ -9,8 +9,18 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.node import BIT_OPS, INDEX_DTYPES, QUANT_DTYPES, QUANT_RANGE, Node, Op, slice_index
+from ..ir.node import (
+    BIT_OPS,
+    FP8_DTYPES,
+    INDEX_DTYPES,
+    QUANT_DTYPES,
+    QUANT_RANGE,
+    Node,
+    Op,
+    slice_index,
+)
 from ..ir.ops import NAN_STRICT, SPECS, VIEWS
+from .fp8 import round_fp8
 from .gather import checked_indices, take
 from .gemm import matmul as gemm
 from .interp import Later, check_inputs, made, run
@@ -170,6 +180,8 @@ def round_to(x: np.ndarray, dtype: str | None) -> np.ndarray:
         return np.asarray(x, dtype=np.float64)
     if dtype in QUANT_DTYPES:
         return wrap_int(x, dtype)
+    if dtype in FP8_DTYPES:  # fp8 values (inputs, moved): exact, rounded to no other dtype
+        return round_fp8(x, dtype)
     if dtype == "float16":
         return _round_half(x)
     if dtype == "bfloat16":
@@ -234,6 +246,8 @@ class FloatCtx:
         """Apply the precision policy to a node's result."""
         if node.dtype in QUANT_DTYPES:  # integer values (an input, a wrapping cast): exact
             return wrap_int(value, node.dtype)
+        if node.dtype in FP8_DTYPES:  # fp8 values (an input, moved): exact in every dtype
+            return np.asarray(value, dtype=np.float64)
         if self.mode is None or node.dtype in INDEX_DTYPES:  # indices: exact integers
             return np.asarray(value, dtype=np.float64)
         if node.op is Op.CAST and self.mode != "native":  # a cast rounds whatever the mode
@@ -576,8 +590,8 @@ def float_ctx(program, inputs: Mapping[str, Any], dtype: str | None, rounded: bo
 def _as_given(program, inputs: Mapping[str, Any], dtypes: tuple) -> bool:
     """Whether ``inputs`` are NumPy arrays of ``dtypes``, one per input of ``program``, of
     its shapes: usable without ``check_inputs``'s float64 copies (an int8/uint8 input's
-    values are checked there: integers of its range)."""
+    values are checked there: integers of its range; an fp8 input's: values of its dtype)."""
     return isinstance(inputs, Mapping) and set(inputs) == set(program.inputs) and all(
         isinstance(inputs[n], np.ndarray) and inputs[n].dtype in dtypes
-        and inputs[n].shape == node.shape and node.dtype not in QUANT_DTYPES
+        and inputs[n].shape == node.shape and node.dtype not in QUANT_DTYPES + FP8_DTYPES
         for n, node in program.inputs.items())

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.errors import InputError
-from ..ir.node import QUANT_DTYPES, QUANT_RANGE, Node, Op, fmt_shape, toposort
+from ..ir.node import FP8_DTYPES, FP8_MAX, QUANT_DTYPES, QUANT_RANGE, Node, Op, fmt_shape, toposort
 
 Table = Mapping[Op, Callable[..., Any]]
 
@@ -82,6 +82,8 @@ def check_inputs(program, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
                              f"{fmt_shape(node.shape)}, got {fmt_shape(arr.shape)}")
         if node.dtype in QUANT_DTYPES:
             _check_ints(arr, name, node.dtype)
+        if node.dtype in FP8_DTYPES:
+            _check_fp8(arr, name, node.dtype)
         out[name] = arr
     return out
 
@@ -93,6 +95,17 @@ def _check_ints(arr: np.ndarray, name: str, dtype: str) -> None:
         raise InputError(f"input {name!r} ({dtype}): expected integers in [{lo}, {hi}]; "
                          f"got values in [{arr.min()}, {arr.max()}]"
                          + ("" if np.all(arr == np.round(arr)) else ", not all integers"))
+
+
+def _check_fp8(arr: np.ndarray, name: str, dtype: str) -> None:
+    """An fp8 input's values must be finite values of its dtype (never rounded here)."""
+    from .fp8 import is_fp8
+
+    bad = ~is_fp8(arr, dtype)
+    if bad.any():
+        raise InputError(f"input {name!r} ({dtype}): expected finite {dtype} values (in "
+                         f"[-{FP8_MAX[dtype]:g}, {FP8_MAX[dtype]:g}]); got {arr[bad][0]!r} "
+                         f"({int(bad.sum())} such)")
 
 
 def last_reads(nodes, keep) -> dict[int, list[int]]:

@@ -12,7 +12,7 @@ import threading
 
 import numpy as np
 
-from ..ir.node import INDEX_DTYPES, QUANT_DTYPES, Op
+from ..ir.node import FP8_DTYPES, INDEX_DTYPES, QUANT_DTYPES, Op
 from ..semantics.floating import (
     EVERY_HALF,
     FLOAT_SEMANTICS,
@@ -28,6 +28,7 @@ from ..semantics.floating import (
     to_half,
     uniform,
 )
+from ..semantics.fp8 import draw_fp8
 from ..semantics.gather import POSITIONS, draw_indices, index_bounds
 from ..semantics.interp import Outputs, run
 from ..semantics.modular import DRAW_CHUNK, chunked
@@ -133,6 +134,10 @@ def _index_draws(a, rng: np.random.Generator) -> dict[str, np.ndarray]:
     # (``draw_ints``), held fixed as the indices are (docs/verifier.md, "Integer inputs")
     out.update({n: draw_ints(g, node.shape, node.dtype) for n, node in a.inputs.items()
                 if node.dtype in QUANT_DTYPES})
+    # an fp8 value input: values of its dtype, every finite code where there is room and the
+    # extremes (``draw_fp8``), held fixed likewise (docs/verifier.md, "fp8 inputs")
+    out.update({n: draw_fp8(g, node.shape, node.dtype) for n, node in a.inputs.items()
+                if node.dtype in FP8_DTYPES})
     return out
 
 
@@ -160,7 +165,8 @@ class Draws:
         # an integer index input: the same valid indices in every draw (``_indexed``), drawn
         # from a generator of its own (the float inputs' draws stay as they were)
         self.index = _index_draws(a, rng) if any(
-            n.dtype in INDEX_DTYPES + QUANT_DTYPES for n in a.inputs.values()) else {}
+            n.dtype in INDEX_DTYPES + QUANT_DTYPES + FP8_DTYPES for n in a.inputs.values()
+        ) else {}
         self.base = int(rng.integers(0, 2**62))  # the exponent-range draws' own generators
         self.lock = threading.Lock()  # the memo's short updates; each long first-time
         # computation has a lock of its own, so that no other holds up the checks that
