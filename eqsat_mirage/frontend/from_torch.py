@@ -196,7 +196,8 @@ def dtype_of(value: Any, what: str) -> str:
     except DTypeError:
         raise DTypeError(f"{what}: dtype {value.dtype} is not supported (eqsat-mirage "
                          f"supports {', '.join(DTYPES)}, bool masks, int64/int32 "
-                         "indices and int8/uint8 weights)") from None
+                         "indices and int8/uint8 and float8_e4m3fn/float8_e5m2 weights)"
+                         ) from None
 
 
 def call_in_torch(node: fx.Node, value_of: Any) -> Any:

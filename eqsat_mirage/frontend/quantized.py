@@ -12,10 +12,14 @@ The layouts read here are torchao's plain affine ones:
   an int8): ``qdata`` int8 ``[N, K]``, ``scale`` and ``zero_point`` one per block of
   ``block_size``; the weight is ``(qdata.to(f) - zero_point.to(f)) * scale`` per block, as
   torchao's ``dequantize_affine`` computes it (in the promoted dtype, then cast to ``f``).
+- ``Float8Tensor`` (``Float8WeightOnlyConfig``, per row by default): ``qdata``
+  float8_e4m3fn (or e5m2) ``[N, K]`` and a float32 ``scale`` one per block; the weight is
+  ``(qdata.to(float32) * scale).to(f)``, as torchao's ``_dequantize_affine_float8``
+  computes it. Weight-only: one with ``act_quant_kwargs`` (fp8 activations) is refused.
 
 Each part becomes a program input fed from source ``("inner", (weight's source, part))``
 (``torch_masks.source_value`` reads it from the weight at each call). A subclass this module
-cannot read (packed int4 layouts, float8, activation quantization) raises
+cannot read (packed int4 layouts, activation quantization) raises
 ``UnsupportedOpError`` naming the weight, its class and why: the ops reading it run
 eagerly.
 """
@@ -32,6 +36,8 @@ from .graph import Tensor
 __all__ = ["AFFINE_LAYOUTS", "dequantized", "is_wrapped"]
 
 AFFINE_LAYOUTS = ("Int8Tensor", "IntxUnpackedToInt8Tensor")  # torchao's plain affine ones
+FLOAT8_LAYOUTS = ("Float8Tensor",)  # fp8 qdata times a float32 scale (weight-only)
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def is_wrapped(value: Any) -> bool:
@@ -50,9 +56,10 @@ def _parts(name: str, value: Any) -> tuple[dict[str, torch.Tensor], dict]:
     """The tensors and attributes of wrapper ``value``; refuses what is not a weight-only
     affine layout."""
     what = f"weight {name!r} ({_describe(value)})"
-    if type(value).__name__ not in AFFINE_LAYOUTS:
+    if type(value).__name__ not in AFFINE_LAYOUTS + FLOAT8_LAYOUTS:
         raise UnsupportedOpError(f"{what}: a quantized layout eqsat-mirage cannot read yet "
-                                 f"(it reads torchao's {', '.join(AFFINE_LAYOUTS)})")
+                                 f"(it reads torchao's "
+                                 f"{', '.join(AFFINE_LAYOUTS + FLOAT8_LAYOUTS)})")
     names, ctx = value.__tensor_flatten__()
     parts = {n: getattr(value, n) for n in names}
     extra = [n for n in parts if n not in ("qdata", "scale", "zero_point")]
@@ -60,9 +67,11 @@ def _parts(name: str, value: Any) -> tuple[dict[str, torch.Tensor], dict]:
         raise UnsupportedOpError(f"{what}: it quantizes the activations too "
                                  f"({', '.join(extra) or 'act_quant_kwargs'}); eqsat-mirage "
                                  "reads weight-only quantization")
-    if "qdata" not in parts or "scale" not in parts or parts["qdata"].dtype != torch.int8:
-        raise UnsupportedOpError(f"{what}: expected int8 qdata and a scale, got parts "
-                                 f"{sorted(parts)}")
+    fp8 = type(value).__name__ in FLOAT8_LAYOUTS
+    if "qdata" not in parts or "scale" not in parts or parts["qdata"].dtype not in (
+            _FP8 if fp8 else (torch.int8,)):
+        raise UnsupportedOpError(f"{what}: expected {'float8' if fp8 else 'int8'} qdata and "
+                                 f"a scale, got parts {sorted(parts)}")
     return parts, ctx
 
 
@@ -106,7 +115,8 @@ def dequantized(make_input: Any, name: str, value: Any, source: tuple,
         shape = (groups[0], 1) if groups[1] == 1 else (groups[0], groups[1], 1)
         return t if t.shape == shape else t.reshape(*shape)  # a reshape is a kernel: none
 
-    w = part("qdata").astype(f)
+    fp8 = type(value).__name__ in FLOAT8_LAYOUTS  # (q.to(float32) * scale).to(f), blockwise
+    w = part("qdata").astype("float32" if fp8 else f)
     if groups[1] > 1:
         w = w.reshape(n, groups[1], k // groups[1])
     if parts.get("zero_point") is not None:

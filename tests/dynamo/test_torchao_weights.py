@@ -82,19 +82,21 @@ def test_a_quantized_block_is_one_partition_equal_to_eager():
 
 
 def test_a_layout_it_cannot_read_stays_eager_with_the_reason():
+    """int8 weights that quantize the activations too (act_quant_kwargs): not weight-only,
+    so the ops reading them run eagerly (fp8 weights: tests/dynamo/test_fp8_linear.py)."""
     torch.manual_seed(0)
     m = Block()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        quantization.quantize_(m, quantization.Float8WeightOnlyConfig())
+        quantization.quantize_(m, quantization.Int8DynamicActivationInt8WeightConfig())
     be = em.backend(warmup=0, cache=False, warn=False)
     x = torch.randn(1, 5, 64)
     with torch.no_grad():
         want, got = m(x), torch.compile(m, backend=be)(x)
     assert torch.equal(got, want)
     eager = " ".join(be.summary()["eager"])
-    assert "Float8Tensor" in eager and "up_parameters_weight" in eager, eager
-    assert "cannot read" in eager, eager
+    assert "Int8Tensor" in eager and "up_parameters_weight" in eager, eager
+    assert "quantizes the activations too" in eager, eager
 
 
 def test_from_torch_reads_the_parts_and_evaluates_to_eager():
