@@ -154,6 +154,18 @@ def test_api_int8_weights_one_kernel():
         assert len(res.program.kernels) == 1 and "tl.load(Wq_ptrs" in res.triton_source()
 
 
+@runs("docs/api.md", "api-fp8")
+def test_api_fp8_weights_one_kernel():
+    ns = run_python(block("docs/api.md", "api-fp8"))
+    x = ns["inputs"]
+    want = x["x"] @ (x["Wq"] * x["s"]).T
+    assert np.allclose(ns["y"], want, rtol=1e-9, atol=1e-12)
+    res = ns["res"]
+    _verified_or_out_of_time(res)
+    if res.verified and res.verified.equivalent:
+        assert len(res.program.kernels) == 1 and "tl.load(Wq_ptrs" in res.triton_source()
+
+
 @runs("docs/api.md", "api-int4")
 def test_api_int4_weights():
     ns = run_python(block("docs/api.md", "api-int4"))
