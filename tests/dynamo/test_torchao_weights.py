@@ -10,6 +10,8 @@ import warnings
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import eqsat_mirage as em
 from eqsat_mirage.frontend.from_torch import graph_inputs
@@ -111,3 +113,21 @@ def test_from_torch_reads_the_parts_and_evaluates_to_eager():
     with torch.no_grad():
         want = m(x).numpy()
     np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.sampled_from([16, 48]), k=st.sampled_from([64, 128]),
+       group=st.sampled_from([16, 32, 64, None]), bits=st.sampled_from([4, 8]),
+       dtype=st.sampled_from(["float32", "float16", "bfloat16"]), seed=st.integers(0, 99))
+def test_quantized_linears_over_shapes_equal_eager(n, k, group, bits, dtype, seed):
+    """Random weight shapes, group sizes (None: per row), bit widths and activation dtypes:
+    the optimized program (Triton, interpreted) equals torchao's eager linear."""
+    granularity = PerGroup(group) if group else quantization.granularity.PerAxis(0)
+    config = quantization.IntxWeightOnlyConfig(weight_dtype=getattr(torch, f"int{bits}"),
+                                               granularity=granularity)
+    torch.manual_seed(seed)
+    m = nn.Linear(k, n, bias=False).to(getattr(torch, dtype))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantization.quantize_(m, config)
+    quantized_linear_result(m, torch.randn(2, k, dtype=getattr(torch, dtype)))

@@ -47,6 +47,8 @@ def test_the_builder_raises_only_project_errors(name, shape, dtype, axis, keepdi
         g = _build(name, shape, dtype, axis, keepdims, const, eps, perm)
     except em.MirageError:
         return
+    if any(np.prod(node.shape, dtype=float) > 2**22 for node in g.inputs.values()):
+        return  # a valid graph too large to evaluate here (a string shape: 1024 per letter)
     inputs = {n: np.ones(node.shape) for n, node in g.inputs.items()}
     try:
         out = em.evaluate(g, inputs)["out"]
