@@ -41,7 +41,7 @@ import eqsat_mirage as em  # noqa: E402
 SECTION = "## Hugging Face models"
 MORE_SECTION = "## More Hugging Face families"  # rows 27-46 (issue 52), a table of their own
 LLAMA_SECTION = "## LlamaForCausalLM: forward and generate()"  # rows 47-49, the same
-QUANT_SECTION = "## LlamaForCausalLM with quantized weights (torchao)"  # rows 50-52, the same
+QUANT_SECTION = "## LlamaForCausalLM with quantized weights"  # rows 50-54, the same
 HIDDEN, HEADS, KV_HEADS, SEQ, VOCAB = 256, 4, 2, 64, 128
 TOLERANCE = {"float32": 2e-3, "float16": 2e-2}  # max |compiled - eager| / max |eager|
 
@@ -371,15 +371,26 @@ def case(name: str, dtype: str = "float32", impl: str = "sdpa", seed: int = 0,
     raise ValueError(f"unknown case {name!r}")
 
 
-QUANTIZED = ("int8", "int4g128", "int8_hf")  # llama_model_<kind>: its weights (``quantized``)
+# llama_model_<kind>: its weights (``quantized``)
+QUANTIZED = ("int8", "int4g128", "int8_hf", "w8hand", "w4g128hand")
 
 
 def quantized(mod, kind: str, dtype):
     """``mod`` with its linear weights quantized by torchao, weight-only: "int8" (per row,
     ``Int8WeightOnlyConfig``), "int4g128" (int4 in groups of 128, ``IntxWeightOnlyConfig``)
     with ``quantize_``, or "int8_hf" through transformers (``save_pretrained``, then
-    ``from_pretrained(quantization_config=TorchAoConfig(...))``)."""
+    ``from_pretrained(quantization_config=TorchAoConfig(...))``); "w8hand" and "w4g128hand":
+    the forms people write by hand (tests/torch_models.py ``Int8Linear``, ``Int4Linear``:
+    GPTQ's packed layout, groups of 128)."""
     import torch
+
+    if kind.endswith("hand"):
+        tests = str(ROOT / "tests")
+        if tests not in sys.path:
+            sys.path.insert(0, tests)
+        from torch_models import Int4Linear, Int8Linear, swap_linears
+
+        return swap_linears(mod, Int8Linear if kind == "w8hand" else Int4Linear)
     from torchao.quantization import Int8WeightOnlyConfig, IntxWeightOnlyConfig, quantize_
     from torchao.quantization.granularity import PerGroup
 
@@ -578,7 +589,9 @@ CASES += [("llama_generate", dt, "sdpa", SEQ, HIDDEN) for dt in ("float32", "flo
 # issue 53: LlamaForCausalLM forward with torchao weight-only quantized weights
 CASES += [("llama_model_int8", "float16", "sdpa", SEQ, HIDDEN),
           ("llama_model_int4g128", "float16", "sdpa", SEQ, HIDDEN),
-          ("llama_model_int8_hf", "float32", "sdpa", SEQ, HIDDEN)]
+          ("llama_model_int8_hf", "float32", "sdpa", SEQ, HIDDEN),
+          ("llama_model_w8hand", "float16", "sdpa", SEQ, HIDDEN),
+          ("llama_model_w4g128hand", "float16", "sdpa", SEQ, HIDDEN)]
 
 
 def table(rows: list[dict]) -> str:
@@ -634,7 +647,7 @@ def main(argv=None) -> int:
     ap.add_argument("--section", default=SECTION,
                     help=f"the RESULTS.md heading written (default {SECTION!r}; the families "
                     f"of rows 27-46: {MORE_SECTION!r}; rows 47-49: {LLAMA_SECTION!r}; "
-                    f"rows 50-52: {QUANT_SECTION!r})")
+                    f"rows 50-54: {QUANT_SECTION!r})")
     ap.add_argument("--table-only", action="store_true",
                     help="run nothing: the table of the rows kept in --rows")
     args = ap.parse_args(argv)

@@ -91,6 +91,57 @@ class NanoGPTBlock(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+class Int8Linear(nn.Module):
+    """``linear`` with int8 weights, written by hand: per-row absmax quantization of its
+    weight (N, K), ``F.linear(x, w_q.to(x.dtype) * s[:, None], bias)``."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        w = linear.weight.detach().float()
+        s = w.abs().amax(dim=1).clamp(min=1e-8) / 127
+        self.register_buffer("w_q", torch.round(w / s[:, None]).clamp(-128, 127)
+                             .to(torch.int8))
+        self.register_buffer("s", s.to(linear.weight.dtype))
+        self.bias = linear.bias
+
+    def forward(self, x):
+        return F.linear(x, self.w_q.to(x.dtype) * self.s[:, None], self.bias)
+
+
+class Int4Linear(nn.Module):
+    """``linear`` with packed int4 weights, written by hand in GPTQ's layout: W^T (K, N) in
+    groups of ``group`` rows, 4-bit values with zero point 8, two to a uint8 (row 2i in the
+    low nibble), a scale per group and column; ``x @ ((q - 8) * s)``."""
+
+    def __init__(self, linear: nn.Linear, group: int = 128) -> None:
+        super().__init__()
+        w = linear.weight.detach().float().t()
+        k, n = w.shape
+        s = w.reshape(k // group, group, n).abs().amax(dim=1).clamp(min=1e-8) / 7
+        q = (torch.round(w.reshape(k // group, group, n) / s[:, None, :]) + 8).clamp(0, 15)
+        q = q.to(torch.uint8).reshape(k, n)
+        self.register_buffer("w_p", q[0::2] | (q[1::2] << 4))
+        self.register_buffer("s", s.to(linear.weight.dtype))
+        self.bias, self.k, self.n, self.group = linear.bias, k, n, group
+
+    def forward(self, x):
+        k, n, g = self.k, self.n, self.group
+        q = torch.stack([self.w_p & 0xF, self.w_p >> 4], dim=1).reshape(k, n)
+        w = (q.reshape(k // g, g, n).to(x.dtype) - 8) * self.s[:, None, :]
+        y = x @ w.reshape(k, n)
+        return y if self.bias is None else y + self.bias
+
+
+def swap_linears(module: nn.Module, make) -> nn.Module:
+    """``module`` with every ``nn.Linear`` inside it replaced by ``make(linear)``."""
+    for name, child in module.named_children():
+        if isinstance(child, nn.Linear):
+            setattr(module, name, make(child))
+        else:
+            swap_linears(child, make)
+    return module
+
+
 def assert_close_to_eager(got: torch.Tensor, want: torch.Tensor, dtype) -> None:
     """``got`` within the quantized tests' tolerance of eager ``want`` (fp16: 2e-2, bf16:
     5e-2, else 1e-4, of ``want``'s largest magnitude), compared in float64; ``dtype`` the
