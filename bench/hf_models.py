@@ -41,7 +41,7 @@ import eqsat_mirage as em  # noqa: E402
 SECTION = "## Hugging Face models"
 MORE_SECTION = "## More Hugging Face families"  # rows 27-46 (issue 52), a table of their own
 LLAMA_SECTION = "## LlamaForCausalLM: forward and generate()"  # rows 47-49, the same
-QUANT_SECTION = "## LlamaForCausalLM with quantized weights"  # rows 50-54, the same
+QUANT_SECTION = "## LlamaForCausalLM with quantized weights"  # rows 50-55, the same
 HIDDEN, HEADS, KV_HEADS, SEQ, VOCAB = 256, 4, 2, 64, 128
 TOLERANCE = {"float32": 2e-3, "float16": 2e-2}  # max |compiled - eager| / max |eager|
 
@@ -418,8 +418,9 @@ def run(name: str, dtype: str = "float32", impl: str = "sdpa", time_limit_s: flo
     ("llama_generate": ``generate``)."""
     import torch
 
-    if name == "llama_generate":
-        return generate(dtype, time_limit_s, cache, seq, hidden)
+    if name.startswith("llama_generate"):
+        return generate(dtype, time_limit_s, cache, seq, hidden,
+                        quant=name.removeprefix("llama_generate").lstrip("_") or None)
 
     fn, args = case(name, dtype, impl, seq=seq, hidden=hidden)
     torch._dynamo.reset()  # one call: searched when Dynamo compiles it (warmup=0)
@@ -488,7 +489,7 @@ def decode(steps: int = 4, dynamic=None, time_limit_s: float = 30.0, cache=None,
 
 def generate(dtype: str = "float32", time_limit_s: float = 30.0, cache=None,
              seq: int = SEQ, hidden: int = HIDDEN, new_tokens: int = 8,
-             warmup: int | None = 0) -> dict:
+             warmup: int | None = 0, quant: str | None = None) -> dict:
     """A 2-layer LlamaForCausalLM's ``generate()`` (greedy, ``new_tokens`` tokens after a
     ``seq``-token prompt, transformers' DynamicCache) with its ``forward`` compiled by
     ``em.backend``, as users compile a model for generation; the same call eagerly is the
@@ -496,7 +497,8 @@ def generate(dtype: str = "float32", time_limit_s: float = 30.0, cache=None,
     the first decode step's, the growing-cache family), the largest error of any step's
     logits, and whether the tokens equal eager's. ``warmup``: the backend's (0: every graph
     searched at its first call; None: its default, where the prompt's graph and the first
-    decode step's run eagerly and only the growing-cache family is searched)."""
+    decode step's run eagerly and only the growing-cache family is searched); ``quant``:
+    the model's weights quantized as ``quantized`` does (None: as they are)."""
     import torch
     from transformers import LlamaForCausalLM
 
@@ -504,6 +506,8 @@ def generate(dtype: str = "float32", time_limit_s: float = 30.0, cache=None,
     dt = getattr(torch, dtype)
     mod = LlamaForCausalLM(llama_config("sdpa", hidden=hidden, seq=seq + new_tokens)).eval()
     mod = mod.to(dt)
+    if quant:
+        mod = quantized(mod, quant, dt)
     mod.generation_config.pad_token_id = 0
     ids = torch.randint(0, VOCAB, (1, seq))
     kw = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False,
@@ -525,7 +529,8 @@ def generate(dtype: str = "float32", time_limit_s: float = 30.0, cache=None,
     err = max(float((g.float() - w.float()).abs().max() / w.float().abs().max())
               for g, w in zip(got.logits, want.logits))
     s = be.summary()
-    return {"name": "llama_generate", "dtype": dtype, "impl": "sdpa", "seq": seq,
+    return {"name": "llama_generate" + (f"_{quant}" if quant else ""), "dtype": dtype,
+            "impl": "sdpa", "seq": seq,
             "hidden": hidden, "ops": s["ops"], "compute_ops": s["compute_ops"],
             "optimized_ops": s["optimized_ops"],
             "optimized_compute_ops": s["optimized_compute_ops"],
@@ -591,7 +596,8 @@ CASES += [("llama_model_int8", "float16", "sdpa", SEQ, HIDDEN),
           ("llama_model_int4g128", "float16", "sdpa", SEQ, HIDDEN),
           ("llama_model_int8_hf", "float32", "sdpa", SEQ, HIDDEN),
           ("llama_model_w8hand", "float16", "sdpa", SEQ, HIDDEN),
-          ("llama_model_w4g128hand", "float16", "sdpa", SEQ, HIDDEN)]
+          ("llama_model_w4g128hand", "float16", "sdpa", SEQ, HIDDEN),
+          ("llama_generate_int8", "float16", "sdpa", SEQ, HIDDEN)]
 
 
 def table(rows: list[dict]) -> str:
@@ -647,7 +653,7 @@ def main(argv=None) -> int:
     ap.add_argument("--section", default=SECTION,
                     help=f"the RESULTS.md heading written (default {SECTION!r}; the families "
                     f"of rows 27-46: {MORE_SECTION!r}; rows 47-49: {LLAMA_SECTION!r}; "
-                    f"rows 50-54: {QUANT_SECTION!r})")
+                    f"rows 50-55: {QUANT_SECTION!r})")
     ap.add_argument("--table-only", action="store_true",
                     help="run nothing: the table of the rows kept in --rows")
     args = ap.parse_args(argv)
