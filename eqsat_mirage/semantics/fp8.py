@@ -55,36 +55,33 @@ def finite_codes(dtype: str) -> np.ndarray:
     return out
 
 
-@cache
-def _magnitudes(dtype: str) -> np.ndarray:
-    """The non-negative finite values in code order (codes 0, 1, ...: increasing)."""
-    vals = fp8_values(dtype)[:128]
-    return vals[np.isfinite(vals)]
-
-
 def round_fp8(x: np.ndarray, dtype: str) -> np.ndarray:
     """``x`` rounded to the nearest value of ``dtype`` (ties to the even code, as a
-    conversion rounds), float64: past the largest finite value e4m3fn saturates to +-448
-    (torch's conversion) and e5m2 goes to +-inf from 61440 (half a unit above 57344); NaN
-    stays. A value of ``dtype`` is returned as it is."""
-    x = np.asarray(x, dtype=np.float64)
-    mags = _magnitudes(dtype)
-    a = np.abs(x)
-    hi = np.clip(np.searchsorted(mags, a, side="left"), 1, len(mags) - 1)
-    lo = hi - 1
-    below, above = a - mags[lo], mags[hi] - a
-    pick = np.where(below < above, lo, np.where(above < below, hi, np.where(lo % 2 == 0, lo, hi)))
-    out = mags[pick]
-    if dtype == "float8_e5m2":  # (past the top, ``out`` is the top: e4m3fn saturates)
-        out = np.where(a >= FP8_MAX[dtype] + 2.0 ** 12, np.inf, out)  # + half its spacing
-    return np.where(np.isnan(x), np.nan, np.copysign(out, x))
+    conversion rounds), in ``x``'s float dtype (float32 stays float32, else float64): past
+    the largest finite value e4m3fn saturates to +-448 (torch's conversion) and e5m2 goes
+    to +-inf from 61440 (half a unit above 57344); NaN stays. A value of ``dtype`` is
+    returned as it is. Each value is rounded to a multiple of its binade's spacing (of the
+    smallest subnormal below the normal range): the quotient by a power of two is exact and
+    ``np.round`` rounds it half to even, and an even quotient is an even code."""
+    x = np.asarray(x)
+    x = x if x.dtype == np.float32 else np.asarray(x, dtype=np.float64)
+    _, mbits, bias = _LAYOUT[dtype]
+    with np.errstate(invalid="ignore", over="ignore"):
+        exp = np.frexp(x)[1]  # |x| in [2^(exp-1), 2^exp)
+        spacing = np.ldexp(x.dtype.type(1), np.maximum(exp - 1 - mbits, 1 - bias - mbits))
+        out = np.round(x / spacing) * spacing
+        top = x.dtype.type(FP8_MAX[dtype])
+        if dtype == "float8_e4m3fn":  # saturates (inf too)
+            return np.where(np.isnan(x), x, np.clip(out, -top, top))
+        return np.where(np.abs(x) >= top + 2.0 ** 12, np.copysign(np.inf, x), out).astype(
+            x.dtype)
 
 
 def is_fp8(x: np.ndarray, dtype: str) -> np.ndarray:
     """Where ``x`` holds a finite value of ``dtype`` (elementwise)."""
-    x = np.asarray(x, dtype=np.float64)
-    with np.errstate(invalid="ignore"):
-        return np.isfinite(x) & (np.abs(x) <= FP8_MAX[dtype]) & (round_fp8(x, dtype) == x)
+    x = np.asarray(x)
+    x = x if x.dtype == np.float32 else np.asarray(x, dtype=np.float64)
+    return (round_fp8(x, dtype) == x) & np.isfinite(x)  # (e5m2's inf rounds to itself)
 
 
 def draw_fp8(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
@@ -94,13 +91,14 @@ def draw_fp8(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np
     finite code once (each subnormal, each binade, -0); never a NaN or inf code."""
     codes = finite_codes(dtype)
     vals = fp8_values(dtype)
-    out = vals[rng.choice(codes, size=shape)].astype(np.float32)
+    finite = vals[codes].astype(np.float32)
+    out = finite[rng.integers(0, len(codes), size=shape)]
     flat = out.reshape(-1)
     top = FP8_MAX[dtype]
     first = [c for c in codes if vals[c] in (top, -top) or c == 0]  # the extremes, +0
     rest = [c for c in rng.permutation(codes) if c not in first]
     head = vals[np.array(first + rest)][:flat.size].astype(np.float32)
-    flat[rng.permutation(flat.size)[:head.size]] = head
+    flat[rng.choice(flat.size, size=head.size, replace=False)] = head
     return out
 
 

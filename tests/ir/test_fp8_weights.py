@@ -85,6 +85,11 @@ def test_rounding_to_fp8_is_torchs(dtype):
     x = np.concatenate([x, vals, mids, [np.inf, -np.inf, 61440.0, 61439.0, 464.0, 500.0]])
     want = torch.tensor(x).to(getattr(torch, dtype)).double().numpy()
     np.testing.assert_array_equal(round_fp8(x, dtype), want)
+    x32 = x.astype(np.float32)  # rounded in float32 (the verifier's draws)
+    got = round_fp8(x32, dtype)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, torch.tensor(x32).to(getattr(torch, dtype)).float())
+    assert np.array_equal(np.signbit(round_fp8(np.array([-0.0, -1e-9]), dtype)), [True, True])
 
 
 def test_fp8_values_can_only_be_cast_or_moved():
