@@ -188,3 +188,18 @@ def test_a_partition_out_of_time_says_its_share_and_what_it_spent():
     (said,) = ran_out_of_time(entry)
     assert said == ("part_1_0 piece 0 (2 ops: matmul, exp; share 3.0 s of the partition's "
                     "5.0 s, spent 3.1 s)")
+
+
+def test_a_call_that_returns_nothing_is_not_listed_as_eager():
+    """A Python call Dynamo records that computes nothing (the usage logging that torchao
+    and transformers call in forward) is not work left eager: the summary does not list it."""
+    class Logged(torch.nn.Module):
+        def forward(self, x):
+            torch._C._log_api_usage_once("user.module")
+            return torch.nn.functional.silu(x) * x + 1.0
+
+    be = em.backend(warmup=0, cache=False, warn=False)
+    with torch.no_grad():
+        torch.compile(Logged(), backend=be)(torch.randn(4, 8))
+    s = be.summary()
+    assert s["eager"] == [] and s["optimized_compute_ops"] == s["compute_ops"] == 3, s
