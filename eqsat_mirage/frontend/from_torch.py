@@ -245,7 +245,11 @@ class Converter:
         return t
 
     def tensor_input(self, name: str, value: Any, source: tuple) -> Tensor:
-        """A graph input with the shape and dtype of the torch tensor (or fake) ``value``."""
+        """A graph input with the shape and dtype of the torch tensor (or fake) ``value``; a
+        quantized weight (a wrapper tensor) is its dequantization from inputs for its parts
+        (``quantized.dequantized``)."""
+        if is_wrapped(value):
+            return dequantized(self.input, name, value, source)
         return self.input(name, tuple(int(d) for d in value.shape),
                           dtype_of(value, f"input {name!r}"), source)
 
@@ -265,9 +269,6 @@ class Converter:
             if not isinstance(value, torch.Tensor):
                 raise UnsupportedOpError(f"attribute {path!r} is a {type(value).__name__}, "
                                          "not a tensor")
-            if is_wrapped(value):  # a quantized weight: dequantized from its parts
-                self._params[path] = dequantized(self.input, path, value, ("param", path))
-                return self._params[path]
             self._params[path] = self.tensor_input(path, value, ("param", path))
         return self._params[path]
 

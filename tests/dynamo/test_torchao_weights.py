@@ -131,3 +131,15 @@ def test_quantized_linears_over_shapes_equal_eager(n, k, group, bits, dtype, see
         warnings.simplefilter("ignore")
         quantization.quantize_(m, config)
     quantized_linear_result(m, torch.randn(2, k, dtype=getattr(torch, dtype)))
+
+
+def test_from_torch_reads_a_quantized_weight_passed_as_an_argument():
+    m = _quantized(nn.Linear(64, 16, bias=False), "int8 per row", torch.float32)
+    x, w = torch.randn(3, 64), m.weight
+    g = em.from_torch(lambda x, w: nn.functional.linear(x, w).relu(), x, w)
+    assert g.inputs["w_qdata"].dtype == "int8", g.inputs
+    feed = graph_inputs(g, None, x, w)
+    got = next(iter(em.evaluate(g, {n: t.detach().numpy() for n, t in feed.items()}).values()))
+    with torch.no_grad():
+        want = nn.functional.linear(x, w).relu().numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
