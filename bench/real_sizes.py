@@ -2,6 +2,7 @@
 
     python bench/real_sizes.py [--hidden 4096] [--seq 128] [--dtype float16]
                                [--time-limit 30] [--layers 1] [--json]
+                               [--quant int8|int4g128|w8hand|w4g128hand] [--target h200]
 
 builds a random-init ``transformers`` ``LlamaDecoderLayer`` (hidden 4096, 32 heads, 8
 key/value heads, intermediate 11008 by default: LLaMA-7B's dimensions with GQA; nothing is
@@ -52,8 +53,10 @@ SEVEN_B = {"hidden": 4096, "heads": 32, "kv_heads": 8, "intermediate": 11008}
 
 
 def layer(hidden: int, heads: int, kv_heads: int, intermediate: int, seq: int, dtype: str,
-          layers: int = 1, seed: int = 0):
-    """(function, example inputs) of ``layers`` random-init LlamaDecoderLayers in a row."""
+          layers: int = 1, seed: int = 0, quant: str | None = None):
+    """(function, example inputs) of ``layers`` random-init LlamaDecoderLayers in a row;
+    ``quant``: their linear weights quantized as ``hf_models.quantized`` does ("int8",
+    "int4g128" through torchao; "w8hand", "w4g128hand" written by hand)."""
     import torch
     from transformers import LlamaConfig
     from transformers.models.llama import modeling_llama as ml
@@ -72,6 +75,10 @@ def layer(hidden: int, heads: int, kv_heads: int, intermediate: int, seq: int, d
     # of the graph, so the pieces are equal up to renaming either way
     for m in mods[1:]:
         m.load_state_dict(mods[0].state_dict())
+    if quant:
+        from bench.hf_models import quantized
+
+        mods = [quantized(m, quant, dt) for m in mods]
 
     def fn(h):
         for m in mods:
@@ -141,19 +148,21 @@ def profile(report) -> list[dict]:
 
 
 def run(hidden: int, heads: int, kv_heads: int, intermediate: int, seq: int, dtype: str,
-        time_limit_s: float | None, layers: int = 1, jobs: int | None = None) -> dict:
+        time_limit_s: float | None, layers: int = 1, jobs: int | None = None,
+        quant: str | None = None, target: str = "h100") -> dict:
     """Compile the layer(s) once with em.backend, compare with eager; the figures."""
     import torch
 
     est = Estimates()
     est.install()
-    fn, args = layer(hidden, heads, kv_heads, intermediate, seq, dtype, layers)
+    fn, args = layer(hidden, heads, kv_heads, intermediate, seq, dtype, layers, quant=quant)
     torch._dynamo.reset()
     opts = {} if time_limit_s is None else {"time_limit_s": time_limit_s}
     if jobs is not None:
         opts["jobs"] = jobs
     with tempfile.TemporaryDirectory() as tmp:
-        be = em.backend(warmup=0, cache=str(Path(tmp) / "cache.sqlite"), **opts)
+        be = em.backend(warmup=0, cache=str(Path(tmp) / "cache.sqlite"), target=target,
+                        **opts)
         with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             want = fn(*args).float()
@@ -167,6 +176,7 @@ def run(hidden: int, heads: int, kv_heads: int, intermediate: int, seq: int, dty
     text = [str(w.message) for w in caught if "eqsat-mirage" in str(w.message)]
     return {"hidden": hidden, "heads": heads, "kv_heads": kv_heads,
             "intermediate": intermediate, "seq": seq, "dtype": dtype, "layers": layers,
+            "quant": quant, "target": target,
             "time_limit_s": be.options["time_limit_s"], "compile_seconds": seconds,
             "time_limit_used_s": [g.get("time_limit_s") for g in s["graphs"]],
             "ops": s["ops"], "compute_ops": s["compute_ops"],
@@ -184,7 +194,9 @@ def show(r: dict) -> str:
     gb = 1e9
     lines = [f"LlamaDecoderLayer x{r['layers']}: hidden {r['hidden']}, {r['heads']} heads, "
              f"{r['kv_heads']} KV heads, intermediate {r['intermediate']}, batch 1, seq "
-             f"{r['seq']}, {r['dtype']}; time_limit_s={r['time_limit_s']}"
+             f"{r['seq']}, {r['dtype']}"
+             + (f", weights {r['quant']}" if r.get("quant") else "")
+             + f"; {r.get('target', 'h100')} cost model; time_limit_s={r['time_limit_s']}"
              + (f" ({', '.join(f'{x:g} s' for x in r['time_limit_used_s'] if x)})"
                 if r["time_limit_s"] == "auto" else ""),
              f"compile call: {r['compile_seconds']:.1f} s; coverage {r['optimized_ops']} / "
@@ -317,6 +329,9 @@ def main(argv=None) -> int:
     ap.add_argument("--time-limit", type=float, default=None,
                     help="time_limit_s (default: em.backend's default)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--quant", choices=("int8", "int4g128", "w8hand", "w4g128hand"),
+                    help="quantize the linear weights (hf_models.quantized)")
+    ap.add_argument("--target", default="h100", help="the cost model's GPU (default h100)")
     ap.add_argument("--verify-threads", type=int, default=None, metavar="N",
                     help="the verifier's threads (default: verifier.runner.THREADS): "
                          "1 measures what the second core gives")
@@ -333,7 +348,7 @@ def main(argv=None) -> int:
         print(json.dumps(verify_piece(args.verify_piece, args.seq, dims, args.dtype)))
         return 0
     r = run(args.hidden, args.heads, args.kv_heads, args.intermediate, args.seq, args.dtype,
-            args.time_limit, args.layers, args.jobs)
+            args.time_limit, args.layers, args.jobs, args.quant, args.target)
     print(json.dumps(r) if args.json else show(r))
     return 0
 
