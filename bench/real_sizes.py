@@ -329,7 +329,7 @@ def main(argv=None) -> int:
     ap.add_argument("--time-limit", type=float, default=None,
                     help="time_limit_s (default: em.backend's default)")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--quant", choices=("int8", "int4g128", "w8hand", "w4g128hand"),
+    ap.add_argument("--quant", choices=("int8", "int4g128", "fp8", "w8hand", "w4g128hand"),
                     help="quantize the linear weights (hf_models.quantized)")
     ap.add_argument("--target", default="h100", help="the cost model's GPU (default h100)")
     ap.add_argument("--verify-threads", type=int, default=None, metavar="N",
