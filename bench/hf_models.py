@@ -41,7 +41,7 @@ import eqsat_mirage as em  # noqa: E402
 SECTION = "## Hugging Face models"
 MORE_SECTION = "## More Hugging Face families"  # rows 27-46 (issue 52), a table of their own
 LLAMA_SECTION = "## LlamaForCausalLM: forward and generate()"  # rows 47-49, the same
-QUANT_SECTION = "## LlamaForCausalLM with quantized weights"  # rows 50-55, the same
+QUANT_SECTION = "## LlamaForCausalLM with quantized weights"  # rows 50-56, the same
 HIDDEN, HEADS, KV_HEADS, SEQ, VOCAB = 256, 4, 2, 64, 128
 TOLERANCE = {"float32": 2e-3, "float16": 2e-2}  # max |compiled - eager| / max |eager|
 
@@ -372,13 +372,13 @@ def case(name: str, dtype: str = "float32", impl: str = "sdpa", seed: int = 0,
 
 
 # llama_model_<kind>: its weights (``quantized``)
-QUANTIZED = ("int8", "int4g128", "int8_hf", "w8hand", "w4g128hand")
+QUANTIZED = ("int8", "int4g128", "int8_hf", "w8hand", "w4g128hand", "fp8")
 
 
 def quantized(mod, kind: str, dtype):
     """``mod`` with its linear weights quantized by torchao, weight-only: "int8" (per row,
-    ``Int8WeightOnlyConfig``), "int4g128" (int4 in groups of 128, ``IntxWeightOnlyConfig``)
-    with ``quantize_``, or "int8_hf" through transformers (``save_pretrained``, then
+    ``Int8WeightOnlyConfig``), "int4g128" (int4 in groups of 128, ``IntxWeightOnlyConfig``),
+    "fp8" (float8 e4m3 per row, ``Float8WeightOnlyConfig``) with ``quantize_``, or "int8_hf" through transformers (``save_pretrained``, then
     ``from_pretrained(quantization_config=TorchAoConfig(...))``); "w8hand" and "w4g128hand":
     the forms people write by hand (tests/torch_models.py ``Int8Linear``, ``Int4Linear``:
     GPTQ's packed layout, groups of 128)."""
@@ -391,11 +391,17 @@ def quantized(mod, kind: str, dtype):
         from torch_models import Int4Linear, Int8Linear, swap_linears
 
         return swap_linears(mod, Int8Linear if kind == "w8hand" else Int4Linear)
-    from torchao.quantization import Int8WeightOnlyConfig, IntxWeightOnlyConfig, quantize_
+    from torchao.quantization import (
+        Float8WeightOnlyConfig,
+        Int8WeightOnlyConfig,
+        IntxWeightOnlyConfig,
+        quantize_,
+    )
     from torchao.quantization.granularity import PerGroup
 
     config = IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(128)) \
-        if kind == "int4g128" else Int8WeightOnlyConfig()
+        if kind == "int4g128" else Float8WeightOnlyConfig() if kind == "fp8" else \
+        Int8WeightOnlyConfig()
     if kind == "int8_hf":
         from transformers import TorchAoConfig
 
@@ -597,7 +603,8 @@ CASES += [("llama_model_int8", "float16", "sdpa", SEQ, HIDDEN),
           ("llama_model_int8_hf", "float32", "sdpa", SEQ, HIDDEN),
           ("llama_model_w8hand", "float16", "sdpa", SEQ, HIDDEN),
           ("llama_model_w4g128hand", "float16", "sdpa", SEQ, HIDDEN),
-          ("llama_generate_int8", "float16", "sdpa", SEQ, HIDDEN)]
+          ("llama_generate_int8", "float16", "sdpa", SEQ, HIDDEN),
+          ("llama_model_fp8", "float16", "sdpa", SEQ, HIDDEN)]
 
 
 def table(rows: list[dict]) -> str:
@@ -653,7 +660,7 @@ def main(argv=None) -> int:
     ap.add_argument("--section", default=SECTION,
                     help=f"the RESULTS.md heading written (default {SECTION!r}; the families "
                     f"of rows 27-46: {MORE_SECTION!r}; rows 47-49: {LLAMA_SECTION!r}; "
-                    f"rows 50-55: {QUANT_SECTION!r})")
+                    f"rows 50-56: {QUANT_SECTION!r})")
     ap.add_argument("--table-only", action="store_true",
                     help="run nothing: the table of the rows kept in --rows")
     args = ap.parse_args(argv)
