@@ -378,7 +378,8 @@ QUANTIZED = ("int8", "int4g128", "int8_hf", "w8hand", "w4g128hand", "fp8")
 def quantized(mod, kind: str, dtype):
     """``mod`` with its linear weights quantized by torchao, weight-only: "int8" (per row,
     ``Int8WeightOnlyConfig``), "int4g128" (int4 in groups of 128, ``IntxWeightOnlyConfig``),
-    "fp8" (float8 e4m3 per row, ``Float8WeightOnlyConfig``) with ``quantize_``, or "int8_hf" through transformers (``save_pretrained``, then
+    "fp8" (float8 e4m3 per row, ``Float8WeightOnlyConfig``) with ``quantize_``, or
+    "int8_hf" through transformers (``save_pretrained``, then
     ``from_pretrained(quantization_config=TorchAoConfig(...))``); "w8hand" and "w4g128hand":
     the forms people write by hand (tests/torch_models.py ``Int8Linear``, ``Int4Linear``:
     GPTQ's packed layout, groups of 128)."""
