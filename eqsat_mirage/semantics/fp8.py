@@ -59,12 +59,16 @@ def round_fp8(x: np.ndarray, dtype: str) -> np.ndarray:
     """``x`` rounded to the nearest value of ``dtype`` (ties to the even code, as a
     conversion rounds), in ``x``'s float dtype (float32 stays float32, else float64): past
     the largest finite value e4m3fn saturates to +-448 (torch's conversion) and e5m2 goes
-    to +-inf from 61440 (half a unit above 57344); NaN stays. A value of ``dtype`` is
-    returned as it is. Each value is rounded to a multiple of its binade's spacing (of the
-    smallest subnormal below the normal range): the quotient by a power of two is exact and
-    ``np.round`` rounds it half to even, and an even quotient is an even code."""
+    to +-inf from 61440 (half a unit above 57344); NaN stays. An array of values of
+    ``dtype`` (the verifier's draws, read again at every evaluation) is returned as it is,
+    after one pass that checks it (``is_fp8``). Else each value is rounded to a multiple of
+    its binade's spacing (of the smallest subnormal below the normal range): the quotient
+    by a power of two is exact and ``np.round`` rounds it half to even, and an even
+    quotient is an even code."""
     x = np.asarray(x)
     x = x if x.dtype == np.float32 else np.asarray(x, dtype=np.float64)
+    if is_fp8(x, dtype).all():
+        return x
     _, mbits, bias = _LAYOUT[dtype]
     with np.errstate(invalid="ignore", over="ignore"):
         exp = np.frexp(x)[1]  # |x| in [2^(exp-1), 2^exp)
@@ -78,10 +82,23 @@ def round_fp8(x: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def is_fp8(x: np.ndarray, dtype: str) -> np.ndarray:
-    """Where ``x`` holds a finite value of ``dtype`` (elementwise)."""
+    """Where ``x`` holds a finite value of ``dtype`` (elementwise), from the float32 bits:
+    at most ``dtype``'s mantissa bits set, at most its largest value, and below its
+    smallest normal a multiple of its smallest subnormal (NaN and inf fail each test)."""
     x = np.asarray(x)
-    x = x if x.dtype == np.float32 else np.asarray(x, dtype=np.float64)
-    return (round_fp8(x, dtype) == x) & np.isfinite(x)  # (e5m2's inf rounds to itself)
+    x32 = x if x.dtype == np.float32 else np.asarray(x, dtype=np.float32)
+    _, mbits, bias = _LAYOUT[dtype]
+    with np.errstate(invalid="ignore", over="ignore"):
+        low = np.uint32((1 << (23 - mbits)) - 1)  # float32's mantissa bits below dtype's
+        a = np.abs(x32)
+        ok = ((x32.view(np.uint32) & low) == 0) & (a <= np.float32(FP8_MAX[dtype]))
+        tiny = a < np.float32(2.0 ** (1 - bias))  # below the smallest normal: subnormals
+        if tiny.any():
+            k = x32 * np.float32(2.0 ** (bias - 1 + mbits))  # in units of the smallest
+            ok &= ~tiny | (k == np.round(k))
+        if x32 is not x:  # a float64 value that float32 does not hold is no fp8 value
+            ok &= x32 == x
+    return ok
 
 
 def draw_fp8(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:

@@ -16,7 +16,7 @@ import eqsat_mirage as em
 from eqsat_mirage.ir.errors import DTypeError, GraphError, InputError
 from eqsat_mirage.ir.node import FP8_DTYPES, FP8_MAX, ITEMSIZE
 from eqsat_mirage.semantics.field import FieldCtx, evaluate_field
-from eqsat_mirage.semantics.fp8 import draw_fp8, finite_codes, fp8_values, round_fp8
+from eqsat_mirage.semantics.fp8 import draw_fp8, finite_codes, fp8_values, is_fp8, round_fp8
 from eqsat_mirage.semantics.primes import field_primes
 from eqsat_mirage.semantics.torch_reference import torch_reference
 from eqsat_mirage.verifier.draws import Draws
@@ -89,6 +89,11 @@ def test_rounding_to_fp8_is_torchs(dtype):
     got = round_fp8(x32, dtype)
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got, torch.tensor(x32).to(getattr(torch, dtype)).float())
+    # is_fp8 (em.evaluate's check, and round_fp8's pass-through) from the float32 bits
+    exact = np.isfinite(x32) & (got == x32) & (np.abs(x32) <= FP8_MAX[dtype])
+    assert np.array_equal(is_fp8(x32, dtype), exact) and exact.sum() >= len(vals)
+    assert np.array_equal(is_fp8(x, dtype), np.isfinite(x) & (round_fp8(x, dtype) == x))
+    assert round_fp8(vals, dtype) is vals  # values of the dtype: returned as they are
     assert np.array_equal(np.signbit(round_fp8(np.array([-0.0, -1e-9]), dtype)), [True, True])
 
 
