@@ -196,3 +196,21 @@ def test_the_fp8_linear_is_one_kernel_that_loads_fp8(dtype, act):
 
     (built,) = compile_report(src, "h100")
     assert 0 < built.registers <= 255 and built.spill_bytes == 0, built
+
+
+def test_the_cost_model_reads_fp8_weights_at_one_byte():
+    """A decode-size linear (memory bound): the fused fp8 kernel is priced below the same
+    kernel reading float16 weights, the W tile's bytes counted from ITEMSIZE."""
+    from eqsat_mirage.fusion.planner import plan
+
+    costs = {}
+    for wdtype in ("float8_e4m3fn", "float16"):
+        g = em.Graph("decode")
+        x = g.input("x", (1, 4096), dtype="float16")
+        w = g.input("Wq", (4096, 4096), dtype=wdtype)
+        s = g.input("s", (4096, 1), dtype="float32")
+        g.output(x @ (w.astype("float32") * s).astype("float16").T, "y")
+        found = plan(g, "h200")
+        assert len(found.mugraph.kernels) == 1, str(found.mugraph)
+        costs[wdtype] = found.cost_us
+    assert costs["float8_e4m3fn"] < costs["float16"], costs
