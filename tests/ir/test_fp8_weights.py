@@ -190,6 +190,9 @@ def test_the_fp8_linear_is_one_kernel_that_loads_fp8(dtype, act):
     x = torch.tensor(inputs["x"]).to(getattr(torch, act))
     want = x @ (tw.float() * torch.tensor(inputs["s"]).float()).to(x.dtype).T
     assert_close_to_eager(run_compiled(res, g, inputs)["y"], want, x.dtype)
+    other = getattr(torch, FP8_DTYPES[1 - FP8_DTYPES.index(dtype)])  # the other fp8's bits
+    with pytest.raises(ValueError, match=f"input 'Wq': expected dtype torch.{dtype}"):
+        res.compile()(x=x, Wq=tw.view(other), s=torch.tensor(inputs["s"]).float())
     assert res.cost_us < res.baseline_cost_us
     # the kernel compiles for sm_90a (no GPU needed): tl.float8e4nv / tl.float8e5 pointers
     from eqsat_mirage.codegen.compiled import compile_report
