@@ -2,13 +2,20 @@
 
 Every tensor dim of a fragment gets an index name, unified through the ops: aligned
 broadcast dims of size > 1, a matmul's contraction and batch dims, transposes; a
-sum/mean/max or a matmul contraction marks its index *reduced* at that node. Dims split
-or merged by a reshape, and concat axes, get indices that cannot be scheduled
-(``Indexing.fixed``). Schedules over these names: ``schedule.py``.
+sum/mean/max or a matmul contraction marks its index *reduced* at that node. A reshape that
+splits one dim into several (``[N, K] -> [N, G, g]``) or merges several into one gives the
+leading (major) dim of the group the index of the single dim: cutting that index into P
+parts takes, of the single dim, P contiguous chunks of K / P and, of the major dim, chunks of
+G / P, the same elements when the minor dims (``g``) are whole, which they are: they get
+indices that cannot be scheduled (``Indexing.fixed``), as do concat axes and the dims of a
+reshape that regroups several dims into several. An index so carried by dims of different
+sizes is cut only into parts that divide each (``Indexing.divides``: a loop over K in chunks
+of a multiple of g). Schedules over these names: ``schedule.py``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from string import ascii_lowercase
 
@@ -72,6 +79,19 @@ class Indexing:
     fixed: dict[str, str] = field(default_factory=dict)  # index -> why it cannot be scheduled
     origin: dict[str, str] = field(default_factory=dict)  # index -> "X dim 1"
     matmul: set[str] = field(default_factory=set)  # indices of some matmul operand's last 2 dims
+    # index -> the gcd of the sizes of the dims carrying it, where they differ (a split's
+    # major dim: G of the K it splits into [G, g]); ``sizes`` holds the largest
+    units: dict[str, int] = field(default_factory=dict)
+
+    def unit(self, idx: str) -> int:
+        """The largest count of parts every dim carrying ``idx`` may be cut into evenly
+        (its size, or for an index carried by a reshape's major dim too, their gcd)."""
+        return self.units.get(idx, self.sizes[idx])
+
+    def divides(self, idx: str, parts: int) -> bool:
+        """Whether index ``idx`` can be cut into ``parts`` equal parts on every dim carrying
+        it (a K chunk of a multiple of g where a reshape splits K into [K / g, g])."""
+        return parts >= 1 and self.unit(idx) % parts == 0
 
     def of(self, node: Node) -> tuple[str | None, ...]:
         """The index names of ``node``'s dims."""
@@ -94,7 +114,7 @@ class Indexing:
         return ",".join(i or "1" for i in self.of(node))
 
 
-def _reshape_groups(src: Shape, out: Shape) -> list[tuple[list[int], list[int]]]:
+def reshape_groups(src: Shape, out: Shape) -> list[tuple[list[int], list[int]]]:
     """Minimal groups of non-1 dims (source dims, output dims) with equal products."""
     si = [i for i, d in enumerate(src) if d > 1]
     oi = [i for i, d in enumerate(out) if d > 1]
@@ -124,7 +144,8 @@ class _Ties:
     """The dims ``index_fragment`` ties together (one index: ``uf``), the reduced ones, the
     ones fixed to a name of their own (``fixed``: why) and the matmul operands' last two."""
 
-    def __init__(self, nodes: list[Node]) -> None:
+    def __init__(self, nodes: list[Node], coarse: bool = True) -> None:
+        self.coarse = coarse  # a reshape's major dim carries the index of the dim it splits
         self.uf = UnionFind()
         self.reduced: list[tuple[tuple[int, int], Node]] = []
         self.fixed: dict[tuple[int, int], str] = {}
@@ -198,12 +219,18 @@ class _Ties:
 
     def _reshape(self, n: Node) -> None:
         src = n.srcs[0]
-        for gs, go in _reshape_groups(src.shape, n.shape):
+        for gs, go in reshape_groups(src.shape, n.shape):
             if len(gs) == 1 and len(go) == 1:
                 self.tie(src, gs[0], n, go[0])
                 continue
             why = f"split or merged by {n.describe()} {fmt_shape(src.shape)} -> " \
                   f"{fmt_shape(n.shape)}"
+            if self.coarse and (len(gs) == 1 or len(go) == 1):
+                # one dim split into several, or several merged into one: the major dim
+                # carries the single dim's index (cut into parts, each holds whole rows of
+                # the minor dims, which are read whole)
+                self.uf.union((id(src), gs[0]), (id(n), go[0]))
+                gs, go = gs[1:], go[1:]
             self.fixed.update({(id(src), d): why for d in gs})
             self.fixed.update({(id(n), d): why for d in go})
 
@@ -243,8 +270,18 @@ def index_fragment(graph: Graph) -> Indexing:
     names), or for a matmul with a 1-d operand.
     """
     check(graph)
+    try:
+        return _index(graph, coarse=True)
+    except ScheduleError as e:  # a reshape's major dim tied to its dim of another size gave
+        try:  # one node the same index twice: the reshaped dims go unscheduled instead
+            return _index(graph, coarse=False)
+        except ScheduleError:
+            raise e from None
+
+
+def _index(graph: Graph, coarse: bool) -> Indexing:
     nodes = graph.nodes()
-    ties = _Ties(nodes)
+    ties = _Ties(nodes, coarse)
     concats: set[int] = set()  # nodes computed from a concat in this fragment (split values)
     for n in nodes:
         if n.op is Op.CONCAT or any(id(x) in concats for x in n.srcs):
@@ -263,6 +300,7 @@ def _name_classes(graph, nodes, uf, reduced, fixed, matmul) -> Indexing:
     letters = _letters()
     ix = Indexing(graph, nodes, {}, {})
     order = list(graph.inputs.values()) + nodes
+    units: dict[str, int] = {}
     for n in order:
         if id(n) in ix.dims:
             continue
@@ -276,8 +314,10 @@ def _name_classes(graph, nodes, uf, reduced, fixed, matmul) -> Indexing:
                 names[root] = next(letters)
                 where = f"input {n.arg!r}" if n.op is Op.INPUT else n.describe()
                 ix.origin[names[root]] = f"{where} dim {d}"
-                ix.sizes[names[root]] = size
-            dims.append(names[root])
+            name = names[root]
+            ix.sizes[name] = max(ix.sizes.get(name, size), size)
+            units[name] = math.gcd(units.get(name, size), size)
+            dims.append(name)
         named = [x for x in dims if x is not None]
         if len(set(named)) != len(named):
             dup = next(x for x in named if named.count(x) > 1)
@@ -287,6 +327,7 @@ def _name_classes(graph, nodes, uf, reduced, fixed, matmul) -> Indexing:
                 f"{ix.describe(dup)} (one tensor used in two roles, e.g. X @ X.T; give the "
                 "second use its own input)")
         ix.dims[id(n)] = tuple(dims)
+    ix.units = {i: u for i, u in units.items() if u != ix.sizes[i]}
     for slot, node in reduced:
         ix.reduced.setdefault(names[uf.find(slot)], []).append(node)
     for slot, why in fixed.items():

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from ..frontend.graph import Graph
 from ..ir.node import REDUCE, Node, Op, Shape, fmt_shape, numel
-from .indexing import Indexing, ScheduleError, index_fragment
+from .indexing import Indexing, ScheduleError, index_fragment, reshape_groups
 
 # -- schedules ------------------------------------------------------------------------------
 
@@ -260,14 +260,22 @@ def _check_grid(ix: Indexing, s: Schedule) -> None:
         if idx in ix.fixed:
             raise ScheduleError(f"schedule {s}: grid index {ix.describe(idx)} cannot be "
                                 f"scheduled: it is {ix.fixed[idx]}")
-        if blocks < 1 or ix.sizes[idx] % blocks:
+        if not ix.divides(idx, blocks):
             raise ScheduleError(f"schedule {s}: {blocks} blocks do not divide grid index "
-                                f"{ix.describe(idx)}")
+                                f"{ix.describe(idx)}{_groups(ix, idx)}")
         if idx in ix.reduced and idx != s.split:
             raise ScheduleError(
                 f"schedule {s}: grid index {ix.describe(idx)} is reduced inside the fragment "
                 f"by {ix.reduced[idx][0].describe()}, so no block could compute its outputs "
                 "alone (put it in the loop, or use a split reduction)")
+
+
+def _groups(ix: Indexing, idx: str) -> str:
+    """Why an index of a reshape's major dim is cut only into parts of whole groups."""
+    if idx not in ix.units:
+        return ""
+    return (f" into parts of whole groups (a reshape's major dim carries it too: its parts "
+            f"must divide {ix.unit(idx)})")
 
 
 def check_schedule(ix: Indexing | Graph, schedule: Schedule) -> Plan:
@@ -287,10 +295,11 @@ def check_schedule(ix: Indexing | Graph, schedule: Schedule) -> Plan:
         if s.loop not in ix.reduced:
             raise ScheduleError(f"schedule {s}: loop index {ix.describe(s.loop)} is not reduced "
                                 "(by a sum or a matmul contraction) in the fragment")
-        if s.forloop < 1 or ix.sizes[s.loop] % s.parts(s.loop):
+        if s.forloop < 1 or not ix.divides(s.loop, s.parts(s.loop)):
             raise ScheduleError(f"schedule {s}: forloop range {s.forloop} does not divide loop "
                                 f"index {ix.describe(s.loop)}"
-                                + (" split across the grid" if s.loop == s.split else ""))
+                                + (" split across the grid" if s.loop == s.split else "")
+                                + _groups(ix, s.loop))
     elif s.forloop != 1:
         raise ScheduleError(f"schedule {s}: a forloop range without a loop index")
     if s.split is not None and (s.split not in dict(s.grid) or s.split not in ix.reduced):
@@ -314,7 +323,31 @@ def check_schedule(ix: Indexing | Graph, schedule: Schedule) -> Plan:
         _check_reduce_grid(ix, s, kind)
     tiles = {id(n): tuple(size // s.parts(i) for size, i in zip(n.shape, ix.of(n)))
              for n in ix.nodes}
+    cuts = [s.parts] + ([lambda i: dict(s.second_grid).get(i, 1)] if s.split else [])
+    for n in ix.nodes:
+        if n.op is Op.RESHAPE:
+            for parts in cuts:  # the first kernel's tiles, a split's reduce kernel's
+                _check_cut_reshape(ix, s, n, parts)
     return Plan(ix, s, kind, tiles)
+
+
+def _check_cut_reshape(ix: Indexing, s: Schedule, n: Node, parts) -> None:
+    """A reshape that splits or merges dims whose major index ``s`` cuts (into ``parts(i)``
+    tiles) regroups each tile (``[Nt, K/P] -> [Nt, G/P, g]``): the Triton backend reshapes
+    only tiles it holds unpadded, so every dim of such a group's tile must be a power of
+    two."""
+    src = n.srcs[0]
+    for gs, go in reshape_groups(src.shape, n.shape):
+        idx = ix.of(src)[gs[0]]
+        if (len(gs) == 1 and len(go) == 1) or idx in ix.fixed or parts(idx) == 1:
+            continue
+        dims = [src.shape[d] // parts(ix.of(src)[d]) for d in gs] + \
+            [n.shape[d] // parts(ix.of(n)[d]) for d in go]
+        if any(d & (d - 1) for d in dims):
+            raise ScheduleError(
+                f"schedule {s}: {n.describe()} {fmt_shape(src.shape)} -> {fmt_shape(n.shape)} "
+                f"regroups tiles of {dims} elements along index {ix.describe(idx)}; the Triton "
+                "backend reshapes only tiles whose dims are powers of two")
 
 
 def _check_reduce_grid(ix: Indexing, s: Schedule, kind: dict[int, str]) -> None:
@@ -329,7 +362,7 @@ def _check_reduce_grid(ix: Indexing, s: Schedule, kind: dict[int, str]) -> None:
         if idx not in ix.sizes or idx == s.split or idx in ix.reduced or idx in ix.fixed:
             raise ScheduleError(f"schedule {s}: reduce grid index {idx!r} must be a known, "
                                 "unreduced, unfixed index")
-        if blocks < 1 or ix.sizes[idx] % blocks:
+        if not ix.divides(idx, blocks):
             raise ScheduleError(f"schedule {s}: {blocks} blocks do not divide reduce grid index "
                                 f"{ix.describe(idx)}")
         for name, out in late:

@@ -17,7 +17,9 @@ schedules of a fragment (``schedule.py``) in a deterministic order, bounded by
   ``prefer_pow2_chunks`` then drops, among the schedules a caller may use, the loops over
   a matmul contraction whose chunk Triton pads when another loop over it has a chunk that
   is a power of two (on an H100 a chunk of 172, held as 256, ran 2.2x slower than 256);
-  no loop only when no index can be looped;
+  no loop only when no index can be looped, or when the only ones that can are carried by
+  a reshape's major dim too (the reshaped dims read whole stay a choice: a loop over a few
+  groups may cost more than reading them at once);
 - split (``allow_split_reduction``): a reduced index on a grid axis instead,
   FlashDecoding style (two kernels, see ``lower.py``), in parts of at least
   ``min_split_part`` elements. Split grids
@@ -73,7 +75,8 @@ def block_counts(ix: Indexing, idx: str, strategy: Strategy) -> list[int]:
     """Block counts (>= 2) for grid index ``idx``: divisors keeping matmul tiles >= min_tile."""
     size = ix.sizes[idx]
     floor = strategy.min_tile if idx in ix.matmul else 1
-    return [b for b in _divisors(size) if 2 <= b <= strategy.max_blocks and size // b >= floor]
+    return [b for b in _divisors(ix.unit(idx))  # (what divides a reshape's major dim too)
+            if 2 <= b <= strategy.max_blocks and size // b >= floor]
 
 
 def grid_indices(ix: Indexing, late_ok: str | None = None) -> list[str]:
@@ -112,11 +115,13 @@ def loop_choices(ix: Indexing, strategy: Strategy) -> list[tuple[str | None, int
         except ScheduleError:
             continue
         size = ix.sizes[idx]
-        ranges = [f for f in strategy.loop_ranges if f >= 1 and size % f == 0]
+        ranges = [f for f in strategy.loop_ranges if ix.divides(idx, f)]
         floor = strategy.min_tile if idx in ix.matmul else 1
         good = [f for f in ranges if size // f >= floor]
         out += [(idx, f) for f in (good or ranges[:1])]
-    return out or [(None, 1)]
+    if all(idx in ix.units for idx, _ in out):  # only indices a reshape's major dim carries
+        out.append((None, 1))  # (were they read whole, as they were before they could loop,
+    return out  # no schedule that fused them is lost)
 
 
 def loop_chunk(ix: Indexing, s: Schedule) -> int:
@@ -253,7 +258,7 @@ def _split_variants(ix: Indexing, s: Schedule, strategy: Strategy,
     size = ix.sizes[idx] // parts
     floor = strategy.min_tile if idx in ix.matmul else 1
     ranges = sorted(f for f in set(strategy.loop_ranges)
-                    if f > 1 and size % f == 0 and size // f >= floor)
+                    if f > 1 and ix.divides(idx, parts * f) and size // f >= floor)
     loops = [(idx, f) for f in ranges] if strategy.split_loops else []
     reduce: list[tuple[tuple[str, int], ...] | None] = [None]
     if strategy.reduce_grids > 0:

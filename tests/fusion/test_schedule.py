@@ -264,11 +264,19 @@ def test_movement_ops_and_streamed_outputs():
     h = x.reshape(32, 64) @ w
     g.output((em.concat([h.T, c.T], axis=0).T * 3.0), "Z")
     ix = index_fragment(g)
-    assert ix.input_index("X", 0) in ix.fixed and ix.input_index("W", 1) in ix.fixed
-    for s in candidate_schedules(g, Strategy(min_blocks=1)):
+    assert ix.input_index("X", 1) in ix.fixed and ix.input_index("W", 1) in ix.fixed
+    # the merge's major dim (X dim 0) carries the merged dim's index: cut into parts that
+    # divide both (4 and 32), each part whole rows of the minor dim
+    a = ix.input_index("X", 0)
+    assert a not in ix.fixed and ix.output_index("Z", 0) == a and ix.unit(a) == 4
+    scheds = candidate_schedules(g, Strategy(min_blocks=1))
+    assert any(dict(s.grid).get(a, 1) > 1 for s in scheds)
+    for s in scheds:
         assert_lowers(g, s)
     with pytest.raises(ScheduleError, match="split or merged by reshape"):
-        check_schedule(ix, Schedule(grid={ix.input_index("X", 0): 2}))
+        check_schedule(ix, Schedule(grid={ix.input_index("X", 1): 2}))
+    with pytest.raises(ScheduleError, match="do not divide"):
+        check_schedule(ix, Schedule(grid={a: 8}))
     # an output carrying the loop index is streamed from the loop stage by fmap
     g = em.Graph("stream")
     x = g.input("X", (32, 64), "float32")
