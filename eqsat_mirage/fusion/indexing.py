@@ -273,7 +273,9 @@ def index_fragment(graph: Graph) -> Indexing:
     try:
         return _index(graph, coarse=True)
     except ScheduleError as e:  # a reshape's major dim tied to its dim of another size gave
-        try:  # one node the same index twice: the reshaped dims go unscheduled instead
+        if not any(n.op is Op.RESHAPE for n in graph.nodes()):  # one node the same index
+            raise  # twice: the reshaped dims go unscheduled instead
+        try:
             return _index(graph, coarse=False)
         except ScheduleError:
             raise e from None

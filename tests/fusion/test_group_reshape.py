@@ -6,6 +6,8 @@ int8 qdata and each chunk's group scales and zero points, never writing the fp16
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -116,3 +118,25 @@ def test_a_reshape_whose_major_dim_would_clash_stays_unscheduled():
     gr.output(c * a.sum(axis=1, keepdims=True) + a.reshape(64), "y")
     ix = index_fragment(gr)
     assert ix.input_index("a", 0) in ix.fixed and not ix.units
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_torchao_grouped_linear_at_decode_size_plans_one_kernel(bits):
+    """What em.from_torch reads of torchao's PerGroup(32) weights (int8, int4 one to an
+    int8; an fp32 scale): one kernel at M = 1, K = N = 4096, no fp16 W between kernels."""
+    torch = pytest.importorskip("torch")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantization = pytest.importorskip("torchao.quantization")
+        group = quantization.granularity.PerGroup(32)
+        config = quantization.Int8WeightOnlyConfig(granularity=group) if bits == 8 else \
+            quantization.IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=group)
+        torch.manual_seed(0)
+        m = torch.nn.Linear(4096, 4096, bias=False).to(torch.float16)
+        quantization.quantize_(m, config)
+    g = em.from_torch(m, torch.randn(1, 4096, dtype=torch.float16))
+    p = plan(g, "h200")
+    (kernel,) = p.mugraph.kernels
+    assert kernel.kind == "custom" and kernel.forloop > 1, str(p.mugraph)
+    assert set(p.mugraph.tensors) == set(g.inputs) | set(g.outputs)
+    assert p.cost_us < _dequant_then_matmul_us(1, 4096, 4096, 32)
