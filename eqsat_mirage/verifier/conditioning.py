@@ -17,14 +17,17 @@ import numpy as np
 
 from ..semantics.floating import LazyInputs, evaluate, neighbour
 
+ROUNDED = ("float16", "bfloat16", "float32")  # the input dtypes moved by one last place
+
 
 def ill_conditioned(draws, kind: str, s: float, rtol: float) -> bool:
     """Whether on the draw (``kind``, ``s``) of ``draws`` (a ``draws.Draws``) the
     first program's float64 output moves somewhere by more than the native tolerance
     (``rtol`` times the output's scale plus the value, as ``floatcheck`` measures it, the
-    scale at least the largest input magnitude) when every float input moves one unit in
-    its dtype's last place, up or down at random (a generator of its own, seeded from the
-    draws'; each moved input made as the evaluation reads it). Attention logits
+    scale at least the largest input magnitude) when every float16/bfloat16/float32
+    input moves one unit in its dtype's last place (bool, integer and fp8 inputs held),
+    up or down at random (a generator of its own, seeded from the draws'; each moved input
+    made as the evaluation reads it). Attention logits
     in the thousands, where float16's spacing is as large as the gap between a row's two
     largest, make a token's output hinge on the last bit.
     Memoized in ``draws.memo``."""
@@ -35,12 +38,12 @@ def ill_conditioned(draws, kind: str, s: float, rtol: float) -> bool:
     names, start, at = list(draws.a.inputs), {}, 0
     for n, node in draws.a.inputs.items():  # where each input's directions start in the
         start[n] = at  # generator's stream (one 64-bit output a direction, inputs in order)
-        at += 0 if node.dtype == "bool" else math.prod(node.shape)
+        at += math.prod(node.shape) if node.dtype in ROUNDED else 0
 
     def moved(name: str) -> np.ndarray:  # made as the evaluation reads it (no second set)
         x = rounded[name]
-        if draws.a.inputs[name].dtype == "bool":
-            return x
+        if draws.a.inputs[name].dtype not in ROUNDED:  # masks, integers, fp8 weights: stored
+            return x  # values, not roundings of a computation: held
         g = np.random.default_rng([draws.base, 3, len(kind), int(s * 1000)])
         g.bit_generator.advance(start[name])
         return neighbour(x, draws.a.inputs[name].dtype, g.random(np.shape(x)) < 0.5)
