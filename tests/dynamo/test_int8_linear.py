@@ -72,3 +72,20 @@ def test_int8_linear_module_runs_optimized_through_torch_compile(dtype, zero_poi
     assert f"16, {n}" in made and not {f"{n}, {k}", f"{k}, {n}"} & set(made), made
     custom = [kn for kn in res.program.kernels if kn.kind == "custom"]
     assert len(custom) == 1 and "cast" in str(res.program), res.program
+
+
+def test_a_view_of_a_scale_buffer_joins_the_partition():
+    """``s[:, None]`` of a buffer is an indexing of a graph input: torch.fx's partitioner
+    keeps a ``getitem`` with its source, which is in no partition, so it had stayed eager
+    (counted as a compute op left out). It is retargeted and joins the partition."""
+    from torch_models import Int8Linear
+
+    torch.manual_seed(0)
+    m = nn.Sequential(Int8Linear(nn.Linear(64, 32)), nn.SiLU(), Int8Linear(nn.Linear(32, 16)))
+    be = em.backend(warmup=0, cache=False, warn=False)
+    x = torch.randn(4, 64)
+    with torch.no_grad():
+        want, got = m(x), torch.compile(m, backend=be)(x)
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+    s = be.summary()
+    assert s["eager"] == [] and s["optimized_compute_ops"] == s["compute_ops"], s
