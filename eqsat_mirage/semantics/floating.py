@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -196,7 +197,10 @@ def wrap_int(x: np.ndarray, dtype: str) -> np.ndarray:
     wrapped modulo 256 into its range, as a cast between integer dtypes does (int8 -1 is
     uint8 255); a value of the range stays."""
     lo, hi = QUANT_RANGE[dtype]
-    return np.mod(np.asarray(x, dtype=np.float64) - lo, hi - lo + 1) + lo
+    x = np.asarray(x, dtype=np.float64)
+    if x.size and not uniform(x) and lo <= np.min(x) and np.max(x) <= hi:  # (NaN: False)
+        return x  # values of the range (a draw, an input) stay: no pass of ``np.mod``
+    return np.mod(x - lo, hi - lo + 1) + lo
 
 
 def draw_ints(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
@@ -241,6 +245,7 @@ class FloatCtx:
     inputs: Mapping[str, np.ndarray]
     mode: str | None  # None: float64 throughout; "native": each node's dtype; else a dtype
     rounded: bool = False  # the inputs already hold values of their dtypes (used as given)
+    coded: Coded | None = None  # arrays known as a table of few values and their codes
 
     def fix(self, node: Node, value: Any) -> np.ndarray:
         """Apply the precision policy to a node's result."""
@@ -284,13 +289,89 @@ def _matmul(ctx, n, a, b):
     return ctx.fix(n, np.matmul(a, b) if ctx.mode == "native" else gemm(a, b))
 
 
+class Coded:
+    """Arrays whose values are ``table[codes]`` (a table of a few values, one uint8 code an
+    element), by ``id``: an int8 or fp8 weight (256 values) and what elementwise ops with
+    one-value operands make of it (``_elementwise``: the op on the table, then one look-up,
+    in place of the op and its rounding on every element; the same values, as each
+    element's result is the op's on its value). Entries go with their arrays (weakrefs);
+    shared by threads (each entry written once)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[int, tuple] = {}
+
+    def add(self, x: np.ndarray, codes: np.ndarray, table: np.ndarray) -> None:
+        """Know ``x`` as ``table[codes]`` while it lives."""
+        key, entries = id(x), self.entries
+
+        def gone(ref, key=key) -> None:
+            if entries.get(key, (None,))[0] is ref:
+                entries.pop(key, None)
+
+        entries[key] = (weakref.ref(x, gone), codes, table)
+
+    def get(self, x: Any) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(codes, table)`` of ``x`` where known, else None."""
+        found = self.entries.get(id(x))
+        if found is None or found[0]() is not x:
+            return None
+        return found[1], found[2]
+
+
+def _coded(ctx, n, fn, xs) -> np.ndarray | None:
+    """``ctx.fix(n, fn(*xs))`` where one operand is a ``Coded`` array of the result's shape
+    and the others are small beside it (one value, or a per-channel vector: a scale, a zero
+    point): computed on its table broadcast against them, then looked up; None otherwise."""
+    coded = ctx.coded
+    if coded is None:
+        return None
+    shape = tuple(n.shape)
+    at = next((i for i, x in enumerate(xs) if np.shape(x) == shape and coded.get(x)), None)
+    if at is None:
+        return None
+    codes, table = coded.get(xs[at])
+    rank, args = len(shape), []
+    if table.ndim == 1:  # one value a code: against the others' axes
+        table = table.reshape(table.shape[:1] + (1,) * rank)
+    wide = table.shape[1:]
+    for i, x in enumerate(xs):
+        if i == at:
+            args.append(table)
+            continue
+        if uniform(x):
+            args.append(_one(x))
+            continue
+        x = np.asarray(x)
+        if x.ndim > rank:
+            return None
+        lead = (1,) * (rank - x.ndim)
+        args.append(x.reshape((1,) + lead + x.shape))
+        wide = np.broadcast_shapes(wide, lead + x.shape)
+    if np.broadcast_shapes(wide, shape) != shape or \
+            table.shape[0] * int(np.prod(wide)) * 4 > int(np.prod(shape)):
+        return None  # not small beside the array: computed as it is
+    out = np.asarray(ctx.fix(n, fn(*args)))
+    if out.shape != (table.shape[0],) + tuple(wide):
+        return None
+    size = int(np.prod(wide))
+    if size == 1:
+        value = out.reshape(-1)[codes]
+    else:  # element (c, position in ``wide``) of the table
+        where = np.broadcast_to(np.arange(size).reshape(wide), shape)
+        value = out.reshape(-1)[codes.astype(np.intp) * size + where]
+    coded.add(value, codes, out)
+    return value
+
+
 def _elementwise(fn):
-    """An elementwise entry; on ``uniform`` operands it computes one element and broadcasts."""
+    """An elementwise entry; on ``uniform`` operands it computes one element and broadcasts;
+    on a ``Coded`` array and one-value operands, on its table (``_coded``)."""
     def apply(ctx, n, *xs):
         if all(uniform(x) for x in xs) and any(np.ndim(x) for x in xs):
             shape = np.broadcast_shapes(*(np.shape(x) for x in xs))
             return _spread(ctx.fix(n, fn(*(_one(x) for x in xs))), shape)
-        return ctx.fix(n, fn(*xs))
+        value = _coded(ctx, n, fn, xs)
+        return ctx.fix(n, fn(*xs)) if value is None else value
     return apply
 
 
@@ -515,6 +596,8 @@ def _reading_kept(fn, key_of: Callable[[Node], Hashable], kept: KeptValues):
     """Table entry ``fn``, its value read from ``kept`` when there, else computed and kept."""
     def apply(ctx, n, *xs):
         key = key_of(n)
+        if key is None:  # a value not to keep
+            return fn(ctx, n, *xs)
         found = kept.get(key)
         if found is not None:
             return found
@@ -526,16 +609,22 @@ def _reading_kept(fn, key_of: Callable[[Node], Hashable], kept: KeptValues):
 
 
 def evaluate_kept(program, inputs: Mapping[str, np.ndarray], key_of: Callable[[Node], Hashable],
-                  kept: KeptValues) -> dict[str, np.ndarray]:
-    """``evaluate(program, inputs, "native", rounded=True)`` (``inputs`` from
+                  kept: KeptValues, dtype: str | None = "native", rounded: bool = True,
+                  coded: Coded | None = None) -> dict[str, np.ndarray]:
+    """``evaluate(program, inputs, dtype, rounded)`` (by default natively on ``inputs`` from
     ``rounded_inputs``) reading each node's value from ``kept`` under ``key_of(node)`` where
     an earlier evaluation left it, and keeping what it computes: the float checks' peak
     bisections evaluate one program hundreds of times with a few inputs changed, and the
     nodes that depend on none of those are computed once. ``key_of`` must give equal keys
-    only to equal values (the node and the values of the inputs it depends on)."""
+    only to equal values (the node, the evaluation's ``dtype`` and ``rounded``, and the
+    values of the inputs it depends on); None: a value computed and not kept. ``coded``:
+    the arrays known as a table and codes (``Coded``), elementwise ops on them computed on
+    their tables."""
     _checked(program)
     table = {op: _reading_kept(fn, key_of, kept) for op, fn in _EVALUATE.items()}
-    return _outputs(program, table, float_ctx(program, inputs, "native", True))
+    ctx = float_ctx(program, inputs, dtype, rounded)
+    ctx.coded = coded
+    return _outputs(program, table, ctx)
 
 
 class LazyInputs(Mapping):

@@ -16,6 +16,7 @@ from ..ir.node import FP8_DTYPES, INDEX_DTYPES, QUANT_DTYPES, Op
 from ..semantics.floating import (
     EVERY_HALF,
     FLOAT_SEMANTICS,
+    Coded,
     KeptValues,
     LazyInputs,
     by_bits,
@@ -61,6 +62,9 @@ STATIC = "float safety (static)"
 # the unsafe rewrites overflow far below it.
 HEADROOM = 2.0
 KEPT_BYTES = 64 * 2**20  # node values the peak bisections keep between evaluations
+# values computed from the fixed (index, int8, fp8) inputs alone, kept for every draw
+FIXED_BYTES = 256 * 2**20
+SHARE_FIXED = True  # False: every evaluation computes them again (tests compare the two)
 # drawn input by input
 # the ``ties`` draw (comparisons): every float input k * step, k in [-TIE_STEPS, TIE_STEPS]
 TIE_STEPS, TIES_SEED = 4, 0x71E5
@@ -74,6 +78,68 @@ UNKEPT = ("offset",)
 # (``corners.py``: pairs at their peak, offsets) until underflow has its own rule
 _SHARED = {("folded", 0.5), ("signed", 1.0)}  # rounded draws that other draws are made from
 _LOOKUP_MIN = 1 << 18  # a float16 draw this large is drawn through ``_looked_up``'s table
+
+
+class _Routed:
+    """Two ``KeptValues`` as one: a key tagged "fixed" in ``fixed``, the others in ``rest``."""
+
+    def __init__(self, rest: KeptValues, fixed: KeptValues) -> None:
+        self.rest, self.fixed = rest, fixed
+
+    def _of(self, key) -> KeptValues:
+        return self.fixed if key[0] == "fixed" else self.rest
+
+    def get(self, key):
+        return self._of(key).get(key)
+
+    def put(self, key, value) -> None:
+        self._of(key).put(key, value)
+
+
+_UINT = {4: np.uint32, 8: np.uint64}  # a float array's bits, by item size
+
+
+def table_codes(x: np.ndarray, most: int = 256) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(codes, table)`` with ``table[codes]`` bit for bit ``x`` (a float array; -0.0 and
+    each NaN kept as they are), codes uint8; None where ``x`` holds more than ``most``
+    distinct bit patterns."""
+    x = np.ascontiguousarray(x)
+    if x.dtype.kind != "f" or x.ndim == 0 or uniform(x):
+        return None
+    if x.dtype.itemsize not in _UINT:
+        return None
+    bits = x.view(_UINT[x.dtype.itemsize])
+    found, codes = np.unique(bits.reshape(-1), return_inverse=True)
+    if len(found) > most:
+        return None
+    return codes.astype(np.uint8).reshape(x.shape), found.view(x.dtype)
+
+
+def _structural(n, keys: dict) -> tuple:
+    """A key of node ``n`` equal for equal expressions (op, argument, dtype, shape and its
+    sources' keys): the same in two programs that compute it alike."""
+    return (n.op.name, repr(n.arg), str(n.dtype), tuple(n.shape),
+            tuple(keys[id(x)] for x in n.srcs))
+
+
+def fixed_keys(program) -> dict[int, tuple | None]:
+    """Each node of a Graph computed from its fixed inputs alone (index, int8/uint8 and fp8
+    inputs: the same values in every float draw, ``Draws.index``) and at least one of
+    them, by id: its structural key (``_structural``); None for such an input itself (read
+    as given or converted as it is read: nothing to keep)."""
+    def make(g) -> dict[int, tuple | None]:
+        keys: dict[int, tuple] = {}
+        out: dict[int, tuple | None] = {}
+        fixed_in = INDEX_DTYPES + QUANT_DTYPES + FP8_DTYPES
+        deps = input_deps(g)
+        for n in g.nodes():
+            keys[id(n)] = _structural(n, keys)
+            names = deps[id(n)]
+            if names and all(g.inputs[x].dtype in fixed_in for x in names):
+                out[id(n)] = None if n.op is Op.INPUT else keys[id(n)]
+        return out
+
+    return program.derived("fixed keys", make) if hasattr(program, "derived") else make(program)
 
 
 def ties(position: int, shape: tuple[int, ...], step: float) -> np.ndarray:
@@ -466,8 +532,8 @@ class Draws:
         if key not in store:
             if inputs is None:
                 inputs = self.rounded(kind, s) if of_rounded else self.inputs(kind, s)
-            store[key] = evaluate(self.a, inputs, dtype=dtype,
-                                  rounded=of_rounded and dtype == "native")
+            store[key] = self.evaluate(self.a, inputs, dtype=dtype,
+                                       rounded=of_rounded and dtype == "native")
         return store[key]
 
     def truth(self, kind: str, s: float, of_rounded: bool = True) -> tuple[dict, str]:
@@ -498,24 +564,88 @@ class Draws:
         """Whether the first program is finite (below the dtype's largest) with every input
         one value (``values``); memoized by those values: the bisection of every input
         starts at every input 1, one evaluation for all of them."""
-        key = ("finite", tuple(float(values[n]) for n in self.normal))
+        # an index, int8 or fp8 input holds its fixed draw (``_indexed``) whatever its value
+        # here: a bisection of one (each input's peak) evaluates one program, kept once
+        index = self.index if SHARE_FIXED else {}
+        key = ("finite", tuple(None if n in index else float(values[n]) for n in self.normal))
         if key in self.memo:
             return self.memo[key]
-        inputs = rounded_inputs(self.a, self._indexed({
-            n: np.broadcast_to(np.float64(v), self.normal[n].shape) for n, v in values.items()}))
+        inputs = rounded_inputs(self.a, {  # (a fixed input's stand-in: one value, replaced)
+            n: np.broadcast_to(np.float64(0.0 if n in index else v), self.normal[n].shape)
+            for n, v in values.items()})
+        inputs.update(self._rounded_index if SHARE_FIXED else rounded_inputs(self.a, {
+            n: self.index.get(n, x) for n, x in inputs.items()}))
         if is_graph(self.a):  # each node computed once for the values of its own inputs
-            deps = self._deps
+            deps, fixed = self._deps, fixed_keys(self.a)
 
             def key_of(n) -> tuple:
-                return id(n), tuple(float(values[x]) for x in deps[id(n)])
+                if id(n) in fixed and SHARE_FIXED:  # of the fixed inputs alone
+                    return fixed[id(n)] and ("fixed", "finite", fixed[id(n)])
+                return id(n), tuple(float(values[x]) for x in deps[id(n)] if x not in index)
 
-            out = evaluate_kept(self.a, inputs, key_of, self._kept)
+            out = evaluate_kept(self.a, inputs, key_of, _Routed(self._kept, self._fixed),
+                                coded=self._coded if SHARE_FIXED else None)
         else:
             out = evaluate(self.a, inputs, dtype="native", rounded=True)
         with np.errstate(invalid="ignore"):
             found = all(bool(np.all(np.abs(x) < self.limit)) for x in out.values())
         self.memo[key] = found
         return found
+
+    @functools.cached_property
+    def _rounded_index(self) -> dict[str, np.ndarray]:
+        """The index, int8 and fp8 inputs' fixed draws as ``rounded_inputs`` gives them (the
+        ``_finite`` evaluations' inputs), made once."""
+        return {n: round_to(np.asarray(x), self._dtypes[n]) for n, x in self.index.items()}
+
+    @functools.cached_property
+    def _coded(self) -> Coded:
+        """The int8 and fp8 inputs' fixed draws of the ``_finite`` evaluations as a table of
+        their values and a code an element (``floating.Coded``): there every float input is
+        one value, and the elementwise ops on such a weight (its dequantization) are
+        computed on the 256 values of its table."""
+        coded = Coded()
+        for n, x in self.index.items():
+            if self._dtypes[n] in QUANT_DTYPES + FP8_DTYPES:
+                found = table_codes(x)
+                if found is None:
+                    continue
+                codes, table = found
+                coded.add(x, codes, table)  # as drawn, and as ``_finite`` reads it
+                y = self._rounded_index[n]
+                if y is not x and y.shape == x.shape and y.dtype.kind == "f":
+                    wide = table.astype(y.dtype)  # the same values, exactly (wider)
+                    if np.array_equal(wide[codes].view(_UINT[y.dtype.itemsize]),
+                                      y.view(_UINT[y.dtype.itemsize])):
+                        coded.add(y, codes, wide)
+        return coded
+
+    @functools.cached_property
+    def _fixed(self) -> KeptValues:
+        """Node values computed from the fixed inputs alone (an int8 weight's cast to
+        float16), by ``fixed_keys`` and how they were evaluated: the same in every draw, and
+        in both programs where both compute them. At most ``FIXED_BYTES`` of arrays."""
+        return KeptValues(FIXED_BYTES)
+
+    def shares(self, program) -> bool:
+        """Whether ``evaluate`` keeps ``program``'s values computed from the fixed inputs."""
+        return bool(SHARE_FIXED and self.index and is_graph(program))
+
+    def evaluate(self, program, inputs, dtype: str | None = None, rounded: bool = False
+                 ) -> dict:
+        """``evaluate(program, inputs, dtype, rounded)`` on a draw of this ``Draws`` (its
+        fixed inputs' values are ``self.index``'s), each value computed from the fixed
+        inputs alone read from ``_fixed`` where an evaluation of either program left it."""
+        if not self.shares(program):
+            return evaluate(program, inputs, dtype=dtype, rounded=rounded)
+        fixed, how = fixed_keys(program), ("draw", dtype, rounded)
+
+        def key_of(n) -> tuple | None:
+            k = fixed.get(id(n))
+            return k and ("fixed", how, k)
+
+        return evaluate_kept(program, inputs, key_of, self._fixed, dtype, rounded,
+                             coded=self._coded)
 
     @functools.cached_property
     def _deps(self) -> dict[int, tuple[str, ...]]:

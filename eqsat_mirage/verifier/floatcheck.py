@@ -257,6 +257,14 @@ def check_list(a, b, native: bool, static: bool, peaked: Collection[int] | None,
         (None, "signed", s) for s in FLOAT64_SCALES[1:]]
 
 
+def _evaluate(draws: Draws, program, inputs, **how) -> dict:
+    """``evaluate(program, inputs, **how)`` on a draw of ``draws``: through
+    ``Draws.evaluate`` where it shares values computed from the fixed inputs alone."""
+    if draws.shares(program):
+        return draws.evaluate(program, inputs, **how)
+    return evaluate(program, inputs, **how)
+
+
 class _Judge:
     """One ``float_checks`` call: the draws of ``a``, the second program ``b`` and the
     tolerances from ``a``'s dtypes; ``checked`` runs one check of ``check_list``."""
@@ -333,8 +341,8 @@ class _Judge:
             draws.static_done.wait()
         xa = draws.out_a(None, kind, s, inputs=inputs)
         ref, how = draws.truth(kind, s, False)
-        xb = draws.b_outputs if strict and draws.b_outputs is not None else evaluate(self.b,
-                                                                                     inputs)
+        xb = draws.b_outputs if strict and draws.b_outputs is not None else _evaluate(
+            draws, self.b, inputs)
         return _compare(xa, xb, where, self.rtol,
                         "float64", inputs, i, "strict" if strict else "finite",
                         draws.largest(kind, s), ref=None if how == "float64" else ref)
@@ -390,7 +398,7 @@ class _Judge:
         # dtype holds it only to a fixed spacing)
         floor = max(self.tiny, 0.0 if kind in _RANGE_KINDS else draws.largest(kind, s))
         ref, how = draws.truth(kind, s)
-        xb = evaluate(self.b, inputs, dtype="native", rounded=True)
+        xb = _evaluate(draws, self.b, inputs, dtype="native", rounded=True)
         return _compare(xa, xb, f"{where}; ground truth in {how}", max(self.coarsest, self.rtol),
                         "native dtype", inputs, i, rule, floor, self.limit, ref)
 
@@ -405,7 +413,7 @@ class _Judge:
         if not any(np.any(self._below(x)) for x in xa.values()):
             return None
         inputs = draws.rounded("offset", s)
-        xb = evaluate(self.b, inputs, dtype="native", rounded=True)
+        xb = _evaluate(draws, self.b, inputs, dtype="native", rounded=True)
         ref, how = draws.truth("offset", s)
         for name, x in xa.items():
             y, r = xb[name], ref[name]
