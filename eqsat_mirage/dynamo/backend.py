@@ -278,8 +278,9 @@ class Backend:
                                f"{exc}): the graph runs eagerly")
         eager = []
         for node in gm.graph.nodes:
-            if not node.users and recorded(node) is None:  # Python glue returning nothing
-                continue  # (torch._C._log_api_usage_once): not work left eager
+            if node.op.startswith("call") and not node.users and \
+                    node.meta.get("example_value", 0) is None:  # Python glue recorded as
+                continue  # returning nothing (torch._C._log_api_usage_once): not work
             if node.op.startswith("call") and support.reason(node) is not None:
                 name, loc, why = op_name(node, gm), source_line(node), support.reason(node)
                 self.unsupported.append(name + (f" at {loc}" if loc else "") + f": {why}")

@@ -358,7 +358,8 @@ class Converter:
                 return held
             value = self.param(node.target)
             self.env[node] = value
-            if isinstance(held, torch.Tensor) and not isinstance(held, torch.nn.Parameter):
+            if isinstance(held, torch.Tensor) and not isinstance(held, torch.nn.Parameter) \
+                    and not is_wrapped(held):  # a quantized buffer: read as its parts
                 self.constant(node, held, self.sources[value.node.arg])  # a buffer
             return value
         folded = self.fold(node)

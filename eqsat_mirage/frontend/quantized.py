@@ -17,6 +17,11 @@ The layouts read here are torchao's plain affine ones:
   ``(qdata.to(float32) * scale).to(f)``, as torchao's ``_dequantize_affine_float8``
   computes it. Weight-only: one with ``act_quant_kwargs`` (fp8 activations) is refused.
 
+The program computes what the weight's ``dequantize()`` gives, read by the op as a float
+weight. torchao's own ``Int8Tensor`` linear, per row or per tensor, multiplies by the scale
+after an ``mm`` with the int8 values instead (and leaves a zero point out there): the two
+differ by rounding, and by the zero point's term where one is not zero.
+
 Each part becomes a program input fed from source ``("inner", (weight's source, part))``
 (``torch_masks.source_value`` reads it from the weight at each call). A subclass this module
 cannot read (packed int4 layouts, activation quantization) raises
@@ -30,7 +35,8 @@ from typing import Any
 
 import torch
 
-from ..ir.errors import UnsupportedOpError
+from ..ir.errors import DTypeError, MirageError, UnsupportedOpError
+from ..ir.node import canonical_dtype
 from .graph import Tensor
 
 __all__ = ["AFFINE_LAYOUTS", "dequantized", "is_wrapped"]
@@ -53,12 +59,14 @@ def _describe(value: Any) -> str:
 
 
 def _parts(name: str, value: Any) -> tuple[dict[str, torch.Tensor], dict]:
-    """The tensors and attributes of wrapper ``value``; refuses what is not a weight-only
-    affine layout."""
+    """The tensors and attributes of wrapper ``value``; refuses what is not one of
+    torchao's weight-only layouts read here (by class name and torchao's module)."""
     what = f"weight {name!r} ({_describe(value)})"
-    if type(value).__name__ not in AFFINE_LAYOUTS + FLOAT8_LAYOUTS:
-        raise UnsupportedOpError(f"{what}: a quantized layout eqsat-mirage cannot read yet "
-                                 f"(it reads torchao's "
+    cls = type(value)
+    if cls.__name__ not in AFFINE_LAYOUTS + FLOAT8_LAYOUTS or \
+            not cls.__module__.startswith("torchao."):
+        raise UnsupportedOpError(f"{what}: a tensor subclass eqsat-mirage cannot read (it "
+                                 f"reads torchao's quantized weights "
                                  f"{', '.join(AFFINE_LAYOUTS + FLOAT8_LAYOUTS)})")
     names, ctx = value.__tensor_flatten__()
     parts = {n: getattr(value, n) for n in names}
@@ -78,7 +86,7 @@ def _parts(name: str, value: Any) -> tuple[dict[str, torch.Tensor], dict]:
 def _blocks(name: str, value: Any, ctx: dict) -> tuple[int, ...]:
     """The number of quantization blocks along each axis (scale's shape), or an error."""
     shape = tuple(int(d) for d in value.shape)
-    block = tuple(int(b) for b in ctx.get("block_size", ()))
+    block = tuple(int(b) for b in ctx.get("block_size") or ())
     if len(block) != len(shape) or any(b <= 0 or d % b for d, b in zip(shape, block)):
         raise UnsupportedOpError(f"weight {name!r} ({_describe(value)}): block size "
                                  f"{list(block)} does not tile its shape {list(shape)}")
@@ -101,19 +109,26 @@ def dequantized(make_input: Any, name: str, value: Any, source: tuple,
     n, k = (int(d) for d in value.shape)
     f = str(value.dtype).removeprefix("torch.")
 
+    what = f"weight {label or name!r} ({_describe(value)})"
+
     def part(key: str) -> Tensor:
         t = parts[key]
-        if key != "qdata" and t.numel() != groups[0] * groups[1]:
-            raise UnsupportedOpError(f"weight {label or name!r} ({_describe(value)}): {key} has "
-                                     f"shape {list(t.shape)}, not one per block "
-                                     f"({groups[0]} x {groups[1]})")
-        dtype = str(t.dtype).removeprefix("torch.")
-        return make_input(f"{name}_{key}", tuple(int(d) for d in t.shape), dtype,
-                          ("inner", (source, key)))
+        shape = tuple(int(d) for d in t.shape)
+        # qdata as the weight; a scale or zero point one per block, in the blocks' order
+        # (size-1 axes aside): a transposed or differently laid out part is refused
+        want = (n, k) if key == "qdata" else tuple(g for g in groups if g != 1)
+        if (shape if key == "qdata" else tuple(d for d in shape if d != 1)) != want:
+            raise UnsupportedOpError(f"{what}: {key} has shape {list(shape)}, not "
+                                     + ("the weight's" if key == "qdata" else
+                                        f"one per block ({groups[0]} x {groups[1]})"))
+        try:
+            dtype = canonical_dtype(str(t.dtype).removeprefix("torch."))
+        except MirageError as exc:
+            raise DTypeError(f"{what}: its {key}: {exc}") from None
+        return make_input(f"{name}_{key}", shape, dtype, ("inner", (source, key)))
 
     def per_block(t: Tensor) -> Tensor:  # broadcastable against the weight's block view
-        shape = (groups[0], 1) if groups[1] == 1 else (groups[0], groups[1], 1)
-        return t if t.shape == shape else t.reshape(*shape)  # a reshape is a kernel: none
+        return t.reshape(*((groups[0], 1) if groups[1] == 1 else (groups[0], groups[1], 1)))
 
     fp8 = type(value).__name__ in FLOAT8_LAYOUTS  # (q.to(float32) * scale).to(f), blockwise
     w = part("qdata").astype("float32" if fp8 else f)

@@ -143,3 +143,37 @@ def test_from_torch_reads_a_quantized_weight_passed_as_an_argument():
     with torch.no_grad():
         want = nn.functional.linear(x, w).relu().numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_quantized_buffer_is_read_as_its_parts():
+    """A quantized weight held as a buffer (a get_attr in the traced graph), not a
+    parameter."""
+    lin = _quantized(nn.Linear(64, 16, bias=False), "int8 group 32", torch.float32)
+
+    class Held(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("w", lin.weight.detach())  # not a Parameter
+
+        def forward(self, x):
+            return nn.functional.linear(x, self.w) * 2.0
+
+    m, x = Held(), torch.randn(3, 64)
+    g = em.from_torch(m, x)
+    assert g.inputs["w_qdata"].dtype == "int8", g.inputs
+    feed = graph_inputs(g, m, x)
+    got = next(iter(em.evaluate(g, {n: t.detach().numpy() for n, t in feed.items()}).values()))
+    with torch.no_grad():
+        np.testing.assert_allclose(got, m(x).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_parts_laid_out_otherwise_are_refused():
+    """A scale stored per block but transposed, or qdata not of the weight's shape, is not
+    read by element count: the op stays eager with the reason."""
+    lin = _quantized(nn.Linear(64, 16, bias=False), "int8 group 32", torch.float32)
+    w = lin.weight
+    cls = type(w)
+    bad = cls(w.qdata, w.scale.t().contiguous(), w.block_size, w.dtype,
+              zero_point=w.zero_point)
+    with pytest.raises(em.UnsupportedOpError, match="scale has shape .2, 16., not one per"):
+        em.from_torch(lambda x, w: nn.functional.linear(x, w), torch.randn(2, 64), bad)
