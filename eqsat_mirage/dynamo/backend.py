@@ -278,9 +278,9 @@ class Backend:
                                f"{exc}): the graph runs eagerly")
         eager = []
         for node in gm.graph.nodes:
-            if node.op.startswith("call") and not node.users and \
-                    node.meta.get("example_value", 0) is None:  # Python glue recorded as
-                continue  # returning nothing (torch._C._log_api_usage_once): not work
+            if node.op.startswith("call") and not node.users and not node.all_input_nodes \
+                    and recorded(node) is None:  # Python glue of no tensor that returns
+                continue  # nothing (torch._C._log_api_usage_once): not work left eager
             if node.op.startswith("call") and support.reason(node) is not None:
                 name, loc, why = op_name(node, gm), source_line(node), support.reason(node)
                 self.unsupported.append(name + (f" at {loc}" if loc else "") + f": {why}")
@@ -488,7 +488,7 @@ class Backend:
                         outs.append((ident, None))
             else:
                 cv.run(node)
-        cv.finish()
+        cv.finish(frozenset(src for _, src in outs if src))  # an identity output's input
         return cv.graph, cv, outs, single, device
 
 

@@ -309,8 +309,8 @@ def retarget_tensor_indexing(gm: fx.GraphModule) -> int:
     many. torch.fx's partitioner moves a ``getitem`` into the partition of a producer whose
     users are all ``getitem``s, again until nothing moves: where every user of ``w`` and
     every user of ``i`` is ``w[i]`` it moves it between their two partitions forever (torch
-    2.13, ``CapabilityBasedPartitioner.propose_partitions``). So is an indexing of a graph
-    input (``s[:, None]`` of a scale buffer): the partitioner keeps a ``getitem`` with its
+    2.13, ``CapabilityBasedPartitioner.propose_partitions``). So is an indexing of a float
+    graph input (``s[:, None]`` of a scale buffer): the partitioner keeps a ``getitem`` with its
     source, and an input is in no partition, so the view stayed eager, counted as an op
     left out. A tuple's ``getitem`` keeps its target: the partitioner places those with
     their tuple."""
@@ -324,7 +324,8 @@ def retarget_tensor_indexing(gm: fx.GraphModule) -> int:
         source = node.args[0]
         if any(isinstance(recorded(n), torch.Tensor) for n in found) or (
                 isinstance(source, fx.Node) and source.op == "placeholder"
-                and isinstance(recorded(source), torch.Tensor)):
+                and isinstance(recorded(source), torch.Tensor)
+                and recorded(source).is_floating_point()):
             node.target = index_with_tensor
             changed += 1
     if changed:

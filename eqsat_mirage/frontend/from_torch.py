@@ -403,13 +403,14 @@ class Converter:
                     for o in self.outputs(v, str(k) if top else f"{prefix}_{k}", False)]
         return [(prefix, value)]
 
-    def finish(self) -> None:
+    def finish(self, keep: frozenset = frozenset()) -> None:
         """End the conversion: remove the inputs of constants that only fed folds (no
-        output reads them)."""
+        output reads them; ``keep``: inputs handed back as outputs, kept)."""
         reached = {id(n) for n in self.graph.nodes()}
         for source in self.known_sources.values():
             for name, src in list(self.sources.items()):
-                if src is source and id(self.graph.inputs[name]) not in reached:
+                if src is source and name not in keep and \
+                        id(self.graph.inputs[name]) not in reached:
                     del self.graph.inputs[name], self.sources[name]
                     self.graph.dynamic.pop(name, None)
 

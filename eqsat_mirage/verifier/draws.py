@@ -35,6 +35,7 @@ from ..semantics.interp import Outputs, run
 from ..semantics.modular import DRAW_CHUNK, chunked
 from .corners import PAIR_FORMS, REST_BELOW, offset_sets, pairs
 from .corners import offset as common_offset
+from .fixed import UINT, fixed_keys, table_codes
 from .floatsafe import fingerprints, input_deps, is_graph, static_check, unsampled
 from .kernelsafe import kernel_check
 from .memory import keeps_draws, keeps_folded
@@ -94,52 +95,6 @@ class _Routed:
 
     def put(self, key, value) -> None:
         self._of(key).put(key, value)
-
-
-_UINT = {4: np.uint32, 8: np.uint64}  # a float array's bits, by item size
-
-
-def table_codes(x: np.ndarray, most: int = 256) -> tuple[np.ndarray, np.ndarray] | None:
-    """``(codes, table)`` with ``table[codes]`` bit for bit ``x`` (a float array; -0.0 and
-    each NaN kept as they are), codes uint8; None where ``x`` holds more than ``most``
-    distinct bit patterns."""
-    x = np.ascontiguousarray(x)
-    if x.dtype.kind != "f" or x.ndim == 0 or uniform(x):
-        return None
-    if x.dtype.itemsize not in _UINT:
-        return None
-    bits = x.view(_UINT[x.dtype.itemsize])
-    found, codes = np.unique(bits.reshape(-1), return_inverse=True)
-    if len(found) > most:
-        return None
-    return codes.astype(np.uint8).reshape(x.shape), found.view(x.dtype)
-
-
-def _structural(n, keys: dict) -> tuple:
-    """A key of node ``n`` equal for equal expressions (op, argument, dtype, shape and its
-    sources' keys): the same in two programs that compute it alike."""
-    return (n.op.name, repr(n.arg), str(n.dtype), tuple(n.shape),
-            tuple(keys[id(x)] for x in n.srcs))
-
-
-def fixed_keys(program) -> dict[int, tuple | None]:
-    """Each node of a Graph computed from its fixed inputs alone (index, int8/uint8 and fp8
-    inputs: the same values in every float draw, ``Draws.index``) and at least one of
-    them, by id: its structural key (``_structural``); None for such an input itself (read
-    as given or converted as it is read: nothing to keep)."""
-    def make(g) -> dict[int, tuple | None]:
-        keys: dict[int, tuple] = {}
-        out: dict[int, tuple | None] = {}
-        fixed_in = INDEX_DTYPES + QUANT_DTYPES + FP8_DTYPES
-        deps = input_deps(g)
-        for n in g.nodes():
-            keys[id(n)] = _structural(n, keys)
-            names = deps[id(n)]
-            if names and all(g.inputs[x].dtype in fixed_in for x in names):
-                out[id(n)] = None if n.op is Op.INPUT else keys[id(n)]
-        return out
-
-    return program.derived("fixed keys", make) if hasattr(program, "derived") else make(program)
 
 
 def ties(position: int, shape: tuple[int, ...], step: float) -> np.ndarray:
@@ -615,8 +570,8 @@ class Draws:
                 y = self._rounded_index[n]
                 if y is not x and y.shape == x.shape and y.dtype.kind == "f":
                     wide = table.astype(y.dtype)  # the same values, exactly (wider)
-                    if np.array_equal(wide[codes].view(_UINT[y.dtype.itemsize]),
-                                      y.view(_UINT[y.dtype.itemsize])):
+                    if np.array_equal(wide[codes].view(UINT[y.dtype.itemsize]),
+                                      y.view(UINT[y.dtype.itemsize])):
                         coded.add(y, codes, wide)
         return coded
 
