@@ -421,16 +421,13 @@ class Tensor:
         return apply(Op.TRANSPOSE, self, arg=perm)
 
     def reshape(self, *shape: Any) -> Tensor:
-        """Reshape (one dim may be -1); the same tensor when the shape does not change (a
-        reshape node would be a copy kernel of its own)."""
+        """Reshape (one dim may be -1)."""
         shape = self._ints(shape, "reshape", "the new shape's dims")
         if shape.count(-1) == 1:
             rest = numel(tuple(d for d in shape if d != -1))
             if rest <= 0:
                 raise ShapeError(f"{self._what('reshape')}: cannot infer -1 in {shape}")
             shape = tuple(numel(self.shape) // rest if d == -1 else d for d in shape)
-        if tuple(shape) == tuple(self.shape):
-            return self
         return apply(Op.RESHAPE, self, arg=shape)
 
     def astype(self, dtype: Any) -> Tensor:

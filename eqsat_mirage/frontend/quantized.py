@@ -128,7 +128,8 @@ def dequantized(make_input: Any, name: str, value: Any, source: tuple,
         return make_input(f"{name}_{key}", shape, dtype, ("inner", (source, key)))
 
     def per_block(t: Tensor) -> Tensor:  # broadcastable against the weight's block view
-        return t.reshape(*((groups[0], 1) if groups[1] == 1 else (groups[0], groups[1], 1)))
+        shape = (groups[0], 1) if groups[1] == 1 else (groups[0], groups[1], 1)
+        return t if t.shape == shape else t.reshape(*shape)  # a reshape is a kernel: none
 
     fp8 = type(value).__name__ in FLOAT8_LAYOUTS  # (q.to(float32) * scale).to(f), blockwise
     w = part("qdata").astype("float32" if fp8 else f)

@@ -127,12 +127,6 @@ def test_reshape_size_mismatch(new, shown):
         a.reshape(*new)
 
 
-def test_a_reshape_to_the_same_shape_is_the_tensor():
-    g, (a,) = graph(A=(3, 4))
-    assert a.reshape(3, 4) is a and a.reshape(-1, 4) is a  # no copy node (a kernel of its own)
-    assert a.reshape(4, 3) is not a
-
-
 @pytest.mark.parametrize("perm, shown", [((0, 0), r"\(0, 0\)"), ((1, 0), r"\(1, 0\)"),
                                          ((0, 1, 3), r"\(0, 1, 3\)")])
 def test_transpose_bad_permutation(perm, shown):
