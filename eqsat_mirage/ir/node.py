@@ -432,12 +432,7 @@ def _quant_cast(op: Op, srcs: tuple[Node, ...], arg: Any, where: Any) -> tuple[S
     if op in BIT_OPS:
         return _bit_op(op, srcs[0], arg, where)
     if op in VIEWS or op is Op.CONCAT:
-        if any(s.dtype != dtype for s in srcs):
-            article = "an" if dtype == "int8" else "a"
-            raise DTypeError(f"{where}: a concat of {article} {dtype} tensor with "
-                             f"{', '.join(sorted({s.dtype for s in srcs} - {dtype}))}; cast "
-                             "them to one dtype first")
-        return _moved_indices(op, srcs, arg, where)
+        return _moved_as_is(op, srcs, arg, where, dtype)
     if op is not Op.CAST:
         raise DTypeError(f"{where}: {'an' if dtype == 'int8' else 'a'} {dtype} tensor (integer "
                          "values) can only be cast (to a float dtype, w.astype('float16'), "
@@ -450,17 +445,25 @@ def _quant_cast(op: Op, srcs: tuple[Node, ...], arg: Any, where: Any) -> tuple[S
     return srcs[0].shape, arg
 
 
+def _moved_as_is(op: Op, srcs: tuple[Node, ...], arg: Any, where: Any,
+                 dtype: str) -> tuple[Shape, str]:
+    """A view or concat of integer or fp8 tensors of ``dtype`` (moved, not computed); a
+    ``DTypeError`` for a concat that mixes in another dtype."""
+    if any(s.dtype != dtype for s in srcs):
+        article = "an" if dtype == "int8" else "a"
+        raise DTypeError(f"{where}: a concat of {article} {dtype} tensor with "
+                         f"{', '.join(sorted({s.dtype for s in srcs} - {dtype}))}; cast "
+                         "them to one dtype first")
+    return _moved_indices(op, srcs, arg, where)
+
+
 def _fp8_read(op: Op, srcs: tuple[Node, ...], arg: Any, where: Any) -> tuple[Shape, str]:
     """A float8 value tensor (e4m3fn or e5m2): read by a cast to a float dtype (exact: every
     finite fp8 value is a float16, bfloat16 and float32 value) or moved (a view or a concat
     of one fp8 dtype); arithmetic on fp8 values is not supported (no fp8 compute)."""
     dtype = next(s.dtype for s in srcs if s.dtype in FP8_DTYPES)
     if op in VIEWS or op is Op.CONCAT:
-        if any(s.dtype != dtype for s in srcs):
-            raise DTypeError(f"{where}: a concat of a {dtype} tensor with "
-                             f"{', '.join(sorted({s.dtype for s in srcs} - {dtype}))}; cast "
-                             "them to one dtype first")
-        return _moved_indices(op, srcs, arg, where)
+        return _moved_as_is(op, srcs, arg, where, dtype)
     if op is not Op.CAST:
         raise DTypeError(f"{where}: a {dtype} tensor (fp8 values) can only be cast (to a float "
                          "dtype, w.astype('float16'), before any arithmetic) or moved "
