@@ -25,7 +25,7 @@ from ..frontend.torch_masks import FOLD_LIMIT, BoolMask, Snapshot, constant_mask
 from ..frontend.torch_movement import Empty, index_with_tensor
 from ..ir.errors import MirageError, unexpected
 from ..ir.limits import search_weight
-from ..ir.node import Op
+from ..ir.node import Op, located
 from .specs import SymbolicSizes, computes, empty, recorded
 
 __all__ = ["CONSTANTS", "NodeSupport", "buffer_constants", "constant_input", "mutation",
@@ -63,7 +63,14 @@ def constant_input(cv: Converter, node: fx.Node, name: str, shape: tuple, dtype:
     with a known constant ``value``, a bool one is its folded mask (guarded: the input must
     hold ``value`` at each call) and a float one an input the converter folds comparisons
     of (``Converter.constant``). A quantized weight (a wrapper tensor, Dynamo's recorded
-    value) is its dequantization from inputs for its parts (``quantized.dequantized``)."""
+    value) is its dequantization from inputs for its parts (``quantized.dequantized``).
+    The input's place is the user's line that made the value (not torch's partitioner)."""
+    with located(source_line(node).split(" (")[0] or "an argument of the graph"):
+        return _input(cv, node, name, shape, dtype, source, value)
+
+
+def _input(cv: Converter, node: fx.Node, name: str, shape: tuple, dtype: str,
+           source: tuple, value: torch.Tensor | None) -> Tensor | BoolMask:
     if is_wrapped(recorded(node)):
         return dequantized(cv.input, name, recorded(node), source, node.name)
     if value is not None and value.dtype == torch.bool:

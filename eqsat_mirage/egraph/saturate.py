@@ -24,6 +24,7 @@ import egglog.bindings as eb
 
 from ..ir.errors import MirageError, TimeLimitError
 from ..ir.limits import Deadline
+from ..ir.node import INDEX_DTYPES
 from ..ir.ops import SPECS
 from .encode import IDENTITIES, Encoder
 from .rulefiles import Rule, SList, Sym, guards_text, schema_text, to_text
@@ -235,6 +236,11 @@ class Saturator:
         self._fixpoint(("absrules",), "computing abstract expressions")
         for root in self.roots.values():
             self._run(f"(in-target (absval {root}))", "marking the target")
+        for node in self.graph.inputs.values():  # a gather's guard is its table's: the
+            # indices' moves (a reshape, a boundary) would be out of target without this
+            if node.dtype in INDEX_DTYPES and id(node) in self.encoder.names:
+                self._run(f"(in-target (absval {self.encoder.names[id(node)]}))",
+                          "marking the index inputs")
         st = PhaseStats("guards")
         while st.iterations < limits.iter_limit:
             out = self._run(f"(run-schedule (let-scheduler bo (back-off :match-limit "

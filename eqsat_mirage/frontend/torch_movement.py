@@ -20,8 +20,9 @@ import torch
 from torch import nn
 
 from ..ir.errors import ShapeError, UnsupportedOpError
+from ..ir.node import INDEX_DTYPES, Op
 from .functions import concat
-from .graph import Tensor
+from .graph import Tensor, apply
 
 
 def tensor_arg(x: Any, what: str) -> Tensor:
@@ -254,10 +255,12 @@ def _index_items(x: Tensor, index: Any) -> list:
     """The items of index ``index`` of ``x`` with ``...`` expanded; refuses what has no form."""
     items = list(index) if isinstance(index, tuple) else [index]
     for i in items:
-        if isinstance(i, (Tensor, Empty)):
-            raise UnsupportedOpError(f"indexing with a tensor of the program, an input or a "
-                                     f"computed one (x[{index!r}]): only constant indices "
-                                     "are supported")
+        if isinstance(i, Empty) or isinstance(i, Tensor) and i.dtype not in INDEX_DTYPES:
+            raise UnsupportedOpError(f"indexing with a {i.dtype} tensor of the program "
+                                     f"(x[{index!r}]): only integer index tensors (int64, "
+                                     "int32) and constant indices are supported")
+        if isinstance(i, Tensor):
+            continue
         held = torch.as_tensor(i) if isinstance(i, (list, torch.Tensor)) else None
         if isinstance(i, bool) or (held is not None and (
                 held.dtype == torch.bool or held.is_floating_point() or held.is_complex())):
@@ -266,9 +269,13 @@ def _index_items(x: Tensor, index: Any) -> list:
             raise UnsupportedOpError(f"tensor indexing x[{index!r}] with a "
                                      f"{type(i).__name__} (supported: ints, slices, None, "
                                      "..., and one list or integer tensor of indices)")
-    if sum(isinstance(i, (list, torch.Tensor)) for i in items) > 1:
+    if sum(isinstance(i, (list, torch.Tensor, Tensor)) for i in items) > 1:
         raise UnsupportedOpError(f"tensor indexing x[{index!r}] with more than one list or "
                                  "tensor of indices (their broadcasting is not supported)")
+    if any(isinstance(i, Tensor) for i in items) and not all(
+            isinstance(i, (Tensor, slice)) or i is Ellipsis for i in items):
+        raise UnsupportedOpError(f"indexing x[{index!r}] with a tensor of the program beside "
+                                 "ints or None (supported: the tensor with slices and '...')")
     if sum(i is Ellipsis for i in items) > 1:
         raise ShapeError(f"indexing x[{index!r}]: more than one '...'")
     if any(isinstance(i, slice) and i.step is not None and i.step <= 0 for i in items):
@@ -288,10 +295,14 @@ def index_tensor(x: Tensor, index: Any) -> Tensor | Empty:
     """``x[index]`` as torch computes it, of slices with step 1 and reshapes: ints, slices
     with any positive step, ``None``, ``...`` and one list or constant integer tensor of
     indices of one axis (``x[..., [-2], :]``; its shape replaces the axis). An index that
-    selects no element gives ``Empty``."""
+    selects no element gives ``Empty``. One integer tensor of the program with slices and
+    ``...`` (``w[expert_ids]``) is a gather (``Op.GATHER``) along its axis; a negative
+    index there raises when the program runs (torch counts it from the end)."""
     items = _index_items(x, index)
+    probe = tuple(torch.empty(i.shape, dtype=torch.int64, device="meta")
+                  if isinstance(i, Tensor) else i for i in items)
     try:
-        want = tuple(torch.empty(x.shape, device="meta")[tuple(items)].shape)
+        want = tuple(torch.empty(x.shape, device="meta")[probe].shape)
     except (IndexError, ValueError, RuntimeError) as exc:
         raise ShapeError(f"indexing x[{index!r}] of a tensor of shape {x.shape}: {exc}") from None
     if 0 in want:
@@ -309,6 +320,9 @@ def index_tensor(x: Tensor, index: Any) -> Tensor | Empty:
             axis += 1
         elif isinstance(item, int):
             out = _drop(take(out, axis, [item], f"indexing x[{index!r}]"), axis)
+        elif isinstance(item, Tensor):  # a gather: the index's shape takes the axis's place
+            out = apply(Op.GATHER, out, item, arg=axis)
+            axis += item.ndim
         else:
             idx = torch.as_tensor(item)
             flat = take(out, axis, [int(i) for i in idx.flatten()], f"indexing x[{index!r}]")

@@ -91,8 +91,13 @@ def test_indexing_errors_name_the_index():
         em.from_torch(lambda a: a[..., [1, 10]], X)
     with pytest.raises(em.UnsupportedOpError, match="bool or float index"):
         em.from_torch(lambda a: a[..., [True] * 10], X)
-    with pytest.raises(em.UnsupportedOpError, match="a tensor of the program"):
-        em.from_torch(lambda a, b: a[b], X, X)
+    with pytest.raises(em.UnsupportedOpError, match="a float32 tensor of the program"):
+        em.from_torch(lambda a, b: a[b], X, X)  # a float index
+    ids = torch.tensor([1, 0])
+    with pytest.raises(em.UnsupportedOpError, match="beside ints or None"):
+        em.from_torch(lambda a, i: a[0, i], X, ids)
+    with pytest.raises(em.UnsupportedOpError, match="more than one list"):
+        em.from_torch(lambda a, i: a[i, :, i], X, ids)
     with pytest.raises(em.UnsupportedOpError, match="a step below 1"):
         em.from_torch(lambda a: a[..., ::-1], X)
     with pytest.raises(em.ShapeError, match="4 indices for a tensor of shape"):
@@ -131,3 +136,26 @@ def test_sdpa_batch_dims_that_do_not_broadcast_are_refused():
     q, k = torch.randn(1, 4, 6, 8), torch.randn(1, 3, 6, 8)
     with pytest.raises(em.UnsupportedOpError, match="do not broadcast"):
         em.from_torch(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), q, k, k)
+
+
+GATHERED = {  # an integer tensor of the program as the index: Op.GATHER along its axis
+    "rows": (lambda w, i: w[i], (3, 4, 5), (6,)),  # transformers' batched_mm: w[expert_ids]
+    "rows_2d_index": (lambda w, i: w[i] * 2.0, (3, 4), (2, 5)),
+    "middle_axis": (lambda w, i: w[:, i], (2, 5, 3), (4,)),
+    "after_ellipsis": (lambda w, i: w[..., i, :], (2, 5, 3), (2, 2)),
+    "with_a_strided_slice": (lambda w, i: w[::2, i], (5, 4), (3,)),
+    "moved_index": (lambda w, i: w[i.reshape(-1)], (4, 3), (2, 3)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GATHERED))
+def test_an_integer_tensor_index_is_a_gather(name):
+    """Issue 52: ``w[ids]`` with ``ids`` an integer tensor of the program (Mixtral's
+    batched_mm gathers each token's expert weights so) is ``Op.GATHER``, equal to torch."""
+    fn, shape, ishape = GATHERED[name]
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(shape, generator=gen)
+    axis = {"middle_axis": 1, "after_ellipsis": 1, "with_a_strided_slice": 1}.get(name, 0)
+    i = torch.randint(0, shape[axis], ishape, generator=gen)
+    g = _check(fn, w, i)
+    assert sum(n.op is Op.GATHER for n in g.nodes()) == 1

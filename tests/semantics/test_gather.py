@@ -258,3 +258,20 @@ def test_backend_runs_embedding_and_rms_norm_optimized():
         assert [r.eager_calls for r in be.report] == [1]  # that call only ran eagerly
         torch.testing.assert_close(fn(ids), want)
     assert [r.status for r in be.report] == ["optimized"]
+
+
+def test_moved_indices_may_cross_a_kernel_boundary():
+    """A gather's guard is its table's, so the abstract expression of its indices was in no
+    target and the guard refused every kernel boundary after a reshape of them: the whole
+    program stayed one kernel per op (Mixtral's batched_mm, ``w[ids.reshape(-1)]``). The
+    index inputs are marked in-target now; the product after the gather fuses."""
+    g = em.Graph("moe")
+    w = g.input("w", (4, 64, 32), dtype="float32")
+    ids = g.input("ids", (4, 2), dtype="int64").reshape((8,))
+    x = g.input("x", (8, 32), dtype="float32")
+    y = (em.index_select(w, 0, ids) @ x.reshape((8, 32, 1))).reshape((8, 64))
+    g.output(em.silu(y) * 2.0, "y")
+    res = em.optimize(g, time_limit_s=300, cache=False)
+    assert res.verified.equivalent
+    assert any(k.kind == "custom" for k in res.program.kernels)
+    assert res.cost_us < res.baseline_cost_us
