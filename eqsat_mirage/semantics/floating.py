@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import weakref
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,10 +20,11 @@ from ..ir.node import (
     slice_index,
 )
 from ..ir.ops import NAN_STRICT, SPECS, VIEWS
+from .coded import Coded, CodedValue, coded_op, coded_sums
 from .fp8 import round_fp8
 from .gather import checked_indices, take
 from .gemm import matmul as gemm
-from .interp import Later, check_inputs, made, run
+from .interp import Later, check_inputs, check_values, made, run
 
 
 # Round to nearest even at float16's precision by one addition: x + c - c, c = 1.5 * 2**(e + k)
@@ -289,80 +289,6 @@ def _matmul(ctx, n, a, b):
     return ctx.fix(n, np.matmul(a, b) if ctx.mode == "native" else gemm(a, b))
 
 
-class Coded:
-    """Arrays whose values are ``table[codes]`` (a table of a few values, one uint8 code an
-    element), by ``id``: an int8 or fp8 weight (256 values) and what elementwise ops with
-    one-value operands make of it (``_elementwise``: the op on the table, then one look-up,
-    in place of the op and its rounding on every element; the same values, as each
-    element's result is the op's on its value). Entries go with their arrays (weakrefs);
-    shared by threads (each entry written once)."""
-
-    def __init__(self) -> None:
-        self.entries: dict[int, tuple] = {}
-
-    def add(self, x: np.ndarray, codes: np.ndarray, table: np.ndarray) -> None:
-        """Know ``x`` as ``table[codes]`` while it lives."""
-        key, entries = id(x), self.entries
-
-        def gone(ref, key=key) -> None:
-            if entries.get(key, (None,))[0] is ref:
-                entries.pop(key, None)
-
-        entries[key] = (weakref.ref(x, gone), codes, table)
-
-    def get(self, x: Any) -> tuple[np.ndarray, np.ndarray] | None:
-        """``(codes, table)`` of ``x`` where known, else None."""
-        found = self.entries.get(id(x))
-        if found is None or found[0]() is not x:
-            return None
-        return found[1], found[2]
-
-
-def _coded(ctx, n, fn, xs) -> np.ndarray | None:
-    """``ctx.fix(n, fn(*xs))`` where one operand is a ``Coded`` array of the result's shape
-    and the others are small beside it (one value, or a per-channel vector: a scale, a zero
-    point): computed on its table broadcast against them, then looked up; None otherwise."""
-    coded = ctx.coded
-    if coded is None:
-        return None
-    shape = tuple(n.shape)
-    at = next((i for i, x in enumerate(xs) if np.shape(x) == shape and coded.get(x)), None)
-    if at is None:
-        return None
-    codes, table = coded.get(xs[at])
-    rank, args = len(shape), []
-    if table.ndim == 1:  # one value a code: against the others' axes
-        table = table.reshape(table.shape[:1] + (1,) * rank)
-    wide = table.shape[1:]
-    for i, x in enumerate(xs):
-        if i == at:
-            args.append(table)
-            continue
-        if uniform(x):
-            args.append(_one(x))
-            continue
-        x = np.asarray(x)
-        if x.ndim > rank:
-            return None
-        lead = (1,) * (rank - x.ndim)
-        args.append(x.reshape((1,) + lead + x.shape))
-        wide = np.broadcast_shapes(wide, lead + x.shape)
-    if np.broadcast_shapes(wide, shape) != shape or \
-            table.shape[0] * int(np.prod(wide)) * 4 > int(np.prod(shape)):
-        return None  # not small beside the array: computed as it is
-    out = np.asarray(ctx.fix(n, fn(*args)))
-    if out.shape != (table.shape[0],) + tuple(wide):
-        return None
-    size = int(np.prod(wide))
-    if size == 1:
-        value = out.reshape(-1)[codes]
-    else:  # element (c, position in ``wide``) of the table
-        where = np.broadcast_to(np.arange(size).reshape(wide), shape)
-        value = out.reshape(-1)[codes.astype(np.intp) * size + where]
-    coded.add(value, codes, out)
-    return value
-
-
 def _elementwise(fn):
     """An elementwise entry; on ``uniform`` operands it computes one element and broadcasts;
     on a ``Coded`` array and one-value operands, on its table (``_coded``)."""
@@ -371,8 +297,13 @@ def _elementwise(fn):
             shape = np.broadcast_shapes(*(np.shape(x) for x in xs))
             return _spread(ctx.fix(n, fn(*(_one(x) for x in xs))), shape)
         value = _coded(ctx, n, fn, xs)
-        return ctx.fix(n, fn(*xs)) if value is None else value
+        return ctx.fix(n, fn(*(made(x) for x in xs))) if value is None else value
     return apply
+
+
+def _coded(ctx, n, fn, xs) -> CodedValue | None:
+    """``coded.coded_op``: an elementwise op on a weight known as a table and codes."""
+    return coded_op(ctx, n, fn, xs, uniform, _one)
 
 
 def _uniform_reduce(fn, scaled: bool):
@@ -409,6 +340,11 @@ def _uniform_matmul(ctx, n, a, b):
     inf). Not where a term or a
     partial sum could overflow the accumulator (``[[3e38, -3e38]] @ 4``: nan as a GEMM,
     0 as a sum first), which the largest |term| times the length rules out."""
+    if isinstance(a, CodedValue) or isinstance(b, CodedValue):
+        summed = _coded_matmul(ctx, n, a, b)
+        if summed is not None:
+            return summed
+        a, b = made(a), made(b)
     if uniform(a) and uniform(b) and np.ndim(a) and np.ndim(b):
         one = _one(a).astype(np.float64) * _one(b).astype(np.float64) * np.shape(a)[-1]
         return _spread(ctx.fix(n, one), n.shape)
@@ -428,18 +364,89 @@ def _uniform_matmul(ctx, n, a, b):
     return _matmul(ctx, n, a, b)
 
 
+def _coded_matmul(ctx, n, a, b):
+    """``_uniform_matmul`` of one value ``c`` and a ``CodedValue`` (a weight's
+    dequantization in a bisection's draw, every float input one value), from its table
+    and each code's count along the contraction (``coded.coded_sums``), without looking
+    the weight up: where no term nor partial sum of finite terms overflows (the largest
+    finite |term| times the length, as there), ``c`` times the finite terms' sums, added
+    in float64 and rounded once to the accumulator (the elements' sum in another order, as
+    ``_uniform_matmul``'s own is the GEMM's); where a term is not finite (an inf or NaN
+    element, ``c`` inf or NaN), the value IEEE gives it in any order: NaN where a term is
+    NaN (a NaN element or ``c``, 0 times inf) or infs of both signs meet, else the infs'
+    sign. None where this does not apply (the caller looks the weight up)."""
+    if np.ndim(a) < 2 or np.ndim(b) < 2 or ctx.coded is None:
+        return None
+    if isinstance(b, CodedValue) and uniform(a):
+        c, other, axis = _one(a), b, -2
+    elif isinstance(a, CodedValue) and uniform(b):
+        c, other, axis = _one(b), a, -1
+    else:
+        return None
+    acc = accumulator(ctx, n)
+    c = c.astype(acc)
+    got = coded_sums(other, axis, ctx.coded)
+    if got is None:
+        return None
+    cf = float(c)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(cf):
+            if not got.top * abs(cf) * np.shape(a)[-1] < float(np.finfo(acc).max):
+                return None
+            value = got.sums.astype(acc) * c
+            # the terms c * element of the non-finite elements (c finite)
+            nan = got.nan | (got.posinf & got.neginf) | ((got.posinf | got.neginf) & (cf == 0))
+            inf = got.posinf | got.neginf
+            sign = np.where(got.posinf, 1.0, -1.0) * (1.0 if cf > 0 else -1.0)
+        else:  # every term c * element: nan where c or an element is nan or an element 0
+            pos = got.has(lambda t: t > 0)
+            nan = got.has(lambda t: t == 0) | got.nan | (pos & got.has(lambda t: t < 0)) | \
+                bool(np.isnan(cf))
+            inf = ~nan
+            sign = np.where(pos, 1.0, -1.0) * (1.0 if cf > 0 else -1.0)
+            value = np.zeros(got.sums.shape, dtype=acc)
+        if inf.any() or nan.any():
+            value = np.where(nan, np.nan, np.where(inf, sign * np.inf, value)).astype(acc)
+    return ctx.fix(n, np.ascontiguousarray(np.broadcast_to(value, n.shape)))
+
+
+def _input(ctx, n):
+    """INPUT: as given where the inputs are rounded, else ``fix``ed; an int8 or fp8 input
+    known as a table and codes (``ctx.coded``) then a ``CodedValue`` of its table fixed
+    (the same values, each element's the table's: no pass over the weight)."""
+    x = ctx.inputs[n.arg]
+    if ctx.rounded:
+        return x
+    if ctx.coded is not None and n.dtype in QUANT_DTYPES + FP8_DTYPES:
+        found = ctx.coded.get(x)
+        if found is not None:
+            codes, table = found
+            table = np.asarray(ctx.fix(n, table))
+            if table.ndim == 1:
+                table = table.reshape(table.shape + (1,) * codes.ndim)
+            return CodedValue(codes, table, ctx.coded)
+    return ctx.fix(n, x)
+
+
+def _transpose(ctx, n, x):
+    """TRANSPOSE; a ``CodedValue`` stays one (its codes and table transposed)."""
+    if isinstance(x, CodedValue):
+        return x.transposed(n.arg)
+    return np.transpose(x, n.arg)
+
+
 # Every op with an elementwise float form (its spec's ``floats``) is derived from it; the
 # rest are handled here.
 FLOAT_SEMANTICS = {
     **{op: _elementwise(s.floats) for op, s in SPECS.items() if s.floats is not None},
-    Op.INPUT: lambda ctx, n: ctx.inputs[n.arg] if ctx.rounded else ctx.fix(n, ctx.inputs[n.arg]),
+    Op.INPUT: lambda ctx, n: _input(ctx, n),
     Op.CONST: lambda ctx, n: np.float64(n.arg),
     Op.MATMUL: _uniform_matmul,
     Op.SUM: _uniform_reduce(_sum, scaled=True),
     Op.MEAN: _uniform_reduce(_mean, scaled=False),
     Op.MAX: _uniform_reduce(_max, scaled=False),
     Op.CAUSAL: lambda ctx, n: np.tri(n.arg[0], n.arg[1], n.arg[2], dtype=np.float64),
-    Op.TRANSPOSE: lambda ctx, n, x: np.transpose(x, n.arg),
+    Op.TRANSPOSE: _transpose,
     Op.RESHAPE: lambda ctx, n, x: np.reshape(x, n.arg),
     Op.CONCAT: lambda ctx, n, *xs: np.concatenate(xs, axis=n.arg),
     Op.SLICE: lambda ctx, n, x: x[slice_index(n.arg)],
@@ -461,7 +468,10 @@ def _gather(ctx, n, x, i):
 
 
 def _all_nan(x: Any) -> bool:
-    """Whether ``x`` is NaN everywhere: one element looked at unless that one is NaN."""
+    """Whether ``x`` is NaN everywhere: one element looked at unless that one is NaN (a
+    ``CodedValue``: its table)."""
+    if isinstance(x, CodedValue):
+        return x.all_nan()
     x = np.asarray(x)
     if not x.size or x.dtype.kind != "f" or not np.isnan(x.item(0)):
         return False
@@ -482,26 +492,41 @@ def _nan_strict(fn):
         return any(_all_nan(xs[i]) for i in check) or (
             n.op is Op.MATMUL and 0 in check and _rows_nan(xs[0]))
 
+    takes = _TAKES_CODED  # the ops that read a ``CodedValue`` as it is
+
+    def settled(op, x):
+        """``x`` made, a ``CodedValue`` left as it is for an op that reads it so."""
+        while isinstance(x, Later) and not (op in takes and isinstance(x, CodedValue)):
+            x = x.value()
+        return x
+
     def apply(ctx, n, *xs):
-        later = [i for i, x in enumerate(xs) if isinstance(x, Later)]
+        later = [i for i, x in enumerate(xs)
+                 if isinstance(x, Later) and not isinstance(x, CodedValue)]
         if later and n.op in _DEFERRED:  # a view or cast of an unread input (a weight's
-            return Later(lambda: apply(ctx, n, made(xs[0])))  # transpose): where it is read
+            return Later(lambda: apply(ctx, n, settled(n.op, xs[0])))  # transpose): where read
         if nan(n, xs, [i for i in range(len(xs)) if i not in later]):
             return np.broadcast_to(np.float64(np.nan), n.shape)
-        if later:
-            xs = tuple(made(x) for x in xs)
-            if nan(n, xs, later):
-                return np.broadcast_to(np.float64(np.nan), n.shape)
+        xs = tuple(settled(n.op, x) for x in xs)
+        if later and nan(n, xs, later):
+            return np.broadcast_to(np.float64(np.nan), n.shape)
         return fn(ctx, n, *xs)
 
     apply.lazy_args = True
     return apply
 
 
+# elementwise ops (``_coded``), a matmul (``_coded_matmul``) and a transpose
+_TAKES_CODED = frozenset(op for op, s in SPECS.items() if s.floats is not None) | {
+    Op.MATMUL, Op.TRANSPOSE}
+
+
 def _rows_nan(a: Any) -> bool:
     """Whether every row of a matmul's left operand holds a NaN (then every sum of the
     product has a NaN term): a float16 layer's RMSNorm at the headroom, NaN wherever its
     input overflowed, before the projections. One pass over ``a``, beside the GEMM's."""
+    if isinstance(a, CodedValue):  # (NaN where its table is NaN everywhere: ``_all_nan``)
+        return False
     a = np.asarray(a)
     if a.ndim < 2 or not a.size or a.dtype.kind != "f" or uniform(a):
         return False
@@ -583,8 +608,8 @@ class KeptValues:
     def put(self, key: Hashable, value: Any) -> None:
         """Keep ``value`` under ``key`` while the budget allows (a deferred input read,
         ``interp.Later``, is not kept: its size is not known yet)."""
-        if isinstance(value, Later):
-            return
+        if isinstance(value, Later) and not isinstance(value, CodedValue):
+            return  # (a ``CodedValue`` counts as looked up: ``nbytes``)
         size = 64 if uniform(value) else int(getattr(value, "nbytes", 64))
         with self.lock:
             if key not in self.values and self.held + size <= self.max_bytes:
@@ -622,7 +647,7 @@ def evaluate_kept(program, inputs: Mapping[str, np.ndarray], key_of: Callable[[N
     their tables."""
     _checked(program)
     table = {op: _reading_kept(fn, key_of, kept) for op, fn in _EVALUATE.items()}
-    ctx = float_ctx(program, inputs, dtype, rounded)
+    ctx = float_ctx(program, inputs, dtype, rounded, coded)
     ctx.coded = coded
     return _outputs(program, table, ctx)
 
@@ -656,10 +681,11 @@ class LazyInputs(Mapping):
         return {n: self.keep(n) for n in self.names}
 
 
-def float_ctx(program, inputs: Mapping[str, Any], dtype: str | None, rounded: bool
-              ) -> FloatCtx:
+def float_ctx(program, inputs: Mapping[str, Any], dtype: str | None, rounded: bool,
+              coded: Coded | None = None) -> FloatCtx:
     """The interpreter's context for ``evaluate``'s ``dtype`` and ``rounded``: inputs checked
-    (or, from ``rounded_inputs``, used as given; ``LazyInputs``: made as they are read)."""
+    (or, from ``rounded_inputs``, used as given; ``LazyInputs``: made as they are read; an
+    int8 or fp8 input known to ``coded``, checked by its table's values)."""
     from ..ir.errors import DTypeError
     from ..ir.node import canonical_dtype
 
@@ -669,18 +695,32 @@ def float_ctx(program, inputs: Mapping[str, Any], dtype: str | None, rounded: bo
                          f"{', '.join(_BITS)} or 'native'")
     if isinstance(inputs, LazyInputs) and set(inputs) == set(program.inputs):
         return FloatCtx(inputs, mode, rounded=rounded and mode == "native")
-    if rounded and mode == "native" and _as_given(program, inputs, (np.float32,)):
+    if rounded and mode == "native" and _as_given(program, inputs, (np.float32,), coded):
         return FloatCtx(dict(inputs), mode, rounded=True)
-    if mode is None and _as_given(program, inputs, (np.float16, np.float32, np.float64)):
+    if mode is None and _as_given(program, inputs, (np.float16, np.float32, np.float64),
+                                  coded):
         return FloatCtx(dict(inputs), mode)  # each converted to float64 as it is read (fix),
     return FloatCtx(check_inputs(program, inputs), mode)  # not all of them at once
 
 
-def _as_given(program, inputs: Mapping[str, Any], dtypes: tuple) -> bool:
+def _as_given(program, inputs: Mapping[str, Any], dtypes: tuple, coded: Coded | None = None
+              ) -> bool:
     """Whether ``inputs`` are NumPy arrays of ``dtypes``, one per input of ``program``, of
     its shapes: usable without ``check_inputs``'s float64 copies (an int8/uint8 input's
-    values are checked there: integers of its range; an fp8 input's: values of its dtype)."""
+    values are checked there: integers of its range; an fp8 input's: values of its dtype;
+    one known to ``coded`` as a table and codes, float32 or float64, is checked here by its
+    table, which holds every value it holds)."""
+    def given(n: str, node) -> bool:
+        x = inputs[n]
+        if not isinstance(x, np.ndarray) or x.shape != node.shape:
+            return False
+        if node.dtype not in QUANT_DTYPES + FP8_DTYPES:
+            return x.dtype in dtypes
+        found = coded.get(x) if coded is not None else None
+        if found is None or x.dtype not in (np.float32, np.float64):
+            return False
+        check_values(found[1], n, node.dtype)  # (raises for a value out of its range)
+        return True
+
     return isinstance(inputs, Mapping) and set(inputs) == set(program.inputs) and all(
-        isinstance(inputs[n], np.ndarray) and inputs[n].dtype in dtypes
-        and inputs[n].shape == node.shape and node.dtype not in QUANT_DTYPES + FP8_DTYPES
-        for n, node in program.inputs.items())
+        given(n, node) for n, node in program.inputs.items())

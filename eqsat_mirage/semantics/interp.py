@@ -80,12 +80,18 @@ def check_inputs(program, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         if arr.shape != node.shape:
             raise InputError(f"input {name!r} of {program.name!r}: expected shape "
                              f"{fmt_shape(node.shape)}, got {fmt_shape(arr.shape)}")
-        if node.dtype in QUANT_DTYPES:
-            _check_ints(arr, name, node.dtype)
-        if node.dtype in FP8_DTYPES:
-            _check_fp8(arr, name, node.dtype)
+        check_values(arr, name, node.dtype)
         out[name] = arr
     return out
+
+
+def check_values(arr: np.ndarray, name: str, dtype: str) -> None:
+    """An ``InputError`` unless the values of input ``name`` (an int8/uint8 or fp8 input,
+    ``dtype``; any other: nothing to check) are values of its dtype."""
+    if dtype in QUANT_DTYPES:
+        _check_ints(np.asarray(arr, dtype=np.float64), name, dtype)
+    if dtype in FP8_DTYPES:
+        _check_fp8(np.asarray(arr, dtype=np.float64), name, dtype)
 
 
 def _check_ints(arr: np.ndarray, name: str, dtype: str) -> None:
@@ -142,8 +148,10 @@ class Later:
 
 
 def made(x: Any) -> Any:
-    """``x``, or the value of a ``Later``."""
-    return x.value() if isinstance(x, Later) else x
+    """``x``, or the value of a ``Later`` (made in turn where that is one)."""
+    while isinstance(x, Later):
+        x = x.value()
+    return x
 
 
 def run(program, table: Table, ctx: Any, outputs: bool = True) -> dict:

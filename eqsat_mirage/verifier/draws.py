@@ -412,6 +412,8 @@ class Draws:
         draw is made from it (("folded", 0.5) for the per-input draws, ("signed", 1) for
         the exponent draws)."""
         self._current.key = self._current.value = self._current.outputs = None
+        if "_coded" in self.__dict__:  # this thread's last weight looked up (``Coded``)
+            self._coded.forget()
         if not self.keeps and (kind, s) not in _SHARED:
             self.memo.pop(("rounded", kind, s), None)
 
@@ -437,6 +439,8 @@ class Draws:
         to float16 (``pack``'s format: one conversion instead of three), the others as
         ``round_to`` rounds them."""
         dtype, x = self._dtypes[name], np.asarray(x)
+        if name in self.index:  # its fixed draw, read in place of this one (``_indexed``):
+            return x  # nothing to round (an int8 weight's wrap_int: a pass over it a draw)
         if x.dtype == np.float16:  # a float16 input's normal draw itself: already rounded,
             return x  # and packed as it is (``pack``: a view of the draw, no copy)
         if dtype == "float16" and x.ndim and not uniform(x):

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from ..ir.node import VIEWS, Op, fmt_shape
+from ..ir.node import FP8_DTYPES, QUANT_DTYPES, VIEWS, Op, fmt_shape
 from ..semantics.field import p_needed, q_needed
 from ..semantics.interp import last_reads
 from ..semantics.modular import DRAW_CHUNK
@@ -240,14 +240,18 @@ def float_check_peak(a, b) -> tuple[int, str]:
     and while the first runs in float64 on it for the ground truth (``Draws.truth``,
     ``conditioning``: each rounded input converted to float64 where it is first read,
     held to its last reader, as a lazy walk counts it); a float64 draw holds each input
-    from its first reader to its last (``LazyInputs``)."""
+    from its first reader to its last (``LazyInputs``). With int8 or fp8 inputs, one
+    weight more in float64 (the weight a thread's ``semantics.coded.Coded.look_up`` holds
+    for the second program while another evaluation runs)."""
     _, fa_out, fpa, at_a = program_peak(a, False)
     _, _, fpb, at_b = program_peak(b, False)
     _, _, lpa, lat_a = program_peak(a, False, lazy=True)
     _, _, lpb, lat_b = program_peak(b, False, lazy=True)
     native_a = max(fpa, lpa)  # natively, and in float64 on the rounded draw
-    native = rounded_inputs(a) + max(native_a, fpb + fa_out)
-    float64 = max(lpa, lpb + fa_out)
+    looked = max((size(n) * WORD for n in getattr(a, "program", a).inputs.values()
+                  if n.dtype in QUANT_DTYPES + FP8_DTYPES), default=0)
+    native = rounded_inputs(a) + max(native_a, fpb + fa_out) + looked
+    float64 = max(lpa, lpb + fa_out) + looked
     if native >= float64:
         if native_a < fpb + fa_out:
             return native, at_b
