@@ -9,6 +9,12 @@ are chosen from the program's inputs alone, the same for every seed:
   1 (``exp(A - B)`` against ``exp(A) / exp(B)``: A = B there, the candidate inf); with
   the per-input peaks and every input at once, every input and pair at its largest
   finite scale;
+- **a tie at the peak** (``peaktie`` draws, one value per input, programs with an exp):
+  each ordered pair of float inputs, the first at its largest value keeping the first
+  program finite and the second at half the first's last place, the others 1; their sum
+  is a tie wherever it is formed in their dtype, half a unit off, and an exp of it is
+  off by that much relatively (``exp(a) * exp(b)`` against ``exp(a + b)`` in bfloat16:
+  28% at ``a`` = 76); judged for accuracy where both programs are finite;
 - **a common offset** (``offset`` draws, N(0, 1) plus ``offset``): each float input that
   an addition or subtraction of either program sets against itself (activations with a
   large mean, as LayerNorm inputs have: ``(x - mean) @ W``), and each pair of inputs that
@@ -22,11 +28,16 @@ are chosen from the program's inputs alone, the same for every seed:
 from __future__ import annotations
 
 import itertools
+import math
 
 from ..ir.node import Op
 from .floatsafe import input_deps, is_graph
 
 OFFSET_EXP = {"float16": 8, "bfloat16": 8, "float32": 16}  # log2 of the common offset
+# the ``peaktie`` draws (``tie_draws``): significand bits of the dtypes whose last place
+# they halve
+SIGNIFICAND = {"float16": 11, "bfloat16": 8, "float32": 24}
+TIE = "peaktie"
 # the pairs' other forms (``pair_draws``): the second input's factor against the first, and
 # whether the other float inputs sit large (``REST_BELOW`` under their own largest) or at 1
 PAIR_FORMS = {"peakneg": (-1.0, "one"), "peakrest": (0.5, "large"), "peakinv": (None, "small")}
@@ -129,3 +140,29 @@ def chosen(sets: list[tuple[int, ...]], peaked) -> list[int]:
 def offset(dtypes) -> float:
     """The common offset of inputs of ``dtypes``: ``2^OFFSET_EXP`` of the narrowest."""
     return 2.0 ** min(OFFSET_EXP.get(d, OFFSET_EXP["float32"]) for d in dtypes)
+
+
+def tie_pairs(program) -> list[tuple[int, int]]:
+    """The inputs of the ``peaktie`` draws, by position: every ordered pair of the float
+    inputs of ``SIGNIFICAND``'s dtypes (the first is set large, the second small)."""
+    ins = [i for i, n in enumerate(program.inputs.values()) if n.dtype in SIGNIFICAND]
+    return list(itertools.permutations(ins, 2))
+
+
+def tie_draws(a, b, peaked) -> list[int]:
+    """The ``peaktie`` draws ``b`` is checked on against ``a``, as indices into
+    ``tie_pairs(a)`` (those whose inputs are all in ``peaked``; None: every pair): none
+    unless either program (a Graph) takes an exp, the op whose relative error is its
+    argument's absolute error, so that a sum rounded before it (``exp(a + b)`` for
+    ``exp(a) * exp(b)``) loses ``|a + b|`` times the dtype's precision."""
+    progs = [p for p in (a, b) if is_graph(p)]
+    if not any(n.op is Op.EXP for p in progs for n in p.nodes()):
+        return []
+    return chosen(tie_pairs(a), peaked)
+
+
+def half_ulp(x: float, dtype: str) -> float:
+    """Half the unit in the last place of ``x`` (nonzero, finite) in ``dtype``: added to
+    ``x`` it makes a tie, rounded half a unit away whatever the rounding."""
+    bits = SIGNIFICAND.get(dtype, SIGNIFICAND["float32"])
+    return 2.0 ** (math.floor(math.log2(abs(x))) - bits)

@@ -33,7 +33,7 @@ from ..semantics.fp8 import draw_fp8
 from ..semantics.gather import POSITIONS, draw_indices, index_bounds
 from ..semantics.interp import Outputs, run
 from ..semantics.modular import DRAW_CHUNK, chunked
-from .corners import PAIR_FORMS, REST_BELOW, offset_sets, pairs
+from .corners import PAIR_FORMS, REST_BELOW, TIE, half_ulp, offset_sets, pairs, tie_pairs
 from .corners import offset as common_offset
 from .fixed import UINT, fixed_keys, table_codes
 from .floatsafe import fingerprints, input_deps, is_graph, static_check, unsampled
@@ -253,8 +253,9 @@ class Draws:
                 self.headroom
             return {n: np.broadcast_to(np.float64(big if n in members else 1.0), z.shape)
                     for n, z in self.normal.items()}
-        if kind in PAIR_FORMS:  # the pair s in its form (``corners.PAIR_FORMS``), over the
-            values = self.pair_values(kind, int(s))  # headroom
+        if kind in PAIR_FORMS or kind == TIE:  # the pair s in its form (``corners``' PAIR_FORMS,
+            values = self.tie_values(int(s)) if kind == TIE else (  # over the headroom; TIE)
+                self.pair_values(kind, int(s)))
             return {n: np.broadcast_to(np.float64(values.get(n, 1.0)), z.shape)
                     for n, z in self.normal.items()}
         if kind == "signed" and s == 1.0:  # the draw itself, read-only: no copies
@@ -339,14 +340,16 @@ class Draws:
         names = list(self.normal)
         if kind == "peak":
             return set(names) if s < 0 else {names[int(s)]}
-        sets = self._sets("pairs" if kind == "peakset" or kind in PAIR_FORMS else "offsets")
+        sets = self._sets("pairs" if kind == "peakset" or kind in PAIR_FORMS else
+                          "ties" if kind == TIE else "offsets")
         return {names[i] for i in sets[int(s)]}
 
     def _sets(self, which: str) -> list[tuple[int, ...]]:
         """``corners.pairs`` or ``corners.offset_sets`` of the first program, made once."""
         key = ("corner sets", which)
         if key not in self.memo:
-            self.memo[key] = pairs(self.a) if which == "pairs" else offset_sets(self.a)
+            self.memo[key] = pairs(self.a) if which == "pairs" else tie_pairs(self.a) if \
+                which == "ties" else offset_sets(self.a)
         return self.memo[key]
 
     def offset(self, j: int) -> float:
@@ -631,6 +634,14 @@ class Draws:
     def peak_set(self, j: int) -> float:
         """``peak`` of the inputs of ``corners.pairs`` ``j`` together (the same value)."""
         return self._peak(("peakset", j), self.members("peakset", j))
+
+    def tie_values(self, j: int) -> dict[str, float]:
+        """The values of ``peaktie`` draw ``j`` (``corners.tie_pairs``): the pair's first
+        input at ``peak`` (rounded to its dtype; not over the headroom), the second at half
+        its last place (``corners.half_ulp``), the others 1."""
+        (i, k), names = self._sets("ties")[j], list(self.normal)
+        big = float(round_to(np.float64(self.peak(i)), self._dtypes[names[i]]))
+        return {names[i]: big, names[k]: half_ulp(big, self._dtypes[names[i]])}
 
     def pair_values(self, kind: str, j: int) -> dict[str, float]:
         """The inputs' values in the draw of pair ``j`` (``corners.pairs``) in the form

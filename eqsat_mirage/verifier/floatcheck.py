@@ -23,7 +23,7 @@ from ..semantics.floating import LazyInputs, evaluate
 from .accuracy import MAX_BITS_LOST, bits_lost
 from .bound import has_comparison
 from .conditioning import ill_conditioned
-from .corners import chosen, offset_draws, pair_draws, pairs
+from .corners import TIE, chosen, offset_draws, pair_draws, pairs, tie_draws, tie_pairs
 from .draws import (
     EXPONENT_DRAWS,
     HEADROOM,
@@ -179,11 +179,13 @@ _DRAWN = {"signed": "N(0, s^2)", "folded": "|N(0, s^2)|", "constant": "every inp
                       "at half the first, the others a quarter of their own largest",
           "peakinv": "{} at the largest value keeping the first program finite and its "
                      "reciprocal, the others at their dtype's smallest normal",
+          TIE: "{} at the largest value keeping the first program finite and half its last "
+               "place, the others 1",
           "offset": "N(0, 1) plus a common offset {:g} on {}, the others N(0, 1)",
           "ties": "every float input k * s, k a uniform integer in [-4, 4] (one draw for "
                   "every seed): equal values and zeros, a comparison's ties"}
 _PAIRS = ("peakset", "peakneg", "peakrest", "peakinv")  # a pair of inputs at its largest
-_CONSTANT = ("constant", "peak", *_PAIRS)  # one value per input: cheap
+_CONSTANT = ("constant", "peak", *_PAIRS, TIE)  # one value per input: cheap
 _RANGE_KINDS = ("peak", *_PAIRS, "peakfold", "exponent", "spread")
 _NORMAL = ("signed", "folded", "logits")  # normal draws
 # the draws ``conditioned`` (the end-to-end check) asks about: the normal ones, and the
@@ -246,6 +248,7 @@ def check_list(a, b, native: bool, static: bool, peaked: Collection[int] | None,
         drawn += [("native", "peakset", float(j)) for j in chosen(pairs(a), peaked)]
         drawn += [("native", kind, float(j)) for kind, j in pair_draws(a, peaked)
                   if pair_forms]
+        drawn += [("native", TIE, float(j)) for j in tie_draws(a, b, peaked) if pair_forms]
         drawn += [("native", "offset", float(j)) for j in offset_draws(a, b, peaked)]
         if is_graph(a) and any(n.op is Op.EXP for n in a.nodes()):
             drawn += [("native", "logits", 0.0)]
@@ -322,6 +325,9 @@ class _Judge:
             names = ", ".join(sorted(draws.members(kind, s), key=list(draws.a.inputs).index))
             where = _DRAWN[kind].format(*((names,) if kind in _PAIRS else (
                 draws.offset(int(s)), names)))
+        if kind == TIE:  # the pair in its order: the first large, the second small
+            names = ", ".join(list(draws.a.inputs)[k] for k in tie_pairs(draws.a)[int(s)])
+            return self._tie(i, s, _DRAWN[kind].format(names))
         if dtype is None:
             return self._float64(i, kind, s, where)
         if kind == "offset":
@@ -401,6 +407,27 @@ class _Judge:
         xb = _evaluate(draws, self.b, inputs, dtype="native", rounded=True)
         return _compare(xa, xb, f"{where}; ground truth in {how}", max(self.coarsest, self.rtol),
                         "native dtype", inputs, i, rule, floor, self.limit, ref)
+
+    def _tie(self, i: int, s: float, where: str) -> Counterexample | None:
+        """Both programs in their own dtypes on ``peaktie`` draw ``s``
+        (``corners.tie_draws``): the tolerance of the other native draws, relative to the
+        output and the inputs' magnitude, asked where both programs are finite and the
+        first below its dtype's largest and within 10% of the ground truth. Overflow is the
+        peak draws' to judge, with their headroom: this draw is at the first program's edge,
+        without it."""
+        draws = self.draws
+        xa = draws.out_a("native", TIE, s, True)
+        if not any(np.any(self._below(x)) for x in xa.values()):
+            return None
+        inputs = draws.rounded(TIE, s)
+        xb = _evaluate(draws, self.b, inputs, dtype="native", rounded=True)
+        ref, how = draws.truth(TIE, s)
+        with np.errstate(invalid="ignore"):
+            xa = {k: np.where(np.isfinite(xb[k]) & _accurate(v, ref[k]), v, np.nan)
+                  for k, v in xa.items()}
+        return _compare(xa, xb, f"{where}; ground truth in {how}", max(self.coarsest, self.rtol),
+                        "native dtype", inputs, i, "a-finite",
+                        max(self.tiny, draws.largest(TIE, s)), self.limit, ref)
 
     def _offset(self, i: int, s: float, where: str) -> Counterexample | None:
         """Both programs in their own dtypes on ``offset`` draw ``s``: wherever both are
