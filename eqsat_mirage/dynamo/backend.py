@@ -105,6 +105,7 @@ from .support import (
     optimized_ops,
     retarget_tensor_indexing,
     served,
+    time_limited_ops,
 )
 
 __all__ = ["Backend", "PartitionReport", "backend", "mutation", "node_spec"]
@@ -353,11 +354,12 @@ class Backend:
         self.warning(record.warning(), prefix="eqsat-mirage: ")
 
     def summary(self) -> dict:
-        """What ran optimized and what stayed eager and why, over every graph compiled so
-        far (read from the reports now: a partition that fell back at its first call is
-        eager): the totals (``ops``: call nodes; ``compute_ops``: those computing a
-        non-empty float tensor; ``optimized_compute_ops``: those of them in optimized
-        pieces, the coverage's numerator; ``predicted_us``: before and after, over the
+        """What ran optimized and what stayed eager and why, over every graph compiled so far (read
+        from the reports now: a partition that fell back at its first call is eager): the
+        totals (``ops``: call nodes; ``compute_ops``: those computing a non-empty float
+        tensor; ``optimized_compute_ops``: those of them in optimized pieces, the coverage's
+        numerator; ``time_limited_compute_ops``: those left as they were only because the
+        time limit cut their search short; ``predicted_us``: before and after, over the
         graphs priced), ``graphs``, one dict per graph (``GraphRecord.summary``: its
         ``outcome``, "optimized", "partly optimized" or "eager", and ``reason``; a graph
         that ran eagerly as a whole is there with its ops), and ``eager_only``: the graphs
@@ -372,6 +374,7 @@ class Backend:
                 "optimized_ops": sum(g["optimized_ops"] for g in graphs),
                 "optimized_compute_ops": sum(g["optimized_compute_ops"] for g in graphs),
                 "optimized_partitions": sum(g["optimized_partitions"] for g in graphs),
+                "time_limited_compute_ops": sum(g["time_limited_compute_ops"] for g in graphs),
                 "predicted_us": [sum(p[0] for p in priced), sum(p[1] for p in priced)]
                 if priced else None,
                 "folded_ops": sum(len(g["folded"]) for g in graphs),
@@ -417,6 +420,7 @@ class Backend:
             entry.result = optimize(graph, **options)
             if not improved(entry.result):  # nothing better found: the eager ops stay
                 entry.status, entry.reason = "unchanged", unchanged_reason(entry.result)
+                entry.time_limited_compute_ops = time_limited_ops(sub, cv, entry.result, True)
                 entry.seconds = time.perf_counter() - t0
                 return None
             mod = OptimizedPartition(sub, entry, dict(cv.sources), outs, single)
@@ -443,6 +447,7 @@ class Backend:
             return None
         entry.status, entry.seconds = "optimized", time.perf_counter() - t0
         entry.optimized_ops, entry.optimized_compute_ops = optimized_ops(sub, cv, entry.result)
+        entry.time_limited_compute_ops = time_limited_ops(sub, cv, entry.result, False)
         return mod
 
     def _convert(self, name: str, sub: fx.GraphModule, sizes: SymbolicSizes) -> tuple:

@@ -34,6 +34,7 @@ class PartitionReport:
     replan: str = ""  # a second search, when a call moved a size Dynamo left symbolic
     optimized_ops: int = 0  # its ops whose piece was optimized (all of them: one piece)
     optimized_compute_ops: int = 0  # those of them that compute (``specs.computes``)
+    time_limited_compute_ops: int = 0  # compute ops left as they were by the time limit only
     module: Any = field(default=None, repr=False)  # the OptimizedPartition running it
     share_s: float | None = None  # its share of the graph's time limit (None: no limit)
     weight: float = 0.0  # its expected search cost (``limits.search_weight``), the share's
@@ -142,6 +143,8 @@ class GraphRecord:
                 "partitions": 0 if self.refused else len(self.entries),
                 "optimized_partitions": len(done),
                 "time_limited": [t for e in self.entries for t in ran_out_of_time(e)],
+                "time_limited_compute_ops": sum(e.time_limited_compute_ops
+                                                for e in self.entries),
                 "predicted_us": predicted, "eager": self.eager_items(),
                 "sizes": self.sizes, "time_limit_s": self.time_limit_s,
                 "folded": list(self.folded)}

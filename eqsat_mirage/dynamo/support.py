@@ -355,22 +355,44 @@ def left_out(gm: fx.GraphModule, support: NodeSupport, placed: list) -> list[str
     return out
 
 
+def time_limited_ops(sub: fx.GraphModule, cv: Converter, result: Any, unchanged: bool) -> int:
+    """The compute ops (``specs.computes``) of a partition left as they were only because
+    the time limit cut their search short: every one of a partition searched as one program
+    and left unchanged so, or those whose result a piece so left computes (a whole
+    program's pieces). Counted in the partition's own call ops, as the coverage is (a piece
+    counts its program ops: an RMSNorm is several of them, a dequantized weight more).
+    ``unchanged``: the partition runs eagerly as a whole."""
+    if result is None:
+        return 0
+    entries, pieces = result.stats.get("pieces"), getattr(result, "pieces", None)
+    calls = [n for n in sub.graph.nodes if n.op.startswith("call")
+             and not isinstance(cv.env.get(n), BoolMask)]
+    if not entries or not pieces:
+        late = unchanged and result.stats.get("time_limited")
+        return sum(computes(n) for n in calls) if late else 0
+    late_ids = {id(n) for (piece, did), e in zip(pieces, entries)
+                if not did and e.get("time_limited") for n in piece.ops}
+    return sum(computes(n) for n in calls
+               if any(id(m) in late_ids for m in _value_nodes(cv.env.get(n))))
+
+
+def _value_nodes(value: Any) -> list:
+    """The IR nodes holding a converted value (a Tensor, or a tuple or list of them)."""
+    if isinstance(value, Tensor):
+        return [value.node]
+    if isinstance(value, (tuple, list)):
+        return [n for v in value for n in _value_nodes(v)]
+    return []
+
+
 def optimized_ops(sub: fx.GraphModule, cv: Converter, result: Any) -> tuple[int, int]:
     """The call ops of an optimized partition that ran in an optimized piece (those whose
     result is not computed by a piece left unchanged, a whole program's pieces), and how
     many of them compute (``specs.computes``: the coverage's numerator)."""
     kept = {id(n) for piece, did in (getattr(result, "pieces", None) or []) if not did
             for n in piece.ops}
-
-    def nodes(value: Any) -> list:
-        if isinstance(value, Tensor):
-            return [value.node]
-        if isinstance(value, (tuple, list)):
-            return [n for v in value for n in nodes(v)]
-        return []
-
     # a bool mask (a folded comparison) computes no float tensor: not a compute op
     ran = [n for n in sub.graph.nodes if n.op.startswith("call")
            and not isinstance(cv.env.get(n), BoolMask)
-           and not any(id(m) in kept for m in nodes(cv.env.get(n)))]
+           and not any(id(m) in kept for m in _value_nodes(cv.env.get(n)))]
     return len(ran), sum(computes(n) for n in ran)

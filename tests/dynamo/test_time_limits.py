@@ -89,6 +89,12 @@ def test_a_piece_cut_by_the_time_limit_is_named_and_the_others_run_optimized(mon
     assert 0 < s["optimized_ops"] < s["ops"]
     assert s["graphs"][0]["time_limited"] == ran_out_of_time(entry)
     assert all(", spent " in t and "share" in t for t in ran_out_of_time(entry))
+    # the time-limited ops counted in the graph's own compute ops, as the coverage is (not
+    # the pieces' program ops): exactly those the optimized pieces leave out here
+    late_ops = s["time_limited_compute_ops"]
+    assert late_ops == entry.time_limited_compute_ops == s["graphs"][0][
+        "time_limited_compute_ops"]
+    assert 0 < late_ops == s["compute_ops"] - s["optimized_compute_ops"], s
 
 
 # -- time_limit_s="auto" (the default): the limit grows with the program's work ------------
