@@ -79,7 +79,7 @@ from torch import fx
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 
 from ..frontend.from_torch import Converter, op_name, source_line, unique_identifier
-from ..frontend.graph import Graph
+from ..frontend.graph import Graph, Tensor
 from ..frontend.inplace import functionalize
 from ..frontend.quantized import is_wrapped
 from ..frontend.torch_masks import BoolMask
@@ -485,6 +485,9 @@ class Backend:
                     if isinstance(t, BoolMask):
                         raise MirageError(f"output {out_name!r} is a bool mask folded from "
                                           "constants, read outside the partition")
+                    if not isinstance(t, Tensor):
+                        raise MirageError(f"output {out_name!r} is a constant "
+                                          f"{type(t).__name__}, read outside the partition")
                     if t.node.op.name == "INPUT":  # an identity: hand the input back
                         outs.append((out_name, t.node.arg))
                     else:

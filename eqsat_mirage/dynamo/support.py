@@ -193,6 +193,13 @@ class NodeSupport(OperatorSupportBase):
         torch_gives = (sizes.concrete(want[0]), want[1])
         if isinstance(value, Empty) and (value.shape, value.dtype) == torch_gives:
             return None
+        if isinstance(value, bool) and torch_gives == ((), "bool"):  # a constant, folded
+            # where it is combined (``x.new_ones((), dtype=torch.bool)``): only there
+            combines = (operator.and_, operator.or_, torch.logical_and, torch.logical_or,
+                        "__and__", "__or__", "logical_and", "logical_or")
+            if all(u.target in combines for u in node.users):
+                return None
+            return "a constant bool read other than by & or | (it stays a tensor, eagerly)"
         if not isinstance(value, (Tensor, BoolMask)) or _spec_tensor(value) != torch_gives:
             got = _spec_tensor(value) if isinstance(value, (Tensor, BoolMask)) else \
                 type(value).__name__

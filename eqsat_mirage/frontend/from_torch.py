@@ -44,6 +44,11 @@ from .torch_masks import FOLD_LIMIT, Snapshot, constant_mask, source_value
 from .torch_ops import METHODS, MODULES, SUPPORTED, function_handler
 
 FACTORIES = (torch.zeros, torch.ones, torch.full)  # a 0-dim float constant (``factory``)
+# a constant shaped or typed after a tensor (``like_factory``): masking_utils' 0-dim
+# ``q_idx.new_ones((), dtype=torch.bool)`` that its and_masks start from
+LIKE_FUNCTIONS = {torch.ones_like: torch.ones, torch.zeros_like: torch.zeros,
+                  torch.full_like: torch.full}
+LIKE_METHODS = {"new_ones": torch.ones, "new_zeros": torch.zeros, "new_full": torch.full}
 
 __all__ = ["Converter", "from_torch", "graph_inputs", "op_name", "source_line", "trace",
            "unique_identifier"]
@@ -285,6 +290,9 @@ class Converter:
         """
         if node.op == "call_function" and any(node.target is f for f in FACTORIES):
             return (lambda *_, **__: self.factory(node)), ()
+        if node.op == "call_function" and node.target in LIKE_FUNCTIONS or \
+                node.op == "call_method" and node.target in LIKE_METHODS:
+            return (lambda *args, **kwargs: self.like_factory(node, *args, **kwargs)), ()
         if node.op == "call_function":
             handler, extra = function_handler(node.target), ()
         elif node.op == "call_method":
@@ -343,6 +351,42 @@ class Converter:
             raise UnsupportedOpError(f"{self.where(node)}: a constant of shape "
                                      f"{list(value.shape)} and dtype {dtype} (a 0-dim float one "
                                      "is supported)")
+        const = Tensor(Node(Op.CONST, (), float(value), (), "float32"), self.graph)
+        return const if dtype == "float32" else const.astype(dtype)
+
+    def like_factory(self, node: fx.Node, like: Any, *args: Any, **kwargs: Any) -> Any:
+        """A constant made after a tensor ``like`` (``x.new_ones(size)``, ``ones_like(x)``,
+        their zeros and full): a 0-dim bool one is a Python bool (folded where it is
+        combined), a bool one of a fixed shape a constant mask
+        (``torch_masks.constant_mask``), a float one a 0-dim constant; ``like`` gives only its
+        shape (``*_like``) and dtype."""
+        if not hasattr(like, "shape") or not hasattr(like, "dtype"):
+            raise UnsupportedOpError(f"{self.where(node)}: expected a tensor, got "
+                                     f"{type(like).__name__}")
+        kwargs = {k: v for k, v in kwargs.items()
+                  if k not in ("device", "layout", "pin_memory", "requires_grad",
+                               "memory_format")}
+        if node.op == "call_function":
+            make, size = LIKE_FUNCTIONS[node.target], tuple(like.shape)
+            args = (size, *args) if make is torch.full else (size,)
+        else:
+            make = LIKE_METHODS[node.target]
+        kwargs.setdefault("dtype", getattr(torch, str(like.dtype), None))
+        try:
+            with torch.no_grad():
+                value = make(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - a computed size or value: not converted
+            raise UnsupportedOpError(f"unsupported arguments to {self.where(node)}: "
+                                     f"{exc}") from None
+        if value.dtype == torch.bool and value.dim() == 0:  # folded where it is combined
+            return bool(value)  # (``torch_masks.combine``: True & m is m)
+        if value.dtype == torch.bool and 0 not in value.shape:
+            return constant_mask(self.graph, value, node.name, self.input)
+        dtype = str(value.dtype).removeprefix("torch.")
+        if value.dim() != 0 or dtype not in ("float16", "bfloat16", "float32"):
+            raise UnsupportedOpError(f"{self.where(node)}: a constant of shape "
+                                     f"{list(value.shape)} and dtype {dtype} (a bool one, or "
+                                     "a 0-dim float one, is supported)")
         const = Tensor(Node(Op.CONST, (), float(value), (), "float32"), self.graph)
         return const if dtype == "float32" else const.astype(dtype)
 

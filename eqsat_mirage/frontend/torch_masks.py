@@ -248,8 +248,14 @@ _COMBINE = {Op.AND: logical_and, Op.OR: logical_or}
 
 def combine(op: Op, a: Any, b: Any, what: str) -> Tensor:
     """``a & b`` (``op`` ``Op.AND``) or ``a | b`` (``Op.OR``) of two bool masks (graph bool
-    tensors or ``BoolMask``s), of torch's broadcast shape; ``UnsupportedOpError`` naming
-    ``what`` and the operands for anything else."""
+    tensors or ``BoolMask``s), of torch's broadcast shape; with a constant (a Python bool,
+    as ``x.new_ones((), dtype=torch.bool)`` converts), ``True & m`` and ``False | m`` are
+    ``m``; ``UnsupportedOpError`` naming ``what`` and the operands for anything else."""
+    for const, other in ((a, b), (b, a)):
+        if isinstance(const, bool) and is_mask(other) and const == (op is Op.AND):
+            m = _as_mask(other, what)
+            t = _mask_tensor(m)
+            return t if t.shape == m.shape else t.reshape(m.shape)
     if not (is_mask(a) and is_mask(b)):
         kinds = " and ".join(f"{getattr(x, 'dtype', type(x).__name__)} "
                              f"{list(getattr(x, 'shape', ()))}" for x in (a, b))

@@ -145,3 +145,24 @@ def test_mixed_operands_are_refused_and_bit_ops_stay():
     g = em.from_torch(unpack, w, x)
     assert any(n.op is Op.BITAND for n in g.nodes())
     assert not any(n.op is Op.AND for n in g.nodes())
+
+
+def test_new_ones_and_friends_are_constants():
+    """``x.new_ones((), dtype=torch.bool)`` is True, folded by ``&`` (no input added: the
+    traced function keeps its arguments); a 0-dim float ``*_like``/``new_*`` is a constant;
+    other shapes and uses are refused with the op named."""
+    def started_true(q, k, x):
+        mask = q.new_ones((), dtype=torch.bool) & (k[None, :] <= q[:, None])
+        return torch.where(mask, x, torch.zeros_like(x[0, 0]) - 5.0)
+
+    q, k, x = torch.arange(6), torch.arange(6), torch.randn(6, 6)
+    g = em.from_torch(started_true, q, k, x)
+    assert list(g.inputs) == ["q", "k", "x"]
+    got = em.evaluate(g, {"q": q.numpy(), "k": k.numpy(), "x": x.numpy()})
+    np.testing.assert_allclose(next(iter(got.values())), started_true(q, k, x).numpy())
+    for bad, what in ((lambda q, x: x * q.new_zeros((), dtype=torch.bool), "mul"),
+                      (lambda q, x: torch.where(q.new_zeros((), dtype=torch.bool)
+                                                & (q[:, None] > 0), x, 0.0), "&"),
+                      (lambda q, x: x + torch.full_like(x, 2.0), "full_like")):
+        with pytest.raises(ValueError, match=what):
+            em.from_torch(bad, q, x)
