@@ -16,12 +16,14 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from ..ir.errors import ShapeError, UnsupportedOpError
 from ..ir.node import INDEX_DTYPES, Op
-from .functions import concat
+from .functions import concat, ne
+from .functions import where as where_
 from .graph import Tensor, apply
 
 
@@ -291,13 +293,54 @@ def _index_items(x: Tensor, index: Any) -> list:
     return items + [slice(None)] * (x.ndim - sum(i is not None for i in items))
 
 
+def _outer_gather(x: Tensor, index: tuple) -> Tensor:
+    """``x[..., i, j, ...]`` with ``i`` and ``j`` integer tensors of the program on adjacent
+    axes ``a`` and ``a + 1``, the other items full slices or ``...``, where each dim of
+    their broadcast shape is one index's and ``i``'s come first (masking_utils'
+    ``padding_mask[batch_idx, kv_idx]``: ``(B, 1, 1, 1)`` and ``(1, 1, 1, K)``): a gather
+    by ``i`` along ``a``, then by ``j`` along ``a + 1``, reshaped to the broadcast shape. A
+    bool ``x`` is gathered as 0/1 floats and compared with 0."""
+    where = f"indexing x[{index!r}]"
+    if any(not (isinstance(i, Tensor) or i is Ellipsis or i == slice(None)) for i in index) \
+            or sum(i is Ellipsis for i in index) > 1:
+        raise UnsupportedOpError(f"{where} with two tensors of indices beside other than "
+                                 "full slices and '...'")
+    items = list(index)
+    if Ellipsis in items:
+        at = items.index(Ellipsis)
+        items[at:at + 1] = [slice(None)] * (x.ndim - len(items) + 1)
+    at = [k for k, i in enumerate(items) if isinstance(i, Tensor)]
+    i, j = items[at[0]], items[at[1]]
+    if at[1] != at[0] + 1 or any(t.dtype not in INDEX_DTYPES for t in (i, j)):
+        raise UnsupportedOpError(f"{where}: two integer index tensors on adjacent axes are "
+                                 "supported")
+    rank = max(i.ndim, j.ndim)
+    si, sj = (1,) * (rank - i.ndim) + i.shape, (1,) * (rank - j.ndim) + j.shape
+    own_i = [d for d in range(rank) if si[d] != 1]
+    own_j = [d for d in range(rank) if sj[d] != 1]
+    if set(own_i) & set(own_j) or (own_i and own_j and max(own_i) > min(own_j)):
+        raise UnsupportedOpError(f"{where}: index tensors of shapes {i.shape} and {j.shape} "
+                                 "(supported: an outer product, the first's sizes first)")
+    table = x if x.dtype != "bool" else where_(x, 1.0, 0.0)
+    a = at[0]
+    out = apply(Op.GATHER, table, i.reshape((int(np.prod(i.shape)),)), arg=a)
+    out = apply(Op.GATHER, out, j.reshape((int(np.prod(j.shape)),)), arg=a + 1)
+    shape = x.shape[:a] + tuple(max(p, q) for p, q in zip(si, sj)) + x.shape[a + 2:]
+    out = out.reshape(shape)
+    return ne(out, 0.0) if x.dtype == "bool" else out
+
+
 def index_tensor(x: Tensor, index: Any) -> Tensor | Empty:
     """``x[index]`` as torch computes it, of slices with step 1 and reshapes: ints, slices
     with any positive step, ``None``, ``...`` and one list or constant integer tensor of
     indices of one axis (``x[..., [-2], :]``; its shape replaces the axis). An index that
     selects no element gives ``Empty``. One integer tensor of the program with slices and
     ``...`` (``w[expert_ids]``) is a gather (``Op.GATHER``) along its axis; a negative
-    index there raises when the program runs (torch counts it from the end)."""
+    index there raises when the program runs (torch counts it from the end); two of them
+    on adjacent axes whose sizes broadcast as an outer product (``_outer_gather``) are two
+    gathers."""
+    if isinstance(index, tuple) and sum(isinstance(i, Tensor) for i in index) == 2:
+        return _outer_gather(x, index)
     items = _index_items(x, index)
     probe = tuple(torch.empty(i.shape, dtype=torch.int64, device="meta")
                   if isinstance(i, Tensor) else i for i in items)

@@ -159,3 +159,27 @@ def test_an_integer_tensor_index_is_a_gather(name):
     i = torch.randint(0, shape[axis], ishape, generator=gen)
     g = _check(fn, w, i)
     assert sum(n.op is Op.GATHER for n in g.nodes()) == 1
+
+
+def _padding(am, b, kv, x):
+    """masking_utils' ``padding_mask[batch_idx, kv_idx]`` of a bool mask, then a softmax."""
+    m = am.to(torch.bool)[b[:, None, None, None], kv[None, None, None, :]]
+    return torch.where(m, x, -1e4).softmax(-1)
+
+
+def test_two_index_tensors_as_an_outer_product_are_two_gathers():
+    """Issue 52: two integer tensors of the program on adjacent axes, broadcast as an outer
+    product (the first's sizes first), are two gathers; a bool table is gathered as 0/1."""
+    am = torch.ones(2, 7, dtype=torch.long)
+    am[1, :3] = 0
+    g = _check(_padding, am, torch.arange(2), torch.arange(7), torch.randn(2, 1, 5, 7))
+    assert sum(n.op is Op.GATHER for n in g.nodes()) == 2
+    w, i, j = torch.randn(4, 9, 3), torch.tensor([3, 0, 1]), torch.tensor([8, 2])
+    _check(lambda w, i, j: w[i[:, None], j[None, :]] * 2.0, w, i, j)
+    _check(lambda w, i, j: w[..., i[:, None], j] + 1.0, torch.randn(2, 4, 9), i, j)
+    for bad, why in ((lambda w, i, j: w[i, :, j[:1]], "adjacent axes"),
+                     (lambda w, i, j: w[i[:2], j], "outer product"),
+                     (lambda w, i, j: w[i[None, :], j[:, None]], "outer product"),
+                     (lambda w, i, j: w[0, i[:, None], j[None, :]], "full slices")):
+        with pytest.raises(em.UnsupportedOpError, match=why):
+            em.from_torch(bad, torch.randn(4, 9, 9), i, j)
