@@ -340,17 +340,25 @@ class Converter:
                                      "computed (a 0-dim float one of constant value is "
                                      "supported)")
         kwargs = {k: v for k, v in node.kwargs.items() if k != "device"}
+        return self._float_constant(node, self._made(node, node.target, *node.args, **kwargs),
+                                    "a 0-dim float one is supported")
+
+    def _made(self, node: fx.Node, make: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """``make(*args, **kwargs)``, torch's refusal an ``UnsupportedOpError`` naming ``node``."""
         try:
             with torch.no_grad():
-                value = node.target(*node.args, **kwargs)
+                return make(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - arguments torch refuses: not converted
             raise UnsupportedOpError(f"unsupported arguments to {self.where(node)}: "
                                      f"{exc}") from None
+
+    def _float_constant(self, node: fx.Node, value: torch.Tensor, supported: str) -> Tensor:
+        """The graph constant of the 0-dim float ``value`` made by ``node``, or an
+        ``UnsupportedOpError`` saying ``supported``."""
         dtype = str(value.dtype).removeprefix("torch.")
         if value.dim() != 0 or dtype not in ("float16", "bfloat16", "float32"):
             raise UnsupportedOpError(f"{self.where(node)}: a constant of shape "
-                                     f"{list(value.shape)} and dtype {dtype} (a 0-dim float one "
-                                     "is supported)")
+                                     f"{list(value.shape)} and dtype {dtype} ({supported})")
         const = Tensor(Node(Op.CONST, (), float(value), (), "float32"), self.graph)
         return const if dtype == "float32" else const.astype(dtype)
 
@@ -372,23 +380,13 @@ class Converter:
         else:
             make = LIKE_METHODS[node.target]
         kwargs.setdefault("dtype", getattr(torch, str(like.dtype), None))
-        try:
-            with torch.no_grad():
-                value = make(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - a computed size or value: not converted
-            raise UnsupportedOpError(f"unsupported arguments to {self.where(node)}: "
-                                     f"{exc}") from None
+        value = self._made(node, make, *args, **kwargs)  # a computed size: refused there
         if value.dtype == torch.bool and value.dim() == 0:  # folded where it is combined
             return bool(value)  # (``torch_masks.combine``: True & m is m)
         if value.dtype == torch.bool and 0 not in value.shape:
             return constant_mask(self.graph, value, node.name, self.input)
-        dtype = str(value.dtype).removeprefix("torch.")
-        if value.dim() != 0 or dtype not in ("float16", "bfloat16", "float32"):
-            raise UnsupportedOpError(f"{self.where(node)}: a constant of shape "
-                                     f"{list(value.shape)} and dtype {dtype} (a bool one, or "
-                                     "a 0-dim float one, is supported)")
-        const = Tensor(Node(Op.CONST, (), float(value), (), "float32"), self.graph)
-        return const if dtype == "float32" else const.astype(dtype)
+        return self._float_constant(node, value, "a bool one, or a 0-dim float one, is "
+                                                 "supported")
 
     def run(self, node: fx.Node) -> Any:
         """Convert one call/get_attr node (its operands already in ``env``); returns its value."""
