@@ -194,12 +194,12 @@ class NodeSupport(OperatorSupportBase):
         if isinstance(value, Empty) and (value.shape, value.dtype) == torch_gives:
             return None
         if isinstance(value, bool) and torch_gives == ((), "bool"):  # a constant, folded
-            # where it is combined (``x.new_ones((), dtype=torch.bool)``): only there
-            combines = (operator.and_, operator.or_, torch.logical_and, torch.logical_or,
-                        "__and__", "__or__", "logical_and", "logical_or")
-            if all(u.target in combines for u in node.users):
+            # where it is combined (``x.new_ones((), dtype=torch.bool)``): only there, and
+            # only True by an and, False by an or (``torch_masks.combine``)
+            if all(u.target in (_ANDS if value else _ORS) for u in node.users):
                 return None
-            return "a constant bool read other than by & or | (it stays a tensor, eagerly)"
+            return (f"a constant {value} read other than by "
+                    f"{'&' if value else '|'} (it stays a tensor, eagerly)")
         if not isinstance(value, (Tensor, BoolMask)) or _spec_tensor(value) != torch_gives:
             got = _spec_tensor(value) if isinstance(value, (Tensor, BoolMask)) else \
                 type(value).__name__
@@ -208,6 +208,11 @@ class NodeSupport(OperatorSupportBase):
 
 
 _CATS = frozenset({torch.cat, torch.concat, torch.concatenate})
+# the targets of an and / an or of two masks (a constant True / False folds into them)
+_ANDS = (operator.and_, operator.iand, torch.logical_and, torch.bitwise_and, "__and__",
+         "__iand__", "logical_and", "bitwise_and")
+_ORS = (operator.or_, operator.ior, torch.logical_or, torch.bitwise_or, "__or__", "__ior__",
+        "logical_or", "bitwise_or")
 
 
 def _storage(value: Any) -> Any:

@@ -379,7 +379,8 @@ class Converter:
             args = (size, *args) if make is torch.full else (size,)
         else:
             make = LIKE_METHODS[node.target]
-        kwargs.setdefault("dtype", getattr(torch, str(like.dtype), None))
+        if kwargs.get("dtype") is None:  # torch's new_* and *_like: the tensor's dtype
+            kwargs["dtype"] = getattr(torch, str(like.dtype), None)
         value = self._made(node, make, *args, **kwargs)  # a computed size: refused there
         if value.dtype == torch.bool and value.dim() == 0:  # folded where it is combined
             return bool(value)  # (``torch_masks.combine``: True & m is m)

@@ -263,7 +263,11 @@ def _index_items(x: Tensor, index: Any) -> list:
                                      "int32) and constant indices are supported")
         if isinstance(i, Tensor):
             continue
-        held = torch.as_tensor(i) if isinstance(i, (list, torch.Tensor)) else None
+        try:
+            held = torch.as_tensor(i) if isinstance(i, (list, torch.Tensor)) else None
+        except (TypeError, ValueError, RuntimeError) as exc:  # a list holding a tensor
+            raise UnsupportedOpError(f"indexing x[{index!r}] with a list that is not of "
+                                     f"numbers ({exc})") from None
         if isinstance(i, bool) or (held is not None and (
                 held.dtype == torch.bool or held.is_floating_point() or held.is_complex())):
             raise UnsupportedOpError(f"indexing with a bool or float index (x[{index!r}])")
@@ -321,13 +325,19 @@ def _outer_gather(x: Tensor, index: tuple) -> Tensor:
     if set(own_i) & set(own_j) or (own_i and own_j and max(own_i) > min(own_j)):
         raise UnsupportedOpError(f"{where}: index tensors of shapes {i.shape} and {j.shape} "
                                  "(supported: an outer product, the first's sizes first)")
-    table = x if x.dtype != "bool" else where_(x, 1.0, 0.0)
     a = at[0]
-    out = apply(Op.GATHER, table, i.reshape((int(np.prod(i.shape)),)), arg=a)
-    out = apply(Op.GATHER, out, j.reshape((int(np.prod(j.shape)),)), arg=a + 1)
     shape = x.shape[:a] + tuple(max(p, q) for p, q in zip(si, sj)) + x.shape[a + 2:]
-    out = out.reshape(shape)
-    return ne(out, 0.0) if x.dtype == "bool" else out
+    return _gathered(x, lambda t: apply(Op.GATHER, apply(
+        Op.GATHER, t, i.reshape((int(np.prod(i.shape)),)), arg=a),
+        j.reshape((int(np.prod(j.shape)),)), arg=a + 1).reshape(shape))
+
+
+def _gathered(x: Tensor, gather: Any) -> Tensor:
+    """``gather(x)``; a bool ``x`` gathered as 0/1 floats and compared with 0 (a gather
+    reads a float table)."""
+    if x.dtype != "bool":
+        return gather(x)
+    return ne(gather(where_(x, 1.0, 0.0)), 0.0)
 
 
 def index_tensor(x: Tensor, index: Any) -> Tensor | Empty:
@@ -364,7 +374,8 @@ def index_tensor(x: Tensor, index: Any) -> Tensor | Empty:
         elif isinstance(item, int):
             out = _drop(take(out, axis, [item], f"indexing x[{index!r}]"), axis)
         elif isinstance(item, Tensor):  # a gather: the index's shape takes the axis's place
-            out = apply(Op.GATHER, out, item, arg=axis)
+            out = _gathered(out, lambda t, item=item, axis=axis: apply(Op.GATHER, t, item,
+                                                                       arg=axis))
             axis += item.ndim
         else:
             idx = torch.as_tensor(item)

@@ -393,7 +393,9 @@ def _coded_matmul(ctx, n, a, b):
         if np.isfinite(cf):
             if not got.top * abs(cf) * np.shape(a)[-1] < float(np.finfo(acc).max):
                 return None
-            value = got.sums.astype(acc) * c
+            # multiplied in float64, rounded once (the sums alone may pass the
+            # accumulator's largest where c < 1 brings them back)
+            value = (np.asarray(got.sums, dtype=np.float64) * cf).astype(acc)
             # the terms c * element of the non-finite elements (c finite)
             nan = got.nan | (got.posinf & got.neginf) | ((got.posinf | got.neginf) & (cf == 0))
             inf = got.posinf | got.neginf

@@ -96,8 +96,10 @@ def test_indexing_errors_name_the_index():
     ids = torch.tensor([1, 0])
     with pytest.raises(em.UnsupportedOpError, match="beside ints or None"):
         em.from_torch(lambda a, i: a[0, i], X, ids)
-    with pytest.raises(em.UnsupportedOpError, match="more than one list"):
+    with pytest.raises(em.UnsupportedOpError, match="on adjacent axes"):
         em.from_torch(lambda a, i: a[i, :, i], X, ids)
+    with pytest.raises(em.UnsupportedOpError, match="a list that is not of numbers"):
+        em.from_torch(lambda a, i: a[[i, i]], X, ids)  # was a TypeError from torch
     with pytest.raises(em.UnsupportedOpError, match="a step below 1"):
         em.from_torch(lambda a: a[..., ::-1], X)
     with pytest.raises(em.ShapeError, match="4 indices for a tensor of shape"):
@@ -174,6 +176,9 @@ def test_two_index_tensors_as_an_outer_product_are_two_gathers():
     am[1, :3] = 0
     g = _check(_padding, am, torch.arange(2), torch.arange(7), torch.randn(2, 1, 5, 7))
     assert sum(n.op is Op.GATHER for n in g.nodes()) == 2
+    # one index of a bool table: gathered as 0/1 too
+    _check(lambda m, i, x: torch.where(m.to(torch.bool)[i], x, 0.0),
+           torch.tensor([1, 0, 1, 1]), torch.tensor([3, 1, 0]), torch.randn(3))
     w, i, j = torch.randn(4, 9, 3), torch.tensor([3, 0, 1]), torch.tensor([8, 2])
     _check(lambda w, i, j: w[i[:, None], j[None, :]] * 2.0, w, i, j)
     _check(lambda w, i, j: w[..., i[:, None], j] + 1.0, torch.randn(2, 4, 9), i, j)

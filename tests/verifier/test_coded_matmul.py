@@ -113,3 +113,29 @@ def test_verify_the_same_with_and_without_codes(dtype, summed):
             assert fast.counterexample.domain == plain.counterexample.domain, (fast, plain)
             assert fast.counterexample.domain == ("Z_p x Z_q" if kind == "scale squared"
                                                   else "native dtype"), fast
+
+
+def test_coded_matmul_rounds_once_after_scaling(summed):
+    """A float32 weight whose code sums pass float32's largest while the product by a small
+    value does not (x = 2^-100, s = 2^120): summed in float64 and scaled before the one
+    rounding, finite as element by element (the sums rounded first gave inf)."""
+    g = em.Graph("lin_f32")
+    x = g.input("x", (1, K), dtype="float32")
+    wq = g.input("Wq", (N, K), dtype="int8")
+    s = g.input("s", (N, 1), dtype="float32")
+    g.output(x @ (wq.astype("float32") * s).T, "y")
+    from eqsat_mirage.semantics.floating import draw_ints
+
+    q = draw_ints(np.random.default_rng(3), (N, K), "int8")
+    codes, table = table_codes(q)
+    raw = {"x": np.broadcast_to(np.float64(2.0**-100), (1, K)), "Wq": q,
+           "s": np.broadcast_to(np.float64(2.0**120), (N, 1))}
+    inputs = rounded_inputs(g, raw)
+    inputs["Wq"] = q
+    known = coded_mod.Coded()
+    known.add(q, codes, table)
+    got = evaluate_kept(g, inputs, lambda n: None, KeptValues(0), "native", True, coded=known)
+    want = evaluate(g, inputs, dtype="native", rounded=True)
+    assert any(summed)
+    assert np.isfinite(want["y"]).all()
+    np.testing.assert_array_equal(got["y"], want["y"])
