@@ -75,6 +75,7 @@ class Coded:
                 return value
         self._last.held = held = held[-1:]
         value = look_up(codes, table)
+        value.flags.writeable = False  # shared by the programs: none may write into it
         self._last.held = held + [(codes, where, table.copy(), value)]
         return value
 
