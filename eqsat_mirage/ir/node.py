@@ -48,7 +48,11 @@ QUANT_RANGE = {"int8": (-128, 127), "uint8": (0, 255)}  # each one's values, bot
 # float8 value tensors (fp8 weights): cast to a wider float dtype (exact) before arithmetic
 FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}  # each one's largest finite value
-ALL_DTYPES = DTYPES + ("bool",) + INDEX_DTYPES + QUANT_DTYPES + FP8_DTYPES
+# the dtypes of 256 codes: a fixed weight the verifier keeps as its table and codes
+# (semantics/coded.py); with the indices, the inputs it draws once (verifier/fixed.py)
+CODED_DTYPES = QUANT_DTYPES + FP8_DTYPES
+FIXED_DTYPES = INDEX_DTYPES + CODED_DTYPES
+ALL_DTYPES = DTYPES + ("bool",) + FIXED_DTYPES
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "bool": 1, "int64": 8,
             "int32": 4, "int8": 1, "uint8": 1, "float8_e4m3fn": 1,
             "float8_e5m2": 1}  # bytes per element

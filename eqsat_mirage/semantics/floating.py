@@ -11,6 +11,7 @@ import numpy as np
 
 from ..ir.node import (
     BIT_OPS,
+    CODED_DTYPES,
     FP8_DTYPES,
     INDEX_DTYPES,
     QUANT_DTYPES,
@@ -419,7 +420,7 @@ def _input(ctx, n):
     x = ctx.inputs[n.arg]
     if ctx.rounded:
         return x
-    if ctx.coded is not None and n.dtype in QUANT_DTYPES + FP8_DTYPES:
+    if ctx.coded is not None and n.dtype in CODED_DTYPES:
         found = ctx.coded.get(x)
         if found is not None:
             codes, table = found
@@ -716,7 +717,7 @@ def _as_given(program, inputs: Mapping[str, Any], dtypes: tuple, coded: Coded | 
         x = inputs[n]
         if not isinstance(x, np.ndarray) or x.shape != node.shape:
             return False
-        if node.dtype not in QUANT_DTYPES + FP8_DTYPES:
+        if node.dtype not in CODED_DTYPES:
             return x.dtype in dtypes
         found = coded.get(x) if coded is not None else None
         if found is None or x.dtype not in (np.float32, np.float64):

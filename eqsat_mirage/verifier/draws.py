@@ -12,7 +12,7 @@ import threading
 
 import numpy as np
 
-from ..ir.node import FP8_DTYPES, INDEX_DTYPES, QUANT_DTYPES, Op
+from ..ir.node import CODED_DTYPES, FIXED_DTYPES, FP8_DTYPES, INDEX_DTYPES, QUANT_DTYPES, Op
 from ..semantics.floating import (
     EVERY_HALF,
     FLOAT_SEMANTICS,
@@ -186,7 +186,7 @@ class Draws:
         # an integer index input: the same valid indices in every draw (``_indexed``), drawn
         # from a generator of its own (the float inputs' draws stay as they were)
         self.index = _index_draws(a, rng) if any(
-            n.dtype in INDEX_DTYPES + QUANT_DTYPES + FP8_DTYPES for n in a.inputs.values()
+            n.dtype in FIXED_DTYPES for n in a.inputs.values()
         ) else {}
         self.base = int(rng.integers(0, 2**62))  # the exponent-range draws' own generators
         self.lock = threading.Lock()  # the memo's short updates; each long first-time
@@ -568,7 +568,7 @@ class Draws:
         computed on the 256 values of its table."""
         coded = Coded()
         for n, x in self.index.items():
-            if self._dtypes[n] in QUANT_DTYPES + FP8_DTYPES:
+            if self._dtypes[n] in CODED_DTYPES:
                 found = table_codes(x)
                 if found is None:
                     continue

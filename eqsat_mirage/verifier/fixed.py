@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.node import FP8_DTYPES, INDEX_DTYPES, QUANT_DTYPES, Op
+from ..ir.node import FIXED_DTYPES, Op
 from ..semantics.floating import uniform
 from .floatsafe import input_deps
 
@@ -71,7 +71,7 @@ def fixed_keys(program) -> dict[int, tuple | None]:
     def make(g) -> dict[int, tuple | None]:
         keys: dict[int, tuple] = {}
         out: dict[int, tuple | None] = {}
-        fixed_in = INDEX_DTYPES + QUANT_DTYPES + FP8_DTYPES
+        fixed_in = FIXED_DTYPES
         deps = input_deps(g)
         for n in g.nodes():
             keys[id(n)] = _structural(n, keys)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from ..ir.node import FP8_DTYPES, QUANT_DTYPES, VIEWS, Op, fmt_shape
+from ..ir.node import CODED_DTYPES, VIEWS, Op, fmt_shape
 from ..semantics.field import p_needed, q_needed
 from ..semantics.interp import last_reads
 from ..semantics.modular import DRAW_CHUNK
@@ -249,7 +249,7 @@ def float_check_peak(a, b) -> tuple[int, str]:
     _, _, lpb, lat_b = program_peak(b, False, lazy=True)
     native_a = max(fpa, lpa)  # natively, and in float64 on the rounded draw
     looked = max((size(n) * WORD for n in getattr(a, "program", a).inputs.values()
-                  if n.dtype in QUANT_DTYPES + FP8_DTYPES), default=0)
+                  if n.dtype in CODED_DTYPES), default=0)
     native = rounded_inputs(a) + max(native_a, fpb + fa_out) + looked
     float64 = max(lpa, lpb + fa_out) + looked
     if native >= float64:
