@@ -13,7 +13,6 @@ import eqsat_mirage as em
 from eqsat_mirage.semantics import coded as coded_mod
 from eqsat_mirage.semantics import floating
 from eqsat_mirage.semantics.floating import KeptValues, evaluate, evaluate_kept, rounded_inputs
-from eqsat_mirage.verifier import draws as draws_mod
 from eqsat_mirage.verifier.fixed import table_codes
 
 K, N = 1024, 8  # the table (256 x N) small beside the weight: the coded path runs
@@ -41,18 +40,9 @@ def _w8(kind: str = "reference", dtype: str = "int8") -> em.Graph:
 
 
 @pytest.fixture
-def summed(monkeypatch):
+def summed(calls_kept):
     """Whether each matmul by one value was summed from the codes (``_coded_matmul``)."""
-    runs = []
-    real = floating._coded_matmul
-
-    def counted(ctx, n, a, b):
-        value = real(ctx, n, a, b)
-        runs.append(value is not None)
-        return value
-
-    monkeypatch.setattr(floating, "_coded_matmul", counted)
-    return runs
+    return calls_kept(floating, '_coded_matmul')
 
 
 @pytest.mark.parametrize("dtype", ["int8", "float8_e4m3fn"])
@@ -84,17 +74,8 @@ def test_coded_matmul_is_the_elementwise_result(dtype, mode, summed):
         assert np.array_equal(got["y"], want["y"], equal_nan=True), (xv, sv, got, want)
 
 
-def _run(share: bool, fn):
-    old = draws_mod.SHARE_FIXED
-    draws_mod.SHARE_FIXED = share
-    try:
-        return fn()
-    finally:
-        draws_mod.SHARE_FIXED = old
-
-
 @pytest.mark.parametrize("dtype", ["int8", "float8_e4m3fn"])
-def test_verify_the_same_with_and_without_codes(dtype, summed):
+def test_verify_the_same_with_and_without_codes(dtype, summed, sharing):
     ref = _w8(dtype=dtype)
     # the scaled-up product refused by the float checks, the squared scale in the field
     same = "rewritten" if dtype == "int8" else "reference"  # (fp8: a float32 scale)
@@ -102,7 +83,7 @@ def test_verify_the_same_with_and_without_codes(dtype, summed):
         got = {}
         for share in (True, False):
             summed.clear()
-            got[share] = _run(share, lambda kind=kind: em.verify(ref, _w8(kind, dtype), seed=3))
+            got[share] = sharing(share, lambda kind=kind: em.verify(ref, _w8(kind, dtype), seed=3))
             if kind != "scale squared":
                 assert any(summed) == share, (kind, share)
         fast, plain = got[True], got[False]

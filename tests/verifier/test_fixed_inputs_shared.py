@@ -12,7 +12,6 @@ import pytest
 import eqsat_mirage as em
 from eqsat_mirage.semantics import floating
 from eqsat_mirage.semantics.floating import wrap_int
-from eqsat_mirage.verifier import draws as draws_mod
 from eqsat_mirage.verifier.draws import Draws, table_codes
 from eqsat_mirage.verifier.floatcheck import float_checks
 
@@ -41,40 +40,23 @@ def _f8(kind: str = "reference") -> em.Graph:
     return g
 
 
-def _run(share: bool, fn):
-    old = draws_mod.SHARE_FIXED
-    draws_mod.SHARE_FIXED = share
-    try:
-        return fn()
-    finally:
-        draws_mod.SHARE_FIXED = old
-
-
 def _cex(c):
     return None if c is None else (c.domain, c.output, c.index, c.value_a, c.value_b, c.check,
                                    c.detail)
 
 
 @pytest.fixture
-def coded_runs(monkeypatch):
+def coded_runs(calls_kept):
     """How many elementwise ops ran on a table (``floating._coded``)."""
-    runs = []
-    real = floating._coded
-
-    def counted(ctx, n, fn, xs):
-        value = real(ctx, n, fn, xs)
-        runs.append(value is not None)
-        return value
-
-    monkeypatch.setattr(floating, "_coded", counted)
-    return runs
+    return calls_kept(floating, '_coded')
 
 
 @pytest.mark.parametrize("build,kinds", [
     (_w8, (("reference", None), ("rewritten", None), ("zero point sign", "refused"),
            ("wrapped", "refused"))),
     (_f8, (("reference", None), ("scale squared", "refused")))])
-def test_shared_fixed_values_give_the_same_peaks_and_verdicts(build, kinds, coded_runs):
+def test_shared_fixed_values_give_the_same_peaks_and_verdicts(build, kinds, coded_runs,
+                                                              sharing):
     ref = build()
     for kind, found in kinds:
         got = {}
@@ -84,23 +66,23 @@ def test_shared_fixed_values_give_the_same_peaks_and_verdicts(build, kinds, code
                                    1e-7, True)
                 return _cex(out[0]), out[1]
             coded_runs.clear()
-            got[share] = _run(share, check)
+            got[share] = sharing(share, check)
             if not share or found is None:  # the table path ran (all checks), or not
                 assert any(coded_runs) == share, (kind, share)
         assert got[True] == got[False], (kind, got)
         assert (got[True][0] is None) == (found is None), (kind, got)
     # the bisections: every input's peak the same either way
-    peaks = {share: _run(share, lambda: [
+    peaks = {share: sharing(share, lambda: [
         Draws(ref, np.random.default_rng(5), None, 65504.0).peak(i)
         for i in range(len(ref.inputs))]) for share in (True, False)}
     assert peaks[True] == peaks[False]
 
 
-def test_verify_verdicts_unchanged_by_sharing():
+def test_verify_verdicts_unchanged_by_sharing(sharing):
     ref = _w8()
     for kind, want in (("reference", True), ("rewritten", True), ("zero point sign", False)):
         for seed in (0, 1):
-            r = {share: _run(share, lambda kind=kind, seed=seed: em.verify(
+            r = {share: sharing(share, lambda kind=kind, seed=seed: em.verify(
                 ref, _w8(kind), seed=seed, float_first=True)) for share in (True, False)}
             assert r[True].equivalent == r[False].equivalent == want, (kind, seed)
             assert _cex(r[True].counterexample) == _cex(r[False].counterexample)
