@@ -82,6 +82,10 @@ class Indexing:
     # index -> the gcd of the sizes of the dims carrying it, where they differ (a split's
     # major dim: G of the K it splits into [G, g]); ``sizes`` holds the largest
     units: dict[str, int] = field(default_factory=dict)
+    # what was worked out from this indexing (fixed once ``index_fragment`` returns it):
+    # ``schedule.check_schedule``'s verdict per schedule and stage kinds per loop index, so
+    # the schedules listed by several strategies, then lowered, are checked once
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     def unit(self, idx: str) -> int:
         """The largest count of parts every dim carrying ``idx`` may be cut into evenly

@@ -279,8 +279,41 @@ def _groups(ix: Indexing, idx: str) -> str:
 
 
 def check_schedule(ix: Indexing | Graph, schedule: Schedule) -> Plan:
-    """Check ``schedule`` against the fragment; returns the ``Plan`` or raises ``ScheduleError``."""
+    """Check ``schedule`` against the fragment; returns the ``Plan`` or raises ``ScheduleError``.
+
+    The verdict is kept in ``ix.memo`` (an ``Indexing`` does not change once built): a
+    schedule checked again against the same indexing gets the same ``Plan`` (read-only), or
+    a ``ScheduleError`` with the same message, without the work."""
     ix = ix if isinstance(ix, Indexing) else index_fragment(ix)
+    key = ("check", schedule)
+    if key not in ix.memo:
+        try:
+            ix.memo[key] = _check(ix, schedule)
+        except ScheduleError as exc:
+            ix.memo[key] = exc
+    found = ix.memo[key]
+    if isinstance(found, ScheduleError):
+        raise type(found)(*found.args)
+    return found
+
+
+def _kinds(ix: Indexing, idx: str | None) -> dict[int, str]:
+    """``classify(ix, idx, running=True)``, kept in ``ix.memo`` (read-only; its
+    ``ScheduleError`` raised again with the same message)."""
+    key = ("kinds", idx)
+    if key not in ix.memo:
+        try:
+            ix.memo[key] = classify(ix, idx, running=True)
+        except ScheduleError as exc:
+            ix.memo[key] = exc
+    found = ix.memo[key]
+    if isinstance(found, ScheduleError):
+        raise type(found)(*found.args)
+    return found
+
+
+def _check(ix: Indexing, schedule: Schedule) -> Plan:
+    """``check_schedule``'s work, not memoized."""
     s = schedule
     _check_grid(ix, s)
     if s.loop is not None:
@@ -304,7 +337,7 @@ def check_schedule(ix: Indexing | Graph, schedule: Schedule) -> Plan:
         raise ScheduleError(f"schedule {s}: a forloop range without a loop index")
     if s.split is not None and (s.split not in dict(s.grid) or s.split not in ix.reduced):
         raise ScheduleError(f"schedule {s}: split index {s.split!r} must be a reduced grid index")
-    kind = classify(ix, s.loop if s.split is None else s.split, running=True)
+    kind = _kinds(ix, s.loop if s.split is None else s.split)
     for name, out in ix.graph.outputs.items():
         if out.op is Op.CONST:
             raise ScheduleError(f"output {name!r} is a constant")
@@ -321,7 +354,10 @@ def check_schedule(ix: Indexing | Graph, schedule: Schedule) -> Plan:
                     f"index {ix.describe(idx)}, so {blocks} blocks would write the same elements")
     if s.reduce_grid is not None:
         _check_reduce_grid(ix, s, kind)
-    tiles = {id(n): tuple(size // s.parts(i) for size, i in zip(n.shape, ix.of(n)))
+    parts = dict(s.grid)  # s.parts, read once: index -> tiles it is cut into
+    if s.loop is not None:
+        parts[s.loop] = parts.get(s.loop, 1) * s.forloop
+    tiles = {id(n): tuple(size // parts.get(i, 1) for size, i in zip(n.shape, ix.of(n)))
              for n in ix.nodes}
     cuts = [s.parts] + ([lambda i: dict(s.second_grid).get(i, 1)] if s.split else [])
     for n in ix.nodes:

@@ -380,3 +380,26 @@ def test_unused_input_gets_its_own_indices():
     g.output(x * 2.0, "Z")
     ix = index_fragment(g)
     assert ix.input_index("Y", 0) not in (ix.input_index("X", 0), ix.input_index("X", 1))
+
+
+def test_check_schedule_verdicts_kept_per_indexing():
+    # a schedule checked again against the same indexing: the same plan, or the same refusal
+    g = attention(pre_division=True)
+    ix = index_fragment(g)
+    n = ix.input_index("K", 2)
+    bad = Schedule(grid={ix.input_index("Q", 0): 2}, loop=n, forloop=4)
+    messages = []
+    for _ in range(2):
+        with pytest.raises(ScheduleError) as err:
+            check_schedule(ix, bad)
+        messages.append(str(err.value))
+    assert messages[0] == messages[1] and "single loop pass" in messages[0]
+    good = candidate_schedules(ix)[0]
+    first = check_schedule(ix, good)
+    again = check_schedule(ix, good)
+    assert again is first
+    fresh = check_schedule(index_fragment(g), good)  # another indexing: worked out anew
+    assert fresh is not first
+    assert list(fresh.kind.values()) == list(first.kind.values())
+    assert [fresh.tiles[id(a)] for a in fresh.indexing.nodes] == \
+        [first.tiles[id(a)] for a in ix.nodes]
