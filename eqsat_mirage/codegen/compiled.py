@@ -9,7 +9,7 @@ the argument types, the constexpr strides and block sizes and the launch options
 are the launcher's own), compiles each kernel for the target and reads the resources
 back: registers, spill stores and stack frame (the wheel's ``ptxas -v``) and
 shared memory (Triton's metadata).
-Results are cached in memory by (source, target).
+Results are cached in memory by (source, target), and each kernel's by what Triton caches it by.
 """
 
 from __future__ import annotations
@@ -31,6 +31,12 @@ from .concat import CodegenError
 
 ARCH = {"h100": 90, "h200": 90, "a100": 80}  # compute capability of each built-in target
 _CACHE: dict[tuple[str, str], list] = {}
+# one kernel's build by what Triton's own cache keys it on (the jit function's cache_key:
+# its source, line and dependencies; the signature, constexprs and launch options) and the
+# target: registers, spill and stack bytes, shared bytes, warps and stages. A module built
+# again after one kernel changed (a re-plan, a warp retry) compiles and ptxas-checks only
+# that kernel: the tiny LLaMA layer's compile check built its unchanged kernels 18 times
+_KERNELS: dict[tuple, tuple[int, int, int, int, int, int]] = {}
 _DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32",
            "torch.bool": "i1", "torch.int8": "i8", "torch.uint8": "u8", "torch.int32": "i32",
            "torch.int64": "i64", "torch.float8_e4m3fn": "fp8e4nv", "torch.float8_e5m2": "fp8e5"}
@@ -221,19 +227,22 @@ def _compile(source: str, target: str, deadline=None) -> list[KernelResources]:
             raise TimeLimitError(f"the compile for {target} was stopped at its time limit "
                                  f"({deadline.seconds:g} s) before kernel {name!r}")
         t = time.perf_counter()
-        try:
-            with _interpreter(False):
-                k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts),
-                                   target=GPUTarget("cuda", ARCH[target], 32),
-                                   options=options)
-        except Exception as exc:  # noqa: BLE001 - the compiler's own error types vary
-            raise CodegenError(f"kernel {name!r} does not compile for {target} "
-                               f"(sm_{ARCH[target]}): {type(exc).__name__}: "
-                               f"...{str(exc)[-600:]}") from None
-        res = _resources(k.asm["ptx"], ARCH[target], k.metadata.name)
-        out.append(KernelResources(name, tuple(grid), res["registers"], res["spills"],
-                                   res["stack"], k.metadata.shared,
-                                   k.metadata.num_warps, k.metadata.num_stages,
+        key = (fn.cache_key, repr(sorted(sig.items())), repr(sorted(consts.items())),
+               repr(sorted(options.items())), target)
+        if key not in _KERNELS:
+            try:
+                with _interpreter(False):
+                    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts),
+                                       target=GPUTarget("cuda", ARCH[target], 32),
+                                       options=options)
+            except Exception as exc:  # noqa: BLE001 - the compiler's own error types vary
+                raise CodegenError(f"kernel {name!r} does not compile for {target} "
+                                   f"(sm_{ARCH[target]}): {type(exc).__name__}: "
+                                   f"...{str(exc)[-600:]}") from None
+            res = _resources(k.asm["ptx"], ARCH[target], k.metadata.name)
+            _KERNELS[key] = (res["registers"], res["spills"], res["stack"], k.metadata.shared,
+                             k.metadata.num_warps, k.metadata.num_stages)
+        out.append(KernelResources(name, tuple(grid), *_KERNELS[key],
                                    time.perf_counter() - t))
     return out
 

@@ -96,3 +96,39 @@ def test_a_build_the_deadline_passes_kills_the_child():
         assert server.proc is None
     finally:
         server.stop()
+
+
+def _split_matmul():
+    """X @ W with its contraction split across the grid: a part kernel and a reduce kernel."""
+    import eqsat_mirage as em
+    from eqsat_mirage.fusion.lower import lower
+    from eqsat_mirage.fusion.schedule import Schedule, index_fragment
+
+    g = em.Graph("split_mm")
+    x = g.input("X", (64, 1024), "float16")
+    w = g.input("W", (1024, 64), "float16")
+    g.output(x @ w, "Y")
+    ix = index_fragment(g)
+    rows, inner = ix.input_index("X", 0), ix.input_index("X", 1)
+    return lower(g, Schedule(grid={rows: 4, inner: 8}, split=inner), indexing=ix)
+
+
+@needs_compiler
+def test_a_module_built_again_with_one_kernel_changed_as_a_child_per_build():
+    # the child keeps each kernel's build: the unchanged kernel is not compiled again, and
+    # the figures are those of a fresh child per build
+    mg = _split_matmul()
+    custom = [k for k in mg.kernels if k.kind == "custom"]
+    assert len(custom) == 2
+    server = BuildServer()
+    try:
+        first = triton_source(mg)
+        custom[1].num_warps = 8
+        second = triton_source(mg)
+        assert first != second
+        got = [server.build(s, "h100") for s in (first, second)]
+        assert got[1][1]["num_warps"] == 8 and got[0][1]["num_warps"] != 8
+        for source, kernels in zip((first, second), got):
+            assert _figures(kernels) == _figures(_one_shot(source))
+    finally:
+        server.stop()
