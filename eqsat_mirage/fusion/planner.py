@@ -178,18 +178,30 @@ class Planner(OpSpace):
         ``shared`` and how many schedules ``permit`` left out and why. Raises
         ``ScheduleError`` or ``MirageError`` when ``frag`` cannot be indexed."""
         ix = index_fragment(frag)
-        scheds = list(dict.fromkeys(s for st in (self.full if final else self.quick)
-                                    for s in candidate_schedules(ix, st)))
+        strategies = self.full if final else self.quick
         key = (_shape_key(frag), final)
+        if self.permit is not None:
+            key += (self.permit.key([self.ops[origin[id(n)]] for n in frag.nodes()
+                                     if id(n) in origin]),)
+        # the list is a function of the fragment's structure (the index names follow its
+        # inputs' order, and an unused input's shape), the strategies and what ``permit``
+        # says of its nodes: a fragment equal in all of these (another plan's, a re-plan's)
+        # takes the list worked out before
+        listed = ("candidates", key, _input_key(frag), strategies)
+        if self.shared is not None and listed in self.shared:
+            scheds, left_out = self.shared[listed]
+            return ix, list(scheds), key, dict(left_out)
+        scheds = list(dict.fromkeys(s for st in strategies for s in candidate_schedules(ix, st)))
         left_out: dict[str, int] = {}
         if self.permit is not None:
             online: dict[str, bool] = {}
             why_out = [self._left_out(ix, s, origin, online) for s in scheds]
             left_out = {w: why_out.count(w) for w in ("Kern", "Online") if w in why_out}
             scheds = [s for s, why in zip(scheds, why_out) if not why]
-            key += (self.permit.key([self.ops[origin[id(n)]] for n in frag.nodes()
-                                     if id(n) in origin]),)
-        return ix, prefer_pow2_chunks(ix, scheds), key, left_out
+        scheds = prefer_pow2_chunks(ix, scheds)
+        if self.shared is not None:
+            self.shared[listed] = (tuple(scheds), dict(left_out))
+        return ix, scheds, key, left_out
 
     def late(self) -> bool:
         """Whether the plan's deadline (if any) has passed."""
@@ -415,6 +427,13 @@ def _shape_key(frag: Graph) -> tuple:
         rows.append((n.op, None if n.op is Op.INPUT else n.arg, n.shape, n.dtype,
                      tuple(pos[id(x)] for x in n.srcs)))
     return tuple(rows), tuple(pos[id(n)] for n in frag.outputs.values())
+
+
+def _input_key(frag: Graph) -> tuple:
+    """``frag``'s inputs in their order: each one's place among the nodes (``_shape_key``'s;
+    None for an input no output reads), shape and dtype."""
+    pos = {id(n): i for i, n in enumerate(frag.nodes())}
+    return tuple((pos.get(id(n)), n.shape, n.dtype) for n in frag.inputs.values())
 
 
 def _why_none(ix: Indexing, scheds: list[Schedule], infeasible: str) -> str:

@@ -287,3 +287,17 @@ def test_a_deep_copy_of_a_kernel_prices_as_the_kernel():
     res = em.optimize(program("lora", 1), cache=False, time_limit_s=600)
     before = mugraph_cost(res.program).total_us
     assert mugraph_cost(copy.deepcopy(res.program)).total_us == before
+
+
+def test_plans_sharing_a_search_dict_find_what_a_fresh_planner_finds():
+    # ``shared`` keeps, across the plans of one search, each fragment's best schedule and its
+    # candidate list (keyed by its structure, inputs' order, strategies and permit): a plan
+    # made after others with the same dict is the one a planner with none makes
+    g = program("rmsnorm", 1)
+    fresh = plan(g)
+    shared: dict = {}
+    for _ in range(2):
+        again = plan(g, shared=shared)
+        assert str(again.mugraph) == str(fresh.mugraph)
+        assert again.cost_us == fresh.cost_us
+    assert any(isinstance(k, tuple) and k[0] == "candidates" for k in shared)
