@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import keyword
 import math
+import operator
 from collections.abc import Callable, Sequence
 from numbers import Integral, Real
 from typing import Any
@@ -165,8 +166,8 @@ class Graph:
         order, the cost model's padded tile shapes. The caller must not change the value."""
         roots = tuple(self.outputs.values())
         facts = getattr(self, "_derived", None)
-        if facts is None or len(facts[0]) != len(roots) or any(
-                x is not y for x, y in zip(facts[0], roots)):
+        if facts is None or len(facts[0]) != len(roots) or not all(
+                map(operator.is_, facts[0], roots)):  # the same nodes (no generator: hot)
             facts = self._derived = (roots, {})
         if what not in facts[1]:
             facts[1][what] = make(self)

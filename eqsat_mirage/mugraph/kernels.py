@@ -8,7 +8,7 @@ assembles them into a ``MuGraph``; ``validate.py`` checks them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -294,13 +294,15 @@ class CustomKernel:
 
 def tile_shape(kernel: CustomKernel, bi: BlockInput, spec: TensorSpec) -> Shape:
     """The tile shape of block input ``bi`` over ``spec``; raises ``TilingError``."""
-    who = (f"kernel {kernel.name!r}: block input {bi.name!r} reading {spec.name!r} "
-           f"{fmt_shape(spec.shape)}")
+    def named() -> str:  # the message's subject, written only for an error (the planner
+        return (f"kernel {kernel.name!r}: block input {bi.name!r} reading {spec.name!r} "
+                f"{fmt_shape(spec.shape)}")  # declares tiles by the ten thousand)
+
     ndim, grid = len(spec.shape), kernel.grid
-    check_map(bi.imap, ndim, len(grid), f"{who}: imap {fmt_map(bi.imap)}")
+    check_map(bi.imap, ndim, len(grid), lambda: f"{named()}: imap {fmt_map(bi.imap)}")
     if bi.fmap is not None:
         if not isinstance(bi.fmap, int) or not 0 <= bi.fmap < ndim:
-            raise TilingError(f"{who}: fmap {bi.fmap!r} is not a dim of a {ndim}-d tensor")
+            raise TilingError(f"{named()}: fmap {bi.fmap!r} is not a dim of a {ndim}-d tensor")
     tile = []
     for d, size in enumerate(spec.shape):
         # a dim in both maps is cut by the grid first, then each block's part by the loop
@@ -311,26 +313,32 @@ def tile_shape(kernel: CustomKernel, bi: BlockInput, spec: TensorSpec) -> Shape:
                 ([f"grid axis {axis_name(bi.imap[d])} of size {grid[bi.imap[d]]}"]
                  if d in bi.imap else []) + ([f"forloop range {kernel.forloop}"]
                                              if d == bi.fmap else []))
-            raise TilingError(f"{who}: dim {d} of size {size} is not divisible by the {what}")
+            raise TilingError(f"{named()}: dim {d} of size {size} is not divisible by the "
+                              f"{what}")
         tile.append(size // parts)
     return tuple(tile)
 
 
-def check_map(m: Any, ndim: int, naxes: int, who: str) -> None:
-    """Raise ``TilingError`` (naming ``who``) unless ``m`` maps dims of an ``ndim``-d tensor
-    to distinct axes of a grid with ``naxes`` axes."""
+def check_map(m: Any, ndim: int, naxes: int, who: str | Callable[[], str]) -> None:
+    """Raise ``TilingError`` (naming ``who``, or what ``who()`` says: written only for an
+    error) unless ``m`` maps dims of an ``ndim``-d tensor to distinct axes of a grid with
+    ``naxes`` axes."""
+    def named() -> str:
+        return who() if callable(who) else who
+
     if not isinstance(m, Mapping):
-        raise TilingError(f"{who}: a map must be a dict tensor dim -> grid axis")
+        raise TilingError(f"{named()}: a map must be a dict tensor dim -> grid axis")
     for d, a in m.items():
         if not isinstance(d, int) or not 0 <= d < ndim:
-            raise TilingError(f"{who}: {d!r} is not a dim of a {ndim}-d tensor")
+            raise TilingError(f"{named()}: {d!r} is not a dim of a {ndim}-d tensor")
         if not isinstance(a, int) or not 0 <= a < naxes:
-            raise TilingError(f"{who}: grid axis {a!r} does not exist (grid has {naxes} axes)")
+            raise TilingError(f"{named()}: grid axis {a!r} does not exist (grid has {naxes} "
+                              "axes)")
     axes = list(m.values())
     for a in set(axes):
         if axes.count(a) > 1:
             dims = [d for d, x in m.items() if x == a]
-            raise TilingError(f"{who}: grid axis {axis_name(a)} used twice (dims {dims})")
+            raise TilingError(f"{named()}: grid axis {axis_name(a)} used twice (dims {dims})")
 
 
 Kernel = PredefinedKernel | CustomKernel
