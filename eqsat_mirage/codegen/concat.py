@@ -104,6 +104,13 @@ class ConcatOps:
         of size 1 along the axis broadcast). None when some leaf cannot be split."""
         if src.op is Op.INPUT:
             return self.split_input(src, axis, sizes)
+        if src.op is Op.TRANSPOSE:  # its operand cut along the axis that lands on ``axis``
+            inner = src.arg[axis]
+            v = self.split_node(src.srcs[0], inner, sizes, section, label)
+            if v is None:
+                return None
+            return split(self.per_part(src, [v], [inner], axis, section, label), src.shape,
+                         axis, label)
         if src.op not in ELEMENTWISE:
             return None
         r, vals, axes = len(src.shape), [], []
