@@ -496,7 +496,7 @@ def decode(steps: int = 4, dynamic=None, time_limit_s: float = 30.0, cache=None,
 
 def generate(dtype: str = "float32", time_limit_s: float = 30.0, cache=None,
              seq: int = SEQ, hidden: int = HIDDEN, new_tokens: int = 8,
-             warmup: int | None = 0, quant: str | None = None) -> dict:
+             warmup: int | None = 0, quant: str | None = None, padded: bool = False) -> dict:
     """A 2-layer LlamaForCausalLM's ``generate()`` (greedy, ``new_tokens`` tokens after a
     ``seq``-token prompt, transformers' DynamicCache) with its ``forward`` compiled by
     ``em.backend``, as users compile a model for generation; the same call eagerly is the
@@ -505,7 +505,9 @@ def generate(dtype: str = "float32", time_limit_s: float = 30.0, cache=None,
     logits, and whether the tokens equal eager's. ``warmup``: the backend's (0: every graph
     searched at its first call; None: its default, where the prompt's graph and the first
     decode step's run eagerly and only the growing-cache family is searched); ``quant``:
-    the model's weights quantized as ``quantized`` does (None: as they are)."""
+    the model's weights quantized as ``quantized`` does (None: as they are); ``padded``: a
+    batch of two prompts, the second left-padded by two tokens (its ``attention_mask`` zero
+    there), so each step builds the padding mask over the cache's length."""
     import torch
     from transformers import LlamaForCausalLM
 
@@ -516,9 +518,13 @@ def generate(dtype: str = "float32", time_limit_s: float = 30.0, cache=None,
     if quant:
         mod = quantized(mod, quant, dt)
     mod.generation_config.pad_token_id = 0
-    ids = torch.randint(0, VOCAB, (1, seq))
+    ids = torch.randint(0, VOCAB, (2 if padded else 1, seq))
     kw = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False,
           "output_logits": True, "return_dict_in_generate": True}
+    if padded:
+        mask = torch.ones_like(ids)
+        mask[1, :2] = 0
+        kw["attention_mask"] = mask
     torch._dynamo.reset()
     said: list[str] = []
     load = os.getloadavg()[0]

@@ -27,8 +27,9 @@ hint is the family's ``em.Dim`` (one search serves every value), sizes that guar
 are numbers, and other symbols are specialized at their hint and checked on every call.
 A call that moves a specialized size searches once more with that size symbolic; a call
 the program still does not serve runs eagerly. A node whose size is a formula of a
-symbolic one (``s0 + 1`` from a ``torch.cat``) stays eager, and its consumers form the
-family at that size.
+symbolic one (``s0 + 1`` from a ``torch.cat``), family or specialized, stays eager, and its
+consumers form the family at that size (a KV cache's length after the cat: the attention
+over it searches again when the cache grows, once, and serves every later step).
 Under torch.compile's defaults (automatic dynamic shapes) a graph without symbolic sizes
 runs its first call eagerly and is searched at its second (``Backend``'s ``warmup``):
 Dynamo replaces a graph whose sizes change before then.

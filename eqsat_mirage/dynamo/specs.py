@@ -18,6 +18,11 @@ the *family* sizes:
 A node whose result has a size *derived* from a family size (``s77 + 1``), not read
 from its operands, stays eager: one search serves a size, not formulas of it. Its
 consumers still join a partition, where the derived size is a family size of its own.
+So does a node whose size is a specialized symbol plus a number (a decode step's
+``torch.cat`` onto a KV cache whose length is not the family's): a partition holding it
+could not search again when that length moves, and would run eagerly at every later step.
+The consumers' partitions hold the formula at its value; a call that moves it searches
+again with its symbol as the family (``held``, ``focus``).
 """
 
 from __future__ import annotations
@@ -182,12 +187,28 @@ class SymbolicSizes:
         return out
 
     def held(self, node: fx.Node) -> dict[int, Any]:
-        """{axis: symbol} of the axes of ``node``'s tensor that are a specialized symbol."""
+        """{axis: symbol} of the axes of ``node``'s tensor held at a number because of one
+        specialized symbol: the symbol itself, or a formula of it alone (``s87 + 1``, a
+        KV cache's length after a ``torch.cat``), so that a call moving it searches again."""
         v = recorded(node)
         if not isinstance(v, torch.Tensor):
             return {}
-        exprs = ((axis, _expr(d)) for axis, d in enumerate(v.shape) if not isinstance(d, int))
-        return {axis: e for axis, e in exprs if e in self.specialized}
+        out = {}
+        for axis, d in enumerate(v.shape):
+            if isinstance(d, int):
+                continue
+            free = _expr(d).free_symbols
+            held = sorted((s for s in free if s in self.specialized), key=str)
+            if held and not free & self.family and not free & self.unbacked:
+                out[axis] = self._representative(held[0])
+        return out
+
+    def _representative(self, symbol: Any) -> Any:
+        """The first (by name) specialized symbol of ``symbol``'s value: symbols that share
+        a value move together (a KV cache's keys and values) and ``focus`` makes them one
+        family size, so a call moving both asks for one search."""
+        value = self.specialized[symbol]
+        return min((s for s, v in self.specialized.items() if v == value), key=str)
 
     @property
     def dynamic(self) -> bool:
@@ -256,11 +277,30 @@ class SymbolicSizes:
         if data:
             return f"its size {data[0]} depends on data (an unbacked symbolic size)"
         derived = sorted((e for e in outs if not e.is_Symbol and e not in ins), key=str)
+        held = sorted(self._held_formulas(node), key=str)
+        if held:  # s87 + 1 at s87's value: served once, and a moved s87 could not replan
+            return (f"its size {held[0]} is computed from the symbolic size "
+                    f"{sorted(map(str, held[0].free_symbols))[0]}, specialized here: a "
+                    "partition holding it could not search again when that size moves "
+                    "(the ops after it can still be optimized)")
         if derived:
             return (f"its size {derived[0]} is computed from the symbolic size "
                     f"{sorted(map(str, derived[0].free_symbols))[0]}: one search serves a "
                     "size, not formulas of it (the ops after it can still be optimized)")
         return None
+
+    def _held_formulas(self, node: fx.Node) -> set:
+        """The sizes ``s + c`` of ``node``'s results (``s`` a specialized symbol, ``c`` a
+        number) that none of its operands has: a ``torch.cat`` onto a KV cache, whose
+        length grows from step to step. (A reshape's product of held sizes, heads times
+        head dim, does not move: it stays in its partition, at its value.)"""
+        def raw(nodes: list) -> set:
+            return {_expr(d) for n in nodes for v in values(n) if isinstance(v, torch.Tensor)
+                    for d in v.shape if not isinstance(d, int)}
+        ins = raw(list(node.all_input_nodes))
+        return {e for e in raw([node]) if e.is_Add and e not in ins and len(e.free_symbols) == 1
+                and e.free_symbols <= set(self.specialized)
+                and all(a.is_Symbol or a.is_number for a in e.args)}
 
     def dims(self, exprs: list) -> dict[Any, Dim]:
         """One ``em.Dim`` per family size among ``exprs``: sizes that share a value are

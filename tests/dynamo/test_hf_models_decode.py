@@ -19,18 +19,21 @@ pytestmark = pytest.mark.slow
 
 
 def test_llama_generate_with_a_growing_cache_gives_eager_tokens():
-    """``generate()`` with the model's ``forward`` compiled (issue 52), Dynamo's defaults:
-    the prompt's graph and the first decode step's compile static and run eagerly (the
-    backend's warmup: never searched), the second step recompiles with the cache length
-    symbolic. The cache's torch.cat (length s + 1) stays eager; each layer's attention over
-    the cache is a family of its own (one search), the projections and MLP around it
-    static programs; the tokens are eager's and each step's logits within tolerance."""
+    """``generate()`` of a left-padded batch with the model's ``forward`` compiled (issue
+    52), Dynamo's defaults: the prompt's graph and the first decode step's compile static
+    and run eagerly (the backend's warmup: never searched), the second step recompiles with
+    the lengths symbolic: the mask's is the family, the caches' are held at theirs. The
+    cache's torch.cat (length s + 1) stays eager; each layer's attention over the cache
+    searches once more when the cache grows, with its length symbolic, and is then a family
+    serving every later step (it ran eagerly at every later step before); the projections
+    and MLP around it are static programs; the tokens are eager's and each step's logits
+    within tolerance."""
     from bench.hf_models import generate
 
     # the time limit bounds one compiled graph, its partitions together (issue 32): the
     # decode graph's partitions (two attention families, projections, MLPs) share 300 s
     r = generate("float32", time_limit_s=300.0, hidden=64, seq=16, new_tokens=4,
-                 warmup=None)
+                 warmup=None, padded=True)
     assert r["tokens_equal"] and r["finite"], r["eager"]
     assert r["error"] <= TOLERANCE["float32"], r["error"]
     graphs = r["summary"]["graphs"]
@@ -50,6 +53,10 @@ def test_llama_generate_with_a_growing_cache_gives_eager_tokens():
         "time limit" in e.reason or (e.result is not None and e.result.stats.get("time_limited")))]
     assert fams and len(fams) + len(late) == 2, [(e.status, e.reason) for e in r["families"]]
     assert all(e.calls == 2 and e.eager_calls == 0 for e in fams)
+    assert all(e.replan.startswith("symbolic ") for e in fams), [e.replan for e in fams]
+    served = [e for e in r["backend"].report if e.status == "optimized"]
+    assert served and all(e.eager_calls == 0 for e in served), [
+        (e.name, e.eager_calls) for e in served]
     assert all(all(e.result.stats["family"]["verified_sizes"].values()) for e in fams)
 
 
