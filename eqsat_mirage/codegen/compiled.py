@@ -25,6 +25,7 @@ import time
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ..ir.errors import TimeLimitError
 from .concat import CodegenError
@@ -37,6 +38,14 @@ _CACHE: dict[tuple[str, str], list] = {}
 # again after one kernel changed (a re-plan, a warp retry) compiles and ptxas-checks only
 # that kernel: the tiny LLaMA layer's compile check built its unchanged kernels 18 times
 _KERNELS: dict[tuple, tuple[int, int, int, int, int, int]] = {}
+KEPT = 4096  # entries each of the two caches keeps (the oldest go first): bounded memory
+
+
+def keep_bounded(cache: dict, key: Any, value: Any) -> None:
+    """Store ``value`` at ``key``, dropping the oldest entries past ``KEPT``."""
+    cache[key] = value
+    while len(cache) > KEPT:
+        del cache[next(iter(cache))]
 _DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32",
            "torch.bool": "i1", "torch.int8": "i8", "torch.uint8": "u8", "torch.int32": "i32",
            "torch.int64": "i64", "torch.float8_e4m3fn": "fp8e4nv", "torch.float8_e5m2": "fp8e5"}
@@ -197,8 +206,8 @@ def compile_report(source: str, target: str = "h100", deadline=None) -> list[Ker
         # a process that runs kernels under TRITON_INTERPRET=1 has triton.language in its
         # interpreted form, which the compiler cannot use: compile in a clean child process
         interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-        _CACHE[key] = (_in_child(source, target, deadline) if interpreted
-                       else _compile(source, target, deadline))
+        keep_bounded(_CACHE, key, _in_child(source, target, deadline) if interpreted
+              else _compile(source, target, deadline))
     return _CACHE[key]
 
 
@@ -240,8 +249,8 @@ def _compile(source: str, target: str, deadline=None) -> list[KernelResources]:
                                    f"(sm_{ARCH[target]}): {type(exc).__name__}: "
                                    f"...{str(exc)[-600:]}") from None
             res = _resources(k.asm["ptx"], ARCH[target], k.metadata.name)
-            _KERNELS[key] = (res["registers"], res["spills"], res["stack"], k.metadata.shared,
-                             k.metadata.num_warps, k.metadata.num_stages)
+            keep_bounded(_KERNELS, key, (res["registers"], res["spills"], res["stack"],
+                                  k.metadata.shared, k.metadata.num_warps, k.metadata.num_stages))
         out.append(KernelResources(name, tuple(grid), *_KERNELS[key],
                                    time.perf_counter() - t))
     return out

@@ -132,3 +132,13 @@ def test_a_module_built_again_with_one_kernel_changed_as_a_child_per_build():
             assert _figures(kernels) == _figures(_one_shot(source))
     finally:
         server.stop()
+
+
+def test_the_build_caches_keep_at_most_kept_entries_the_oldest_dropped():
+    from eqsat_mirage.codegen import compiled
+
+    cache: dict = {}
+    for i in range(compiled.KEPT + 10):
+        compiled.keep_bounded(cache, i, i * i)
+    assert len(cache) == compiled.KEPT
+    assert min(cache) == 10 and cache[compiled.KEPT + 9] == (compiled.KEPT + 9) ** 2
