@@ -367,7 +367,9 @@ class Backend:
         not searched, which so far ran only their ``warmup`` calls (a static graph Dynamo
         replaced after one call stays there; its ops are not in the totals); ``launches``:
         how each optimized partition launched so far, in words; ``cuda_graphs``: the
-        partitions replayed as CUDA graphs."""
+        partitions replayed as CUDA graphs; ``eager_calls``: the optimized partitions some
+        of whose calls ran eagerly (sizes or values the program does not serve), how many
+        and why."""
         graphs = [r.summary() for r in sorted(self._records, key=lambda r: r.number)]
         priced = [g["predicted_us"] for g in graphs if g["predicted_us"]]
         return {"ops": sum(g["ops"] for g in graphs),

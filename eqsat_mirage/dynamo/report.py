@@ -31,6 +31,7 @@ class PartitionReport:
     mode: str = ""  # "triton" or "torch" once it ran optimized
     calls: int = 0
     eager_calls: int = 0  # calls whose sizes the program does not serve (they ran eagerly)
+    eager_why: str = ""  # why the first of those ran eagerly
     replan: str = ""  # a second search, when a call moved a size Dynamo left symbolic
     optimized_ops: int = 0  # its ops whose piece was optimized (all of them: one piece)
     optimized_compute_ops: int = 0  # those of them that compute (``specs.computes``)
@@ -82,7 +83,15 @@ def launch_summary(report: list[PartitionReport]) -> dict:
     launches = {e.name: e.module.launches() for e in report
                 if e.status == "optimized" and e.module is not None}
     return {"launches": launches,
-            "cuda_graphs": [n for n, how in launches.items() if how.startswith("CUDA graph")]}
+            "cuda_graphs": [n for n, how in launches.items() if how.startswith("CUDA graph")],
+            "eager_calls": eager_calls(report)}
+
+
+def eager_calls(report: list[PartitionReport]) -> list[str]:
+    """One line per optimized partition some of whose calls ran eagerly (sizes or values
+    the program does not serve): how many of its calls, and why the first did."""
+    return [f"{e.name}: {e.eager_calls} of {e.calls + e.eager_calls} calls ran eagerly "
+            f"({e.eager_why})" for e in report if e.status == "optimized" and e.eager_calls]
 
 
 @dataclass

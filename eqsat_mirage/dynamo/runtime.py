@@ -150,6 +150,7 @@ class OptimizedPartition(torch.nn.Module):
     def _eager_call(self, why: str, args: tuple) -> Any:
         self.entry.eager_calls += 1
         if self.entry.eager_calls == 1:
+            self.entry.eager_why = why
             warnings.warn(f"eqsat-mirage backend: partition {self.entry.name} runs eagerly "
                           f"for calls it does not serve: {why}", stacklevel=3)
         return self.eager(*args)

@@ -103,6 +103,9 @@ def test_a_changed_mask_buffer_is_not_served_by_the_folded_program():
         want, got = attn(x), fn(x)
     _same_nans_and_close(got, want)
     assert entry.eager_calls == 1  # the guard saw the write and ran the call eagerly
+    (line,) = be.summary()["eager_calls"]  # and the summary says so
+    assert line.startswith(f"{entry.name}: 1 of 2 calls ran eagerly (") and \
+        "no longer holds the value it was folded at" in line, line
     with pytest.raises(GraphError, match="no longer holds"):
         graph_inputs(g, attn, x)
 
