@@ -30,8 +30,9 @@ A value that carries L but depends on a reduction over L (softmax's
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ..frontend.graph import Graph
 from ..ir.node import REDUCE, Node, Op, Shape, fmt_shape, numel
@@ -285,25 +286,21 @@ def check_schedule(ix: Indexing | Graph, schedule: Schedule) -> Plan:
     schedule checked again against the same indexing gets the same ``Plan`` (read-only), or
     a ``ScheduleError`` with the same message, without the work."""
     ix = ix if isinstance(ix, Indexing) else index_fragment(ix)
-    key = ("check", schedule)
-    if key not in ix.memo:
-        try:
-            ix.memo[key] = _check(ix, schedule)
-        except ScheduleError as exc:
-            ix.memo[key] = exc
-    found = ix.memo[key]
-    if isinstance(found, ScheduleError):
-        raise type(found)(*found.args)
-    return found
+    return _kept(ix, ("check", schedule), lambda: _check(ix, schedule))
 
 
 def _kinds(ix: Indexing, idx: str | None) -> dict[int, str]:
     """``classify(ix, idx, running=True)``, kept in ``ix.memo`` (read-only; its
     ``ScheduleError`` raised again with the same message)."""
-    key = ("kinds", idx)
+    return _kept(ix, ("kinds", idx), lambda: classify(ix, idx, running=True))
+
+
+def _kept(ix: Indexing, key: tuple, work: Callable[[], Any]) -> Any:
+    """``work()``'s result kept in ``ix.memo`` at ``key``: its value, or its
+    ``ScheduleError`` raised again (a fresh one with the same message) at each call."""
     if key not in ix.memo:
         try:
-            ix.memo[key] = classify(ix, idx, running=True)
+            ix.memo[key] = work()
         except ScheduleError as exc:
             ix.memo[key] = exc
     found = ix.memo[key]
