@@ -46,6 +46,8 @@ def keep_bounded(cache: dict, key: Any, value: Any) -> None:
     cache[key] = value
     while len(cache) > KEPT:
         del cache[next(iter(cache))]
+
+
 _DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32",
            "torch.bool": "i1", "torch.int8": "i8", "torch.uint8": "u8", "torch.int32": "i32",
            "torch.int64": "i64", "torch.float8_e4m3fn": "fp8e4nv", "torch.float8_e5m2": "fp8e5"}
@@ -206,8 +208,9 @@ def compile_report(source: str, target: str = "h100", deadline=None) -> list[Ker
         # a process that runs kernels under TRITON_INTERPRET=1 has triton.language in its
         # interpreted form, which the compiler cannot use: compile in a clean child process
         interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-        keep_bounded(_CACHE, key, _in_child(source, target, deadline) if interpreted
-              else _compile(source, target, deadline))
+        built = (_in_child(source, target, deadline) if interpreted
+                 else _compile(source, target, deadline))
+        keep_bounded(_CACHE, key, built)
     return _CACHE[key]
 
 

@@ -30,7 +30,8 @@ class PartitionReport:
     seconds: float = 0.0  # conversion + optimization (+ compilation)
     mode: str = ""  # "triton" or "torch" once it ran optimized
     calls: int = 0
-    eager_calls: int = 0  # calls whose sizes the program does not serve (they ran eagerly)
+    eager_calls: int = 0  # calls that ran eagerly (sizes or values the program does not
+    # serve, a folded buffer written, an index out of range)
     eager_why: str = ""  # why the first of those ran eagerly
     replan: str = ""  # a second search, when a call moved a size Dynamo left symbolic
     optimized_ops: int = 0  # its ops whose piece was optimized (all of them: one piece)

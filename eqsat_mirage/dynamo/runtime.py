@@ -63,19 +63,36 @@ class OptimizedPartition(torch.nn.Module):
         self.failed = False
         self._fns: dict[str, Any] = {}
         self.expect = {n: node.shape for n, node in entry.graph.inputs.items()}
-        self.held: dict[str, dict[int, Any]] = {}  # input -> {axis: specialized symbol}
+        # input -> {axis: (specialized symbol, offset)}: the axis is the symbol + offset
+        self.held: dict[str, dict[int, tuple[Any, int]]] = {}
         self.replan: Any = None  # symbol -> an OptimizedPartition with it as the family size, once
         self.scalars: dict[int, float] = {}  # argument position -> the float it is held at
         self.guards: dict[int, Any] = {}  # argument position -> the buffer Snapshot folded
         self.graphs: Any = None  # the graphs backend replaying its launches (None: plain)
 
-    def _adopt(self, symbol: Any, feed: dict) -> bool:
-        """A call moved specialized size ``symbol``: search again with it as the family
-        size (once per partition) and adopt that program if it serves ``feed`` (it holds
-        the other sizes at their first values; when this call moved one of those too, the
-        program found first stays). Returns whether the program now serves ``feed``."""
+    def _moved(self, feed: dict) -> set:
+        """The held symbols this call moved, when they all moved to one value (a KV
+        cache's keys and values grow together), else the empty set (two sizes moved apart:
+        no search can serve the call, and the one search again is kept for later)."""
+        now: dict[Any, set] = {}
+        for n, t in feed.items():
+            for a, (sym, offset) in self.held.get(n, {}).items():
+                if a < t.dim():
+                    now.setdefault(sym, set()).add(int(t.shape[a]) - offset)
+        first = {sym: self.expect[n][a] - offset for n in self.held
+                 for a, (sym, offset) in self.held[n].items()}
+        moved = {sym for sym, vals in now.items() if vals != {first[sym]}}
+        values = set().union(*(now[sym] for sym in moved)) if moved else set()
+        return moved if len(values) == 1 else set()
+
+    def _adopt(self, symbols: frozenset, feed: dict) -> bool:
+        """A call moved specialized sizes ``symbols`` to one value: search again with them
+        as the family size (once per partition) and adopt that program if it serves
+        ``feed`` (it holds the other sizes at their first values). Returns whether the
+        program now serves ``feed``."""
         replan, self.replan = self.replan, None
-        new, reason = replan(symbol)
+        symbol = ", ".join(sorted(map(str, symbols)))
+        new, reason = replan(symbols)
         if new is None:
             self.entry.replan = f"searching with {symbol} symbolic failed: {reason}"
             warnings.warn(f"eqsat-mirage backend: partition {self.entry.name}: a call moved "
@@ -86,7 +103,8 @@ class OptimizedPartition(torch.nn.Module):
         if why:
             self.entry.replan = f"the search with {symbol} symbolic does not serve it ({why})"
             return False
-        keep = {k: getattr(self.entry, k) for k in ("calls", "eager_calls", "module", "weight")}
+        keep = {k: getattr(self.entry, k) for k in ("calls", "eager_calls", "eager_why",
+                                                     "module", "weight")}
         keep["seconds"] = self.entry.seconds + new.entry.seconds
         self.entry.__dict__.update(new.entry.__dict__, **keep, replan=f"symbolic {symbol}")
         for key in ("sources", "outs", "single", "expect", "held", "guards", "graphs"):
@@ -174,9 +192,8 @@ class OptimizedPartition(torch.nn.Module):
             return self._eager_call(why, args)
         why = self.unserved(feed)
         if why and self.replan is not None:
-            moved = {sym for n, t in feed.items() for a, sym in self.held.get(n, {}).items()
-                     if a < t.dim() and t.shape[a] != self.expect[n][a]}
-            if len(moved) == 1 and self._adopt(moved.pop(), feed):
+            moved = self._moved(feed)
+            if moved and self._adopt(frozenset(moved), feed):
                 why = ""
         if why:
             return self._eager_call(why, args)

@@ -178,18 +178,20 @@ class SymbolicSizes:
                 self.values[s] = int(value)
         return expr
 
-    def focus(self, symbol: Any) -> SymbolicSizes:
-        """These sizes with ``symbol`` (and the symbols sharing its value) as the family
-        and every other symbol specialized."""
+    def focus(self, symbols: Any) -> SymbolicSizes:
+        """These sizes with ``symbols`` (one symbol, or several a call moved to one value:
+        a KV cache's keys and values) as the family and every other symbol specialized."""
+        group = set(symbols) if isinstance(symbols, (set, frozenset)) else {symbols}
         out = copy.copy(self)
-        out.family = {s for s, v in self.values.items() if v == self.values[symbol]}
-        out.specialized = {s: v for s, v in self.values.items() if s not in out.family}
+        out.family = group
+        out.specialized = {s: v for s, v in self.values.items() if s not in group}
         return out
 
-    def held(self, node: fx.Node) -> dict[int, Any]:
-        """{axis: symbol} of the axes of ``node``'s tensor held at a number because of one
-        specialized symbol: the symbol itself, or a formula of it alone (``s87 + 1``, a
-        KV cache's length after a ``torch.cat``), so that a call moving it searches again."""
+    def held(self, node: fx.Node) -> dict[int, tuple[Any, int]]:
+        """{axis: (symbol, offset)} of the axes of ``node``'s tensor held at a number because
+        of one specialized symbol: the symbol itself (offset 0) or the symbol plus a number
+        (``s87 + 1``, a KV cache's length after a ``torch.cat``), so that a call moving it
+        can tell the symbol's new value and search again with it symbolic."""
         v = recorded(node)
         if not isinstance(v, torch.Tensor):
             return {}
@@ -197,18 +199,14 @@ class SymbolicSizes:
         for axis, d in enumerate(v.shape):
             if isinstance(d, int):
                 continue
-            free = _expr(d).free_symbols
-            held = sorted((s for s in free if s in self.specialized), key=str)
-            if held and not free & self.family and not free & self.unbacked:
-                out[axis] = self._representative(held[0])
+            expr = _expr(d)
+            if len(expr.free_symbols) != 1:
+                continue
+            (symbol,) = expr.free_symbols
+            offset = sympy.simplify(expr - symbol)
+            if symbol in self.specialized and offset.is_Integer:
+                out[axis] = (symbol, int(offset))
         return out
-
-    def _representative(self, symbol: Any) -> Any:
-        """The first (by name) specialized symbol of ``symbol``'s value: symbols that share
-        a value move together (a KV cache's keys and values) and ``focus`` makes them one
-        family size, so a call moving both asks for one search."""
-        value = self.specialized[symbol]
-        return min((s for s, v in self.specialized.items() if v == value), key=str)
 
     @property
     def dynamic(self) -> bool:
