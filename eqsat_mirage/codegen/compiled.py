@@ -253,7 +253,8 @@ def _compile(source: str, target: str, deadline=None) -> list[KernelResources]:
                                    f"...{str(exc)[-600:]}") from None
             res = _resources(k.asm["ptx"], ARCH[target], k.metadata.name)
             keep_bounded(_KERNELS, key, (res["registers"], res["spills"], res["stack"],
-                                  k.metadata.shared, k.metadata.num_warps, k.metadata.num_stages))
+                                         k.metadata.shared, k.metadata.num_warps,
+                                         k.metadata.num_stages))
         out.append(KernelResources(name, tuple(grid), *_KERNELS[key],
                                    time.perf_counter() - t))
     return out

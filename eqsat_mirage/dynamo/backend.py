@@ -435,9 +435,9 @@ class Backend:
             mod.held = {ident: sizes.held(places[ref]) for ident, (kind, ref)
                         in cv.sources.items() if kind == "arg"}
             if report and any(mod.held.values()):
-                def replan(sym, name=name, sub=sub, sizes=sizes, limit=time_limit_s):
+                def replan(symbols, name=name, sub=sub, sizes=sizes, limit=time_limit_s):
                     again = PartitionReport(name, ops, share_s=limit)  # this one's share
-                    return self._partition(name, sub, sizes.focus(sym), False, again,
+                    return self._partition(name, sub, sizes.focus(symbols), False, again,
                                            limit), again.reason
                 mod.replan = replan
             if device is not None and uses_triton(device):

@@ -65,7 +65,7 @@ class OptimizedPartition(torch.nn.Module):
         self.expect = {n: node.shape for n, node in entry.graph.inputs.items()}
         # input -> {axis: (specialized symbol, offset)}: the axis is the symbol + offset
         self.held: dict[str, dict[int, tuple[Any, int]]] = {}
-        self.replan: Any = None  # symbol -> an OptimizedPartition with it as the family size, once
+        self.replan: Any = None  # symbols -> an OptimizedPartition with them as the family, once
         self.scalars: dict[int, float] = {}  # argument position -> the float it is held at
         self.guards: dict[int, Any] = {}  # argument position -> the buffer Snapshot folded
         self.graphs: Any = None  # the graphs backend replaying its launches (None: plain)

@@ -178,10 +178,10 @@ class SymbolicSizes:
                 self.values[s] = int(value)
         return expr
 
-    def focus(self, symbols: Any) -> SymbolicSizes:
-        """These sizes with ``symbols`` (one symbol, or several a call moved to one value:
-        a KV cache's keys and values) as the family and every other symbol specialized."""
-        group = set(symbols) if isinstance(symbols, (set, frozenset)) else {symbols}
+    def focus(self, symbols: frozenset) -> SymbolicSizes:
+        """These sizes with ``symbols`` (those a call moved to one value: a KV cache's keys
+        and values) as the family and every other symbol specialized."""
+        group = set(symbols)
         out = copy.copy(self)
         out.family = group
         out.specialized = {s: v for s, v in self.values.items() if s not in group}
@@ -195,18 +195,19 @@ class SymbolicSizes:
         v = recorded(node)
         if not isinstance(v, torch.Tensor):
             return {}
-        out = {}
-        for axis, d in enumerate(v.shape):
-            if isinstance(d, int):
-                continue
-            expr = _expr(d)
-            if len(expr.free_symbols) != 1:
-                continue
-            (symbol,) = expr.free_symbols
-            offset = sympy.simplify(expr - symbol)
-            if symbol in self.specialized and offset.is_Integer:
-                out[axis] = (symbol, int(offset))
-        return out
+        shifts = ((axis, self._shift(_expr(d))) for axis, d in enumerate(v.shape)
+                  if not isinstance(d, int))
+        return {axis: shift for axis, shift in shifts if shift is not None}
+
+    def _shift(self, expr: Any) -> tuple[Any, int] | None:
+        """``(s, c)`` when ``expr`` is ``s + c`` (``c`` an integer, 0 included) for one
+        specialized symbol ``s``, else None."""
+        if len(expr.free_symbols) != 1:
+            return None
+        (symbol,) = expr.free_symbols
+        offset = sympy.simplify(expr - symbol)
+        return (symbol, int(offset)) if symbol in self.specialized and offset.is_Integer \
+            else None
 
     @property
     def dynamic(self) -> bool:
@@ -296,9 +297,7 @@ class SymbolicSizes:
             return {_expr(d) for n in nodes for v in values(n) if isinstance(v, torch.Tensor)
                     for d in v.shape if not isinstance(d, int)}
         ins = raw(list(node.all_input_nodes))
-        return {e for e in raw([node]) if e.is_Add and e not in ins and len(e.free_symbols) == 1
-                and e.free_symbols <= set(self.specialized)
-                and all(a.is_Symbol or a.is_number for a in e.args)}
+        return {e for e in raw([node]) - ins if (shift := self._shift(e)) and shift[1]}
 
     def dims(self, exprs: list) -> dict[Any, Dim]:
         """One ``em.Dim`` per family size among ``exprs``: sizes that share a value are

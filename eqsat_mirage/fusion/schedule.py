@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from ..frontend.graph import Graph
@@ -84,12 +85,18 @@ class Schedule:
         """Total number of thread blocks."""
         return numel(tuple(b for _, b in self.grid))
 
+    @cached_property
+    def cuts(self) -> dict[str, int]:
+        """Index -> into how many tiles it is cut (grid blocks, times the loop range for the
+        loop index); an index not there is whole. Read-only (worked out once)."""
+        cuts = dict(self.grid)
+        if self.loop is not None:
+            cuts[self.loop] = cuts.get(self.loop, 1) * self.forloop
+        return cuts
+
     def parts(self, idx: str | None) -> int:
         """Into how many tiles index ``idx`` is cut (grid blocks, loop range, or 1)."""
-        if idx is None:
-            return 1
-        blocks = dict(self.grid).get(idx, 1)
-        return blocks * self.forloop if idx == self.loop else blocks
+        return 1 if idx is None else self.cuts.get(idx, 1)
 
     @property
     def second_grid(self) -> tuple[tuple[str, int], ...]:
@@ -351,10 +358,8 @@ def _check(ix: Indexing, schedule: Schedule) -> Plan:
                     f"index {ix.describe(idx)}, so {blocks} blocks would write the same elements")
     if s.reduce_grid is not None:
         _check_reduce_grid(ix, s, kind)
-    parts = dict(s.grid)  # s.parts, read once: index -> tiles it is cut into
-    if s.loop is not None:
-        parts[s.loop] = parts.get(s.loop, 1) * s.forloop
-    tiles = {id(n): tuple(size // parts.get(i, 1) for size, i in zip(n.shape, ix.of(n)))
+    cut = s.cuts
+    tiles = {id(n): tuple(size // cut.get(i, 1) for size, i in zip(n.shape, ix.of(n)))
              for n in ix.nodes}
     cuts = [s.parts] + ([lambda i: dict(s.second_grid).get(i, 1)] if s.split else [])
     for n in ix.nodes:
