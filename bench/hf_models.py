@@ -496,24 +496,25 @@ def decode(steps: int = 4, dynamic=None, time_limit_s: float = 30.0, cache=None,
 
 def generate(dtype: str = "float32", time_limit_s: float = 30.0, cache=None,
              seq: int = SEQ, hidden: int = HIDDEN, new_tokens: int = 8,
-             warmup: int | None = 0, quant: str | None = None, padded: bool = False) -> dict:
-    """A 2-layer LlamaForCausalLM's ``generate()`` (greedy, ``new_tokens`` tokens after a
-    ``seq``-token prompt, transformers' DynamicCache) with its ``forward`` compiled by
-    ``em.backend``, as users compile a model for generation; the same call eagerly is the
-    reference. The figures of one row: ops over every graph Dynamo made (the prompt's,
-    the first decode step's, the growing-cache family), the largest error of any step's
-    logits, and whether the tokens equal eager's. ``warmup``: the backend's (0: every graph
-    searched at its first call; None: its default, where the prompt's graph and the first
-    decode step's run eagerly and only the growing-cache family is searched); ``quant``:
-    the model's weights quantized as ``quantized`` does (None: as they are); ``padded``: a
-    batch of two prompts, the second left-padded by two tokens (its ``attention_mask`` zero
+             warmup: int | None = 0, quant: str | None = None, padded: bool = False,
+             layers: int = 2) -> dict:
+    """A ``layers``-layer (2) LlamaForCausalLM's ``generate()`` (greedy, ``new_tokens`` tokens
+    after a ``seq``-token prompt, transformers' DynamicCache) with its ``forward`` compiled
+    by ``em.backend``, as users compile a model for generation; the same call eagerly is the
+    reference. The figures of one row: ops over every graph Dynamo made (the prompt's, the
+    first decode step's, the growing-cache family), the largest error of any step's logits,
+    and whether the tokens equal eager's. ``warmup``: the backend's (0: every graph searched
+    at its first call; None: its default, where the prompt's graph and the first decode
+    step's run eagerly and only the growing-cache family is searched); ``quant``: the
+    model's weights quantized as ``quantized`` does (None: as they are); ``padded``: a batch
+    of two prompts, the second left-padded by two tokens (its ``attention_mask`` zero
     there), so each step builds the padding mask over the cache's length."""
     import torch
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
     dt = getattr(torch, dtype)
-    mod = LlamaForCausalLM(llama_config("sdpa", hidden=hidden, seq=seq + new_tokens)).eval()
+    mod = LlamaForCausalLM(llama_config("sdpa", layers, hidden, seq + new_tokens)).eval()
     mod = mod.to(dt)
     if quant:
         mod = quantized(mod, quant, dt)

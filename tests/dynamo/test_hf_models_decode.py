@@ -31,9 +31,10 @@ def test_llama_generate_with_a_growing_cache_gives_eager_tokens():
     from bench.hf_models import generate
 
     # the time limit bounds one compiled graph, its partitions together (issue 32): the
-    # decode graph's partitions (two attention families, projections, MLPs) share 300 s
+    # decode graph's partitions (the attention family, projections, MLP) share 300 s. One
+    # layer: a second layer repeats the same searches (the bench's rows run two)
     r = generate("float32", time_limit_s=300.0, hidden=64, seq=16, new_tokens=4,
-                 warmup=None, padded=True)
+                 warmup=None, padded=True, layers=1)
     assert r["tokens_equal"] and r["finite"], r["eager"]
     assert r["error"] <= TOLERANCE["float32"], r["error"]
     graphs = r["summary"]["graphs"]
@@ -45,13 +46,13 @@ def test_llama_generate_with_a_growing_cache_gives_eager_tokens():
     covered = dyn["optimized_compute_ops"] + r["time_limited_ops"]
     assert covered >= 0.6 * dyn["compute_ops"], (r["time_limited_ops"], dyn["eager"])
     assert any("is computed from the symbolic size" in e for e in dyn["eager"])  # the cat
-    # two attention families; one whose search ran out of the shared 300 s on a loaded
-    # machine is the machine's (it runs eagerly, said so), any other outcome is a defect
-    assert len(r["families"]) == 2, r["families"]
+    # the attention family; if its search ran out of the shared 300 s on a loaded machine
+    # that is the machine's (it runs eagerly, said so), any other outcome is a defect
+    assert len(r["families"]) == 1, r["families"]
     fams = [e for e in r["families"] if e.status == "optimized"]
     late = [e for e in r["families"] if e.status != "optimized" and (
         "time limit" in e.reason or (e.result is not None and e.result.stats.get("time_limited")))]
-    assert fams and len(fams) + len(late) == 2, [(e.status, e.reason) for e in r["families"]]
+    assert len(fams) + len(late) == 1, [(e.status, e.reason) for e in r["families"]]
     assert all(e.calls == 2 and e.eager_calls == 0 for e in fams)
     assert all(e.replan.startswith("symbolic ") for e in fams), [e.replan for e in fams]
     served = [e for e in r["backend"].report if e.status == "optimized"]
