@@ -37,9 +37,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import eqsat_mirage as em  # noqa: E402
+from eqsat_mirage.dynamo.experts import NAME  # noqa: E402 - em.use_experts's implementation
 
 SECTION = "## Hugging Face models"
-MORE_SECTION = "## More Hugging Face families"  # rows 27-46 (issue 52), a table of their own
+MORE_SECTION = "## More Hugging Face families"  # rows 27-46, 57-58 (issue 52): a table
 LLAMA_SECTION = "## LlamaForCausalLM: forward and generate()"  # rows 47-49, the same
 QUANT_SECTION = "## LlamaForCausalLM with quantized weights"  # rows 50-56, the same
 HIDDEN, HEADS, KV_HEADS, SEQ, VOCAB = 256, 4, 2, 64, 128
@@ -275,15 +276,16 @@ def encoder_block(family: str, dtype: str = "float32", impl: str = "sdpa", seq: 
 
 def moe_block(dtype: str = "float32", impl: str = "eager", seq: int = SEQ,
               hidden: int = HIDDEN, seed: int = 0, experts: int = 4, top_k: int = 2):
-    """(function, example inputs) of a MixtralSparseMoeBlock on [1, ``seq``, ``hidden``]:
-    a router (linear, softmax, ``topk``, renormalised), ``experts`` SiLU-gated experts of
+    """(module, example inputs) of a MixtralSparseMoeBlock on [1, ``seq``, ``hidden``]: a
+    router (linear, softmax, ``topk``, renormalised), ``experts`` SiLU-gated experts of
     width 2 * ``hidden``, ``top_k`` per token; ``impl`` is the experts implementation
     ("eager": the loop over the experts hit, ``one_hot``, ``nonzero``, ``torch.where``,
     ``index_add_``: Dynamo captures the router and the bookkeeping, and runs the loop's
-    frame itself uncaptured; or transformers' "batched_mm": one graph, the experts' weights
-    gathered by ``w[expert_ids]``; or "grouped_mm": one graph with an in-place
-    ``inv_perm[perm] = ...``). The block's weights are ``torch.empty`` until a
-    PreTrainedModel initialises them, so here they are drawn normal with standard
+    frame itself uncaptured; ``NAME``, "eqsat_mirage": that loop, with each expert's MLP
+    through the backend once ``em.use_experts`` binds it; or transformers' "batched_mm": one
+    graph, the experts' weights gathered by ``w[expert_ids]``; or "grouped_mm": one graph
+    with an in-place ``inv_perm[perm] = ...``). The block's weights are ``torch.empty``
+    until a PreTrainedModel initialises them, so here they are drawn normal with standard
     deviation fan_in ** -0.5 (after ``seed``)."""
     import torch
     from transformers import MixtralConfig
@@ -294,7 +296,7 @@ def moe_block(dtype: str = "float32", impl: str = "eager", seq: int = SEQ,
                         num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
                         num_hidden_layers=1, vocab_size=VOCAB, num_local_experts=experts,
                         num_experts_per_tok=top_k, max_position_embeddings=2 * seq,
-                        experts_implementation=impl)
+                        experts_implementation="eager" if impl == NAME else impl)
     torch.manual_seed(seed)
     dt = getattr(torch, dtype)
     x = torch.randn(1, seq, hidden, dtype=dt)
@@ -302,8 +304,7 @@ def moe_block(dtype: str = "float32", impl: str = "eager", seq: int = SEQ,
     with torch.no_grad():
         for p in mod.parameters():
             p.normal_(0.0, p.shape[-1] ** -0.5)
-    mod = mod.to(dt)
-    return (lambda h: mod(h)), (x,)
+    return mod.to(dt), (x,)
 
 
 def case(name: str, dtype: str = "float32", impl: str = "sdpa", seed: int = 0,
@@ -435,6 +436,8 @@ def run(name: str, dtype: str = "float32", impl: str = "sdpa", time_limit_s: flo
     load = os.getloadavg()[0]
     be = em.backend(time_limit_s=time_limit_s, warn=False, warmup=0, progress=said.append,
                     **({"cache": cache} if cache is not None else {}))
+    if impl == NAME:  # each expert's MLP through the backend, the loop eager
+        em.use_experts(fn, be)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         want = first(fn(*args)).float()
@@ -606,6 +609,9 @@ CASES += [("llama_model_int8", "float16", "sdpa", SEQ, HIDDEN),
           ("llama_model_w4g128hand", "float16", "sdpa", SEQ, HIDDEN),
           ("llama_generate_int8", "float16", "sdpa", SEQ, HIDDEN),
           ("llama_model_fp8", "float16", "sdpa", SEQ, HIDDEN)]
+# issue 52: Mixtral with em.use_experts (rows 57-58, in the More families table): the
+# experts' loop eager, each expert's MLP through the backend, one search for them all
+CASES += [("mixtral_moe", dt, NAME, SEQ, HIDDEN) for dt in ("float32", "float16")]
 
 
 def table(rows: list[dict]) -> str:
@@ -660,7 +666,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", metavar="FILE.jsonl", help="append each row's figures here")
     ap.add_argument("--section", default=SECTION,
                     help=f"the RESULTS.md heading written (default {SECTION!r}; the families "
-                    f"of rows 27-46: {MORE_SECTION!r}; rows 47-49: {LLAMA_SECTION!r}; "
+                    f"of rows 27-46 and 57-58: {MORE_SECTION!r}; rows 47-49: {LLAMA_SECTION!r}; "
                     f"rows 50-56: {QUANT_SECTION!r})")
     ap.add_argument("--table-only", action="store_true",
                     help="run nothing: the table of the rows kept in --rows")

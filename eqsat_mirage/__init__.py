@@ -20,6 +20,7 @@ from .version import __version__  # noqa: F401 - em.__version__
 # module (relative to this package) -> the public names it gives
 _FROM = {
     "dynamo.backend": ("backend",),
+    "dynamo.experts": ("use_experts",),
     "egraph.check_rules": ("RuleCheck", "RuleCheckReport", "assert_sound", "check_rules"),
     "frontend.from_torch": ("from_torch",),
     "frontend.functions": (
@@ -61,7 +62,7 @@ __all__ = [
     "rms_norm", "rsqrt", "RuleCheck", "RuleCheckReport", "RuleError", "ShapeError", "sigmoid",
     "silu", "softmax", "sqrt", "tanh", "erf", "cos", "sin", "gelu", "layer_norm", "Tensor",
     "TimeLimitError", "transpose", "verify", "VerifyResult", "where",
-    "backend", "from_torch", "UnsupportedOpError",
+    "backend", "from_torch", "UnsupportedOpError", "use_experts",
     "embedding", "index_select", "take_along_axis", "gt", "ge", "lt", "le", "eq", "ne",
     "bitwise_and", "right_shift", "logical_and", "logical_or",
 ]

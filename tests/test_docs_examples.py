@@ -242,6 +242,27 @@ def test_pytorch_unsupported_op_names_it():
     assert out.startswith(f"unsupported op torch.sort at pytorch.md:{line} (`{source}`)"), out
 
 
+@runs("docs/pytorch.md", "moe")
+@pytest.mark.slow  # a search of the experts' MLP
+def test_pytorch_mixture_of_experts():
+    """The MoE block prints what the page says: one module bound, equal to eager, every
+    expert hit served by the optimized MLP (or, on a loaded machine, a search that ran out
+    of time, which must say so)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    torch._dynamo.reset()
+    ns, out = _printed(block("docs/pytorch.md", "moe"))
+    torch._dynamo.reset()
+    lines = out.splitlines()
+    assert lines[:2] == ["1 experts module bound", "True"], out
+    mlp = [r for r in ns["be"].report if "torch.nn.functional.silu" in r.ops]
+    assert mlp, [r.ops for r in ns["be"].report]
+    if all(r.status == "optimized" for r in mlp):
+        assert lines[2] == "True 4 expert calls", out
+    else:
+        assert any("time limit" in r.reason for r in mlp), [r.reason for r in mlp]
+
+
 @runs("docs/pytorch.md", "backend", "backend-warning")
 def test_pytorch_backend(recwarn):
     """The block asserts the compiled model equals the model; the summary is consistent and

@@ -8,6 +8,8 @@ which graphs mutate a tensor in place.
 ``runtime.py``: the module that runs an optimized partition in place of the eager one.
 ``options.py``: ``em.backend``'s options, checked when the backend is built.
 ``replay.py``: a static partition's launches replayed as a CUDA graph on CUDA inputs.
+``experts.py``: mixture-of-experts layers of transformers models, each expert's MLP
+through the backend (``em.use_experts``).
 ``report.py``: what the backend did with each partition (``PartitionReport``).
 
 Takes: an FX graph module and example inputs from Dynamo.
