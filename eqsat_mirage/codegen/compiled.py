@@ -25,9 +25,9 @@ import time
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from ..ir.errors import TimeLimitError
+from ..ir.limits import KEPT, keep_bounded  # noqa: F401 - KEPT: the caches' bound, read here
 from .concat import CodegenError
 
 ARCH = {"h100": 90, "h200": 90, "a100": 80}  # compute capability of each built-in target
@@ -38,14 +38,8 @@ _CACHE: dict[tuple[str, str], list] = {}
 # again after one kernel changed (a re-plan, a warp retry) compiles and ptxas-checks only
 # that kernel: the tiny LLaMA layer's compile check built its unchanged kernels 18 times
 _KERNELS: dict[tuple, tuple[int, int, int, int, int, int]] = {}
-KEPT = 4096  # entries each of the two caches keeps (the oldest go first): bounded memory
-
-
-def keep_bounded(cache: dict, key: Any, value: Any) -> None:
-    """Store ``value`` at ``key``, dropping the oldest entries past ``KEPT``."""
-    cache[key] = value
-    while len(cache) > KEPT:
-        del cache[next(iter(cache))]
+# each of the two caches keeps at most KEPT entries (ir.limits.keep_bounded: the oldest
+# go first): bounded memory
 
 
 _DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32",

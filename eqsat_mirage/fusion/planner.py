@@ -56,8 +56,10 @@ from pathlib import Path
 
 from ..cost.gpucost import kernel_cost, mugraph_cost
 from ..cost.profile import GPUProfile
+from ..cost.tiles import dynamic_context
 from ..frontend.graph import Graph
 from ..ir.errors import MirageError
+from ..ir.limits import keep_bounded
 from ..ir.node import ITEMSIZE, Node, Op, located, numel
 from ..mugraph.kernels import PredefinedKernel
 from ..mugraph.program import MuGraph, from_graph
@@ -78,6 +80,10 @@ DEFAULT_STRATEGY = Strategy(max_candidates=512)
 # why the block level read from the e-graph refuses a schedule (Pricing.reason)
 _LEFT_OUT = {"Kern": "looping or splitting a reduction with no such Kern node",
              "Online": "where an exp reads a running maximum and has no Online node"}
+# a fragment's kernel costs under one schedule (``Planner._cost``), kept across the plans of
+# one search (``shared``) or one planner: at most this many (a tiny LLaMA layer's search
+# prices about 11,000 schedules, about 900 of them again)
+COSTS_KEPT = 16384
 
 
 class Planner(OpSpace):
@@ -108,6 +114,11 @@ class Planner(OpSpace):
         self.memo: dict[frozenset, Pricing] = {}  # search pricing (quick strategy)
         self.final: dict[frozenset, Pricing] = {}  # the chosen regions, full strategy
         self.evaluations = 0  # fragments priced as custom kernels
+        # ``_cost``'s results by ``_cost_key`` (across the plans sharing ``shared``); the
+        # refusals as a key, and the last fragment's register mask (``_cost_key``)
+        self.costs: dict = {} if shared is None else shared.setdefault("kernel costs", {})
+        self.refused_key = None if refused is None else tuple(refused.items())
+        self.mask: tuple | None = None
 
     # -- regions ------------------------------------------------------------------------------
     def price(self, region: frozenset, final: bool = False) -> Pricing:
@@ -137,7 +148,33 @@ class Planner(OpSpace):
     def _cost(self, frag: Graph, s: Schedule, ix: Indexing,
               origin: dict[int, int]) -> tuple[float, list]:
         """The fragment as one custom kernel with schedule ``s`` (its thread graphs included):
-        its cost and the kernels'."""
+        its cost and the kernels' (the same list for an equal key: read, never changed),
+        kept by ``_cost_key`` (a schedule that cannot be lowered raises each time)."""
+        key = self._cost_key(frag, s, origin)
+        costs = self.costs.get(key)
+        if costs is None:
+            costs = self._kernel_costs(frag, s, ix, origin)
+            keep_bounded(self.costs, key, costs, COSTS_KEPT)
+        return sum(c.time_us for c in costs), costs
+
+    def _cost_key(self, frag: Graph, s: Schedule, origin: dict[int, int]) -> tuple:
+        """What ``_kernel_costs`` depends on: the fragment up to its nodes' identity
+        (``_named_key``: its reasons name tensors and source lines), ``s``, which of its
+        nodes may stay in registers, the profile, the refusals and a shape family's dynamic
+        dims (``tiles.refusal``)."""
+        if self.mask is None or self.mask[0] is not frag or self.mask[1] is not origin:
+            reg = self.registers(origin)
+            self.mask = (frag, origin, None if reg is None else
+                         tuple(bool(reg(n)) for n in frag.nodes()))
+        dyn = dynamic_context()
+        if dyn is not None:
+            dyn = (tuple(sorted((t, tuple(sorted(a))) for t, a in dyn[0].items())), dyn[1])
+        return (frag.derived("named key", _named_key), s, self.mask[2], self.prof,
+                self.refused_key, dyn)
+
+    def _kernel_costs(self, frag: Graph, s: Schedule, ix: Indexing,
+                      origin: dict[int, int]) -> list:
+        """``_cost``'s kernels' costs, worked out."""
         mg = MuGraph("scratch")
         for name, node in frag.inputs.items():
             mg.input(name, node.shape, node.dtype)
@@ -146,8 +183,7 @@ class Planner(OpSpace):
         where = next((n.loc for n in frag.outputs.values() if n.loc), "") or "<fragment>"
         with located(where):
             ks = add_kernel(mg, frag, s, indexing=ix, registers=self.registers(origin))
-        costs = [kernel_cost(k, mg, self.prof, self.refused) for k in ks]
-        return sum(c.time_us for c in costs), costs
+        return [kernel_cost(k, mg, self.prof, self.refused) for k in ks]
 
     def _left_out(self, ix: Indexing, s: Schedule, origin: dict[int, int],
                  online: dict[str, bool]) -> str:
@@ -427,6 +463,20 @@ def _shape_key(frag: Graph) -> tuple:
         rows.append((n.op, None if n.op is Op.INPUT else n.arg, n.shape, n.dtype,
                      tuple(pos[id(x)] for x in n.srcs)))
     return tuple(rows), tuple(pos[id(n)] for n in frag.outputs.values())
+
+
+def _named_key(frag: Graph) -> tuple:
+    """``frag`` up to its nodes' identity: each node's op, argument (an input's name),
+    shape, dtype, operands' places and source line; its inputs' names, places (None for one
+    no output reads), shapes and dtypes in order; its outputs' names and places."""
+    pos: dict[int, int] = {}
+    rows = []
+    for n in frag.nodes():
+        pos[id(n)] = len(pos)
+        rows.append((n.op, n.arg, n.shape, n.dtype, tuple(pos[id(x)] for x in n.srcs), n.loc))
+    return (tuple(rows),
+            tuple((k, pos.get(id(n)), n.shape, n.dtype) for k, n in frag.inputs.items()),
+            tuple((k, pos[id(n)]) for k, n in frag.outputs.items()))
 
 
 def _input_key(frag: Graph) -> tuple:

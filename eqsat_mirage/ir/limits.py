@@ -27,6 +27,16 @@ MAX_SECONDS = min(1e9, threading.TIMEOUT_MAX)
 SECONDS_RANGE = f"a number of seconds in (0, {MAX_SECONDS:g}]"  # what a time limit may be
 
 
+KEPT = 4096  # entries a bounded in-memory cache keeps by default (the oldest go first)
+
+
+def keep_bounded(cache: dict, key, value, limit: int = KEPT) -> None:
+    """Store ``value`` at ``key``, dropping the oldest entries past ``limit``."""
+    cache[key] = value
+    while len(cache) > limit:
+        del cache[next(iter(cache))]
+
+
 def _is_number(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 

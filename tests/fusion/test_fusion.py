@@ -14,6 +14,7 @@ import eqsat_mirage as em
 from bench.programs import program
 from eqsat_mirage.cost.gpucost import mugraph_cost, roofline_us
 from eqsat_mirage.cost.transfers import transfers
+from eqsat_mirage.fusion import planner as planner_module
 from eqsat_mirage.fusion.planner import DEFAULT_STRATEGY, FusionPlan, plan
 from eqsat_mirage.ir.node import Op
 from eqsat_mirage.mugraph.program import from_dict
@@ -301,3 +302,22 @@ def test_plans_sharing_a_search_dict_find_what_a_fresh_planner_finds():
         assert str(again.mugraph) == str(fresh.mugraph)
         assert again.cost_us == fresh.cost_us
     assert any(isinstance(k, tuple) and k[0] == "candidates" for k in shared)
+
+
+def test_kernel_costs_kept_across_plans_are_bounded(monkeypatch):
+    # ``Planner._cost`` keeps each schedule's kernel costs in ``shared`` (another plan of the
+    # search prices none of the same schedules again), at most COSTS_KEPT of them: a plan
+    # with the oldest dropped is the same plan
+    g = program("rmsnorm", 1)
+    fresh = plan(g)
+    shared: dict = {}
+    plan(g, shared=shared)
+    kept = len(shared["kernel costs"])
+    again = plan(g, shared=shared)
+    assert len(shared["kernel costs"]) == kept > 0
+    assert str(again.mugraph) == str(fresh.mugraph) and again.cost_us == fresh.cost_us
+    monkeypatch.setattr(planner_module, "COSTS_KEPT", 3)
+    small: dict = {}
+    bounded = plan(g, shared=small)
+    assert len(small["kernel costs"]) == 3
+    assert str(bounded.mugraph) == str(fresh.mugraph) and bounded.cost_us == fresh.cost_us
