@@ -102,9 +102,10 @@ def variant(name: str, module: Any) -> Variant:
 
 def _compiled(backend: Any, form: Variant, act: Any):
     """The expert MLP of ``form`` with activation ``act``, compiled with ``backend`` (one
-    per backend, form and activation class: modules of one model share it)."""
+    per backend, form and activation, its class and settings as ``repr`` shows them:
+    the modules of one model share it)."""
     table = _COMPILED.setdefault(backend, {})
-    key = (form, type(act))
+    key = (form, type(act), repr(act))
     if key not in table:
         table[key] = torch.compile(_mlp(form, act), backend=backend)
     return table[key]
