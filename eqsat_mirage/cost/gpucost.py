@@ -115,8 +115,8 @@ from .tiles import (
     warps_for,
 )
 
-__all__ = ["GPUProfile", "KernelCost", "MuGraphCost", "Work", "block_reads", "kernel_cost",
-           "kept_fraction", "mugraph_cost", "roofline_us", "smem_bytes",
+__all__ = ["GPUProfile", "KernelCost", "MuGraphCost", "Work", "block_reads", "custom_floor_us",
+           "kernel_cost", "kept_fraction", "mugraph_cost", "roofline_us", "smem_bytes",
            "tensor_bytes", "tile_key", "warps_for"]  # transfers: transfers.py
 
 # per element of each elementwise op: (CUDA-core FLOPs, SFU ops), from its spec
@@ -457,6 +457,16 @@ def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile,
             body += count * (max(m, c) + per_wave)
     return KernelCost(k.name, k.kind, launch + body, launch, mem, comp, dram, work, blocks, bps,
                       full + int(rest > 0), smem, l2_bytes=hits)
+
+
+def custom_floor_us(prof: GPUProfile, moved_bytes: float, kernels: int = 1) -> float:
+    """A lower bound of the summed ``kernel_cost`` of ``kernels`` custom kernels that together
+    read and write at least ``moved_bytes`` of device memory: a launch each, and the bytes at
+    the achievable DRAM bandwidth (each wave's memory time is at least its blocks' share of
+    its kernel's DRAM bytes at that rate, and ``load_slowdown`` is at least 1). Rounding
+    aside: a caller comparing it with a cost leaves a margin."""
+    bw_all = prof.dram_bandwidth_GBps * 1e3 * prof.dram_achievable_fraction
+    return kernels * prof.launch_overhead_us + moved_bytes / bw_all
 
 
 def kernel_cost(kernel: Kernel, mugraph: MuGraph, profile: GPUProfile | str | Path = "h100",

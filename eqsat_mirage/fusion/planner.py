@@ -54,7 +54,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ..cost.gpucost import kernel_cost, mugraph_cost
+from ..cost.gpucost import custom_floor_us, kernel_cost, mugraph_cost, tensor_bytes
 from ..cost.profile import GPUProfile
 from ..cost.tiles import dynamic_context
 from ..frontend.graph import Graph
@@ -68,7 +68,7 @@ from .indexing import Indexing, ScheduleError, UnionFind, index_fragment
 from .lower import add_kernel
 from .plans import FusionPlan, Pricing, Region
 from .regions import RegionSpace, search
-from .schedule import Schedule, classify, running_exps
+from .schedule import Schedule, check_schedule, classify, running_exps
 from .space import OpSpace
 from .strategy import Strategy, candidate_schedules, kern_choice, prefer_pow2_chunks
 
@@ -84,6 +84,9 @@ _LEFT_OUT = {"Kern": "looping or splitting a reduction with no such Kern node",
 # one search (``shared``) or one planner: at most this many (a tiny LLaMA layer's search
 # prices about 11,000 schedules, about 900 of them again)
 COSTS_KEPT = 16384
+# ``Planner._floor`` times this, against the cheapest schedule so far: a margin far past the
+# rounding of the cost's sums (a schedule within it of the best is worked out)
+FLOOR_MARGIN = 1.0 - 1e-9
 
 
 class Planner(OpSpace):
@@ -156,6 +159,19 @@ class Planner(OpSpace):
             costs = self._kernel_costs(frag, s, ix, origin)
             keep_bounded(self.costs, key, costs, COSTS_KEPT)
         return sum(c.time_us for c in costs), costs
+
+    def _floor(self, frag: Graph, s: Schedule, ix: Indexing) -> float:
+        """A lower bound of ``_cost(frag, s, ...)``'s total (``gpucost.custom_floor_us``): a
+        launch per kernel (a split writes the outputs its reduce kernel makes from a second
+        one) and the fragment's inputs read and outputs written once; 0 where ``s`` cannot
+        be lowered (``_cost`` says why)."""
+        try:
+            kind = check_schedule(ix, s).kind
+        except (ScheduleError, MirageError):
+            return 0.0
+        kernels = 1 + (s.split is not None and any(kind[id(n)] != "loop"
+                                                   for n in frag.outputs.values()))
+        return custom_floor_us(self.prof, frag.derived("moved bytes", _moved_bytes), kernels)
 
     def _cost_key(self, frag: Graph, s: Schedule, origin: dict[int, int]) -> tuple:
         """What ``_kernel_costs`` depends on: the fragment up to its nodes' identity
@@ -270,6 +286,8 @@ class Planner(OpSpace):
             if self.late():  # one fragment's schedules took 3 s on a busy machine: the
                 return Pricing(frag, None, None, math.inf,  # deadline is checked between
                                "not priced: the time limit ran out")  # them (nothing kept)
+            if best < math.inf and self._floor(frag, s, ix) * FLOOR_MARGIN >= best - 1e-12:
+                continue  # it cannot be cheaper than the best so far: not worked out
             try:
                 total, costs = self._cost(frag, s, ix, origin)
             except (ScheduleError, MirageError):
@@ -477,6 +495,13 @@ def _named_key(frag: Graph) -> tuple:
     return (tuple(rows),
             tuple((k, pos.get(id(n)), n.shape, n.dtype) for k, n in frag.inputs.items()),
             tuple((k, pos[id(n)]) for k, n in frag.outputs.items()))
+
+
+def _moved_bytes(frag: Graph) -> int:
+    """Bytes of ``frag``'s inputs and of its distinct output values: what any kernel(s)
+    computing it read and write at least."""
+    return sum(tensor_bytes(n.shape, n.dtype) for n in frag.inputs.values()) + sum(
+        tensor_bytes(n.shape, n.dtype) for n in {id(n): n for n in frag.outputs.values()}.values())
 
 
 def _input_key(frag: Graph) -> tuple:

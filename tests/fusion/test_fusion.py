@@ -7,6 +7,8 @@ cores); every chosen MuGraph must have passed ``em.verify`` against its input.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 
@@ -321,3 +323,46 @@ def test_kernel_costs_kept_across_plans_are_bounded(monkeypatch):
     bounded = plan(g, shared=small)
     assert len(small["kernel costs"]) == 3
     assert str(bounded.mugraph) == str(fresh.mugraph) and bounded.cost_us == fresh.cost_us
+
+
+def _tiny(name: str) -> em.Graph:
+    """An attention and an RMS-norm + matmul small enough that launches weigh (the tiny
+    LLaMA layer's sizes): split schedules there are dearer than one kernel by their floor."""
+    g = em.Graph(f"tiny_{name}")
+    if name == "attention":
+        q, k = g.input("Q", (2, 16, 64), "float32"), g.input("K", (2, 64, 128), "float32")
+        v = g.input("V", (2, 128, 64), "float32")
+        a = em.exp(q @ k)
+        g.output((a / a.sum(axis=2, keepdims=True)) @ v, "O")
+    else:
+        x, w = g.input("X", (4, 256), "float32"), g.input("W", (256, 256), "float32")
+        g.output((x / em.sqrt((x * x).mean(axis=1, keepdims=True))) @ w, "O")
+    return g
+
+
+@pytest.mark.parametrize("name", ["attention", "rms"])
+def test_schedule_floor_is_below_every_cost_and_keeps_the_plan(name, monkeypatch):
+    # ``Planner._floor`` (a launch per kernel, the fragment's bytes at the achievable DRAM
+    # rate) is at most the cost of every schedule worked out, splits included; a schedule
+    # whose floor is not below the best so far is skipped, and the plan is the one every
+    # schedule worked out gives
+    g, strategy = _tiny(name), replace(DEFAULT_STRATEGY, allow_split_reduction=True)
+    seen: list[tuple[float, float]] = []
+    cost = planner_module.Planner._cost
+
+    def checked(self, frag, s, ix, origin):
+        total, costs = cost(self, frag, s, ix, origin)
+        seen.append((total, self._floor(frag, s, ix)))
+        return total, costs
+
+    monkeypatch.setattr(planner_module.Planner, "_cost", checked)
+    pruned = plan(g, strategy=strategy)
+    assert seen and all(total >= floor * planner_module.FLOOR_MARGIN for total, floor in seen)
+    worked = len(seen)
+    monkeypatch.setattr(planner_module.Planner, "_floor", lambda *args: 0.0)
+    seen.clear()
+    full = plan(g, strategy=strategy)
+    assert str(pruned.mugraph) == str(full.mugraph) and pruned.cost_us == full.cost_us
+    assert [r.why_not for r in pruned.regions] == [r.why_not for r in full.regions]
+    assert all(total >= floor * planner_module.FLOOR_MARGIN for total, floor in seen)
+    assert worked < len(seen)  # 21 of 63 and 93 of 670 schedules worked out
