@@ -35,7 +35,7 @@ from ..semantics.interp import Outputs, run
 from ..semantics.modular import DRAW_CHUNK, chunked
 from .corners import PAIR_FORMS, REST_BELOW, TIE, half_ulp, offset_sets, pairs, tie_pairs
 from .corners import offset as common_offset
-from .fixed import UINT, fixed_keys, table_codes
+from .fixed import UINT, fixed_keys, scale_units, table_codes
 from .floatsafe import fingerprints, input_deps, is_graph, static_check, unsampled
 from .kernelsafe import kernel_check
 from .memory import keeps_draws, keeps_folded
@@ -188,6 +188,11 @@ class Draws:
         self.index = _index_draws(a, rng) if any(
             n.dtype in FIXED_DTYPES for n in a.inputs.values()
         ) else {}
+        # a float input that scales a dequantized weight (``w_q.astype(f) * s``): drawn in
+        # that weight's unit, so that the weight has a float draw's magnitude
+        self.units = scale_units(a, self.index) if self.index and is_graph(a) else {}
+        for n, u in self.units.items():
+            self.normal[n] = (self.normal[n] * u).astype(self.normal[n].dtype)
         self.base = int(rng.integers(0, 2**62))  # the exponent-range draws' own generators
         self.lock = threading.Lock()  # the memo's short updates; each long first-time
         # computation has a lock of its own, so that no other holds up the checks that
@@ -245,7 +250,8 @@ class Draws:
                     out[n] = np.asarray(x, dtype=np.float64) * self.headroom
             return out
         if kind == "constant":  # read-only views: no memory per input
-            return {n: np.broadcast_to(np.float64(s), z.shape) for n, z in self.normal.items()}
+            return {n: np.broadcast_to(np.float64(s) * self.units.get(n, 1.0), z.shape)
+                    for n, z in self.normal.items()}
         if kind in ("peak", "peakset"):  # input s (every input: -1), or the inputs of
             # ``corners.pairs`` s, at their largest finite value, the others 1
             members = self.members(kind, s)

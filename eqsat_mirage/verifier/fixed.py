@@ -9,10 +9,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.node import FIXED_DTYPES, Op
-from ..semantics.floating import uniform
+from ..ir.ops import VIEWS
+from ..semantics.floating import FLOAT_SEMANTICS, float_ctx, uniform
+from ..semantics.interp import Outputs, run
 from .floatsafe import input_deps
 
-__all__ = ["UINT", "fixed_keys", "table_codes"]
+__all__ = ["UINT", "fixed_keys", "scale_units", "table_codes"]
 
 UINT = {4: np.uint32, 8: np.uint64}  # a float array's bits, by item size
 
@@ -81,3 +83,55 @@ def fixed_keys(program) -> dict[int, tuple | None]:
         return out
 
     return program.derived("fixed keys", make) if hasattr(program, "derived") else make(program)
+
+
+def scale_units(program, fixed: dict[str, np.ndarray]) -> dict[str, float]:
+    """The float inputs of ``program`` that scale a dequantized weight, each with the unit
+    its draws are taken in: 1 / the largest magnitude of the fixed operand it multiplies
+    (``w_q.astype(f) * s``: 1/128 for int8 codes, 1/8 for int4 codes less their zero point
+    8, 1/448 for e4m3 codes), so that the dequantized weight is drawn at the magnitude of a
+    float weight, as a real model's scales (absmax / 127) make it. ``fixed``: the fixed
+    inputs' drawn values (``draws._index_draws``). An input reached from the product only
+    through views (reshape, broadcast, transpose) counts; one that scales several such
+    products takes the smallest unit. Without it a float check drew weights 128 times their
+    float draw's magnitude, and a stitched layer's float16 sums overflowed at draws no
+    model meets (docs/verifier.md, "Integer inputs")."""
+    deps = input_deps(program)
+    units: dict[str, float] = {}
+    for n in program.nodes():
+        if n.op is not Op.MUL or len(n.srcs) != 2:
+            continue
+        for f, other in (n.srcs, n.srcs[::-1]):
+            names = deps[id(f)]
+            root = _viewed_input(other)
+            if not names or root is None or root.dtype in FIXED_DTYPES or \
+                    not all(program.inputs[x].dtype in FIXED_DTYPES for x in names):
+                continue
+            top = _largest(program, f, fixed)
+            if np.isfinite(top) and top > 1.0:
+                units[root.arg] = min(units.get(root.arg, 1.0), 1.0 / top)
+    return units
+
+
+def _largest(program, f, fixed: dict[str, np.ndarray]) -> float:
+    """The largest magnitude of node ``f`` of ``program``, computed from the fixed inputs
+    alone: read off the input where ``f`` is a view or cast of one (a 4096 x 11008 weight
+    is not converted to float64 for it), else evaluated."""
+    root = _viewed_input(f)
+    if root is not None:
+        value = fixed[root.arg]
+    else:
+        ins = {n: fixed[n] if n in fixed else np.broadcast_to(0.0, node.shape)
+               for n, node in program.inputs.items()}  # the others: never read here
+        with np.errstate(all="ignore"):
+            value = run(Outputs({"f": f}), FLOAT_SEMANTICS,
+                        float_ctx(program, ins, None, False))["f"]
+    return float(np.max(np.abs(value), initial=0.0))
+
+
+def _viewed_input(n):
+    """The input node ``n`` is a view or a cast of (through movement ops of one operand and
+    casts), or None."""
+    while n.op in VIEWS or n.op is Op.CAST:
+        n = n.srcs[0]
+    return n if n.op is Op.INPUT else None
