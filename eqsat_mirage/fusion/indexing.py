@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from string import ascii_lowercase
 
 from ..frontend.graph import Graph
@@ -86,6 +87,17 @@ class Indexing:
     # ``schedule.check_schedule``'s verdict per schedule and stage kinds per loop index, so
     # the schedules listed by several strategies, then lowered, are checked once
     memo: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @cached_property
+    def shape_groups(self) -> tuple[tuple[tuple[Shape, tuple[str | None, ...]], ...],
+                                    tuple[tuple[int, int], ...]]:
+        """The distinct (shape, index names) pairs of the nodes, and (id(node), its pair's
+        position) for each node in order: a schedule's tiles are worked out once per pair
+        (``schedule.check_schedule``: tens of thousands of schedules). Read-only."""
+        pairs: dict[tuple, int] = {}
+        members = tuple((id(n), pairs.setdefault((n.shape, self.dims[id(n)]), len(pairs)))
+                        for n in self.nodes)
+        return tuple(pairs), members
 
     def unit(self, idx: str) -> int:
         """The largest count of parts every dim carrying ``idx`` may be cut into evenly

@@ -359,8 +359,10 @@ def _check(ix: Indexing, schedule: Schedule) -> Plan:
     if s.reduce_grid is not None:
         _check_reduce_grid(ix, s, kind)
     cut = s.cuts
-    tiles = {id(n): tuple(size // cut.get(i, 1) for size, i in zip(n.shape, ix.of(n)))
-             for n in ix.nodes}
+    pairs, members = ix.shape_groups  # each distinct (shape, indices) cut once
+    shapes = [tuple(size // cut.get(i, 1) for size, i in zip(shape, dims))
+              for shape, dims in pairs]
+    tiles = {key: shapes[g] for key, g in members}
     cuts = [s.parts] + ([lambda i: dict(s.second_grid).get(i, 1)] if s.split else [])
     for n in ix.nodes:
         if n.op is Op.RESHAPE:

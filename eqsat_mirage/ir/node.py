@@ -110,8 +110,9 @@ def user_location() -> str:
     place ``located`` pins."""
     import sys
 
-    if _PINNED.get():
-        return _PINNED.get()
+    pinned = _PINNED.get()
+    if pinned:
+        return pinned
     frame = sys._getframe(1)
     while frame is not None:
         fname = frame.f_code.co_filename
