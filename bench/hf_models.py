@@ -436,11 +436,11 @@ def run(name: str, dtype: str = "float32", impl: str = "sdpa", time_limit_s: flo
     load = os.getloadavg()[0]
     be = em.backend(time_limit_s=time_limit_s, warn=False, warmup=0, progress=said.append,
                     **({"cache": cache} if cache is not None else {}))
-    if impl == NAME:  # each expert's MLP through the backend, the loop eager
-        em.use_experts(fn, be)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         want = first(fn(*args)).float()
+        if impl == NAME:  # each expert's MLP through the backend, the loop eager
+            em.use_experts(fn, be)
         t = time.perf_counter()
         got = first(torch.compile(fn, backend=be)(*args)).float()
         seconds = time.perf_counter() - t

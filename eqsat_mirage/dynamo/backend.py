@@ -106,6 +106,7 @@ from .support import (
     optimized_ops,
     retarget_tensor_indexing,
     served,
+    symbolic_view_sizes,
     time_limited_ops,
 )
 
@@ -180,6 +181,7 @@ class Backend:
         self.warming: set[int] = set()  # graphs in their warmup calls (``Warmup``)
         self._limits: dict[int, float | None] = {}  # graph number -> its time limit (s)
         self._folded: dict[int, Folded] = {}  # graph number -> the ops computed at compile
+        self.experts: dict = {}  # em.use_experts: its compiled expert MLPs, by form
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """``(gm, example_inputs)``: compile (Dynamo's call); keywords only: a new Backend."""
@@ -221,6 +223,7 @@ class Backend:
         self._ensure_specs(gm, example_inputs)
         self._folded[self._graphs] = fold_constants(gm)  # position math: computed once now
         retarget_tensor_indexing(gm)  # w[i]: torch.fx's partitioner loops on it otherwise
+        symbolic_view_sizes(gm)  # expand(..., s + 1, ...) of a tensor of that length: -1
         gm.meta[CONSTANTS] = buffer_constants(gm, example_inputs)
         try:
             sizes = SymbolicSizes(gm, self.size_hint, self.size_max)

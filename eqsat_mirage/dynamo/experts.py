@@ -12,8 +12,10 @@ through one function compiled with ``backend``. The experts' weights are that fu
 inputs, not its constants, so every expert of every layer is the same graph: searched once
 as a static program at the first token count and, when a count differs (Dynamo's automatic
 dynamic shapes), once more as a shape family over the token count, which then serves every
-expert and every count. The result equals the eager implementation's up to the kernels'
-rounding (the scatter back, ``index_add_``, is the same).
+expert and every count of 2 or more; Dynamo specializes a count of 1 (every expert in a
+decode step), so that is one more static graph, searched once. The result equals the eager
+implementation's up to the kernels' rounding (the scatter back, ``index_add_``, is the
+same, in the dtype the class sums in).
 
 Supported: experts classes decorated with transformers' ``use_experts_implementation``
 (Mixtral, Qwen2-MoE, OLMoE, DeepSeek's and the like) with the default gate (``gate, up =
@@ -23,6 +25,10 @@ without biases; a custom gate or a norm after each expert is refused with its re
 
 from __future__ import annotations
 
+import functools
+import inspect
+import types
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +51,6 @@ class Variant:
 
 
 _BOUND: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # experts module -> MLP fn
-_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # backend -> {key: fn}
 
 
 def use_experts(model: Any, backend: Any) -> int:
@@ -56,6 +61,11 @@ def use_experts(model: Any, backend: Any) -> int:
     (``torch.compile(model, backend=backend)``) for the rest. Returns how many experts
     modules were bound; raises ``MirageError`` naming the module for a form it does not
     support, or when ``model`` has no experts module."""
+    from .backend import Backend
+
+    if not isinstance(backend, Backend):
+        raise MirageError(f"em.use_experts takes an eqsat-mirage backend (em.backend(...)), "
+                          f"got {type(backend).__name__}")
     try:
         from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
     except ImportError as exc:
@@ -94,21 +104,32 @@ def variant(name: str, module: Any) -> Variant:
         why = f"a custom gate ({type(module).__name__}._apply_gate)"
     elif not callable(getattr(module, "act_fn", None)):
         why = "no activation module (act_fn)"
+    elif any(True for _ in module.act_fn.parameters()) or \
+            any(True for _ in module.act_fn.buffers()):
+        why = (f"an activation with weights of its own ({type(module.act_fn).__name__}: each "
+               "layer's would need its own compiled function)")
     if why:
         raise MirageError(f"em.use_experts: experts module {name!r} ({type(module).__name__})"
-                          f" has {why}; only the default gate act(gate) * up is supported")
+                          f" has {why}; supported: the default gate act(gate) * up or none, "
+                          "with a stateless activation")
     return Variant(bool(module.has_gate), bool(module.is_transposed), bool(module.has_bias))
 
 
 def _compiled(backend: Any, form: Variant, act: Any):
-    """The expert MLP of ``form`` with activation ``act``, compiled with ``backend`` (one
-    per backend, form and activation, its class and settings as ``repr`` shows them:
-    the modules of one model share it)."""
-    table = _COMPILED.setdefault(backend, {})
-    key = (form, type(act), repr(act))
-    if key not in table:
-        table[key] = torch.compile(_mlp(form, act), backend=backend)
-    return table[key]
+    """The expert MLP of ``form`` with activation ``act``, compiled with ``backend``: one
+    per backend (kept in ``backend.experts``), form and activation (its class and every
+    setting: ``ClippedGELUActivation(min, max)`` prints none), which the experts modules
+    of a model share. Each has a code object of its own: Dynamo keeps its compiled graphs
+    and its recompile limit per code object, so backends and forms never share them."""
+    key = (form, type(act), tuple(sorted((k, repr(v)) for k, v in vars(act).items()
+                                         if not k.startswith("_"))))
+    if key not in backend.experts:
+        fn = _mlp(form, act)
+        code = fn.__code__.replace(co_name=f"expert_mlp_{len(backend.experts)}")
+        own = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__,
+                                 fn.__closure__)
+        backend.experts[key] = torch.compile(own, backend=backend)
+    return backend.experts[key]
 
 
 def _mlp(form: Variant, act: Any):
@@ -133,18 +154,34 @@ def _mlp(form: Variant, act: Any):
 def experts_forward(self, hidden_states, top_k_index, top_k_weights):
     """transformers' experts forward (registered as ``"eqsat_mirage"``): the eager loop over
     the experts hit, each expert's MLP through the compiled function ``use_experts`` bound
-    to this module."""
+    to this module. A module it did not bind (another model built from a config that
+    ``use_experts`` switched) runs its class's own forward, with a warning once."""
     mlp = _BOUND.get(self)
     if mlp is None:
-        raise MirageError(f"experts implementation {NAME!r} on a {type(self).__name__} that "
-                          "em.use_experts(model, backend) did not bind: call it on the model")
+        warnings.warn(f"eqsat-mirage: a {type(self).__name__} that em.use_experts did not bind "
+                      f"(its config says {NAME!r}) runs its own eager forward", stacklevel=2)
+        return type(self).forward.__wrapped__(self, hidden_states, top_k_index, top_k_weights)
     return _loop(self, mlp, hidden_states, top_k_index, top_k_weights)
+
+
+@functools.lru_cache(maxsize=256)
+def _accumulates_in_weights_dtype(cls: type) -> bool:
+    """Whether ``cls``'s own eager forward sums the experts' outputs in the routing weights'
+    dtype (NemotronH: ``zeros_like(hidden_states, dtype=top_k_weights.dtype)``, cast back at
+    the end) rather than in the hidden states' (Mixtral and most): read from its source."""
+    try:
+        text = inspect.getsource(cls.forward.__wrapped__)
+    except (AttributeError, OSError, TypeError):
+        return False
+    return "dtype=top_k_weights.dtype" in text.replace(" ", "")
 
 
 @torch.compiler.disable  # outside Dynamo: its data-dependent loop would break the graph
 def _loop(module, mlp, hidden_states, top_k_index, top_k_weights):
-    """The loop of transformers' eager experts forward, with ``mlp`` for each expert hit."""
-    final = torch.zeros_like(hidden_states)
+    """The loop of transformers' eager experts forward, with ``mlp`` for each expert hit,
+    summed in the dtype the class's own forward sums in."""
+    wide = _accumulates_in_weights_dtype(type(module))
+    final = torch.zeros_like(hidden_states, dtype=top_k_weights.dtype if wide else None)
     with torch.no_grad():
         mask = torch.nn.functional.one_hot(top_k_index, num_classes=module.num_experts + 1)
         mask = mask.permute(2, 1, 0)
@@ -161,4 +198,4 @@ def _loop(module, mlp, hidden_states, top_k_index, top_k_weights):
                   first_bias[e] if first_bias is not None else None,
                   module.down_proj_bias[e] if module.has_bias else None)
         final.index_add_(0, tokens, out.to(final.dtype))
-    return final
+    return final.to(hidden_states.dtype) if wide else final

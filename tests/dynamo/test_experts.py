@@ -10,7 +10,6 @@ import eqsat_mirage as em
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from eqsat_mirage.dynamo.experts import experts_forward  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -112,9 +111,11 @@ def test_transposed_expert_weights_equal_eager():
 
 
 def test_unsupported_forms_and_unbound_modules_are_refused_by_name():
-    """GPT-OSS's experts (interleaved gate and up, a clamped custom gate) are refused with
-    the module's name and reason, before any module is changed; a model without experts
-    and an experts module that use_experts did not bind get a MirageError too."""
+    """GPT-OSS's experts (interleaved gate and up, a clamped custom gate) and an activation
+    with weights of its own (PReLU: one per layer) are refused with the module's name and
+    reason, before any module is changed; so are a model without experts and a backend
+    that is not eqsat-mirage's. An experts module that use_experts did not bind, though
+    its shared config names the implementation, runs its own eager forward, and says so."""
     from transformers import GptOssConfig, MixtralConfig
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
     from transformers.models.mixtral.modeling_mixtral import MixtralExperts
@@ -129,9 +130,36 @@ def test_unsupported_forms_and_unbound_modules_are_refused_by_name():
     assert cfg._experts_implementation == "eager"  # nothing changed
     with pytest.raises(em.MirageError, match="has no experts module"):
         em.use_experts(torch.nn.Linear(4, 4), be)
-    mix = MixtralExperts(MixtralConfig(hidden_size=64, intermediate_size=64,
-                                       num_local_experts=2, num_attention_heads=2,
-                                       num_key_value_heads=1, num_hidden_layers=1))
-    with pytest.raises(em.MirageError, match="did not bind"):
-        experts_forward(mix, torch.zeros(2, 64), torch.zeros(2, 1, dtype=torch.long),
-                        torch.ones(2, 1))
+    mcfg = MixtralConfig(hidden_size=64, intermediate_size=64, num_local_experts=2,
+                         num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=1,
+                         experts_implementation="eager")
+    prelu = MixtralExperts(MixtralConfig(**{**mcfg.to_dict(), "hidden_act": "prelu"}))
+    with pytest.raises(em.MirageError, match="weights of its own"):
+        em.use_experts(prelu, be)
+    with pytest.raises(em.MirageError, match="takes an eqsat-mirage backend"):
+        em.use_experts(prelu, "inductor")
+    bound, other = _init(MixtralExperts(mcfg)), _init(MixtralExperts(mcfg), seed=1)
+    x, index = torch.randn(3, 64), torch.tensor([[0], [1], [0]])
+    weights = torch.ones(3, 1)
+    with torch.no_grad():
+        want = other(x, index, weights)
+        em.use_experts(bound, be)  # the config both share now names eqsat_mirage
+        with pytest.warns(UserWarning, match="did not bind"):
+            got = other(x, index, weights)
+    assert torch.equal(got, want)
+
+
+def test_backends_and_forms_compile_functions_of_their_own():
+    """Each backend's expert MLP has a code object of its own, so one backend's compiles
+    never use up another's share of Dynamo's recompile limit."""
+    from transformers import MixtralConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralExperts
+
+    cfg = MixtralConfig(hidden_size=64, intermediate_size=64, num_local_experts=2,
+                        num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=1,
+                        experts_implementation="eager")
+    one, two = em.backend(warn=False), em.backend(warn=False)
+    em.use_experts(MixtralExperts(cfg), one)
+    em.use_experts(MixtralExperts(cfg), two)
+    (f1,), (f2,) = one.experts.values(), two.experts.values()
+    assert f1._torchdynamo_orig_callable.__code__ is not f2._torchdynamo_orig_callable.__code__
