@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.node import FIXED_DTYPES, Op
+from ..ir.node import CODED_DTYPES, FIXED_DTYPES, Op
 from ..ir.ops import VIEWS
 from ..semantics.floating import FLOAT_SEMANTICS, float_ctx, uniform
 from ..semantics.interp import Outputs, run
@@ -87,30 +87,44 @@ def fixed_keys(program) -> dict[int, tuple | None]:
 
 def scale_units(program, fixed: dict[str, np.ndarray]) -> dict[str, float]:
     """The float inputs of ``program`` that scale a dequantized weight, each with the unit
-    its draws are taken in: 1 / the largest magnitude of the fixed operand it multiplies
+    its draws are taken in: 1 / the largest magnitude of the codes it multiplies
     (``w_q.astype(f) * s``: 1/128 for int8 codes, 1/8 for int4 codes less their zero point
     8, 1/448 for e4m3 codes), so that the dequantized weight is drawn at the magnitude of a
     float weight, as a real model's scales (absmax / 127) make it. ``fixed``: the fixed
-    inputs' drawn values (``draws._index_draws``). An input reached from the product only
-    through views (reshape, broadcast, transpose) counts; one that scales several such
+    inputs' drawn values (``draws._index_draws``). Codes are int8, uint8 and fp8 inputs
+    (never positions: ``pos * inv_freq`` keeps its draw). An input counts only when every
+    use of it, through views (reshape, broadcast, transpose) and casts, is such a product
+    (a scale that is also an addend or a divisor keeps its draw); one that scales several
     products takes the smallest unit. Without it a float check drew weights 128 times their
     float draw's magnitude, and a stitched layer's float16 sums overflowed at draws no
     model meets (docs/verifier.md, "Integer inputs")."""
     deps = input_deps(program)
     units: dict[str, float] = {}
+    other_uses: set[str] = set()  # inputs read somewhere other than as a scale of codes
     for n in program.nodes():
-        if n.op is not Op.MUL or len(n.srcs) != 2:
+        if n.op in VIEWS or n.op is Op.CAST or n.op is Op.INPUT:
             continue
-        for f, other in (n.srcs, n.srcs[::-1]):
-            names = deps[id(f)]
-            root = _viewed_input(other)
-            if not names or root is None or root.dtype in FIXED_DTYPES or \
-                    not all(program.inputs[x].dtype in FIXED_DTYPES for x in names):
-                continue
-            top = _largest(program, f, fixed)
-            if np.isfinite(top) and top > 1.0:
-                units[root.arg] = min(units.get(root.arg, 1.0), 1.0 / top)
-    return units
+        scaled = set()
+        if n.op is Op.MUL and len(n.srcs) == 2:
+            for f, other in (n.srcs, n.srcs[::-1]):
+                names = deps[id(f)]
+                root = _viewed_input(other)
+                if not names or root is None or root.dtype in FIXED_DTYPES or \
+                        not all(program.inputs[x].dtype in CODED_DTYPES for x in names):
+                    continue
+                top = _largest(program, f, fixed)
+                if np.isfinite(top) and top > 1.0:
+                    units[root.arg] = min(units.get(root.arg, 1.0), 1.0 / top)
+                    scaled.add(id(other))
+        for src in n.srcs:
+            root = _viewed_input(src)
+            if root is not None and id(src) not in scaled:
+                other_uses.add(root.arg)
+    for n in program.outputs.values():  # an input returned (through views) is a use too
+        root = _viewed_input(n)
+        if root is not None:
+            other_uses.add(root.arg)
+    return {k: u for k, u in units.items() if k not in other_uses}
 
 
 def _largest(program, f, fixed: dict[str, np.ndarray]) -> float:

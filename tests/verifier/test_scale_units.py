@@ -29,7 +29,7 @@ def cubed_norm(times: float, name: str, codes: str = "int8"):
     return g
 
 
-def test_scale_units_find_the_scale_of_int8_and_fp8_codes_only():
+def test_scale_units_find_the_scale_of_int8_and_fp8_codes():
     for codes, unit in (("int8", 1 / 128), ("float8_e4m3fn", 1 / 448)):
         g = cubed_norm(1, "a", codes)
         d = Draws(g, np.random.default_rng(0), None)
@@ -39,6 +39,22 @@ def test_scale_units_find_the_scale_of_int8_and_fp8_codes_only():
     x, w = g.input("x", (4, 8)), g.input("w", (8, 8))
     g.output(x @ (w * x.sum(axis=0, keepdims=True).T), "y")
     assert scale_units(g, {}) == {}
+
+
+def test_positions_and_scales_read_otherwise_keep_their_draws():
+    """Positions are no codes (``pos * inv_freq``: the angles keep their draw's range), and
+    a scale that is also read otherwise (an addend here) keeps its draw."""
+    g = em.Graph("rope_angles")
+    pos = g.input("pos", (16, 1), dtype="int64")
+    inv = g.input("inv_freq", (1, 8))
+    g.output(em.cos(pos.astype("float32") * inv), "c")
+    assert Draws(g, np.random.default_rng(0), None).units == {}
+    g = em.Graph("scale_reused")
+    x = g.input("x", (4, 8), dtype="float16")
+    q = g.input("q", (8, 8), dtype="int8")
+    s = g.input("s", (8,), dtype="float16")
+    g.output(x @ (q.astype("float16") * s) + s, "y")
+    assert Draws(g, np.random.default_rng(0), None).units == {}
 
 
 @pytest.mark.parametrize("seed", range(4))
