@@ -459,14 +459,22 @@ def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile,
                       full + int(rest > 0), smem, l2_bytes=hits)
 
 
-def custom_floor_us(prof: GPUProfile, moved_bytes: float, kernels: int = 1) -> float:
+def custom_floor_us(prof: GPUProfile, moved_bytes: float, kernels: int = 1,
+                    blocks: int | None = None, flight: float | None = None) -> float:
     """A lower bound of the summed ``kernel_cost`` of ``kernels`` custom kernels that together
     read and write at least ``moved_bytes`` of device memory: a launch each, and the bytes at
     the achievable DRAM bandwidth (each wave's memory time is at least its blocks' share of
-    its kernel's DRAM bytes at that rate, and ``load_slowdown`` is at least 1). Rounding
+    its kernel's DRAM bytes at that rate, and ``load_slowdown`` is at least 1). For one
+    kernel of ``blocks`` blocks each keeping at most ``flight`` bytes in flight
+    (``in_flight_bytes``), the rate is the one ``_custom_cost``'s wave of ``blocks`` blocks
+    gets at most (no wave has more, and a wave's rate grows with its blocks). Rounding
     aside: a caller comparing it with a cost leaves a margin."""
-    bw_all = prof.dram_bandwidth_GBps * 1e3 * prof.dram_achievable_fraction
-    return kernels * prof.launch_overhead_us + moved_bytes / bw_all
+    rate = prof.dram_bandwidth_GBps * 1e3 * prof.dram_achievable_fraction
+    if blocks is not None and flight is not None:
+        per_sm = min(prof.sm_dram_bandwidth_GBps * 1e3, math.ceil(blocks / prof.sms) * min(
+            max(flight, 1) / prof.dram_latency_ns * 1e3, prof.block_dram_bandwidth_GBps * 1e3))
+        rate = min(rate, min(blocks, prof.sms) * per_sm)
+    return kernels * prof.launch_overhead_us + moved_bytes / rate
 
 
 def kernel_cost(kernel: Kernel, mugraph: MuGraph, profile: GPUProfile | str | Path = "h100",

@@ -55,8 +55,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..cost.gpucost import custom_floor_us, kernel_cost, mugraph_cost, tensor_bytes
-from ..cost.profile import GPUProfile
-from ..cost.tiles import dynamic_context
+from ..cost.profile import NUM_STAGES, GPUProfile
+from ..cost.tiles import DEEP_STAGES, dynamic_context
 from ..frontend.graph import Graph
 from ..ir.errors import MirageError
 from ..ir.limits import keep_bounded
@@ -163,15 +163,18 @@ class Planner(OpSpace):
     def _floor(self, frag: Graph, s: Schedule, ix: Indexing) -> float:
         """A lower bound of ``_cost(frag, s, ...)``'s total (``gpucost.custom_floor_us``): a
         launch per kernel (a split writes the outputs its reduce kernel makes from a second
-        one) and the fragment's inputs read and outputs written once; 0 where ``s`` cannot
+        one) and the fragment's inputs read and outputs written once, by one kernel at the
+        rate its blocks' loads in flight allow (``_flight_bound``); 0 where ``s`` cannot
         be lowered (``_cost`` says why)."""
         try:
             kind = check_schedule(ix, s).kind
         except (ScheduleError, MirageError):
             return 0.0
-        kernels = 1 + (s.split is not None and any(kind[id(n)] != "loop"
-                                                   for n in frag.outputs.values()))
-        return custom_floor_us(self.prof, frag.derived("moved bytes", _moved_bytes), kernels)
+        moved = frag.derived("moved bytes", _moved_bytes)
+        if s.split is None:
+            return custom_floor_us(self.prof, moved, 1, s.blocks, _flight_bound(frag, s, ix))
+        kernels = 1 + any(kind[id(n)] != "loop" for n in frag.outputs.values())
+        return custom_floor_us(self.prof, moved, kernels)
 
     def _cost_key(self, frag: Graph, s: Schedule, origin: dict[int, int]) -> tuple:
         """What ``_kernel_costs`` depends on: the fragment up to its nodes' identity
@@ -502,6 +505,24 @@ def _moved_bytes(frag: Graph) -> int:
     computing it read and write at least."""
     return sum(tensor_bytes(n.shape, n.dtype) for n in frag.inputs.values()) + sum(
         tensor_bytes(n.shape, n.dtype) for n in {id(n): n for n in frag.outputs.values()}.values())
+
+
+def _flight_bound(frag: Graph, s: Schedule, ix: Indexing) -> int:
+    """At least the bytes one block of unsplit ``s``'s kernel keeps in flight
+    (``gpucost.in_flight_bytes``): each input's tile as ``lower`` cuts it (its dims by their
+    grid index's blocks, the first dim carrying the loop index by the loop range too, its
+    fmap), those with an fmap times the deepest pipeline's stages less one, or every tile
+    where none has an fmap."""
+    grid, looped, whole, fmapped = dict(s.grid), 0, 0, False
+    for node in frag.inputs.values():
+        dims = ix.of(node)
+        fmap = next((d for d, i in enumerate(dims) if s.loop is not None and i == s.loop), None)
+        tile = tuple(size // (grid.get(i, 1) * (s.forloop if d == fmap else 1))
+                     for d, (size, i) in enumerate(zip(node.shape, dims)))
+        whole += tensor_bytes(tile, node.dtype)
+        if fmap is not None:
+            fmapped, looped = True, looped + tensor_bytes(tile, node.dtype)
+    return (max(NUM_STAGES, DEEP_STAGES) - 1) * looped if fmapped else whole
 
 
 def _input_key(frag: Graph) -> tuple:
