@@ -223,7 +223,6 @@ class Backend:
         self._ensure_specs(gm, example_inputs)
         self._folded[self._graphs] = fold_constants(gm)  # position math: computed once now
         retarget_tensor_indexing(gm)  # w[i]: torch.fx's partitioner loops on it otherwise
-        symbolic_view_sizes(gm)  # expand(..., s + 1, ...) of a tensor of that length: -1
         gm.meta[CONSTANTS] = buffer_constants(gm, example_inputs)
         try:
             sizes = SymbolicSizes(gm, self.size_hint, self.size_max)
@@ -232,6 +231,7 @@ class Backend:
                 raise
             return self.refuse(gm, self._graphs, f"reading the graph's symbolic sizes failed "
                                f"({type(exc).__name__}: {exc}): the graph runs eagerly")
+        symbolic_view_sizes(gm, sizes.family)  # expand(..., s + 1, ...) of that length: -1
         calls = self._warmup_calls()
         if calls and not sizes.dynamic:
             return Warmup(self, gm, sizes, self._graphs, calls)

@@ -40,7 +40,7 @@ from ..ir.limits import evaluation_work
 from ..ir.node import ALL_DTYPES
 
 __all__ = ["SymbolicSizes", "computes", "empty", "graph_work", "input_elements", "matmul_flops",
-           "node_spec", "split_runs", "values"]
+           "node_spec", "size_expr", "split_runs", "values"]
 
 
 def recorded(node: fx.Node) -> Any:
@@ -60,7 +60,7 @@ def _float_name(dtype: Any) -> str | None:
     return name if name in ALL_DTYPES else None
 
 
-def _expr(d: Any) -> Any:
+def size_expr(d: Any) -> Any:
     """The simplified sympy expression of a SymInt (Dynamo's guards applied)."""
     return d.node.shape_env.simplify(d.node.expr)
 
@@ -165,7 +165,7 @@ class SymbolicSizes:
         if isinstance(d, int):
             return None
         env = d.node.shape_env
-        expr = _expr(d)
+        expr = size_expr(d)
         if expr.is_number:
             return None
         known = getattr(env, "backed_var_to_val", None)
@@ -195,7 +195,7 @@ class SymbolicSizes:
         v = recorded(node)
         if not isinstance(v, torch.Tensor):
             return {}
-        shifts = ((axis, self._shift(_expr(d))) for axis, d in enumerate(v.shape)
+        shifts = ((axis, self._shift(size_expr(d))) for axis, d in enumerate(v.shape)
                   if not isinstance(d, int))
         return {axis: shift for axis, shift in shifts if shift is not None}
 
@@ -219,7 +219,7 @@ class SymbolicSizes:
         family sizes it is (a sympy expression)."""
         if isinstance(d, int):
             return d
-        expr = _expr(d)
+        expr = size_expr(d)
         if not expr.free_symbols & self.unbacked:
             expr = sympy.sympify(expr.xreplace(self.specialized))
         return int(expr) if expr.is_number else expr
@@ -294,8 +294,8 @@ class SymbolicSizes:
         length grows from step to step. (A reshape's product of held sizes, heads times
         head dim, does not move: it stays in its partition, at its value.)"""
         def raw(nodes: list) -> set:
-            return {_expr(d) for n in nodes for v in values(n) if isinstance(v, torch.Tensor)
-                    for d in v.shape if not isinstance(d, int)}
+            return {size_expr(d) for n in nodes for v in values(n)
+                    if isinstance(v, torch.Tensor) for d in v.shape if not isinstance(d, int)}
         ins = raw(list(node.all_input_nodes))
         return {e for e in raw([node]) - ins if (shift := self._shift(e)) and shift[1]}
 

@@ -26,10 +26,10 @@ from ..frontend.torch_movement import Empty, index_with_tensor
 from ..ir.errors import MirageError, unexpected
 from ..ir.limits import search_weight
 from ..ir.node import Op, located
-from .specs import SymbolicSizes, computes, empty, recorded
+from .specs import SymbolicSizes, computes, empty, recorded, size_expr
 
 __all__ = ["CONSTANTS", "NodeSupport", "buffer_constants", "constant_input", "mutation",
-           "retarget_tensor_indexing", "served"]
+           "retarget_tensor_indexing", "served", "symbolic_view_sizes"]
 
 CONSTANTS = "eqsat_mirage_constants"  # gm.meta key: {placeholder target: its buffer's tensor}
 
@@ -350,6 +350,67 @@ def retarget_tensor_indexing(gm: fx.GraphModule) -> int:
     if changed:
         gm.recompile()
     return changed
+
+
+_EXPANDS = ("expand",)
+_RESHAPES = ("reshape", "view")
+
+
+def symbolic_view_sizes(gm: fx.GraphModule, family: set) -> int:
+    """Give -1 in place of each size argument of an ``expand``, ``reshape`` or ``view`` that
+    is a symbolic size computed in the graph (a ``SymInt`` node: ``s87 + 1``, a
+    ``sym_sum``) where -1 means the same for every value of the symbols: an ``expand`` size
+    whose expression is its operand's size on that axis (``repeat_kv``'s
+    ``expand(b, kv_heads, n_rep, slen, head_dim)`` of a KV cache whose length is ``slen``),
+    and the one symbolic size of a ``reshape`` or ``view`` without a -1 (its other sizes
+    plain ints); returns how many nodes changed. Only sizes of the ``family`` symbols
+    (``SymbolicSizes.family``) change: a view of a specialized size (a decode step's KV
+    cache, held at its length) stays eager, since its partition searched again as a family
+    when the length moved found nothing cheaper with the grouped-query copies inside. A
+    SymInt operand is no tensor, so such a view stayed eager; the SymInt nodes left
+    without users are removed."""
+    changed = 0
+    for node in gm.graph.nodes:
+        name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+        if node.op not in ("call_method", "call_function") or \
+                name not in _EXPANDS + _RESHAPES or not node.args:
+            continue
+        packed = len(node.args) == 2 and isinstance(node.args[1], (tuple, list))
+        sizes = list(node.args[1] if packed else node.args[1:])
+        new = _inferred(node.args[0], sizes, name in _EXPANDS, family)
+        if new is not None:
+            node.args = (node.args[0], tuple(new)) if packed else (node.args[0], *new)
+            changed += 1
+    if changed:
+        for node in reversed(list(gm.graph.nodes)):
+            if node.op == "call_function" and not node.users and \
+                    isinstance(recorded(node), torch.SymInt):
+                gm.graph.erase_node(node)
+        gm.recompile()
+    return changed
+
+
+def _inferred(source: Any, sizes: list, expand: bool, family: set) -> list | None:
+    """``sizes`` with -1 for the symbolic size nodes of ``family`` symbols that -1 means
+    exactly (see ``symbolic_view_sizes``), or None when none does."""
+    x = recorded(source) if isinstance(source, fx.Node) else None
+    symbolic = [i for i, a in enumerate(sizes) if isinstance(a, fx.Node)]
+    if not isinstance(x, torch.Tensor) or not symbolic or not all(
+            isinstance(recorded(sizes[i]), torch.SymInt)
+            and size_expr(recorded(sizes[i])).free_symbols <= family for i in symbolic):
+        return None
+    new = list(sizes)
+    if expand:
+        lead = len(sizes) - x.dim()
+        for i in symbolic:
+            d = x.shape[i - lead] if i >= lead else None
+            if isinstance(d, torch.SymInt) and \
+                    size_expr(d) == size_expr(recorded(sizes[i])):
+                new[i] = -1
+    elif len(symbolic) == 1 and -1 not in sizes and \
+            all(isinstance(a, int) for i, a in enumerate(sizes) if i not in symbolic):
+        new[symbolic[0]] = -1
+    return new if new != sizes else None
 
 
 def left_out(gm: fx.GraphModule, support: NodeSupport, placed: list) -> list[str]:
