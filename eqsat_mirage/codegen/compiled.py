@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..ir.errors import TimeLimitError
-from ..ir.limits import KEPT, keep_bounded  # noqa: F401 - KEPT: the caches' bound, read here
+from ..ir.limits import KEPT, keep_bounded  # noqa: F401 - compiled.KEPT: the caches' bound
 from .concat import CodegenError
 
 ARCH = {"h100": 90, "h200": 90, "a100": 80}  # compute capability of each built-in target
