@@ -151,11 +151,17 @@ def _mlp(form: Variant, act: Any):
     return expert_mlp
 
 
+@torch.compiler.disable
 def experts_forward(self, hidden_states, top_k_index, top_k_weights):
     """transformers' experts forward (registered as ``"eqsat_mirage"``): the eager loop over
     the experts hit, each expert's MLP through the compiled function ``use_experts`` bound
     to this module. A module it did not bind (another model built from a config that
-    ``use_experts`` switched) runs its class's own forward, with a warning once."""
+    ``use_experts`` switched) runs its class's own forward, with a warning once.
+
+    The whole of it is opaque to Dynamo (``torch.compiler.disable``), the lookup of the
+    bound function included: with only the loop opaque, a compiled model with two MoE
+    layers computed its second layer wrongly (max error 3.44 against eager, with Dynamo's
+    own "eager" backend), and ``generate()`` gave other tokens."""
     mlp = _BOUND.get(self)
     if mlp is None:
         warnings.warn(f"eqsat-mirage: a {type(self).__name__} that em.use_experts did not bind "
@@ -176,7 +182,6 @@ def _accumulates_in_weights_dtype(cls: type) -> bool:
     return "dtype=top_k_weights.dtype" in text.replace(" ", "")
 
 
-@torch.compiler.disable  # outside Dynamo: its data-dependent loop would break the graph
 def _loop(module, mlp, hidden_states, top_k_index, top_k_weights):
     """The loop of transformers' eager experts forward, with ``mlp`` for each expert hit,
     summed in the dtype the class's own forward sums in."""

@@ -61,6 +61,34 @@ def test_mixtral_moe_block_runs_every_expert_through_one_search():
     assert s["optimized_compute_ops"] >= 8  # the MLP's: two linears, chunk, silu, muls
 
 
+def test_two_moe_layers_in_a_compiled_function_equal_eager():
+    """Two bound MoE blocks in one compiled function (Dynamo's own "eager" backend for the
+    function, eqsat-mirage's for the experts' MLP): the second block equals eager too
+    (with only the loop hidden from Dynamo it was off by 3.44)."""
+    from transformers import MixtralConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+    cfg = MixtralConfig(hidden_size=64, intermediate_size=128, num_attention_heads=2,
+                        num_key_value_heads=1, num_hidden_layers=2, vocab_size=32,
+                        num_local_experts=4, num_experts_per_tok=2,
+                        experts_implementation="eager")
+    blocks = _init(torch.nn.ModuleList([MixtralSparseMoeBlock(cfg) for _ in range(2)]))
+
+    def fn(x):
+        for b in blocks:
+            x = x + b(x)
+        return x
+
+    x = torch.randn(1, 12, 64)
+    with torch.no_grad():
+        want = fn(x)
+        em.use_experts(blocks, em.backend(time_limit_s=120, warn=False, cache=False))
+        torch._dynamo.reset()
+        got = torch.compile(fn, backend="eager")(x)
+    torch._dynamo.reset()
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4), (got - want).abs().max()
+
+
 def test_qwen2_moe_block_with_a_shared_expert_equals_eager():
     """Qwen2-MoE: routed experts (bound) beside a shared expert and its sigmoid gate (the
     compiled block's own graph); equal to eager, the routed experts' MLP optimized."""
