@@ -71,19 +71,29 @@ class Graph:
         except TypeError as exc:
             raise ShapeError(f"input {name!r} (at {loc}): shape {shape!r} is not a "
                              "sequence of ints") from exc
-        dims, symbolic = self._symbolic(name, dims, loc)
-        if not all(_is_int(d) for d in dims):
-            raise ShapeError(f"input {name!r} (at {loc}): shape {shape!r} is not a sequence of "
-                             "ints (a dim such as 2.5 or '3' is not rounded or parsed)")
-        shape = tuple(int(d) for d in dims)
-        if any(d <= 0 for d in shape):
-            raise ShapeError(f"input {name!r} (at {loc}): shape {fmt_shape(shape)} has a "
-                             "non-positive dim")
+        if all(type(d) is int and d > 0 for d in dims):  # plain sizes (the planner's tiles,
+            shape, symbolic = dims, {}  # by the hundred thousand): nothing to convert
+        else:
+            shape, symbolic = self._checked_shape(name, dims, shape, loc)
         node = Node(Op.INPUT, (), name, shape, canonical_dtype(dtype), loc)
         self.inputs[name] = node
         if symbolic:
             self.dynamic[name] = symbolic
         return Tensor(node, self)
+
+    def _checked_shape(self, name: str, dims: tuple, given: Any,
+                       loc: str) -> tuple[tuple[int, ...], dict[int, str]]:
+        """``dims`` of input ``name`` as positive ints (symbolic dims at their hints), and
+        {axis: size name}; a ``ShapeError`` for anything else (``given``: as written)."""
+        dims, symbolic = self._symbolic(name, dims, loc)
+        if not all(_is_int(d) for d in dims):
+            raise ShapeError(f"input {name!r} (at {loc}): shape {given!r} is not a sequence of "
+                             "ints (a dim such as 2.5 or '3' is not rounded or parsed)")
+        shape = tuple(int(d) for d in dims)
+        if any(d <= 0 for d in shape):
+            raise ShapeError(f"input {name!r} (at {loc}): shape {fmt_shape(shape)} has a "
+                             "non-positive dim")
+        return shape, symbolic
 
     def _symbolic(self, name: str, dims: tuple, loc: str) -> tuple[tuple, dict[int, str]]:
         """``dims`` with every symbolic entry at its hint, and {axis: size name}."""

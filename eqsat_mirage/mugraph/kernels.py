@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from ..frontend.graph import Graph, Tensor
 from ..ir.errors import GraphError, ShapeError
-from ..ir.node import ELEMENTWISE, Node, Op, Shape, canonical_dtype, fmt_shape, user_location
+from ..ir.node import ELEMENTWISE, Node, Op, Shape, fmt_shape
 
 GRID_AXES = "xyz"
 
@@ -153,7 +153,7 @@ class CustomKernel:
         spec = self._spec(tensor)
         tile = tile_shape(self, bi, spec)
         self.inputs[name] = bi
-        return declare(self.loop, name, tile, spec.dtype)
+        return self.loop.input(name, tile, spec.dtype)
 
     def tile(self, name: str) -> Tensor:
         """The post-stage tile of a block input without fmap (read whole in every iteration)."""
@@ -164,7 +164,7 @@ class CustomKernel:
             raise MuGraphError(f"kernel {self.name!r}: {name!r} is not a block input without "
                                "fmap; after the loop only those and accumulators can be read")
         node = self.loop.inputs[name]
-        return declare(self.post, name, node.shape, node.dtype)
+        return self.post.input(name, node.shape, node.dtype)
 
     def accumulate(self, value: Tensor, name: str, how: str = "sum") -> Tensor:
         """Sum (``how="sum"``) or take the max (``how="max"``: a running maximum, read in
@@ -187,7 +187,7 @@ class CustomKernel:
                                "computed in the loop stage of this kernel")
         self.loop.output(value, name)
         self.accumulators.append(name)
-        return declare(self.post, name, value.shape, value.dtype)
+        return self.post.input(name, value.shape, value.dtype)
 
     def running(self, name: str) -> Tensor:
         """The running maximum of max accumulator ``name`` after this iteration, as a loop
@@ -290,19 +290,6 @@ class CustomKernel:
                           for i, d in enumerate(node.shape))
             out[t] = TensorSpec(t, shape, bo.dtype or node.dtype, self.name)
         return out
-
-
-def declare(stage: Graph, name: str, shape: Shape, dtype: str) -> Tensor:
-    """``stage.input(name, shape, dtype)``: the same input node, declared directly where
-    ``name`` is a new identifier of ``stage`` and ``shape`` positive ints (a tile: the
-    planner declares them by the hundred thousand), else by ``Graph.input``, which says
-    what is wrong."""
-    if name in stage.inputs or not name.isidentifier() or not all(
-            type(d) is int and d > 0 for d in shape):
-        return stage.input(name, shape, dtype)
-    node = Node(Op.INPUT, (), name, tuple(shape), canonical_dtype(dtype), user_location())
-    stage.inputs[name] = node
-    return Tensor(node, stage)
 
 
 def tile_shape(kernel: CustomKernel, bi: BlockInput, spec: TensorSpec) -> Shape:
