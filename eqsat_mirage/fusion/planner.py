@@ -475,27 +475,32 @@ class Planner(OpSpace):
                 f"(saves {saved / 1e6:.3f} MB of device-memory round trips)")
 
 
-def _shape_key(frag: Graph) -> tuple:
-    """``frag`` up to the names of its tensors: ops, arguments, shapes, dtypes and wiring."""
+def _rows(frag: Graph, named: bool) -> tuple[tuple, dict[int, int]]:
+    """Each node of ``frag`` in order as (op, argument, shape, dtype, operands' places), an
+    input's argument (its name) and the source line only when ``named``; and each node's
+    place by id."""
     pos: dict[int, int] = {}
     rows = []
     for n in frag.nodes():
         pos[id(n)] = len(pos)
-        rows.append((n.op, None if n.op is Op.INPUT else n.arg, n.shape, n.dtype,
-                     tuple(pos[id(x)] for x in n.srcs)))
-    return tuple(rows), tuple(pos[id(n)] for n in frag.outputs.values())
+        row = (n.op, n.arg if named or n.op is not Op.INPUT else None, n.shape, n.dtype,
+               tuple(pos[id(x)] for x in n.srcs))
+        rows.append(row + (n.loc,) if named else row)
+    return tuple(rows), pos
+
+
+def _shape_key(frag: Graph) -> tuple:
+    """``frag`` up to the names of its tensors: ops, arguments, shapes, dtypes and wiring."""
+    rows, pos = _rows(frag, False)
+    return rows, tuple(pos[id(n)] for n in frag.outputs.values())
 
 
 def _named_key(frag: Graph) -> tuple:
     """``frag`` up to its nodes' identity: each node's op, argument (an input's name),
     shape, dtype, operands' places and source line; its inputs' names, places (None for one
     no output reads), shapes and dtypes in order; its outputs' names and places."""
-    pos: dict[int, int] = {}
-    rows = []
-    for n in frag.nodes():
-        pos[id(n)] = len(pos)
-        rows.append((n.op, n.arg, n.shape, n.dtype, tuple(pos[id(x)] for x in n.srcs), n.loc))
-    return (tuple(rows),
+    rows, pos = _rows(frag, True)
+    return (rows,
             tuple((k, pos.get(id(n)), n.shape, n.dtype) for k, n in frag.inputs.items()),
             tuple((k, pos[id(n)]) for k, n in frag.outputs.items()))
 
