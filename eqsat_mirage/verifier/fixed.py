@@ -98,8 +98,20 @@ def scale_units(program, fixed: dict[str, np.ndarray]) -> dict[str, float]:
     products takes the smallest unit. Without it a float check drew weights 128 times their
     float draw's magnitude, and a stitched layer's float16 sums overflowed at draws no
     model meets (docs/verifier.md, "Integer inputs")."""
-    deps = input_deps(program)
     units: dict[str, float] = {}
+    for name, f in program.derived("scale products", _scale_products):
+        top = _largest(program, f, fixed)
+        if np.isfinite(top) and top > 1.0:
+            units[name] = min(units.get(name, 1.0), 1.0 / top)
+    return units
+
+
+def _scale_products(program) -> tuple[tuple[str, object], ...]:
+    """(float input, the codes' node it multiplies) for each product of ``scale_units``'s
+    form, of the inputs read nowhere else: the program's structure, worked out once per
+    program (``scale_units`` runs for every ``Draws``)."""
+    deps = input_deps(program)
+    products: list[tuple[str, object]] = []
     other_uses: set[str] = set()  # inputs read somewhere other than as a scale of codes
     for n in program.nodes():
         if n.op in VIEWS or n.op is Op.CAST or n.op is Op.INPUT:
@@ -112,10 +124,8 @@ def scale_units(program, fixed: dict[str, np.ndarray]) -> dict[str, float]:
                 if not names or root is None or root.dtype in FIXED_DTYPES or \
                         not all(program.inputs[x].dtype in CODED_DTYPES for x in names):
                     continue
-                top = _largest(program, f, fixed)
-                if np.isfinite(top) and top > 1.0:
-                    units[root.arg] = min(units.get(root.arg, 1.0), 1.0 / top)
-                    scaled.add(id(other))
+                products.append((root.arg, f))
+                scaled.add(id(other))
         for src in n.srcs:
             root = _viewed_input(src)
             if root is not None and id(src) not in scaled:
@@ -124,7 +134,7 @@ def scale_units(program, fixed: dict[str, np.ndarray]) -> dict[str, float]:
         root = _viewed_input(n)
         if root is not None:
             other_uses.add(root.arg)
-    return {k: u for k, u in units.items() if k not in other_uses}
+    return tuple((name, f) for name, f in products if name not in other_uses)
 
 
 def _largest(program, f, fixed: dict[str, np.ndarray]) -> float:
