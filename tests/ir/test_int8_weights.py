@@ -233,3 +233,145 @@ def test_the_cost_model_reads_int8_weights_at_one_byte():
         assert len(found.mugraph.kernels) == 1, str(found.mugraph)
         costs[wdtype] = found.cost_us
     assert costs["int8"] < costs["float16"], costs
+
+
+# The rules of rules/algebra.egg that move a per-output-channel scale out of a matmul (its
+# right operand ``w * s``, s constant along the contraction axis): s as (N,), s broadcast
+# as (..., 1, N), and a linear's transposed (N, K) weight with s as (N, 1).
+SCALE_OUT = {
+    "vector": "a per-output-channel scale vector of a matmul's right operand comes out as an "
+              "epilogue",
+    "row": "a scale broadcast along a matmul's contraction axis (per output column) comes out "
+           "as an epilogue",
+    "transposed": "a per-output-channel scale of a transposed right operand (a linear's (N, K) "
+                  "weight) comes out transposed",
+}
+
+
+def w8_linear_t(m: int, k: int, n: int, act: str = "float32", zero_point: bool = False,
+                scale_shape: str = "per channel") -> em.Graph:
+    """``F.linear``'s form: ``y = x @ ((w_q.astype(act) - z) * s).T`` with w_q (N, K) int8
+    and s of shape (N, 1) ('per channel'), or (1, K) ('per k', one scale per input column:
+    a wrong axis for a linear, and not constant along the contraction)."""
+    g = em.Graph("w8_linear_t")
+    x = g.input("x", (m, k), dtype=act)
+    wq = g.input("Wq", (n, k), dtype="int8")
+    s = g.input("s", (n,) if scale_shape == "per channel" else (k,), dtype=act)
+    w = wq.astype(act)
+    if zero_point:
+        w = w - g.input("z", (n,), dtype=act).reshape((n, 1))
+    s2 = s.reshape((n, 1)) if scale_shape == "per channel" else s.reshape((1, k))
+    g.output(x @ (w * s2).transpose((1, 0)), "y")
+    return g
+
+
+def _scale_rules_fired(g: em.Graph) -> set[str]:
+    """Which of ``SCALE_OUT``'s rules fired (guards on) in the algebraic phase of ``g``."""
+    from eqsat_mirage.egraph.rulefiles import load_rule_files
+    from eqsat_mirage.egraph.saturate import DEFAULT_PHASES, Limits, Saturator
+
+    rulesets, rules, facts = load_rule_files(["rules"])
+    sat = Saturator(g, rulesets, rules, facts=facts)
+    name, rs = DEFAULT_PHASES[0]
+    phase = sat.run_phase(name, tuple(r for r in rs if r in rulesets), Limits())
+    sat.release()
+    fired = {r.rsplit(" [", 1)[0] for r, n in phase.rules_fired.items() if n}
+    return {key for key, rule in SCALE_OUT.items() if rule in fired}
+
+
+def test_the_scale_rules_are_shipped_and_sound():
+    from eqsat_mirage.egraph.rulefiles import load_rules
+
+    _, rules = load_rules(["rules"])
+    mine = [r for r in rules if r.name in SCALE_OUT.values()]
+    assert sorted(r.name for r in mine) == sorted(SCALE_OUT.values())
+    assert all(r.where.startswith("algebra.egg:") and r.ruleset == "scalar" for r in mine)
+    # (every shipped rule sound: tests/egraph/test_check_rules_seeds.py)
+
+
+def test_the_scale_rules_without_their_guard_are_unsound(tmp_path):
+    """The guard is what makes them sound: a scale that varies along the contraction axis
+    (a (K, N) scale, or a transposed weight's (1, K)) does not come out."""
+    path = tmp_path / "loose.egg"
+    path.write_text("(ruleset user)\n"
+                    "; any scale of a matmul's right operand comes out\n"
+                    "(rewrite (MatMul x (Mul w s)) (Mul (MatMul x w) s) :when ((>= (ndim x) 2)"
+                    " (>= (ndim w) 2) (= (ndim s) (ndim w))) :ruleset user)\n"
+                    "; any scale of a transposed right operand comes out transposed\n"
+                    "(rewrite (MatMul x (Swap i j (Mul w s))) (Mul (MatMul x (Swap i j w))"
+                    " (Swap i j s)) :when ((>= (ndim x) 2) (= (ndim w) 2) (= (ndim s) 2)"
+                    " (= i 0) (= j 1)) :ruleset user)\n")
+    report = em.check_rules(str(path), seed=0)
+    assert [r.status for r in report.results] == ["unsound", "unsound"], str(report)
+
+
+@pytest.mark.parametrize("build,want", [
+    (lambda: w8_linear(4, 32, 16), "vector"),
+    (lambda: w8_linear(4, 32, 16, zero_point=True), "vector"),
+    (lambda: w8_linear(4, 32, 16, scale_2d=True), "row"),
+    (lambda: w8_linear_t(4, 32, 16), "transposed"),
+    (lambda: w8_linear_t(4, 32, 16, zero_point=True), "transposed"),
+], ids=["vector", "zero point", "row", "transposed", "transposed zero point"])
+def test_a_per_channel_scale_comes_out_of_the_matmul(build, want):
+    assert _scale_rules_fired(build()) == {want}
+
+
+def _per_k_scale(k: int = 32, n: int = 16) -> em.Graph:
+    """``x @ (w * s)`` with s (K, 1): one scale per row of W (per input channel)."""
+    g = em.Graph("per_k")
+    x = g.input("x", (4, k), dtype="float32")
+    wq = g.input("Wq", (k, n), dtype="int8")
+    g.output(x @ (wq.astype("float32") * g.input("s", (k, 1), dtype="float32")), "y")
+    return g
+
+
+def _full_scale(k: int = 32, n: int = 16) -> em.Graph:
+    """``x @ (w * s)`` with s (K, N): a group-wise scale expanded to every element."""
+    g = em.Graph("full")
+    x = g.input("x", (4, k), dtype="float32")
+    wq = g.input("Wq", (k, n), dtype="int8")
+    g.output(x @ (wq.astype("float32") * g.input("s", (k, n), dtype="float32")), "y")
+    return g
+
+
+def _group_scale() -> em.Graph:
+    """int4 with a scale per group of 16 rows along K (tests/ir/test_int4_weights.py)."""
+    from test_int4_weights import w4_linear
+
+    return w4_linear(4, 64, 16, 16, "float32")
+
+
+@pytest.mark.parametrize("build", [
+    _per_k_scale, _full_scale, _group_scale,
+    lambda: w8_linear_t(4, 32, 16, scale_shape="per k")],
+    ids=["per k", "K x N", "int4 groups", "transposed per k"])
+def test_a_scale_varying_along_the_contraction_stays_in(build):
+    assert _scale_rules_fired(build()) == set()
+
+
+@pytest.mark.parametrize("act,zero_point", [("float32", False), ("float16", True)])
+def test_optimized_torch_form_equals_the_dequantized_reference(act, zero_point):
+    """``F.linear``'s (N, K) weight, the scale of which may now come out of the matmul: one
+    custom kernel that loads the int8 tile (the other kernels only reshape s and z), equal
+    to torch's dequantized reference."""
+    from eqsat_mirage.ir.node import Op
+
+    k, n = 64, 48
+    g = w8_linear_t(16, k, n, act, zero_point)
+    res = em.optimize(g)
+    assert res.verified and res.verified.equivalent, res.verified
+    custom = [kn for kn in res.program.kernels if kn.kind == "custom"]
+    rest = [kn for kn in res.program.kernels if kn.kind != "custom"]
+    assert len(custom) == 1 and all(kn.node.op is Op.RESHAPE for kn in rest), res.program
+    src = res.triton_source()
+    assert '"Wq": ((48, 64), torch.int8)' in src
+    load = re.search(r"^\s*(\w+) = tl\.load\(Wq_ptrs", src, re.M)
+    assert load and re.search(rf"\b{load.group(1)}\.to\(tl\.float32\)", src), src
+    inputs = _inputs(g, seed=2)
+    tact = getattr(torch, act)
+    w = torch.tensor(inputs["Wq"]).to(torch.int8).to(tact)
+    if zero_point:
+        w = w - torch.tensor(inputs["z"]).to(tact)[:, None]
+    want = torch.nn.functional.linear(torch.tensor(inputs["x"]).to(tact),
+                                      w * torch.tensor(inputs["s"]).to(tact)[:, None])
+    assert_close_to_eager(_run(res, g, inputs), want.double(), act)
