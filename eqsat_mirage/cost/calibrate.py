@@ -224,7 +224,7 @@ def _with(prof: GPUProfile, keys: tuple[str, ...], logs: np.ndarray) -> GPUProfi
 
 # Start points of the fit, as factors of the datasheet figure: a per-SM bandwidth cap and a
 # latency term bind only past some value, and the gradient is zero until they do.
-_START_FACTORS = {"sm_dram_bandwidth_GBps": (1.0, 0.5, 0.25),
+_START_FACTORS = {"sm_dram_bandwidth_GBps": (1.0, 0.5, 0.25), "l2_bandwidth_GBps": (1.0, 2.0),
                   "block_dram_bandwidth_GBps": (1.0, 0.25), "dram_latency_ns": (1.0, 2.0)}
 
 
@@ -304,13 +304,20 @@ def write_fitted(path: str | Path, result: FigureFit, device: str, when: str = "
 # -- ranking: how well the model orders the schedules of one measured sweep ----------------
 
 # The figures a ranking fit moves: FIGURE_KEYS, what one block streams at most (equal to the
-# per-SM figure, so off, in the datasheet profiles) and the two effects the sweeps showed (a
-# cost per loop iteration, Triton's padded tiles); both are 0 (off) in the datasheet
-# profiles, so a fit starts them from RANK_STARTS; so is the cost of tile rows shorter than
-# a line.
-RANK_KEYS = (*FIGURE_KEYS, "block_dram_bandwidth_GBps",
-             "loop_iteration_us", "padded_load_exponent", "short_run_exponent")
-RANK_STARTS = {"loop_iteration_us": 0.3, "padded_load_exponent": 1.0, "short_run_exponent": 0.5}
+# per-SM figure, so off, in the datasheet profiles), the L2 hit bandwidth (re-read tiles), and
+# three effects the sweeps showed, each 0 (off) in the datasheet profiles, so a fit starts
+# them from RANK_STARTS: the DRAM latency a loop iteration waits beyond what its stages - 1
+# iterations in flight hide (the H100's F=172 loops: 63 us at 4 stages, 136-143 us at 2),
+# rows not 16-byte aligned (172- and 86-wide fp16 chunks, 2.2-2.5x slower on the H100), and
+# a cost per contiguous run (the H200's 16-wide rmsnorm tiles, 2x slower than 64-wide ones).
+# ``loop_iteration_us``, ``padded_load_exponent`` and ``short_run_exponent`` stay figures
+# (off) but are not fitted: the three above explain the same sweeps with a physical cause
+# (a padded 688-wide chunk, 16-byte aligned, ran as fast as a 256-wide one).
+RANK_KEYS = (*FIGURE_KEYS, "block_dram_bandwidth_GBps", "l2_bandwidth_GBps",
+             "iteration_latency_us", "unaligned_load_exponent", "run_overhead_bytes")
+RANK_STARTS = {"loop_iteration_us": 0.3, "padded_load_exponent": 1.0, "short_run_exponent": 0.5,
+               "iteration_latency_us": 0.5, "unaligned_load_exponent": 0.5,
+               "run_overhead_bytes": 128.0}
 
 
 @dataclass(frozen=True)

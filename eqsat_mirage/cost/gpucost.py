@@ -66,12 +66,16 @@ slots). A wave of n blocks costs max(memory, compute)::
     compute(n) = ceil(n / SMs) x c_b,  c_b = compute x SMs / B  (one block alone on an SM)
     time = launch + (B // slots) x (max(memory(slots), compute(slots)) + F x it)
                   + [B % slots > 0] x (max(memory(r), compute(r)) + F x it),  r = B % slots
-    it = loop_iteration_us (a block's iterations run one after another; 0 in the datasheet
-         profiles), and memory(n) is multiplied by load_slowdown: the mean over the block
-         inputs of (padded / loaded tile elements) ^ padded_load_exponent x (128 / bytes of
-         a contiguous run of the tile) ^ short_run_exponent (Triton holds a 172-wide chunk
-         as 256; a 16-wide fp16 tile uses a quarter of each line; both 0, off, in the
-         datasheet profiles)
+    it = loop_iteration_us + iteration_latency_us / (stages - 1) (a block's iterations run
+         one after another, each waiting the DRAM latency its stages - 1 iterations in
+         flight do not hide; both 0 in the datasheet profiles), and memory(n) is multiplied
+         by load_slowdown: the mean over the block inputs of (padded / loaded tile elements)
+         ^ padded_load_exponent x (128 / bytes of a contiguous run of the tile) ^
+         short_run_exponent x (16 / the alignment in bytes of its rows) ^
+         unaligned_load_exponent x (1 + run_overhead_bytes / bytes of a contiguous run)
+         (Triton holds a 172-wide chunk as 256 and loads its 344-byte rows in 8-byte
+         vectors; a 16-wide fp16 tile uses a quarter of each line, and every run is a
+         request of its own; all four 0, off, in the datasheet profiles)
 
 so co-resident blocks share their SM, and a partial last wave costs a whole block time:
 133 equal compute-bound blocks at 1 block/SM on 132 SMs take 2 block times, not 133/132.
@@ -357,25 +361,49 @@ def run_bytes(k: CustomKernel, bi, spec) -> int:
     return contiguous_run(tile.shape, spec.shape) * ITEMSIZE[spec.dtype]
 
 
+VECTOR_BYTES = 16  # the widest load one thread issues (128 bits)
+
+
+def run_alignment(k: CustomKernel, bi, spec) -> int:
+    """The alignment in bytes (a power of two, at most ``VECTOR_BYTES``) of the rows block
+    input ``bi`` of ``k`` loads from its tensor (``spec``, or None when unknown): a tile row
+    starts at a multiple of its width and of the tensor's row, so a 172-wide fp16 chunk
+    (344 B) is 8-byte aligned and loads in 8-byte vectors; ``VECTOR_BYTES`` where the tile
+    and the tensor differ in rank (a reshaped read)."""
+    tile = _tile_node(k, bi.name)
+    if spec is None or len(spec.shape) != len(tile.shape) or not tile.shape:
+        return VECTOR_BYTES
+    item = ITEMSIZE[spec.dtype]
+    return math.gcd(int(tile.shape[-1]) * item, int(spec.shape[-1]) * item, VECTOR_BYTES)
+
+
 def load_slowdown(k: CustomKernel, mg: MuGraph, prof: GPUProfile) -> float:
     """What the shape of ``k``'s tiles costs its loads, beside their bytes: the mean over
     its block inputs (weighted by the bytes each loads) of (padded / loaded tile elements)
     ^ ``padded_load_exponent`` x (128 / bytes of its contiguous runs, at least 1) ^
-    ``short_run_exponent``; 1 when both are 0 (the datasheet profiles). Triton holds a
-    172-wide chunk as 256 (1.49x the elements, measured 2.2-2.5x slower on the H100:
-    masked, unaligned loads); a tile 16 fp16 values wide uses a quarter of each 128-byte
-    line it touches."""
+    ``short_run_exponent`` x (16 / its rows' alignment in bytes) ^
+    ``unaligned_load_exponent`` x (1 + ``run_overhead_bytes`` / bytes of its contiguous
+    runs); 1 when all four are 0 (the datasheet profiles). Triton holds a 172-wide chunk as
+    256 (1.49x the elements) and loads its 344-byte rows in 8-byte vectors (measured
+    2.2-2.5x slower on the H100); a tile 16 fp16 values wide uses a quarter of each 128-byte
+    line it touches, and every run is a request of its own."""
     p, q = prof.padded_load_exponent, prof.short_run_exponent
-    if not p and not q:
+    u, o = prof.unaligned_load_exponent, prof.run_overhead_bytes
+    if not p and not q and not u and not o:
         return 1.0
     specs, total, weighted = mg.tensors, 0.0, 0.0
     for bi in k.inputs.values():
         tile = _tile_node(k, bi.name)
+        spec = specs.get(bi.tensor)
         size = numel(tile.shape) * ITEMSIZE[tile.dtype] * (k.forloop if bi.fmap is not None
                                                           else 1)
         pad = numel(tuple(pow2_ceil(d) for d in tile.shape)) / max(numel(tile.shape), 1)
-        short = LINE_BYTES / min(LINE_BYTES, max(run_bytes(k, bi, specs.get(bi.tensor)), 1))
-        total, weighted = total + size, weighted + size * pad ** p * short ** q
+        run = max(run_bytes(k, bi, spec), 1)
+        short = LINE_BYTES / min(LINE_BYTES, run)
+        unaligned = VECTOR_BYTES / run_alignment(k, bi, spec)
+        factor = math.exp(min(p * math.log(pad) + q * math.log(short)  # no overflow when
+                              + u * math.log(unaligned), 50.0)) * (1.0 + o / run)  # fitting
+        total, weighted = total + size, weighted + size * factor
     return weighted / total if total else 1.0
 
 
@@ -436,7 +464,10 @@ def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile,
 
     flight = max(in_flight_bytes(k, mg), 1)  # a kernel that loads nothing waits on nothing
     slow = load_slowdown(k, mg, prof)
-    per_wave = f_range * prof.loop_iteration_us  # a block's iterations, one after another
+    # a block's iterations, one after another: each costs loop_iteration_us and waits the
+    # DRAM latency its loads in flight (stages - 1 iterations ahead) do not hide
+    per_wave = f_range * (prof.loop_iteration_us
+                          + prof.iteration_latency_us / max(stages_for(k) - 1, 1))
     block_bw = prof.block_dram_bandwidth_GBps * 1e3  # what one block's loads pull at most
 
     def wave(n: int) -> tuple[float, float]:

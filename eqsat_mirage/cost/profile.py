@@ -28,7 +28,8 @@ MEASURED_SUFFIX = "_measured"  # extract/<gpu>_measured.toml: calibration fitted
 _FRACTIONS = ("dram_achievable_fraction", "tensor_achievable_fraction",
               "replicated_read_dram_fraction")
 # figures that may be 0 (an effect the datasheet does not know: off until fitted)
-NON_NEGATIVE = ("loop_iteration_us", "padded_load_exponent", "short_run_exponent")
+NON_NEGATIVE = ("loop_iteration_us", "padded_load_exponent", "short_run_exponent",
+                "iteration_latency_us", "unaligned_load_exponent", "run_overhead_bytes")
 
 
 def profiles_dir() -> Path:
@@ -90,6 +91,9 @@ class GPUProfile:
     loop_iteration_us: float = 0.0  # per loop iteration of a block, beside its bytes (>= 0)
     padded_load_exponent: float = 0.0  # memory time x (padded / loaded tile)^this (>= 0)
     short_run_exponent: float = 0.0  # memory time x (128 B / a tile's row run)^this (>= 0)
+    iteration_latency_us: float = 0.0  # a loop iteration's wait on DRAM, / (stages - 1) (>= 0)
+    unaligned_load_exponent: float = 0.0  # memory time x (16 B / a row's alignment)^this (>= 0)
+    run_overhead_bytes: float = 0.0  # each contiguous run costs as many more bytes (>= 0)
     name: str = "gpu"
     description: str = ""
     path: str = ""
