@@ -35,7 +35,7 @@ from .gpucost import MuGraphCost
 from .profile import GPUProfile, figure_error
 
 MEMORY_KEYS = ("dram_achievable_fraction", "sm_dram_bandwidth_GBps", "block_dram_bandwidth_GBps",
-               "l2_bandwidth_GBps")
+               "block_l2_bandwidth_GBps", "l2_bandwidth_GBps")
 LATENCY_KEYS = ("dram_latency_ns",)  # scaled up with the memory time, not down
 COMPUTE_KEYS = ("tensor_achievable_fraction", "fp32_cuda_TFLOPs", "sfu_TOPs")
 
@@ -224,8 +224,9 @@ def _with(prof: GPUProfile, keys: tuple[str, ...], logs: np.ndarray) -> GPUProfi
 
 # Start points of the fit, as factors of the datasheet figure: a per-SM bandwidth cap and a
 # latency term bind only past some value, and the gradient is zero until they do.
-_START_FACTORS = {"sm_dram_bandwidth_GBps": (1.0, 0.5, 0.25), "l2_bandwidth_GBps": (1.0, 2.0),
-                  "block_dram_bandwidth_GBps": (1.0, 0.25), "dram_latency_ns": (1.0, 2.0)}
+_START_FACTORS = {"sm_dram_bandwidth_GBps": (1.0, 0.5, 0.25),
+                  "block_dram_bandwidth_GBps": (1.0, 0.25),
+                  "block_l2_bandwidth_GBps": (1.0, 0.4), "dram_latency_ns": (1.0, 2.0)}
 
 
 def _starts(keys: tuple[str, ...]) -> list[np.ndarray]:
@@ -303,8 +304,9 @@ def write_fitted(path: str | Path, result: FigureFit, device: str, when: str = "
 
 # -- ranking: how well the model orders the schedules of one measured sweep ----------------
 
-# The figures a ranking fit moves: FIGURE_KEYS, what one block streams at most (equal to the
-# per-SM figure, so off, in the datasheet profiles), the L2 hit bandwidth (re-read tiles), and
+# The figures a ranking fit moves: FIGURE_KEYS, what one block streams at most from DRAM and
+# through L2 (equal to the per-SM figure, so off, in the datasheet profiles; the H100 q_s128
+# sweep's many-block schedules re-read x from L2), the L2 hit bandwidth (re-read tiles), and
 # three effects the sweeps showed, each 0 (off) in the datasheet profiles, so a fit starts
 # them from RANK_STARTS: the DRAM latency a loop iteration waits beyond what its stages - 1
 # iterations in flight hide (the H100's F=172 loops: 63 us at 4 stages, 136-143 us at 2),
@@ -313,8 +315,9 @@ def write_fitted(path: str | Path, result: FigureFit, device: str, when: str = "
 # ``loop_iteration_us``, ``padded_load_exponent`` and ``short_run_exponent`` stay figures
 # (off) but are not fitted: the three above explain the same sweeps with a physical cause
 # (a padded 688-wide chunk, 16-byte aligned, ran as fast as a 256-wide one).
-RANK_KEYS = (*FIGURE_KEYS, "block_dram_bandwidth_GBps", "l2_bandwidth_GBps",
-             "iteration_latency_us", "unaligned_load_exponent", "run_overhead_bytes")
+RANK_KEYS = (*FIGURE_KEYS, "block_dram_bandwidth_GBps", "block_l2_bandwidth_GBps",
+             "l2_bandwidth_GBps", "iteration_latency_us", "unaligned_load_exponent",
+             "run_overhead_bytes")
 RANK_STARTS = {"loop_iteration_us": 0.3, "padded_load_exponent": 1.0, "short_run_exponent": 0.5,
                "iteration_latency_us": 0.5, "unaligned_load_exponent": 0.5,
                "run_overhead_bytes": 128.0}

@@ -54,7 +54,10 @@ larger than L2 pays every re-read at DRAM. Waves: slots = SMs x bps, waves = cei
 slots). A wave of n blocks costs max(memory, compute)::
 
     memory(n)  = max(n x DRAM/B / min(BW x f_bw, lat(n)), n x (DRAM + L2)/B / min(L2BW, cap(n)))
-                 cap(n) = min(n, SMs) x sm_dram_bandwidth_GBps   (what n SMs can keep in flight)
+                 cap(n) = min(n, SMs) x min(sm_dram_bandwidth_GBps, ceil(n / SMs) x
+                                  block_l2_bandwidth_GBps)   (what n SMs can keep in flight;
+                          one block pulls at most block_l2_bandwidth_GBps through L2: at
+                          least the per-SM figure, so off, in the datasheet profiles)
                  lat(n) = min(n, SMs) x min(sm_dram_bandwidth_GBps, ceil(n / SMs) x
                                   min(flight / dram_latency_ns, block_dram_bandwidth_GBps))
                  flight = in_flight_bytes(k): (stages - 1) loop iterations' tiles per block
@@ -469,9 +472,12 @@ def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile,
     per_wave = f_range * (prof.loop_iteration_us
                           + prof.iteration_latency_us / max(stages_for(k) - 1, 1))
     block_bw = prof.block_dram_bandwidth_GBps * 1e3  # what one block's loads pull at most
+    block_l2 = prof.block_l2_bandwidth_GBps * 1e3  # and through L2, hits and misses
 
     def wave(n: int) -> tuple[float, float]:
-        cap = min(n, prof.sms) * prof.sm_dram_bandwidth_GBps * 1e3
+        # what n blocks' SMs can keep in flight, each block at most block_l2_bandwidth_GBps
+        cap = min(n, prof.sms) * min(prof.sm_dram_bandwidth_GBps * 1e3,
+                                     math.ceil(n / prof.sms) * block_l2)
         # Little's law: an SM pulls at most its resident blocks' bytes in flight per latency
         per_sm = min(prof.sm_dram_bandwidth_GBps * 1e3, math.ceil(n / prof.sms) * min(
             flight / prof.dram_latency_ns * 1e3, block_bw))

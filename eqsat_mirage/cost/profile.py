@@ -94,6 +94,7 @@ class GPUProfile:
     iteration_latency_us: float = 0.0  # a loop iteration's wait on DRAM, / (stages - 1) (>= 0)
     unaligned_load_exponent: float = 0.0  # memory time x (16 B / a row's alignment)^this (>= 0)
     run_overhead_bytes: float = 0.0  # each contiguous run costs as many more bytes (>= 0)
+    block_l2_bandwidth_GBps: float = 100.0  # noqa: N815 - one block's loads through L2 at most
     name: str = "gpu"
     description: str = ""
     path: str = ""
