@@ -8,7 +8,11 @@ and ``run.module``. The folder is ``private_folder``'s: it must belong to this u
 be writable by no one else. Under ``TRITON_INTERPRET=1`` the interpreter computes the
 padding lanes too (a 0/0 there is no error: NumPy's warnings are silenced around
 ``run``), and a module with a bfloat16 ``tl.dot`` warns once that the interpreter runs
-its operands as float32 (``say_bf16_upcast``).
+its operands as float32 (``say_bf16_upcast``). There ``run`` also leaves out the
+interpreter's integer-overflow sanitizer while its assertions are off
+(``overflow_checks_off``): it computes every int32 ``+``, ``-`` and ``*`` again in int64
+and compares, only to hand the result to a ``device_assert`` that does nothing without
+``debug`` (half the interpreter's time for a tiny LLaMA layer's kernels).
 
 A generated module imports only torch, triton and the standard library, and so does
 this module (with NumPy): a deployment runs saved modules without the search's
@@ -17,6 +21,8 @@ dependencies.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import hashlib
 import importlib.util
@@ -32,7 +38,8 @@ import numpy as np
 
 from ..ir.errors import MirageError
 
-__all__ = ["CodegenError", "load_source", "private_folder", "say_bf16_upcast"]
+__all__ = ["CodegenError", "load_source", "overflow_checks_off", "private_folder",
+           "say_bf16_upcast"]
 
 
 class CodegenError(MirageError):
@@ -103,11 +110,43 @@ def load_source(source: str, directory: str | os.PathLike | None = None) -> Call
 
         @functools.wraps(inner)
         def run(*args, **kwargs):  # the interpreter computes padding lanes too: 0/0 is fine
-            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"), \
+                    overflow_checks_off():
                 return inner(*args, **kwargs)
 
     run.source, run.path, run.module = source, str(path), module
     return run
+
+
+@contextlib.contextmanager
+def overflow_checks_off():
+    """Triton's interpreter without its integer-overflow sanitizer for the duration, where
+    the sanitizer checks nothing: its options have ``sanitize_overflow`` and not ``debug``.
+    The sanitizer (``semantic.binary_op_sanitize_overflow_impl``) recomputes each int32
+    ``+``, ``-``, ``*`` in int64 and compares it with the int32 range, then hands that to
+    ``device_assert``, which returns without asserting unless ``debug`` is set (as a GPU
+    build drops it), so every value and every raised error is the same without it. With
+    ``debug`` (or a Triton without these options) nothing changes. Only the options this
+    call set are put back: a run in another thread meanwhile finds the sanitizer off and
+    leaves it to this one."""
+    try:
+        from triton.runtime.interpreter import interpreter_builder as builder
+        before = builder.options
+        fields = {f.name for f in dataclasses.fields(before)}
+    except (ImportError, AttributeError, TypeError):
+        yield
+        return
+    if not {"sanitize_overflow", "debug"} <= fields or before.debug or \
+            not before.sanitize_overflow:
+        yield
+        return
+    off = dataclasses.replace(before, sanitize_overflow=False)
+    builder.options = off
+    try:
+        yield
+    finally:
+        if builder.options is off:
+            builder.options = before
 
 
 _SAID: set[str] = set()
