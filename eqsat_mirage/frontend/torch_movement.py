@@ -194,6 +194,24 @@ def _expand(x: Any, *sizes: Any) -> Tensor:
     return y
 
 
+
+def repeated_heads(t: Tensor) -> tuple[Tensor, int] | None:
+    """``(x, r)`` when ``t`` is ``x`` with its size-1 axis ``a`` repeated ``r`` times and
+    merged into the axis before it (transformers' ``repeat_kv``: ``x[:, :, None]`` expanded
+    to ``r`` copies, reshaped to ``kv * r`` heads; ``x`` is (..., kv, 1, L, d)), else None.
+    Attention reads ``x`` once per key head instead of ``r`` written copies."""
+    node = t.node
+    if node.op is not Op.RESHAPE or node.srcs[0].op is not Op.CONCAT:
+        return None
+    cat = node.srcs[0]
+    x, a = cat.srcs[0], cat.arg
+    if len(cat.srcs) < 2 or any(s is not x for s in cat.srcs) or a == 0 or x.shape[a] != 1:
+        return None
+    r = len(cat.srcs)
+    if node.shape != x.shape[:a - 1] + (x.shape[a - 1] * r,) + x.shape[a + 1:]:
+        return None
+    return Tensor(x, t.graph), r
+
 MAX_PIECES = 64  # a gathered or flipped axis becomes a concat of this many slices at most
 
 

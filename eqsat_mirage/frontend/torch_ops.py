@@ -50,6 +50,7 @@ from .torch_movement import (
     MOVEMENT_METHODS,
     MOVEMENT_MODULES,
     refuse,
+    repeated_heads,
     tensor_arg,
 )
 
@@ -255,9 +256,18 @@ def _sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: fl
             raise UnsupportedOpError(f"scaled_dot_product_attention with enable_gqa: query "
                                      f"{q.shape} and key {k.shape} (query heads must be a "
                                      "multiple of key heads)")
-        lead = q.shape[:-3]
-        q = q.reshape(lead + (hkv, hq // hkv) + q.shape[-2:])
-        k, v = (t.reshape(lead + (hkv, 1) + t.shape[-2:]) for t in (k, v))
+        q, k, v, attn_mask = _grouped(q, k.reshape(k.shape[:-3] + (hkv, 1) + k.shape[-2:]),
+                                      v.reshape(v.shape[:-3] + (hkv, 1) + v.shape[-2:]),
+                                      attn_mask, hq // hkv, is_causal)
+    elif q.ndim >= 4 and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
+        # keys repeated per query head (repeat_kv before SDPA): read each key head once
+        rk, rv = repeated_heads(k), repeated_heads(v)
+        reps = {r for _, r in filter(None, (rk, rv))}
+        if len(reps) == 1 and all(x is None or x[0].ndim == q.ndim + 1 for x in (rk, rv)):
+            r = reps.pop()
+            k, v = (x[0] if x else t.reshape(t.shape[:-3] + (t.shape[-3] // r, r)
+                                              + t.shape[-2:]) for x, t in ((rk, k), (rv, v)))
+            q, k, v, attn_mask = _grouped(q, k, v, attn_mask, r, is_causal)
     s = q @ k.transpose(tuple(range(k.ndim - 2)) + (k.ndim - 1, k.ndim - 2))
     factor = float(scale) if scale is not None else q.shape[-1] ** -0.5
     s = s * factor
@@ -277,8 +287,44 @@ def _sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: fl
     out = torch_softmax(s, -1) @ v  # in float32 for float16/bfloat16 scores, as torch
     if kept is not None:
         out = out * kept.astype(out.dtype)
-    return out.reshape(shape[:-1] + (out.shape[-1],)) if out.ndim != len(shape) else out
+    want = shape[:-1] + (out.shape[-1],)
+    return out.reshape(want) if out.shape != want else out
 
+
+def _grouped(q: Tensor, k: Tensor, v: Tensor, mask: Any, r: int, causal: bool) -> tuple:
+    """SDPA's operands with each group of ``r`` query heads sharing one key head; k and v
+    are (..., h / r, 1, L, d). Where every row of a group sees the same mask (no mask, or
+    one broadcast along the rows, as in a decode step, and no ``is_causal``) the group's
+    rows are one head's rows: q (..., h, s, d) -> (..., h / r, r * s, d) and k, v
+    (..., h / r, L, d), plain attention. Otherwise q -> (..., h / r, r, s, d), and the mask
+    (broadcast to (..., h, s, L) as torch broadcasts it) is split the same way, so that its
+    batch axis stays the batch axis."""
+    lead, kv = q.shape[:-3], q.shape[-3] // r
+    shape = None if mask is None else tuple(mask.shape)
+    if not causal and (shape is None or len(shape) < 2 or shape[-2] == 1):
+        heads = 1 if shape is None or len(shape) < 3 else shape[-3]
+        if heads == 1 or q.shape[-2] == 1:  # a per-head mask folds only for one row
+            q = q.reshape(lead + (kv, r * q.shape[-2], q.shape[-1]))
+            k, v = (t.reshape(t.shape[:-3] + t.shape[-2:]) for t in (k, v))
+            if heads != 1:  # (..., h, 1, L) -> (..., h / r, r, L)
+                mask = _reshaped(mask, shape[:-3] + (kv, r, shape[-1]))
+            return q, k, v, mask
+    q = q.reshape(lead + (kv, r) + q.shape[-2:])
+    if shape is None or len(shape) < 3:
+        return q, k, v, mask
+    split = (kv, r) if shape[-3] != 1 else (1, 1)
+    return q, k, v, _reshaped(mask, shape[:-3] + split + shape[-2:])
+
+
+def _reshaped(mask: Any, shape: tuple[int, ...]) -> Any:
+    """An SDPA mask (a graph tensor or a ``BoolMask``) reshaped to ``shape`` (the same
+    elements in the same order, its leading axes as they were)."""
+    if not isinstance(mask, BoolMask):
+        return mask.reshape(shape)
+    base = mask.base  # mask.shape less some leading 1s; the leading axes keep their sizes
+    if base.ndim >= 3:  # it holds the head axis: split it as the mask's
+        base = base.reshape(shape[len(mask.shape) - base.ndim:])
+    return BoolMask(base, shape, mask.negated)
 
 def _rms_norm(x: Any, normalized_shape: Any, weight: Any = None, eps: Any = None) -> Tensor:
     x = tensor_arg(x, "rms_norm")
