@@ -231,7 +231,7 @@ class Backend:
                 raise
             return self.refuse(gm, self._graphs, f"reading the graph's symbolic sizes failed "
                                f"({type(exc).__name__}: {exc}): the graph runs eagerly")
-        symbolic_view_sizes(gm, sizes.family)  # expand(..., s + 1, ...) of that length: -1
+        symbolic_view_sizes(gm, sizes.family | set(sizes.specialized))  # expand(.., s + 1): -1
         calls = self._warmup_calls()
         if calls and not sizes.dynamic:
             return Warmup(self, gm, sizes, self._graphs, calls)

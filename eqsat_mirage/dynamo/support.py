@@ -356,19 +356,18 @@ _EXPANDS = ("expand",)
 _RESHAPES = ("reshape", "view")
 
 
-def symbolic_view_sizes(gm: fx.GraphModule, family: set) -> int:
+def symbolic_view_sizes(gm: fx.GraphModule, symbols: set) -> int:
     """Give -1 in place of each size argument of an ``expand``, ``reshape`` or ``view`` that
     is a symbolic size computed in the graph (a ``SymInt`` node: ``s87 + 1``, a
     ``sym_sum``) where -1 means the same for every value of the symbols: an ``expand`` size
     whose expression is its operand's size on that axis (``repeat_kv``'s
     ``expand(b, kv_heads, n_rep, slen, head_dim)`` of a KV cache whose length is ``slen``),
     and the one symbolic size of a ``reshape`` or ``view`` without a -1 (its other sizes
-    plain ints); returns how many nodes changed. Only sizes of the ``family`` symbols
-    (``SymbolicSizes.family``) change: a view of a specialized size (a decode step's KV
-    cache, held at its length) stays eager, since its partition searched again as a family
-    when the length moved found nothing cheaper with the grouped-query copies inside. A
-    SymInt operand is no tensor, so such a view stayed eager; the SymInt nodes left
-    without users are removed."""
+    plain ints); returns how many nodes changed. Only sizes of ``symbols`` change (the
+    family's and the specialized ones, ``SymbolicSizes``: a decode step's KV cache, held at
+    its length, is searched again as a family when the length moves, and SDPA reads
+    ``repeat_kv``'s keys without their copies). A SymInt operand is no tensor, so such a
+    view stayed eager; the SymInt nodes left without users are removed."""
     changed = 0
     for node in gm.graph.nodes:
         name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
@@ -377,7 +376,7 @@ def symbolic_view_sizes(gm: fx.GraphModule, family: set) -> int:
             continue
         packed = len(node.args) == 2 and isinstance(node.args[1], (tuple, list))
         sizes = list(node.args[1] if packed else node.args[1:])
-        new = _inferred(node.args[0], sizes, name in _EXPANDS, family)
+        new = _inferred(node.args[0], sizes, name in _EXPANDS, symbols)
         if new is not None:
             node.args = (node.args[0], tuple(new)) if packed else (node.args[0], *new)
             changed += 1
@@ -390,14 +389,14 @@ def symbolic_view_sizes(gm: fx.GraphModule, family: set) -> int:
     return changed
 
 
-def _inferred(source: Any, sizes: list, expand: bool, family: set) -> list | None:
-    """``sizes`` with -1 for the symbolic size nodes of ``family`` symbols that -1 means
+def _inferred(source: Any, sizes: list, expand: bool, symbols: set) -> list | None:
+    """``sizes`` with -1 for the symbolic size nodes of ``symbols`` that -1 means
     exactly (see ``symbolic_view_sizes``), or None when none does."""
     x = recorded(source) if isinstance(source, fx.Node) else None
     symbolic = [i for i, a in enumerate(sizes) if isinstance(a, fx.Node)]
     if not isinstance(x, torch.Tensor) or not symbolic or not all(
             isinstance(recorded(sizes[i]), torch.SymInt)
-            and size_expr(recorded(sizes[i])).free_symbols <= family for i in symbolic):
+            and size_expr(recorded(sizes[i])).free_symbols <= symbols for i in symbolic):
         return None
     new = list(sizes)
     if expand:
