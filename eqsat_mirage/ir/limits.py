@@ -11,11 +11,12 @@ before anything is allocated, with a ``BudgetError`` naming the largest tensor.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from .errors import BudgetError, MirageError, TimeLimitError
 from .node import Op
@@ -35,6 +36,45 @@ def keep_bounded(cache: dict, key, value, limit: int = KEPT) -> None:
     cache[key] = value
     while len(cache) > limit:
         del cache[next(iter(cache))]
+
+
+# facts of programs that do not change while a caller works (``programs_fixed``):
+# (id(program), what) -> (program, fact)
+_FIXED: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
+    "eqsat_mirage_fixed_facts", default=None)
+
+
+@contextlib.contextmanager
+def programs_fixed() -> Iterator[None]:
+    """Within it, ``fixed_fact`` works out each fact of a program once: for a caller whose
+    programs do not change meanwhile (a verification, which only reads them, asks for the
+    same memory peaks for each thread count and phase, and runs the same MuGraph's staged
+    kernels for every draw). In this thread's context and in copies of it (the verifier's
+    pool runs its jobs in one); an enclosing block's facts are shared. Each entry holds its
+    program, so no id is reused while it is kept; at most ``KEPT``; they go when the
+    outermost block ends."""
+    kept = _FIXED.get()
+    token = _FIXED.set({} if kept is None else kept)
+    try:
+        yield
+    finally:
+        _FIXED.reset(token)
+
+
+def fixed_fact(program, what, make: Callable[[], object]):
+    """``make()``: within ``programs_fixed``, worked out once per ``program`` (the object
+    itself) and ``what`` (a hashable name of the fact and of everything else it depends
+    on); outside, every time (a program may change between calls)."""
+    kept = _FIXED.get()
+    if kept is None:
+        return make()
+    key = (id(program), what)
+    hit = kept.get(key)
+    if hit is not None and hit[0] is program:
+        return hit[1]
+    value = make()
+    keep_bounded(kept, key, (program, value))
+    return value
 
 
 def _is_number(value) -> bool:

@@ -10,8 +10,7 @@ from ..ir.node import Op, fmt_shape
 from ..verifier.memory import WORD, Peak, matmul_scratch, pinned, size, walk
 from .kernels import PredefinedKernel
 from .parts import needs_p, needs_q
-from .tiled import input_first_reads, tensor_last_reads
-from .tiled import plans as staged
+from .tiled import input_first_reads, tensor_last_reads, validated_plans
 
 
 def mugraph_peak(mg, field: bool, lazy: bool = False) -> tuple[int, int, int, str]:
@@ -19,8 +18,7 @@ def mugraph_peak(mg, field: bool, lazy: bool = False) -> tuple[int, int, int, st
     ``mg`` by the tiled interpreter (``mugraph/tiled.py``) over the field or float64.
     ``lazy``: inputs made as they are read (``floating.LazyInputs``), each held from the
     first kernel that reads it to the last (the peak then includes them)."""
-    mg.validate()
-    plans = staged(mg)
+    plans = validated_plans(mg)
     if field:
         nq = needs_q(mg, plans)
         npp = needs_p(mg, plans, nq)

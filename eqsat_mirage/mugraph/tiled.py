@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ..ir.limits import fixed_fact
 from ..ir.node import (
     BINARY,
     COMPARE,
@@ -204,6 +205,16 @@ def plans(mg: KernelGraph) -> list:
     return plans
 
 
+def validated_plans(mg: KernelGraph) -> list:
+    """``mg.validate()`` (its errors raised), then ``plans(mg)``; within
+    ``limits.programs_fixed`` (a verification: its programs only read) done once per
+    MuGraph, its plans shared by every run (they are read, never written)."""
+    def make():
+        mg.validate()
+        return plans(mg)
+    return fixed_fact(mg, "validated plans", make)
+
+
 def _with_leaves(table: Table, leaves: Mapping[str, Any]) -> dict:
     """``table`` with INPUT nodes looked up by name in ``leaves``."""
     return {**table, Op.INPUT: lambda ctx, n: leaves[n.arg]}
@@ -359,10 +370,10 @@ def evaluate_float(mg: KernelGraph, inputs: Mapping[str, Any], dtype: str | None
                    rounded: bool = False) -> dict:
     """``em.evaluate`` for a MuGraph: float64 (``dtype=None``), "native" or a dtype name;
     ``rounded`` as in ``semantics.floating.evaluate``."""
-    mg.validate()
+    staged = validated_plans(mg)
     ctx = float_ctx(mg, inputs, dtype, rounded)
     with np.errstate(all="ignore"):
-        env = execute(mg, plans(mg), FLOAT_SEMANTICS, ctx, pairs=False)
+        env = execute(mg, staged, FLOAT_SEMANTICS, ctx, pairs=False)
     return {name: np.asarray(env[t], dtype=np.float64) for name, t in mg.output_tensors.items()}
 
 
@@ -373,10 +384,9 @@ def node_samples(mg: KernelGraph, inputs: Mapping[str, Any], wanted: set[int],
     node in the first iteration), a predefined kernel's node or an input tensor's node
     (the verifier's static float-safety checks inside kernels read these). ``outputs``:
     filled with the run's outputs by name (``evaluate_float``'s values, not run again)."""
-    mg.validate()
+    staged = validated_plans(mg)
     got = {id(n): pick(np.asarray(inputs[name])) for name, n in mg.inputs.items()
            if id(n) in wanted}
-    staged = plans(mg)
     block: dict[int, int] = {}  # id(vectorised node) -> id(block node)
     for k, plan in zip(mg.kernels, staged):
         if isinstance(k, PredefinedKernel):
@@ -407,7 +417,7 @@ def node_samples(mg: KernelGraph, inputs: Mapping[str, Any], wanted: set[int],
 def evaluate_field(mg: KernelGraph, ctx) -> dict[str, tuple]:
     """Run ``mg`` over Z_p x Z_q with the trial ``ctx`` (inputs already set); pairs by output."""
     mg.check_lax()
-    staged = plans(mg)
+    staged = validated_plans(mg)
     ctx.needs_q = needs_q(mg, staged)
     ctx.needs_p = needs_p(mg, staged, ctx.needs_q)
     env = execute(mg, staged, FIELD_SEMANTICS, ctx, pairs=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir.errors import MirageError, TimeLimitError
-from ..ir.limits import Deadline, reserved
+from ..ir.limits import Deadline, programs_fixed, reserved
 from .floatcheck import Counterexample, float_checks
 from .memory import float_parts, threads_that_fit
 from .runner import THREADS, runner
@@ -68,21 +68,23 @@ def float_check(a, b, seed: int | None = 0, rtol: float = 1e-7, native: bool = T
         raise MirageError(f"float_check: peaked names inputs {sorted(set(peaked) - set(names))} "
                           f"that {a.name!r} does not have")
     where = None if peaked is None else [i for i, n in enumerate(names) if n in set(peaked)]
-    threads = threads_that_fit(lambda n: float_parts(a, b, n), THREADS,
-                               f"checking {b.name!r} against {a.name!r}")
-    deadline = time_limit_s if isinstance(time_limit_s, Deadline) else Deadline(time_limit_s)
-    rng = np.random.default_rng(None if seed is None else [seed, 0xE2E])
-    skipped: list[str] = []  # native draws where rounding alone decides the output
-    try:
-        with reserved(sum(n for _, n in float_parts(a, b, threads)), deadline), \
-                runner(deadline, threads) as pool:
-            cex, ran_native = float_checks(a, b, rng, rtol, native, None, pool,
-                                            constant_finite=True, conditioned=True,
-                                            skipped=skipped, peaked=where,
-                                            pair_forms=False, only=only)
-    except TimeLimitError as exc:
-        return FloatCheck(None, True, False, time.perf_counter() - start,
-                          f"cut short by the time limit ({exc})")
+    with programs_fixed():  # a and b only read here: their peaks and stages made once
+        threads = threads_that_fit(lambda n: float_parts(a, b, n), THREADS,
+                                   f"checking {b.name!r} against {a.name!r}")
+        held = sum(n for _, n in float_parts(a, b, threads))
+        deadline = time_limit_s if isinstance(time_limit_s, Deadline) else \
+            Deadline(time_limit_s)
+        rng = np.random.default_rng(None if seed is None else [seed, 0xE2E])
+        skipped: list[str] = []  # native draws where rounding alone decides the output
+        try:
+            with reserved(held, deadline), runner(deadline, threads) as pool:
+                cex, ran_native = float_checks(a, b, rng, rtol, native, None, pool,
+                                                constant_finite=True, conditioned=True,
+                                                skipped=skipped, peaked=where,
+                                                pair_forms=False, only=only)
+        except TimeLimitError as exc:
+            return FloatCheck(None, True, False, time.perf_counter() - start,
+                              f"cut short by the time limit ({exc})")
     seconds = time.perf_counter() - start
     what = "float64" + (" and native dtype" if ran_native else "")
     if ran_native and where is not None and len(where) < len(names):

@@ -21,7 +21,9 @@ holding what they hold and adding each op's transient scratch, and takes the pea
 
 ``verify_parts`` gives (description, bytes) of each of these, which
 ``limits.check_bytes`` compares with the budget; ``threads_that_fit`` lowers the number of
-trials run at once until they fit.
+trials run at once until they fit. Inside ``limits.programs_fixed`` (a verification, whose
+programs do not change while it runs) each program's peaks are walked once, not for every
+thread count and phase asked.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from ..ir.limits import fixed_fact
 from ..ir.node import CODED_DTYPES, VIEWS, Op, fmt_shape
 from ..semantics.field import p_needed, q_needed
 from ..semantics.interp import last_reads
@@ -226,11 +229,14 @@ def graph_peak(g, field: bool, lazy: bool = False) -> tuple[int, int, int, str]:
 
 def program_peak(program, field: bool, lazy: bool = False) -> tuple[int, int, int, str]:
     """``graph_peak``, or the program's own ``memory_peak`` (a MuGraph run by the tiled
-    interpreter: ``mugraph/memory.py``; a family's program: its padded program)."""
-    program = getattr(program, "program", program)
-    if hasattr(program, "memory_peak"):
-        return program.memory_peak(field, lazy)
-    return graph_peak(program, field, lazy)
+    interpreter: ``mugraph/memory.py``; a family's program: its padded program); within
+    ``limits.programs_fixed``, worked out once per program, ``field`` and ``lazy``."""
+    def make():
+        inner = getattr(program, "program", program)
+        if hasattr(inner, "memory_peak"):
+            return inner.memory_peak(field, lazy)
+        return graph_peak(inner, field, lazy)
+    return fixed_fact(program, ("memory peak", bool(field), bool(lazy)), make)
 
 
 def float_check_peak(a, b) -> tuple[int, str]:

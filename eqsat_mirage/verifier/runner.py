@@ -4,6 +4,7 @@ and what it would hold in memory (``footprint``, checked against the memory budg
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 import os
 from collections.abc import Callable
@@ -70,8 +71,9 @@ class Runner:
                     out = job()
                 yield out
             return
-        submitted = {i: jobs[i] if isinstance(jobs[i], Future) else self.pool.submit(jobs[i])
-                     for i in order}
+        # each job in a copy of this context: what it set (``limits.programs_fixed``) holds
+        submitted = {i: jobs[i] if isinstance(jobs[i], Future) else
+                     self.pool.submit(contextvars.copy_context().run, jobs[i]) for i in order}
         futures = [submitted[i] for i in range(len(jobs))]
         try:
             for fut in futures:

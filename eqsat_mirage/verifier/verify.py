@@ -25,7 +25,7 @@ import numpy as np
 
 from ..ir.check import check, check_lax
 from ..ir.errors import GraphError, MirageError, TimeLimitError
-from ..ir.limits import Deadline, check_seconds, fair_threads, reserved
+from ..ir.limits import Deadline, check_seconds, fair_threads, programs_fixed, reserved
 from ..ir.node import fmt_shape
 from ..semantics.field import FieldCtx, FieldZeroDivisionError, SharedValues, evaluate_field
 from ..semantics.primes import draw_primes, program_constants
@@ -324,18 +324,21 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
 
     # trials, then float checks, at once: as many as fit each phase, refused if not one
     what = f"verifying {b.name!r} against {a.name!r}"
-    threads = threads_that_fit(lambda n: parts(n, "trials"), THREADS, what)
-    floats = threads_that_fit(lambda n: parts(n, "floats"), THREADS, what) \
-        if float_check else threads
-    base = int(np.random.default_rng().integers(0, 2**63)) if seed is None else seed
-    # each phase's (threads, bytes), most threads first: optimize_many's workers share the
-    # budget, and a phase takes as many threads as what the others leave it fits
-    fits = {phase: tuple((n, sum(x for _, x in parts(n, phase))) for n in range(most, 0, -1))
-            for phase, most in (("trials", threads), ("floats", floats))}
-    how = TrialPlan(run, seed, base, max_trials, max_bound, prime_bits, avoid, max_redraws,
-                    rtol, float_check, native_check, float_first, fits)
     try:
-        return _decide(a, b, result, eps, how, memo, start, deadline)
+        with programs_fixed():  # a and b only read here: their peaks and stages made once
+            threads = threads_that_fit(lambda n: parts(n, "trials"), THREADS, what)
+            floats = threads_that_fit(lambda n: parts(n, "floats"), THREADS, what) \
+                if float_check else threads
+            base = int(np.random.default_rng().integers(0, 2**63)) if seed is None else seed
+            # each phase's (threads, bytes), most threads first: optimize_many's workers
+            # share the budget, and a phase takes as many threads as what the others leave
+            # it fits
+            fits = {phase: tuple((n, sum(x for _, x in parts(n, phase)))
+                                 for n in range(most, 0, -1))
+                    for phase, most in (("trials", threads), ("floats", floats))}
+            how = TrialPlan(run, seed, base, max_trials, max_bound, prime_bits, avoid,
+                            max_redraws, rtol, float_check, native_check, float_first, fits)
+            return _decide(a, b, result, eps, how, memo, start, deadline)
     except TimeLimitError as exc:
         result.inconclusive, result.reason = True, f"inconclusive: {exc}"
         result.seconds = time.perf_counter() - start
