@@ -398,6 +398,8 @@ def _inferred(source: Any, sizes: list, expand: bool, symbols: set) -> list | No
             isinstance(recorded(sizes[i]), torch.SymInt)
             and size_expr(recorded(sizes[i])).free_symbols <= symbols for i in symbolic):
         return None
+    if any(isinstance(a, int) and a == 0 for a in sizes):
+        return None  # with a 0 among the sizes a -1 is ambiguous
     new = list(sizes)
     if expand:
         lead = len(sizes) - x.dim()

@@ -205,7 +205,8 @@ def repeated_heads(t: Tensor) -> tuple[Tensor, int] | None:
         return None
     cat = node.srcs[0]
     x, a = cat.srcs[0], cat.arg
-    if len(cat.srcs) < 2 or any(s is not x for s in cat.srcs) or a == 0 or x.shape[a] != 1:
+    if len(cat.srcs) < 2 or any(s is not x for s in cat.srcs) or a != len(x.shape) - 3 or \
+            a == 0 or x.shape[a] != 1:  # the size-1 axis right after the heads of (.., L, d)
         return None
     r = len(cat.srcs)
     if node.shape != x.shape[:a - 1] + (x.shape[a - 1] * r,) + x.shape[a + 1:]:

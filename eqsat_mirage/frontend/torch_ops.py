@@ -262,12 +262,8 @@ def _sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: fl
     elif q.ndim >= 4 and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
         # keys repeated per query head (repeat_kv before SDPA): read each key head once
         rk, rv = repeated_heads(k), repeated_heads(v)
-        reps = {r for _, r in filter(None, (rk, rv))}
-        if len(reps) == 1 and all(x is None or x[0].ndim == q.ndim + 1 for x in (rk, rv)):
-            r = reps.pop()
-            k, v = (x[0] if x else t.reshape(t.shape[:-3] + (t.shape[-3] // r, r)
-                                              + t.shape[-2:]) for x, t in ((rk, k), (rv, v)))
-            q, k, v, attn_mask = _grouped(q, k, v, attn_mask, r, is_causal)
+        if rk and rv and rk[1] == rv[1] and rk[0].ndim == rv[0].ndim == q.ndim + 1:
+            q, k, v, attn_mask = _grouped(q, rk[0], rv[0], attn_mask, rk[1], is_causal)
     s = q @ k.transpose(tuple(range(k.ndim - 2)) + (k.ndim - 1, k.ndim - 2))
     factor = float(scale) if scale is not None else q.shape[-1] ** -0.5
     s = s * factor

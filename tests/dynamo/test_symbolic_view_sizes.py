@@ -1,9 +1,9 @@
 """``support.symbolic_view_sizes``: an ``expand`` or ``reshape`` whose size arguments are
 symbolic sizes of the family computed in the graph (``s + 1`` after a ``torch.cat``) takes
 -1 there when -1 means the same for every value, so the view can join a partition (issue
-52: transformers' ``repeat_kv`` over a grown length stayed eager). In a decode step the
-cache's length is specialized, not the family: those views stay eager (the partition's
-search again as a family found nothing cheaper with the copies inside)."""
+52: transformers' ``repeat_kv`` over a grown length stayed eager). The backend passes the
+family's symbols and the specialized ones (a decode step's cache length, held at its value
+and searched again as a family when it moves)."""
 
 import pytest
 

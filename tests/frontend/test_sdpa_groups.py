@@ -91,3 +91,41 @@ def test_a_decode_step_reads_each_key_head_once():
     text = str(res.program)
     assert "concat" not in text
     assert text.count("custom grid") == 1, text
+
+
+@pytest.mark.parametrize("axis", [0, 2, 3])
+def test_a_repeat_of_another_axis_is_no_group_of_heads(axis):
+    """A size-1 axis repeated and merged into the batch, the length or the head dim is
+    not repeat_kv: converted as written (it raised a ShapeError)."""
+    gen = torch.Generator().manual_seed(2)
+
+    def rep(t):
+        shape = [2, 2, 4, D]
+        out = list(shape)
+        out[axis] *= 2
+        return t.unsqueeze(axis + 1).expand(*shape[:axis + 1], 2, *shape[axis + 1:]).reshape(out)
+
+    qshape = {0: (4, 2, 3, D), 2: (2, 2, 3, D), 3: (2, 2, 3, 2 * D)}[axis]
+    q, k, v = (torch.randn(s, generator=gen) for s in (qshape, (2, 2, 4, D), (2, 2, 4, D)))
+
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q, rep(k), rep(v))
+
+    g = em.from_torch(fn, q, k, v)
+    got = em.evaluate(g, {"q": q.numpy(), "k": k.numpy(), "v": v.numpy()})["out"]
+    np.testing.assert_allclose(got, fn(q, k, v).numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("s", [1, 3])
+def test_keys_repeated_and_values_not(s):
+    gen = torch.Generator().manual_seed(3)
+    q, k = torch.randn(1, 4, s, D, generator=gen), torch.randn(1, 2, 5, D, generator=gen)
+    v = torch.randn(1, 4, 5, D, generator=gen)
+
+    def fn(q, k, v):
+        k = k[:, :, None].expand(1, 2, 2, 5, D).reshape(1, 4, 5, D)
+        return F.scaled_dot_product_attention(q, k, v)
+
+    g = em.from_torch(fn, q, k, v)
+    got = em.evaluate(g, {"q": q.numpy(), "k": k.numpy(), "v": v.numpy()})["out"]
+    np.testing.assert_allclose(got, fn(q, k, v).numpy(), rtol=1e-5, atol=1e-5)
