@@ -132,7 +132,11 @@ def test_explosive_user_rules_stop_at_the_node_and_time_limits(tmp_path):
     assert user["stop"] in ("node limit", "iteration limit", "time limit", "saturated")
     assert res.stats["enodes"] < 20_000  # one iteration cannot blow far past the node limit
     assert wall < 3 * 8.0  # generous on a loaded machine; bench/limits_bench.py measures it
-    assert res.verified is not None and res.verified.equivalent
+    # verified, or (the 8 s spent on a loaded machine) inconclusive for lack of time and
+    # said so; what is returned equals the input program either way
+    assert res.verified is not None and (res.verified.equivalent or (
+        res.deadline_passed and res.verified.inconclusive
+        and "time limit" in res.verified.reason)), res.verified
     x = {n: np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
          for n in g.inputs}
     np.testing.assert_allclose(em.evaluate(res.program, x)["y"], em.evaluate(g, x)["y"],
