@@ -129,3 +129,33 @@ def test_keys_repeated_and_values_not(s):
     g = em.from_torch(fn, q, k, v)
     got = em.evaluate(g, {"q": q.numpy(), "k": k.numpy(), "v": v.numpy()})["out"]
     np.testing.assert_allclose(got, fn(q, k, v).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def _eager_attention(b: int, h: int, kv: int, n: int):
+    """transformers' eager attention: repeat_kv, two matmuls and a softmax between."""
+    r = h // kv
+
+    def fn(q, k, v, mask):
+        k = k[:, :, None].expand(b, kv, r, n, D).reshape(b, h, n, D)
+        v = v[:, :, None].expand(b, kv, r, n, D).reshape(b, h, n, D)
+        w = torch.softmax(torch.matmul(q, k.transpose(2, 3)) * 0.3 + mask, dim=-1)
+        return torch.matmul(w, v)
+
+    return fn
+
+
+@pytest.mark.parametrize("b,kv,s", [(1, 2, 1), (2, 2, 1), (3, 1, 1), (2, 2, 3)])
+def test_eager_attention_after_repeat_kv_equals_torch(b, kv, s):
+    """One query row per head: each product reads its key head once (no copies); more
+    rows keep the copies (the form the planner prices lower there)."""
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(shape, generator=gen)
+               for shape in ((b, 4, s, D), (b, kv, 8, D), (b, kv, 8, D)))
+    mask = torch.randn(b, 1, s, 8, generator=gen)
+    fn = _eager_attention(b, 4, kv, 8)
+    g = em.from_torch(fn, q, k, v, mask)
+    feed = {"q": q.numpy(), "k": k.numpy(), "v": v.numpy(), "mask": mask.numpy()}
+    np.testing.assert_allclose(em.evaluate(g, feed)["out"], fn(q, k, v, mask).numpy(),
+                               rtol=1e-5, atol=1e-5)
+    copies = any(n.op is em.Op.CONCAT for n in g.nodes())
+    assert copies == (s > 1)
