@@ -188,7 +188,7 @@ def _grouped_matmul(a: Tensor, b: Tensor) -> Tensor | None:
         node, flip = node.srcs[0], True
     rep = repeated_heads(Tensor(node, b.graph))
     if rep is None or a.ndim != b.ndim or a.ndim < 4 or a.shape[:-3] != b.shape[:-3] or \
-            a.shape[-3] != b.shape[-3] or a.shape[-2] != 1:
+            a.shape[-3] != b.shape[-3] or a.shape[-2] != 1 or a.shape[-1] != b.shape[-2]:
         return None
     x, r = rep
     x = x.reshape(x.shape[:-3] + x.shape[-2:])  # (..., kv, L, d)

@@ -159,3 +159,12 @@ def test_eager_attention_after_repeat_kv_equals_torch(b, kv, s):
                                rtol=1e-5, atol=1e-5)
     copies = any(n.op is em.Op.CONCAT for n in g.nodes())
     assert copies == (s > 1)
+
+
+def test_a_mismatched_product_after_repeat_kv_names_the_users_shapes():
+    def fn(q, k):
+        k = k[:, :, None].expand(1, 2, 2, 5, D).reshape(1, 4, 5, D)
+        return torch.matmul(q, k)  # (1, 4, 1, D) @ (1, 4, 5, D): inner sizes differ
+
+    with pytest.raises(em.ShapeError, match=r"\(1, 4, 1, 8\).*\(1, 4, 5, 8\)"):
+        em.from_torch(fn, torch.randn(1, 4, 1, D), torch.randn(1, 2, 5, D))
