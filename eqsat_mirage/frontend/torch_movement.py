@@ -194,7 +194,6 @@ def _expand(x: Any, *sizes: Any) -> Tensor:
     return y
 
 
-
 def repeated_heads(t: Tensor) -> tuple[Tensor, int] | None:
     """``(x, r)`` when ``t`` is ``x`` with its size-1 axis ``a`` repeated ``r`` times and
     merged into the axis before it (transformers' ``repeat_kv``: ``x[:, :, None]`` expanded
@@ -212,6 +211,7 @@ def repeated_heads(t: Tensor) -> tuple[Tensor, int] | None:
     if node.shape != x.shape[:a - 1] + (x.shape[a - 1] * r,) + x.shape[a + 1:]:
         return None
     return Tensor(x, t.graph), r
+
 
 MAX_PIECES = 64  # a gathered or flipped axis becomes a concat of this many slices at most
 

@@ -193,7 +193,7 @@ def _grouped_matmul(a: Tensor, b: Tensor) -> Tensor | None:
     x, r = rep
     x = x.reshape(x.shape[:-3] + x.shape[-2:])  # (..., kv, L, d)
     if flip:
-        x = x.transpose(tuple(range(x.ndim - 2)) + (x.ndim - 1, x.ndim - 2))
+        x = x.T
     lead, kv = a.shape[:-3], a.shape[-3] // r
     out = a.reshape(lead + (kv, r * a.shape[-2], a.shape[-1])) @ x
     return out.reshape(lead + (a.shape[-3], a.shape[-2], out.shape[-1]))
@@ -289,7 +289,7 @@ def _sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: fl
         rk, rv = repeated_heads(k), repeated_heads(v)
         if rk and rv and rk[1] == rv[1] and rk[0].ndim == rv[0].ndim == q.ndim + 1:
             q, k, v, attn_mask = _grouped(q, rk[0], rv[0], attn_mask, rk[1], is_causal)
-    s = q @ k.transpose(tuple(range(k.ndim - 2)) + (k.ndim - 1, k.ndim - 2))
+    s = q @ k.T
     factor = float(scale) if scale is not None else q.shape[-1] ** -0.5
     s = s * factor
     kept = None
@@ -346,6 +346,7 @@ def _reshaped(mask: Any, shape: tuple[int, ...]) -> Any:
     if base.ndim >= 3:  # it holds the head axis: split it as the mask's
         base = base.reshape(shape[len(mask.shape) - base.ndim:])
     return BoolMask(base, shape, mask.negated)
+
 
 def _rms_norm(x: Any, normalized_shape: Any, weight: Any = None, eps: Any = None) -> Tensor:
     x = tensor_arg(x, "rms_norm")
