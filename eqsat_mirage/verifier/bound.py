@@ -340,10 +340,16 @@ def accumulated(d: Degree, iterations: int, shared: bool = False) -> Degree:
 
     The iterations read different tiles, so their denominators are taken as distinct (the
     worst case) unless there is none, or ``shared``: the caller has shown the loop value's
-    denominator is one function in every iteration.
+    denominator is one function in every iteration. The sum's denominator is the product of
+    the iterations' (one of them, when shared), so an axis of the tile along which every
+    iteration's denominator is one function keeps that; the per-axis counts (``groups``)
+    carry over only when shared (a product of several could take more values).
     """
     num, den, nbits, dbits = _sum(d, iterations, 1 if shared else iterations)
-    return Degree(num, den, d.arg, nbits, dbits, d.abits)
+    if not den:
+        return Degree(num, den, d.arg, nbits, dbits, d.abits)
+    return Degree(num, den, d.arg, nbits, dbits, d.abits, inv=d.inv,
+                  groups=d.groups if shared or iterations <= 1 else ())
 
 
 def degrees(program) -> dict[str, Degree]:
