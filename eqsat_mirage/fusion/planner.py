@@ -116,6 +116,9 @@ class Planner(OpSpace):
                      *self.quick)
         self.memo: dict[frozenset, Pricing] = {}  # search pricing (quick strategy)
         self.final: dict[frozenset, Pricing] = {}  # the chosen regions, full strategy
+        # region -> its fragment and origin (``region_fragment``): the quick and the full
+        # pricing of a region, its ranking and its report share one, and so its indexing
+        self.fragments: dict[frozenset, tuple[Graph, dict[int, int]]] = {}
         self.evaluations = 0  # fragments priced as custom kernels
         # ``_cost``'s results by ``_cost_key`` (across the plans sharing ``shared``); the
         # refusals as a key, and the last fragment's register mask (``_cost_key``)
@@ -128,8 +131,7 @@ class Planner(OpSpace):
         memo = self.final if final else self.memo
         if region in memo:
             return memo[region]
-        origin: dict[int, int] = {}
-        frag = self.fragment(region, origin=origin)
+        frag, origin = self.region_fragment(region)
         if len(region) == 1:
             node = frag.outputs[next(iter(frag.outputs))]
             k = PredefinedKernel(node, next(iter(frag.outputs)), "k")
@@ -139,6 +141,17 @@ class Planner(OpSpace):
         p = self._price_custom(frag, final, origin)
         memo[region] = p
         return p
+
+    def region_fragment(self, region: frozenset) -> tuple[Graph, dict[int, int]]:
+        """``region``'s fragment (``OpSpace.fragment``) and its origin (id(fragment node) ->
+        the op's position), made once per planner (read, never changed): a fragment is a
+        function of the region, and the one object keeps its indexing and keys
+        (``Graph.derived``) for every pricing of it."""
+        found = self.fragments.get(region)
+        if found is None:
+            origin: dict[int, int] = {}
+            found = self.fragments[region] = (self.fragment(region, origin=origin), origin)
+        return found
 
     def registers(self, origin: dict[int, int]):
         """Which of a fragment's nodes may stay in registers (``add_kernel``'s predicate):
@@ -232,7 +245,7 @@ class Planner(OpSpace):
         quick ones) less those ``permit`` refuses, power-of-two chunks preferred, its key in
         ``shared`` and how many schedules ``permit`` left out and why. Raises
         ``ScheduleError`` or ``MirageError`` when ``frag`` cannot be indexed."""
-        ix = index_fragment(frag)
+        ix = frag.derived("indexing", index_fragment)  # (an error is raised, not kept)
         strategies = self.full if final else self.quick
         key = (_shape_key(frag), final)
         if self.permit is not None:
@@ -320,8 +333,7 @@ class Planner(OpSpace):
                 self.deadline is not None and self.deadline.expired()):
             return []
         self.evaluations += 1
-        origin: dict[int, int] = {}
-        frag = self.fragment(region, origin=origin)
+        frag, origin = self.region_fragment(region)
         try:
             ix, scheds, _, _ = self._candidates(frag, True, origin)
         except (ScheduleError, MirageError):
@@ -522,8 +534,8 @@ def _flight_bound(frag: Graph, s: Schedule, ix: Indexing) -> int:
     for node in frag.inputs.values():
         dims = ix.of(node)
         fmap = next((d for d, i in enumerate(dims) if s.loop is not None and i == s.loop), None)
-        tile = tuple(size // (grid.get(i, 1) * (s.forloop if d == fmap else 1))
-                     for d, (size, i) in enumerate(zip(node.shape, dims)))
+        tile = tuple([size // (grid.get(i, 1) * (s.forloop if d == fmap else 1))
+                      for d, (size, i) in enumerate(zip(node.shape, dims))])
         whole += tensor_bytes(tile, node.dtype)
         if fmap is not None:
             fmapped, looped = True, looped + tensor_bytes(tile, node.dtype)

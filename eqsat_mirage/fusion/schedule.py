@@ -69,11 +69,11 @@ class Schedule:
 
     def __post_init__(self) -> None:
         grid = self.grid.items() if isinstance(self.grid, Mapping) else self.grid
-        object.__setattr__(self, "grid", tuple((str(i), int(b)) for i, b in grid))
+        object.__setattr__(self, "grid", tuple([(str(i), int(b)) for i, b in grid]))
         if self.reduce_grid is not None:
             red = self.reduce_grid
             red = red.items() if isinstance(red, Mapping) else red
-            object.__setattr__(self, "reduce_grid", tuple((str(i), int(b)) for i, b in red))
+            object.__setattr__(self, "reduce_grid", tuple([(str(i), int(b)) for i, b in red]))
 
     @property
     def axes(self) -> dict[str, int]:
@@ -115,18 +115,40 @@ class Schedule:
         return f"grid({grid}){loop}" + (f" split {self.split}" if self.split else "") + red
 
 
-@dataclass
 class Plan:
-    """A legal schedule with every node's stage kind and tile shape."""
+    """A legal schedule with every node's stage kind (``kind``: id(node) -> "inv", "loop",
+    "red", "post" or "max") and tile shape (``tiles``: id(node) -> its tile; None: the
+    schedule's cuts of every node, worked out when first read: most schedules checked are
+    never lowered)."""
 
-    indexing: Indexing
-    schedule: Schedule
-    kind: dict[int, str]  # id(node) -> "inv" | "loop" | "red" | "post"
-    tiles: dict[int, Shape]
+    def __init__(self, indexing: Indexing, schedule: Schedule, kind: dict[int, str],
+                 tiles: dict[int, Shape] | None = None) -> None:
+        self.indexing, self.schedule, self.kind = indexing, schedule, kind
+        self._tiles = tiles
+
+    @property
+    def tiles(self) -> dict[int, Shape]:
+        """id(node) -> the node's tile shape under the schedule (read-only)."""
+        if self._tiles is None:
+            self._tiles = _cut_tiles(self.indexing, self.schedule)
+        return self._tiles
 
     def tile(self, node: Node) -> Shape:
         """The tile shape of ``node`` under the schedule."""
         return self.tiles[id(node)]
+
+    def __repr__(self) -> str:
+        return f"Plan({self.schedule}, kinds={list(self.kind.values())})"
+
+
+def _cut_tiles(ix: Indexing, s: Schedule) -> dict[int, Shape]:
+    """Every node's tile under ``s``: each dim cut by its index's grid blocks and loop
+    range (``Schedule.cuts``), each distinct (shape, indices) cut once."""
+    cut = s.cuts
+    pairs, members = ix.shape_groups
+    shapes = [tuple(size // cut.get(i, 1) for size, i in zip(shape, dims))
+              for shape, dims in pairs]
+    return {key: shapes[g] for key, g in members}
 
 
 def reduces(ix: Indexing, node: Node, idx: str) -> bool:
@@ -358,17 +380,12 @@ def _check(ix: Indexing, schedule: Schedule) -> Plan:
                     f"index {ix.describe(idx)}, so {blocks} blocks would write the same elements")
     if s.reduce_grid is not None:
         _check_reduce_grid(ix, s, kind)
-    cut = s.cuts
-    pairs, members = ix.shape_groups  # each distinct (shape, indices) cut once
-    shapes = [tuple(size // cut.get(i, 1) for size, i in zip(shape, dims))
-              for shape, dims in pairs]
-    tiles = {key: shapes[g] for key, g in members}
     cuts = [s.parts] + ([lambda i: dict(s.second_grid).get(i, 1)] if s.split else [])
     for n in ix.nodes:
         if n.op is Op.RESHAPE:
             for parts in cuts:  # the first kernel's tiles, a split's reduce kernel's
                 _check_cut_reshape(ix, s, n, parts)
-    return Plan(ix, s, kind, tiles)
+    return Plan(ix, s, kind)  # its tiles are cut when first read
 
 
 def _check_cut_reshape(ix: Indexing, s: Schedule, n: Node, parts) -> None:

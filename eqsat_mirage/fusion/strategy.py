@@ -40,7 +40,7 @@ the j-th loop in order of i + j), so a bound keeps variety in both.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import combinations, product
 
 from ..cost.tiles import pow2_ceil
@@ -197,9 +197,41 @@ def candidate_schedules(fragment: Graph | Indexing, strategy: Strategy | None = 
     """
     strategy = strategy or Strategy()
     ix = fragment if isinstance(fragment, Indexing) else index_fragment(fragment)
-    grids = _grids(ix, grid_indices(ix), strategy)
-    loops = loop_choices(ix, strategy)
-    pairs = [Schedule(g, loop, f) for g, (loop, f) in _diagonal(grids, loops)]
+    # the order does not depend on max_candidates: one listing per indexing and strategy
+    # less its bound, kept in ``ix.memo`` and checked as far as a bound asks (the quick
+    # and the full strategies of one fragment share theirs)
+    key = ("listing", replace(strategy, max_candidates=0))
+    listing = ix.memo.get(key)
+    if listing is None:
+        listing = ix.memo[key] = _Listing(_ordered(ix, strategy))
+    return listing.legal(ix, strategy.max_candidates)
+
+
+class _Listing:
+    """A strategy's schedules of one indexing in order (``_ordered``), and the legal ones
+    among them as far as they have been checked."""
+
+    def __init__(self, ordered: list[Schedule]) -> None:
+        self.ordered, self.checked, self.found = ordered, 0, []
+
+    def legal(self, ix: Indexing, bound: int) -> list[Schedule]:
+        """The first ``bound`` legal schedules (``check_schedule``), or all of them."""
+        while len(self.found) < bound and self.checked < len(self.ordered):
+            s = self.ordered[self.checked]
+            try:
+                check_schedule(ix, s)
+            except ScheduleError:
+                self.checked += 1
+                continue
+            self.checked += 1
+            self.found.append(s)
+        return self.found[:max(bound, 0)]
+
+
+def _ordered(ix: Indexing, strategy: Strategy) -> list[Schedule]:
+    """``candidate_schedules``' schedules before the legality check and the bound: grids
+    with loops diagonally, interleaved with the split variants, each once, in order."""
+    pairs = _pairs(ix, strategy)
     if strategy.allow_split_reduction:
         splits: list[Schedule] = []
         for idx, _ in loop_choices(ix, Strategy(loop_ranges=(1,))):
@@ -220,16 +252,19 @@ def candidate_schedules(fragment: Graph | Indexing, strategy: Strategy | None = 
         splits = [v for vs in variants for v in vs[:_PRIMARY]] + \
             [v for vs in variants for v in vs[_PRIMARY:]]
         pairs = [s for pair in _interleave(pairs, splits) for s in pair]
-    out: list[Schedule] = []
-    for s in dict.fromkeys(pairs):
-        if len(out) >= strategy.max_candidates:
-            break
-        try:
-            check_schedule(ix, s)
-        except ScheduleError:
-            continue
-        out.append(s)
-    return out
+    return list(dict.fromkeys(pairs))
+
+
+def _pairs(ix: Indexing, strategy: Strategy) -> list[Schedule]:
+    """The unsplit schedules: grids with loops diagonally (read-only; kept in ``ix.memo``
+    for the strategy less its bound and its splits, which they do not depend on)."""
+    key = ("pairs", replace(strategy, max_candidates=0, allow_split_reduction=False))
+    found = ix.memo.get(key)
+    if found is None:
+        grids = _grids(ix, grid_indices(ix), strategy)
+        loops = loop_choices(ix, strategy)
+        found = ix.memo[key] = [Schedule(g, loop, f) for g, (loop, f) in _diagonal(grids, loops)]
+    return found
 
 
 def _by_total(splits: list[Schedule]) -> list[Schedule]:
@@ -284,8 +319,8 @@ def _split_variants(ix: Indexing, s: Schedule, strategy: Strategy,
     first = [(loops[0], reduce[1] if len(reduce) > 1 else None)] if loops else []
     combos = first + [((None, 1), None)] + [
         (lf, r) for lf in [(None, 1)] + loops for r in reduce]
-    return list(dict.fromkeys(Schedule(s.grid, loop, f, idx, red)
-                              for (loop, f), red in combos))
+    return list(dict.fromkeys([Schedule(s.grid, loop, f, idx, red)
+                               for (loop, f), red in combos]))
 
 
 def _interleave(a: list, b: list) -> list[tuple]:
