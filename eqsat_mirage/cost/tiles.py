@@ -38,7 +38,7 @@ def padded_shapes(graph: Graph) -> dict[int, tuple[int, ...]]:
 
 
 def _padded(graph: Graph) -> dict[int, tuple[int, ...]]:
-    pad = {id(n): tuple(pow2_ceil(d) for d in n.shape) for n in graph.nodes()}
+    pad = {id(n): tuple([pow2_ceil(d) for d in n.shape]) for n in graph.nodes()}
     for n in graph.nodes():
         if n.op is Op.MATMUL:
             for node, dim in ((n.srcs[0], -2), (n.srcs[1], -1), (n, -2), (n, -1)):
@@ -88,16 +88,16 @@ def live_registers(k: CustomKernel, pads=None) -> float:
                     held = not (wgmma and m.op is Op.INPUT)
                     dots[id(m)] = max(dots.get(id(m), 0.0),
                                       numel(pad[id(m)]) * ITEMSIZE[m.dtype] / 4 * held)
-        other = max((numel(pad[id(n)]) for n in stage.nodes()
-                     if id(n) not in dots and n.op is not Op.CONST), default=0)
+        other = max([numel(pad[id(n)]) for n in stage.nodes()
+                     if id(n) not in dots and n.op is not Op.CONST], default=0)
         busiest = max(busiest, sum(dots.values()) + other)
     return acc + busiest
 
 
 def iteration_bytes(k: CustomKernel) -> int:
     """Bytes one block of ``k`` loads per loop iteration: its inputs with an fmap."""
-    return sum(numel(node.shape) * ITEMSIZE[node.dtype] for node in
-               (k.loop.inputs[bi.name] for bi in k.inputs.values() if bi.fmap is not None))
+    return sum([numel(node.shape) * ITEMSIZE[node.dtype] for node in
+                [k.loop.inputs[bi.name] for bi in k.inputs.values() if bi.fmap is not None]])
 
 
 def stages_for(k: CustomKernel) -> int:
@@ -180,8 +180,8 @@ def warps_for(k: CustomKernel) -> int | None:
         return k.num_warps
     pads = _stage_pads(k)
     live = live_registers(k, pads)
-    tiles = max((numel(pad[id(n)]) for stage, pad in pads for n in stage.nodes()
-                 if n.op is not Op.INPUT), default=0)  # computed tiles (loaded: in live)
+    tiles = max([numel(pad[id(n)]) for stage, pad in pads for n in stage.nodes()
+                 if n.op is not Op.INPUT], default=0)  # computed tiles (loaded: in live)
     for warps in (4, 8, 16):
         threads = 32 * warps
         if live <= REGISTER_BUDGET[warps] * threads and tiles <= MAX_TILE_PER_THREAD * threads:

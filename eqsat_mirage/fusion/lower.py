@@ -66,7 +66,7 @@ class _Stage:
         if v is None:
             if n.op is Op.INPUT:
                 raise ScheduleError(f"internal: input {n.arg!r} is not available in this stage")
-            srcs = tuple(self(s) for s in n.srcs)
+            srcs = tuple([self(s) for s in n.srcs])
             red = self.plan.kind[id(n)] == "red"
             op = Op.SUM if red and n.op is Op.MEAN else n.op
             arg = self.plan.tile(n) if n.op is Op.RESHAPE else n.arg

@@ -11,8 +11,6 @@ declared in ``ops.py`` (re-exported here).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -41,6 +39,7 @@ from .ops import (  # noqa: F401  (re-exported: the op groups, derived from the 
 )
 
 DTYPES = ("float16", "bfloat16", "float32")  # the value dtypes; masks are "bool"
+_VALUE_DTYPES = frozenset(DTYPES)
 INDEX_DTYPES = ("int64", "int32")  # integer index tensors: a gather's indices (embedding)
 # integer value tensors (quantized weights): cast to a float dtype before any arithmetic
 QUANT_DTYPES = ("int8", "uint8")
@@ -94,15 +93,21 @@ def _in_package(fname: str) -> bool:
 _PINNED: ContextVar[str] = ContextVar("eqsat_mirage_user_location", default="")
 
 
-@contextmanager
-def located(where: str) -> Iterator[None]:
+class located:  # noqa: N801 (used as a function: ``with located(where):``)
     """Within the block, ``user_location()`` is ``where`` (``file:line``; "": unchanged): a
-    front end converting a traced op names the op's source line, not its own caller's."""
-    token = _PINNED.set(where or _PINNED.get())
-    try:
-        yield
-    finally:
-        _PINNED.reset(token)
+    front end converting a traced op names the op's source line, not its own caller's.
+    A class, not a generator: the fusion planner enters one per schedule it prices."""
+
+    __slots__ = ("where", "token")
+
+    def __init__(self, where: str) -> None:
+        self.where, self.token = where, None
+
+    def __enter__(self) -> None:
+        self.token = _PINNED.set(self.where or _PINNED.get())
+
+    def __exit__(self, *exc: object) -> None:
+        _PINNED.reset(self.token)
 
 
 def user_location() -> str:
@@ -134,7 +139,7 @@ class Node:
     loc: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash((self.op, tuple(s._hash for s in self.srcs),
+        object.__setattr__(self, "_hash", hash((self.op, tuple([s._hash for s in self.srcs]),
                                                  self.arg, self.shape, self.dtype)))
 
     def __hash__(self) -> int:
@@ -282,9 +287,12 @@ def infer(op: Op, srcs: tuple[Node, ...], arg: Any) -> tuple[Shape, str]:
         return _causal_shape(arg, where), "bool"
     if op in LOGIC or op in COMPARE:
         return _mask_shape(op, srcs, where), "bool"
-    if any(s.dtype in FP8_DTYPES for s in srcs):
+    # operands all of value dtypes (the planner's tiles, by the ten thousand): none of the
+    # fp8, integer or bool cases below applies
+    values = {s.dtype for s in srcs} <= _VALUE_DTYPES
+    if not values and any(s.dtype in FP8_DTYPES for s in srcs):
         return _fp8_read(op, srcs, arg, where)
-    if any(s.dtype in QUANT_DTYPES for s in srcs) or op in BIT_OPS:
+    if (not values and any(s.dtype in QUANT_DTYPES for s in srcs)) or op in BIT_OPS:
         return _quant_cast(op, srcs, arg, where)
     if op in (Op.WHERE, Op.MASK):
         return _masking(op, srcs, where)
@@ -294,14 +302,14 @@ def infer(op: Op, srcs: tuple[Node, ...], arg: Any) -> tuple[Shape, str]:
         return _take_along_shape(srcs, arg, where)
     if op is Op.CAST and srcs[0].dtype in INDEX_DTYPES and arg in DTYPES:
         return srcs[0].shape, arg  # integer positions as floats (rotary angles, masks)
-    if any(s.dtype in INDEX_DTYPES for s in srcs):
+    if not values and any(s.dtype in INDEX_DTYPES for s in srcs):
         if op not in VIEWS and op is not Op.CONCAT or any(
                 s.dtype != srcs[0].dtype for s in srcs):
             raise DTypeError(f"{where}: an integer index tensor can only be moved (transpose, "
                              "reshape, concat, slice), cast to a float dtype or index a "
                              "gather (embedding, index_select, take_along_axis)")
         return _moved_indices(op, srcs, arg, where)
-    if any(s.dtype == "bool" for s in srcs):
+    if not values and any(s.dtype == "bool" for s in srcs):
         if op not in MOVEMENT or any(
                 s.dtype != "bool" for s in srcs):
             raise DTypeError(f"{where}: a bool mask can only be moved (transpose, reshape, "

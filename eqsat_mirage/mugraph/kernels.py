@@ -285,9 +285,9 @@ class CustomKernel:
         out = {}
         for t, bo in self.outputs.items():
             node = self.output_node(t)
-            shape = tuple(d * self.grid[bo.omap[i]] if i in bo.omap and 0 <= bo.omap[i] <
-                          len(self.grid) else d * self.forloop if i == bo.fmap else d
-                          for i, d in enumerate(node.shape))
+            shape = tuple([d * self.grid[bo.omap[i]] if i in bo.omap and 0 <= bo.omap[i] <
+                           len(self.grid) else d * self.forloop if i == bo.fmap else d
+                           for i, d in enumerate(node.shape)])
             out[t] = TensorSpec(t, shape, bo.dtype or node.dtype, self.name)
         return out
 

@@ -649,7 +649,9 @@ def evaluate_kept(program, inputs: Mapping[str, np.ndarray], key_of: Callable[[N
     the arrays known as a table and codes (``Coded``), elementwise ops on them computed on
     their tables."""
     _checked(program)
-    table = {op: _reading_kept(fn, key_of, kept) for op, fn in _EVALUATE.items()}
+    ops = program.derived("ops", lambda g: frozenset(n.op for n in g.nodes())) \
+        if hasattr(program, "derived") else frozenset(n.op for n in program.nodes())
+    table = {op: _reading_kept(_EVALUATE[op], key_of, kept) for op in ops if op in _EVALUATE}
     ctx = float_ctx(program, inputs, dtype, rounded, coded)
     ctx.coded = coded
     return _outputs(program, table, ctx)

@@ -165,7 +165,12 @@ def run(program, table: Table, ctx: Any, outputs: bool = True) -> dict:
     """
     env: dict[int, Any] = {}
     nodes = program.nodes()
-    done = None if not outputs else last_reads(nodes, program.outputs.values())
+    if not outputs:
+        done = None
+    elif hasattr(program, "derived"):  # a Graph: kept while its outputs are the same nodes
+        done = program.derived("last reads", lambda g: last_reads(g.nodes(), g.outputs.values()))
+    else:
+        done = last_reads(nodes, program.outputs.values())
     for i, node in enumerate(nodes):
         fn = table.get(node.op)
         if fn is None:
