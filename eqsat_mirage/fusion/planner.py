@@ -56,7 +56,7 @@ from pathlib import Path
 
 from ..cost.gpucost import custom_floor_us, kernel_cost, mugraph_cost, tensor_bytes
 from ..cost.profile import NUM_STAGES, GPUProfile
-from ..cost.tiles import DEEP_STAGES, dynamic_context
+from ..cost.tiles import DEEP_STAGES, dynamic_context, pow2_ceil
 from ..frontend.graph import Graph
 from ..ir.errors import MirageError
 from ..ir.limits import keep_bounded
@@ -189,6 +189,28 @@ class Planner(OpSpace):
         kernels = 1 + any(kind[id(n)] != "loop" for n in frag.outputs.values())
         return custom_floor_us(self.prof, moved, kernels)
 
+    def _inputs_overflow(self, frag: Graph, s: Schedule, ix: Indexing) -> bool:
+        """Whether the input tiles of ``s``'s (first) kernel alone take more shared memory
+        than a block may hold, so that ``_cost(frag, s, ...)`` is infinite (or ``s`` cannot
+        be lowered): ``gpucost.smem_bytes`` counts each block input's tile at least with its
+        dims padded to powers of two, once per pipeline stage (at least
+        ``min(NUM_STAGES, DEEP_STAGES)``) when it has an fmap and the loop runs more than
+        once. Each input's tile is its dims cut by ``s`` (grid blocks, the loop range on the
+        dim carrying the loop index), as ``lower`` declares it. False where ``s`` is not
+        legal (``_cost`` says why)."""
+        try:
+            check_schedule(ix, s)
+        except (ScheduleError, MirageError):
+            return False
+        stages = min(NUM_STAGES, DEEP_STAGES) if s.forloop > 1 else 1
+        total = 0
+        for node in frag.inputs.values():
+            dims = ix.of(node)
+            tile = tuple([pow2_ceil(size // s.parts(i)) for size, i in zip(node.shape, dims)])
+            looped = s.loop is not None and s.loop in dims
+            total += tensor_bytes(tile, node.dtype) * (stages if looped else 1)
+        return total > self.prof.smem_per_block_KiB * 1024
+
     def _cost_key(self, frag: Graph, s: Schedule, origin: dict[int, int]) -> tuple:
         """What ``_kernel_costs`` depends on: the fragment up to its nodes' identity
         (``_named_key``: its reasons name tensors and source lines), ``s``, which of its
@@ -304,6 +326,8 @@ class Planner(OpSpace):
                                "not priced: the time limit ran out")  # them (nothing kept)
             if best < math.inf and self._floor(frag, s, ix) * FLOOR_MARGIN >= best - 1e-12:
                 continue  # it cannot be cheaper than the best so far: not worked out
+            if (best < math.inf or infeasible) and self._inputs_overflow(frag, s, ix):
+                continue  # infinite, and its reason is not needed (one is kept, or a best)
             try:
                 total, costs = self._cost(frag, s, ix, origin)
             except (ScheduleError, MirageError):
