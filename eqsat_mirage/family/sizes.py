@@ -7,6 +7,8 @@ family's program at that size, finite-field trials and float checks each. A plan
 does not scale or fails at any size falls back to one kernel per op, verified the same
 way. When the memory budget refuses the largest size, the largest verified moves
 halfway to the hint until it fits (``SizeCheck.over_budget`` names each refused size).
+The checks stop at a deadline (their own share of the time limit): a size not verified by
+then leaves the family unverified (``SizeCheck.timed_out``), never served.
 ``family_costs`` prices the plan at ``cost_sizes``; ``SizeCheck.record`` is
 ``stats["family"]``, and ``family_rows`` its report.
 """
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 
 from ..cost.gpucost import mugraph_cost
 from ..ir.errors import BudgetError
+from ..ir.limits import Deadline
 from ..mugraph.program import from_graph
 from ..verifier.verify import VerifyResult, verify
 from .scale import FamilyMember, NotScalableError, Scaling, scaling
@@ -53,11 +56,13 @@ def family_costs(sc: Scaling, dim, target) -> dict[int, float]:
     return {s: mugraph_cost(sc.at(s), target).total_us for s in cost_sizes(dim)}
 
 
-def verify_sizes(graph, sc: Scaling, dim, opts: dict, refused: dict
+def verify_sizes(graph, sc: Scaling, dim, opts: dict, refused: dict,
+                 deadline: Deadline | None = None
                  ) -> tuple[dict[int, VerifyResult], VerifyResult | None]:
-    """Verify the plan at each of ``test_sizes`` (stopping at the first failure); the
-    largest, when the memory budget refuses it, moves halfway to the hint until it fits
-    (``refused`` records each). Gives the verdict at each size and the hint's."""
+    """Verify the plan at each of ``test_sizes`` (stopping at the first failure, or at
+    ``deadline``: past it a verdict is inconclusive); the largest, when the memory budget
+    refuses it, moves halfway to the hint until it fits (``refused`` records each). Gives
+    the verdict at each size and the hint's."""
     verdicts, hint_verdict = {}, None
     sizes = test_sizes(dim, sc.granule)
     top = max(sizes)
@@ -66,7 +71,7 @@ def verify_sizes(graph, sc: Scaling, dim, opts: dict, refused: dict
             ref = graph.at({dim.name: size})
             member = FamilyMember(sc, size, ref.inputs, ref.outputs)
             try:
-                v = verify(ref, member, **opts)
+                v = verify(ref, member, **opts, time_limit_s=deadline)
                 break
             except BudgetError as exc:
                 lower = (size + dim.hint) // 2
@@ -93,6 +98,7 @@ class SizeCheck:
     hint: VerifyResult | None
     fallback: str = ""
     over_budget: dict[int, str] = field(default_factory=dict)
+    timed_out: str = ""  # the size whose check the deadline cut, in words ("" if none)
 
     @property
     def ok(self) -> bool:
@@ -116,6 +122,7 @@ class SizeCheck:
             "verified_sizes": {s: bool(v.equivalent) for s, v in self.verdicts.items()},
             "bounds": {s: v.false_positive_bound for s, v in self.verdicts.items()},
             "over_budget": dict(self.over_budget),  # refused by the memory budget
+            "timed_out": self.timed_out,
             "cost_us": costs,
             "grows": {k: sorted(a) for k, a in sc.grid.items() if a} | {
                 k: ["loop"] for k in sc.loop},
@@ -123,11 +130,12 @@ class SizeCheck:
 
 
 def check_sizes(graph, padded, program, dim, lp0: int, opts: dict,
-                say: Callable[[str], None]) -> SizeCheck:
+                say: Callable[[str], None], deadline: Deadline | None = None) -> SizeCheck:
     """Scale ``program`` (the search's plan of ``padded``, the family ``graph`` at padded
     size ``lp0``) to every size and verify it at ``test_sizes`` with ``verify``'s
-    ``opts``; a plan that does not scale or fails anywhere is replaced by one kernel per
-    op of ``padded``, verified the same way (``say`` tells why)."""
+    ``opts``, until ``deadline``; a plan that does not scale or fails anywhere is
+    replaced by one kernel per op of ``padded``, verified the same way (``say`` tells
+    why). A check the deadline cut leaves the family unverified (``timed_out``)."""
     fallback = ""
     try:
         sc = scaling(program if hasattr(program, "kernels") else from_graph(program),
@@ -136,16 +144,28 @@ def check_sizes(graph, padded, program, dim, lp0: int, opts: dict,
         fallback = f"the plan does not scale ({exc})"
     refused: dict[int, str] = {}
     if not fallback:
-        verdicts, hint_v = verify_sizes(graph, sc, dim, opts, refused)
+        verdicts, hint_v = verify_sizes(graph, sc, dim, opts, refused, deadline)
         bad = [s for s, v in verdicts.items() if not v.equivalent]
+        if bad and deadline is not None and deadline.expired():
+            cut = _cut(dim, bad[0], deadline)
+            say(f"family {graph.name!r}: {cut}; not served")
+            return SizeCheck(sc, verdicts, hint_v, "", refused, cut)
         if bad:
             fallback = f"the plan fails at {dim.name}={bad[0]}: {verdicts[bad[0]]}"
     if fallback:
         say(f"family {graph.name!r}: {fallback}; one kernel per op instead")
         sc = scaling(from_graph(padded), graph.dynamic, dim.name, lp0)
         refused.clear()
-        verdicts, hint_v = verify_sizes(graph, sc, dim, opts, refused)
-    return SizeCheck(sc, verdicts, hint_v, fallback, refused)
+        verdicts, hint_v = verify_sizes(graph, sc, dim, opts, refused, deadline)
+    bad = [s for s, v in verdicts.items() if not v.equivalent]
+    cut = _cut(dim, bad[0], deadline) if bad and deadline is not None and \
+        deadline.expired() else ""
+    return SizeCheck(sc, verdicts, hint_v, fallback, refused, cut)
+
+
+def _cut(dim, size: int, deadline: Deadline) -> str:
+    return (f"the size checks' share of the time limit ({deadline.seconds:.1f} s) ran out "
+            f"at {dim.name}={size}")
 
 
 def family_rows(fam: dict | None) -> list[str]:
@@ -163,6 +183,8 @@ def family_rows(fam: dict | None) -> list[str]:
             f"{max(fam['bounds'].values(), default=1.0):.1e})",
             "  cost at    " + ", ".join(f"{name} = {n}: {c:.2f} us"
                                         for n, c in fam["cost_us"].items())]
+    if fam.get("timed_out"):
+        rows.append(f"  not verified: {fam['timed_out']}")
     if fam.get("over_budget"):
         rows.append(f"  not verified (memory budget): {name} = "
                     + ", ".join(str(n) for n in fam["over_budget"]))

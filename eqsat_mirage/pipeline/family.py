@@ -30,6 +30,7 @@ from ..family.sizes import check_sizes, family_costs, family_rows
 from ..ir.check import check_lax
 from ..ir.dims import DynamicShapeError
 from ..ir.errors import LaxError
+from ..ir.limits import Deadline
 from .cache import lookup, make_key, open_cache, program_text, store_result
 from .options import SearchOptions
 from .result import OptimizeResult
@@ -150,10 +151,16 @@ def optimize_family(graph, options: SearchOptions, progress=None, cache=True) ->
     with dynamic_dims(axes, lp0):
         res = search(padded, options, progress=progress, cache=cache)
     opts = dict(trials=options.trials, seed=options.seed, max_bound=options.max_bound)
-    checked = check_sizes(graph, padded, res.program, dim, lp0, opts, say)
+    # the size checks have the search's time limit again, counted from here: a cap, and
+    # one a check past it never passes (the family is then not served)
+    checks = Deadline(res.stats.get("time_limit_s"))
+    checked = check_sizes(graph, padded, res.program, dim, lp0, opts, say, checks)
     sc, verdicts, ok = checked.scaling, checked.verdicts, checked.ok
     costs = family_costs(sc, dim, options.target)
     stats = dict(res.stats)
+    if checked.timed_out:
+        stats["note"] = f"shape family {graph.name!r}: {checked.timed_out}; not served"
+        stats["time_limited"] = True
     stats["family"] = checked.record(dim, lp0, len(plan.masks), costs,
                                      time.perf_counter() - start)
     out = FamilyResult(program=sc.mg, cost_us=costs[dim.hint],

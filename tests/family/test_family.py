@@ -303,3 +303,28 @@ def test_a_max_over_the_dynamic_size_as_an_output_verifies():
     for n in (1, 100, 129, 512):  # all negative: a zero padding column would win the max
         x = -torch.rand(4, n) - 1.0
         torch.testing.assert_close(fn(x)["m"], x.amax(dim=1, keepdim=True))
+
+
+def test_the_size_checks_stop_at_their_deadline_and_the_family_is_not_served(family_result):
+    """Every verification is bounded: the checks at sizes have a deadline (the search's
+    time limit again, in ``em.optimize``); one past it leaves the plan unverified, says
+    where, and never falls back to a second, unbounded round of checks."""
+    from eqsat_mirage.family.sizes import check_sizes, family_rows
+    from eqsat_mirage.ir.limits import Deadline
+
+    g = attention(256)
+    (dim,) = g.dims.values()
+    lp0 = family_result.stats["family"]["planned_at"]
+    padded = padded_graph(plan_masks(g), {"L": lp0}, {"L": dim.hint})
+    said = []
+    gone = Deadline(1e-6, start=0.0)  # long past
+    checked = check_sizes(g, padded, family_result.program, dim, lp0,
+                          dict(trials=2, seed=0, max_bound=1e-9), said.append, gone)
+    assert not checked.ok and not checked.fallback
+    assert list(checked.verdicts) == [256]  # stopped at the first size
+    assert checked.verdicts[256].inconclusive
+    assert checked.timed_out == "the size checks' share of the time limit (0.0 s) ran out at L=256"
+    assert said == [f"family 'attn': {checked.timed_out}; not served"]
+    record = checked.record(dim, lp0, 1, {256: 1.0}, 0.0)
+    assert record["timed_out"] == checked.timed_out
+    assert f"  not verified: {checked.timed_out}" in family_rows(record)
