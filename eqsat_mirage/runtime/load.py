@@ -38,8 +38,8 @@ import numpy as np
 
 from ..ir.errors import MirageError
 
-__all__ = ["CodegenError", "load_source", "overflow_checks_off", "private_folder",
-           "say_bf16_upcast"]
+__all__ = ["CodegenError", "device_patches_once", "load_source", "overflow_checks_off",
+           "private_folder", "say_bf16_upcast"]
 
 
 class CodegenError(MirageError):
@@ -111,7 +111,7 @@ def load_source(source: str, directory: str | os.PathLike | None = None) -> Call
         @functools.wraps(inner)
         def run(*args, **kwargs):  # the interpreter computes padding lanes too: 0/0 is fine
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"), \
-                    overflow_checks_off():
+                    overflow_checks_off(), device_patches_once():
                 return inner(*args, **kwargs)
 
     run.source, run.path, run.module = source, str(path), module
@@ -147,6 +147,61 @@ def overflow_checks_off():
     finally:
         if builder.options is off:
             builder.options = before
+
+
+_DEVICE = threading.local()  # per thread: the globals a device call patched in this launch
+
+
+@contextlib.contextmanager
+def device_patches_once():
+    """Triton's interpreter patching ``triton.language`` for a device function's call once
+    per kernel launch for the duration, not at every call. The interpreter patches the
+    language modules a jit function's globals hold (``interpreter._patch_lang``: every
+    builtin wrapped to run on NumPy, and the tensor class, ranges and reductions) at each
+    launch, restoring them after it, and again at each call of a device function
+    (``tl.zeros`` is one: a generated kernel calls it hundreds of times a launch), whose
+    patches are never restored. Within one launch a second such patch finds every builtin
+    already wrapped and sets the rest to closures that do the same, so it changes nothing:
+    it is skipped for a device function whose module's globals a device call already
+    patched in this launch (a launch, or any call not made by the interpreter's device
+    call, patches as before and starts a new launch's record). Every value is the same; the
+    patching took a tenth of a tiny LLaMA layer's interpreted first launch (issue 51).
+    Without these names in the installed Triton, nothing changes. Only the function this
+    call set is put back: a run in another thread meanwhile patches as before."""
+    try:
+        from triton.runtime import interpreter as interp
+        original = interp._patch_lang
+        device = interp.InterpretedFunction.__call__.__code__
+    except (ImportError, AttributeError):
+        yield
+        return
+    if getattr(original, "_once", False):  # already on (another run): nothing to do
+        yield
+        return
+
+    def patch_lang(fn):
+        done = getattr(_DEVICE, "done", None)
+        if done is None:
+            done = _DEVICE.done = set()
+        if sys._getframe(1).f_code is not device:  # a launch (or anything else): as before
+            done.clear()
+            return original(fn)
+        key = id(fn.__globals__)
+        if key in done:  # patched by a device call of this launch: still in place
+            return None  # (a device call drops what it returns)
+        result = original(fn)
+        done.add(key)
+        return result
+
+    patch_lang._once = True
+    interp._patch_lang = patch_lang
+    try:
+        yield
+    finally:
+        if interp._patch_lang is patch_lang:
+            interp._patch_lang = original
+        if getattr(_DEVICE, "done", None) is not None:
+            _DEVICE.done.clear()
 
 
 _SAID: set[str] = set()
