@@ -22,16 +22,7 @@ are chosen from the program's inputs alone, the same for every seed:
   ``2^OFFSET_EXP`` of the narrowest dtype among them: large against the noise (the
   draws keep ``p - OFFSET_EXP`` of the dtype's ``p`` significand bits of it, at least
   2), small enough that a sum of a few thousand such values stays finite in float16.
-  There the accuracy test is relative (``accuracy.bits_lost``);
-- **the underflow corner** (``underflow`` draw, one per check): the N(0, 1) draw of every
-  float input times ``2^k``, ``k`` one binade below the smallest scale at which every
-  output of the first program still reaches its dtype's smallest normal (``low_power``
-  of ``draws.Draws`` finds it, searching down to where the inputs' own draws reach their
-  dtypes' smallest subnormal). There an intermediate whose magnitude falls faster with
-  the scale than the output's is deepest in underflow while the output still counts
-  (``rms_norm(X) @ W`` -> ``(X @ W) * rms(X)``: ``X @ W`` is 1000 times smaller than the
-  output where ``eps`` dominates the mean square, and it flushes where the output does
-  not); judged by the exponent-range draws' rule.
+  There the accuracy test is relative (``accuracy.bits_lost``).
 """
 
 from __future__ import annotations
@@ -39,7 +30,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from ..ir.node import FIXED_DTYPES, Op
+from ..ir.node import Op
 from .floatsafe import input_deps, is_graph
 
 OFFSET_EXP = {"float16": 8, "bfloat16": 8, "float32": 16}  # log2 of the common offset
@@ -47,7 +38,6 @@ OFFSET_EXP = {"float16": 8, "bfloat16": 8, "float32": 16}  # log2 of the common 
 # they halve
 SIGNIFICAND = {"float16": 11, "bfloat16": 8, "float32": 24}
 TIE = "peaktie"
-LOW = "underflow"  # the underflow corner (``draws.Draws.low_power``)
 # the pairs' other forms (``pair_draws``): the second input's factor against the first, and
 # whether the other float inputs sit large (``REST_BELOW`` under their own largest) or at 1
 PAIR_FORMS = {"peakneg": (-1.0, "one"), "peakrest": (0.5, "large"), "peakinv": (None, "small")}
@@ -176,18 +166,3 @@ def half_ulp(x: float, dtype: str) -> float:
     ``x`` it makes a tie, rounded half a unit away whatever the rounding."""
     bits = SIGNIFICAND.get(dtype, SIGNIFICAND["float32"])
     return 2.0 ** (math.floor(math.log2(abs(x))) - bits)
-
-
-def low_bottom(program, ranges: dict[str, tuple[int, int]]) -> int | None:
-    """The lowest binary exponent the underflow corner's search tries (``low_power``): the
-    least ``k`` at which N(0, 1) times ``2^k`` still leaves every float input's draw some
-    nonzero values, its dtype's smallest subnormal (``2^-24`` in float16, ``2^-133`` in
-    bfloat16, ``2^-149`` in float32: the least normal exponent of ``ranges``, the
-    exponent-range draws', less the explicit significand bits), the highest over the float
-    inputs (a bool mask is none, nor an index, int8 or fp8 input: its draw is fixed); None
-    without float inputs."""
-    lows = [ranges.get(n.dtype, ranges["float32"])[0]
-            - (SIGNIFICAND.get(n.dtype, SIGNIFICAND["float32"]) - 1)
-            for n in program.inputs.values()
-            if n.dtype != "bool" and n.dtype not in FIXED_DTYPES]
-    return max(lows) if lows else None

@@ -33,17 +33,7 @@ from ..semantics.fp8 import draw_fp8
 from ..semantics.gather import POSITIONS, draw_indices, index_bounds
 from ..semantics.interp import Outputs, run
 from ..semantics.modular import DRAW_CHUNK, chunked
-from .corners import (
-    LOW,
-    PAIR_FORMS,
-    REST_BELOW,
-    TIE,
-    half_ulp,
-    low_bottom,
-    offset_sets,
-    pairs,
-    tie_pairs,
-)
+from .corners import PAIR_FORMS, REST_BELOW, TIE, half_ulp, offset_sets, pairs, tie_pairs
 from .corners import offset as common_offset
 from .fixed import UINT, fixed_keys, scale_units, table_codes
 from .floatsafe import fingerprints, input_deps, is_graph, static_check, unsampled
@@ -79,7 +69,7 @@ SHARE_FIXED = True  # False: every evaluation computes them again (tests compare
 # drawn input by input
 # the ``ties`` draw (comparisons): every float input k * step, k in [-TIE_STEPS, TIE_STEPS]
 TIE_STEPS, TIES_SEED = 4, 0x71E5
-_ONE_BY_ONE = ("signed", "folded", "exponent", "logits", "peakfold", "offset", LOW)
+_ONE_BY_ONE = ("signed", "folded", "exponent", "logits", "peakfold", "offset")
 # draws made again for each check, the first program's outputs on them held only while it
 # runs: a search's memo keeps none of them (``memory.verify_parts`` counts what it keeps)
 UNKEPT = ("offset",)
@@ -207,11 +197,8 @@ class Draws:
         self.lock = threading.Lock()  # the memo's short updates; each long first-time
         # computation has a lock of its own, so that no other holds up the checks that
         # do not need it (the logits draw waited behind the static checks' float64 run)
-        self._locks = {k: threading.Lock() for k in ("fingerprints", "logits", "folded@h",
-                                                      LOW)}
+        self._locks = {k: threading.Lock() for k in ("fingerprints", "logits", "folded@h")}
         self.headroom = HEADROOM
-        self.tiny = 0.0  # the first program's dtypes' smallest normal (``low_power``; the
-        # native checks set it)
         self._current = threading.local()  # per thread: the rounded draw it reads now
         self._folded_h: LazyInputs | None = None  # ``_folded_at_headroom``
         self.static_done = threading.Event()  # ``static`` has run (or will not run: set)
@@ -307,8 +294,6 @@ class Draws:
         if kind == "exponent":  # z * 2^k, one k for every input, uniform across the
             return z if self._dtypes[name] == "bool" else (  # narrowest input range
                 _scaled(z, 2.0 ** self._power(int(s))))
-        if kind == LOW:  # the underflow corner (and its search): z * 2^s, every float input
-            return z if self._dtypes[name] == "bool" else _scaled(z, 2.0 ** s)
         if kind == "offset":  # N(0, 1) plus a common offset on the inputs of the set s
             return z if name not in self.members(kind, s) else z + np.float32(
                 self.offset(int(s)))
@@ -408,8 +393,8 @@ class Draws:
         draw, nor already packed (an exponent draw's headroom check packs it first). One
         look-up per input (``_widened``, at the headroom too) instead of two (rounded to 2
         bytes, then widened), and no 2-byte copy held beside it."""
-        if kind in UNKEPT or kind == LOW:  # never kept: made again for each check that reads
-            return True  # it (the underflow corner's search tries several scales)
+        if kind in UNKEPT:  # never kept: made again for each check that reads it
+            return True
         by_one = kind in ("signed", "folded", "logits") or (
             kind == "exponent" and self._power(int(s)) < 0)
         return by_one and not self.keeps and (kind, s) not in _SHARED and \
@@ -724,97 +709,6 @@ class Draws:
             lo, top = (mid, top) if ok(mid) else (lo, mid)
         self.memo[key] = 2.0 ** lo
         return self.memo[key]
-
-    def low_power(self) -> int | None:
-        """The binary exponent ``k`` of the underflow corner (``corners.LOW``): every float
-        input at its normal draw times ``2^k``, one binade below the smallest scale at which
-        every output of the first program (natively) still has an element of at least
-        ``tiny``, the dtype's smallest normal. None where they are not normal at scale 1, or
-        still normal at ``corners.low_bottom`` (or without float inputs).
-        Found by ``_low_search`` on the first program alone; the first program's outputs at
-        ``k`` are kept in the memo (the check reads them), at the other scales tried not.
-        Memoized: every thread and every candidate of a search reads the same ``k``."""
-        with self._locks[LOW]:
-            if ("low power",) not in self.memo:
-                self.memo[("low power",)] = self._low_search()
-            return self.memo[("low power",)]
-
-    def _normal_by(self, outputs: dict) -> float:
-        """How far above ``tiny`` the least normal output of the first program is: the
-        least over its outputs of ``log2(largest finite magnitude / tiny)``; -inf where an
-        output has no nonzero finite element below the dtype's largest."""
-        least = math.inf
-        with np.errstate(invalid="ignore"):
-            for x in outputs.values():
-                x = np.abs(np.asarray(x))
-                big = float(np.max(np.where(np.isfinite(x) & (x < self.limit), x, 0.0),
-                                   initial=0.0))
-                least = min(least, math.log2(big / self.tiny) if big > 0.0 else -math.inf)
-        return least
-
-    def _low_search(self) -> int | None:
-        """``low_power``'s search over integer scales ``k`` from ``low_bottom`` to 0 on
-        ``_normal_by`` of the first program's outputs (close to linear in ``k``, its slope
-        the outputs' degree in the inputs): scale 1 is the signed draw's (which the checks
-        make anyway), then the exponent draws' lowest scale, then regula falsi between a
-        scale where an output is subnormal (or the bottom) and one where none is
-        (``_low_guess``); None where the outputs are normal at the bottom too (a
-        normalization's output, O(1) at every scale: no output falls below normal). Each
-        scale tried is one native evaluation of the first program (2 to 4 on the float16
-        benchmarks, 4 for the float32 RMSNorm of the tests)."""
-        bottom = low_bottom(self.a, EXP_RANGE)
-        if bottom is None or not self.tiny > 0.0:
-            return None
-        seen = {0: self._normal_by(self.out_a("native", "signed", 1.0, True))}
-        if not seen[0] >= 0.0:  # outputs below the smallest normal at scale 1 already
-            return None
-        kept: dict[int, dict] = {}
-
-        def tried(k: int) -> float:
-            inputs = self.rounded(LOW, float(k))
-            try:
-                kept[k] = self.evaluate(self.a, inputs, dtype="native", rounded=True)
-            finally:
-                self._current.key = self._current.value = None  # this thread's draw
-            seen[k] = self._normal_by(kept[k])
-            return seen[k]
-
-        low = min(max(max(self._range(n)[0] for n in self.normal), bottom), -1)
-        lo, hi = low, 0  # at ``lo`` an output is subnormal (or it is below the bottom), at
-        if tried(low) >= 0.0:  # ``hi`` none is
-            lo, hi = bottom - 1, low
-        while hi - lo > 1:
-            k = self._low_guess(seen, lo, hi)
-            if tried(k) >= 0.0:
-                hi = k
-            else:
-                lo = k
-        if lo < bottom:  # normal down to the bottom
-            return None
-        self.memo[("native", LOW, float(lo), True)] = kept[lo]
-        return lo
-
-    @staticmethod
-    def _low_guess(seen: dict[int, float], lo: int, hi: int) -> int:
-        """The next scale ``_low_search`` tries, strictly between ``lo`` (an output subnormal
-        there, or not tried: below the bottom) and ``hi`` (none): the first scale at or above
-        where the line through ``lo`` and ``hi`` reaches 0 (below ``hi``: the scale under it
-        brackets the boundary); while ``lo`` has no finite value, likewise the line through
-        ``hi`` and the nearest scale tried above it (the outputs' degree often grows at low
-        scales, where an ``eps`` takes over: the line's zero is then below the boundary, and
-        the try brackets it), the lowest untried scale where that line is flat (the outputs
-        do not fall with the scale); halfway where there is no line."""
-        g_hi = seen[hi]
-        if math.isfinite(seen.get(lo, -math.inf)):
-            k = math.ceil(hi - g_hi * (hi - lo) / (g_hi - seen[lo]))
-        else:
-            above = [k for k in seen if k > hi and math.isfinite(seen[k])]
-            if not above:
-                k = (lo + hi) // 2
-            else:
-                slope = (seen[min(above)] - g_hi) / (min(above) - hi)
-                k = math.ceil(hi - g_hi / slope) if slope > 0.0 else lo + 1
-        return min(max(k, lo + 1), hi - 1)
 
     def logit_scale(self) -> float:
         """The input scale c at which the first program's exp arguments on N(0, c^2)

@@ -81,8 +81,7 @@ def float_check(a, b, seed: int | None = 0, rtol: float = 1e-7, native: bool = T
                 cex, ran_native = float_checks(a, b, rng, rtol, native, None, pool,
                                                 constant_finite=True, conditioned=True,
                                                 skipped=skipped, peaked=where,
-                                                pair_forms=False, only=only,
-                                                underflow=False)
+                                                pair_forms=False, only=only)
         except TimeLimitError as exc:
             return FloatCheck(None, True, False, time.perf_counter() - start,
                               f"cut short by the time limit ({exc})")

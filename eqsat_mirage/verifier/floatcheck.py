@@ -23,7 +23,7 @@ from ..semantics.floating import LazyInputs, evaluate
 from .accuracy import MAX_BITS_LOST, bits_lost
 from .bound import has_comparison
 from .conditioning import ill_conditioned
-from .corners import LOW, TIE, chosen, offset_draws, pair_draws, pairs, tie_draws, tie_pairs
+from .corners import TIE, chosen, offset_draws, pair_draws, pairs, tie_draws, tie_pairs
 from .draws import (
     EXPONENT_DRAWS,
     HEADROOM,
@@ -182,13 +182,11 @@ _DRAWN = {"signed": "N(0, s^2)", "folded": "|N(0, s^2)|", "constant": "every inp
           TIE: "{} at the largest value keeping the first program finite and half its last "
                "place, the others 1",
           "offset": "N(0, 1) plus a common offset {:g} on {}, the others N(0, 1)",
-          LOW: "N(0, 1) * 2^s, s one binade below the smallest scale at which the first "
-               "program's outputs are normal (the underflow corner)",
           "ties": "every float input k * s, k a uniform integer in [-4, 4] (one draw for "
                   "every seed): equal values and zeros, a comparison's ties"}
 _PAIRS = ("peakset", "peakneg", "peakrest", "peakinv")  # a pair of inputs at its largest
 _CONSTANT = ("constant", "peak", *_PAIRS, TIE)  # one value per input: cheap
-_RANGE_KINDS = ("peak", *_PAIRS, "peakfold", "exponent", "spread", LOW)
+_RANGE_KINDS = ("peak", *_PAIRS, "peakfold", "exponent", "spread")
 _NORMAL = ("signed", "folded", "logits")  # normal draws
 # the draws ``conditioned`` (the end-to-end check) asks about: the normal ones, and the
 # exponent draws, where a whole layer's float32 output can hinge on its BLAS's summation
@@ -234,14 +232,11 @@ TIE_STEP = 0.5  # the ``ties`` draw's grid: k / 2, exact in every dtype
 
 
 def check_list(a, b, native: bool, static: bool, peaked: Collection[int] | None,
-                pair_forms: bool = True, underflow: bool = True
-                ) -> list[tuple[str | None, str, float]]:
+                pair_forms: bool = True) -> list[tuple[str | None, str, float]]:
     """``float_checks``' checks as ``(dtype, kind, s)`` in the order their verdicts count:
     the static checks, the native constant draws, float64 at scale 1, the other native
     draws (per input, exponent range, spread, per input folded, logits), float64 at the
-    large scales. ``dtype`` is "static", "native" or None (float64). ``underflow=False``
-    leaves out the underflow corner (``corners.LOW``: one check, its scale found when it
-    runs, ``Draws.low_power``)."""
+    large scales. ``dtype`` is "static", "native" or None (float64)."""
     n_in = len(a.inputs)
     drawn = [("native", kind, s) for kind, s in NATIVE_DRAWS] if native else []
     if native:
@@ -255,8 +250,6 @@ def check_list(a, b, native: bool, static: bool, peaked: Collection[int] | None,
                   if pair_forms]
         drawn += [("native", TIE, float(j)) for j in tie_draws(a, b, peaked) if pair_forms]
         drawn += [("native", "offset", float(j)) for j in offset_draws(a, b, peaked)]
-        if underflow:
-            drawn += [("native", LOW, 0.0)]
         if is_graph(a) and any(n.op is Op.EXP for n in a.nodes()):
             drawn += [("native", "logits", 0.0)]
     if has_comparison(a) or has_comparison(b):  # ties, where > and >= part: natively and in float64
@@ -298,7 +291,6 @@ class _Judge:
             draws.static_done.set()  # no static check to wait for
         if native:
             draws.headroom = 2.0 ** math.ceil(2 * math.log2(max(HEADROOM, float(longest))))
-            draws.tiny = self.tiny
 
     def checked(self, i: int, dtype: str | None, kind: str, s: float) -> Counterexample | None:
         """Check ``i`` (``dtype``, ``kind``, ``s``), then release its draw."""
@@ -333,11 +325,6 @@ class _Judge:
             names = ", ".join(sorted(draws.members(kind, s), key=list(draws.a.inputs).index))
             where = _DRAWN[kind].format(*((names,) if kind in _PAIRS else (
                 draws.offset(int(s)), names)))
-        if kind == LOW:  # the underflow corner: its scale found now (memoized)
-            k = draws.low_power()
-            if k is None:
-                return None
-            s, where = float(k), f"{_DRAWN[kind]}, s = {k}"
         if kind == TIE:  # the pair in its order: the first large, the second small
             names = ", ".join(list(draws.a.inputs)[k] for k in tie_pairs(draws.a)[int(s)])
             return self._tie(i, s, _DRAWN[kind].format(names))
@@ -476,8 +463,7 @@ def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
                   constant_finite: bool = False, static: bool = True,
                   conditioned: bool = False, skipped: list | None = None,
                   peaked: Collection[int] | None = None, pair_forms: bool = True,
-                  only: tuple | None = None, underflow: bool = True
-                  ) -> tuple[Counterexample | None, bool]:
+                  only: tuple | None = None) -> tuple[Counterexample | None, bool]:
     """The static float-safety checks, float64 at ``FLOAT64_SCALES`` and both programs in
     their own dtypes at ``NATIVE_DRAWS`` and the exponent-range draws (see
     docs/verifier.md, sections 4 and 5).
@@ -503,8 +489,7 @@ def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
     ``a.inputs``) of the inputs that get the per-input draws (``peak``, ``peakfold``);
     None: every input (``endtoend``: one piece context each, docs/verifier.md, section 5).
     ``pair_forms=False`` leaves out the pairs' other forms (``corners.pair_draws``;
-    ``endtoend``: each piece had them on its own inputs); ``underflow=False`` leaves out the
-    underflow corner (``corners.LOW``; ``endtoend`` likewise). ``only``: that one check of
+    ``endtoend``: each piece had them on its own inputs). ``only``: that one check of
     ``check_list`` (a counterexample's ``check``), replayed on the same draw (same ``rng``
     seed); none when ``check_list`` has no such check.
     """
@@ -513,7 +498,7 @@ def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
     # the draws stop at the pool's deadline too (a large input's draw is long)
     judge = _Judge(a, b, rng, rtol, native, memo, static, constant_finite, conditioned, skipped,
                    pool.check)
-    checks = check_list(a, b, native, static, peaked, pair_forms, underflow)
+    checks = check_list(a, b, native, static, peaked, pair_forms)
     if only is not None:
         checks = [c for c in checks if c == tuple(only)]
     jobs: list = [functools.partial(judge.checked, i, *c) for i, c in enumerate(checks)]
