@@ -321,8 +321,7 @@ class Backend:
             sub.meta[CONSTANTS] = {p: v for p, v in zip(places, known) if v is not None
                                    and len(places) == len(node.args)}
             share = shares.share(i)
-            replacement = self._partition(str(node.target), sub, sizes, time_limit_s=share,
-                                          replan_s=limit)
+            replacement = self._partition(str(node.target), sub, sizes, time_limit_s=share)
             entries.append(self.report[-1])
             entries[-1].share_s, entries[-1].weight = share, weights[i]
             if replacement is not None:
@@ -402,15 +401,15 @@ class Backend:
 
     def _partition(self, name: str, sub: fx.GraphModule, sizes: SymbolicSizes,
                    report: bool = True, entry: PartitionReport | None = None,
-                   time_limit_s: float | None = None,
-                   replan_s: float | None = None) -> OptimizedPartition | None:
+                   time_limit_s: float | None = None) -> OptimizedPartition | None:
         """Convert, optimize and (where it will run on Triton) compile one partition, in
         ``time_limit_s`` seconds (default: the backend's whole ``time_limit_s``).
 
         With sizes Dynamo left symbolic but this program specialized, the module may search
         once more, with the size a call moved as the family size (``OptimizedPartition._adopt``),
-        in ``replan_s`` seconds (the graph's whole limit: that search runs alone, at a call,
-        after every partition of the graph was searched; default ``time_limit_s``).
+        in the same ``time_limit_s`` (each partition of the graph may search again in one
+        call: their shares keep that call within the graph's limit, and the family's size
+        checks within as much again).
         """
         ops = [op_name(n, sub) for n in sub.graph.nodes if n.op.startswith("call")]
         entry = entry or PartitionReport(name, ops)
@@ -442,8 +441,7 @@ class Backend:
             mod.held = {ident: sizes.held(places[ref]) for ident, (kind, ref)
                         in cv.sources.items() if kind == "arg"}
             if report and any(mod.held.values()):
-                def replan(symbols, name=name, sub=sub, sizes=sizes,
-                           limit=time_limit_s if replan_s is None else replan_s):
+                def replan(symbols, name=name, sub=sub, sizes=sizes, limit=time_limit_s):
                     again = PartitionReport(name, ops, share_s=limit)  # this one's share
                     return self._partition(name, sub, sizes.focus(symbols), False, again,
                                            limit), again.reason

@@ -146,7 +146,7 @@ def check_sizes(graph, padded, program, dim, lp0: int, opts: dict,
     if not fallback:
         verdicts, hint_v = verify_sizes(graph, sc, dim, opts, refused, deadline)
         bad = [s for s, v in verdicts.items() if not v.equivalent]
-        if bad and deadline is not None and deadline.expired():
+        if bad and _was_cut(verdicts[bad[0]], deadline):
             cut = _cut(dim, bad[0], deadline)
             say(f"family {graph.name!r}: {cut}; not served")
             return SizeCheck(sc, verdicts, hint_v, "", refused, cut)
@@ -158,9 +158,14 @@ def check_sizes(graph, padded, program, dim, lp0: int, opts: dict,
         refused.clear()
         verdicts, hint_v = verify_sizes(graph, sc, dim, opts, refused, deadline)
     bad = [s for s, v in verdicts.items() if not v.equivalent]
-    cut = _cut(dim, bad[0], deadline) if bad and deadline is not None and \
-        deadline.expired() else ""
+    cut = _cut(dim, bad[0], deadline) if bad and _was_cut(verdicts[bad[0]], deadline) else ""
     return SizeCheck(sc, verdicts, hint_v, fallback, refused, cut)
+
+
+def _was_cut(verdict: VerifyResult, deadline: Deadline | None) -> bool:
+    """Whether ``deadline`` ended the check of ``verdict`` (inconclusive, the deadline
+    passed), not a difference found."""
+    return deadline is not None and verdict.inconclusive and deadline.expired()
 
 
 def _cut(dim, size: int, deadline: Deadline) -> str:

@@ -175,7 +175,10 @@ def optimize_family(graph, options: SearchOptions, progress=None, cache=True) ->
                                     for k, v in stats["family"].items()}})
         store_result(store, key, stored, graph.name)
         out.record(cache="miss", cache_key=key[:12])
-    say(f"family {graph.name!r}: verified at {dim.name} = "
-        f"{', '.join(str(s) for s in verdicts)}; cost " + ", ".join(
-            f"{c:.2f} us at {s}" for s, c in costs.items()))
+    if ok:
+        say(f"family {graph.name!r}: verified at {dim.name} = "
+            f"{', '.join(str(s) for s in verdicts)}; cost " + ", ".join(
+                f"{c:.2f} us at {s}" for s, c in costs.items()))
+    elif not checked.timed_out:  # a cut check said so already
+        say(f"family {graph.name!r}: not served: {checked.verdict}")
     return out
