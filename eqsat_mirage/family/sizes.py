@@ -146,31 +146,28 @@ def check_sizes(graph, padded, program, dim, lp0: int, opts: dict,
     if not fallback:
         verdicts, hint_v = verify_sizes(graph, sc, dim, opts, refused, deadline)
         bad = [s for s, v in verdicts.items() if not v.equivalent]
-        if bad and _was_cut(verdicts[bad[0]], deadline):
-            cut = _cut(dim, bad[0], deadline)
-            say(f"family {graph.name!r}: {cut}; not served")
-            return SizeCheck(sc, verdicts, hint_v, "", refused, cut)
-        if bad:
+        if bad and not _cut(verdicts, dim, deadline):  # a cut: no second round
             fallback = f"the plan fails at {dim.name}={bad[0]}: {verdicts[bad[0]]}"
     if fallback:
         say(f"family {graph.name!r}: {fallback}; one kernel per op instead")
         sc = scaling(from_graph(padded), graph.dynamic, dim.name, lp0)
         refused.clear()
         verdicts, hint_v = verify_sizes(graph, sc, dim, opts, refused, deadline)
-    bad = [s for s, v in verdicts.items() if not v.equivalent]
-    cut = _cut(dim, bad[0], deadline) if bad and _was_cut(verdicts[bad[0]], deadline) else ""
+    cut = _cut(verdicts, dim, deadline)
+    if cut:
+        say(f"family {graph.name!r}: {cut}; not served")
     return SizeCheck(sc, verdicts, hint_v, fallback, refused, cut)
 
 
-def _was_cut(verdict: VerifyResult, deadline: Deadline | None) -> bool:
-    """Whether ``deadline`` ended the check of ``verdict`` (inconclusive, the deadline
-    passed), not a difference found."""
-    return deadline is not None and verdict.inconclusive and deadline.expired()
-
-
-def _cut(dim, size: int, deadline: Deadline) -> str:
+def _cut(verdicts: dict[int, VerifyResult], dim, deadline: Deadline | None) -> str:
+    """Where ``deadline`` ended the checks, in words: the first size not verified, when its
+    verdict is inconclusive and the deadline has passed (not a difference found); else ""."""
+    bad = next((s for s, v in verdicts.items() if not v.equivalent), None)
+    if bad is None or deadline is None or not verdicts[bad].inconclusive or \
+            not deadline.expired():
+        return ""
     return (f"the size checks' share of the time limit ({deadline.seconds:.1f} s) ran out "
-            f"at {dim.name}={size}")
+            f"at {dim.name}={bad}")
 
 
 def family_rows(fam: dict | None) -> list[str]:

@@ -179,6 +179,6 @@ def optimize_family(graph, options: SearchOptions, progress=None, cache=True) ->
         say(f"family {graph.name!r}: verified at {dim.name} = "
             f"{', '.join(str(s) for s in verdicts)}; cost " + ", ".join(
                 f"{c:.2f} us at {s}" for s, c in costs.items()))
-    elif not checked.timed_out:  # a cut check said so already
+    elif not checked.timed_out:  # a cut check said so already (``check_sizes``)
         say(f"family {graph.name!r}: not served: {checked.verdict}")
     return out

@@ -346,10 +346,9 @@ def accumulated(d: Degree, iterations: int, shared: bool = False) -> Degree:
     carry over only when shared (a product of several could take more values).
     """
     num, den, nbits, dbits = _sum(d, iterations, 1 if shared else iterations)
-    if not den:
-        return Degree(num, den, d.arg, nbits, dbits, d.abits)
-    return Degree(num, den, d.arg, nbits, dbits, d.abits, inv=d.inv,
-                  groups=d.groups if shared or iterations <= 1 else ())
+    counts = den and (shared or iterations <= 1)
+    return Degree(num, den, d.arg, nbits, dbits, d.abits, inv=d.inv if den else frozenset(),
+                  groups=d.groups if counts else ())
 
 
 def degrees(program) -> dict[str, Degree]:
