@@ -23,7 +23,8 @@ from ..semantics.floating import LazyInputs, evaluate
 from .accuracy import MAX_BITS_LOST, bits_lost
 from .bound import has_comparison
 from .conditioning import ill_conditioned
-from .corners import TIE, chosen, offset_draws, pair_draws, pairs, tie_draws, tie_pairs
+from .corners import TIE, chosen, offset_draws, offset_sets, pair_draws, tie_draws, tie_pairs
+from .corners import pairs as input_pairs
 from .draws import (
     EXPONENT_DRAWS,
     HEADROOM,
@@ -232,11 +233,14 @@ TIE_STEP = 0.5  # the ``ties`` draw's grid: k / 2, exact in every dtype
 
 
 def check_list(a, b, native: bool, static: bool, peaked: Collection[int] | None,
-                pair_forms: bool = True) -> list[tuple[str | None, str, float]]:
+                pair_forms: bool = True, pairs: bool = True
+                ) -> list[tuple[str | None, str, float]]:
     """``float_checks``' checks as ``(dtype, kind, s)`` in the order their verdicts count:
     the static checks, the native constant draws, float64 at scale 1, the other native
     draws (per input, exponent range, spread, per input folded, logits), float64 at the
-    large scales. ``dtype`` is "static", "native" or None (float64)."""
+    large scales. ``dtype`` is "static", "native" or None (float64). ``pairs=False``: no
+    draw that sets two inputs against each other (``peakset``, ``pair_draws``,
+    ``peaktie``, the paired ``offset`` draws)."""
     n_in = len(a.inputs)
     drawn = [("native", kind, s) for kind, s in NATIVE_DRAWS] if native else []
     if native:
@@ -245,11 +249,14 @@ def check_list(a, b, native: bool, static: bool, peaked: Collection[int] | None,
         drawn += [("native", "exponent", float(j)) for j in range(EXPONENT_DRAWS)]
         drawn += [("native", "spread", float(w)) for w in SPREADS]
         drawn += [("native", "peakfold", float(i)) for i in each]
-        drawn += [("native", "peakset", float(j)) for j in chosen(pairs(a), peaked)]
-        drawn += [("native", kind, float(j)) for kind, j in pair_draws(a, peaked)
-                  if pair_forms]
-        drawn += [("native", TIE, float(j)) for j in tie_draws(a, b, peaked) if pair_forms]
-        drawn += [("native", "offset", float(j)) for j in offset_draws(a, b, peaked)]
+        if pairs:
+            drawn += [("native", "peakset", float(j)) for j in chosen(input_pairs(a), peaked)]
+        if pairs and pair_forms:
+            drawn += [("native", kind, float(j)) for kind, j in pair_draws(a, peaked)]
+            drawn += [("native", TIE, float(j)) for j in tie_draws(a, b, peaked)]
+        sets = offset_sets(a)
+        drawn += [("native", "offset", float(j)) for j in offset_draws(a, b, peaked)
+                  if pairs or len(sets[j]) == 1]
         if is_graph(a) and any(n.op is Op.EXP for n in a.nodes()):
             drawn += [("native", "logits", 0.0)]
     if has_comparison(a) or has_comparison(b):  # ties, where > and >= part: natively and in float64
@@ -463,7 +470,8 @@ def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
                   constant_finite: bool = False, static: bool = True,
                   conditioned: bool = False, skipped: list | None = None,
                   peaked: Collection[int] | None = None, pair_forms: bool = True,
-                  only: tuple | None = None) -> tuple[Counterexample | None, bool]:
+                  only: tuple | None = None, pairs: bool = True
+                  ) -> tuple[Counterexample | None, bool]:
     """The static float-safety checks, float64 at ``FLOAT64_SCALES`` and both programs in
     their own dtypes at ``NATIVE_DRAWS`` and the exponent-range draws (see
     docs/verifier.md, sections 4 and 5).
@@ -491,14 +499,15 @@ def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
     ``pair_forms=False`` leaves out the pairs' other forms (``corners.pair_draws``;
     ``endtoend``: each piece had them on its own inputs). ``only``: that one check of
     ``check_list`` (a counterexample's ``check``), replayed on the same draw (same ``rng``
-    seed); none when ``check_list`` has no such check.
+    seed); none when ``check_list`` has no such check. ``pairs=False``: no draw that sets
+    two inputs against each other (``verify``'s ``pairs``).
     """
     pool = pool or Runner(None, Deadline(None))
     skipped = skipped if skipped is not None else []
     # the draws stop at the pool's deadline too (a large input's draw is long)
     judge = _Judge(a, b, rng, rtol, native, memo, static, constant_finite, conditioned, skipped,
                    pool.check)
-    checks = check_list(a, b, native, static, peaked, pair_forms)
+    checks = check_list(a, b, native, static, peaked, pair_forms, pairs)
     if only is not None:
         checks = [c for c in checks if c == tuple(only)]
     jobs: list = [functools.partial(judge.checked, i, *c) for i, c in enumerate(checks)]

@@ -188,10 +188,11 @@ def _field_trial(a, b, t: int, base: int, bits: int, avoid: set[int], max_redraw
 
 
 def _numerics(a, b, result: VerifyResult, seed, rtol: float, native: bool, memo: dict | None,
-              start: float, pool: Runner) -> bool:
+              start: float, pool: Runner, pairs: bool = True) -> bool:
     """Run the float checks into ``result``; True (and ``result`` final) if they failed."""
     frng = np.random.default_rng(None if seed is None else [seed, 0xF1047])
-    cex, result.native_checked = float_checks(a, b, frng, rtol, native, memo, pool)
+    cex, result.native_checked = float_checks(a, b, frng, rtol, native, memo, pool,
+                                              pairs=pairs)
     result.float_checked = True
     if cex is None:
         return False
@@ -261,8 +262,8 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
            float_check: bool = True, rtol: float = 1e-7, max_redraws: int = 15,
            max_bound: float = 1e-9, max_trials: int | None = None,
            native_check: bool = True, memo: dict | None = None,
-           float_first: bool = False, time_limit_s: float | Deadline | None = None
-           ) -> VerifyResult:
+           float_first: bool = False, time_limit_s: float | Deadline | None = None,
+           pairs: bool = True) -> VerifyResult:
     """Decide whether programs ``a`` and ``b`` compute the same outputs.
 
     Outputs and inputs are matched by name. At least ``trials`` independent
@@ -283,6 +284,10 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
     ``limits.reserved``). ``float_first`` runs the float checks before
     the field trials (the same verdict; cheaper when numerics are what fails).
     ``time_limit_s`` (seconds or a ``Deadline``): past it the verdict is "inconclusive".
+    ``pairs=False`` leaves out the float checks' draws that set two inputs against each
+    other (``corners``: ``peakset``, the pairs' other forms, ``peaktie`` and the paired
+    ``offset`` draws; their number grows with the square of the inputs): a shape family's
+    checks at sizes other than the hint, whose form the hint's check judged with them.
     A program whose values would not fit the memory budget (``ir/limits.py``) is refused
     with a ``BudgetError`` before anything runs.
     """
@@ -337,7 +342,8 @@ def verify(a, b, trials: int = 4, seed: int | None = None, prime_bits: int = 30,
                                  for n in range(most, 0, -1))
                     for phase, most in (("trials", threads), ("floats", floats))}
             how = TrialPlan(run, seed, base, max_trials, max_bound, prime_bits, avoid,
-                            max_redraws, rtol, float_check, native_check, float_first, fits)
+                            max_redraws, rtol, float_check, native_check, float_first, fits,
+                            pairs)
             return _decide(a, b, result, eps, how, memo, start, deadline)
     except TimeLimitError as exc:
         result.inconclusive, result.reason = True, f"inconclusive: {exc}"
@@ -352,7 +358,8 @@ def _decide(a, b, result: VerifyResult, eps: PerTrial, how: TrialPlan, memo, sta
 
     def numerics() -> bool:  # the float checks, on the threads that fit them
         with phase("floats") as pool:
-            return _numerics(a, b, result, seed, rtol, how.native_check, memo, start, pool)
+            return _numerics(a, b, result, seed, rtol, how.native_check, memo, start, pool,
+                             how.pairs)
 
     @contextlib.contextmanager
     def phase(name: str):  # a runner on the most threads whose bytes fit the budget now,

@@ -328,3 +328,29 @@ def test_the_size_checks_stop_at_their_deadline_and_the_family_is_not_served(fam
     record = checked.record(dim, lp0, 1, {256: 1.0}, 0.0)
     assert record["timed_out"] == checked.timed_out
     assert f"  not verified: {checked.timed_out}" in family_rows(record)
+
+
+def test_the_pair_draws_run_at_the_hint_only_and_every_size_is_checked(family_result,
+                                                                        monkeypatch):
+    """The float checks' pair draws (quadratic in the inputs: 26 of 27 s a size on a
+    19-input attention family) judge the algebraic form, the same at every size: they run
+    at the hint; every other size still gets the field trials and the per-input draws."""
+    from eqsat_mirage.family import sizes
+    from eqsat_mirage.family.sizes import check_sizes
+
+    g = attention(256)
+    (dim,) = g.dims.values()
+    lp0 = family_result.stats["family"]["planned_at"]
+    padded = padded_graph(plan_masks(g), {"L": lp0}, {"L": dim.hint})
+    seen, real = {}, sizes.verify
+
+    def spy(ref, member, **kw):
+        res = real(ref, member, **kw)
+        seen[ref.inputs["K"].shape[-1]] = (kw["pairs"], res.trials, res.float_checked)
+        return res
+    monkeypatch.setattr(sizes, "verify", spy)
+    checked = check_sizes(g, padded, family_result.program, dim, lp0,
+                          dict(trials=2, seed=0, max_bound=1e-9), lambda m: None)
+    assert checked.ok and set(seen) == set(checked.verdicts)
+    assert {s for s, (p, _, _) in seen.items() if p} == {256}
+    assert all(t >= 2 and floats for _, t, floats in seen.values())

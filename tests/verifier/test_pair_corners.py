@@ -15,6 +15,7 @@ import eqsat_mirage as em
 from eqsat_mirage.verifier.corners import (
     PAIR_FORMS,
     TIE,
+    offset_sets,
     pair_draws,
     pairs,
     tie_draws,
@@ -178,3 +179,23 @@ def test_safe_exp_rewrites_pass_the_tie_draws(dt):
     assert tie_draws(a, b, None) == [0, 1]
     for j in (0, 1):
         assert corner(a, b, TIE, j) is None, j
+
+
+def test_without_pairs_no_draw_sets_two_inputs_against_each_other():
+    """``pairs=False`` (a shape family's checks at sizes other than the hint) drops every
+    draw whose inputs are a pair, the offsets of two opposed inputs included, and keeps
+    the per-input ones; with it the checks no longer grow with the square of the inputs."""
+    a, b = div_matmul("float16", 3, True)
+    full = check_list(a, b, True, True, None)
+    some = check_list(a, b, True, True, None, pairs=False)
+    assert {"peakset", *PAIR_FORMS} <= {k for _, k, _ in full}
+    kinds = {k for _, k, _ in some}
+    assert not kinds & {"peakset", TIE, *PAIR_FORMS}, kinds
+    assert {"peak", "peakfold", "exponent"} <= kinds
+    sets = offset_sets(a)
+    assert all(len(sets[int(s)]) == 1 for _, k, s in some if k == "offset")
+    assert set(some) <= set(full)
+    a, b = exp_sum("float16")
+    assert TIE in {k for _, k, _ in check_list(a, b, True, True, None)}
+    assert TIE not in {k for _, k, _ in check_list(a, b, True, True, None, pairs=False)}
+
