@@ -218,6 +218,16 @@ def _in_child(source: str, target: str, deadline=None) -> list[KernelResources]:
             for d in SERVER.build(source, target, deadline)]
 
 
+def start_builds() -> None:
+    """Start the child Python that ``compile_report`` builds in under TRITON_INTERPRET=1
+    (``buildserver.SERVER``) now, so that its imports overlap the caller's work; nothing
+    without the interpreter (this process builds)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        from .buildserver import SERVER
+
+        SERVER.start()
+
+
 def _compile(source: str, target: str, deadline=None) -> list[KernelResources]:
     """Compile in this process (which must not run the interpreter), kernel by kernel, the
     ``deadline`` checked before each (``TimeLimitError``)."""
@@ -268,6 +278,30 @@ def _answer(source: str, target: str) -> dict:
         return {"error": traceback.format_exception_only(exc)[-1].strip()}
 
 
+def _warm() -> None:
+    """The build child's fixed costs before its first request: torch (which a generated
+    module imports: about 2 s) and Triton's compiler, loaded by one tiny kernel built for
+    sm_90 (0.65 s). A failure here is left to the real builds to report."""
+    import torch  # noqa: F401
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    @triton.jit
+    def copy(x_ptr, n, BLOCK: tl.constexpr):  # noqa: N803 - Triton style
+        offs = tl.arange(0, BLOCK)
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+    try:
+        triton.compile(ASTSource(fn=copy, signature={"x_ptr": "*fp32", "n": "i32",
+                                                     "BLOCK": "constexpr"},
+                                 constexprs={"BLOCK": 16}),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    except Exception:  # noqa: BLE001 - a warm-up only
+        pass
+
+
 def _main() -> None:
     """The child process: ``--serve`` (``buildserver.BuildServer``'s: a JSON request a line
     on stdin, an answer a line on stdout, whatever else writes to stdout sent to stderr,
@@ -285,6 +319,7 @@ def _main() -> None:
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    _warm()
     for line in sys.stdin:
         if line.strip():
             ask = json.loads(line)

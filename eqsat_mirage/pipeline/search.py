@@ -193,6 +193,7 @@ class Search:
         check_bytes(check_parts(graph), f"verifying {graph.name!r}")
         prof = GPUProfile.load(options.target).for_launch(options.launch)  # both models
         if options.compile_check:
+            from ..codegen.compiled import start_builds
             from ..codegen.tune import can_tune
 
             if not can_tune(prof.name):
@@ -200,6 +201,7 @@ class Search:
                                   f"h200, a100) and Triton's NVIDIA compiler; target "
                                   f"{prof.name!r} cannot be built here (compile_check=False "
                                   "skips the check)")
+            start_builds()  # its imports beside saturation, not before the first build
         self.profile, self.hardware = prof, Hardware.load(prof)
         return prof
 

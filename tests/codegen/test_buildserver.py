@@ -142,3 +142,26 @@ def test_the_build_caches_keep_at_most_kept_entries_the_oldest_dropped():
         compiled.keep_bounded(cache, i, i * i)
     assert len(cache) == compiled.KEPT
     assert min(cache) == 10 and cache[compiled.KEPT + 9] == (compiled.KEPT + 9) ** 2
+
+
+@needs_compiler
+def test_a_child_started_before_its_first_build_is_the_one_that_builds(monkeypatch):
+    """A search with the compile check starts the child as it begins (``start_builds``), so
+    that torch's import and Triton's first compile (about 2.5 s of its first build) run
+    beside the search; that child then builds, with the figures of a fresh one."""
+    from eqsat_mirage.codegen import buildserver, compiled
+
+    server = BuildServer()
+    monkeypatch.setattr(buildserver, "SERVER", server)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    try:
+        compiled.start_builds()
+        assert server.proc is not None and server.proc.poll() is None
+        pid = server.proc.pid
+        server.start()  # started already: the same child
+        assert server.proc.pid == pid
+        source = triton_source(attention_tiles(32, 64))
+        assert _figures(server.build(source, "h100")) == _figures(_one_shot(source))
+        assert server.proc.pid == pid
+    finally:
+        server.stop()
