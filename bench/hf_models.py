@@ -694,7 +694,8 @@ def main(argv=None) -> int:
                               f"({len(p['ops'])} ops): {p['reason']}", flush=True)
             for line in row["rejected"]:
                 print(f"    {line}", flush=True)
-            for line in row["summary"].get("eager_calls") or []:  # served eagerly at a call
+            summary = row.get("summary") or row["backend"].summary()
+            for line in summary.get("eager_calls") or []:  # served eagerly at a call
                 print(f"    eager calls: {line}", flush=True)
             row = {k: v for k, v in row.items() if k not in ("backend", "families")}
             rows.append({**row, "case": i, "time_limit": args.time_limit, "commit": commit(),

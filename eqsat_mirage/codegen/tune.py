@@ -6,7 +6,8 @@ ptxas in its wheel). A kernel that spills registers, or needs more shared memory
 target allows, is compiled again at the other warp counts (4, 8, 16; the cost model's choice
 first); the first clean build wins and is pinned on the kernel (``CustomKernel.num_warps``,
 which codegen emits and the cost model prices). A kernel with no clean build is refused: its
-tile key (``gpucost.tile_key``) goes into ``TuneResult.refused`` with the reason, the
+tile key (``gpucost.tile_key``) and its tiles key (``tiles.tiles_key``: the same tiles at any
+grid and loop range) go into ``TuneResult.refused`` with the reason, the
 kernel planner keeps it among its facts (``fusion.forms.KernelPlanner.refuse``), and the
 candidate planned again prices that schedule as infeasible (``gpucost.kernel_cost(...,
 refused=)``) and picks smaller tiles.
@@ -20,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..cost.profile import GPUProfile
-from ..cost.tiles import tile_key, warps_for
+from ..cost.tiles import tile_key, tiles_key, warps_for
 from ..ir.errors import TimeLimitError
 from ..mugraph.kernels import CustomKernel
 from ..mugraph.program import MuGraph
@@ -36,7 +37,7 @@ class TuneResult:
 
     target: str
     kernels: dict[str, KernelResources] = field(default_factory=dict)  # kernel name -> build
-    refused: dict[tuple, str] = field(default_factory=dict)  # tile key -> reason
+    refused: dict[tuple, str] = field(default_factory=dict)  # tile and tiles keys -> reason
     retuned: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (from, to) warps
     compiles: int = 0
     seconds: float = 0.0
@@ -59,7 +60,7 @@ class TuneResult:
                  f"({self.compiles} builds, {self.seconds:.1f} s)"]
         parts += [f"{n}: {a} -> {b} warps (ptxas spilled at {a})"
                   for n, (a, b) in self.retuned.items()]
-        parts += [f"refused: {why}" for why in self.refused.values()]
+        parts += [f"refused: {why}" for why in dict.fromkeys(self.refused.values())]
         return "; ".join(parts)
 
 
@@ -115,8 +116,9 @@ def tune(mugraph: MuGraph, target: str = "h100", deadline=None) -> TuneResult:
         else:
             k.num_warps = None
             arch = f"sm_{ARCH[target]}" + ("a" if ARCH[target] == 90 else "")
-            out.refused[tile_key(k)] = (f"kernel {k.name} does not build cleanly for {target} "
-                                        f"({arch}): " + "; ".join(tried))
+            why = f"kernel {k.name} does not build cleanly for {target} ({arch}): " + \
+                "; ".join(tried)
+            out.refused[tile_key(k)] = out.refused[tiles_key(k)] = why
     out.seconds = time.perf_counter() - t0
     return out
 

@@ -3,9 +3,10 @@
 ``padded_shapes`` pads every tile dim to a power of two (a matmul's M and N to at least 16);
 ``live_registers`` counts the 32-bit registers one block's live tiles take; ``warps_for``
 picks 4, 8 or 16 warps from that (or the count the compile check pinned), or None when no
-count holds them without spilling. ``refusal`` reads the compile check's refusals
-(``codegen.tune``), keyed by ``tile_key`` or ``structure_key``, from the mapping the caller
-passes (the refusals the kernel planner keeps; not a context variable).
+count holds them without spilling (``fma_k``: a crowded float32 dot over a long K).
+``refusal`` reads the compile check's refusals (``codegen.tune``), keyed by ``tile_key``,
+``tiles_key`` or ``structure_key``, from the mapping the caller passes (the refusals the
+kernel planner keeps; not a context variable).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from contextvars import ContextVar
 
 from ..frontend.graph import Graph
 from ..ir.node import ITEMSIZE, Op, numel
+from ..ir.ops import REDUCE
 from ..mugraph.kernels import CustomKernel
 from .profile import NUM_STAGES
 
@@ -57,6 +59,10 @@ def _padded(graph: Graph) -> dict[int, tuple[int, ...]]:
 # which the compile check (``codegen.tune``) catches and refuses.
 REGISTER_BUDGET = {4: 150, 8: 170, 16: 72}
 MAX_TILE_PER_THREAD = 64  # values of one computed tile per thread past which ptxas spills
+# the longest K (padded) of a crowded float32 tl.dot (``fma_k``) that builds without spills at
+# sm_90a: the float32 LLaMA MLP's K=256 tiles spilled 892-8316 B at 4, 8 and 16 warps on 14
+# tile shapes, where K=128 built cleanly
+MAX_FMA_K = 128
 WGMMA_M = 64  # Hopper's warpgroup MMA: M >= 64 rows, operand B (and a loaded A) from shared
               # memory; smaller dots run as mma.sync with both operands in registers
 
@@ -119,6 +125,15 @@ def tile_key(k: CustomKernel) -> tuple:
     return (k.grid, k.forloop, stages)
 
 
+def tiles_key(k: CustomKernel) -> tuple:
+    """What a build's registers and shared memory depend on: ``tile_key`` without the grid
+    and the loop range, with the pipelining depth (``stages_for``). A kernel that spills at
+    every warp count spills at every grid and loop range of the same tiles: keyed by
+    ``tile_key`` alone, each re-plan tried the same tiles at another split (a float32
+    LLaMA MLP piece: 7 plans refused with the same spills, then left one kernel per op)."""
+    return ("tiles", stages_for(k)) + tile_key(k)[2:]
+
+
 def structure_key(k: CustomKernel) -> tuple:
     """What a code-generation refusal of ``k`` depends on: its stages' ops and dtypes in
     order, without grid, loop range or tile shapes (the Triton backend refuses a structure,
@@ -134,8 +149,8 @@ _DYNAMIC: ContextVar[tuple[dict, int] | None] = ContextVar("dynamic", default=No
 
 def refusal(k: CustomKernel, refused: Mapping[tuple, str] | None = None) -> str:
     """Why ``k``'s schedule is refused ("" when it is not): the compile check refused it
-    (its ``tile_key`` or ``structure_key`` in ``refused``, key -> reason), or it reads a
-    dynamic (symbolic) dim whole, so its tile would grow with the size."""
+    (its ``tile_key``, ``tiles_key`` or ``structure_key`` in ``refused``, key -> reason), or
+    it reads a dynamic (symbolic) dim whole, so its tile would grow with the size."""
     axes, size = _DYNAMIC.get() or ({}, None)
     for bi in k.inputs.values() if size is not None else ():
         tile = k.loop.inputs[bi.name].shape  # an intermediate's dim as long as the padded size
@@ -146,7 +161,8 @@ def refusal(k: CustomKernel, refused: Mapping[tuple, str] | None = None) -> str:
                         "size: its tile would grow with it (one search serves every size)")
     if not refused:
         return ""
-    return refused.get(tile_key(k)) or refused.get(structure_key(k), "")
+    return (refused.get(tile_key(k)) or refused.get(tiles_key(k))
+            or refused.get(structure_key(k), ""))
 
 
 def dynamic_context() -> tuple[dict, int] | None:
@@ -168,17 +184,58 @@ def dynamic_dims(axes: dict[str, set[int]], size: int = 0) -> Iterator[None]:
         _DYNAMIC.reset(token)
 
 
+def fma_k(k: CustomKernel, pads=None) -> int:
+    """The largest K (padded) of ``k``'s crowded float32 ``tl.dot``s (0 when it has none).
+
+    Triton runs a float32 dot (``input_precision="ieee"``) on FMAs, each thread holding its
+    operand rows and columns whole along K. Alone, or after an elementwise prologue, a K of
+    256 builds cleanly at sm_90a; it spills at every warp count when the dot is crowded:
+    another float32 dot of the stage reads the same operand (the LLaMA MLP's gate and up
+    projections: 928-5956 B), or its left operand comes from a reduction along K in the
+    stage (RMSNorm before the projection: 844-4784 B). A dot counts when M, K and N are
+    over 1 (else the generated code takes a broadcast product)."""
+    pads = pads or _stage_pads(k)
+    worst = 0
+    for stage, pad in pads:
+        dots = [n for n in stage.nodes() if n.op is Op.MATMUL and n.dtype == "float32"
+                and min(n.srcs[0].shape[-2:] + n.srcs[1].shape[-1:]) > 1]
+        for n in dots:
+            shared = any(m is not n and set(map(id, m.srcs)) & set(map(id, n.srcs))
+                         for m in dots)
+            if shared or _reduced_along_k(n.srcs[0]):
+                worst = max(worst, pad[id(n.srcs[0])][-1])
+    return worst
+
+
+def _reduced_along_k(a) -> bool:
+    """Whether tile ``a`` (a dot's left operand) depends on a reduction along its last axis
+    (a row statistic: RMSNorm's mean of squares, a softmax's max and sum)."""
+    seen, todo = set(), [a]
+    while todo:
+        n = todo.pop()
+        if id(n) in seen or n.op is Op.INPUT:
+            continue
+        seen.add(id(n))
+        if n.op in REDUCE and len(n.srcs[0].shape) - 1 in n.arg[0]:
+            return True
+        todo.extend(n.srcs)
+    return False
+
+
 def warps_for(k: CustomKernel) -> int | None:
     """Warps per block of custom kernel ``k`` (emitted by codegen, priced here).
 
     ``k.num_warps`` when the compile check set it; else the fewest of 4, 8 and 16 whose
     threads hold ``live_registers(k)`` within ``REGISTER_BUDGET`` and every tile within
-    ``MAX_TILE_PER_THREAD`` values each; None when none does (ptxas would spill: the
-    schedule is refused, and the planner looks for smaller tiles).
+    ``MAX_TILE_PER_THREAD`` values each; None when none does, or when a crowded float32
+    dot's K is over ``MAX_FMA_K`` (ptxas would spill: the schedule is refused, and the
+    planner looks for smaller tiles).
     """
     if k.num_warps:
         return k.num_warps
     pads = _stage_pads(k)
+    if fma_k(k, pads) > MAX_FMA_K:
+        return None
     live = live_registers(k, pads)
     tiles = max([numel(pad[id(n)]) for stage, pad in pads for n in stage.nodes()
                  if n.op is not Op.INPUT], default=0)  # computed tiles (loaded: in live)

@@ -24,7 +24,7 @@ import subprocess
 from ..codegen.concat import CodegenError
 from ..codegen.tune import TuneResult, tune
 from ..cost.gpucost import mugraph_cost
-from ..cost.tiles import structure_key, tile_key
+from ..cost.tiles import structure_key, tile_key, tiles_key
 from ..ir.errors import MirageError, unexpected
 from .records import CompileRecord
 
@@ -53,7 +53,7 @@ class Builder:
         """Whether plan ``p`` (candidate ``i``) builds cleanly; pins retuned warps on it and
         fixes its cost. When not, queues a re-plan of the candidate and returns False."""
         custom = [k for k in p.mugraph.kernels if k.kind == "custom"]
-        known = {key: self.refused[key] for k in custom for key in (tile_key(k),
+        known = {key: self.refused[key] for k in custom for key in (tile_key(k), tiles_key(k),
                  structure_key(k)) if key in self.refused}
         if known:  # a schedule refused before: no need to build it again
             result = TuneResult(self.prof.name, refused=known)

@@ -12,7 +12,7 @@ import eqsat_mirage as em
 from eqsat_mirage.codegen.source import triton_source
 from eqsat_mirage.codegen.tune import TuneResult, can_tune, tune
 from eqsat_mirage.cost.gpucost import kernel_cost, mugraph_cost
-from eqsat_mirage.cost.tiles import tile_key, warps_for
+from eqsat_mirage.cost.tiles import tile_key, tiles_key, warps_for
 from eqsat_mirage.mugraph.program import MuGraph
 from eqsat_mirage.pipeline import build
 
@@ -126,8 +126,9 @@ def test_tiles_no_warp_count_holds_are_refused():
     (k,) = _custom(mg)
     result = tune(mg, "h100")
     assert not result.ok and k.num_warps is None
-    (why,) = result.refused.values()
-    assert tile_key(k) in result.refused and "sm_90a" in why and "spilled" in why
+    (why,) = set(result.refused.values())  # these tiles, at this split and at any other
+    assert {tile_key(k), tiles_key(k)} == set(result.refused) and "sm_90a" in why
+    assert "spilled" in why and result.summary().count("refused:") == 1
     assert result.compiles == 3
 
 
@@ -153,6 +154,31 @@ def test_optimize_replans_a_refused_candidate(monkeypatch):
     assert any("re-planned" in p["how"] for p in res.stats["plans"])
     assert res.cost_us == pytest.approx(mugraph_cost(res.program).total_us)
     assert res.cost_us >= first.cost_us
+
+
+def test_tiles_refused_for_spilling_are_refused_at_every_split(monkeypatch):
+    """A kernel that spills at every warp count spills at every grid and loop range of the
+    same tiles: the refusal (``tiles_key``) prices them all infinite, and the re-plan picks
+    other tiles, not the same tiles at another split."""
+    g = _rmslin(16, 256, 512)
+    first = em.optimize(g, cache=False)
+    (k0,) = _custom(first.program)
+    assert math.isinf(kernel_cost(k0, first.program,
+                                  refused={tiles_key(k0): "spilled (test)"}).time_us)
+    built = []
+
+    def fake_tune(mg, target, deadline=None):  # the first plan's tiles spill, at any split
+        built.append([tiles_key(k) for k in _custom(mg)])
+        if tiles_key(k0) in built[-1]:
+            return TuneResult(target, refused={tile_key(k0): "k0 spilled (test)",
+                                               tiles_key(k0): "k0 spilled (test)"})
+        return TuneResult(target)
+
+    monkeypatch.setattr(build, "tune", fake_tune)
+    res = em.optimize(g, cache=False, compile_check=True)
+    assert res.verified.equivalent
+    assert sum(tiles_key(k0) in keys for keys in built) == 1  # built once, never again
+    assert tiles_key(k0) not in [tiles_key(k) for k in _custom(res.program)]
 
 
 def test_a_refusal_after_the_compile_checks_share_is_still_replanned(monkeypatch):
