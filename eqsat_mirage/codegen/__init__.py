@@ -7,8 +7,8 @@ checking L, padding, cutting outputs); one module for every padded size is the
 ``family`` stage's. ``host.py``: the launcher's
 input checks once per input signature, constexpr strides, output buffers
 (``reuse_outputs``). ``kernel.py``: one custom kernel's body. ``tiles.py``: tile
-expressions (``tl.dot``, reductions, masks); ``dots.py``: which tile matmuls become
-``tl.dot`` (a left operand's batch dims merged into M). ``concat.py``: concatenation, and
+expressions (``tl.dot``, reductions, masks; which tile matmuls become ``tl.dot`` is
+``mugraph.dots``'s, the cost model reads it too). ``concat.py``: concatenation, and
 the code generator's error ``CodegenError`` (defined with the loader, ``runtime.load``).
 ``compiled.py``: ``compile_report``, each generated kernel compiled for the real target
 (sm_90a) without a GPU, with its registers, spills and shared memory. Loading a module,

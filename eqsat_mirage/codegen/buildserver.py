@@ -12,8 +12,9 @@ line on its stdin ({"source", "target"}), a JSON answer a line on its stdout ({"
 The child ends when this process does (its stdin closes); a build past its deadline kills
 it, and the next build starts another; a process forked from this one starts its own. A
 search with the compile check on starts the child as it begins (``BuildServer.start``): the
-child's imports (about 2.5 s of CPU) then run beside the search's saturation, on another
-core, not before the first build.
+child's imports and a first tiny build (about 2.5 s of CPU) then run beside the search's
+saturation (on another core where there is one), not before the first build. A search
+that builds nothing leaves the child idle until this process ends.
 """
 
 from __future__ import annotations
@@ -53,9 +54,13 @@ class BuildServer:
 
     def start(self) -> None:
         """Start the child now if none runs, without waiting for it: its imports then
-        overlap what this process does until its first build (``compiled.start_builds``)."""
-        with self.lock:
-            self._started()
+        overlap what this process does until its first build (``compiled.start_builds``).
+        Nothing while a build holds the lock (a child is running then)."""
+        if self.lock.acquire(blocking=False):
+            try:
+                self._started()
+            finally:
+                self.lock.release()
 
     def stop(self) -> None:
         """Kill the child (the next build starts another)."""

@@ -281,19 +281,19 @@ def _answer(source: str, target: str) -> dict:
 def _warm() -> None:
     """The build child's fixed costs before its first request: torch (which a generated
     module imports: about 2 s) and Triton's compiler, loaded by one tiny kernel built for
-    sm_90 (0.65 s). A failure here is left to the real builds to report."""
-    import torch  # noqa: F401
-    import triton
-    import triton.language as tl
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    @triton.jit
-    def copy(x_ptr, n, BLOCK: tl.constexpr):  # noqa: N803 - Triton style
-        offs = tl.arange(0, BLOCK)
-        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
-
+    sm_90 (0.65 s). A failure here is left to the real builds to report (``_answer``)."""
     try:
+        import torch  # noqa: F401
+        import triton
+        import triton.language as tl
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+
+        @triton.jit
+        def copy(x_ptr, n, BLOCK: tl.constexpr):  # noqa: N803 - Triton style
+            offs = tl.arange(0, BLOCK)
+            tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
         triton.compile(ASTSource(fn=copy, signature={"x_ptr": "*fp32", "n": "i32",
                                                      "BLOCK": "constexpr"},
                                  constexprs={"BLOCK": 16}),

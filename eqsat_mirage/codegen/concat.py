@@ -27,12 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir.node import ELEMENTWISE, REDUCE, Node, Op, Shape, fmt_shape, numel
+from ..mugraph.dots import squeezed
 from ..runtime.load import CodegenError  # the code generator's error (raised here too)
-
-
-def squeezed(shape: Shape) -> tuple[int, ...]:
-    """The sizes of the dims of ``shape`` that a Triton block keeps (those > 1)."""
-    return tuple(s for s in shape if s > 1)
 
 
 @dataclass

@@ -21,9 +21,10 @@ from collections.abc import Mapping
 from ..cost.tiles import stages_for, warps_for
 from ..ir.node import Node, Op, Shape, fmt_shape
 from ..ir.printing import short_dtype
+from ..mugraph.dots import squeezed
 from ..mugraph.kernels import CustomKernel, TensorSpec, axis_name, fmt_map
 from ..mugraph.online import causal_skip
-from .concat import CodegenError, Val, split, squeezed
+from .concat import CodegenError, Val, split
 from .family_layout import FamilyLayout
 from .tiles import TL_DTYPE, Names, TileOps, exp2, index, shown
 

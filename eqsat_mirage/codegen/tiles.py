@@ -46,8 +46,8 @@ from ..ir.node import (
 )
 from ..ir.node import QUANT_DTYPES as INT_VALUES
 from ..ir.ops import SPECS, ZERO
-from .concat import CodegenError, ConcatOps, Val, squeezed
-from .dots import MIN_DOT, matmul_dims, merges_batch, pow2, uses_dot
+from ..mugraph.dots import MIN_DOT, matmul_dims, merges_batch, pow2, squeezed, uses_dot
+from .concat import CodegenError, ConcatOps, Val
 
 MAX_NUMEL = 2 ** 20  # Triton's largest block (TRITON_MAX_TENSOR_NUMEL)
 TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32",

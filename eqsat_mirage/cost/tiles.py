@@ -18,6 +18,7 @@ from contextvars import ContextVar
 from ..frontend.graph import Graph
 from ..ir.node import ITEMSIZE, Op, numel
 from ..ir.ops import REDUCE
+from ..mugraph.dots import merges_batch, uses_dot
 from ..mugraph.kernels import CustomKernel
 from .profile import NUM_STAGES
 
@@ -127,11 +128,12 @@ def tile_key(k: CustomKernel) -> tuple:
 
 def tiles_key(k: CustomKernel) -> tuple:
     """What a build's registers and shared memory depend on: ``tile_key`` without the grid
-    and the loop range, with the pipelining depth (``stages_for``). A kernel that spills at
+    and the loop range, with the pipelining depth (``stages_for``) and whether there is a
+    loop (a range of 1 emits none). A kernel that spills at
     every warp count spills at every grid and loop range of the same tiles: keyed by
     ``tile_key`` alone, each re-plan tried the same tiles at another split (a float32
     LLaMA MLP piece: 7 plans refused with the same spills, then left one kernel per op)."""
-    return ("tiles", stages_for(k)) + tile_key(k)[2:]
+    return ("tiles", stages_for(k), k.forloop > 1) + tile_key(k)[2:]
 
 
 def structure_key(k: CustomKernel) -> tuple:
@@ -192,13 +194,14 @@ def fma_k(k: CustomKernel, pads=None) -> int:
     256 builds cleanly at sm_90a; it spills at every warp count when the dot is crowded:
     another float32 dot of the stage reads the same operand (the LLaMA MLP's gate and up
     projections: 928-5956 B), or its left operand comes from a reduction along K in the
-    stage (RMSNorm before the projection: 844-4784 B). A dot counts when M, K and N are
-    over 1 (else the generated code takes a broadcast product)."""
+    stage (RMSNorm before the projection: 844-4784 B). A tile matmul counts where the
+    backend emits it as a ``tl.dot`` (``mugraph.dots``: ``uses_dot``, ``merges_batch``);
+    the others are broadcast products."""
     pads = pads or _stage_pads(k)
     worst = 0
     for stage, pad in pads:
         dots = [n for n in stage.nodes() if n.op is Op.MATMUL and n.dtype == "float32"
-                and min(n.srcs[0].shape[-2:] + n.srcs[1].shape[-1:]) > 1]
+                and (uses_dot(n) or merges_batch(n))]
         for n in dots:
             shared = any(m is not n and set(map(id, m.srcs)) & set(map(id, n.srcs))
                          for m in dots)

@@ -4,8 +4,8 @@
 verifies it at ``test_sizes`` (the hint, hint +/- 1, a prime, one below a tile, the
 largest tested): the plan at each, zero-padded and cut (``FamilyMember``), against the
 family's program at that size, finite-field trials and float checks each (the float
-checks' pair draws at the hint only, ``verify_sizes`` says why). A plan that
-does not scale or fails at any size falls back to one kernel per op, verified the same
+checks' pair draws at the hint and the tightest size, ``verify_sizes`` says why). A plan
+that does not scale or fails at any size falls back to one kernel per op, verified the same
 way. When the memory budget refuses the largest size, the largest verified moves
 halfway to the hint until it fits (``SizeCheck.over_budget`` names each refused size).
 The checks stop at a deadline (their own share of the time limit): a size not verified by
@@ -24,6 +24,7 @@ from ..cost.gpucost import mugraph_cost
 from ..ir.errors import BudgetError
 from ..ir.limits import Deadline
 from ..mugraph.program import from_graph
+from ..verifier.floatcheck import headroom_slack
 from ..verifier.verify import VerifyResult, verify
 from .scale import FamilyMember, NotScalableError, Scaling, scaling
 
@@ -65,22 +66,27 @@ def verify_sizes(graph, sc: Scaling, dim, opts: dict, refused: dict,
     refuses it, moves halfway to the hint until it fits (``refused`` records each). Gives
     the verdict at each size and the hint's.
 
-    The float checks' pair draws (``verify``'s ``pairs``) run at the hint only. They judge
-    the algebraic form against two inputs at once (``exp(A - B)`` against
-    ``exp(A) / exp(B)``), and the form is the same at every size; what a size changes is
-    the tiling (tail tiles, masks, loop counts), which the field trials and the per-input
-    draws check at each. They were 95% of a 19-input attention family's check at each size
-    (26 of 27 s; bench/history/2026-12-03_session39.md)."""
+    The float checks' pair draws (``verify``'s ``pairs``) run at the hint, and at the size
+    whose overflow headroom is tightest (``floatcheck.headroom_slack``: the square of the
+    longest reduction rounded up to a power of two gives a candidate from 1x to 2x that
+    square of room, depending on the size) when that is another. They judge the algebraic
+    form against two inputs at once (``exp(A - B)`` against ``exp(A) / exp(B)``), and the
+    form is the same at every size; what a size changes is the tiling (tail tiles, masks,
+    loop counts), which the field trials and the per-input draws check at each. They were
+    95% of a 19-input attention family's check at each size (26 of 27 s;
+    bench/history/2026-12-03_session39.md)."""
     verdicts, hint_verdict = {}, None
     sizes = test_sizes(dim, sc.granule)
     top = max(sizes)
+    paired = {dim.hint, min(sizes, key=lambda s: (headroom_slack(graph.at({dim.name: s})),
+                                                  s != dim.hint))}
     for size in sizes:
+        pairs = size in paired  # kept when the memory budget moves the largest size
         while True:
             ref = graph.at({dim.name: size})
             member = FamilyMember(sc, size, ref.inputs, ref.outputs)
-            try:  # the pair draws at the hint only (``verify``'s ``pairs``)
-                v = verify(ref, member, **opts, time_limit_s=deadline,
-                           pairs=size == dim.hint)
+            try:  # the pair draws at the hint and the tightest size (``verify``'s ``pairs``)
+                v = verify(ref, member, **opts, time_limit_s=deadline, pairs=pairs)
                 break
             except BudgetError as exc:
                 lower = (size + dim.hint) // 2

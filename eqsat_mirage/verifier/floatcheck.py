@@ -164,6 +164,21 @@ def _reduction(program) -> int:
     return longest
 
 
+def headroom(program) -> float:
+    """The native checks' overflow headroom for first program ``program``: a point counts
+    where it stays finite with every input times this, the square of its longest reduction
+    (at least ``HEADROOM``) rounded up to a power of two."""
+    return 2.0 ** math.ceil(2 * math.log2(max(HEADROOM, float(_reduction(program)))))
+
+
+def headroom_slack(program) -> float:
+    """``headroom(program)`` over the square of its longest reduction (1 to 2): how much
+    sooner than that square a candidate's intermediate may overflow unseen. It differs
+    between the sizes of a shape family (``family.sizes`` runs the pair draws at the
+    tightest size too)."""
+    return headroom(program) / max(HEADROOM, float(_reduction(program))) ** 2
+
+
 _DRAWN = {"signed": "N(0, s^2)", "folded": "|N(0, s^2)|", "constant": "every input = s",
           "exponent": "N(0, 1) * 2^k, k across the inputs' exponent range, draw s",
           "spread": "+-2^e per element, e uniform in [-s, s] (0: the dtype's whole range)",
@@ -297,7 +312,7 @@ class _Judge:
         if not (native and static):
             draws.static_done.set()  # no static check to wait for
         if native:
-            draws.headroom = 2.0 ** math.ceil(2 * math.log2(max(HEADROOM, float(longest))))
+            draws.headroom = headroom(a)
 
     def checked(self, i: int, dtype: str | None, kind: str, s: float) -> Counterexample | None:
         """Check ``i`` (``dtype``, ``kind``, ``s``), then release its draw."""

@@ -330,15 +330,20 @@ def test_the_size_checks_stop_at_their_deadline_and_the_family_is_not_served(fam
     assert f"  not verified: {checked.timed_out}" in family_rows(record)
 
 
-def test_the_pair_draws_run_at_the_hint_only_and_every_size_is_checked(family_result,
-                                                                        monkeypatch):
+@pytest.mark.parametrize("hint", [256, 100])
+def test_the_pair_draws_run_at_the_hint_and_the_tightest_size(hint, monkeypatch):
     """The float checks' pair draws (quadratic in the inputs: 26 of 27 s a size on a
     19-input attention family) judge the algebraic form, the same at every size: they run
-    at the hint; every other size still gets the field trials and the per-input draws."""
+    at the hint, and at the size whose overflow headroom is tightest against the square of
+    its longest reduction; every other size still gets the field trials and the per-input
+    draws."""
     from eqsat_mirage.family import sizes
-    from eqsat_mirage.family.sizes import check_sizes
+    from eqsat_mirage.family.sizes import check_sizes, test_sizes
+    from eqsat_mirage.verifier.floatcheck import headroom_slack
 
-    g = attention(256)
+    g = attention(hint)
+    family_result = em.optimize(g, cache=False)
+
     (dim,) = g.dims.values()
     lp0 = family_result.stats["family"]["planned_at"]
     padded = padded_graph(plan_masks(g), {"L": lp0}, {"L": dim.hint})
@@ -352,5 +357,8 @@ def test_the_pair_draws_run_at_the_hint_only_and_every_size_is_checked(family_re
     checked = check_sizes(g, padded, family_result.program, dim, lp0,
                           dict(trials=2, seed=0, max_bound=1e-9), lambda m: None)
     assert checked.ok and set(seen) == set(checked.verdicts)
-    assert {s for s, (p, _, _) in seen.items() if p} == {256}
+    slack = {s: headroom_slack(g.at({"L": s})) for s in test_sizes(dim, checked.scaling.granule)}
+    tight = min(slack, key=lambda s: (slack[s], s != hint))
+    assert {s for s, (p, _, _) in seen.items() if p} == {hint, tight}
+    assert (tight == hint) == (hint == 256)  # 256 squared is a power of two: slack 1
     assert all(t >= 2 and floats for _, t, floats in seen.values())

@@ -1,15 +1,20 @@
 """Which tile matmuls the Triton backend emits as ``tl.dot`` (tensor cores) and how:
 ``uses_dot`` (a plain or one-batch-dim matmul), ``merges_batch`` (a left operand whose batch
 dims merge into M against a shared right operand); any other tile matmul is a broadcast
-product summed over K (``tiles.TileOps``).
+product summed over K (``codegen.tiles.TileOps``). Here, below both, because the cost model
+prices what the backend emits (``cost.tiles.fma_k``) and must not import the backend.
 """
 
 from __future__ import annotations
 
 from ..ir.node import Node, Shape, numel
-from .concat import squeezed
 
 MIN_DOT = 16  # smallest tl.dot operand dim
+
+
+def squeezed(shape: Shape) -> tuple[int, ...]:
+    """The sizes of the dims of ``shape`` that a Triton block keeps (those > 1)."""
+    return tuple(s for s in shape if s > 1)
 
 
 def matmul_dims(node: Node) -> tuple[Shape, int, int, int]:
