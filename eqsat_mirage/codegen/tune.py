@@ -7,7 +7,7 @@ target allows, is compiled again at the other warp counts (4, 8, 16; the cost mo
 first); the first clean build wins and is pinned on the kernel (``CustomKernel.num_warps``,
 which codegen emits and the cost model prices). A kernel with no clean build is refused: its
 tile key (``gpucost.tile_key``) and its tiles key (``tiles.tiles_key``: the same tiles at any
-grid and loop range) go into ``TuneResult.refused`` with the reason, the
+grid, with a loop or without one as built) go into ``TuneResult.refused`` with the reason, the
 kernel planner keeps it among its facts (``fusion.forms.KernelPlanner.refuse``), and the
 candidate planned again prices that schedule as infeasible (``gpucost.kernel_cost(...,
 refused=)``) and picks smaller tiles.

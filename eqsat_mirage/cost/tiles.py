@@ -129,10 +129,10 @@ def tile_key(k: CustomKernel) -> tuple:
 def tiles_key(k: CustomKernel) -> tuple:
     """What a build's registers and shared memory depend on: ``tile_key`` without the grid
     and the loop range, with the pipelining depth (``stages_for``) and whether there is a
-    loop (a range of 1 emits none). A kernel that spills at
-    every warp count spills at every grid and loop range of the same tiles: keyed by
-    ``tile_key`` alone, each re-plan tried the same tiles at another split (a float32
-    LLaMA MLP piece: 7 plans refused with the same spills, then left one kernel per op)."""
+    loop (a range of 1 emits none). A kernel that spills at every warp count spills at
+    every grid, and at every loop range past 1, of the same tiles: keyed by ``tile_key``
+    alone, each re-plan tried the same tiles at another split (a float32 LLaMA MLP piece:
+    7 plans refused with the same spills, then left one kernel per op)."""
     return ("tiles", stages_for(k), k.forloop > 1) + tile_key(k)[2:]
 
 

@@ -74,14 +74,20 @@ def verify_sizes(graph, sc: Scaling, dim, opts: dict, refused: dict,
     form is the same at every size; what a size changes is the tiling (tail tiles, masks,
     loop counts), which the field trials and the per-input draws check at each. They were
     95% of a 19-input attention family's check at each size (26 of 27 s;
-    bench/history/2026-12-03_session39.md)."""
+    bench/history/2026-12-03_session39.md). When the memory budget moves the largest size,
+    the tightest is found again among the sizes verified, and given the pair draws if it
+    had none."""
     verdicts, hint_verdict = {}, None
     sizes = test_sizes(dim, sc.granule)
     top = max(sizes)
-    paired = {dim.hint, min(sizes, key=lambda s: (headroom_slack(graph.at({dim.name: s})),
-                                                  s != dim.hint))}
+    slack = {s: headroom_slack(graph.at({dim.name: s})) for s in sizes}
+
+    def tightest(among) -> int:  # the smallest slack, the hint first among equals
+        return min(among, key=lambda s: (slack[s], s != dim.hint))
+
+    paired = {dim.hint, tightest(sizes)}
     for size in sizes:
-        pairs = size in paired  # kept when the memory budget moves the largest size
+        pairs = size in paired
         while True:
             ref = graph.at({dim.name: size})
             member = FamilyMember(sc, size, ref.inputs, ref.outputs)
@@ -94,11 +100,22 @@ def verify_sizes(graph, sc: Scaling, dim, opts: dict, refused: dict,
                     raise
                 refused[size] = str(exc)
                 size = top = lower
+                slack[size] = headroom_slack(graph.at({dim.name: size}))
+                if size in verdicts:  # moved onto a size verified already
+                    v, pairs = verdicts[size], False
+                    break
+                pairs = size == tightest([*verdicts, size])
         verdicts[size] = v
         if size == dim.hint:
             hint_verdict = v
         if not v.equivalent:
-            break
+            return verdicts, hint_verdict
+        paired |= {size} if pairs else set()
+    tight = tightest(verdicts)  # the largest moved: the tightest may have had none
+    if tight not in paired:
+        ref = graph.at({dim.name: tight})
+        verdicts[tight] = verify(ref, FamilyMember(sc, tight, ref.inputs, ref.outputs),
+                                 **opts, time_limit_s=deadline, pairs=True)
     return verdicts, hint_verdict
 
 

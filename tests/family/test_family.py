@@ -362,3 +362,39 @@ def test_the_pair_draws_run_at_the_hint_and_the_tightest_size(hint, monkeypatch)
     assert {s for s, (p, _, _) in seen.items() if p} == {hint, tight}
     assert (tight == hint) == (hint == 256)  # 256 squared is a power of two: slack 1
     assert all(t >= 2 and floats for _, t, floats in seen.values())
+
+
+def test_when_the_budget_moves_the_largest_size_the_tightest_verified_gets_the_pairs(
+        monkeypatch):
+    """The memory budget refuses L = 1024 (the tightest headroom, planned for the pair
+    draws) and moves it to 562: the tightest size then verified is 103, and it gets the
+    pair draws (before, 562 kept them, the second loosest)."""
+    from types import SimpleNamespace
+
+    from eqsat_mirage.family import sizes
+    from eqsat_mirage.ir.errors import BudgetError
+    from eqsat_mirage.verifier.floatcheck import headroom_slack
+
+    g = em.Graph("a")
+    q = g.input("Q", (2, 32, 64))
+    k = g.input("K", (2, 64, em.Dim("L", hint=100, max=1024)))
+    v = g.input("V", (2, "L", 64))
+    g.output(em.softmax(q @ k, axis=-1) @ v, "O")
+    (dim,) = g.dims.values()
+    runs = []
+
+    def fake_verify(ref, member, time_limit_s=None, pairs=True, **opts):
+        n = ref.inputs["K"].shape[2]
+        if n > 600:
+            raise BudgetError(f"L={n} does not fit")
+        runs.append((n, pairs))
+        return SimpleNamespace(equivalent=True)
+    monkeypatch.setattr(sizes, "verify", fake_verify)
+    monkeypatch.setattr(sizes, "FamilyMember", lambda *a: None)
+    refused = {}
+    verdicts, _ = sizes.verify_sizes(g, SimpleNamespace(granule=128), dim, {}, refused)
+    assert list(refused) == [1024] and 562 in verdicts
+    slack = {n: headroom_slack(g.at({"L": n})) for n in verdicts}
+    tight = min(slack, key=slack.get)
+    assert tight == 103 and (103, True) in runs and (562, True) not in runs
+    assert {n for n, p in runs if p} == {100, 103}
