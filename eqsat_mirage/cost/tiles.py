@@ -62,7 +62,7 @@ REGISTER_BUDGET = {4: 150, 8: 170, 16: 72}
 MAX_TILE_PER_THREAD = 64  # values of one computed tile per thread past which ptxas spills
 # the longest K (padded) of a crowded float32 tl.dot (``fma_k``) that builds without spills at
 # sm_90a: the float32 LLaMA MLP's K=256 tiles spilled 892-8316 B at 4, 8 and 16 warps on 14
-# tile shapes, where K=128 built cleanly
+# tile shapes, where K=128 built cleanly (bench/history/2026-12-03_session39.md)
 MAX_FMA_K = 128
 WGMMA_M = 64  # Hopper's warpgroup MMA: M >= 64 rows, operand B (and a loaded A) from shared
               # memory; smaller dots run as mma.sync with both operands in registers
@@ -190,23 +190,26 @@ def fma_k(k: CustomKernel, pads=None) -> int:
     """The largest K (padded) of ``k``'s crowded float32 ``tl.dot``s (0 when it has none).
 
     Triton runs a float32 dot (``input_precision="ieee"``) on FMAs, each thread holding its
-    operand rows and columns whole along K. Alone, or after an elementwise prologue, a K of
-    256 builds cleanly at sm_90a; it spills at every warp count when the dot is crowded:
-    another float32 dot of the stage reads the same operand (the LLaMA MLP's gate and up
-    projections: 928-5956 B), or its left operand comes from a reduction along K in the
-    stage (RMSNorm before the projection: 844-4784 B). A tile matmul counts where the
-    backend emits it as a ``tl.dot`` (``mugraph.dots``: ``uses_dot``, ``merges_batch``);
-    the others are broadcast products."""
+    operand rows and columns whole along K. Built at sm_90a with K = 256 (X (64, 256)
+    against (512, 256) weights): alone, or after an elementwise prologue, clean; two dots
+    reading one operand (the LLaMA MLP's gate and up projections) spilled at every warp
+    count on every block tried (16 x 16 to 64 x 16: 892-5956 B); a dot whose left operand
+    comes from a reduction along K (a norm before the projection) spilled on blocks wider
+    than tall (16 x 32, 16 x 64: 844-1852 B) and built cleanly on 16 x 16, 32 x 32 and
+    64 x 16. Those are the crowded dots. A tile matmul counts where the backend emits it as
+    a ``tl.dot`` (``mugraph.dots``: ``uses_dot``, ``merges_batch``); the others are
+    broadcast products."""
     pads = pads or _stage_pads(k)
     worst = 0
     for stage, pad in pads:
         dots = [n for n in stage.nodes() if n.op is Op.MATMUL and n.dtype == "float32"
                 and (uses_dot(n) or merges_batch(n))]
         for n in dots:
+            a, b = (pad[id(m)] for m in n.srcs)
             shared = any(m is not n and set(map(id, m.srcs)) & set(map(id, n.srcs))
                          for m in dots)
-            if shared or _reduced_along_k(n.srcs[0]):
-                worst = max(worst, pad[id(n.srcs[0])][-1])
+            if shared or (b[-1] > a[-2] and _reduced_along_k(n.srcs[0])):
+                worst = max(worst, a[-1])
     return worst
 
 

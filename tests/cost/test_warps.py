@@ -56,12 +56,14 @@ def test_the_chosen_warps_compile_without_spills_for_sm90a():
 
 
 def _fp32_kernel(form: str, forloop: int, dtype: str = "float32"):
-    """X (64, 256) against W, U (512, 256) as one kernel of 16 x 32 output blocks, K cut in
-    ``forloop`` iterations: ``plain`` X @ W.T, ``prologue`` (X * S) @ W.T, ``norm``
+    """X (64, 256) against W, U (512, 256) as one kernel of ``rows`` x 32 output blocks, K
+    cut in ``forloop`` iterations: ``plain`` X @ W.T, ``prologue`` (X * S) @ W.T, ``norm``
     rms_norm(X) @ W.T, ``two`` silu(X @ W.T) * (X @ U.T)."""
     from eqsat_mirage.fusion.lower import lower
     from eqsat_mirage.fusion.schedule import Schedule
 
+    dtype, _, rows = dtype.partition("/")  # "float32/32": blocks of 32 x 32, not 16 x 32
+    rows = int(rows or 16)
     g = em.Graph(form)
     x = g.input("X", (64, 256), dtype)
     w = g.input("W", (512, 256), dtype)
@@ -70,7 +72,7 @@ def _fp32_kernel(form: str, forloop: int, dtype: str = "float32"):
          "norm": lambda: em.rms_norm(x) @ w.T,
          "two": lambda: em.silu(x @ w.T) * (x @ g.input("U", (512, 256), dtype).T)}[form]()
     g.output(y, "Y")
-    mg = lower(g, Schedule(grid={"a": 4, "c": 16}, loop="b" if forloop > 1 else None,
+    mg = lower(g, Schedule(grid={"a": 64 // rows, "c": 16}, loop="b" if forloop > 1 else None,
                            forloop=forloop))
     (kern,) = [k for k in mg.kernels if k.kind == "custom"]
     return kern, mg
@@ -80,8 +82,8 @@ def _fp32_kernel(form: str, forloop: int, dtype: str = "float32"):
 # sm_90a (``test_the_fma_limit_matches_the_compiler`` builds them)
 FMA_CASES = [("plain", 1, "float32", 0, True), ("prologue", 1, "float32", 0, True),
              ("norm", 1, "float32", 256, False), ("two", 1, "float32", 256, False),
-             ("two", 2, "float32", 128, True), ("two", 4, "float32", 64, True),
-             ("two", 1, "float16", 0, True)]
+             ("two", 2, "float32", 128, True), ("norm", 1, "float32/32", 0, True),
+             ("two", 4, "float32", 64, True), ("two", 1, "float16", 0, True)]
 
 
 @pytest.mark.parametrize("form, forloop, dtype, k_dim, holds", FMA_CASES)
@@ -90,10 +92,11 @@ def test_a_crowded_float32_dot_over_a_long_k_has_no_warp_count(form, forloop, dt
     """A float32 ``tl.dot`` runs on FMAs (``input_precision="ieee"``), each thread holding
     its operand rows and columns whole along K. At K = 256 it builds cleanly alone or after
     an elementwise prologue, and spills at every warp count when crowded: two dots reading
-    one operand (the LLaMA MLP's gate and up projections) or a row reduction before it
-    (RMSNorm). The compile check refused 14 such tile shapes of the float32 LLaMA MLP
-    piece, one by one, and the piece was left one kernel per op; the model now refuses
-    them before building, and the planner takes a loop over K."""
+    one operand (the LLaMA MLP's gate and up projections), or a row reduction before it
+    (RMSNorm) on a block wider than tall (16 x 32; 32 x 32 builds). The compile check
+    refused 14 such tile shapes of the float32 LLaMA MLP piece, one by one, and the piece
+    was left one kernel per op; the model now refuses them before building, and the
+    planner takes a loop over K."""
     from eqsat_mirage.cost.tiles import MAX_FMA_K, fma_k
 
     kern, mg = _fp32_kernel(form, forloop, dtype)
@@ -103,10 +106,10 @@ def test_a_crowded_float32_dot_over_a_long_k_has_no_warp_count(form, forloop, dt
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("form, forloop, dtype, k_dim, holds", FMA_CASES[:5])
+@pytest.mark.parametrize("form, forloop, dtype, k_dim, holds", FMA_CASES[:6])
 def test_the_fma_limit_matches_the_compiler(form, forloop, dtype, k_dim, holds):
-    """The cases above built for sm_90a at 4, 8 and 16 warps: clean where the model finds a
-    warp count, spilling at every count where it refuses."""
+    """The float32 cases above built for sm_90a at 4, 8 and 16 warps: clean where the model
+    finds a warp count, spilling at every count where it refuses."""
     from eqsat_mirage.codegen.tune import can_tune, tune
 
     if not can_tune("h100"):
