@@ -16,6 +16,7 @@ then leaves the family unverified (``SizeCheck.timed_out``), never served.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from ..ir.errors import BudgetError
 from ..ir.limits import Deadline
 from ..mugraph.program import from_graph
 from ..verifier.floatcheck import headroom_slack
-from ..verifier.verify import VerifyResult, verify
+from ..verifier.verify import VerifyResult, verify, verify_without_pairs
 from .scale import FamilyMember, NotScalableError, Scaling, scaling
 
 
@@ -66,13 +67,14 @@ def verify_sizes(graph, sc: Scaling, dim, opts: dict, refused: dict,
     refuses it, moves halfway to the hint until it fits (``refused`` records each). Gives
     the verdict at each size and the hint's.
 
-    The float checks' pair draws (``verify``'s ``pairs``) run at the hint, and at the size
+    The float checks' pair draws run at the hint, and at the size
     whose overflow headroom is tightest (``floatcheck.headroom_slack``: the square of the
     longest reduction rounded up to a power of two gives a candidate from 1x to 2x that
     square of room, depending on the size) when that is another. They judge the algebraic
     form against two inputs at once (``exp(A - B)`` against ``exp(A) / exp(B)``), and the
     form is the same at every size; what a size changes is the tiling (tail tiles, masks,
-    loop counts), which the field trials and the per-input draws check at each. They were
+    loop counts), which the field trials and the per-input draws check at each
+    (``verify_without_pairs``). They were
     95% of a 19-input attention family's check at each size (26 of 27 s;
     bench/history/2026-12-03_session39.md). When the memory budget moves the largest size,
     the tightest is found again among the sizes verified, and given the pair draws if it
@@ -80,19 +82,21 @@ def verify_sizes(graph, sc: Scaling, dim, opts: dict, refused: dict,
     verdicts, hint_verdict = {}, None
     sizes = test_sizes(dim, sc.granule)
     top = max(sizes)
-    slack = {s: headroom_slack(graph.at({dim.name: s})) for s in sizes}
+    at = functools.cache(lambda size: graph.at({dim.name: size}))  # the program at a size
+    slack = functools.cache(lambda size: headroom_slack(at(size)))
 
     def tightest(among) -> int:  # the smallest slack, the hint first among equals
-        return min(among, key=lambda s: (slack[s], s != dim.hint))
+        return min(among, key=lambda s: (slack(s), s != dim.hint))
 
     paired = {dim.hint, tightest(sizes)}
     for size in sizes:
         pairs = size in paired
         while True:
-            ref = graph.at({dim.name: size})
+            ref = at(size)
             member = FamilyMember(sc, size, ref.inputs, ref.outputs)
-            try:  # the pair draws at the hint and the tightest size (``verify``'s ``pairs``)
-                v = verify(ref, member, **opts, time_limit_s=deadline, pairs=pairs)
+            try:  # the pair draws at the hint and the tightest size
+                check = verify if pairs else verify_without_pairs
+                v = check(ref, member, **opts, time_limit_s=deadline)
                 break
             except BudgetError as exc:
                 lower = (size + dim.hint) // 2
@@ -100,7 +104,6 @@ def verify_sizes(graph, sc: Scaling, dim, opts: dict, refused: dict,
                     raise
                 refused[size] = str(exc)
                 size = top = lower
-                slack[size] = headroom_slack(graph.at({dim.name: size}))
                 if size in verdicts:  # moved onto a size verified already
                     v, pairs = verdicts[size], False
                     break
@@ -113,9 +116,9 @@ def verify_sizes(graph, sc: Scaling, dim, opts: dict, refused: dict,
         paired |= {size} if pairs else set()
     tight = tightest(verdicts)  # the largest moved: the tightest may have had none
     if tight not in paired:
-        ref = graph.at({dim.name: tight})
+        ref = at(tight)
         verdicts[tight] = verify(ref, FamilyMember(sc, tight, ref.inputs, ref.outputs),
-                                 **opts, time_limit_s=deadline, pairs=True)
+                                 **opts, time_limit_s=deadline)
     return verdicts, hint_verdict
 
 

@@ -121,12 +121,12 @@ def opposed(a, b) -> list[tuple[int, ...]]:
     return sorted(alone) + found[:MAX_OPPOSED]
 
 
-def offset_draws(a, b, peaked) -> list[int]:
+def offset_draws(a, b, peaked, pairs: bool = True) -> list[int]:
     """The ``offset`` draws ``b`` is checked on against ``a``, as indices into
     ``offset_sets(a)``: the ``opposed`` inputs alone and in pairs (those whose inputs are
-    all in ``peaked``, positions; None: every input)."""
+    all in ``peaked``, positions; None: every input); alone only with ``pairs=False``."""
     sets, want = offset_sets(a), opposed(a, b)
-    return [j for j in chosen(sets, peaked) if sets[j] in want]
+    return [j for j in chosen(sets, peaked) if sets[j] in want and (pairs or len(sets[j]) == 1)]
 
 
 def chosen(sets: list[tuple[int, ...]], peaked) -> list[int]:

@@ -23,7 +23,7 @@ from ..semantics.floating import LazyInputs, evaluate
 from .accuracy import MAX_BITS_LOST, bits_lost
 from .bound import has_comparison
 from .conditioning import ill_conditioned
-from .corners import TIE, chosen, offset_draws, offset_sets, pair_draws, tie_draws, tie_pairs
+from .corners import TIE, chosen, offset_draws, pair_draws, tie_draws, tie_pairs
 from .corners import pairs as input_pairs
 from .draws import (
     EXPONENT_DRAWS,
@@ -164,19 +164,20 @@ def _reduction(program) -> int:
     return longest
 
 
-def headroom(program) -> float:
-    """The native checks' overflow headroom for first program ``program``: a point counts
-    where it stays finite with every input times this, the square of its longest reduction
-    (at least ``HEADROOM``) rounded up to a power of two."""
-    return 2.0 ** math.ceil(2 * math.log2(max(HEADROOM, float(_reduction(program)))))
+def _headroom(longest: int) -> float:
+    """The native checks' overflow headroom for a first program whose longest reduction is
+    ``longest``: a point counts where it stays finite with every input times this, the
+    square of ``longest`` (at least ``HEADROOM``) rounded up to a power of two."""
+    return 2.0 ** math.ceil(2 * math.log2(max(HEADROOM, float(longest))))
 
 
 def headroom_slack(program) -> float:
-    """``headroom(program)`` over the square of its longest reduction (1 to 2): how much
-    sooner than that square a candidate's intermediate may overflow unseen. It differs
-    between the sizes of a shape family (``family.sizes`` runs the pair draws at the
-    tightest size too)."""
-    return headroom(program) / max(HEADROOM, float(_reduction(program))) ** 2
+    """The native checks' headroom for first program ``program`` over the square of its
+    longest reduction (1 to 2): how much sooner than that square a candidate's
+    intermediate may overflow unseen. It differs between the sizes of a shape family
+    (``family.sizes`` runs the pair draws at the tightest size too)."""
+    longest = _reduction(program)
+    return _headroom(longest) / max(HEADROOM, float(longest)) ** 2
 
 
 _DRAWN = {"signed": "N(0, s^2)", "folded": "|N(0, s^2)|", "constant": "every input = s",
@@ -269,9 +270,7 @@ def check_list(a, b, native: bool, static: bool, peaked: Collection[int] | None,
         if pairs and pair_forms:
             drawn += [("native", kind, float(j)) for kind, j in pair_draws(a, peaked)]
             drawn += [("native", TIE, float(j)) for j in tie_draws(a, b, peaked)]
-        sets = offset_sets(a)
-        drawn += [("native", "offset", float(j)) for j in offset_draws(a, b, peaked)
-                  if pairs or len(sets[j]) == 1]
+        drawn += [("native", "offset", float(j)) for j in offset_draws(a, b, peaked, pairs)]
         if is_graph(a) and any(n.op is Op.EXP for n in a.nodes()):
             drawn += [("native", "logits", 0.0)]
     if has_comparison(a) or has_comparison(b):  # ties, where > and >= part: natively and in float64
@@ -312,7 +311,7 @@ class _Judge:
         if not (native and static):
             draws.static_done.set()  # no static check to wait for
         if native:
-            draws.headroom = headroom(a)
+            draws.headroom = _headroom(longest)
 
     def checked(self, i: int, dtype: str | None, kind: str, s: float) -> Counterexample | None:
         """Check ``i`` (``dtype``, ``kind``, ``s``), then release its draw."""
@@ -515,7 +514,7 @@ def float_checks(a, b, rng: np.random.Generator, rtol: float, native: bool,
     ``endtoend``: each piece had them on its own inputs). ``only``: that one check of
     ``check_list`` (a counterexample's ``check``), replayed on the same draw (same ``rng``
     seed); none when ``check_list`` has no such check. ``pairs=False``: no draw that sets
-    two inputs against each other (``verify``'s ``pairs``).
+    two inputs against each other (``verify.verify_without_pairs``).
     """
     pool = pool or Runner(None, Deadline(None))
     skipped = skipped if skipped is not None else []

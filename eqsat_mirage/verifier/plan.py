@@ -25,4 +25,4 @@ class TrialPlan:
     # the memory budget down to one; the phase takes the most that fit what the other worker
     # processes sharing the budget leave (``limits.reserved``)
     fits: dict | None = None
-    pairs: bool = True  # the float checks' pair draws (``verify``'s ``pairs``)
+    pairs: bool = True  # the float checks' pair draws (False: ``verify_without_pairs``)

@@ -347,13 +347,16 @@ def test_the_pair_draws_run_at_the_hint_and_the_tightest_size(hint, monkeypatch)
     (dim,) = g.dims.values()
     lp0 = family_result.stats["family"]["planned_at"]
     padded = padded_graph(plan_masks(g), {"L": lp0}, {"L": dim.hint})
-    seen, real = {}, sizes.verify
+    seen = {}
 
-    def spy(ref, member, **kw):
-        res = real(ref, member, **kw)
-        seen[ref.inputs["K"].shape[-1]] = (kw["pairs"], res.trials, res.float_checked)
-        return res
-    monkeypatch.setattr(sizes, "verify", spy)
+    def spy(real, pairs):
+        def check(ref, member, **kw):
+            res = real(ref, member, **kw)
+            seen[ref.inputs["K"].shape[-1]] = (pairs, res.trials, res.float_checked)
+            return res
+        return check
+    monkeypatch.setattr(sizes, "verify", spy(sizes.verify, True))
+    monkeypatch.setattr(sizes, "verify_without_pairs", spy(sizes.verify_without_pairs, False))
     checked = check_sizes(g, padded, family_result.program, dim, lp0,
                           dict(trials=2, seed=0, max_bound=1e-9), lambda m: None)
     assert checked.ok and set(seen) == set(checked.verdicts)
@@ -383,13 +386,16 @@ def test_when_the_budget_moves_the_largest_size_the_tightest_verified_gets_the_p
     (dim,) = g.dims.values()
     runs = []
 
-    def fake_verify(ref, member, time_limit_s=None, pairs=True, **opts):
-        n = ref.inputs["K"].shape[2]
-        if n > 600:
-            raise BudgetError(f"L={n} does not fit")
-        runs.append((n, pairs))
-        return SimpleNamespace(equivalent=True)
-    monkeypatch.setattr(sizes, "verify", fake_verify)
+    def fake(pairs):
+        def check(ref, member, time_limit_s=None, **opts):
+            n = ref.inputs["K"].shape[2]
+            if n > 600:
+                raise BudgetError(f"L={n} does not fit")
+            runs.append((n, pairs))
+            return SimpleNamespace(equivalent=True)
+        return check
+    monkeypatch.setattr(sizes, "verify", fake(True))
+    monkeypatch.setattr(sizes, "verify_without_pairs", fake(False))
     monkeypatch.setattr(sizes, "FamilyMember", lambda *a: None)
     refused = {}
     verdicts, _ = sizes.verify_sizes(g, SimpleNamespace(granule=128), dim, {}, refused)
