@@ -247,6 +247,7 @@ class FloatCtx:
     mode: str | None  # None: float64 throughout; "native": each node's dtype; else a dtype
     rounded: bool = False  # the inputs already hold values of their dtypes (used as given)
     coded: Coded | None = None  # arrays known as a table of few values and their codes
+    exact: bool = False  # accumulations exact (float64), rounded once: ``evaluate``'s "exact"
 
     def fix(self, node: Node, value: Any) -> np.ndarray:
         """Apply the precision policy to a node's result."""
@@ -265,8 +266,9 @@ def accumulator(ctx: FloatCtx, n: Node) -> type:
     """The accumulator of node ``n``: float64 for the reference (``mode`` None); in a float
     dtype, float32 for the ops whose spec ``accumulates`` (matmul, sum, mean: operands as
     stored, a float32 accumulator, the result rounded once, as torch and GPUs compute
-    them); else float64 (the exact result, rounded once)."""
-    return np.float32 if ctx.mode is not None and SPECS[n.op].accumulates else np.float64
+    them), unless ``ctx.exact``; else float64 (the exact result, rounded once)."""
+    return np.float32 if ctx.mode is not None and not ctx.exact and SPECS[n.op].accumulates \
+        else np.float64
 
 
 def _sum(ctx, n, x):
@@ -563,10 +565,13 @@ def evaluate(program, inputs: Mapping[str, Any], dtype: str | None = None,
 
     ``dtype=None`` computes in float64 (the reference). ``dtype="native"``
     rounds every node to its own dtype (fp32 accumulation in matmuls, as a GPU
-    does); any dtype name rounds every node to that dtype (a cast first to its own, as
-    a MuGraph's tiles, computed in float32, round at a cast). ``rounded=True``
-    (native only) takes ``inputs`` from ``rounded_inputs``: they are used as
-    given, so a draw shared by several programs is rounded once.
+    does); ``dtype="exact"`` rounds every node to its own dtype too, each matmul, sum and
+    mean computed exactly (in float64) and rounded once, as Herbie's model rounds each
+    operation: no result depends on a summation order (the BLAS kernel's, which differs
+    from one CPU to another); any dtype name rounds every node to that dtype (a cast first
+    to its own, as a MuGraph's tiles, computed in float32, round at a cast).
+    ``rounded=True`` (native and exact only) takes ``inputs`` from ``rounded_inputs``:
+    they are used as given, so a draw shared by several programs is rounded once.
     """
     if hasattr(program, "evaluate"):  # MuGraph and other program kinds evaluate themselves
         return program.evaluate(inputs, dtype=dtype, rounded=rounded)
@@ -694,18 +699,20 @@ def float_ctx(program, inputs: Mapping[str, Any], dtype: str | None, rounded: bo
     from ..ir.errors import DTypeError
     from ..ir.node import canonical_dtype
 
-    mode = None if dtype is None else ("native" if dtype == "native" else canonical_dtype(dtype))
+    exact = dtype == "exact"  # as "native", accumulations exact (``evaluate``)
+    mode = None if dtype is None else (
+        "native" if dtype in ("native", "exact") else canonical_dtype(dtype))
     if mode not in (None, "native", *_BITS):
         raise DTypeError(f"unknown dtype {dtype!r} for an evaluation: expected one of "
-                         f"{', '.join(_BITS)} or 'native'")
+                         f"{', '.join(_BITS)}, 'native' or 'exact'")
     if isinstance(inputs, LazyInputs) and set(inputs) == set(program.inputs):
-        return FloatCtx(inputs, mode, rounded=rounded and mode == "native")
+        return FloatCtx(inputs, mode, rounded=rounded and mode == "native", exact=exact)
     if rounded and mode == "native" and _as_given(program, inputs, (np.float32,), coded):
-        return FloatCtx(dict(inputs), mode, rounded=True)
+        return FloatCtx(dict(inputs), mode, rounded=True, exact=exact)
     if mode is None and _as_given(program, inputs, (np.float16, np.float32, np.float64),
                                   coded):
         return FloatCtx(dict(inputs), mode)  # each converted to float64 as it is read (fix),
-    return FloatCtx(check_inputs(program, inputs), mode)  # not all of them at once
+    return FloatCtx(check_inputs(program, inputs), mode, exact=exact)  # not all at once
 
 
 def _as_given(program, inputs: Mapping[str, Any], dtypes: tuple, coded: Coded | None = None

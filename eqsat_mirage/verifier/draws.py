@@ -501,7 +501,7 @@ class Draws:
             if inputs is None:
                 inputs = self.rounded(kind, s) if of_rounded else self.inputs(kind, s)
             store[key] = self.evaluate(self.a, inputs, dtype=dtype,
-                                       rounded=of_rounded and dtype == "native")
+                                       rounded=of_rounded and dtype in ("native", "exact"))
         return store[key]
 
     def truth(self, kind: str, s: float, of_rounded: bool = True) -> tuple[dict, str]:

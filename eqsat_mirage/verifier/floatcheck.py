@@ -455,13 +455,17 @@ class _Judge:
         finite (overflow is the peak draws' to judge, with their headroom) and the first
         program is below its dtype's largest, the second may lose at most
         ``MAX_BITS_LOST`` bits on average against the first program's own error
-        (``accuracy.bits_lost``; Herbie's measure) on every output."""
+        (``accuracy.bits_lost``; Herbie's measure) on every output. Both evaluated with
+        each op rounded once (``evaluate``'s "exact": accumulations exact): on an
+        ill-conditioned draw (attention logits at an offset of 65536) the float32 BLAS's
+        summation order alone moved the second program's average error by 4 bits from one
+        CPU's kernel to another's, and the verdict with it."""
         draws = self.draws
-        xa = draws.out_a("native", "offset", s, True)
+        xa = draws.out_a("exact", "offset", s, True)
         if not any(np.any(self._below(x)) for x in xa.values()):
             return None
         inputs = draws.rounded("offset", s)
-        xb = _evaluate(draws, self.b, inputs, dtype="native", rounded=True)
+        xb = _evaluate(draws, self.b, inputs, dtype="exact", rounded=True)
         ref, how = draws.truth("offset", s)
         for name, x in xa.items():
             y, r = xb[name], ref[name]

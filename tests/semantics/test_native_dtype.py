@@ -337,3 +337,23 @@ def test_a_matmul_with_a_nonfinite_one_value_operand_is_the_gemms_without_one(c)
                                          np.broadcast_to(np.float64(c), (6, 4)), xb)
         want = np.matmul(np.full((6, 4), c), xb.astype(np.float64))
     assert np.array_equal(got, want, equal_nan=True)
+
+
+def test_exact_evaluation_does_not_depend_on_the_summation_order():
+    """``dtype="exact"`` (the offset draws' evaluation): each matmul and sum exact, rounded
+    once to its dtype, so another order of the contraction gives the same bits, where the
+    float32 GEMM's own order moves the last bits of some outputs (and with it, on an
+    ill-conditioned draw, a verdict: another CPU's BLAS kernel sums in another order)."""
+    rng = np.random.default_rng(0)
+    g = em.Graph("order")
+    xt, wt = g.input("X", (16, 512), "float32"), g.input("W", (512, 32), "float32")
+    g.output((xt @ wt).sum(axis=1, keepdims=True) * 3.0 + xt.sum(axis=1, keepdims=True), "O")
+    x = rng.standard_normal((16, 512)).astype(np.float32) + 100.0
+    w = rng.standard_normal((512, 32)).astype(np.float32)
+    perm = rng.permutation(512)
+    moved = {"X": np.ascontiguousarray(x[:, perm]), "W": np.ascontiguousarray(w[perm])}
+    exact = [em.evaluate(g, ins, dtype="exact")["O"] for ins in ({"X": x, "W": w}, moved)]
+    assert np.array_equal(exact[0], exact[1])
+    assert np.array_equal(exact[0], round_to(exact[0], "float32"))  # values of the dtype
+    native = [em.evaluate(g, ins, dtype="native")["O"] for ins in ({"X": x, "W": w}, moved)]
+    assert not np.array_equal(native[0], native[1])  # float32 accumulation: order shows
