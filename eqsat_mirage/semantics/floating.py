@@ -248,6 +248,9 @@ class FloatCtx:
     rounded: bool = False  # the inputs already hold values of their dtypes (used as given)
     coded: Coded | None = None  # arrays known as a table of few values and their codes
     exact: bool = False  # accumulations exact (float64), rounded once: ``evaluate``'s "exact"
+    # nodes whose values stay exact (float64, not rounded): a kernel loop's partial sums and
+    # their accumulation under ``exact``, rounded once after the loop (``mugraph.tiled``)
+    unrounded: frozenset = frozenset()
 
     def fix(self, node: Node, value: Any) -> np.ndarray:
         """Apply the precision policy to a node's result."""
@@ -255,8 +258,8 @@ class FloatCtx:
             return wrap_int(value, node.dtype)
         if node.dtype in FP8_DTYPES:  # fp8 values (an input, moved): exact in every dtype
             return np.asarray(value, dtype=np.float64)
-        if self.mode is None or node.dtype in INDEX_DTYPES:  # indices: exact integers
-            return np.asarray(value, dtype=np.float64)
+        if self.mode is None or node.dtype in INDEX_DTYPES or id(node) in self.unrounded:
+            return np.asarray(value, dtype=np.float64)  # (indices: exact integers)
         if node.op is Op.CAST and self.mode != "native":  # a cast rounds whatever the mode
             value = round_to(value, node.arg)  # (a MuGraph's tiles: float32 registers, as
         return round_to(value, node.dtype if self.mode == "native" else self.mode)  # codegen)
