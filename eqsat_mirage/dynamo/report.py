@@ -88,6 +88,18 @@ def launch_summary(report: list[PartitionReport]) -> dict:
             "eager_calls": eager_calls(report)}
 
 
+def mostly_eager(entry: PartitionReport) -> bool:
+    """Whether most calls of an optimized partition ran eagerly (sizes or values its program
+    does not serve, a search again that found nothing): summaries then count it as eager,
+    not optimized (a growing KV cache's partition optimized for its first length only)."""
+    return entry.status == "optimized" and entry.eager_calls > entry.calls
+
+
+def counted(entry: PartitionReport) -> bool:
+    """Whether summaries count ``entry`` as optimized: optimized, and not ``mostly_eager``."""
+    return entry.status == "optimized" and not mostly_eager(entry)
+
+
 def eager_calls(report: list[PartitionReport]) -> list[str]:
     """One line per optimized partition some of whose calls ran eagerly (sizes or values
     the program does not serve): how many of its calls, and why the first did."""
@@ -103,7 +115,8 @@ class GraphRecord:
     limit, ``refused``: why the whole graph runs eagerly ("" when it was partitioned), and
     ``folded``: the ops computed once at compile time (``folding``), not in ``ops``.
     ``summary()`` and ``warning()`` read the reports when called: a partition whose first
-    call failed counts as fallen back, not optimized."""
+    call failed counts as fallen back, not optimized, and so does one most of whose calls
+    ran eagerly (``mostly_eager``)."""
 
     number: int
     ops: int
@@ -118,7 +131,7 @@ class GraphRecord:
     def outcome(self) -> tuple[str, str]:
         """``(outcome, reason)``: "optimized" (every op in an optimized partition),
         "partly optimized" or "eager", and why for the last two."""
-        done = [e for e in self.entries if e.status == "optimized"]
+        done = [e for e in self.entries if counted(e)]
         if self.refused:
             return "eager", self.refused
         if not done:
@@ -135,14 +148,18 @@ class GraphRecord:
 
     def eager_items(self) -> list[str]:
         """What runs eagerly, with why: the ops outside every partition and each partition
-        not optimized (now: one that fell back at its first call included)."""
-        return self.eager + [f"partition {e.name} of {len(e.ops)} ops ({e.reason})"
-                             for e in self.entries if e.status != "optimized"]
+        not optimized (now: one that fell back at its first call included, and one most of
+        whose calls ran eagerly)."""
+        return self.eager + [
+            f"partition {e.name} of {len(e.ops)} ops ("
+            + (f"{e.eager_calls} of {e.calls + e.eager_calls} calls ran eagerly: "
+               f"{e.eager_why}" if mostly_eager(e) else e.reason) + ")"
+            for e in self.entries if not counted(e)]
 
     def summary(self) -> dict:
         """This graph's dict in ``Backend.summary()["graphs"]``; ``predicted_us`` is None
         where nothing was priced (no partition optimized)."""
-        done = [e for e in self.entries if e.status == "optimized"]
+        done = [e for e in self.entries if counted(e)]
         outcome, reason = self.outcome()
         predicted = [sum(e.result.baseline_cost_us for e in done),
                      sum(e.result.cost_us for e in done)] if done else None

@@ -203,3 +203,24 @@ def test_a_call_that_returns_nothing_is_not_listed_as_eager():
         torch.compile(Logged(), backend=be)(torch.randn(4, 8))
     s = be.summary()
     assert s["eager"] == [] and s["optimized_compute_ops"] == s["compute_ops"] == 3, s
+
+
+def test_a_partition_most_of_whose_calls_ran_eagerly_counts_as_eager():
+    """A growing KV cache's partition optimized for its first length only (its search again
+    found nothing: row 48's ``part_3_2``, 5 of 6 calls eager) counts as eager in the
+    summary, with how many calls and why; one that ran eagerly once in two still counts."""
+    from eqsat_mirage.dynamo.report import GraphRecord
+
+    def entry(name, calls, eager):
+        return PartitionReport(name, ["mm", "add", "exp"], status="optimized", calls=calls,
+                               eager_calls=eager, eager_why="input 'k' has shape [1, 67]",
+                               optimized_ops=3, optimized_compute_ops=3,
+                               result=_result(10.0, 4.0))
+
+    record = GraphRecord(3, 6, 6, [entry("part_3_0", 1, 1), entry("part_3_2", 1, 5)], [])
+    s = record.summary()
+    assert (s["optimized_ops"], s["optimized_compute_ops"]) == (3, 3)
+    assert s["optimized_partitions"] == 1 and s["predicted_us"] == [10.0, 4.0]
+    assert s["outcome"] == "partly optimized"
+    assert s["eager"] == ["partition part_3_2 of 3 ops (5 of 6 calls ran eagerly: "
+                          "input 'k' has shape [1, 67])"]
