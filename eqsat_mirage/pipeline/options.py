@@ -8,7 +8,7 @@ flags (``cli/parser.py``) and the cache key (``key_data()``) are made from them.
 frozen and checked when built: a bad value raises a ``MirageError`` naming the option.
 
 ``Budget`` is one search's deadline and the shares of it each pass may use (rule checks
-30%, saturation 50%, extraction 70%, the compile check 70%, planning 85%, verification
+30%, saturation 50%, extraction 70%, planning 85%, the compile check and verification
 100% of ``time_limit_s``).
 
 ``VerifyPlan`` is how optimize verifies a candidate: trials, seed, bound, deadline, and
@@ -124,7 +124,8 @@ class SearchOptions:
         "when its work is done (nodes, candidates, trials), so its result does not depend on "
         "the machine's load. Rule checks get up to 30% "
         "of it, saturation runs until 50%, extraction until 70%, fusion planning starts no "
-        "plan after 85%, verification stops at 100%; a pass that reaches its share stops "
+        "plan after 85%, the compile check and verification stop at 100%; a pass that "
+        "reaches its share stops "
         "with what it has, and when no candidate verified in time the input is returned",
         "--time-limit", type=parse_time_limit, metavar="SECONDS")
     node_limit: int = option(200_000, "tensor e-nodes per saturation phase", "--node-limit",
@@ -329,7 +330,10 @@ class Budget:
     RULE_CHECKS: ClassVar[float] = 0.3
     SATURATION: ClassVar[float] = 0.5
     EXTRACTION: ClassVar[float] = 0.7
-    COMPILE_CHECK: ClassVar[float] = 0.7
+    # the compile check builds every plan it is given (at most the candidates and
+    # ``build.MAX_REPLANS`` re-plans: work) until the search's own cap; at 70%, which
+    # plans were built, and so which were refused, depended on how busy the machine was
+    COMPILE_CHECK: ClassVar[float] = 1.0
     PLANNING: ClassVar[float] = 0.85
 
     @classmethod
@@ -365,7 +369,8 @@ class Budget:
         return self.deadline.part(self.EXTRACTION)
 
     def compile_check(self) -> Deadline:
-        """Past this, a plan is verified without being built for the target."""
+        """Past this, a plan is verified without being built for the target: the search's
+        own deadline (its cap), so a result does not depend on the clock below it."""
         return self.deadline.part(self.COMPILE_CHECK)
 
     def planning(self) -> Deadline:

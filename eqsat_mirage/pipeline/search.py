@@ -343,7 +343,7 @@ class Search:
         verified, summary = [], []
         ver = self.record.verification
         builder = Builder(self.profile, kernels, forms, budget.compile_check(), self.progress,
-                          build=options.compile_check, replan=budget.planning())
+                          build=options.compile_check)
         while plans:
             cost, i, how, p = plans.pop(0)
             entry = {"how": how, "cost_us": cost, "kernels": len(p.mugraph.kernels),
