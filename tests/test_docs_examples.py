@@ -26,7 +26,8 @@ from docblocks import ROOT, block, named_blocks, run_python
 import eqsat_mirage as em
 
 PAGES = ("docs/install.md", "docs/api.md", "docs/pytorch.md", "docs/dynamic.md",
-         "docs/cli.md", "docs/cache.md", "docs/limits.md", "docs/rules.md")
+         "docs/cli.md", "docs/cache.md", "docs/limits.md", "docs/rules.md",
+         "docs/verifier.md", "docs/whole_programs.md")
 TESTED: set[tuple[str, str]] = set()
 
 
@@ -480,3 +481,36 @@ def test_limits(monkeypatch):
     assert first.startswith("equivalent" if ns["res"].verified else "None True time limit")
     assert refusal.startswith("verifying 'big_scores' would hold") and "exp (8, 1024, 4096)" \
         in refusal, refusal
+
+
+# -- verifier.md ---------------------------------------------------------------------------
+
+
+@runs("docs/verifier.md", "verify-call")
+def test_verify_call():
+    ns, out = _printed(block("docs/verifier.md", "verify-call"))
+    assert ns["r"].equivalent
+    assert out.startswith("equivalent (false-positive bound 1.43e-25 after 4 trials"), out
+
+
+@runs("docs/verifier.md", "primes-and-trials")
+def test_primes_and_trials():
+    _, out = _printed(block("docs/verifier.md", "primes-and-trials"))
+    bound = {(int(b), int(t)): float(x) for b, t, x, _ in (ln.split() for ln in
+                                                           out.splitlines())}
+    assert sorted(bound) == [(16, 1), (16, 4), (30, 1), (30, 4)]
+    for bits in (16, 30):  # more trials, a smaller bound; wider primes, a smaller one
+        assert bound[bits, 4] < bound[bits, 1] < 1.0
+    assert bound[30, 1] < bound[16, 1] and bound[30, 4] < bound[16, 4]
+
+
+# -- whole_programs.md ---------------------------------------------------------------------
+
+
+@runs("docs/whole_programs.md", "whole-program")
+def test_whole_program():
+    ns, out = _printed(block("docs/whole_programs.md", "whole-program"))
+    res = ns["res"]
+    assert len(res.stats["pieces"]) >= 2  # exp twice on a path: cut
+    _verified_or_out_of_time(res)
+    assert "kernel" in out and "output P" in out, out
