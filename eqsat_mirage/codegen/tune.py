@@ -4,7 +4,8 @@
 architecture (``compiled.compile_report``: Triton with an explicit ``GPUTarget`` and the
 ptxas in its wheel). A kernel that spills registers, or needs more shared memory than the
 target allows, is compiled again at the other warp counts (4, 8, 16; the cost model's choice
-first); the first clean build wins and is pinned on the kernel (``CustomKernel.num_warps``,
+first), unless its spills are past what any warp count can hold (``block_registers``); the
+first clean build wins and is pinned on the kernel (``CustomKernel.num_warps``,
 which codegen emits and the cost model prices). A kernel with no clean build is refused: its
 tile key (``gpucost.tile_key``) and its tiles key (``tiles.tiles_key``: the same tiles at any
 grid, with a loop or without one as built) go into ``TuneResult.refused`` with the reason, the
@@ -29,6 +30,7 @@ from .compiled import ARCH, KernelResources, compile_report
 from .source import triton_source
 
 WARPS = (4, 8, 16)
+HOPELESS = 2.0  # a build wanting this many register files a block is not tried again
 
 
 @dataclass
@@ -80,7 +82,8 @@ def tune(mugraph: MuGraph, target: str = "h100", deadline=None) -> TuneResult:
     unpinned and the result is ``cut_short`` (nothing refused)."""
     t0 = time.perf_counter()
     out = TuneResult(target)
-    limit = GPUProfile.load(target).smem_per_block_KiB * 1024
+    prof = GPUProfile.load(target)
+    limit, regfile = prof.smem_per_block_KiB * 1024, prof.registers_per_sm
     custom = [k for k in mugraph.kernels if isinstance(k, CustomKernel)]
     if not custom:
         return out
@@ -96,7 +99,13 @@ def tune(mugraph: MuGraph, target: str = "h100", deadline=None) -> TuneResult:
             out.kernels[k.name] = r
             continue
         first, tried = r.num_warps, [why]
-        for w in (w for w in WARPS if w != first):
+        # twice the register file: no warp count holds its tiles (a margin for the
+        # per-thread overhead, which does not split)
+        hopeless = block_registers(r) > HOPELESS * regfile
+        if hopeless:
+            tried.append(f"about {block_registers(r):,.0f} registers a block where the "
+                         f"register file holds {regfile:,}: no other warp count tried")
+        for w in (w for w in WARPS if w != first and not hopeless):
             if deadline is not None and deadline.expired():
                 k.num_warps, out.cut_short = None, True
                 break
@@ -123,6 +132,15 @@ def tune(mugraph: MuGraph, target: str = "h100", deadline=None) -> TuneResult:
     return out
 
 
+def block_registers(r: KernelResources) -> float:
+    """32-bit registers one block of a build wants: each thread's registers and spilled
+    words times its threads. More warps split the same tiles among more threads, so this
+    stays about the same at any warp count; past the SM's register file no warp count
+    builds cleanly (a float32 decode attention kernel spilled 37,620 B a thread at 8 warps,
+    70,256 at 4 and 10,504 at 16: three builds of about 20 s each, all refused)."""
+    return (r.registers + r.spill_bytes / 4) * 32 * r.num_warps
+
+
 def can_tune(target: str) -> bool:
     """Whether ``tune`` can build for ``target``: a built-in architecture and a Triton whose
     compiler and NVIDIA backend (with ptxas) are installed."""
@@ -136,4 +154,4 @@ def can_tune(target: str) -> bool:
     return True
 
 
-__all__ = ["TuneResult", "can_tune", "tune", "warps_for"]
+__all__ = ["TuneResult", "block_registers", "can_tune", "tune", "warps_for"]

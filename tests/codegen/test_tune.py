@@ -330,3 +330,31 @@ def test_a_bug_in_planning_one_candidate_is_contained_outside_strict_mode(monkey
     assert any("IndexError: tuple index out of range (test)" in e
                for e in res.stats["fusion_errors"])
     assert res.verified.equivalent and len(calls) >= 2
+
+
+def test_spills_no_warp_count_can_hold_are_not_built_again(monkeypatch):
+    """A build wanting more than twice the register file a block (row 48's float32 decode
+    attention kernel: 37,620 B spilled a thread at 8 warps, then 70,256 at 4 and 10,504 at
+    16, each build about 20 s) is refused after its first build; one within reach is built
+    at the other warp counts."""
+    import eqsat_mirage.codegen.tune as tuning
+    from eqsat_mirage.codegen.compiled import KernelResources
+
+    mg = attention_tiles(128, 128)
+    (k,) = _custom(mg)
+    k.num_warps = 8
+    spills = {8: 37620}
+
+    def fake_report(source, target, deadline=None):
+        w = k.num_warps or 8
+        return [KernelResources(k.name, (1,), 32, spills.get(w, 0), 0, 1024, w, 3, 0.0)]
+
+    monkeypatch.setattr(tuning, "compile_report", fake_report)
+    result = tune(mg, "h100")
+    assert tuning.block_registers(fake_report("", "h100")[0]) > 2 * 65536
+    assert not result.ok and result.compiles == 1
+    (why,) = set(result.refused.values())
+    assert "37620 B spilled at 8 warps" in why and "no other warp count tried" in why
+    k.num_warps, spills[8] = 8, 400  # (32 + 100) x 256 registers: worth another warp count
+    result = tune(mg, "h100")
+    assert result.ok and result.compiles == 2 and result.retuned == {k.name: (8, 4)}
