@@ -82,7 +82,7 @@ def test_a_pair_form_refuses_it(name):
 @pytest.mark.parametrize("name", sorted(UNSAFE))
 def test_verify_refuses_it_for_every_seed(name):
     a, b = UNSAFE[name][0]()
-    for seed in range(6):
+    for seed in range(50):  # issue 51: the verdict the same for 50 seeds
         res = em.verify(a, b, trials=3, seed=seed)
         assert not res.equivalent and res.counterexample.domain == "native dtype", (seed, res)
 
