@@ -201,8 +201,7 @@ def compile_report(source: str, target: str = "h100", deadline=None) -> list[Ker
     if key not in _CACHE:
         # a process that runs kernels under TRITON_INTERPRET=1 has triton.language in its
         # interpreted form, which the compiler cannot use: compile in a clean child process
-        interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-        built = (_in_child(source, target, deadline) if interpreted
+        built = (_in_child(source, target, deadline) if interpreted()
                  else _compile(source, target, deadline))
         keep_bounded(_CACHE, key, built)
     return _CACHE[key]
@@ -222,10 +221,16 @@ def start_builds() -> None:
     """Start the child Python that ``compile_report`` builds in under TRITON_INTERPRET=1
     (``buildserver.SERVER``) now, so that its imports overlap the caller's work; nothing
     without the interpreter (this process builds)."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if interpreted():
         from .buildserver import SERVER
 
         SERVER.start()
+
+
+def interpreted() -> bool:
+    """Whether this process runs Triton's interpreter (``TRITON_INTERPRET=1``): builds for
+    the target then run in the child Python of ``buildserver``."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _compile(source: str, target: str, deadline=None) -> list[KernelResources]:
