@@ -5,9 +5,10 @@ PY := $(VENV)/bin/python
 TEST_JOBS ?= 2
 STAMP := $(VENV)/.installed-stamp
 # one OpenBLAS kernel for the tests on every x86 machine with AVX2 (Haswell's): a float32
-# matmul's last bits depend on the kernel. The verdicts should not: the accuracy draws
-# evaluate with exact accumulations (GPT-2's block at a 65536 offset was refused with the
-# AVX-512 kernel and accepted with Haswell's until they did). Set OPENBLAS_CORETYPE
+# matmul's last bits depend on the kernel. The accuracy (offset) draws' verdicts do not:
+# they evaluate with exact accumulations (GPT-2's block at a 65536 offset was refused with
+# the AVX-512 kernel and accepted with Haswell's until they did); the other native draws
+# still sum in float32 with tolerances. Set OPENBLAS_CORETYPE
 # yourself to test another kernel.
 BLAS_KERNEL := $(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && echo Haswell)
 OPENBLAS_CORETYPE ?= $(BLAS_KERNEL)

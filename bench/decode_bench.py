@@ -28,6 +28,7 @@ os.environ.setdefault("EQSAT_MIRAGE_COMPILE_CHECK", "0")
 import torch  # noqa: E402
 
 import eqsat_mirage as em  # noqa: E402
+from eqsat_mirage.dynamo.report import counted  # noqa: E402
 
 HQ, HKV, D, L0 = 16, 4, 64, 4096
 
@@ -77,8 +78,8 @@ def run(dynamic, steps: int, device: str) -> dict:
                          (eager.float() - ref).abs().max().item()))
     fams = [e for e in be.report if getattr(e.result, "scaling", None) is not None]
     fam = fams[0].result.stats["family"] if fams else {}
-    return {"rows": rows, "families": sum(e.status == "optimized" for e in fams),
-            "static": sum(e.status == "optimized" for e in be.report if e not in fams),
+    return {"rows": rows, "families": sum(counted(e) for e in fams),
+            "static": sum(counted(e) for e in be.report if e not in fams),
             "report": be.report, "family": fam,
             "search_s": [round(e.seconds, 1) for e in be.report],
             "eager_calls": sum(e.eager_calls for e in be.report)}
@@ -96,7 +97,7 @@ def hf_decode(steps: int) -> list[str]:
         warnings.simplefilter("ignore")
         r = decode(steps=steps)
     dyn = r["summary"]["graphs"][-1]
-    fams = [e for e in r["families"] if e.status == "optimized"]
+    fams = [e for e in r["families"] if counted(e)]
     fam = fams[0].result.stats["family"] if fams else {}
     line = (f"Tiny `LlamaForCausalLM` (2 layers, hidden 256, 4 heads over 2 KV heads, fp32), "
             f"64-token eager prefill, then {steps} decode steps through torch.compile with "

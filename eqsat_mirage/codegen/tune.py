@@ -4,7 +4,8 @@
 architecture (``compiled.compile_report``: Triton with an explicit ``GPUTarget`` and the
 ptxas in its wheel). A kernel that spills registers, or needs more shared memory than the
 target allows, is compiled again at the other warp counts (4, 8, 16; the cost model's choice
-first), unless its spills are past what any warp count can hold (``block_registers``); the
+first), unless its spills or shared memory are past what any warp count can hold
+(``block_registers``); the
 first clean build wins and is pinned on the kernel (``CustomKernel.num_warps``,
 which codegen emits and the cost model prices). A kernel with no clean build is refused: its
 tile key (``gpucost.tile_key``) and its tiles key (``tiles.tiles_key``: the same tiles at any
@@ -99,12 +100,15 @@ def tune(mugraph: MuGraph, target: str = "h100", deadline=None) -> TuneResult:
             out.kernels[k.name] = r
             continue
         first, tried = r.num_warps, [why]
-        # twice the register file: no warp count holds its tiles (a margin for the
-        # per-thread overhead, which does not split)
-        hopeless = block_registers(r) > HOPELESS * regfile
+        # twice the register file, or the shared memory: no warp count holds its tiles (a
+        # margin for the per-thread overhead, which does not split)
+        hopeless = block_registers(r) > HOPELESS * regfile or \
+            r.shared_bytes > HOPELESS * limit
         if hopeless:
-            tried.append(f"about {block_registers(r):,.0f} registers a block where the "
-                         f"register file holds {regfile:,}: no other warp count tried")
+            tried.append(f"about {block_registers(r):,.0f} registers and "
+                         f"{r.shared_bytes / 1024:.0f} KiB of shared memory a block where the "
+                         f"target holds {regfile:,} and {limit / 1024:g} KiB: no other warp "
+                         "count tried")
         for w in (w for w in WARPS if w != first and not hopeless):
             if deadline is not None and deadline.expired():
                 k.num_warps, out.cut_short = None, True
@@ -133,12 +137,14 @@ def tune(mugraph: MuGraph, target: str = "h100", deadline=None) -> TuneResult:
 
 
 def block_registers(r: KernelResources) -> float:
-    """32-bit registers one block of a build wants: each thread's registers and spilled
-    words times its threads. More warps split the same tiles among more threads, so this
-    stays about the same at any warp count; past the SM's register file no warp count
-    builds cleanly (a float32 decode attention kernel spilled 37,620 B a thread at 8 warps,
-    70,256 at 4 and 10,504 at 16: three builds of about 20 s each, all refused)."""
-    return (r.registers + r.spill_bytes / 4) * 32 * r.num_warps
+    """32-bit registers one block of a build wants: each thread's registers and the words
+    of its local stack frame (where ptxas spills), times its threads. More warps split the
+    same tiles among more threads, so this stays about the same at any warp count; past the
+    SM's register file no warp count builds cleanly (a float32 decode attention kernel:
+    16,672 B of stack a thread at 8 warps, 5,864 at 16, about 1.1 and 0.8 million
+    registers a block; with 832 KiB of shared memory: three builds of about 20 s each,
+    all refused)."""
+    return (r.registers + r.stack_bytes / 4) * 32 * r.num_warps
 
 
 def can_tune(target: str) -> bool:

@@ -139,7 +139,9 @@ class GraphRecord:
                 shown = self.eager[:4] + (["..."] if len(self.eager) > 4 else [])
                 return "eager", f"no partition to search; eager: {', '.join(shown)}"
             return "eager", "no partition optimized: " + "; ".join(
-                f"{e.name}: {e.status} ({e.reason})" for e in self.entries)
+                f"{e.name}: " + (f"{e.eager_calls} of {e.calls + e.eager_calls} calls ran "
+                                 f"eagerly ({e.eager_why})" if mostly_eager(e)
+                                 else f"{e.status} ({e.reason})") for e in self.entries)
         left = self.eager_items()
         if left or sum(e.optimized_ops for e in done) < self.ops:
             return "partly optimized", f"{len(left)} op(s) or partition(s) eager (see eager)" \

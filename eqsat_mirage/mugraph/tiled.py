@@ -399,8 +399,8 @@ def tensor_last_reads(mg: KernelGraph) -> dict[int, list[str]]:
 
 def evaluate_float(mg: KernelGraph, inputs: Mapping[str, Any], dtype: str | None = None,
                    rounded: bool = False) -> dict:
-    """``em.evaluate`` for a MuGraph: float64 (``dtype=None``), "native" or a dtype name;
-    ``rounded`` as in ``semantics.floating.evaluate``."""
+    """``em.evaluate`` for a MuGraph: float64 (``dtype=None``), "native", "exact" or a dtype
+    name; ``rounded`` as in ``semantics.floating.evaluate``."""
     staged = validated_plans(mg)
     ctx = float_ctx(mg, inputs, dtype, rounded)
     with np.errstate(all="ignore"):

@@ -124,7 +124,8 @@ class SearchOptions:
         "when its work is done (nodes, candidates, trials), so its result does not depend on "
         "the machine's load. Rule checks get up to 30% "
         "of it, saturation runs until 50%, extraction until 70%, fusion planning starts no "
-        "plan after 85%, the compile check and verification stop at 100%; a pass that "
+        "plan after 85% (a refused candidate's re-plan excepted), the compile check and "
+        "verification stop at 100%; a pass that "
         "reaches its share stops "
         "with what it has, and when no candidate verified in time the input is returned",
         "--time-limit", type=parse_time_limit, metavar="SECONDS")

@@ -570,9 +570,10 @@ def evaluate(program, inputs: Mapping[str, Any], dtype: str | None = None,
     rounds every node to its own dtype (fp32 accumulation in matmuls, as a GPU
     does); ``dtype="exact"`` rounds every node to its own dtype too, each matmul, sum and
     mean computed exactly (in float64) and rounded once, as Herbie's model rounds each
-    operation: no result depends on a summation order (the BLAS kernel's, which differs
-    from one CPU to another); any dtype name rounds every node to that dtype (a cast first
-    to its own, as a MuGraph's tiles, computed in float32, round at a cast).
+    operation: a result depends on a summation order (the BLAS kernel's, which differs
+    from one CPU to another) only through float64's rounding; any dtype name rounds every
+    node to that dtype (a cast first to its own, as a MuGraph's tiles, computed in float32,
+    round at a cast).
     ``rounded=True`` (native and exact only) takes ``inputs`` from ``rounded_inputs``:
     they are used as given, so a draw shared by several programs is rounded once.
     """

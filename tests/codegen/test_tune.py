@@ -334,27 +334,31 @@ def test_a_bug_in_planning_one_candidate_is_contained_outside_strict_mode(monkey
 
 def test_spills_no_warp_count_can_hold_are_not_built_again(monkeypatch):
     """A build wanting more than twice the register file a block (row 48's float32 decode
-    attention kernel: 37,620 B spilled a thread at 8 warps, then 70,256 at 4 and 10,504 at
-    16, each build about 20 s) is refused after its first build; one within reach is built
-    at the other warp counts."""
+    attention kernel: 16,672 B of stack a thread at 8 warps, 37,620 B of spill stores; then
+    4 and 16 warps, each build about 20 s) is refused after its first build; so is one
+    wanting more than twice the shared memory; one within reach is built at the other warp
+    counts."""
     import eqsat_mirage.codegen.tune as tuning
     from eqsat_mirage.codegen.compiled import KernelResources
 
     mg = attention_tiles(128, 128)
     (k,) = _custom(mg)
-    k.num_warps = 8
-    spills = {8: 37620}
+    built = {8: (37620, 16672, 1024)}  # warps -> spill stores, stack, shared bytes
 
     def fake_report(source, target, deadline=None):
         w = k.num_warps or 8
-        return [KernelResources(k.name, (1,), 32, spills.get(w, 0), 0, 1024, w, 3, 0.0)]
+        spill, stack, shared = built.get(w, (0, 0, 1024))
+        return [KernelResources(k.name, (1,), 32, spill, stack, shared, w, 3, 0.0)]
 
     monkeypatch.setattr(tuning, "compile_report", fake_report)
-    result = tune(mg, "h100")
-    assert tuning.block_registers(fake_report("", "h100")[0]) > 2 * 65536
-    assert not result.ok and result.compiles == 1
-    (why,) = set(result.refused.values())
-    assert "37620 B spilled at 8 warps" in why and "no other warp count tried" in why
-    k.num_warps, spills[8] = 8, 400  # (32 + 100) x 256 registers: worth another warp count
+    for case in ((37620, 16672, 1024), (0, 0, 832 * 1024)):
+        built[8], k.num_warps = case, 8
+        result = tune(mg, "h100")
+        assert not result.ok and result.compiles == 1, result.summary()
+        (why,) = set(result.refused.values())
+        assert "no other warp count tried" in why, why
+    assert tuning.block_registers(KernelResources(k.name, (1,), 32, 37620, 16672, 1024, 8, 3,
+                                                  0.0)) > 2 * 65536
+    built[8], k.num_warps = (400, 200, 1024), 8  # (32 + 50) x 256 registers: worth trying
     result = tune(mg, "h100")
     assert result.ok and result.compiles == 2 and result.retuned == {k.name: (8, 4)}

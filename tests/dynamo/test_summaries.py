@@ -224,3 +224,6 @@ def test_a_partition_most_of_whose_calls_ran_eagerly_counts_as_eager():
     assert s["outcome"] == "partly optimized"
     assert s["eager"] == ["partition part_3_2 of 3 ops (5 of 6 calls ran eagerly: "
                           "input 'k' has shape [1, 67])"]
+    alone = GraphRecord(4, 3, 3, [entry("part_4_0", 1, 5)], [])
+    assert alone.outcome() == ("eager", "no partition optimized: part_4_0: 5 of 6 calls ran "
+                                        "eagerly (input 'k' has shape [1, 67])")
