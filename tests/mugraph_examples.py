@@ -32,10 +32,10 @@ def tiled_matmul(a_imap=None, b_imap=None, a_fmap=1, b_fmap=0, omap=None, drop_a
     return g, mg
 
 
-def rmsnorm_linear_graph(moved=True):
+def rmsnorm_linear_graph(moved=True, dtype="float16"):
     g = em.Graph("rmsnorm_linear")
-    x = g.input("X", (8, 64), "float16")
-    w = g.input("W", (64, 32), "float16")
+    x = g.input("X", (8, 64), dtype)
+    w = g.input("W", (64, 32), dtype)
     if moved:  # the normalisation after the matmul (the form the kernel implements)
         y = (x @ w) * em.rsqrt((x * x).mean(axis=1, keepdims=True) + EPS)
     else:
@@ -44,11 +44,11 @@ def rmsnorm_linear_graph(moved=True):
     return g
 
 
-def rmsnorm_linear(local_mean=False):
-    g = rmsnorm_linear_graph()
+def rmsnorm_linear(local_mean=False, dtype="float16"):
+    g = rmsnorm_linear_graph(dtype=dtype)
     mg = em.MuGraph("rmsnorm_linear_fused")
-    mg.input("X", (8, 64), "float16")
-    mg.input("W", (64, 32), "float16")
+    mg.input("X", (8, 64), dtype)
+    mg.input("W", (64, 32), dtype)
     k = mg.custom_kernel(grid=(4,), forloop=4, name="rms_linear", source=g)
     x = k.input("X", fmap=1)                    # (8, 16): rows whole, hidden dim in the loop
     w = k.input("W", imap={1: 0}, fmap=0)       # (16, 8): a column block, hidden dim in the loop

@@ -379,23 +379,7 @@ def test_exact_evaluation_sums_a_split_loop_once():
     tiled over the hidden dimension equals its Graph bit for bit on inputs at a common
     offset; "native" rounds each step's partial sum to float32 (the generated code's
     accumulators)."""
-    g32 = em.Graph("rmsnorm_linear32")
-    x, w = g32.input("X", (8, 64), "float32"), g32.input("W", (64, 32), "float32")
-    g32.output((x @ w) * em.rsqrt((x * x).mean(axis=1, keepdims=True) + EPS), "Y")
-    mg32 = em.MuGraph("rmsnorm_linear_fused32")
-    mg32.input("X", (8, 64), "float32")
-    mg32.input("W", (64, 32), "float32")
-    k = mg32.custom_kernel(grid=(4,), forloop=4, name="rms_linear", source=g32)
-    xt, wt = k.input("X", fmap=1), k.input("W", imap={1: 0}, fmap=0)
-    ss = k.accumulate((xt * xt).sum(axis=1, keepdims=True), "ss")
-    xw = k.accumulate(xt @ wt, "xw")
-    mean = ss / 64
-    shifted = mean + EPS
-    r = em.rsqrt(shifted)
-    y = xw * r
-    k.fuse(mean, shifted, r, y)
-    k.output(y, "Y", omap={1: 0})
-    mg32.output("Y")
+    g32, mg32 = rmsnorm_linear(dtype="float32")
     rng = np.random.default_rng(0)
     ins = {"X": (rng.standard_normal((8, 64)) + 65536).astype(np.float32),
            "W": rng.standard_normal((64, 32)).astype(np.float32)}
