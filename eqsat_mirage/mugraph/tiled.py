@@ -166,11 +166,18 @@ class _Plan:
     fused: dict[str, Node] = field(default_factory=dict)
     fused_loop: Outputs | None = None
     online: Online | None = None  # running maxima (online softmax), see online.py
+    # "exact" evaluations: accumulators whose loop value is a partial sum (a matmul's or a
+    # reduction's, ``_lone_sums``), kept in float64 over the loop and rounded once after it,
+    # as the input program's sums are: rounded each step, a tiled form of the input's own
+    # algebra lost 1.1 bits on average at a common offset of 65536
+    summed: tuple[str, ...] = ()
 
 
-def _fuse_matmuls(k: CustomKernel, loop: Outputs) -> tuple[dict[str, Node], Outputs | None]:
-    """The accumulators of ``k`` whose loop value is a matmul read by nothing else in the
-    loop, and the loop program that yields their operands instead (None: no such one)."""
+def _lone_sums(k: CustomKernel, loop: Outputs) -> dict[str, Node]:
+    """The sum accumulators of ``k`` (not a running maximum nor rescaled by one: those are
+    summed one step at a time) whose loop value is read by nothing else in the loop, not
+    written by the loop and not another accumulator's too: each is a sum over the loop of
+    partial values, which may be summed in any grouping."""
     readers: dict[int, int] = {}
     for n in loop.nodes():
         for src in n.srcs:
@@ -178,9 +185,16 @@ def _fuse_matmuls(k: CustomKernel, loop: Outputs) -> tuple[dict[str, Node], Outp
     loop_outs = {t for t, bo in k.outputs.items() if bo.stage == "loop"}
     outs = list(loop.outputs.values())
     online = set(k.maxima) | set(k.rescaled())  # summed with a rescale: one at a time
-    fused = {a: loop.outputs[a] for a in k.accumulators
-             if loop.outputs[a].op is Op.MATMUL and a not in loop_outs and a not in online
-             and not readers.get(id(loop.outputs[a])) and outs.count(loop.outputs[a]) == 1}
+    return {a: loop.outputs[a] for a in k.accumulators
+            if a not in loop_outs and a not in online
+            and not readers.get(id(loop.outputs[a])) and outs.count(loop.outputs[a]) == 1}
+
+
+def _fuse_matmuls(loop: Outputs, lone: dict[str, Node]
+                  ) -> tuple[dict[str, Node], Outputs | None]:
+    """The accumulators of ``lone`` (``_lone_sums``) whose loop value is a matmul, and the
+    loop program that yields their operands instead (None: no such one)."""
+    fused = {a: n for a, n in lone.items() if n.op is Op.MATMUL}
     if not fused:
         return {}, None
     rest = {t: n for t, n in loop.outputs.items() if t not in fused}
@@ -201,8 +215,10 @@ def plans(mg: KernelGraph) -> list:
         post, post_map = vectorise(k.post.outputs, k.grid)
         adds = {a: Node(Op.ADD, (loop.outputs[a],) * 2, None, loop.outputs[a].shape, "float32")
                 for a in k.accumulators}
-        plans.append(_Plan(k, loop, post, loop_map, post_map, adds, *_fuse_matmuls(k, loop),
-                           plan_online(k, loop)))
+        lone = _lone_sums(k, loop)
+        summed = tuple(a for a, n in lone.items() if SPECS[n.op].accumulates)
+        plans.append(_Plan(k, loop, post, loop_map, post_map, adds, *_fuse_matmuls(loop, lone),
+                           plan_online(k, loop), summed))
     return plans
 
 
@@ -229,8 +245,7 @@ def _run_custom(plan: _Plan, table: Table, ctx: Any, env: Mapping[str, Any],
     native = getattr(ctx, "mode", None) == "native"
     if native:  # as the generated code: tiles computed in float32, rounded when stored
         ctx = replace(ctx, mode="float32")
-    summed = _summed_exactly(plan) if native and getattr(ctx, "exact", False) and f_range > 1 \
-        else ()
+    summed = plan.summed if native and getattr(ctx, "exact", False) and f_range > 1 else ()
     if summed:  # "exact": a sum split over the loop is one sum, rounded once (after it)
         ctx = replace(ctx, unrounded=frozenset(
             id(n) for a in summed for n in (plan.loop.outputs[a], plan.adds[a])))
@@ -319,29 +334,6 @@ def _run_custom(plan: _Plan, table: Table, ctx: Any, env: Mapping[str, Any],
         if native:
             out[t] = round_to(out[t], specs[t].dtype)
     return out
-
-
-def _summed_exactly(plan: _Plan) -> tuple[str, ...]:
-    """The accumulators of ``plan``'s kernel that ``evaluate``'s "exact" keeps exact over
-    the loop, as it keeps the input program's matmuls and sums exact: each a sum of
-    per-iteration partial sums (a matmul's or a reduction's, read by nothing else in the
-    loop), not a running maximum nor rescaled by one. Their partials and accumulation stay
-    in float64 and the accumulator is rounded once, after the loop; a split sum rounded at
-    each step would lose bits against an input program summed exactly, where on a GPU
-    both sum in float32 (about 1.5 bits on average at a common offset of 65536)."""
-    k = plan.kernel
-    readers: dict[int, int] = {}
-    for n in plan.loop.nodes():
-        for src in n.srcs:
-            readers[id(src)] = readers.get(id(src), 0) + 1
-    outs = list(plan.loop.outputs.values())
-    skip = set(k.maxima) | (set(plan.online.rescaled) if plan.online is not None else set())
-    loop_outs = {t for t, bo in k.outputs.items() if bo.stage == "loop"}
-    return tuple(a for a in k.accumulators
-                 if a not in skip and a not in loop_outs and a in plan.adds
-                 and SPECS[plan.loop.outputs[a].op].accumulates
-                 and not readers.get(id(plan.loop.outputs[a]))
-                 and outs.count(plan.loop.outputs[a]) == 1)
 
 
 def execute(mg: KernelGraph, plans: list, table: Table, ctx: Any, pairs: bool,

@@ -30,7 +30,7 @@ def _field_outputs(prog, graph, seed, monkeypatch=None, plain=False):
     if not plain:
         return prog.evaluate_field(ctx) if hasattr(prog, "kernels") else evaluate_field(prog, ctx)
     with monkeypatch.context() as m:
-        m.setattr(tiled, "_fuse_matmuls", lambda k, loop: ({}, None))
+        m.setattr(tiled, "_fuse_matmuls", lambda loop, lone: ({}, None))
         m.setattr(tiled, "needs_p", lambda mg, plans, q_ids: None)
         m.setattr(fieldsem, "p_needed", lambda program, q_ids: None)
         return prog.evaluate_field(ctx) if hasattr(prog, "kernels") else evaluate_field(prog, ctx)
