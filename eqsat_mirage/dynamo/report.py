@@ -100,11 +100,16 @@ def counted(entry: PartitionReport) -> bool:
     return entry.status == "optimized" and not mostly_eager(entry)
 
 
+def _ran_eagerly(entry: PartitionReport) -> str:
+    """How many of ``entry``'s calls ran eagerly, in words: ``5 of 6 calls ran eagerly``."""
+    return f"{entry.eager_calls} of {entry.calls + entry.eager_calls} calls ran eagerly"
+
+
 def eager_calls(report: list[PartitionReport]) -> list[str]:
     """One line per optimized partition some of whose calls ran eagerly (sizes or values
     the program does not serve): how many of its calls, and why the first did."""
-    return [f"{e.name}: {e.eager_calls} of {e.calls + e.eager_calls} calls ran eagerly "
-            f"({e.eager_why})" for e in report if e.status == "optimized" and e.eager_calls]
+    return [f"{e.name}: {_ran_eagerly(e)} ({e.eager_why})" for e in report
+            if e.status == "optimized" and e.eager_calls]
 
 
 @dataclass
@@ -139,8 +144,7 @@ class GraphRecord:
                 shown = self.eager[:4] + (["..."] if len(self.eager) > 4 else [])
                 return "eager", f"no partition to search; eager: {', '.join(shown)}"
             return "eager", "no partition optimized: " + "; ".join(
-                f"{e.name}: " + (f"{e.eager_calls} of {e.calls + e.eager_calls} calls ran "
-                                 f"eagerly ({e.eager_why})" if mostly_eager(e)
+                f"{e.name}: " + (f"{_ran_eagerly(e)} ({e.eager_why})" if mostly_eager(e)
                                  else f"{e.status} ({e.reason})") for e in self.entries)
         left = self.eager_items()
         if left or sum(e.optimized_ops for e in done) < self.ops:
@@ -154,8 +158,7 @@ class GraphRecord:
         whose calls ran eagerly)."""
         return self.eager + [
             f"partition {e.name} of {len(e.ops)} ops ("
-            + (f"{e.eager_calls} of {e.calls + e.eager_calls} calls ran eagerly: "
-               f"{e.eager_why}" if mostly_eager(e) else e.reason) + ")"
+            + (f"{_ran_eagerly(e)}: {e.eager_why}" if mostly_eager(e) else e.reason) + ")"
             for e in self.entries if not counted(e)]
 
     def summary(self) -> dict:
