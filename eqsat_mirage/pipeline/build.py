@@ -37,13 +37,12 @@ class Builder:
     """The compile check of one optimize call (see the module docstring)."""
 
     def __init__(self, prof, kernels, todo: list, deadline, progress=None,
-                 build: bool = True, replan=None) -> None:
+                 build: bool = True) -> None:
         # kernels: the fusion.forms.KernelPlanner that planned the forms of ``todo``;
         # build: compile every kernel for the target (False: write the Triton source only);
-        # replan: until when a refused candidate is planned again (default ``deadline``)
+        # deadline: until when plans are built and refused candidates planned again
         self.prof, self.kernels, self.todo, self.build = prof, kernels, todo, build
         self.deadline, self.progress = deadline, progress
-        self.replan_deadline = replan or deadline
         self.refused: dict = {}
         self.replans = 0
         self.builds: list[str] = []
@@ -103,11 +102,11 @@ class Builder:
         if self.progress:
             what = "refused by the compile check: " if self.build else ""
             self.progress(f"MuGraph from {how} {what}{entry['compiled']}")
-        if self.replans >= MAX_REPLANS or self.replan_deadline.expired():
+        if self.replans >= MAX_REPLANS or self.deadline.expired():
             return False
         self.replans += 1
         try:
-            again = self.kernels.replan(self.todo[i], self.replan_deadline)
+            again = self.kernels.replan(self.todo[i], self.deadline)
         except Exception as exc:  # the planner refused the program (a bug too, outside
             if unexpected(exc):   # strict mode: the candidate is dropped, the search goes on)
                 raise
