@@ -4,10 +4,12 @@
 verifies it at ``test_sizes`` (the hint, hint +/- 1, a prime, one below a tile, the
 largest tested): the plan at each, zero-padded and cut (``FamilyMember``), against the
 family's program at that size, finite-field trials and float checks each (the float
-checks' pair draws at the hint and the tightest size, ``verify_sizes`` says why). A plan
-that does not scale or fails at any size falls back to one kernel per op, verified the same
-way. When the memory budget refuses the largest size, the largest verified moves
-halfway to the hint until it fits (``SizeCheck.over_budget`` names each refused size).
+checks' pair draws at the hint and the tightest size, ``verify_sizes`` says why).
+``SizeGate`` runs these checks on each plan the search verified at the hint, so a plan
+failing at a size sends the search to its next; when none serves, the family falls back
+to one kernel per op, verified the same way. When the memory budget refuses the largest
+size, the largest verified moves halfway to the hint until it fits
+(``SizeCheck.over_budget`` names each refused size).
 The checks stop at a deadline (their own share of the time limit): a size not verified by
 then leaves the family unverified (``SizeCheck.timed_out``), never served.
 ``family_costs`` prices the plan at ``cost_sizes``; ``SizeCheck.record`` is
@@ -164,34 +166,104 @@ class SizeCheck:
             "seconds": seconds}
 
 
-def check_sizes(graph, padded, program, dim, lp0: int, opts: dict,
-                say: Callable[[str], None], deadline: Deadline | None = None) -> SizeCheck:
-    """Scale ``program`` (the search's plan of ``padded``, the family ``graph`` at padded
-    size ``lp0``) to every size and verify it at ``test_sizes`` with ``verify``'s
-    ``opts``, until ``deadline``; a plan that does not scale or fails anywhere is
-    replaced by one kernel per op of ``padded``, verified the same way (``say`` tells
-    why). A check the deadline cut leaves the family unverified (``timed_out``)."""
-    fallback = ""
+def _check_plan(graph, program, dim, lp0: int, opts: dict,
+                deadline: Deadline | None) -> tuple[SizeCheck | None, str]:
+    """``program`` scaled and verified at every size: its ``SizeCheck``, and why it cannot
+    serve the family ("" when it can, or when the deadline cut its checks)."""
     try:
         sc = scaling(program if hasattr(program, "kernels") else from_graph(program),
                      graph.dynamic, dim.name, lp0)
     except NotScalableError as exc:
-        fallback = f"the plan does not scale ({exc})"
+        return None, f"the plan does not scale ({exc})"
     refused: dict[int, str] = {}
-    if not fallback:
-        verdicts, hint_v = verify_sizes(graph, sc, dim, opts, refused, deadline)
-        bad = [s for s, v in verdicts.items() if not v.equivalent]
-        if bad and not _cut(verdicts, dim, deadline):  # a cut: no second round
-            fallback = f"the plan fails at {dim.name}={bad[0]}: {verdicts[bad[0]]}"
+    verdicts, hint_v = verify_sizes(graph, sc, dim, opts, refused, deadline)
+    check = SizeCheck(sc, verdicts, hint_v, "", refused, _cut(verdicts, dim, deadline))
+    bad = [s for s, v in verdicts.items() if not v.equivalent]
+    if not bad or check.timed_out:  # a cut: the verdict is nobody's fault, no second round
+        return check, ""
+    return check, f"the plan fails at {dim.name}={bad[0]}: {verdicts[bad[0]]}"
+
+
+class SizeGate:
+    """The family's acceptance test of a search's plans (``Search``'s ``gate``): a plan
+    verified at the hint serves the family only when it scales and verifies at every one
+    of ``test_sizes`` (``_check_plan``), so a plan that fails at one size sends the search
+    on to its next plan, not the family to one kernel per op. At most ``TRIES`` plans are
+    checked at sizes (each is six verifications); then ``done`` is set and the search
+    returns its input. The checks have ``seconds`` (None: no limit) from the first
+    (``clock``); a check the clock cut is kept as the plan's: the family is then not
+    served."""
+
+    TRIES = 3
+
+    def __init__(self, graph, dim, lp0: int, opts: dict, say: Callable[[str], None],
+                 seconds: float | None = None) -> None:
+        self.graph, self.dim, self.lp0, self.opts, self.say = graph, dim, lp0, opts, say
+        self.seconds, self.deadline = seconds, None
+        self.checks: dict[int, SizeCheck] = {}  # id(plan) -> its size checks, when they passed
+        self.refusals: list[str] = []  # why each plan tried at sizes could not serve
+
+    def clock(self) -> Deadline:
+        """The size checks' deadline, started by the first call."""
+        if self.deadline is None:
+            self.deadline = Deadline(self.seconds)
+        return self.deadline
+
+    @property
+    def done(self) -> bool:
+        """Whether no more plans are checked: ``TRIES`` refused, or the deadline passed."""
+        return len(self.refusals) >= self.TRIES or bool(self.refusals and self.clock().expired())
+
+    def __call__(self, program) -> str:
+        """Why ``program`` (a plan verified at the hint) cannot serve the family, or ""."""
+        if self.done:
+            return f"not checked at the family's sizes ({len(self.refusals)} plans refused)"
+        check, why = _check_plan(self.graph, program, self.dim, self.lp0, self.opts,
+                                 self.clock())
+        if why:
+            self.refusals.append(why)
+            self.say(f"family {self.graph.name!r}: {why}; the search's next plan instead")
+            return why
+        self.checks[id(program)] = check
+        return ""
+
+    def kept(self, program) -> SizeCheck | None:
+        """The size checks of ``program`` when this gate passed it (None otherwise)."""
+        return self.checks.get(id(program))
+
+    def fallback(self) -> str:
+        """Why the search's plans could not serve the family, in words ("" if none failed)."""
+        if not self.refusals:
+            return ""
+        more = f" ({len(self.refusals) - 1} more plan(s) failed too)" \
+            if len(self.refusals) > 1 else ""
+        return self.refusals[0] + more
+
+
+def check_sizes(graph, padded, program, dim, lp0: int, opts: dict,
+                say: Callable[[str], None], deadline: Deadline | None = None,
+                gate: SizeGate | None = None) -> SizeCheck:
+    """Scale ``program`` (the search's plan of ``padded``, the family ``graph`` at padded
+    size ``lp0``) to every size and verify it at ``test_sizes`` with ``verify``'s
+    ``opts``, until ``deadline``; a plan that does not scale or fails anywhere is
+    replaced by one kernel per op of ``padded``, verified the same way (``say`` tells
+    why). A check the deadline cut leaves the family unverified (``timed_out``). With
+    the search's ``gate``, a plan it passed keeps its checks, and the plans it refused
+    are the fallback's reason."""
+    check = gate.kept(program) if gate is not None else None
+    fallback = "" if check is not None or gate is None else gate.fallback()
+    if check is None and not fallback:
+        check, fallback = _check_plan(graph, program, dim, lp0, opts, deadline)
     if fallback:
         say(f"family {graph.name!r}: {fallback}; one kernel per op instead")
         sc = scaling(from_graph(padded), graph.dynamic, dim.name, lp0)
-        refused.clear()
+        refused: dict[int, str] = {}
         verdicts, hint_v = verify_sizes(graph, sc, dim, opts, refused, deadline)
-    cut = _cut(verdicts, dim, deadline)
-    if cut:
-        say(f"family {graph.name!r}: {cut}; not served")
-    return SizeCheck(sc, verdicts, hint_v, fallback, refused, cut)
+        check = SizeCheck(sc, verdicts, hint_v, fallback, refused,
+                          _cut(verdicts, dim, deadline))
+    if check.timed_out:
+        say(f"family {graph.name!r}: {check.timed_out}; not served")
+    return check
 
 
 def _cut(verdicts: dict[int, VerifyResult], dim, deadline: Deadline | None) -> str:

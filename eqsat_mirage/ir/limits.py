@@ -114,9 +114,16 @@ class Deadline:
         """True once the deadline has passed."""
         return time.perf_counter() >= self.end
 
+    def extend(self, seconds: float) -> None:
+        """This deadline (its start and end) moved ``seconds`` later: time spent on work
+        with a deadline of its own (a shape family's checks at sizes inside a search)."""
+        self.start += seconds
+        self.end += seconds
+
     def part(self, fraction: float) -> Deadline:
-        """The deadline at ``fraction`` of this one's span (never later than this one)."""
-        if self.seconds is None:
+        """The deadline at ``fraction`` of this one's span (never later than this one; this
+        one itself at a fraction of 1 or more, so that moving it moves both)."""
+        if self.seconds is None or fraction >= 1.0:
             return self
         return Deadline(self.seconds * min(1.0, fraction), self.start)
 

@@ -6,9 +6,11 @@ What feeds the search; the family's own steps are the ``family`` stage's:
    up to a tile), length masks where reductions would see the padding.
 2. The usual search on it, with schedules that read a dynamic dim whole refused
    (``cost.tiles.dynamic_dims``): their tiles would grow with the size.
-3. ``family.sizes``: which grids and loops of the chosen plan grow with the size
-   (``family.scale``), and the verification at six sizes, falling back to one kernel
-   per op where the plan fails at any.
+3. ``family.sizes``: which grids and loops of a plan grow with the size
+   (``family.scale``), and the verification at six sizes, run inside the search on
+   each plan verified at the hint (``SizeGate``): a plan failing at a size sends the
+   search to its next; when three have failed, one kernel per op serves the family.
+   The gated search is not cached on its own (the family's entry is).
 4. ``FamilyResult``: the plan at the hint, its costs at several sizes, and ``compile()``,
    a callable that reads the size from its inputs (``family.runner``). It is stored in
    the results cache under the family's own key (its program, sizes and options); a hit
@@ -26,11 +28,10 @@ from ..cost.tiles import dynamic_dims
 from ..family.padding import padded_graph, plan_masks, planned_size
 from ..family.runner import FamilyRunner
 from ..family.scale import Scaling, scaling
-from ..family.sizes import check_sizes, family_costs, family_rows
+from ..family.sizes import SizeGate, check_sizes, family_costs, family_rows
 from ..ir.check import check_lax
 from ..ir.dims import DynamicShapeError
 from ..ir.errors import LaxError
-from ..ir.limits import Deadline
 from .cache import lookup, make_key, open_cache, program_text, store_result
 from .options import SearchOptions
 from .result import OptimizeResult
@@ -148,13 +149,13 @@ def optimize_family(graph, options: SearchOptions, progress=None, cache=True) ->
                     f"{', '.join(str(s) for s in out.stats['family']['verified_sizes'])}")
                 return out
     axes = {n: {a for a, d in ax.items() if d == dim.name} for n, ax in graph.dynamic.items()}
-    with dynamic_dims(axes, lp0):
-        res = search(padded, options, progress=progress, cache=cache)
     opts = dict(trials=options.trials, seed=options.seed, max_bound=options.max_bound)
-    # the size checks have the search's time limit again, counted from here: a cap, and
-    # one a check past it never passes (the family is then not served)
-    checks = Deadline(res.stats.get("time_limit_s"))
-    checked = check_sizes(graph, padded, res.program, dim, lp0, opts, say, checks)
+    # the size checks have the search's time limit again, counted from the first: a cap,
+    # and one a check past it never passes (the family is then not served)
+    gate = SizeGate(graph, dim, lp0, opts, say, options.limit_for(padded))
+    with dynamic_dims(axes, lp0):  # a plan failing at a size: the search's next (``gate``)
+        res = search(padded, options, progress=progress, cache=cache, gate=gate)
+    checked = check_sizes(graph, padded, res.program, dim, lp0, opts, say, gate.clock(), gate)
     sc, verdicts, ok = checked.scaling, checked.verdicts, checked.ok
     costs = family_costs(sc, dim, options.target)
     stats = dict(res.stats)

@@ -386,6 +386,11 @@ class Budget:
         """Whether the whole time limit has passed."""
         return self.deadline.expired()
 
+    def pause(self, seconds: float) -> None:
+        """Every share moved ``seconds`` later: time spent on work bounded by a deadline
+        of its own (``Search``'s gate), which the search's time limit does not count."""
+        self.deadline.extend(seconds)
+
 
 @dataclass
 class VerifyPlan:

@@ -68,15 +68,19 @@ def candidate_splits(graph, factors) -> list[tuple[int, int, int]]:
 
 
 def search(graph, options: SearchOptions, progress=None, cache=True,
-           timer=None, start: float | None = None) -> OptimizeResult:
+           timer=None, start: float | None = None, gate=None) -> OptimizeResult:
     """One program searched as one piece with ``options``, through the results cache
     ``cache`` (True: the default cache; a path, a ``ResultCache``, or False/None: none),
     tuned with ``timer`` where tuning runs (``em.optimize``'s docstring tells the rest).
     ``start``: when the time limit's clock started (``time.perf_counter()``; default now:
-    ``em.optimize`` passes the moment it was called, so the limit bounds the whole call)."""
+    ``em.optimize`` passes the moment it was called, so the limit bounds the whole call).
+    ``gate``: a further test a verified plan must pass to be chosen (``Search``); a gated
+    search is not cached (its answer depends on the gate: a shape family caches its own)."""
     start = time.perf_counter() if start is None else start
     options, timer = resolve_tuning(options.resolved(), timer)
     progress = progress_fn(progress)
+    if gate is not None:
+        return Search(graph, options, progress, timer, start, gate).run()
     if cache is not None and cache is not False:
         store = open_cache(cache)  # None when $EQSAT_MIRAGE_CACHE is "off"
         if store is not None:
@@ -135,12 +139,16 @@ class Search:
     there is one). ``run()`` calls the passes in order; each records what it did in
     ``record`` (``res.passes``), from which ``res.stats`` is written. The time limit counts
     from ``start`` (a ``time.perf_counter()``; default: now, before the timer is decided,
-    whose first use imports torch)."""
+    whose first use imports torch). ``gate`` (None, or a callable on a verified MuGraph
+    giving why it may not be chosen, "" when it may, with a ``done`` flag that ends the
+    verification of further plans): a shape family's check at its other sizes
+    (``family.sizes.SizeGate``), so a plan failing there sends the search to its next."""
 
     def __init__(self, graph, options: SearchOptions, progress=None, timer=None,
-                 start: float | None = None) -> None:
+                 start: float | None = None, gate=None) -> None:
         self.start = time.perf_counter() if start is None else start
         self.graph = graph
+        self.gate = gate
         self.options, self.timer = resolve_tuning(options.resolved(), timer)
         self.progress = progress_fn(progress)
         self.limit = self.options.limit_for(graph)  # seconds: time_limit_s, "auto" resolved
@@ -355,6 +363,8 @@ class Search:
                 if not verified:
                     ver.time_out(NOT_IN_TIME)
                 continue
+            if self.gate is not None and self.gate.done:
+                continue
             if not builder.clean(p, i, how, entry, plans):
                 continue
             if plans and p.cost_us > max(cost, plans[0][0]):  # retuned warps cost more than
@@ -363,7 +373,11 @@ class Search:
                 continue
             res = self.verify(p.mugraph, vplan)
             entry["verified"] = res.equivalent
-            if res.equivalent:
+            refused = self.gate_check(p.mugraph) if res.equivalent else ""
+            if refused:
+                entry["refused"] = refused
+                ver.rejected.append(f"MuGraph from {how}: {refused}")
+            elif res.equivalent:
                 verified.append((p, res, entry))
             else:
                 ver.rejected.append(f"MuGraph from {how}: {res.reason}")
@@ -372,6 +386,18 @@ class Search:
             self.record.compile = builder.report()
         self.stats["plans"] = summary
         return verified
+
+    def gate_check(self, program) -> str:
+        """Why the gate refuses ``program`` ("" without a gate, or when it passes). The gate
+        has its own deadline: the time it takes moves the search's shares later
+        (``Budget.pause``), so that its checks never starve the next plan's."""
+        if self.gate is None:
+            return ""
+        t = time.perf_counter()
+        try:
+            return self.gate(program)
+        finally:
+            self.budget.pause(time.perf_counter() - t)
 
     def tune_verified(self, verified: list[tuple], eager) -> tuple:
         """The tuning pass (``tuning.tune``): the verified plans and the eager form timed on

@@ -404,3 +404,100 @@ def test_when_the_budget_moves_the_largest_size_the_tightest_verified_gets_the_p
     tight = min(slack, key=slack.get)
     assert tight == 103 and (103, True) in runs and (562, True) not in runs
     assert {n for n, p in runs if p} == {100, 103}
+
+
+def _failing_plans(monkeypatch, how_many):
+    """``verify_sizes`` made to fail at hint + 1 for the first ``how_many`` plans with a
+    custom kernel (one kernel per op is checked for real); the plans it failed."""
+    from eqsat_mirage.family import sizes
+    from eqsat_mirage.verifier.verify import VerifyResult
+
+    real, failed = sizes.verify_sizes, []
+
+    def fake(graph, sc, dim, opts, refused, deadline=None):
+        custom = any(k.kind == "custom" for k in sc.mg.kernels)
+        if not custom or len(failed) >= how_many:
+            return real(graph, sc, dim, opts, refused, deadline)
+        failed.append(sc.mg)
+        bad = VerifyResult(False, 1.0, reason="differs (planted)")
+        return {dim.hint: real(graph, sc, dim, opts, refused, deadline)[0][dim.hint],
+                dim.hint + 1: bad}, None
+    monkeypatch.setattr(sizes, "verify_sizes", fake)
+    return failed
+
+
+def test_a_plan_failing_at_one_size_sends_the_search_to_its_next_plan(monkeypatch):
+    """A family's plans are checked at its sizes inside the search (``SizeGate``): the
+    first plan failing at L = 257 is refused like any unverified plan, and the search's
+    next plan serves the family, not one kernel per op."""
+    failed = _failing_plans(monkeypatch, 1)
+    said = []
+    res = em.optimize(attention(256), cache=False, time_limit_s=120, progress=said.append)
+    fam = res.stats["family"]
+    assert len(failed) == 1 and res.program is not failed[0]
+    assert not fam["fallback"] and all(fam["verified_sizes"].values())
+    assert any(k.kind == "custom" for k in res.program.kernels)
+    assert res.verified.equivalent and res.cost_us < res.baseline_cost_us
+    refused = [p for p in res.stats["plans"] if p.get("refused")]
+    assert len(refused) == 1 and refused[0]["verified"]  # verified at the hint, not at 257
+    assert refused[0]["refused"].startswith("the plan fails at L=257: ")
+    assert "family 'attn': the plan fails at L=257" in "\n".join(said)
+
+
+def test_when_every_plan_fails_at_sizes_one_kernel_per_op_serves_the_family(monkeypatch):
+    """Every plan of this search (two) fails at a size: the family falls back to one kernel
+    per op, and its report says the first plan's failure and counts the others."""
+    failed = _failing_plans(monkeypatch, 99)
+    res = em.optimize(attention(256), cache=False, time_limit_s=120)
+    fam = res.stats["family"]
+    assert len(failed) == 2 and len([p for p in res.stats["plans"] if p.get("refused")]) == 2
+    assert fam["fallback"].startswith("the plan fails at L=257: ")
+    assert fam["fallback"].endswith("(1 more plan(s) failed too)")
+    assert all(k.kind == "predefined" for k in res.program.kernels)
+    assert all(fam["verified_sizes"].values()) and res.verified.equivalent
+
+
+def test_the_checks_at_sizes_stop_after_their_number_of_plans(monkeypatch):
+    """At most ``SizeGate.TRIES`` plans are checked at sizes (six verifications each): the
+    plans after them are not even verified at the hint."""
+    from eqsat_mirage.family.sizes import SizeGate
+
+    monkeypatch.setattr(SizeGate, "TRIES", 1)
+    failed = _failing_plans(monkeypatch, 99)
+    res = em.optimize(attention(256), cache=False, time_limit_s=120)
+    plans = res.stats["plans"]
+    assert len(failed) == 1 and len(plans) >= 2
+    assert plans[0]["refused"] and all(p["verified"] is None for p in plans[1:])
+    assert res.stats["family"]["fallback"].startswith("the plan fails at L=257: ")
+    assert all(k.kind == "predefined" for k in res.program.kernels)
+
+
+def test_the_checks_at_sizes_do_not_spend_the_searchs_time(monkeypatch):
+    """The gate's checks have their own deadline (the time limit again): the time they take
+    moves the search's shares later, so a slow check of the first plan leaves the next
+    plan its verification (without it, the search ran out of time on row 48's 64-op
+    decode piece and the family went to one kernel per op)."""
+    import time
+
+    from eqsat_mirage.family import sizes
+    from eqsat_mirage.ir.limits import Deadline
+    from eqsat_mirage.verifier.verify import VerifyResult
+
+    real, calls = sizes.verify_sizes, []
+
+    def slow(graph, sc, dim, opts, refused, deadline=None):
+        custom = any(k.kind == "custom" for k in sc.mg.kernels)
+        if custom and not calls:  # the first plan: its checks outlast the search's limit
+            calls.append(sc.mg)
+            time.sleep(20.0)
+            bad = VerifyResult(False, 1.0, reason="differs (planted)")
+            return {dim.hint: bad}, bad
+        return real(graph, sc, dim, opts, refused, deadline)
+
+    monkeypatch.setattr(sizes, "verify_sizes", slow)
+    monkeypatch.setattr(sizes.SizeGate, "clock", lambda self: Deadline(None))
+    res = em.optimize(attention(256), cache=False, time_limit_s=20)
+    fam = res.stats["family"]
+    assert len(calls) == 1 and res.program is not calls[0]
+    assert not fam["fallback"] and all(fam["verified_sizes"].values()), fam
+    assert any(k.kind == "custom" for k in res.program.kernels)

@@ -124,6 +124,17 @@ def test_the_budget_shares():
     assert budget.seconds == 10.0 and budget.expired()
 
 
+def test_a_pause_moves_every_share_and_the_cap_together():
+    """Time spent under a deadline of its own (a family's checks at sizes inside a search)
+    moves the search's shares later; the compile check's deadline is the cap itself, so
+    the builds and the verification move as one."""
+    budget = Budget(Deadline(10.0, 0.0))
+    cap = budget.compile_check()
+    assert cap is budget.verification()
+    budget.pause(4.0)
+    assert cap.end == 14.0 and budget.saturation().end == 9.0 and budget.deadline.start == 4.0
+
+
 def test_the_time_limited_flag_reads_records_not_words():
     assert not SearchRecord(verification=VerificationRecord()).time_limited
     assert SearchRecord(planning=PlanningRecord(skipped=1)).time_limited
