@@ -113,8 +113,8 @@ from .tiles import (
     MIN_MMA,
     REGISTER_BUDGET,
     iteration_bytes,
+    kernel_pads,
     live_registers,
-    padded_shapes,
     pow2_ceil,
     refusal,
     stages_for,
@@ -280,7 +280,7 @@ def _tile_node(k: CustomKernel, name: str) -> Node:
 
 def smem_bytes(k: CustomKernel) -> int:
     """Shared memory one block of ``k`` holds (see the module docstring)."""
-    pad_loop, pad_post = padded_shapes(k.loop), padded_shapes(k.post)
+    (_, pad_loop), (_, pad_post) = kernel_pads(k)
     total, stages = 0, stages_for(k)
     for bi in k.inputs.values():
         node, post = _tile_node(k, bi.name), k.post.inputs.get(bi.name)
@@ -443,7 +443,7 @@ def _custom_cost(k: CustomKernel, mg: MuGraph, prof: GPUProfile,
         dram, hits = dram + w + again - hit, hits + hit
     dram += sum(tensor_bytes(s.shape, s.dtype) for s in k.output_specs().values())
     work = Work()
-    pad_loop, pad_post = padded_shapes(k.loop), padded_shapes(k.post)
+    (_, pad_loop), (_, pad_post) = kernel_pads(k)
     variant = k.per_iteration()
     for n in k.loop.nodes():
         work.add_node(n, blocks * (f_range if id(n) in variant else 1),

@@ -1,6 +1,7 @@
 """Tiles as Triton holds them, the registers they take, and the warps a block needs.
 
-``padded_shapes`` pads every tile dim to a power of two (a matmul's M and N to at least 16);
+``padded_shapes`` pads every tile dim to a power of two (a matmul's M and N to at least 16),
+``kernel_pads`` as a kernel's code holds them (a size one ``tl.dot`` pads, padded everywhere);
 ``live_registers`` counts the 32-bit registers one block's live tiles take; ``warps_for``
 picks 4, 8 or 16 warps from that (or the count the compile check pinned), or None when no
 count holds them without spilling (``fma_k``: a crowded float32 dot over a long K).
@@ -18,7 +19,7 @@ from contextvars import ContextVar
 from ..frontend.graph import Graph
 from ..ir.node import ITEMSIZE, Op, numel
 from ..ir.ops import REDUCE
-from ..mugraph.dots import merges_batch, uses_dot
+from ..mugraph.dots import matmul_dims, merges_batch, uses_dot
 from ..mugraph.kernels import CustomKernel
 from .profile import NUM_STAGES
 
@@ -68,8 +69,30 @@ WGMMA_M = 64  # Hopper's warpgroup MMA: M >= 64 rows, operand B (and a loaded A)
               # memory; smaller dots run as mma.sync with both operands in registers
 
 
-def _stage_pads(k: CustomKernel) -> list[tuple[Graph, dict[int, tuple[int, ...]]]]:
-    return [(stage, padded_shapes(stage)) for stage in (k.loop, k.post)]
+def _dot_sizes(n) -> tuple[int, ...]:
+    """The dim sizes a tile matmul's ``tl.dot`` pads to 16 (none for a broadcast product)."""
+    if n.op is not Op.MATMUL:
+        return ()
+    _, m, kk, nn = matmul_dims(n)
+    return (m, kk, nn) if uses_dot(n) else (kk, nn) if merges_batch(n) else ()
+
+
+def kernel_pads(k: CustomKernel) -> list[tuple[Graph, dict[int, tuple[int, ...]]]]:
+    """Each stage of ``k`` with its tiles' shapes as the generated kernel holds them:
+    ``padded_shapes``, and then every tile dim of a size that one of the kernel's
+    ``tl.dot``s pads to 16 padded to 16 too, as the code does (its block sizes are one
+    constexpr per size, ``codegen.tiles.TileOps.bumped``). A decode attention's batch of 2
+    key heads took the 16 its 2 query rows a head need: tiles of 16 x 64 x 64 in float32,
+    832 KiB of shared memory and 37,620 B spilled at sm_90a, priced as fitting before."""
+    stages = (k.loop, k.post)
+    pads = [(stage, padded_shapes(stage)) for stage in stages]
+    bump = {d for stage in stages for n in stage.nodes() for d in _dot_sizes(n)
+            if 1 < d and pow2_ceil(d) < MIN_MMA}
+    if not bump:
+        return pads
+    return [(stage, {id(n): tuple(max(MIN_MMA, p) if d in bump else p
+                                  for d, p in zip(n.shape, pad[id(n)]))
+                     for n in stage.nodes()}) for stage, pad in pads]
 
 
 def live_registers(k: CustomKernel, pads=None) -> float:
@@ -81,7 +104,7 @@ def live_registers(k: CustomKernel, pads=None) -> float:
     memory) and the largest other tile (fp32, as the generated code computes). ``pads``:
     each stage with its ``padded_shapes``, when the caller has them.
     """
-    pads = pads or _stage_pads(k)
+    pads = pads or kernel_pads(k)
     pad_loop = pads[0][1]
     acc = sum(numel(pad_loop[id(k.loop.outputs[a])]) for a in k.accumulators)
     busiest = 0.0
@@ -199,7 +222,7 @@ def fma_k(k: CustomKernel, pads=None) -> int:
     64 x 16. Those are the crowded dots. A tile matmul counts where the backend emits it as
     a ``tl.dot`` (``mugraph.dots``: ``uses_dot``, ``merges_batch``); the others are
     broadcast products."""
-    pads = pads or _stage_pads(k)
+    pads = pads or kernel_pads(k)
     worst = 0
     for stage, pad in pads:
         dots = [n for n in stage.nodes() if n.op is Op.MATMUL and n.dtype == "float32"
@@ -239,7 +262,7 @@ def warps_for(k: CustomKernel) -> int | None:
     """
     if k.num_warps:
         return k.num_warps
-    pads = _stage_pads(k)
+    pads = kernel_pads(k)
     if fma_k(k, pads) > MAX_FMA_K:
         return None
     live = live_registers(k, pads)

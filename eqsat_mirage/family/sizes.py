@@ -190,29 +190,28 @@ class SizeGate:
     of ``test_sizes`` (``_check_plan``), so a plan that fails at one size sends the search
     on to its next plan, not the family to one kernel per op. At most ``TRIES`` plans are
     checked at sizes (each is six verifications); then ``done`` is set and the search
-    returns its input. The checks have ``seconds`` (None: no limit) from the first
-    (``clock``); a check the clock cut is kept as the plan's: the family is then not
-    served."""
+    returns its input. Each plan's checks have ``seconds`` (None: no limit) of their own
+    (``clock``), so a slow plan that fails does not starve the next: at most ``TRIES``
+    times the time limit in all. A check the clock cut is kept as the plan's: the family
+    is then not served."""
 
     TRIES = 3
 
     def __init__(self, graph, dim, lp0: int, opts: dict, say: Callable[[str], None],
                  seconds: float | None = None) -> None:
         self.graph, self.dim, self.lp0, self.opts, self.say = graph, dim, lp0, opts, say
-        self.seconds, self.deadline = seconds, None
+        self.seconds = seconds
         self.checks: dict[int, SizeCheck] = {}  # id(plan) -> its size checks, when they passed
         self.refusals: list[str] = []  # why each plan tried at sizes could not serve
 
     def clock(self) -> Deadline:
-        """The size checks' deadline, started by the first call."""
-        if self.deadline is None:
-            self.deadline = Deadline(self.seconds)
-        return self.deadline
+        """A deadline for one plan's checks at sizes, starting now."""
+        return Deadline(self.seconds)
 
     @property
     def done(self) -> bool:
-        """Whether no more plans are checked: ``TRIES`` refused, or the deadline passed."""
-        return len(self.refusals) >= self.TRIES or bool(self.refusals and self.clock().expired())
+        """Whether no more plans are checked: ``TRIES`` were refused."""
+        return len(self.refusals) >= self.TRIES
 
     def __call__(self, program) -> str:
         """Why ``program`` (a plan verified at the hint) cannot serve the family, or ""."""

@@ -150,8 +150,8 @@ def optimize_family(graph, options: SearchOptions, progress=None, cache=True) ->
                 return out
     axes = {n: {a for a, d in ax.items() if d == dim.name} for n, ax in graph.dynamic.items()}
     opts = dict(trials=options.trials, seed=options.seed, max_bound=options.max_bound)
-    # the size checks have the search's time limit again, counted from the first: a cap,
-    # and one a check past it never passes (the family is then not served)
+    # each plan's size checks have the search's time limit again (at most SizeGate.TRIES
+    # plans): a cap, and a check past it never passes (the family is then not served)
     gate = SizeGate(graph, dim, lp0, opts, say, options.limit_for(padded))
     with dynamic_dims(axes, lp0):  # a plan failing at a size: the search's next (``gate``)
         res = search(padded, options, progress=progress, cache=cache, gate=gate)
