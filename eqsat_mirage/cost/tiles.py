@@ -77,6 +77,12 @@ def _dot_sizes(n) -> tuple[int, ...]:
     return (m, kk, nn) if uses_dot(n) else (kk, nn) if merges_batch(n) else ()
 
 
+def _small_dot_sizes(stage: Graph) -> frozenset[int]:
+    """The dim sizes below 16 that a ``tl.dot`` of ``stage`` pads to 16."""
+    return frozenset(d for n in stage.nodes() for d in _dot_sizes(n)
+                     if 1 < d and pow2_ceil(d) < MIN_MMA)
+
+
 def kernel_pads(k: CustomKernel) -> list[tuple[Graph, dict[int, tuple[int, ...]]]]:
     """Each stage of ``k`` with its tiles' shapes as the generated kernel holds them:
     ``padded_shapes``, and then every tile dim of a size that one of the kernel's
@@ -86,8 +92,8 @@ def kernel_pads(k: CustomKernel) -> list[tuple[Graph, dict[int, tuple[int, ...]]
     832 KiB of shared memory and 37,620 B spilled at sm_90a, priced as fitting before."""
     stages = (k.loop, k.post)
     pads = [(stage, padded_shapes(stage)) for stage in stages]
-    bump = {d for stage in stages for n in stage.nodes() for d in _dot_sizes(n)
-            if 1 < d and pow2_ceil(d) < MIN_MMA}
+    bump = set().union(*(stage.derived("small dot sizes", _small_dot_sizes)
+                         for stage in stages))
     if not bump:
         return pads
     return [(stage, {id(n): tuple(max(MIN_MMA, p) if d in bump else p
@@ -102,7 +108,7 @@ def live_registers(k: CustomKernel, pads=None) -> float:
     tile (a ``tl.dot``'s operands and result are all live around it; 16-bit values pack two
     to a register, results are fp32; a loaded operand of a dot with M >= 64 stays in shared
     memory) and the largest other tile (fp32, as the generated code computes). ``pads``:
-    each stage with its ``padded_shapes``, when the caller has them.
+    each stage with its ``kernel_pads``, when the caller has them.
     """
     pads = pads or kernel_pads(k)
     pad_loop = pads[0][1]

@@ -10,8 +10,8 @@ failing at a size sends the search to its next; when none serves, the family fal
 to one kernel per op, verified the same way. When the memory budget refuses the largest
 size, the largest verified moves halfway to the hint until it fits
 (``SizeCheck.over_budget`` names each refused size).
-The checks stop at a deadline (their own share of the time limit): a size not verified by
-then leaves the family unverified (``SizeCheck.timed_out``), never served.
+The checks stop at a deadline (the time limit again, for each plan checked): a size not
+verified by then leaves that plan unverified (``SizeCheck.timed_out``), never served.
 ``family_costs`` prices the plan at ``cost_sizes``; ``SizeCheck.record`` is
 ``stats["family"]``, and ``family_rows`` its report.
 """
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..cost.gpucost import mugraph_cost
-from ..ir.errors import BudgetError
+from ..ir.errors import BudgetError, unexpected
 from ..ir.limits import Deadline
 from ..mugraph.program import from_graph
 from ..verifier.floatcheck import headroom_slack
@@ -189,11 +189,12 @@ class SizeGate:
     verified at the hint serves the family only when it scales and verifies at every one
     of ``test_sizes`` (``_check_plan``), so a plan that fails at one size sends the search
     on to its next plan, not the family to one kernel per op. At most ``TRIES`` plans are
-    checked at sizes (each is six verifications); then ``done`` is set and the search
-    returns its input. Each plan's checks have ``seconds`` (None: no limit) of their own
-    (``clock``), so a slow plan that fails does not starve the next: at most ``TRIES``
-    times the time limit in all. A check the clock cut is kept as the plan's: the family
-    is then not served."""
+    checked at sizes (each is six verifications; with tuning, the plans it times count
+    too); then ``done`` is set and the search verifies no more plans (it returns the ones
+    that passed, or its input). Each plan's checks have ``seconds`` (None: no limit) of
+    their own (``clock``), so a slow plan that fails does not starve the next: at most
+    ``TRIES`` times the time limit in all. A plan whose checks the clock cut, or that
+    cannot be checked, is refused."""
 
     TRIES = 3
 
@@ -203,6 +204,7 @@ class SizeGate:
         self.seconds = seconds
         self.checks: dict[int, SizeCheck] = {}  # id(plan) -> its size checks, when they passed
         self.refusals: list[str] = []  # why each plan tried at sizes could not serve
+        self.tried = 0  # plans checked at sizes
 
     def clock(self) -> Deadline:
         """A deadline for one plan's checks at sizes, starting now."""
@@ -210,15 +212,24 @@ class SizeGate:
 
     @property
     def done(self) -> bool:
-        """Whether no more plans are checked: ``TRIES`` were refused."""
-        return len(self.refusals) >= self.TRIES
+        """Whether no more plans are checked: ``TRIES`` were (passed or refused)."""
+        return self.tried >= self.TRIES
 
     def __call__(self, program) -> str:
-        """Why ``program`` (a plan verified at the hint) cannot serve the family, or ""."""
+        """Why ``program`` (a plan verified at the hint) cannot serve the family, or "". A
+        plan whose checks cannot run (an error) or were cut by the clock is refused."""
         if self.done:
-            return f"not checked at the family's sizes ({len(self.refusals)} plans refused)"
-        check, why = _check_plan(self.graph, program, self.dim, self.lp0, self.opts,
-                                 self.clock())
+            return f"not checked at the family's sizes ({self.tried} plans checked)"
+        self.tried += 1
+        try:
+            check, why = _check_plan(self.graph, program, self.dim, self.lp0, self.opts,
+                                     self.clock())
+        except Exception as exc:  # as a candidate the verifier cannot check: refused
+            if unexpected(exc):
+                raise
+            check, why = None, f"not checked at the family's sizes: {type(exc).__name__}: {exc}"
+        if check is not None and check.timed_out:
+            why = check.timed_out
         if why:
             self.refusals.append(why)
             self.say(f"family {self.graph.name!r}: {why}; the search's next plan instead")
@@ -250,7 +261,9 @@ def check_sizes(graph, padded, program, dim, lp0: int, opts: dict,
     the search's ``gate``, a plan it passed keeps its checks, and the plans it refused
     are the fallback's reason."""
     check = gate.kept(program) if gate is not None else None
-    fallback = "" if check is not None or gate is None else gate.fallback()
+    # plans refused and none passed: they are why; else (the search chose its input: none
+    # verified, or tuning measured it fastest) the input is checked as any plan
+    fallback = "" if check is not None or gate is None or gate.checks else gate.fallback()
     if check is None and not fallback:
         check, fallback = _check_plan(graph, program, dim, lp0, opts, deadline)
     if fallback:

@@ -9,7 +9,8 @@ What feeds the search; the family's own steps are the ``family`` stage's:
 3. ``family.sizes``: which grids and loops of a plan grow with the size
    (``family.scale``), and the verification at six sizes, run inside the search on
    each plan verified at the hint (``SizeGate``): a plan failing at a size sends the
-   search to its next; when three have failed, one kernel per op serves the family.
+   search to its next; when none of the first three plans checked passes (or the search
+   has no more), one kernel per op serves the family.
    The gated search is not cached on its own (the family's entry is).
 4. ``FamilyResult``: the plan at the hint, its costs at several sizes, and ``compile()``,
    a callable that reads the size from its inputs (``family.runner``). It is stored in

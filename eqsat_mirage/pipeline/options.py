@@ -127,7 +127,8 @@ class SearchOptions:
         "plan after 85% (a refused candidate's re-plan excepted), the compile check and "
         "verification stop at 100%; a pass that "
         "reaches its share stops "
-        "with what it has, and when no candidate verified in time the input is returned",
+        "with what it has, and when no candidate verified in time the input is returned. A "
+        "shape family's checks at its sizes have it again for each plan checked (at most 3)",
         "--time-limit", type=parse_time_limit, metavar="SECONDS")
     node_limit: int = option(200_000, "tensor e-nodes per saturation phase", "--node-limit",
                              type=int)
@@ -325,7 +326,7 @@ def options_doc() -> str:
 @dataclass(frozen=True)
 class Budget:
     """One search's deadline and the share of it each pass may use (fractions of
-    ``time_limit_s`` from the start of the search)."""
+    ``time_limit_s`` from the start of the search, a start that ``pause`` moves later)."""
 
     deadline: Deadline
     RULE_CHECKS: ClassVar[float] = 0.3

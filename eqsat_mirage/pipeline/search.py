@@ -142,7 +142,8 @@ class Search:
     whose first use imports torch). ``gate`` (None, or a callable on a verified MuGraph
     giving why it may not be chosen, "" when it may, with a ``done`` flag that ends the
     verification of further plans): a shape family's check at its other sizes
-    (``family.sizes.SizeGate``), so a plan failing there sends the search to its next."""
+    (``family.sizes.SizeGate``), so a plan failing there sends the search to its next.
+    Only MuGraph plans are gated (``level="kernel"`` has none: the gate is not called)."""
 
     def __init__(self, graph, options: SearchOptions, progress=None, timer=None,
                  start: float | None = None, gate=None) -> None:

@@ -472,6 +472,7 @@ def test_the_checks_at_sizes_stop_after_their_number_of_plans(monkeypatch):
     assert all(k.kind == "predefined" for k in res.program.kernels)
 
 
+@pytest.mark.slow
 def test_the_checks_at_sizes_do_not_spend_the_searchs_time(monkeypatch):
     """The gate's checks have their own deadline (the time limit again): the time they take
     moves the search's shares later, so a slow check of the first plan leaves the next
@@ -501,3 +502,44 @@ def test_the_checks_at_sizes_do_not_spend_the_searchs_time(monkeypatch):
     assert len(calls) == 1 and res.program is not calls[0]
     assert not fam["fallback"] and all(fam["verified_sizes"].values()), fam
     assert any(k.kind == "custom" for k in res.program.kernels)
+
+
+def test_a_plan_whose_checks_cannot_run_or_are_cut_is_refused(family_result, monkeypatch):
+    """A plan the checks at sizes cannot check (an error), or whose checks the clock cut,
+    cannot serve the family: it is refused like a failing one (the search's next plan is
+    tried), never kept unverified."""
+    from eqsat_mirage.family import sizes
+    from eqsat_mirage.ir.errors import BudgetError
+    from eqsat_mirage.ir.limits import Deadline
+    from eqsat_mirage.verifier.verify import VerifyResult
+
+    g = attention(256)
+    (dim,) = g.dims.values()
+    plan = family_result.program
+
+    def over_budget(*args, **kw):
+        raise BudgetError("planted: over the memory budget")
+    monkeypatch.setattr(sizes, "verify_sizes", over_budget)
+    gate = sizes.SizeGate(g, dim, 256, dict(trials=2, seed=0), lambda m: None, 60.0)
+    assert gate(plan) == ("not checked at the family's sizes: BudgetError: planted: over the "
+                          "memory budget")
+    assert gate.kept(plan) is None and gate.tried == 1
+
+    def cut(graph, sc, dim, opts, refused, deadline=None):
+        v = VerifyResult(False, 1.0, reason="stopped (planted)", inconclusive=True)
+        return {dim.hint: v}, v
+    monkeypatch.setattr(sizes, "verify_sizes", cut)
+    monkeypatch.setattr(sizes.SizeGate, "clock", lambda self: Deadline(1e-6, start=0.0))
+    assert gate(plan) == "the size checks' share of the time limit (0.0 s) ran out at L=256"
+    assert gate.kept(plan) is None and len(gate.refusals) == 2
+
+
+def test_the_number_of_plans_checked_counts_those_that_pass():
+    """With tuning, every plan it times goes through the checks at sizes: at most
+    ``SizeGate.TRIES`` plans are checked, passed or refused, so a family's search is
+    bounded by that many time limits."""
+    from eqsat_mirage.family import sizes
+
+    gate = sizes.SizeGate(attention(256), em.Dim("L", hint=256), 256, {}, lambda m: None)
+    gate.tried = sizes.SizeGate.TRIES
+    assert gate.done and gate(object()).startswith("not checked at the family's sizes (3 ")
