@@ -32,6 +32,10 @@ from .source import triton_source
 
 WARPS = (4, 8, 16)
 HOPELESS = 2.0  # a build wanting this many register files a block is not tried again
+# a kernel whose best build spills at most this many bytes a thread (a few registers' worth,
+# within shared memory) is refused, but may serve as a last resort (``TuneResult.spills``):
+# Phi-3's float16 MLP piece had 4 plans refused for 76-236 B and stayed 18 kernels
+SMALL_SPILL = 128
 
 
 @dataclass
@@ -45,6 +49,15 @@ class TuneResult:
     compiles: int = 0
     seconds: float = 0.0
     cut_short: bool = False  # the deadline ended the warp retries before a clean build
+    failed: list[str] = field(default_factory=list)  # names of the kernels refused
+    # refused kernels whose best build spilled at most SMALL_SPILL bytes: name -> (warps, bytes)
+    spills: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def small_spills_only(self) -> bool:
+        """Whether every refused kernel is one whose best build spilled a little
+        (``SMALL_SPILL``): the plan may run as a last resort with those warps."""
+        return bool(self.failed) and set(self.failed) <= set(self.spills)
 
     @property
     def ok(self) -> bool:
@@ -100,6 +113,7 @@ def tune(mugraph: MuGraph, target: str = "h100", deadline=None) -> TuneResult:
             out.kernels[k.name] = r
             continue
         first, tried = r.num_warps, [why]
+        least = (r.spill_bytes, r.num_warps) if r.shared_bytes <= limit else None
         # twice the register file, or the shared memory: no warp count holds its tiles (a
         # margin for the per-thread overhead, which does not split)
         hopeless = block_registers(r) > HOPELESS * regfile or \
@@ -126,12 +140,17 @@ def tune(mugraph: MuGraph, target: str = "h100", deadline=None) -> TuneResult:
                 out.kernels[k.name], out.retuned[k.name] = r2, (first, w)
                 break
             tried.append(problem)
+            if r2.shared_bytes <= limit and (least is None or r2.spill_bytes < least[0]):
+                least = (r2.spill_bytes, w)
         else:
             k.num_warps = None
+            if least is not None and 0 < least[0] <= SMALL_SPILL and not out.cut_short:
+                out.spills[k.name] = (least[1], least[0])
             arch = f"sm_{ARCH[target]}" + ("a" if ARCH[target] == 90 else "")
             why = f"kernel {k.name} does not build cleanly for {target} ({arch}): " + \
                 "; ".join(tried)
             out.refused[tile_key(k)] = out.refused[tiles_key(k)] = why
+            out.failed.append(k.name)
     out.seconds = time.perf_counter() - t0
     return out
 

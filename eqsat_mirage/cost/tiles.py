@@ -45,7 +45,9 @@ def _padded(graph: Graph) -> dict[int, tuple[int, ...]]:
     pad = {id(n): tuple([pow2_ceil(d) for d in n.shape]) for n in graph.nodes()}
     for n in graph.nodes():
         if n.op is Op.MATMUL:
-            for node, dim in ((n.srcs[0], -2), (n.srcs[1], -1), (n, -2), (n, -1)):
+            # a merged dot (``merges_batch``) keeps its M: the batch fills the 16 rows
+            rows = () if merges_batch(n) else ((n.srcs[0], -2), (n, -2))
+            for node, dim in (*rows, (n.srcs[1], -1), (n, -1)):
                 s = list(pad[id(node)])
                 s[dim] = max(MIN_MMA, s[dim])
                 pad[id(node)] = tuple(s)

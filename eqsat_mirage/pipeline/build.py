@@ -14,7 +14,10 @@ time limit, Phi-3's float16 layer had 46 or 64 of 64 ops optimized depending on 
 build finished). Past the deadline a plan is verified without being built, and counted as
 skipped, and so is a plan whose build or warp retries the deadline cut short (``tune``'s
 ``cut_short``: a build stops between kernels, ``compile_report``); the search has then
-reached its cap, and says so. ``report()`` is its ``CompileRecord``
+reached its cap, and says so. A plan refused only because its kernels spill a little at
+their best warp count (``tune.SMALL_SPILL``) is kept aside: when no plan builds cleanly, the
+search verifies the cheapest of them (``last_resort``) rather than run the piece one kernel
+per op. ``report()`` is its ``CompileRecord``
 (``res.stats["compiled"]`` is its ``as_stats()``).
 """
 
@@ -47,6 +50,7 @@ class Builder:
         self.replans = 0
         self.builds: list[str] = []
         self.compiles, self.seconds, self.skipped = 0, 0.0, 0
+        self.spilling: list[tuple] = []  # plans refused only for small spills (``last_resort``)
 
     def clean(self, p, i: int, how: str, entry: dict, queue: list) -> bool:
         """Whether plan ``p`` (candidate ``i``) builds cleanly; pins retuned warps on it and
@@ -96,6 +100,8 @@ class Builder:
                 p.cost_us = entry["cost_us"] = mugraph_cost(p.mugraph, self.prof).total_us
             self.builds.append(f"{how}: {result.summary()}")
             return True
+        if result.small_spills_only:  # kept aside: the last resort when nothing builds clean
+            self.spilling.append((p.cost_us, i, how, p, dict(result.spills)))
         self.refused.update(result.refused)
         self.kernels.refuse(result.refused)
         entry["compiled"] = "; ".join(dict.fromkeys(result.refused.values()))
@@ -117,6 +123,23 @@ class Builder:
             bisect.insort(queue, (again.cost_us, i, f"{how} (re-planned)", again),
                           key=lambda x: (x[0], x[1]))
         return False
+
+    def last_resort(self) -> tuple | None:
+        """The cheapest plan refused only because its kernels spill a little
+        (``tune.SMALL_SPILL`` bytes a thread at their best warp count), with those warps
+        pinned and its cost priced again: (cost, candidate, how, plan, what it spills), or
+        None. A search takes it only when no plan built cleanly and verified: a few spilled
+        registers cost less than running the piece one kernel per op."""
+        if not self.spilling:
+            return None
+        cost, i, how, p, spills = min(self.spilling, key=lambda x: (x[0], x[1]))
+        self.spilling.clear()
+        for k in p.mugraph.kernels:
+            if k.name in spills:
+                k.num_warps = spills[k.name][0]
+        cost = mugraph_cost(p.mugraph, self.prof).total_us
+        said = ", ".join(f"{n} {b} B a thread at {w} warps" for n, (w, b) in spills.items())
+        return cost, i, how, p, f"built with small spills ({said}): no plan built cleanly"
 
     def _written(self, mugraph, custom: list) -> tuple[str | None, list]:
         """(None, []) when the Triton backend writes ``mugraph``'s source, else why not and

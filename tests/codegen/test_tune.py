@@ -362,3 +362,55 @@ def test_spills_no_warp_count_can_hold_are_not_built_again(monkeypatch):
     built[8], k.num_warps = (400, 200, 1024), 8  # (32 + 50) x 256 registers: worth trying
     result = tune(mg, "h100")
     assert result.ok and result.compiles == 2 and result.retuned == {k.name: (8, 4)}
+
+
+def test_a_kernel_that_spills_a_little_at_best_is_kept_for_a_last_resort(monkeypatch):
+    """Phi-3's float16 MLP piece: each plan's kernel spilled 76 B a thread at 8 warps, 236 B
+    at 4 and 2,632 B at 16, and was refused; the piece stayed 18 kernels. The compile check
+    still refuses such a kernel, and records its best warp count (``TuneResult.spills``)
+    when that spills at most ``SMALL_SPILL`` bytes; more, and it is not kept."""
+    import eqsat_mirage.codegen.tune as tuning
+    from eqsat_mirage.codegen.compiled import KernelResources
+
+    mg = attention_tiles(64)
+    (k,) = _custom(mg)
+    built = {8: 76, 4: 236, 16: 2632}  # warps -> bytes spilled
+
+    def fake_report(source, target, deadline=None):
+        w = k.num_warps or 8
+        return [KernelResources(k.name, (1,), 255, built[w], built[w], 1024, w, 3, 0.0)]
+
+    monkeypatch.setattr(tuning, "compile_report", fake_report)
+    k.num_warps = 8
+    result = tune(mg, "h100")
+    assert not result.ok and result.compiles == 3
+    assert result.spills == {k.name: (8, 76)} and result.small_spills_only
+    built[8], k.num_warps = 400, 8
+    result = tune(mg, "h100")
+    assert not result.ok and not result.spills and not result.small_spills_only
+
+
+def test_when_no_plan_builds_cleanly_the_least_spilling_plan_is_verified_and_kept(
+        monkeypatch):
+    """The last resort (``Builder.last_resort``): when every plan was refused by the compile
+    check, the cheapest refused only for small spills is verified with its best warps
+    pinned, and chosen over one kernel per op; the report says it spills."""
+    if not can_tune("h100"):
+        pytest.skip("no Triton NVIDIA compiler")
+
+    def spills_a_little(mugraph, target="h100", deadline=None):
+        out = TuneResult(target, compiles=1)
+        for k in (k for k in mugraph.kernels if k.kind == "custom"):
+            out.refused[tile_key(k)] = out.refused[tiles_key(k)] = f"{k.name}: 76 B spilled"
+            out.failed.append(k.name)
+            out.spills[k.name] = (8, 76)
+        return out
+
+    monkeypatch.setattr(build, "tune", spills_a_little)
+    res = em.optimize(_rmslin(), cache=False, compile_check=True)
+    assert res.verified.equivalent and res.cost_us < res.baseline_cost_us
+    custom = [k for k in res.program.kernels if k.kind == "custom"]
+    assert custom and all(k.num_warps == 8 for k in custom)
+    (last,) = [p for p in res.stats["plans"] if p["how"].endswith("(spilling)")]
+    assert last["verified"] and "built with small spills" in last["compiled"]
+    assert all(p["verified"] is None for p in res.stats["plans"] if p is not last)

@@ -147,3 +147,24 @@ def test_the_model_pads_tiles_as_the_code_holds_them(heads, on_grid):
                 (n.describe(), pad[id(n)], blocks)
     tile = kernel_pads(kern)[0][1][id(kern.loop.inputs["Q"])]
     assert tile[0] == (1 if on_grid else 16 if heads == 2 else heads)
+
+
+def test_a_merged_dot_keeps_its_rows_in_the_model_as_in_the_code():
+    """A query-head group against one shared key tile is one ``tl.dot`` whose rows are the
+    heads times the query rows (``merges_batch``): the code pads K and N to 16, not each
+    head's 2 rows. The model held them as 16 (8 x 16 x 256 scores, 8 times the code's)."""
+    import re
+
+    from eqsat_mirage.cost.tiles import kernel_pads
+    from eqsat_mirage.fusion.lower import lower
+    from eqsat_mirage.fusion.schedule import Schedule
+
+    g = em.Graph("group")
+    q = g.input("Q", (8, 2, 64), "float16")
+    g.output(q @ g.input("K", (64, 192), "float16"), "S")
+    mg = lower(g, Schedule())
+    (kern,) = [k for k in mg.kernels if k.kind == "custom"]
+    blocks = {int(n): int(b) for n, b in re.findall(r"BLOCK_(\d+)=(\d+)", triton_source(mg))}
+    shapes = [pad[id(n)] for stage, pad in kernel_pads(kern) for n in stage.nodes()
+              if n.op.name == "MATMUL"]
+    assert blocks[2] == 2 and shapes == [(8, 2, 256)]
