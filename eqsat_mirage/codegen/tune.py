@@ -12,7 +12,9 @@ tile key (``gpucost.tile_key``) and its tiles key (``tiles.tiles_key``: the same
 grid, with a loop or without one as built) go into ``TuneResult.refused`` with the reason, the
 kernel planner keeps it among its facts (``fusion.forms.KernelPlanner.refuse``), and the
 candidate planned again prices that schedule as infeasible (``gpucost.kernel_cost(...,
-refused=)``) and picks smaller tiles.
+refused=)``) and picks smaller tiles. A refused kernel whose best build spills at most
+``SMALL_SPILL`` bytes a thread within shared memory is named in ``TuneResult.spills`` with
+that warp count: the search's last resort (``pipeline.build.Builder.last_resort``).
 
 Every compile is cached by source (``compile_report``) and by Triton's own cache on disk.
 """

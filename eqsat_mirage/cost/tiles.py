@@ -35,7 +35,9 @@ def pow2_ceil(d: int) -> int:
 
 
 def padded_shapes(graph: Graph) -> dict[int, tuple[int, ...]]:
-    """Tile shapes as Triton holds them: dims to powers of two, matmul M and N to >= 16.
+    """Tile shapes as Triton holds them: dims to powers of two, matmul M and N to >= 16 (a
+    merged dot's M kept: its batch fills the rows; ``kernel_pads`` pads every dim of a
+    size that a dot pads, as the code does).
     Kept with the graph while its outputs are the same (``Graph.derived``): a kernel's
     price reads them three times. Read-only."""
     return graph.derived("padded shapes", _padded)
@@ -77,6 +79,14 @@ def _dot_sizes(n) -> tuple[int, ...]:
         return ()
     _, m, kk, nn = matmul_dims(n)
     return (m, kk, nn) if uses_dot(n) else (kk, nn) if merges_batch(n) else ()
+
+
+def dot_rows(n, pad: Mapping[int, tuple[int, ...]]) -> int:
+    """The rows (M) of tile matmul ``n``'s ``tl.dot`` as padded in ``pad``: a merged dot's
+    (``merges_batch``) are its left operand's batch dims and M together."""
+    if merges_batch(n):
+        return numel(tuple(pow2_ceil(d) for d in n.srcs[0].shape[:-1] if d > 1))
+    return pad[id(n)][-2]
 
 
 def _small_dot_sizes(stage: Graph) -> frozenset[int]:
@@ -121,7 +131,7 @@ def live_registers(k: CustomKernel, pads=None) -> float:
         for n in stage.nodes():
             if n.op is Op.MATMUL:
                 dots[id(n)] = numel(pad[id(n)])
-                wgmma = pad[id(n)][-2] >= WGMMA_M
+                wgmma = dot_rows(n, pad) >= WGMMA_M
                 for m in n.srcs:  # wgmma reads a loaded operand from shared memory
                     held = not (wgmma and m.op is Op.INPUT)
                     dots[id(m)] = max(dots.get(id(m), 0.0),
@@ -239,7 +249,7 @@ def fma_k(k: CustomKernel, pads=None) -> int:
             a, b = (pad[id(m)] for m in n.srcs)
             shared = any(m is not n and set(map(id, m.srcs)) & set(map(id, n.srcs))
                          for m in dots)
-            if shared or (b[-1] > a[-2] and _reduced_along_k(n.srcs[0])):
+            if shared or (b[-1] > dot_rows(n, pad) and _reduced_along_k(n.srcs[0])):
                 worst = max(worst, a[-1])
     return worst
 

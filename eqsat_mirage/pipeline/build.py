@@ -127,19 +127,23 @@ class Builder:
     def last_resort(self) -> tuple | None:
         """The cheapest plan refused only because its kernels spill a little
         (``tune.SMALL_SPILL`` bytes a thread at their best warp count), with those warps
-        pinned and its cost priced again: (cost, candidate, how, plan, what it spills), or
-        None. A search takes it only when no plan built cleanly and verified: a few spilled
-        registers cost less than running the piece one kernel per op."""
+        pinned and its cost priced again (the model charges nothing for the spills):
+        (cost, candidate, how, plan, what it spills), or None. A search takes it only when
+        no plan verified, and tries only this one: a few spilled registers cost less than
+        running the piece one kernel per op."""
         if not self.spilling:
             return None
-        cost, i, how, p, spills = min(self.spilling, key=lambda x: (x[0], x[1]))
+        for _, _, _, p, spills in self.spilling:  # each priced with its best warps pinned
+            for k in p.mugraph.kernels:
+                if k.name in spills:
+                    k.num_warps = spills[k.name][0]
+            p.cost_us = mugraph_cost(p.mugraph, self.prof).total_us
+        _, i, how, p, spills = min(self.spilling, key=lambda x: (x[3].cost_us, x[1]))
         self.spilling.clear()
-        for k in p.mugraph.kernels:
-            if k.name in spills:
-                k.num_warps = spills[k.name][0]
-        cost = mugraph_cost(p.mugraph, self.prof).total_us
         said = ", ".join(f"{n} {b} B a thread at {w} warps" for n, (w, b) in spills.items())
-        return cost, i, how, p, f"built with small spills ({said}): no plan built cleanly"
+        note = f"built with small spills ({said}): no plan built cleanly and verified"
+        self.builds.append(f"{how} (spilling): {note}")
+        return p.cost_us, i, how, p, note
 
     def _written(self, mugraph, custom: list) -> tuple[str | None, list]:
         """(None, []) when the Triton backend writes ``mugraph``'s source, else why not and

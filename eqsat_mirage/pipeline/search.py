@@ -384,25 +384,26 @@ class Search:
                 ver.rejected.append(f"MuGraph from {how}: {res.reason}")
                 self._say(f"MuGraph from {how} rejected by the verifier: {res.reason}")
         if not verified and self.lax and not vplan.deadline.expired():
-            self.last_resort(builder, vplan, verified, summary)
+            self.last_resort(builder, vplan, verified, summary, allowed)
         if options.compile_check:
             self.record.compile = builder.report()
         self.stats["plans"] = summary
         return verified
 
     def last_resort(self, builder: Builder, vplan: VerifyPlan, verified: list,
-                    summary: list) -> None:
-        """When no plan built cleanly and verified: the cheapest plan refused only for small
-        spills (``Builder.last_resort``), verified as any plan (and gated), joins
-        ``verified`` when it passes and is cheaper than one kernel per op."""
+                    summary: list, allowed: dict) -> None:
+        """When no plan verified: the cheapest plan refused only for small spills
+        (``Builder.last_resort``), verified as any plan (and gated), joins ``verified``
+        when it passes and is cheaper than one kernel per op."""
         spilling = builder.last_resort()
         if spilling is None:
             return
-        cost, _, how, p, note = spilling
+        cost, i, how, p, note = spilling
         if cost >= mugraph_cost(from_graph(self.graph), self.profile).total_us:
             return
-        entry = {"how": f"{how} (spilling)", "cost_us": cost, "kernels": len(p.mugraph.kernels),
-                 "verified": None, "compiled": note}
+        how = f"{how} (spilling)"
+        entry = {"how": how, "cost_us": cost, "kernels": len(p.mugraph.kernels),
+                 "verified": None, "boundaries": allowed[i], "compiled": note}
         summary.append(entry)
         self._say(f"MuGraph from {how}: {note}; verifying it as the last resort")
         res = self.verify(p.mugraph, vplan)
@@ -410,10 +411,12 @@ class Search:
         refused = self.gate_check(p.mugraph) if res.equivalent else ""
         if refused:
             entry["refused"] = refused
+            self.record.verification.rejected.append(f"MuGraph from {how}: {refused}")
         elif res.equivalent:
             verified.append((p, res, entry))
         else:
             self.record.verification.rejected.append(f"MuGraph from {how}: {res.reason}")
+            self._say(f"MuGraph from {how} rejected by the verifier: {res.reason}")
 
     def gate_check(self, program) -> str:
         """Why the gate refuses ``program`` ("" without a gate, or when it passes). The gate

@@ -168,3 +168,21 @@ def test_a_merged_dot_keeps_its_rows_in_the_model_as_in_the_code():
     shapes = [pad[id(n)] for stage, pad in kernel_pads(kern) for n in stage.nodes()
               if n.op.name == "MATMUL"]
     assert blocks[2] == 2 and shapes == [(8, 2, 256)]
+
+
+def test_a_merged_dot_counts_its_merged_rows_where_rows_matter():
+    """A merged dot's rows are its batch times M (16 here, from 16 heads of one row): a
+    float32 one after a row reduction is not "wider than tall" (``fma_k``), as it would be
+    read from the unmerged M of 1."""
+    from eqsat_mirage.cost.tiles import dot_rows, fma_k, kernel_pads
+    from eqsat_mirage.fusion.lower import lower
+    from eqsat_mirage.fusion.schedule import Schedule
+
+    g = em.Graph("rows")
+    s = g.input("S", (16, 1, 256), "float32")
+    p = em.exp(s - em.max(s, axis=-1, keepdims=True))
+    g.output(p @ g.input("V", (256, 16), "float32"), "O")
+    (kern,) = [k for k in lower(g, Schedule()).kernels if k.kind == "custom"]
+    (n,) = [n for st in (kern.loop, kern.post) for n in st.nodes() if n.op.name == "MATMUL"]
+    pad = {**kernel_pads(kern)[0][1], **kernel_pads(kern)[1][1]}
+    assert dot_rows(n, pad) == 16 and fma_k(kern) == 0
