@@ -60,7 +60,7 @@ from ..cost.tiles import DEEP_STAGES, dynamic_context, pow2_ceil
 from ..frontend.graph import Graph
 from ..ir.errors import MirageError
 from ..ir.limits import keep_bounded
-from ..ir.node import ITEMSIZE, Node, Op, located, numel
+from ..ir.node import GATHERS, ITEMSIZE, Node, Op, located, numel
 from ..mugraph.kernels import PredefinedKernel
 from ..mugraph.program import MuGraph, from_graph
 from .alternatives import variants
@@ -393,13 +393,17 @@ class Planner(OpSpace):
         return sorted((a, b, why) for (a, b), why in found.items())
 
     def forced(self) -> list[frozenset]:
-        """The starting regions: ops joined by every edge that may not be a kernel boundary."""
+        """The starting regions: ops joined by every edge that may not be a kernel boundary.
+        An edge into or out of a gather is always one: a gather runs as a kernel of its own
+        (BERT's token-type ids, a concat of two index rows, had no boundary into their
+        gather, and every plan of its embedding piece failed)."""
         uf = UnionFind()
         if self.cuts is not None:
             for i, n in enumerate(self.ops):
                 for s in n.srcs:
                     j = self.index.get(id(s))
-                    if j is not None and (id(s), id(n)) not in self.cuts:
+                    if j is not None and (id(s), id(n)) not in self.cuts and \
+                            n.op not in GATHERS and s.op not in GATHERS:
                         uf.union(j, i)
         groups: dict[int, set[int]] = {}
         for i in range(len(self.ops)):
