@@ -103,14 +103,20 @@ def kernel_pads(k: CustomKernel) -> list[tuple[Graph, dict[int, tuple[int, ...]]
     key heads took the 16 its 2 query rows a head need: tiles of 16 x 64 x 64 in float32,
     832 KiB of shared memory and 37,620 B spilled at sm_90a, priced as fitting before."""
     stages = (k.loop, k.post)
-    pads = [(stage, padded_shapes(stage)) for stage in stages]
-    bump = set().union(*(stage.derived("small dot sizes", _small_dot_sizes)
-                         for stage in stages))
+    bump = frozenset().union(*(stage.derived("small dot sizes", _small_dot_sizes)
+                               for stage in stages))
     if not bump:
-        return pads
-    return [(stage, {id(n): tuple(max(MIN_MMA, p) if d in bump else p
-                                  for d, p in zip(n.shape, pad[id(n)]))
-                     for n in stage.nodes()}) for stage, pad in pads]
+        return [(stage, padded_shapes(stage)) for stage in stages]
+    # kept with the stage as ``padded_shapes`` is (a kernel's price reads them three times)
+    return [(stage, stage.derived(f"kernel pads {sorted(bump)}",
+                                  lambda g: _bumped(g, bump))) for stage in stages]
+
+
+def _bumped(stage: Graph, bump: frozenset[int]) -> dict[int, tuple[int, ...]]:
+    """``padded_shapes(stage)`` with every dim of a size in ``bump`` padded to 16."""
+    pad = padded_shapes(stage)
+    return {id(n): tuple(max(MIN_MMA, p) if d in bump else p
+                         for d, p in zip(n.shape, pad[id(n)])) for n in stage.nodes()}
 
 
 def live_registers(k: CustomKernel, pads=None) -> float:

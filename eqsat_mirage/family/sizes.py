@@ -266,13 +266,10 @@ def check_sizes(graph, padded, program, dim, lp0: int, opts: dict,
     fallback = "" if check is not None or gate is None or gate.checks else gate.fallback()
     if check is None and not fallback:
         check, fallback = _check_plan(graph, program, dim, lp0, opts, deadline)
-    if fallback:
+    if fallback:  # one kernel per op scales to any size (its kernels are predefined)
         say(f"family {graph.name!r}: {fallback}; one kernel per op instead")
-        sc = scaling(from_graph(padded), graph.dynamic, dim.name, lp0)
-        refused: dict[int, str] = {}
-        verdicts, hint_v = verify_sizes(graph, sc, dim, opts, refused, deadline)
-        check = SizeCheck(sc, verdicts, hint_v, fallback, refused,
-                          _cut(verdicts, dim, deadline))
+        check, _ = _check_plan(graph, padded, dim, lp0, opts, deadline)
+        check.fallback = fallback
     if check.timed_out:
         say(f"family {graph.name!r}: {check.timed_out}; not served")
     return check

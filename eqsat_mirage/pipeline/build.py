@@ -101,7 +101,7 @@ class Builder:
             self.builds.append(f"{how}: {result.summary()}")
             return True
         if result.small_spills_only:  # kept aside: the last resort when nothing builds clean
-            self.spilling.append((p.cost_us, i, how, p, dict(result.spills)))
+            self.spilling.append((i, how, p, dict(result.spills)))
         self.refused.update(result.refused)
         self.kernels.refuse(result.refused)
         entry["compiled"] = "; ".join(dict.fromkeys(result.refused.values()))
@@ -133,12 +133,12 @@ class Builder:
         running the piece one kernel per op."""
         if not self.spilling:
             return None
-        for _, _, _, p, spills in self.spilling:  # each priced with its best warps pinned
+        for _, _, p, spills in self.spilling:  # each priced with its best warps pinned
             for k in p.mugraph.kernels:
                 if k.name in spills:
                     k.num_warps = spills[k.name][0]
             p.cost_us = mugraph_cost(p.mugraph, self.prof).total_us
-        _, i, how, p, spills = min(self.spilling, key=lambda x: (x[3].cost_us, x[1]))
+        i, how, p, spills = min(self.spilling, key=lambda x: (x[2].cost_us, x[0]))
         self.spilling.clear()
         said = ", ".join(f"{n} {b} B a thread at {w} warps" for n, (w, b) in spills.items())
         note = f"built with small spills ({said}): no plan built cleanly and verified"

@@ -372,17 +372,7 @@ class Search:
                 summary.pop()                                # the next plan: that goes first
                 bisect.insort(plans, (p.cost_us, i, how, p), key=lambda x: (x[0], x[1]))
                 continue
-            res = self.verify(p.mugraph, vplan)
-            entry["verified"] = res.equivalent
-            refused = self.gate_check(p.mugraph) if res.equivalent else ""
-            if refused:
-                entry["refused"] = refused
-                ver.rejected.append(f"MuGraph from {how}: {refused}")
-            elif res.equivalent:
-                verified.append((p, res, entry))
-            else:
-                ver.rejected.append(f"MuGraph from {how}: {res.reason}")
-                self._say(f"MuGraph from {how} rejected by the verifier: {res.reason}")
+            self.judge(p, how, entry, vplan, verified)
         if not verified and self.lax and not vplan.deadline.expired():
             self.last_resort(builder, vplan, verified, summary, allowed)
         if options.compile_check:
@@ -406,6 +396,12 @@ class Search:
                  "verified": None, "boundaries": allowed[i], "compiled": note}
         summary.append(entry)
         self._say(f"MuGraph from {how}: {note}; verifying it as the last resort")
+        self.judge(p, how, entry, vplan, verified)
+
+    def judge(self, p, how: str, entry: dict, vplan: VerifyPlan, verified: list) -> None:
+        """Plan ``p`` verified against the input and, when it passes, put to the gate: it
+        joins ``verified`` (with its verdict and ``stats["plans"]`` ``entry``) when both pass;
+        else why is recorded among the rejections."""
         res = self.verify(p.mugraph, vplan)
         entry["verified"] = res.equivalent
         refused = self.gate_check(p.mugraph) if res.equivalent else ""
