@@ -2,7 +2,9 @@
 
 ``verify.py``: ``em.verify`` (field trials, the float64 and native-dtype checks, the
 counterexample). ``bound.py``: the degree analysis behind the bound. ``floatcheck.py``:
-the float checks; ``draws.py``: their input draws (scales, exponent range, peaks, logits);
+the float checks; ``draws.py``: their input draws (scaled, folded, peaks, offsets);
+``scales.py``: which scales the exponent-range and trough draws and the logits draw
+are at;
 ``conditioning.py``: whether rounding alone decides an output on a draw
 (the end-to-end check of ``endtoend.py`` then asks only for finiteness there).
 ``runner.py``: jobs on a pool of threads under a deadline; ``blas.py``: NumPy's BLAS on one

@@ -12,10 +12,9 @@ import threading
 
 import numpy as np
 
-from ..ir.node import CODED_DTYPES, FIXED_DTYPES, FP8_DTYPES, INDEX_DTYPES, QUANT_DTYPES, Op
+from ..ir.node import CODED_DTYPES, FIXED_DTYPES, FP8_DTYPES, INDEX_DTYPES, QUANT_DTYPES
 from ..semantics.floating import (
     EVERY_HALF,
-    FLOAT_SEMANTICS,
     Coded,
     KeptValues,
     LazyInputs,
@@ -23,7 +22,6 @@ from ..semantics.floating import (
     draw_ints,
     evaluate,
     evaluate_kept,
-    float_ctx,
     round_to,
     rounded_inputs,
     to_half,
@@ -31,7 +29,6 @@ from ..semantics.floating import (
 )
 from ..semantics.fp8 import draw_fp8
 from ..semantics.gather import POSITIONS, draw_indices, index_bounds
-from ..semantics.interp import Outputs, run
 from ..semantics.modular import DRAW_CHUNK, chunked
 from .corners import PAIR_FORMS, REST_BELOW, TIE, half_ulp, offset_sets, pairs, tie_pairs
 from .corners import offset as common_offset
@@ -40,6 +37,8 @@ from .floatsafe import fingerprints, input_deps, is_graph, static_check, unsampl
 from .kernelsafe import kernel_check
 from .memory import keeps_draws, keeps_folded
 from .packing import kept, pack, read_only, scaled_up, unpack, unpacked, weakly
+from .scales import LEAST_SCALE, exp_range, exponent_power, logit_scale
+from .scales import trough as trough_power
 from .truth import precision, truth
 
 NATIVE_MAX = {"float16": 65504.0, "bfloat16": 3.3895e38, "float32": 3.4028e38}
@@ -48,11 +47,7 @@ NATIVE_MAX = {"float16": 65504.0, "bfloat16": 3.3895e38, "float32": 3.4028e38}
 # magnitudes of at least this much (an absolute floor, rtol times it: 1.2e-6 for float16)
 NATIVE_TINY = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**-126}
 # Float safety (docs/verifier.md, section 5): draws across each input dtype's exponent range.
-# The binary exponents of each dtype's normal numbers (float16 from 2^-14 to 2^15, ...).
-EXP_RANGE = {"float16": (-14, 15), "bfloat16": (-126, 127), "float32": (-126, 127)}
-EXPONENT_DRAWS = 2  # N(0, 1) times 2^k, k uniform in the inputs' exponent range
 SPREADS = ()  # each element +-2^e, e uniform in [-s, s] (none by default: its cost)
-LOGIT_STD = 9.0  # realistic attention logits: exp arguments with this standard deviation
 STATIC = "float safety (static)"
 # A point of the exponent-range draws is valid where the first program is finite at it and
 # at it with every input scaled by the headroom (the square of its longest reduction, at
@@ -69,7 +64,7 @@ SHARE_FIXED = True  # False: every evaluation computes them again (tests compare
 # drawn input by input
 # the ``ties`` draw (comparisons): every float input k * step, k in [-TIE_STEPS, TIE_STEPS]
 TIE_STEPS, TIES_SEED = 4, 0x71E5
-_ONE_BY_ONE = ("signed", "folded", "exponent", "logits", "peakfold", "offset")
+_ONE_BY_ONE = ("signed", "folded", "exponent", "logits", "peakfold", "offset", "pow2")
 # draws made again for each check, the first program's outputs on them held only while it
 # runs: a search's memo keeps none of them (``memory.verify_parts`` counts what it keeps)
 UNKEPT = ("offset",)
@@ -197,7 +192,8 @@ class Draws:
         self.lock = threading.Lock()  # the memo's short updates; each long first-time
         # computation has a lock of its own, so that no other holds up the checks that
         # do not need it (the logits draw waited behind the static checks' float64 run)
-        self._locks = {k: threading.Lock() for k in ("fingerprints", "logits", "folded@h")}
+        self._locks = {k: threading.Lock() for k in ("fingerprints", "logits", "folded@h",
+                                                     "trough")}
         self.headroom = HEADROOM
         self._current = threading.local()  # per thread: the rounded draw it reads now
         self._folded_h: LazyInputs | None = None  # ``_folded_at_headroom``
@@ -220,7 +216,7 @@ class Draws:
                    default=0.0)
 
     def _range(self, name: str) -> tuple[int, int]:
-        return EXP_RANGE.get(self._dtypes[name], EXP_RANGE["float32"])
+        return exp_range(self._dtypes[name])
 
     def inputs(self, kind: str, s: float) -> dict:
         """The inputs of the draw (``kind``, ``s``) as drawn (float64 or float32 arrays, or
@@ -294,10 +290,14 @@ class Draws:
         if kind == "exponent":  # z * 2^k, one k for every input, uniform across the
             return z if self._dtypes[name] == "bool" else (  # narrowest input range
                 _scaled(z, 2.0 ** self._power(int(s))))
+        if kind == "pow2":  # (u + |z|) 2^s with z's sign, every float input (the trough
+            # draw's, s <= 0; u its unit, ``units``): none below 2^s in its unit
+            return z if self._dtypes[name] == "bool" else _scaled(
+                np.copysign(self.units.get(name, 1.0) + np.abs(z), z), 2.0 ** s)
         if kind == "offset":  # N(0, 1) plus a common offset on the inputs of the set s
             return z if name not in self.members(kind, s) else z + np.float32(
                 self.offset(int(s)))
-        if kind == "logits":  # N(0, c^2), c setting the exp arguments' spread to LOGIT_STD
+        if kind == "logits":  # N(0, c^2), c setting the exp arguments' spread (LOGIT_STD)
             return _scaled(z, self.logit_scale())
         if kind == "signed" and s == 1.0:  # the draw itself, read-only: no copy
             return read_only(z)
@@ -333,11 +333,51 @@ class Draws:
         return LazyInputs(self.normal, functools.partial(scaled_up, packed, self._dtypes, factor))
 
     def _power(self, j: int) -> int:
-        """The exponent k of exponent draw ``j``: uniform across the inputs' range."""
-        g = np.random.default_rng([self.base, 1, j])
-        lo = max(self._range(n)[0] for n in self.normal)
-        hi = min(self._range(n)[1] for n in self.normal)
-        return int(g.integers(lo, hi - 2))  # |z| < 8: stays below the dtype's largest
+        """The exponent k of exponent draw ``j`` (``scales.exponent_power``)."""
+        return exponent_power(self.base, j, [self._dtypes[n] for n in self.normal])
+
+    def trough(self) -> int | None:
+        """The trough draw's binary exponent k (``scales.trough``; docs/verifier.md,
+        section 5) on the draws (u + |z|) 2^k with z's sign (every float input, one k, u
+        its unit: none below 2^k in its unit), found on the first program's outputs (each
+        op rounded once, ``evaluate``'s "exact"), from ``LEAST_SCALE`` (or the inputs'
+        least normal) up to 0; None without float inputs and outputs. There a value of a
+        higher degree in the inputs' scale than the outputs (``X @ W`` before a division
+        by ``rms(X)``) is subnormal while most outputs are not: a candidate that computes
+        it in the outputs' dtype loses what underflow takes. Memoized; of the bisection's
+        evaluations only the one at k is kept (the check reads it)."""
+        with self._locks["trough"]:
+            if "trough" not in self.memo:
+                floats = [n for n, o in self.a.outputs.items() if str(o.dtype) in NATIVE_TINY]
+                names = [n for n in self.normal if self._dtypes[n] in NATIVE_TINY]
+                lo = max([self._range(n)[0] for n in names] + [LEAST_SCALE])
+                k = trough_power(functools.partial(self._output_counts, floats), lo) \
+                    if floats and names else None
+                for key in [key for key in list(self.memo) if key[1:2] == ("pow2",)
+                            and key[0] == "exact" and key[2] != k]:
+                    del self.memo[key]  # the bisection's other evaluations
+                self.memo["trough"] = k
+            return self.memo["trough"]
+
+    def _output_counts(self, floats: list[str], k: int) -> tuple[int, int, int, float]:
+        """The first program's float outputs ``floats`` on the trough's draw at ``k``: their
+        elements, finite and normal (at least their dtype's smallest normal) ones, and the
+        median of the finite ones' binary exponents above that smallest normal."""
+        out = self.out_a("exact", "pow2", float(k), True)  # the check reads the last
+        self.release("pow2", float(k))
+        self.memo.pop(("rounded", "pow2", float(k)), None)  # kept or not: one draw a k
+        total = finite = big = 0
+        above = []
+        for n in floats:
+            x = np.asarray(out[n], dtype=np.float64)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                fin = np.isfinite(x)
+                e = np.log2(np.abs(x[fin]) / NATIVE_TINY[str(self.a.outputs[n].dtype)])
+            big += int(np.count_nonzero(e >= 0))
+            total, finite = total + x.size, finite + int(np.count_nonzero(fin))
+            above.append(e.ravel())
+        median = float(np.median(np.concatenate(above))) if finite else -np.inf
+        return total, finite, big, median
 
     def members(self, kind: str, s: float) -> set[str]:
         """The inputs a ``peak`` (s: one input's position, -1 every input), ``peakset`` or
@@ -395,7 +435,7 @@ class Draws:
         bytes, then widened), and no 2-byte copy held beside it."""
         if kind in UNKEPT:  # never kept: made again for each check that reads it
             return True
-        by_one = kind in ("signed", "folded", "logits") or (
+        by_one = kind in ("signed", "folded", "logits", "pow2") or (
             kind == "exponent" and self._power(int(s)) < 0)
         return by_one and not self.keeps and (kind, s) not in _SHARED and \
             ("rounded", kind, s) not in self.memo
@@ -716,38 +756,8 @@ class Draws:
         float64, as a power law); 1 without an exp."""
         with self._locks["logits"]:
             if "logits" not in self.memo:
-                self.memo["logits"] = self._logit_scale()
+                self.memo["logits"] = logit_scale(self.a, self.inputs)
             return self.memo["logits"]
-
-    def _logit_scale(self) -> float:
-        if not is_graph(self.a):
-            return 1.0
-        exps = [n.srcs[0] for n in self.a.nodes() if n.op is Op.EXP]
-        if not exps:
-            return 1.0
-
-        # only what the exp arguments are computed from runs (a layer's attention scores,
-        # not its MLP: an eighth of a 7B layer's products), each value dropped once read
-        args = Outputs({f"arg{i}": n for i, n in enumerate(exps)})
-
-        def spread(s: float) -> float:
-            with np.errstate(all="ignore"):
-                got = run(args, FLOAT_SEMANTICS, float_ctx(self.a, self.inputs("signed", s),
-                                                           None, False))
-            best = 0.0
-            with np.errstate(all="ignore"):
-                for v in got.values():
-                    v = np.asarray(v)
-                    v = v[np.isfinite(v)]
-                    best = max(best, float(np.std(v)) if v.size else 0.0)
-            return best
-
-        s1 = spread(1.0)
-        if not s1 > 0.0:
-            return 1.0
-        s2 = spread(2.0)
-        degree = min(max(math.log2(s2 / s1), 0.5), 4.0) if s2 > 0 else 1.0
-        return float((LOGIT_STD / s1) ** (1.0 / degree))
 
     def static(self, b) -> str:
         """The static float-safety checks of ``b`` on this draw (``floatsafe.static_check``;

@@ -41,11 +41,15 @@ from ..semantics.modular import DRAW_CHUNK
 # 1.1 GB a trial) are drawn again from the trial's generator for each candidate
 MEMO_INPUTS = 256 * 2**20
 # rounded float draws of every input a search's memo keeps: signed, two folded, two
-# exponent-range draws, the logits draw, and one input at a time for the peakfold draws
-# (the corners' offset draws and the per-input scales draws are made again for each check,
-# their first-program outputs held only while it runs: ``draws.UNKEPT``; the pairs' peaks
-# are one value per input)
-DRAW_SETS = 7
+# exponent-range draws, the trough's, the logits draw, and one input at a time for the
+# peakfold draws (the corners' offset draws are made again for each
+# check, their first-program outputs held only while it runs: ``draws.UNKEPT``; the pairs'
+# peaks are one value per input; the trough's bisection drops each draw once evaluated)
+DRAW_SETS = 8
+# first-program output sets a search's memo keeps: those of the draws above (natively,
+# at the headroom, in float64, the truth), the trough's three (each op rounded once, in
+# float64, the truth) among them
+OUTPUT_SETS = 15
 BASE = 128 * 2**20  # what a process verifying anything holds besides (measured: 70-130 MB)
 _BASE_PART = ("the interpreter itself (Python, NumPy, both programs)", BASE)
 WORD = 8  # bytes of one part of a field value (int64) or of a float64 value
@@ -303,7 +307,7 @@ def verify_parts(a, b, threads: int, trials: int, memo: bool = True,
         which = "the rounded draws kept" if kept > 2 else "two rounded draws others are made from"
         parts.append((f"the float checks' draws (a standard-normal draw per call, "
                       f"{which}, {_folded_what(a)}) and first-program outputs",
-                      draw_bytes(a) + kept * packed_inputs(a) + 12 * fa_out))
+                      draw_bytes(a) + kept * packed_inputs(a) + OUTPUT_SETS * fa_out))
     return parts
 
 
@@ -393,7 +397,7 @@ def float_parts(a, b, threads: int) -> list[tuple[str, int]]:
              f"draws others are made from, {_folded_what(a)})",
              draw_bytes(a) + packed_inputs(a) + packed_signed(a)),
             ("the first program's outputs kept per draw (native, float64, at the headroom, "
-             "its truth)", 12 * fa_out), _BASE_PART]
+             "its truth)", OUTPUT_SETS * fa_out), _BASE_PART]
 
 
 def _folded_what(a) -> str:

@@ -108,5 +108,5 @@ def test_a_search_memo_keeps_the_first_calls_signed_draw_and_the_estimate_counts
     assert not np.shares_memory(kept, second.normal["x"])  # two normal draws of x held
     parts = dict(memory.verify_parts(a, a, 1, 1))
     drawn = [n for what, n in parts.items() if what.startswith("the float checks' draws")]
-    outputs = 12 * 8 * 64 * 64
+    outputs = memory.OUTPUT_SETS * 8 * 64 * 64
     assert drawn == [memory.draw_bytes(a) + memory.DRAW_SETS * memory.packed_inputs(a) + outputs]

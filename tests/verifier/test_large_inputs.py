@@ -86,7 +86,7 @@ def test_large_trial_inputs_are_not_kept():
     # the memo keeps the first call's, a view of that call's normal draw)
     assert memory.keeps_folded(g)
     assert draws == (2 + 4) * 4096 * 11008 + 8 * 4 * 4096 + 2 * 2 * elements + \
-        12 * 4 * 11008 * 8
+        memory.OUTPUT_SETS * 4 * 11008 * 8
     small = em.Graph("small")
     x, w = small.input("X", (4, 64), "float16"), small.input("W", (64, 128), "float16")
     small.output(x @ w, "Y")
@@ -94,7 +94,8 @@ def test_large_trial_inputs_are_not_kept():
     draws = next(n for d, n in parts.items() if d.startswith("the float checks"))
     elements = 4 * 64 + 64 * 128
     assert memory.keeps_draws(small)
-    assert draws == 8 * elements + memory.DRAW_SETS * 2 * elements + 12 * 4 * 128 * 8
+    assert draws == (8 * elements + memory.DRAW_SETS * 2 * elements
+                     + memory.OUTPUT_SETS * 4 * 128 * 8)
 
 
 def test_a_search_memo_keeps_the_rounded_draws_of_small_programs_only():
@@ -261,8 +262,8 @@ def test_the_end_to_end_estimate_counts_the_draws():
     assert draws == [inputs * 4 + 2 * inputs * 2 + inputs * 4]
     outputs = sum(int(np.prod(v.shape)) for v in a.outputs.values())
     kept = [n for what, n in parts.items() if what.startswith("the first program's outputs")]
-    assert kept == [12 * 8 * outputs] and parts[next(w for w in parts if "interpreter" in w)] \
-        == memory.BASE
+    assert kept == [memory.OUTPUT_SETS * 8 * outputs]
+    assert parts[next(w for w in parts if "interpreter" in w)] == memory.BASE
 
 
 def test_a_bool_mask_in_the_constant_draws_stays_one_value():

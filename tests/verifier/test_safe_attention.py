@@ -237,6 +237,7 @@ def test_the_logit_scale_runs_only_what_the_exp_arguments_need():
     from eqsat_mirage.semantics.floating import FLOAT_SEMANTICS, float_ctx
     from eqsat_mirage.semantics.interp import run
     from eqsat_mirage.verifier import draws as draws_mod
+    from eqsat_mirage.verifier import scales as scales_mod
 
     g = em.Graph("attn_mlp")
     q, k = g.input("Q", (2, 8, 16), "float16"), g.input("K", (2, 16, 8), "float16")
@@ -247,12 +248,12 @@ def test_the_logit_scale_runs_only_what_the_exp_arguments_need():
     g.output(em.silu(o @ w), "Y")
     d = draws_mod.Draws(g, np.random.default_rng(0), {})
     ran = []
-    real = draws_mod.run
-    draws_mod.run = lambda prog, *a, **kw: ran.append(len(prog.nodes())) or real(prog, *a, **kw)
+    real = scales_mod.run
+    scales_mod.run = lambda prog, *a, **kw: ran.append(len(prog.nodes())) or real(prog, *a, **kw)
     try:
         got = d.logit_scale()
     finally:
-        draws_mod.run = real
+        scales_mod.run = real
     assert ran and max(ran) < len(g.nodes())  # the MLP after the attention did not run
     exps = [n.srcs[0] for n in g.nodes() if n.op is Op.EXP]
 
@@ -263,4 +264,4 @@ def test_the_logit_scale_runs_only_what_the_exp_arguments_need():
 
     s1, s2 = spread(1.0), spread(2.0)
     degree = min(max(np.log2(s2 / s1), 0.5), 4.0)
-    assert got == pytest.approx((draws_mod.LOGIT_STD / s1) ** (1.0 / degree), rel=1e-12)
+    assert got == pytest.approx((scales_mod.LOGIT_STD / s1) ** (1.0 / degree), rel=1e-12)

@@ -164,3 +164,98 @@ def test_a_safe_rewrite_is_accepted_for_every_seed(name):
     for seed in SEEDS:
         res = em.verify(a, b, trials=3, seed=seed)
         assert res.equivalent, (seed, str(res))
+
+
+def rms_linear(dt: str, late: bool) -> em.Graph:
+    """``rms_norm(X) @ W``, or with the division by the RMS moved after the matmul in
+    ``dt`` (``X @ W`` of degree 2 in the inputs' scale, the output of degree 1)."""
+    g = em.Graph(f"rms-{'late' if late else 'input'}-{dt}")
+    X, W = g.input("X", (4, 64), dt), g.input("W", (64, 8), dt)
+    if late:
+        g.output((X @ W) * em.rsqrt((X * X).mean(axis=-1, keepdims=True) + 1e-6), "O")
+    else:
+        g.output(em.rms_norm(X, eps=1e-6) @ W, "O")
+    return g
+
+
+def test_an_underflowing_product_has_one_verdict_for_every_seed():
+    """The division moved after a float16 matmul: its ``X @ W`` underflows where the
+    output is normal, and the trough draw (the same exponent for every seed) refuses it
+    for all 50 seeds; the random exponent draws refused it for 7 of them. In float32 and
+    bfloat16 that happens only below ``LEAST_SCALE`` (inputs under 2^-24, activations and
+    weights alike), where no draw goes: accepted for every seed (5 and 3 of 50 refused
+    before)."""
+    from eqsat_mirage.verifier.draws import Draws
+
+    for dt in DTYPES:
+        a, b = rms_linear(dt, False), rms_linear(dt, True)
+        ks = {Draws(a, np.random.default_rng(s), None).trough() for s in range(5)}
+        assert len(ks) == 1, (dt, ks)  # the program's, not the seed's
+        for seed in SEEDS:
+            res = em.verify(a, b, trials=3, seed=seed)
+            if dt == "float16":
+                assert not res.equivalent and not res.inconclusive, (seed, res.reason)
+                # (a random exponent draw finds it first for some seeds; the trough for all)
+                assert res.counterexample.domain == "native dtype", res.reason
+            else:
+                assert res.equivalent, (dt, seed, res.reason)
+
+
+def test_the_trough_loses_far_more_than_the_rule_allows():
+    """The margin behind the verdict: the candidate loses 6 bits or more on average at the
+    trough for every seed (at most 2 allowed), the first program against itself none."""
+    from eqsat_mirage.verifier.floatcheck import _Judge
+
+    a, b = rms_linear("float16", False), rms_linear("float16", True)
+    for seed in range(10):
+        judge = _Judge(a, b, np.random.default_rng(seed), 1e-7, True, None, True, False,
+                       False, [])
+        cex = judge.checked(0, "native", "trough", 0.0)
+        assert cex is not None and float(cex.detail.split("loses ")[1].split()[0]) >= 6.0
+        same = _Judge(a, a, np.random.default_rng(seed), 1e-7, True, None, True, False,
+                      False, [])
+        assert same.checked(0, "native", "trough", 0.0) is None
+
+
+def test_a_program_whose_outputs_never_underflow_has_its_trough_at_the_least_scale():
+    """A normalization's output (degree 0) stays normal however small its inputs, in
+    float32 down to the least scale the draws go to, 2^-24: the trough is there. In
+    float16 its ``x * x`` flushes to 0 at the inputs' least normal and the output is not
+    finite: no trough (the first program fails before its outputs underflow, nothing to
+    compare); nor for an output that is subnormal at scale 1 already."""
+    from eqsat_mirage.verifier.draws import Draws
+    from eqsat_mirage.verifier.scales import LEAST_SCALE
+
+    for dt, least in (("float32", LEAST_SCALE), ("float16", None)):
+        g = em.Graph("norm")
+        x = g.input("x", (4, 16), dt)
+        g.output(x * em.rsqrt((x * x).mean(axis=-1, keepdims=True)), "y")
+        assert Draws(g, np.random.default_rng(0), None).trough() == least, dt
+    g = em.Graph("tiny")
+    x = g.input("x", (4, 16), "float16")
+    g.output(x * 2.0**-30, "y")
+    assert Draws(g, np.random.default_rng(0), None).trough() is None
+
+
+def test_a_dequantized_weight_is_drawn_in_its_unit_at_the_trough():
+    """An int8 weight's per-channel scale is drawn in the weight's unit at the trough too
+    (``Draws.units``): ``q * s`` has a float weight's magnitude there, and the division
+    moved after the float16 matmul is refused for every seed by the trough (drawn 128
+    times too large, it lost about 2 bits and its verdict hung on the seed)."""
+    from eqsat_mirage.verifier.floatcheck import _Judge
+
+    def prog(late: bool) -> em.Graph:
+        g = em.Graph("w8-late" if late else "w8")
+        X, q = g.input("X", (4, 64), "float16"), g.input("q", (64, 8), "int8")
+        W = q.astype("float16") * g.input("s", (1, 8), "float16")
+        g.output((X @ W) * em.rsqrt((X * X).mean(axis=-1, keepdims=True) + 1e-6) if late
+                 else em.rms_norm(X, eps=1e-6) @ W, "O")
+        return g
+
+    a, b = prog(False), prog(True)
+    for seed in range(6):
+        judge = _Judge(a, b, np.random.default_rng(seed), 1e-7, True, None, True, False,
+                       False, [])
+        assert judge.draws.units, "the scale is drawn in the weight's unit"
+        cex = judge.checked(0, "native", "trough", 0.0)
+        assert cex is not None and float(cex.detail.split("loses ")[1].split()[0]) >= 6.0

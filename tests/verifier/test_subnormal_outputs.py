@@ -121,10 +121,18 @@ def test_a_reassociation_is_not_refused_on_an_all_subnormal_output(seed):
     assert res.equivalent, res.reason
 
 
-@pytest.mark.parametrize("seed", [11, 17])
+@pytest.mark.parametrize("seed", [0, 11, 17])
 def test_an_underflowing_intermediate_is_refused_where_the_output_is_normal(seed):
-    res = em.verify(rms_weight("input"), rms_weight("scaled"), seed=seed)
+    """The trough draw refuses it for every seed (seeds 11 and 17 were the ones whose
+    random exponent draw went low enough): inputs about 2^-24, ``x * w * 2^-100`` near
+    float32's least subnormal, while the first program's outputs are normal."""
+    from eqsat_mirage.verifier.floatcheck import _Judge
+
+    a, b = rms_weight("input"), rms_weight("scaled")
+    res = em.verify(a, b, seed=seed)
     assert not res.equivalent and not res.inconclusive, res
-    cex = res.counterexample
-    assert cex.domain == "native dtype" and "exponent range" in cex.detail, res.reason
-    assert abs(cex.value_a) > np.finfo(np.float32).tiny and cex.value_b == 0, res.reason
+    assert res.counterexample.domain == "native dtype", res.reason
+    # an exponent draw clamped to 2^-24 may find it first (seed 17); the trough always does
+    judge = _Judge(a, b, np.random.default_rng(seed), 1e-4, True, None, True, False, False, [])
+    cex = judge.checked(0, "native", "trough", 0.0)
+    assert cex is not None and "bits of accuracy" in cex.detail and "k = -24" in cex.detail
