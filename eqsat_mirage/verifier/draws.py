@@ -37,7 +37,7 @@ from .floatsafe import fingerprints, input_deps, is_graph, static_check, unsampl
 from .kernelsafe import kernel_check
 from .memory import keeps_draws, keeps_folded
 from .packing import kept, pack, read_only, scaled_up, unpack, unpacked, weakly
-from .scales import LEAST_SCALE, exp_range, exponent_power, logit_scale
+from .scales import LEAST_SCALE, exp_range, exponent_power, logit_scale, output_counts
 from .scales import trough as trough_power
 from .truth import precision, truth
 
@@ -60,6 +60,7 @@ HEADROOM = 2.0
 KEPT_BYTES = 64 * 2**20  # node values the peak bisections keep between evaluations
 # values computed from the fixed (index, int8, fp8) inputs alone, kept for every draw
 FIXED_BYTES = 256 * 2**20
+TROUGH_KEPT = 8 * 2**20  # the trough search keeps a first-program evaluation this small
 SHARE_FIXED = True  # False: every evaluation computes them again (tests compare the two)
 # drawn input by input
 # the ``ties`` draw (comparisons): every float input k * step, k in [-TIE_STEPS, TIE_STEPS]
@@ -341,43 +342,41 @@ class Draws:
         section 5) on the draws (u + |z|) 2^k with z's sign (every float input, one k, u
         its unit: none below 2^k in its unit), found on the first program's outputs (each
         op rounded once, ``evaluate``'s "exact"), from ``LEAST_SCALE`` (or the inputs'
-        least normal) up to 0; None without float inputs and outputs. There a value of a
-        higher degree in the inputs' scale than the outputs (``X @ W`` before a division
-        by ``rms(X)``) is subnormal while most outputs are not: a candidate that computes
-        it in the outputs' dtype loses what underflow takes. Memoized; of the bisection's
-        evaluations only the one at k is kept (the check reads it)."""
+        least normal) up to 0; None without float inputs and outputs. There the outputs
+        are at the edge of their dtypes' subnormals (or, at the least scale, still normal)
+        while a value of a higher degree in the inputs' scale (``X @ W`` before a division
+        by ``rms(X)``) is far below: a candidate that computes it in the outputs' dtype
+        loses what underflow takes. Memoized; the search's evaluations are its own, and
+        the one at k, where its outputs are at most ``TROUGH_KEPT`` bytes, goes to the memo
+        for the check (else the check evaluates it again)."""
         with self._locks["trough"]:
             if "trough" not in self.memo:
                 floats = [n for n, o in self.a.outputs.items() if str(o.dtype) in NATIVE_TINY]
                 names = [n for n in self.normal if self._dtypes[n] in NATIVE_TINY]
                 lo = max([self._range(n)[0] for n in names] + [LEAST_SCALE])
-                k = trough_power(functools.partial(self._output_counts, floats), lo) \
+                kept: dict[int, dict] = {}
+                k = trough_power(functools.partial(self._output_counts, floats, kept), lo) \
                     if floats and names else None
-                for key in [key for key in list(self.memo) if key[1:2] == ("pow2",)
-                            and key[0] == "exact" and key[2] != k]:
-                    del self.memo[key]  # the bisection's other evaluations
+                if k in kept:  # the check's first-program outputs (as ``out_a`` keeps them)
+                    self.memo[("exact", "pow2", float(k), True)] = kept[k]
                 self.memo["trough"] = k
             return self.memo["trough"]
 
-    def _output_counts(self, floats: list[str], k: int) -> tuple[int, int, int, float]:
+    def _output_counts(self, floats: list[str], kept: dict, k: int
+                       ) -> tuple[int, int, int, float]:
         """The first program's float outputs ``floats`` on the trough's draw at ``k``: their
         elements, finite and normal (at least their dtype's smallest normal) ones, and the
-        median of the finite ones' binary exponents above that smallest normal."""
-        out = self.out_a("exact", "pow2", float(k), True)  # the check reads the last
+        median of the finite ones' binary exponents above that smallest normal. Its
+        outputs go to ``kept`` where they are small (``TROUGH_KEPT``): the search holds at
+        most 9 sets of them."""
+        out = self.evaluate(self.a, self.rounded("pow2", float(k)), dtype="exact",
+                            rounded=True)
+        if sum(np.asarray(v).nbytes for v in out.values()) <= TROUGH_KEPT:
+            kept[k] = out
         self.release("pow2", float(k))
         self.memo.pop(("rounded", "pow2", float(k)), None)  # kept or not: one draw a k
-        total = finite = big = 0
-        above = []
-        for n in floats:
-            x = np.asarray(out[n], dtype=np.float64)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                fin = np.isfinite(x)
-                e = np.log2(np.abs(x[fin]) / NATIVE_TINY[str(self.a.outputs[n].dtype)])
-            big += int(np.count_nonzero(e >= 0))
-            total, finite = total + x.size, finite + int(np.count_nonzero(fin))
-            above.append(e.ravel())
-        median = float(np.median(np.concatenate(above))) if finite else -np.inf
-        return total, finite, big, median
+        return output_counts(out, {n: NATIVE_TINY[str(self.a.outputs[n].dtype)]
+                                   for n in floats})
 
     def members(self, kind: str, s: float) -> set[str]:
         """The inputs a ``peak`` (s: one input's position, -1 every input), ``peakset`` or

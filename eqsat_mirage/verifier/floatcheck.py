@@ -202,7 +202,8 @@ _DRAWN = {"signed": "N(0, s^2)", "folded": "|N(0, s^2)|", "constant": "every inp
           "offset": "N(0, 1) plus a common offset {:g} on {}, the others N(0, 1)",
           "trough": "(1 + |N(0, 1)|) * 2^k with its sign, every float input, k the largest "
                     "exponent at which fewer than half the first program's outputs are "
-                    "normal (at least 2^-24 and the inputs' least normal)",
+                    "normal, or the least scale (2^-24 or the inputs' least normal) where "
+                    "they are normal there",
           "ties": "every float input k * s, k a uniform integer in [-4, 4] (one draw for "
                   "every seed): equal values and zeros, a comparison's ties"}
 _PAIRS = ("peakset", "peakneg", "peakrest", "peakinv")  # a pair of inputs at its largest
@@ -237,11 +238,12 @@ def _then(first, second, result: Future) -> Counterexample | None:
 def _start_rank(dtype: str | None, kind: str, s: float) -> int:
     """When a pool of threads starts a check (``Runner.in_order``'s ``start``): the static
     checks and the constant draws first (cheap, and they reject most), then the longest
-    (the logits draw, which first finds its scale; the float64 draws, every input in
-    float64), the other normal and exponent-range draws, and the per-input draws last
-    (short at real sizes, where most have no valid point: they fill the threads' ends).
-    Measured on a 7B layer's end-to-end check: the other thread ran the last float64 draw
-    alone for 5.2 s (bench/history/2026-11-27_real-sizes-session23.md)."""
+    (the logits draw, which first finds its scale; the trough, which first searches for
+    its exponent; the float64 draws, every input in float64), the other normal and
+    exponent-range draws, and the per-input draws last (short at real sizes, where most
+    have no valid point: they fill the threads' ends). Measured on a 7B layer's end-to-end
+    check: the other thread ran the last float64 draw alone for 5.2 s
+    (bench/history/2026-11-27_real-sizes-session23.md)."""
     if dtype == "static" or kind in _CONSTANT:
         return 0
     if kind in ("logits", "trough") or dtype is None:  # the trough: its bisection first
@@ -257,10 +259,10 @@ def check_list(a, b, native: bool, static: bool, peaked: Collection[int] | None,
                 ) -> list[tuple[str | None, str, float]]:
     """``float_checks``' checks as ``(dtype, kind, s)`` in the order their verdicts count:
     the static checks, the native constant draws, float64 at scale 1, the other native
-    draws (per input, exponent range, spread, per input folded, logits), float64 at the
-    large scales. ``dtype`` is "static", "native" or None (float64). ``pairs=False``: no
-    draw that sets two inputs against each other (``peakset``, ``pair_draws``,
-    ``peaktie``, the paired ``offset`` draws)."""
+    draws (per input, exponent range, the trough, spread, per input folded, offsets,
+    logits), float64 at the large scales. ``dtype`` is "static", "native" or None
+    (float64). ``pairs=False``: no draw that sets two inputs against each other
+    (``peakset``, ``pair_draws``, ``peaktie``, the paired ``offset`` draws)."""
     n_in = len(a.inputs)
     drawn = [("native", kind, s) for kind, s in NATIVE_DRAWS] if native else []
     if native:
@@ -540,12 +542,12 @@ def _lost(x: np.ndarray, y: np.ndarray, r: np.ndarray, valid: np.ndarray, dtype:
     """Where and why ``y`` fails ``_Judge._accuracy``'s rule against ``x`` (truth ``r``) at
     the ``valid`` points: non-finite at one (``finite``), or more than ``MAX_BITS_LOST``
     bits lost on average where both are finite; None where it passes."""
-    shape = np.broadcast_shapes(np.shape(x), np.shape(y))
-    with np.errstate(invalid="ignore"):
+    if finite:
+        shape = np.broadcast_shapes(np.shape(x), np.shape(y))
         bad = np.broadcast_to(valid & ~np.isfinite(y), shape)
-    if finite and np.any(bad):
-        return (tuple(int(j) for j in np.argwhere(bad)[0]),
-                "non-finite where the first program is finite")
+        if np.any(bad):
+            return (tuple(int(j) for j in np.argwhere(bad)[0]),
+                    "non-finite where the first program is finite")
     lost, idx = bits_lost(x, y, r, valid & np.isfinite(y), dtype)
     if idx is not None and lost > MAX_BITS_LOST:
         return idx, (f"loses {lost:.1f} bits of accuracy on average against the first "

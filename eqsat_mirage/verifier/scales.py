@@ -4,7 +4,9 @@ program's outputs underflow (``trough``); and the scale of realistic attention l
 (``logit_scale``).
 
 Only the ``exponent`` draws' exponents come from the seed; the trough's comes from the
-program, so that whether an underflowing intermediate is found does not hang on the seed.
+program (a seed's mantissas move it by one at most, where the share of normal outputs sits
+at a half), so that whether an underflowing intermediate is found does not hang on the
+seed.
 """
 
 from __future__ import annotations
@@ -73,8 +75,9 @@ def trough(counts: Callable[[int], tuple[int, int, int, float]], lo: int) -> int
 
     if not normal(0):
         return None
-    if normal(lo):
-        return lo
+    if normal(lo):  # unless the first program is mostly non-finite there
+        total, finite, _, _ = at(lo)
+        return lo if 2 * finite >= total else None
     low, high = lo, 0  # not normal(low), normal(high)
     (*_, top), (*_, bottom) = at(0), at(lo)
     if np.isfinite(top) and np.isfinite(bottom) and top > bottom:
@@ -93,6 +96,23 @@ def trough(counts: Callable[[int], tuple[int, int, int, float]], lo: int) -> int
         low, high = (low, mid) if normal(mid) else (mid, high)
     total, finite, _, _ = at(low)
     return low if finite > 0 and 2 * finite >= total else None
+
+
+def output_counts(out: dict, tiny: dict[str, float]) -> tuple[int, int, int, float]:
+    """``trough``'s counts of the outputs ``out`` named in ``tiny`` (each with its dtype's
+    smallest normal): elements, finite and normal ones, and the median of the finite
+    ones' binary exponents above that smallest normal (-inf where none is finite)."""
+    total = finite = big = 0
+    above = []
+    for n, least in tiny.items():
+        x = np.asarray(out[n], dtype=np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            fin = np.isfinite(x)
+            e = np.log2(np.abs(x[fin]) / least)
+        big += int(np.count_nonzero(e >= 0))
+        total, finite = total + x.size, finite + int(np.count_nonzero(fin))
+        above.append(e.ravel())
+    return total, finite, big, float(np.median(np.concatenate(above))) if finite else -np.inf
 
 
 def logit_scale(a, inputs: Callable[[str, float], dict]) -> float:

@@ -52,6 +52,11 @@ def test_a_trough_where_the_first_program_fails_is_none():
 
     assert trough(counts, -14) is None
 
+    def floor(k: int):  # normal everywhere it is finite, but 99% non-finite at the floor
+        return (100, 100, 100, 3.0) if k > -5 else (100, 1, 1, 1.0)
+
+    assert trough(floor, -24) is None
+
 
 def test_exponent_draws_keep_the_old_exponents_above_the_least_scale():
     for base in range(200):
