@@ -357,8 +357,8 @@ class Draws:
                 kept: dict[int, dict] = {}
                 k = trough_power(functools.partial(self._output_counts, floats, kept), lo) \
                     if floats and names else None
-                if k in kept:  # the check's first-program outputs (as ``out_a`` keeps them)
-                    self.memo[("exact", "pow2", float(k), True)] = kept[k]
+                if k in kept:  # the check's first-program outputs
+                    self.out_a("exact", "pow2", float(k), True, outputs=kept[k])
                 self.memo["trough"] = k
             return self.memo["trough"]
 
@@ -531,11 +531,14 @@ class Draws:
             return self._folded_h
 
     def out_a(self, dtype: str | None, kind: str, s: float, of_rounded: bool = False,
-              inputs: dict | None = None) -> dict:
+              inputs: dict | None = None, outputs: dict | None = None) -> dict:
         """The first program's outputs on the draw (kind, s), as drawn or rounded to the
         inputs' dtypes (``of_rounded``), in float64 (``dtype=None``) or natively; memoized.
-        ``inputs``: that draw, when the caller already holds it."""
+        ``inputs``: that draw, when the caller already holds it; ``outputs``: the outputs,
+        when the caller already computed them (kept as they are)."""
         key, store = (dtype, kind, s, of_rounded), self._store(kind)
+        if key not in store and outputs is not None:
+            store[key] = outputs
         if key not in store:
             if inputs is None:
                 inputs = self.rounded(kind, s) if of_rounded else self.inputs(kind, s)

@@ -200,7 +200,7 @@ _DRAWN = {"signed": "N(0, s^2)", "folded": "|N(0, s^2)|", "constant": "every inp
           TIE: "{} at the largest value keeping the first program finite and half its last "
                "place, the others 1",
           "offset": "N(0, 1) plus a common offset {:g} on {}, the others N(0, 1)",
-          "trough": "(1 + |N(0, 1)|) * 2^k with its sign, every float input, k the largest "
+          "trough": "(1 + |N(0, 1)|) * 2^k with its sign in each float input's unit, k the largest "
                     "exponent at which fewer than half the first program's outputs are "
                     "normal, or the least scale (2^-24 or the inputs' least normal) where "
                     "they are normal there",
