@@ -14,21 +14,19 @@ import numpy as np
 
 from ..ir.node import CODED_DTYPES, FIXED_DTYPES, FP8_DTYPES, INDEX_DTYPES, QUANT_DTYPES
 from ..semantics.floating import (
-    EVERY_HALF,
     Coded,
     KeptValues,
     LazyInputs,
-    by_bits,
     draw_ints,
     evaluate,
     evaluate_kept,
     round_to,
     rounded_inputs,
-    to_half,
     uniform,
 )
 from ..semantics.fp8 import draw_fp8
 from ..semantics.gather import POSITIONS, draw_indices, index_bounds
+from ..semantics.half import EVERY_HALF, by_bits, to_half
 from ..semantics.modular import DRAW_CHUNK, chunked
 from .corners import PAIR_FORMS, REST_BELOW, TIE, half_ulp, offset_sets, pairs, tie_pairs
 from .corners import offset as common_offset

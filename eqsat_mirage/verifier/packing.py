@@ -8,7 +8,8 @@ import weakref
 
 import numpy as np
 
-from ..semantics.floating import LazyInputs, from_half, round_to
+from ..semantics.floating import LazyInputs, round_to
+from ..semantics.half import from_half
 
 
 def pack(x: np.ndarray, dtype: str) -> np.ndarray:

@@ -138,37 +138,66 @@ def test_neighbour_is_one_unit_in_the_last_place(dtype):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_float16_rounding_paths_agree_bit_for_bit(dtype, monkeypatch):
-    """NumPy 2's cast and the bit arithmetic kept for older NumPy round the same, across
-    the exponent range, at the overflow threshold, subnormals, signed zeros, inf and nan."""
-    from eqsat_mirage.semantics import floating
+    """torch's conversion (float32 arrays, where torch is installed), NumPy 2's cast and the
+    bit arithmetic kept for older NumPy and subnormal-heavy arrays round the same, across
+    the exponent range, at the overflow threshold, ties, subnormals, signed zeros, inf and
+    nan, to float32 (``round_to``) and to float16 (``to_half``)."""
+    from eqsat_mirage.semantics import floating, half
 
     rng = np.random.default_rng(3)
     x = rng.standard_normal(200_000) * 2.0 ** rng.integers(-40, 40, 200_000)
-    x = np.concatenate([x, [0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 65519.99, 65520.0,
-                            -65520.0, 2.0**-25, 2.0**-24, 3 * 2.0**-26, 1e-30]]).astype(dtype)
-    monkeypatch.setattr(floating, "_NUMPY_CASTS", True)
-    assert floating._subnormal_heavy(x)  # a third of these values are below 2^-14
-    chosen = floating.round_to(x, "float16")  # the bit arithmetic, chosen for them
-    half = floating.to_half(x)
-    monkeypatch.setattr(floating, "_subnormal_heavy", lambda x: False)
-    fast = floating.round_to(x, "float16")  # NumPy's cast, whatever the values
-    monkeypatch.setattr(floating, "_NUMPY_CASTS", False)
-    bits = floating.round_to(x, "float16")
-    assert fast.dtype == bits.dtype == chosen.dtype == np.float32 and half.dtype == np.float16
-    for other in (fast, chosen, half.astype(np.float32)):
-        assert np.array_equal(other.view(np.uint32), bits.view(np.uint32))
+    ties = (np.arange(1, 2001) * 2 + 1) * 2.0**-11  # halfway between float16 neighbours
+    x = np.concatenate([x, ties, -ties * 2.0**-14, [
+        0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 65519.99, 65520.0, -65520.0, 2.0**-25,
+        2.0**-24, 3 * 2.0**-26, 1e-30]]).astype(dtype)
+    results = {}
+    for path in ("torch", "chosen", "bits", "cast"):
+        monkeypatch.setattr(half, "_TORCH", [] if path == "torch" else [None])
+        monkeypatch.setattr(half, "_NUMPY_CASTS", path != "bits")
+        if path == "cast":
+            monkeypatch.setattr(half, "_subnormal_heavy", lambda x: False)
+        else:  # a third of these values are below 2^-14: the bit arithmetic for NumPy
+            assert half._subnormal_heavy(x)
+        results[path] = floating.round_to(x, "float16"), half.to_half(x)
+    bits = results["bits"][0]
+    assert bits.dtype == np.float32
+    for path, (rounded, as_half) in results.items():
+        assert rounded.dtype == np.float32 and as_half.dtype == np.float16, path
+        for other in (rounded, as_half.astype(np.float32)):
+            assert np.array_equal(other.view(np.uint32), bits.view(np.uint32)), path
+
+
+def test_torch_rounds_large_float32_arrays_in_chunks():
+    """A float32 array of ``TORCH_FROM`` elements or more, read-only or strided too, is
+    rounded by torch, in chunks no longer than torch's parallel grain (so it starts no
+    thread of its own beside the verifier's); a smaller one, or a float64 one, by NumPy."""
+    from eqsat_mirage.semantics import half
+
+    big = np.random.default_rng(0).standard_normal((300, 1000)).astype(np.float32) * 300
+    big.flags.writeable = False
+    for x in (big, big.T, big[:, ::3]):
+        assert x.size >= half.TORCH_FROM
+        with np.errstate(over="ignore"):
+            want = x.astype(np.float16)
+        for dtype in (np.float32, np.float16):
+            got = half._by_torch(x, dtype)
+            assert got.dtype == dtype and got.shape == x.shape
+            assert np.array_equal(got, want.astype(dtype), equal_nan=True)
+    assert half._by_torch(big[:2, :100], np.float32) is None  # under TORCH_FROM
+    assert half._by_torch(big.astype(np.float64), np.float32) is None  # (double rounding)
+    assert half._TORCH_CHUNK <= 32768  # torch's GRAIN_SIZE
 
 
 def test_only_subnormal_heavy_arrays_take_the_bit_arithmetic():
     """NumPy's cast is about 20x slower per subnormal element: arrays with more than 1 in
     20 values in float16's subnormal range are rounded by the bit arithmetic instead."""
-    from eqsat_mirage.semantics import floating
+    from eqsat_mirage.semantics import half
 
     z = np.random.default_rng(0).standard_normal(100_000)
-    assert not floating._subnormal_heavy(z)
-    assert floating._subnormal_heavy(z * 2.0**-15)  # most below 2^-14
-    assert not floating._subnormal_heavy(z[:1000] * 2.0**-15)  # too small to matter
-    assert not floating._subnormal_heavy(np.zeros(100_000))  # zeros are not subnormal
+    assert not half._subnormal_heavy(z)
+    assert half._subnormal_heavy(z * 2.0**-15)  # most below 2^-14
+    assert not half._subnormal_heavy(z[:1000] * 2.0**-15)  # too small to matter
+    assert not half._subnormal_heavy(np.zeros(100_000))  # zeros are not subnormal
 
 
 def test_the_subnormal_sample_copies_no_transposed_array():
@@ -177,15 +206,15 @@ def test_the_subnormal_sample_copies_no_transposed_array():
     same values laid out contiguously."""
     import tracemalloc
 
-    from eqsat_mirage.semantics import floating
+    from eqsat_mirage.semantics import half
 
     x = np.random.default_rng(0).standard_normal((512, 1024)).astype(np.float32) * 2.0**-15
     for view in (x.T, x[:, ::2], x[::-1]):
         tracemalloc.start()
-        heavy = floating._subnormal_heavy(view)
+        heavy = half._subnormal_heavy(view)
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-        assert heavy == floating._subnormal_heavy(np.ascontiguousarray(view)) is True
+        assert heavy == half._subnormal_heavy(np.ascontiguousarray(view)) is True
         assert peak < view.size * view.itemsize // 8, peak
 
 
@@ -194,7 +223,7 @@ def test_from_half_is_the_cast_times_a_power_of_two(factor):
     """``from_half`` (a table of the 65536 float16 bit patterns) gives NumPy's float16 ->
     float32 cast bit for bit, subnormals, signed zeros, inf and nan included, and times a
     power of two: exact, or inf past float16's largest, as a float16 product would be."""
-    from eqsat_mirage.semantics.floating import from_half
+    from eqsat_mirage.semantics.half import from_half
 
     every = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
     sub = (np.random.default_rng(0).standard_normal(100_000) * 2.0**-15).astype(np.float16)
@@ -214,26 +243,26 @@ def test_by_bits_looks_up_every_element_in_chunks():
     ``table.take`` of the bit patterns bit for bit: one chunk, many with a short last one,
     a transposed (not contiguous) array, a float16 table; a table without one value per
     pattern is refused."""
-    from eqsat_mirage.semantics import floating
+    from eqsat_mirage.semantics import half
 
     every = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
     with np.errstate(invalid="ignore"):
         tables = (every.astype(np.float64) * 3.0, every.astype(np.float32), every[::-1].copy())
     rng = np.random.default_rng(1)
-    n = 3 * floating._BITS_CHUNK + 17
+    n = 3 * half._BITS_CHUNK + 17
     draws = (every, rng.integers(0, 1 << 16, n, dtype=np.uint16).view(np.float16),
              rng.integers(0, 1 << 16, (701, 300), dtype=np.uint16).view(np.float16).T,
              every[:10])
     for table in tables:
         for x in draws:
-            got = floating.by_bits(table, x)
+            got = half.by_bits(table, x)
             want = table.take(x.view(np.uint16))
             assert got.dtype == table.dtype and got.shape == x.shape
             assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
-    zero_d = floating.by_bits(tables[1], np.array(1.5, np.float16))
+    zero_d = half.by_bits(tables[1], np.array(1.5, np.float16))
     assert isinstance(zero_d, np.ndarray) and zero_d.shape == () and zero_d == 1.5
     with pytest.raises(ValueError, match="one per 16-bit pattern"):
-        floating.by_bits(np.zeros(10), every)
+        half.by_bits(np.zeros(10), every)
 
 
 @pytest.mark.parametrize("mode", [None, "native"])
