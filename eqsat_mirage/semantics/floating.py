@@ -50,6 +50,14 @@ def _spread(value: Any, shape: tuple[int, ...]) -> Any:
     return out  # evaluates a layer's uniform nodes thousands of times)
 
 
+def as_float64(x: Any) -> np.ndarray:
+    """``x`` as float64; a broadcast of one value (``uniform``) stays one (the peak draws'
+    outputs: one value, not a copy per element)."""
+    if isinstance(x, np.ndarray) and x.ndim and x.dtype != np.float64 and uniform(x):
+        return _spread(np.asarray(_one(x), dtype=np.float64), x.shape)
+    return np.asarray(x, dtype=np.float64)
+
+
 def round_to(x: np.ndarray, dtype: str | None) -> np.ndarray:
     """Round ``x`` to ``dtype`` (float16, bfloat16, float32), or leave it (None).
     A broadcast of one value is rounded once and stays a broadcast."""
@@ -140,7 +148,7 @@ class FloatCtx:
         if node.dtype in FP8_DTYPES:  # fp8 values (an input, moved): exact in every dtype
             return np.asarray(value, dtype=np.float64)
         if self.mode is None or node.dtype in INDEX_DTYPES or id(node) in self.unrounded:
-            return np.asarray(value, dtype=np.float64)  # (indices: exact integers)
+            return as_float64(value)  # (indices: exact integers)
         if node.op is Op.CAST and self.mode != "native":  # a cast rounds whatever the mode
             value = round_to(value, node.arg)  # (a MuGraph's tiles: float32 registers, as
         return round_to(value, node.dtype if self.mode == "native" else self.mode)  # codegen)
@@ -464,12 +472,37 @@ def evaluate(program, inputs: Mapping[str, Any], dtype: str | None = None,
     return _outputs(program, _EVALUATE, float_ctx(program, inputs, dtype, rounded))
 
 
+def evaluate_finite(program, inputs: Mapping[str, Any], dtype: str | None = None,
+                    rounded: bool = False) -> tuple[dict[str, np.ndarray], bool]:
+    """``evaluate``'s outputs of a Graph, and whether every value it computed on the way
+    (every node's but the inputs') is finite: where one overflowed, its outputs may hang
+    on how that inf was then used (``relu(-inf)`` is 0; a tiled sum of the same terms
+    meets ``inf - inf``). One look per value (one element of a broadcast of one value)."""
+    _checked(program)
+    finite = [True]
+
+    def watched(fn):
+        def apply(ctx, n, *xs):
+            value = fn(ctx, n, *xs)
+            if finite[0] and isinstance(value, np.ndarray | np.generic) and \
+                    value.dtype.kind == "f":
+                one = _one(value) if np.ndim(value) and uniform(value) else value
+                finite[0] = bool(np.isfinite(one).all())
+            return value
+        apply.lazy_args = getattr(fn, "lazy_args", False)
+        return apply
+
+    table = {op: fn if op is Op.INPUT else watched(fn) for op, fn in _EVALUATE.items()}
+    out = _outputs(program, table, float_ctx(program, inputs, dtype, rounded))
+    return out, finite[0]
+
+
 def _outputs(program, table, ctx: FloatCtx) -> dict[str, np.ndarray]:
     """``program`` (checked) run with ``table``: its outputs in float64 (``evaluate`` and
     ``evaluate_kept``)."""
     with np.errstate(all="ignore"):
         out = run(program, table, ctx)
-    return {k: np.asarray(v, dtype=np.float64) for k, v in out.items()}
+    return {k: as_float64(v) for k, v in out.items()}
 
 
 def _checked(program) -> None:

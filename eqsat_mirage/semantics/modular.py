@@ -112,7 +112,7 @@ def chunked(rng: np.random.Generator, shape: tuple[int, ...], dtype,
     one thread per core: ``fill(generator, chunk)`` writes each flat chunk from a generator
     of its own, seeded by ``rng`` (the same values for the same state; the array owns its
     memory, so views of it lead back to it). A large input's field residues
-    (``residues``) and its float checks' N(0, 1) draw (``draws.standard_normal``).
+    (``residues``) and its float checks' N(0, 1) draw (``sampling.standard_normal``).
     ``stop`` is called before each chunk and stops the draw by raising (the verifier's
     deadline, ``Runner.check``: a 7B weight's draw is 0.3-1 s, more on a busy machine)."""
     n = math.prod(shape)

@@ -12,22 +12,19 @@ import threading
 
 import numpy as np
 
-from ..ir.node import CODED_DTYPES, FIXED_DTYPES, FP8_DTYPES, INDEX_DTYPES, QUANT_DTYPES
+from ..ir.node import CODED_DTYPES, FIXED_DTYPES
 from ..semantics.floating import (
     Coded,
     KeptValues,
     LazyInputs,
-    draw_ints,
     evaluate,
+    evaluate_finite,
     evaluate_kept,
     round_to,
     rounded_inputs,
     uniform,
 )
-from ..semantics.fp8 import draw_fp8
-from ..semantics.gather import POSITIONS, draw_indices, index_bounds
 from ..semantics.half import EVERY_HALF, by_bits, to_half
-from ..semantics.modular import DRAW_CHUNK, chunked
 from .corners import PAIR_FORMS, REST_BELOW, TIE, half_ulp, offset_sets, pairs, tie_pairs
 from .corners import offset as common_offset
 from .fixed import UINT, fixed_keys, scale_units, table_codes
@@ -35,7 +32,8 @@ from .floatsafe import fingerprints, input_deps, is_graph, static_check, unsampl
 from .kernelsafe import kernel_check
 from .memory import keeps_draws, keeps_folded
 from .packing import kept, pack, read_only, scaled_up, unpack, unpacked, weakly
-from .scales import LEAST_SCALE, exp_range, exponent_power, logit_scale, output_counts
+from .sampling import index_draws, scaled, standard_normal, ties
+from .scales import LEAST_SCALE, apart_powers, exp_range, exponent_power, logit_scale, output_counts
 from .scales import trough as trough_power
 from .truth import precision, truth
 
@@ -61,16 +59,10 @@ FIXED_BYTES = 256 * 2**20
 TROUGH_KEPT = 8 * 2**20  # the trough search keeps a first-program evaluation this small
 SHARE_FIXED = True  # False: every evaluation computes them again (tests compare the two)
 # drawn input by input
-# the ``ties`` draw (comparisons): every float input k * step, k in [-TIE_STEPS, TIE_STEPS]
-TIE_STEPS, TIES_SEED = 4, 0x71E5
-_ONE_BY_ONE = ("signed", "folded", "exponent", "logits", "peakfold", "offset", "pow2")
+_ONE_BY_ONE = ("signed", "folded", "exponent", "logits", "peakfold", "offset", "pow2", "apart")
 # draws made again for each check, the first program's outputs on them held only while it
 # runs: a search's memo keeps none of them (``memory.verify_parts`` counts what it keeps)
 UNKEPT = ("offset",)
-# No draw gives each input its own exponent: judged for accuracy, such draws refused true
-# reassociations ((A @ B) @ C -> A @ (B @ C) in float32: B @ C underflows when B and C are
-# drawn small and A large); inputs of unrelated magnitudes meet at the corners
-# (``corners.py``: pairs at their peak, offsets) until underflow has its own rule
 _SHARED = {("folded", 0.5), ("signed", 1.0)}  # rounded draws that other draws are made from
 _LOOKUP_MIN = 1 << 18  # a float16 draw this large is drawn through ``_looked_up``'s table
 
@@ -91,76 +83,11 @@ class _Routed:
         self._of(key).put(key, value)
 
 
-def ties(position: int, shape: tuple[int, ...], step: float) -> np.ndarray:
-    """The ``ties`` draw of the input at ``position``: ``k * step``, ``k`` a uniform integer
-    in [-TIE_STEPS, TIE_STEPS] from a generator of its own, the same for every seed (the
-    verdict on a comparison's corners must not hang on the seed). Small multiples of a
-    power of two are exact in every dtype, and so are their sums and products of a few
-    terms: inputs, differences and matmul rows are often exactly equal or exactly 0, where
-    ``>`` and ``>=`` (``==`` and ``!=``, a strict and a loose threshold) part."""
-    g = np.random.default_rng([TIES_SEED, position])
-    return g.integers(-TIE_STEPS, TIE_STEPS + 1, shape).astype(np.float64) * step
-
-
-def _scaled(z: np.ndarray, factor: float) -> np.ndarray:
-    """``z`` (the float32 draw) times ``factor``, in float64 where the factor or the
-    product could leave float32's normal range (a per-input peak near float32's largest)."""
-    if 2.0**-100 <= abs(factor) <= 2.0**100 or factor == 0.0:
-        return z * np.float32(factor)
-    return z.astype(np.float64) * factor
-
-
-def standard_normal(rng: np.random.Generator, shape: tuple[int, ...],
-                    half: bool = False, stop=None) -> np.ndarray:
-    """N(0, 1) values of ``shape`` in float32 from ``rng``: drawn in float64 and rounded, as
-    before, up to ``DRAW_CHUNK`` elements (every seed's draws of such inputs, and the
-    generator's later ones, stay as they were); a larger input (a 7B layer's weight, 45M:
-    1.1 s so) drawn in float32 chunk by chunk on one thread per core (``modular.chunked``,
-    as a field trial's residues: 0.33 s), and kept in float16 where ``half`` (a float16
-    input: its draws are rounded to float16 anyway, and 2 bytes an element held through
-    the check is what lets a 7B-size stack's end-to-end check run two draws at once).
-    ``stop`` (None, or a callable that raises to stop, the verifier's deadline check) is
-    called before each chunk and before a small draw."""
-    if stop is not None:
-        stop()
-    if math.prod(shape) <= DRAW_CHUNK:
-        return rng.standard_normal(shape).astype(np.float32)
-
-    def fill(g: np.random.Generator, out: np.ndarray) -> None:
-        if half:
-            out[...] = g.standard_normal(out.size, dtype=np.float32)
-        else:
-            g.standard_normal(out.size, dtype=np.float32, out=out)
-
-    return chunked(rng, shape, np.float16 if half else np.float32, fill, stop)
-
-
-def _index_draws(a, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Each integer index input of ``a``: valid indices (``gather.draw_indices``, 0 and the
-    largest among them) as exact float32 (float64 past 2^24 rows), from a generator
-    seeded by ``rng``'s next draw."""
-    g = np.random.default_rng(int(rng.integers(0, 2**62)))
-    bounds = index_bounds(a)  # an integer input no gather reads: positions (``value_inputs``)
-    rows = {n: bounds.get(n, POSITIONS) for n, node in a.inputs.items()
-            if node.dtype in INDEX_DTYPES}
-    out = {n: draw_indices(g, a.inputs[n].shape, r).astype(
-        np.float32 if r <= 2**24 else np.float64) for n, r in rows.items()}
-    # an int8/uint8 value input: integers of its range, every one where there is room
-    # (``draw_ints``), held fixed as the indices are (docs/verifier.md, "Integer inputs")
-    out.update({n: draw_ints(g, node.shape, node.dtype) for n, node in a.inputs.items()
-                if node.dtype in QUANT_DTYPES})
-    # an fp8 value input: values of its dtype, every finite code where there is room and the
-    # extremes (``draw_fp8``), held fixed likewise (docs/verifier.md, "fp8 inputs")
-    out.update({n: draw_fp8(g, node.shape, node.dtype) for n, node in a.inputs.items()
-                if node.dtype in FP8_DTYPES})
-    return out
-
-
 class Draws:
     """One standard-normal draw per input, scaled, folded (|z|), replaced by a constant, or
     spread over the inputs' exponent ranges on demand; the first program's outputs per draw
     are kept in ``memo`` across calls. ``stop`` (a callable that raises, the verifier's
-    deadline check) is called as the normal draws are made (``standard_normal``)."""
+    deadline check) is called as the normal draws are made (``sampling.standard_normal``)."""
 
     def __init__(self, a, rng: np.random.Generator, memo: dict | None,
                  limit: float = np.inf, stop=None) -> None:
@@ -179,7 +106,7 @@ class Draws:
         self.keeps = memo is not None and keeps_draws(a)
         # an integer index input: the same valid indices in every draw (``_indexed``), drawn
         # from a generator of its own (the float inputs' draws stay as they were)
-        self.index = _index_draws(a, rng) if any(
+        self.index = index_draws(a, rng) if any(
             n.dtype in FIXED_DTYPES for n in a.inputs.values()
         ) else {}
         # a float input that scales a dequantized weight (``w_q.astype(f) * s``): drawn in
@@ -284,23 +211,26 @@ class Draws:
         ``z``: in place of its normal draw (``_looked_up``: every float16 value)."""
         z = self.normal[name] if z is None else z
         if kind == "peakfold":  # input s folded up to its largest finite value, others 0.5|z|
-            return _scaled(np.abs(z), self._fold(int(s)) if name == list(self.normal)[int(s)]
+            return scaled(np.abs(z), self._fold(int(s)) if name == list(self.normal)[int(s)]
                            else 0.5)
         if kind == "exponent":  # z * 2^k, one k for every input, uniform across the
             return z if self._dtypes[name] == "bool" else (  # narrowest input range
-                _scaled(z, 2.0 ** self._power(int(s))))
+                scaled(z, 2.0 ** self._power(int(s))))
+        if kind == "apart":  # z * 2^k, each float input its own k (``apart_powers``)
+            return z if self._dtypes[name] == "bool" else scaled(z, 2.0 ** self.powers(
+                int(s))[name])
         if kind == "pow2":  # (u + |z|) 2^s with z's sign, every float input (the trough
             # draw's, s <= 0; u its unit, ``units``): none below 2^s in its unit
-            return z if self._dtypes[name] == "bool" else _scaled(
+            return z if self._dtypes[name] == "bool" else scaled(
                 np.copysign(self.units.get(name, 1.0) + np.abs(z), z), 2.0 ** s)
         if kind == "offset":  # N(0, 1) plus a common offset on the inputs of the set s
             return z if name not in self.members(kind, s) else z + np.float32(
                 self.offset(int(s)))
         if kind == "logits":  # N(0, c^2), c setting the exp arguments' spread (LOGIT_STD)
-            return _scaled(z, self.logit_scale())
+            return scaled(z, self.logit_scale())
         if kind == "signed" and s == 1.0:  # the draw itself, read-only: no copy
             return read_only(z)
-        return _scaled(np.abs(z) if kind == "folded" else z, s)
+        return scaled(np.abs(z) if kind == "folded" else z, s)
 
     def _as_drawn(self, kind: str, s: float, name: str) -> np.ndarray:
         """``_draw`` for ``inputs``: the normal draw itself (read-only, ("signed", 1)), else
@@ -334,6 +264,25 @@ class Draws:
     def _power(self, j: int) -> int:
         """The exponent k of exponent draw ``j`` (``scales.exponent_power``)."""
         return exponent_power(self.base, j, [self._dtypes[n] for n in self.normal])
+
+    def powers(self, j: int) -> dict[str, int]:
+        """Each float input's binary exponent in ``apart`` draw ``j`` (``apart_powers``)."""
+        floats = [n for n in self.normal if self._dtypes[n] != "bool"]
+        return dict(zip(floats, apart_powers(j, [self._dtypes[n] for n in floats])))
+
+    def apart_finite(self, j: int) -> bool:
+        """Whether the first program computes every value finite in its dtypes on ``apart``
+        draw ``j`` (``evaluate_finite``; its outputs go to the memo for the check). Where
+        one overflows, the draw constrains nothing: at X = 2^90 and W = 2^77 (float32)
+        ``relu(X @ W)`` is 0 by way of -inf, and a kernel that sums the same terms in tiles
+        meets inf - inf. Memoized."""
+        key = ("apart finite", j)
+        if key not in self.memo:
+            out, finite = evaluate_finite(self.a, self.rounded("apart", float(j)),
+                                          dtype="native", rounded=True)
+            self.out_a("native", "apart", float(j), True, outputs=out)
+            self.memo[key] = finite
+        return self.memo[key]
 
     def trough(self) -> int | None:
         """The trough draw's binary exponent k (``scales.trough``; docs/verifier.md,
@@ -432,7 +381,7 @@ class Draws:
         bytes, then widened), and no 2-byte copy held beside it."""
         if kind in UNKEPT:  # never kept: made again for each check that reads it
             return True
-        by_one = kind in ("signed", "folded", "logits", "pow2") or (
+        by_one = kind in ("signed", "folded", "logits", "pow2", "apart") or (
             kind == "exponent" and self._power(int(s)) < 0)
         return by_one and not self.keeps and (kind, s) not in _SHARED and \
             ("rounded", kind, s) not in self.memo
@@ -596,7 +545,8 @@ class Draws:
         else:
             out = evaluate(self.a, inputs, dtype="native", rounded=True)
         with np.errstate(invalid="ignore"):
-            found = all(bool(np.all(np.abs(x) < self.limit)) for x in out.values())
+            found = all(bool(np.all(np.abs(x.reshape(-1)[:1] if uniform(x) else x) <
+                                    self.limit)) for x in out.values())
         self.memo[key] = found
         return found
 

@@ -91,7 +91,7 @@ def scale_units(program, fixed: dict[str, np.ndarray]) -> dict[str, float]:
     (``w_q.astype(f) * s``: 1/128 for int8 codes, 1/8 for int4 codes less their zero point
     8, 1/448 for e4m3 codes), so that the dequantized weight is drawn at the magnitude of a
     float weight, as a real model's scales (absmax / 127) make it. ``fixed``: the fixed
-    inputs' drawn values (``draws._index_draws``). Codes are int8, uint8 and fp8 inputs
+    inputs' drawn values (``sampling.index_draws``). Codes are int8, uint8 and fp8 inputs
     (never positions: ``pos * inv_freq`` keeps its draw). An input counts only when every
     use of it, through views (reshape, broadcast, transpose) and casts, is such a product
     (a scale that is also an addend or a divisor keeps its draw); one that scales several

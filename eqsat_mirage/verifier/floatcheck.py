@@ -19,7 +19,7 @@ import numpy as np
 
 from ..ir.limits import Deadline
 from ..ir.node import Op
-from ..semantics.floating import LazyInputs, evaluate
+from ..semantics.floating import LazyInputs, evaluate, uniform
 from .accuracy import MAX_BITS_LOST, bits_lost, bits_of_error
 from .bound import has_comparison
 from .conditioning import ill_conditioned
@@ -35,7 +35,7 @@ from .draws import (
 )
 from .floatsafe import is_graph
 from .runner import Runner
-from .scales import EXPONENT_DRAWS
+from .scales import APART_DRAWS, EXPONENT_DRAWS
 from .truth import precision, truth
 
 FLOAT64_SCALES = (1.0, 30.0, 1000.0)  # N(0, s^2) inputs: past the thresholds of relu & co
@@ -98,16 +98,15 @@ def _compare(out_a: dict, out_b: dict, drawn: str, rtol: float, domain: str,
     (the dtype's largest) count as overflowed.
     """
     for name, x in out_a.items():
-        y = out_b[name]
+        x, y, r = _one_each(x, out_b[name], None if ref is None else ref[name])
         fin_a, fin_b = np.isfinite(x), np.isfinite(y)
         if rule in ("a-finite", "finite-only"):
             fin_a &= np.abs(x) < limit * (1.0 - 2.0 * rtol)
         scale = max(float(np.max(np.abs(np.where(fin_a, x, 0)), initial=0.0)), floor) or 1.0
         with np.errstate(invalid="ignore", over="ignore"):
             tol = rtol * (scale + np.abs(x))
-            if ref is not None:  # against the truth, allowing the first program's own error
-                r = ref[name]  # (its largest on this output: a norm)
-                known = np.isfinite(r)
+            if r is not None:  # against the truth, allowing the first program's own error
+                known = np.isfinite(r)  # (its largest on this output: a norm)
                 own = np.abs(x - r)
                 worst = float(np.max(np.where(fin_a & known, own, 0.0), initial=0.0))
                 tol = np.where(known, tol + 2.0 * np.maximum(own, worst), tol)
@@ -131,6 +130,15 @@ def _compare(out_a: dict, out_b: dict, drawn: str, rtol: float, domain: str,
             return Counterexample(domain, name, idx, float(x[idx]), float(y[idx]), trial,
                                   held, f"{what}; inputs {drawn}")
     return None
+
+
+def _one_each(*xs):
+    """``xs`` (arrays or None), or where every one is one value everywhere (``uniform``: a
+    peak draw's outputs), one element of each (every dimension 1): the same comparison."""
+    if all(x is None or np.ndim(x) and uniform(x) for x in xs):
+        return tuple(None if x is None else np.asarray(x)[(slice(0, 1),) * np.ndim(x)]
+                     for x in xs)
+    return xs
 
 
 def _dtypes(program) -> set[str]:
@@ -183,6 +191,8 @@ def headroom_slack(program) -> float:
 
 _DRAWN = {"signed": "N(0, s^2)", "folded": "|N(0, s^2)|", "constant": "every input = s",
           "exponent": "N(0, 1) * 2^k, k across the inputs' exponent range, draw s",
+          "apart": "each float input N(0, 1) * its own 2^k ({}; one draw for every seed), "
+                   "judged where the first program computes every value finite",
           "spread": "+-2^e per element, e uniform in [-s, s] (0: the dtype's whole range)",
           "peak": "input s (-1: every input) at its largest value keeping the first program "
                   "finite, the others 1",
@@ -259,10 +269,12 @@ def check_list(a, b, native: bool, static: bool, peaked: Collection[int] | None,
                 ) -> list[tuple[str | None, str, float]]:
     """``float_checks``' checks as ``(dtype, kind, s)`` in the order their verdicts count:
     the static checks, the native constant draws, float64 at scale 1, the other native
-    draws (per input, exponent range, the trough, spread, per input folded, offsets,
-    logits), float64 at the large scales. ``dtype`` is "static", "native" or None
-    (float64). ``pairs=False``: no draw that sets two inputs against each other
-    (``peakset``, ``pair_draws``, ``peaktie``, the paired ``offset`` draws)."""
+    draws (per input, exponent range, the trough, each input at its own exponent, spread,
+    per input folded, offsets, logits), float64 at the large scales. ``dtype`` is
+    "static", "native" or None (float64). ``pairs=False``: no draw that sets two inputs
+    against each other (``peakset``, ``pair_draws``, ``peaktie``, the paired ``offset``
+    draws, the ``apart`` draws); nor with ``pair_forms=False`` (``endtoend``: each piece
+    had them on its own inputs) the pairs' other forms and the ``apart`` draws."""
     n_in = len(a.inputs)
     drawn = [("native", kind, s) for kind, s in NATIVE_DRAWS] if native else []
     if native:
@@ -270,6 +282,8 @@ def check_list(a, b, native: bool, static: bool, peaked: Collection[int] | None,
         drawn += [("native", "peak", float(i)) for i in each]
         drawn += [("native", "exponent", float(j)) for j in range(EXPONENT_DRAWS)]
         drawn += [("native", "trough", 0.0)]
+        if pairs and pair_forms and is_graph(a):
+            drawn += [("native", "apart", float(j)) for j in range(APART_DRAWS)]
         drawn += [("native", "spread", float(w)) for w in SPREADS]
         drawn += [("native", "peakfold", float(i)) for i in each]
         if pairs:
@@ -353,6 +367,9 @@ class _Judge:
             names = ", ".join(sorted(draws.members(kind, s), key=list(draws.a.inputs).index))
             where = _DRAWN[kind].format(*((names,) if kind in _PAIRS else (
                 draws.offset(int(s)), names)))
+        if kind == "apart":  # each float input's exponent
+            where = _DRAWN[kind].format(", ".join(
+                f"{n} 2^{k}" for n, k in draws.powers(int(s)).items()))
         if kind == TIE:  # the pair in its order: the first large, the second small
             names = ", ".join(list(draws.a.inputs)[k] for k in tie_pairs(draws.a)[int(s)])
             return self._tie(i, s, _DRAWN[kind].format(names))
@@ -413,6 +430,8 @@ class _Judge:
         """Both programs in their own dtypes on draw (``kind``, ``s``), compared where the
         first program is finite."""
         draws = self.draws
+        if kind == "apart" and not draws.apart_finite(int(s)):
+            return None  # an overflow on the way: the first program's value hangs on it
         if kind in _RANGE_KINDS:
             xa = self._range_outputs(kind, s)
             if xa is None:
@@ -425,7 +444,7 @@ class _Judge:
         # a peak draw (one value per input, at the largest the first program allows) asks
         # for finiteness only: its equal inputs make differences of inputs exactly 0, a
         # cancellation no real input has (lerp's H + a (N - H) against (1 - a) H + a N)
-        rule = "finite-only" if kind in ("peak", *_PAIRS) or self.constant_finite and \
+        rule = "finite-only" if kind in ("peak", "apart", *_PAIRS) or self.constant_finite and \
             kind in _CONSTANT else "a-finite"
         rule = "finite-only" if finite_only else rule
         # across the exponent range the error counts relative to the output, not to the

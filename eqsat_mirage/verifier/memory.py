@@ -48,8 +48,9 @@ MEMO_INPUTS = 256 * 2**20
 DRAW_SETS = 8
 # first-program output sets a search's memo keeps: those of the draws above (natively,
 # at the headroom, in float64, the truth), the trough's three (each op rounded once, in
-# float64, the truth) among them
-OUTPUT_SETS = 15
+# float64, the truth) among them, and the two ``apart`` draws' (natively; their draws are
+# made input by input, kept by no memo)
+OUTPUT_SETS = 17
 BASE = 128 * 2**20  # what a process verifying anything holds besides (measured: 70-130 MB)
 _BASE_PART = ("the interpreter itself (Python, NumPy, both programs)", BASE)
 WORD = 8  # bytes of one part of a field value (int64) or of a float64 value
@@ -321,7 +322,7 @@ def keeps_draws(program) -> bool:
 
 
 def draw_bytes(program) -> int:
-    """Bytes of the standard-normal draw the float checks hold (``draws.standard_normal``:
+    """Bytes of the standard-normal draw the float checks hold (``sampling.standard_normal``:
     float32, float16 for a float16 input above ``DRAW_CHUNK`` elements, a bool mask's bits
     in float64) and of the folded draw at the headroom (float32), where it is kept
     (``keeps_folded``)."""
@@ -337,7 +338,7 @@ def draw_bytes(program) -> int:
 
 def _half_drawn(n) -> bool:
     """Whether input ``n``'s standard-normal draw is held in float16 (a float16 input above
-    ``DRAW_CHUNK`` elements: ``draws.standard_normal``)."""
+    ``DRAW_CHUNK`` elements: ``sampling.standard_normal``)."""
     return n.dtype == "float16" and size(n) > DRAW_CHUNK
 
 

@@ -1,9 +1,10 @@
 """The scales of the float checks' draws (docs/verifier.md, section 5): which binary
-exponents the inputs are drawn at, one for all of them (``exponent``) and where the first
-program's outputs underflow (``trough``); and the scale of realistic attention logits
-(``logit_scale``).
+exponents the inputs are drawn at, one for all of them (``exponent``), one for each
+(``apart``) and where the first program's outputs underflow (``trough``); and the scale of
+realistic attention logits (``logit_scale``).
 
-Only the ``exponent`` draws' exponents come from the seed; the trough's comes from the
+Only the ``exponent`` draws' exponents come from the seed (the ``apart`` draws' come from a
+generator of their own, the same for every seed); the trough's comes from the
 program (a seed's mantissas move it by one at most, where the share of normal outputs sits
 at a half), so that whether an underflowing intermediate is found does not hang on the
 seed.
@@ -30,6 +31,13 @@ EXPONENT_DRAWS = 2  # N(0, 1) times 2^k, k uniform in the inputs' exponent range
 # Linear's X @ W near 2^-140, Mistral's ``rsqrt(..) * (x * w)``) is one no model meets, and
 # refusing it cost the fused kernel (36.5 -> 40.4 us predicted)
 LEAST_SCALE = -24
+# the ``apart`` draws: each float input at its own binary exponent, uniform from LEAST_SCALE
+# to GREATEST_SCALE (float16's largest exponent, 15, less 3: |z| < 8 stays finite), every
+# magnitude a float16 tensor holds, whatever the dtype (a float32 fused RMSNorm + Linear's
+# X @ W overflows only with X and W near 2^64: no model's); from APART_SEED, not the seed
+APART_DRAWS = 2
+GREATEST_SCALE = 12
+APART_SEED = 0xA9A7
 LOGIT_STD = 9.0  # realistic attention logits: exp arguments with this standard deviation
 
 
@@ -48,6 +56,15 @@ def exponent_power(base: int, j: int, dtypes: list[str]) -> int:
     hi = min(exp_range(d)[1] for d in dtypes) - 2
     k = int(g.integers(lo, hi))
     return k if k >= LEAST_SCALE else int(g.integers(max(lo, LEAST_SCALE), hi))
+
+
+def apart_powers(j: int, dtypes: list[str]) -> list[int]:
+    """The binary exponent of each input (of ``dtypes``, in order) in ``apart`` draw ``j``:
+    uniform from ``LEAST_SCALE`` (or the dtype's least normal) to ``GREATEST_SCALE`` (or 2^3
+    below its largest), each input's own, the same for every seed."""
+    g = np.random.default_rng([APART_SEED, j])
+    return [int(g.integers(max(exp_range(d)[0], LEAST_SCALE),
+                           min(exp_range(d)[1] - 2, GREATEST_SCALE + 1))) for d in dtypes]
 
 
 def trough(counts: Callable[[int], tuple[int, int, int, float]], lo: int) -> int | None:

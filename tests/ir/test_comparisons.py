@@ -22,8 +22,8 @@ from eqsat_mirage.ir.ops import COMPARE, SPECS
 from eqsat_mirage.semantics.field import FieldCtx, evaluate_field
 from eqsat_mirage.semantics.primes import field_primes
 from eqsat_mirage.verifier.bound import COMPARE_CATCH, compared, per_trial_bound
-from eqsat_mirage.verifier.draws import TIE_STEPS, ties
 from eqsat_mirage.verifier.floatcheck import float_checks
+from eqsat_mirage.verifier.sampling import TIE_STEPS, ties
 
 P, Q = field_primes()
 NUMPY = {Op.GT: np.greater, Op.GE: np.greater_equal, Op.LT: np.less, Op.LE: np.less_equal,

@@ -27,8 +27,11 @@ def _w8(kind: str = "reference", dtype: str = "int8") -> em.Graph:
     w = wq.astype(s.dtype)
     if kind == "scale squared":
         w = w * s * s
-    elif kind == "rewritten":  # the scale after the product
-        g.output((x @ w.astype("float16").T) * s.astype("float16").T, "y")
+    elif kind == "rewritten":  # the scale after the product, in float32 as a kernel's
+        # accumulator holds it (in float16 ``x @ w`` overflows where x is 2^7 and s small:
+        # the ``apart`` draws refuse that form)
+        g.output(((x.astype("float32") @ w.astype("float32").T) * s.astype("float32").T)
+                 .astype("float16"), "y")
         return g
     elif kind == "scaled up":  # equal over the reals, overflows float16 where x is large
         g.output(((x * 4096.0) @ (w * s).astype("float16").T) * (1.0 / 4096.0), "y")

@@ -10,7 +10,7 @@ import numpy as np
 
 import eqsat_mirage as em
 from eqsat_mirage.semantics import modular
-from eqsat_mirage.verifier import draws, memory
+from eqsat_mirage.verifier import draws, memory, sampling
 from eqsat_mirage.verifier.floatcheck import float_checks
 
 
@@ -28,7 +28,7 @@ def prog(name: str = "a", unsafe: bool = False) -> em.Graph:
 
 def small_chunks(monkeypatch) -> None:
     """Inputs above 1000 elements drawn in float16, as a 7B layer's weights are."""
-    for mod in (draws, modular, memory):
+    for mod in (sampling, modular, memory):
         monkeypatch.setattr(mod, "DRAW_CHUNK", 1000)
 
 

@@ -13,7 +13,7 @@ from eqsat_mirage.semantics import modular
 from eqsat_mirage.semantics.field import FieldCtx
 from eqsat_mirage.semantics.floating import round_to
 from eqsat_mirage.semantics.primes import draw_primes
-from eqsat_mirage.verifier import memory
+from eqsat_mirage.verifier import memory, sampling
 from eqsat_mirage.verifier.packing import pack, unpack
 
 
@@ -124,13 +124,12 @@ def test_a_rounded_draw_made_straight_in_float32_is_the_packed_one(dtype, monkey
     in float32 (one look-up per large float16 input, no 2-byte copy held), and so is the
     same draw at the headroom: bit for bit the values of the packed path, for every dtype
     and kind it serves."""
-    from eqsat_mirage.verifier import draws as draws_module
     from eqsat_mirage.verifier.draws import Draws
 
     # W's normal draw in float16 (as above 4M elements) and looked up (above 2^18); the
     # first exponent draw below 1 (drawn input by input), the second above (from the
     # N(0, 1) draw: packed)
-    monkeypatch.setattr(draws_module, "DRAW_CHUNK", 1 << 16)
+    monkeypatch.setattr(sampling, "DRAW_CHUNK", 1 << 16)
     monkeypatch.setattr(Draws, "_power", lambda self, j: -9 if j == 0 else 3)
     g = em.Graph("g")
     x, w = g.input("X", (4, 1024), dtype), g.input("W", (1024, 512), dtype)
@@ -233,12 +232,12 @@ def test_draws_without_a_memo_keep_only_the_draws_others_are_made_from():
 def test_a_peak_near_float32s_largest_is_drawn_in_float64():
     """The per-input draws scale the float32 normal draw by a factor up to a dtype's
     largest value over its largest |z|: past float32's range the product is float64."""
-    from eqsat_mirage.verifier.draws import _scaled
+    from eqsat_mirage.verifier.sampling import scaled
 
     z = np.array([0.25, -0.5, 1.0], dtype=np.float32)
-    big = _scaled(z, 2.0**127)
+    big = scaled(z, 2.0**127)
     assert big.dtype == np.float64 and np.all(np.isfinite(big)) and big[2] == 2.0**127
-    assert _scaled(z, 0.5).dtype == np.float32 and _scaled(z, 0.5)[1] == -0.25
+    assert scaled(z, 0.5).dtype == np.float32 and scaled(z, 0.5)[1] == -0.25
 
 
 def test_float32_inputs_give_the_float64_evaluation_of_their_values():
@@ -324,21 +323,21 @@ def test_the_per_input_draws_at_the_headroom_share_the_others_values():
 
 
 def test_large_inputs_draw_their_normals_in_chunks_the_same_for_the_same_state(monkeypatch):
-    """``draws.standard_normal``: an input above ``DRAW_CHUNK`` elements is drawn in float32
+    """``sampling.standard_normal``: an input above ``DRAW_CHUNK`` elements is drawn in float32
     chunk by chunk from generators seeded by the draw's (the same values for the same
     state, N(0, 1) moments, chunks that are not copies); a small one as before, in
     float64 rounded to float32 (every seed's small draws unchanged)."""
-    from eqsat_mirage.verifier import draws
+    from eqsat_mirage.verifier import sampling
 
-    small = draws.standard_normal(np.random.default_rng(3), (5, 7))
+    small = sampling.standard_normal(np.random.default_rng(3), (5, 7))
     assert np.array_equal(small, np.random.default_rng(3).standard_normal((5, 7)).astype(
         np.float32))
-    monkeypatch.setattr(draws, "DRAW_CHUNK", 1000)
+    monkeypatch.setattr(sampling, "DRAW_CHUNK", 1000)
     monkeypatch.setattr(modular, "DRAW_CHUNK", 1000)  # the chunks themselves (``chunked``)
     got = []
     for seed in (4, 4, 5):
         rng = np.random.default_rng(seed)
-        x = draws.standard_normal(rng, (61, 97))
+        x = sampling.standard_normal(rng, (61, 97))
         got.append((x, rng.integers(0, 2**62)))
         assert x.dtype == np.float32 and x.shape == (61, 97)
         assert abs(float(x.mean())) < 0.05 and abs(float(x.std()) - 1.0) < 0.05
@@ -366,7 +365,7 @@ def test_a_large_float16_inputs_normal_draw_is_kept_in_float16_and_still_catches
 
     a, b = prog("a", False), prog("b", True)
     before = memory.draw_bytes(a)
-    monkeypatch.setattr(draws, "DRAW_CHUNK", 1000)
+    monkeypatch.setattr(sampling, "DRAW_CHUNK", 1000)
     monkeypatch.setattr(modular, "DRAW_CHUNK", 1000)  # the chunks themselves (``chunked``)
     monkeypatch.setattr(memory, "DRAW_CHUNK", 1000)
     assert memory.draw_bytes(a) == before - 2 * 2 * 64 * 64
@@ -411,7 +410,7 @@ def test_a_large_float16_draw_looked_up_by_its_bits_gives_the_same_values(monkey
     x = g.input("x", (256, 320), dtype="float16")  # subnormals' path, the table's not
     w = g.input("w", (320, 48), dtype="float16")
     g.output(em.exp((x @ w) * 0.125), "y")
-    monkeypatch.setattr(draws, "DRAW_CHUNK", 1000)
+    monkeypatch.setattr(sampling, "DRAW_CHUNK", 1000)
     monkeypatch.setattr(modular, "DRAW_CHUNK", 1000)
     d = draws.Draws(g, np.random.default_rng(7), {}, 65504.0)
     d.headroom = 2.0 ** 26
