@@ -118,9 +118,9 @@ def test_a_large_draw_stops_at_the_deadline(clock, monkeypatch):
     """RMSNorm's weight (4096 x 6144: 6 chunks) was drawn whole past the deadline (the
     verifier overran by 1-2 s): the draw checks it between chunks."""
     from eqsat_mirage.semantics.modular import DRAW_CHUNK
-    from eqsat_mirage.verifier import draws
+    from eqsat_mirage.verifier import sampling
 
-    real = draws.chunked
+    real = sampling.chunked
     drawn = []
 
     def chunked(rng, shape, dtype, fill, stop=None):
@@ -131,7 +131,7 @@ def test_a_large_draw_stops_at_the_deadline(clock, monkeypatch):
             fill(g, out)
         return real(rng, shape, dtype, one, stop)
 
-    monkeypatch.setattr(draws, "chunked", chunked)
+    monkeypatch.setattr(sampling, "chunked", chunked)
     g = program("rmsnorm", 1)
     res = em.verify(g, g, time_limit_s=Deadline(60.0), float_first=True, seed=0)
     chunks = -(-4096 * 6144 // DRAW_CHUNK)
