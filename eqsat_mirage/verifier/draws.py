@@ -349,9 +349,11 @@ class Draws:
         return common_offset(self._dtypes[n] for n in self.members("offset", j))
 
     def _fold(self, i: int) -> float:
-        """The factor that takes input ``i``'s largest |z| to its peak over the headroom."""
+        """The factor that takes input ``i``'s largest |z| to its peak over the headroom
+        (1 where every |z| is 0: a zero input has no peak to fold up to)."""
         z = self.normal[list(self.normal)[i]]
-        return self.peak(i) / self.headroom / max(float(np.max(np.abs(z))), 1e-300)
+        top = float(np.max(np.abs(z)))
+        return self.peak(i) / self.headroom / top if top > 0.0 else 1.0
 
     def rounded(self, kind: str, s: float) -> dict:
         """The draw rounded once to each input's dtype (both programs read the same), as
