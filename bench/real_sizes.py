@@ -244,8 +244,9 @@ def show(r: dict) -> str:
 
 
 def pieces(hidden: int, heads: int, kv_heads: int, intermediate: int, seq: int,
-           dtype: str) -> list:
-    """The Lax pieces (em.Graph each) the backend cuts the layer into, without searching."""
+           dtype: str, quant: str | None = None) -> list:
+    """The Lax pieces (em.Graph each) the backend cuts the layer into, without searching
+    (``quant``: its linear weights quantized, as ``layer`` takes it)."""
     import torch
 
     from eqsat_mirage.partition.pieces import partition
@@ -263,7 +264,7 @@ def pieces(hidden: int, heads: int, kv_heads: int, intermediate: int, seq: int,
                                      else partition(graph)))
         raise CapturedError
 
-    fn, args = layer(hidden, heads, kv_heads, intermediate, seq, dtype)
+    fn, args = layer(hidden, heads, kv_heads, intermediate, seq, dtype, quant=quant)
     torch._dynamo.reset()
     entry.optimize_whole = capture
     try:
@@ -275,7 +276,8 @@ def pieces(hidden: int, heads: int, kv_heads: int, intermediate: int, seq: int,
     return got
 
 
-def verify_piece(index: int, seq: int, dims: dict, dtype: str = "float16") -> dict:
+def verify_piece(index: int, seq: int, dims: dict, dtype: str = "float16",
+                 quant: str | None = None) -> dict:
     """Verification of one piece at real size, as a search runs it: the piece's first
     candidate (its search's fusion plan, found by ``em.optimize`` with the verifier
     recording instead of deciding), then verified twice with one memo (the first
@@ -286,7 +288,7 @@ def verify_piece(index: int, seq: int, dims: dict, dtype: str = "float16") -> di
     from eqsat_mirage.verifier.verify import VerifyResult, verify
 
     graph = pieces(dims["hidden"], dims["heads"], dims["kv_heads"], dims["intermediate"],
-                   seq, dtype)[index]
+                   seq, dtype, quant)[index]
     seen: list = []
 
     def record(a, b, **kwargs):
@@ -345,7 +347,8 @@ def main(argv=None) -> int:
     if args.verify_piece is not None:
         dims = {"hidden": args.hidden, "heads": args.heads, "kv_heads": args.kv_heads,
                 "intermediate": args.intermediate}
-        print(json.dumps(verify_piece(args.verify_piece, args.seq, dims, args.dtype)))
+        print(json.dumps(verify_piece(args.verify_piece, args.seq, dims, args.dtype,
+                                      args.quant)))
         return 0
     r = run(args.hidden, args.heads, args.kv_heads, args.intermediate, args.seq, args.dtype,
             args.time_limit, args.layers, args.jobs, args.quant, args.target)
