@@ -123,3 +123,24 @@ def test_coded_matmul_rounds_once_after_scaling(summed):
     assert any(summed)
     assert np.isfinite(want["y"]).all()
     np.testing.assert_array_equal(got["y"], want["y"])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize(("shape", "axis"), [((300, 512), 0), ((512, 300), 1),
+                                             ((4, 300, 512), 1), ((300, 4, 512), 0)])
+def test_per_channel_look_up_row_by_row_is_the_element_by_element_one(shape, axis, dtype):
+    """A table varying along one axis (a per-channel scale), looked up row by row
+    (``coded._by_rows``), equals ``table[codes]`` element by element, for the codes and for
+    their transpose (a transposed weight's view)."""
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 256, shape, dtype=np.uint8)
+    wide = [1] * len(shape)
+    wide[axis] = shape[axis]
+    table = rng.standard_normal((256, *wide)).astype(dtype)
+    assert codes.size >= coded_mod.BY_ROWS_FROM * shape[axis]  # the row-by-row path runs
+    ref = np.take_along_axis(np.broadcast_to(table, (256,) + shape),
+                             codes[None].astype(np.intp), 0)[0]
+    got = coded_mod.look_up(codes, table)
+    assert got.dtype == table.dtype and np.array_equal(got, ref)
+    flipped = np.moveaxis(table, list(range(1, len(shape) + 1)), list(range(len(shape), 0, -1)))
+    assert np.array_equal(coded_mod.look_up(codes.T, flipped), ref.T)

@@ -162,3 +162,31 @@ def test_the_static_checks_of_a_mugraph_run_the_first_program_once(how, monkeypa
     assert "fingerprints" not in d.memo and sum(runs) == (how == "cast"), runs
     d2 = Draws(g, np.random.default_rng(0), {}, 65504.0)
     assert d2.static(g) == "" and d2.memo["fingerprints"] is not None and sum(runs) >= 2
+
+
+def test_value_search_in_chunks_finds_what_the_whole_array_search_finds(monkeypatch):
+    """``kernelsafe._hits`` (the value searched chunk by chunk in its memory order, stopping
+    once every value is found) finds the same values as one search of the whole array's
+    finite elements: transposed and broadcast views, inf and NaN elements, values off by
+    more than the tolerance, float16 and float32 values."""
+    from eqsat_mirage.verifier import kernelsafe
+
+    def whole(uniq, value):
+        v = np.asarray(value, dtype=np.float64).reshape(-1)
+        v = v[np.isfinite(v)]
+        i = np.searchsorted(uniq, v)
+        hit = set()
+        for j in (np.minimum(i, uniq.size - 1), np.maximum(i - 1, 0)):
+            hit.update(np.unique(j[np.abs(uniq[j] - v) <= 1e-9 * np.abs(uniq[j])]).tolist())
+        return hit
+
+    monkeypatch.setattr(kernelsafe, "_MATCH_CHUNK", 7)
+    rng = np.random.default_rng(3)
+    for dtype in (np.float16, np.float32, np.float64):
+        x = rng.standard_normal((40, 30)).astype(dtype)
+        x[3, 4], x[5, 6], x[7, 8] = np.inf, -np.inf, np.nan
+        picked = np.asarray(x, dtype=np.float64).reshape(-1)[[0, 17, 599, 1000, 1199]]
+        uniq = np.unique(np.concatenate([picked, picked * (1 + 1e-6), [1e30, -5.0]]))
+        for value in (x, x.T, np.broadcast_to(x[:1], (9, 30)), x[::2, 1::3], x[::2, ::3]):
+            assert kernelsafe._hits(uniq, value) == whole(uniq, value)
+        assert kernelsafe._hits(uniq, x) == {int(np.searchsorted(uniq, p)) for p in picked}
