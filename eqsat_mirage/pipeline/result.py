@@ -61,6 +61,12 @@ class OptimizeResult:
         """Add ``entries`` to ``stats`` (the pipeline's own: the cache's verdict, ...)."""
         self._entries.update(entries)
 
+    def drop(self, *keys: str) -> None:
+        """Remove ``keys`` from ``stats`` where present (a foreign cache entry's figures
+        that no check confirms)."""
+        for k in keys:
+            self._entries.pop(k, None)
+
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["stats"] = dict(state.pop("_entries"))

@@ -69,3 +69,34 @@ def test_forged_figures_are_refused_even_for_a_true_program(tmp_path):
     plant(store, key, g, from_graph(g))  # the same program with its true figures is served
     res = lookup(store, g, key, reverify=reverifier(g, OPTIONS))
     assert res is not None and res.stats["cache"] == "hit (re-verified)"
+
+
+def test_a_foreign_entry_s_roofline_kernels_and_timings_are_not_taken_on_trust(tmp_path):
+    """An untagged entry's roofline is re-priced like its cost (a forged one is refused, a
+    missing one given), its kernel counts are recounted from its program, and its measured
+    times (``tuned``, a device's) are dropped, with a note (the audit's forged figures)."""
+    g, _ = difference("float32")
+    mg = from_graph(g)
+    store = ResultCache(tmp_path / "c.sqlite").check()
+    key = make_key(g, OPTIONS)
+    cost_us, baseline = price(g, mg, OPTIONS)
+    forged = {"target": "h100", "custom_kernels": 99, "kernels": 99,
+              "tuned": [{"how": "fake", "measured_us": 0.001}]}
+    for roofline in (1e-6, None):
+        res = OptimizeResult(program=mg, cost_us=cost_us, baseline_cost_us=baseline,
+                             verified=None, stats=dict(forged), source=g, roofline_us=roofline)
+        store.put(key, res)
+        conn = sqlite3.connect(store.path)
+        conn.execute("UPDATE results SET tag = ? WHERE key = ?", ("0" * 64, key))
+        conn.commit()
+        conn.close()
+        if roofline is not None:
+            with pytest.warns(RuntimeWarning, match="roofline 1e-06 us stated"):
+                assert lookup(store, g, key, reverify=reverifier(g, OPTIONS)) is None
+            continue
+        got = lookup(store, g, key, reverify=reverifier(g, OPTIONS))
+        assert got is not None and got.stats["cache"] == "hit (re-verified)"
+        assert got.roofline_us is not None and got.roofline_us > 0.01
+        assert got.stats["kernels"] == len(mg.kernels) != 99
+        assert got.stats["custom_kernels"] == sum(k.kind == "custom" for k in mg.kernels)
+        assert "tuned" not in got.stats and "re-verified" in got.stats["cache_note"]
