@@ -43,6 +43,7 @@ import os
 import pickle
 import re
 import sys
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
@@ -97,13 +98,26 @@ class OptimizeManyError(MirageError):
 
 
 def _run(payload: bytes) -> bytes:
-    """Worker: optimize one program; ``payload`` is ``dumps((graph, options, cache, key))``
-    (``cache`` a path or False, ``key`` the parent's cache key); the result, dumped."""
-    graph, options, cache, key = loads(payload)
+    """Worker: optimize one program; ``payload`` is ``dumps((graph, options, cache, key,
+    end_at))`` (``cache`` a path or False, ``key`` the parent's cache key, ``end_at``: a
+    ``time.time()`` past which it does not search, or None); the result, dumped."""
+    graph, options, cache, key, end_at = loads(payload)
+    options = _until(options, end_at)
     with working():  # the other workers' verifications see this one busy (``runner``)
         if cache is False:
             return dumps(Search(graph, options).run())
         return dumps(cached_search(graph, ResultCache(cache), None, options, key=key))
+
+
+def _until(options: SearchOptions, end_at: float | None) -> SearchOptions:
+    """``options`` with a time limit that ends by ``end_at`` (a ``time.time()``; None:
+    as they are): what is left of it where that is less (at least 0.05 s)."""
+    if end_at is None:
+        return options
+    left = max(0.05, end_at - time.time())
+    limit = options.time_limit_s
+    return options.replace(time_limit_s=min(limit, left) if isinstance(limit, int | float)
+                           else left)
 
 
 def _options(kwargs: dict) -> dict:
@@ -127,7 +141,8 @@ def _how(res, dup_of: int | None) -> str:
 
 def optimize_many(programs: Iterable, jobs: int | None = None, executor: str = "process",
                   errors: str = "raise", progress: Callable[[str], None] | None = None,
-                  address: str | None = None, **optimize_kwargs) -> list:
+                  address: str | None = None, end_at: float | None = None,
+                  **optimize_kwargs) -> list:
     """Optimize every program of ``programs``; the ``OptimizeResult``s in input order.
 
     ``jobs`` is the number of parallel workers (default: the CPU count);
@@ -136,7 +151,10 @@ def optimize_many(programs: Iterable, jobs: int | None = None, executor: str = "
     "return" (the exception in that program's slot); ``progress`` gets one
     line per finished program. Every other keyword goes to ``em.optimize``
     (``cache=`` included: the same cache serves every worker); ``time_limit_s="auto"``
-    (the default) gives each program its own automatic limit.
+    (the default) gives each program its own automatic limit. ``end_at``: a wall-clock
+    time (``time.time()``) by which every search ends: a program a worker starts late gets
+    what is left of it, where that is less than its time limit (a whole program's pieces
+    share its deadline so, ``whole._search_pieces``).
     """
     programs = list(programs)
     if executor not in EXECUTORS:
@@ -191,7 +209,7 @@ def optimize_many(programs: Iterable, jobs: int | None = None, executor: str = "
     worker_cache = False if store is None or executor == "ray" else str(store.path)
 
     def payload(i: int) -> bytes:
-        return dumps((programs[i], options, worker_cache, keys[i]))
+        return dumps((programs[i], options, worker_cache, keys[i], end_at))
 
     def land(i: int, res) -> None:
         if isinstance(res, BaseException):
@@ -214,8 +232,9 @@ def optimize_many(programs: Iterable, jobs: int | None = None, executor: str = "
     elif jobs == 1 or len(firsts) <= 1:
         for i in firsts:
             try:
-                res = (Search(programs[i], options).run() if store is None else
-                       cached_search(programs[i], store, None, options, key=keys[i]))
+                now = _until(options, end_at)
+                res = (Search(programs[i], now).run() if store is None else
+                       cached_search(programs[i], store, None, now, key=keys[i]))
             except Exception as exc:  # noqa: BLE001 - handed to finish (raise or return)
                 res = exc
             land(i, res)

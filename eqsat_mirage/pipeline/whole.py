@@ -10,7 +10,8 @@ path); ``optimize_whole`` goes through these steps:
    search cost, ``limits.search_weight``: time a piece leaves unused goes to the
    pieces after it; ``stats["pieces"]`` gives each its ``share_s``), or with
    ``jobs > 1`` in parallel through ``optimize_many`` (``jobs="auto"``, the default:
-   one per core when the pieces are large, ``auto_jobs``); each search goes through
+   one per core when the pieces are large, ``auto_jobs``), the largest first, each
+   until the same deadline (the time left); each search goes through
    the results cache, so a piece met before (another layer of the same model) is
    not searched again;
 3. ``partition.stitch`` puts the chosen programs back together as one MuGraph,
@@ -139,7 +140,9 @@ def _search_pieces(distinct: list[Piece], options: SearchOptions, jobs: int | st
                    ) -> list:
     """The OptimizeResult (or the exception) of each distinct piece, in order; each
     piece's time limit is appended to ``shares`` (one after another: the time left times
-    its ``search_weight`` over that of the pieces not yet searched)."""
+    its ``search_weight`` over that of the pieces not yet searched; in worker processes:
+    the time left, each search ending by the same deadline however late its worker starts
+    it, so time one piece leaves unused goes to the others, the largest searched first)."""
     shares = [] if shares is None else shares
     opts = options.replace(max_bound=options.max_bound / max(1, len(distinct)))
     jobs = min(auto_jobs(distinct) if jobs == AUTO else jobs, len(distinct))
@@ -147,12 +150,15 @@ def _search_pieces(distinct: list[Piece], options: SearchOptions, jobs: int | st
     if jobs > 1:
         from .many import optimize_many
 
-        opts = opts.replace(time_limit_s=max(0.05, end.remaining() * jobs / len(distinct)))
+        left = end.remaining()
+        opts = opts.replace(time_limit_s=max(0.05, left))
         shares += [opts.time_limit_s] * len(distinct)
         _say(progress, f"{len(distinct)} distinct pieces: searching {jobs} at once in worker "
-                       f"processes (the largest first), {opts.time_limit_s:.1f} s at most each")
+                       f"processes (the largest first), each until {left:.1f} s from now at "
+                       "most")
         return optimize_many([p.graph for p in distinct], jobs=jobs, errors="return",
-                             progress=progress, cache=cache, **opts.key_data())
+                             progress=progress, cache=cache, end_at=time.time() + left,
+                             **opts.key_data())
     out = []
     weights = [max(1.0, search_weight(p.graph.nodes())) for p in distinct]
     for i, p in enumerate(distinct):

@@ -84,6 +84,23 @@ def test_processes_without_cache():
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
+def test_every_search_ends_by_end_at(jobs):
+    """``end_at`` (a whole program's deadline, shared by its pieces): each program's time
+    limit is what is left of it when its search starts, where that is less than its own
+    (600 s here), in the workers too."""
+    progs = programs()[:2]
+    start = time.time()
+    results = em.optimize_many(progs, jobs=jobs, cache=False, end_at=start + 120.0,
+                               time_limit_s=600, **KW)
+    check_results(progs, results)
+    for r in results:
+        assert 0.05 <= r.stats["time_limit_s"] <= 120.0
+    first = em.optimize_many(progs[:1], jobs=1, cache=False, end_at=None, time_limit_s=600,
+                             **KW)
+    assert first[0].stats["time_limit_s"] == 600
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
 def test_a_failing_program_is_named(jobs):
     progs = [tiny("ok", 32), empty()]
     with pytest.raises(OptimizeManyError, match=r"program 1 \('empty'\) failed: GraphError"):
