@@ -33,7 +33,15 @@ from .kernelsafe import kernel_check
 from .memory import keeps_draws, keeps_folded
 from .packing import kept, pack, read_only, scaled_up, unpack, unpacked, weakly
 from .sampling import index_draws, scaled, standard_normal, ties
-from .scales import LEAST_SCALE, apart_powers, exp_range, exponent_power, logit_scale, output_counts
+from .scales import (
+    LEAST_SCALE,
+    apart_powers,
+    exp_range,
+    exponent_power,
+    logit_scale,
+    output_counts,
+    zero_mask,
+)
 from .scales import trough as trough_power
 from .truth import precision, truth
 
@@ -59,7 +67,8 @@ FIXED_BYTES = 256 * 2**20
 TROUGH_KEPT = 8 * 2**20  # the trough search keeps a first-program evaluation this small
 SHARE_FIXED = True  # False: every evaluation computes them again (tests compare the two)
 # drawn input by input
-_ONE_BY_ONE = ("signed", "folded", "exponent", "logits", "peakfold", "offset", "pow2", "apart")
+_ONE_BY_ONE = ("signed", "folded", "exponent", "logits", "peakfold", "offset", "pow2", "apart",
+               "zeros")
 # draws made again for each check, the first program's outputs on them held only while it
 # runs: a search's memo keeps none of them (``memory.verify_parts`` counts what it keeps)
 UNKEPT = ("offset",)
@@ -219,6 +228,9 @@ class Draws:
         if kind == "apart":  # z * 2^k, each float input its own k (``apart_powers``)
             return z if self._dtypes[name] == "bool" else scaled(z, 2.0 ** self.powers(
                 int(s))[name])
+        if kind == "zeros":  # z, each float input 0 at about one element in 8 (``zero_mask``)
+            return z if self._dtypes[name] == "bool" else np.where(
+                zero_mask(list(self.normal).index(name), z.shape), z.dtype.type(0), z)
         if kind == "pow2":  # (u + |z|) 2^s with z's sign, every float input (the trough
             # draw's, s <= 0; u its unit, ``units``): none below 2^s in its unit
             return z if self._dtypes[name] == "bool" else scaled(
@@ -270,17 +282,17 @@ class Draws:
         floats = [n for n in self.normal if self._dtypes[n] != "bool"]
         return dict(zip(floats, apart_powers(j, [self._dtypes[n] for n in floats])))
 
-    def apart_finite(self, j: int) -> bool:
-        """Whether the first program computes every value finite in its dtypes on ``apart``
-        draw ``j`` (``evaluate_finite``; its outputs go to the memo for the check). Where
-        one overflows, the draw constrains nothing: at X = 2^90 and W = 2^77 (float32)
-        ``relu(X @ W)`` is 0 by way of -inf, and a kernel that sums the same terms in tiles
-        meets inf - inf. Memoized."""
-        key = ("apart finite", j)
+    def all_finite(self, kind: str, s: float) -> bool:
+        """Whether the first program computes every value finite in its dtypes on the draw
+        (``kind``, ``s``): an ``apart`` or the ``zeros`` draw (``evaluate_finite``; its
+        outputs go to the memo for the check). Where one is not, the draw constrains
+        nothing: at X = 2^90 and W = 2^77 (float32) ``relu(X @ W)`` is 0 by way of -inf,
+        and a kernel that sums the same terms in tiles meets inf - inf. Memoized."""
+        key = ("all finite", kind, s)
         if key not in self.memo:
-            out, finite = evaluate_finite(self.a, self.rounded("apart", float(j)),
-                                          dtype="native", rounded=True)
-            self.out_a("native", "apart", float(j), True, outputs=out)
+            out, finite = evaluate_finite(self.a, self.rounded(kind, s), dtype="native",
+                                          rounded=True)
+            self.out_a("native", kind, s, True, outputs=out)
             self.memo[key] = finite
         return self.memo[key]
 
@@ -383,7 +395,7 @@ class Draws:
         bytes, then widened), and no 2-byte copy held beside it."""
         if kind in UNKEPT:  # never kept: made again for each check that reads it
             return True
-        by_one = kind in ("signed", "folded", "logits", "pow2", "apart") or (
+        by_one = kind in ("signed", "folded", "logits", "pow2", "apart", "zeros") or (
             kind == "exponent" and self._power(int(s)) < 0)
         return by_one and not self.keeps and (kind, s) not in _SHARED and \
             ("rounded", kind, s) not in self.memo

@@ -193,6 +193,9 @@ _DRAWN = {"signed": "N(0, s^2)", "folded": "|N(0, s^2)|", "constant": "every inp
           "exponent": "N(0, 1) * 2^k, k across the inputs' exponent range, draw s",
           "apart": "each float input N(0, 1) * its own 2^k ({}; one draw for every seed), "
                    "judged where the first program computes every value finite",
+          "zeros": "N(0, 1), each float input exactly 0 at about one element in 8 (the same "
+                   "positions for every seed), judged where the first program computes "
+                   "every value finite",
           "spread": "+-2^e per element, e uniform in [-s, s] (0: the dtype's whole range)",
           "peak": "input s (-1: every input) at its largest value keeping the first program "
                   "finite, the others 1",
@@ -269,12 +272,13 @@ def check_list(a, b, native: bool, static: bool, peaked: Collection[int] | None,
                 ) -> list[tuple[str | None, str, float]]:
     """``float_checks``' checks as ``(dtype, kind, s)`` in the order their verdicts count:
     the static checks, the native constant draws, float64 at scale 1, the other native
-    draws (per input, exponent range, the trough, each input at its own exponent, spread,
+    draws (per input, exponent range, the trough, each input at its own exponent, zeros
+    at fixed positions, spread,
     per input folded, offsets, logits), float64 at the large scales. ``dtype`` is
     "static", "native" or None (float64). ``pairs=False``: no draw that sets two inputs
     against each other (``peakset``, ``pair_draws``, ``peaktie``, the paired ``offset``
-    draws, the ``apart`` draws); nor with ``pair_forms=False`` (``endtoend``: each piece
-    had them on its own inputs) the pairs' other forms and the ``apart`` draws."""
+    draws, the ``apart`` and ``zeros`` draws); nor with ``pair_forms=False`` (``endtoend``:
+    each piece had them on its own inputs) the pairs' other forms and those two kinds."""
     n_in = len(a.inputs)
     drawn = [("native", kind, s) for kind, s in NATIVE_DRAWS] if native else []
     if native:
@@ -284,6 +288,7 @@ def check_list(a, b, native: bool, static: bool, peaked: Collection[int] | None,
         drawn += [("native", "trough", 0.0)]
         if pairs and pair_forms and is_graph(a):
             drawn += [("native", "apart", float(j)) for j in range(APART_DRAWS)]
+            drawn += [("native", "zeros", 0.0)]
         drawn += [("native", "spread", float(w)) for w in SPREADS]
         drawn += [("native", "peakfold", float(i)) for i in each]
         if pairs:
@@ -430,7 +435,7 @@ class _Judge:
         """Both programs in their own dtypes on draw (``kind``, ``s``), compared where the
         first program is finite."""
         draws = self.draws
-        if kind == "apart" and not draws.apart_finite(int(s)):
+        if kind in ("apart", "zeros") and not draws.all_finite(kind, s):
             return None  # an overflow on the way: the first program's value hangs on it
         if kind in _RANGE_KINDS:
             xa = self._range_outputs(kind, s)
@@ -444,7 +449,8 @@ class _Judge:
         # a peak draw (one value per input, at the largest the first program allows) asks
         # for finiteness only: its equal inputs make differences of inputs exactly 0, a
         # cancellation no real input has (lerp's H + a (N - H) against (1 - a) H + a N)
-        rule = "finite-only" if kind in ("peak", "apart", *_PAIRS) or self.constant_finite and \
+        rule = "finite-only" if kind in ("peak", "apart", "zeros", *_PAIRS) or \
+            self.constant_finite and \
             kind in _CONSTANT else "a-finite"
         rule = "finite-only" if finite_only else rule
         # across the exponent range the error counts relative to the output, not to the

@@ -48,9 +48,9 @@ MEMO_INPUTS = 256 * 2**20
 DRAW_SETS = 8
 # first-program output sets a search's memo keeps: those of the draws above (natively,
 # at the headroom, in float64, the truth), the trough's three (each op rounded once, in
-# float64, the truth) among them, and the two ``apart`` draws' (natively; their draws are
-# made input by input, kept by no memo)
-OUTPUT_SETS = 17
+# float64, the truth) among them, and the two ``apart`` draws' and the ``zeros`` draw's
+# (natively; their draws are made input by input, kept by no memo)
+OUTPUT_SETS = 18
 BASE = 128 * 2**20  # what a process verifying anything holds besides (measured: 70-130 MB)
 _BASE_PART = ("the interpreter itself (Python, NumPy, both programs)", BASE)
 WORD = 8  # bytes of one part of a field value (int64) or of a float64 value

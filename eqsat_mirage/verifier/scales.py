@@ -38,6 +38,11 @@ LEAST_SCALE = -24
 APART_DRAWS = 2
 GREATEST_SCALE = 12
 APART_SEED = 0xA9A7
+# the ``zeros`` draw: N(0, 1) with each float input exactly 0 at about one element in
+# ZERO_EVERY (at least one), at positions from ZEROS_SEED, not the seed: a candidate that
+# divides by an input (``y -> (x / x) * y``) is NaN there where the first program is not
+ZERO_EVERY = 8
+ZEROS_SEED = 0x2E05
 LOGIT_STD = 9.0  # realistic attention logits: exp arguments with this standard deviation
 
 
@@ -65,6 +70,18 @@ def apart_powers(j: int, dtypes: list[str]) -> list[int]:
     g = np.random.default_rng([APART_SEED, j])
     return [int(g.integers(max(exp_range(d)[0], LEAST_SCALE),
                            min(exp_range(d)[1] - 2, GREATEST_SCALE + 1))) for d in dtypes]
+
+
+def zero_mask(i: int, shape: tuple[int, ...]) -> np.ndarray:
+    """Where input ``i`` (in order) is 0 in the ``zeros`` draw: one element in about
+    ``ZERO_EVERY``, element ``i`` (mod its size) always among them, the same for every
+    seed."""
+    size = int(np.prod(shape, dtype=np.int64))
+    g = np.random.default_rng([ZEROS_SEED, i])
+    mask = g.integers(0, ZERO_EVERY, size, dtype=np.uint8) == 0
+    if size:
+        mask[i % size] = True
+    return mask.reshape(shape)
 
 
 def trough(counts: Callable[[int], tuple[int, int, int, float]], lo: int) -> int | None:
