@@ -58,6 +58,12 @@ def as_float64(x: Any) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
+# float dtypes that hold every int8 and uint8 value exactly (8 significant bits or more): a
+# cast to one from such a tensor rounds nothing (``FloatCtx.fix``: a quantized weight's
+# dequantization, tile by tile in a kernel, skips a rounding pass over the weight)
+_HOLDS_BYTES = ("float16", "bfloat16", "float32")
+
+
 def round_to(x: np.ndarray, dtype: str | None) -> np.ndarray:
     """Round ``x`` to ``dtype`` (float16, bfloat16, float32), or leave it (None).
     A broadcast of one value is rounded once and stays a broadcast."""
@@ -149,6 +155,9 @@ class FloatCtx:
             return np.asarray(value, dtype=np.float64)
         if self.mode is None or node.dtype in INDEX_DTYPES or id(node) in self.unrounded:
             return as_float64(value)  # (indices: exact integers)
+        if node.op is Op.CAST and node.srcs[0].dtype in QUANT_DTYPES and \
+                node.dtype in _HOLDS_BYTES and not (np.ndim(value) and uniform(value)):
+            return np.asarray(value, dtype=np.float32)  # every int8 / uint8 value is exact
         if node.op is Op.CAST and self.mode != "native":  # a cast rounds whatever the mode
             value = round_to(value, node.arg)  # (a MuGraph's tiles: float32 registers, as
         return round_to(value, node.dtype if self.mode == "native" else self.mode)  # codegen)

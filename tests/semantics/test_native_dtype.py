@@ -386,3 +386,28 @@ def test_exact_evaluation_does_not_depend_on_the_summation_order():
     assert np.array_equal(exact[0], round_to(exact[0], "float32"))  # values of the dtype
     native = [em.evaluate(g, ins, dtype="native")["O"] for ins in ({"X": x, "W": w}, moved)]
     assert not np.array_equal(native[0], native[1])  # float32 accumulation: order shows
+
+
+@pytest.mark.parametrize("target", ["float16", "bfloat16", "float32"])
+def test_a_cast_of_int8_values_rounds_nothing(target, monkeypatch):
+    """A cast of an int8 or uint8 tensor to float16, bfloat16 or float32 is exact
+    (``floating._HOLDS_BYTES``: no rounding pass): natively and in a MuGraph's float32
+    tiles, the values equal those of the rounding path bit for bit."""
+    from eqsat_mirage.mugraph.program import from_graph
+    from eqsat_mirage.semantics import floating
+
+    g = em.Graph("deq")
+    q = g.input("q", (64, 32), dtype="int8")
+    u = g.input("u", (64, 32), dtype="uint8")
+    s = g.input("s", (64, 1), dtype=target)
+    g.output((q.astype(target) + u.astype(target)) * s, "y")
+    rng = np.random.default_rng(0)
+    inputs = {"q": rng.integers(-128, 128, (64, 32)).astype(np.float64),
+              "u": rng.integers(0, 256, (64, 32)).astype(np.float64),
+              "s": rng.standard_normal((64, 1)) * 1e-3}
+    for program in (g, from_graph(g)):
+        fast = em.evaluate(program, inputs, dtype="native")["y"]
+        monkeypatch.setattr(floating, "_HOLDS_BYTES", ())
+        slow = em.evaluate(program, inputs, dtype="native")["y"]
+        monkeypatch.undo()
+        assert np.array_equal(np.asarray(fast), np.asarray(slow))
