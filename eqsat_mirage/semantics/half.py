@@ -110,12 +110,9 @@ def round_half(x: np.ndarray) -> np.ndarray:
     float16's subnormal range, where the cast takes 2.6-4.9 s (the float checks' per-input
     peaks of an attention weight: 2^-15)."""
     x = np.asarray(x)
-    done = _by_torch(x, np.float32)
+    done = _converted(x, np.float32)
     if done is not None:
         return done
-    if _cast_fast(x):
-        with np.errstate(over="ignore", invalid="ignore"):
-            return x.astype(np.float16).astype(np.float32)
     if x.dtype not in _HALF:
         x = x.astype(np.float32)
     if x.ndim == 0:
@@ -143,13 +140,20 @@ def to_half(x: np.ndarray) -> np.ndarray:
     "float16")`` in float16's own 2 bytes, in one conversion where torch's or NumPy's is
     fast."""
     x = np.asarray(x)
-    done = _by_torch(x, np.float16)
-    if done is not None:
+    done = _converted(x, np.float16)
+    return done if done is not None else round_half(x).astype(np.float16)
+
+
+def _converted(x: np.ndarray, out_dtype) -> np.ndarray | None:
+    """``x`` rounded to float16 by one conversion, torch's (``_by_torch``) or NumPy's
+    where it is fast (``_cast_fast``), as ``out_dtype`` (float16, or float32 holding
+    float16 values); None where neither applies (``round_half``'s bit arithmetic)."""
+    done = _by_torch(x, out_dtype)
+    if done is not None or not _cast_fast(x):
         return done
-    if _cast_fast(x):
-        with np.errstate(over="ignore", invalid="ignore"):
-            return x.astype(np.float16)
-    return round_half(x).astype(np.float16)
+    with np.errstate(over="ignore", invalid="ignore"):
+        half = x.astype(np.float16)
+    return half if out_dtype == np.float16 else half.astype(np.float32)
 
 
 # every float16 bit pattern's float32 value: a look-up (``by_bits``: 0.08 s for 45M values)
