@@ -109,6 +109,16 @@ def _run(payload: bytes) -> bytes:
         return dumps(cached_search(graph, ResultCache(cache), None, options, key=key))
 
 
+def _inline(graph, options: SearchOptions, store, key: str):
+    """One program searched in this process (through ``store`` unless it is None); the
+    result, or the exception it raised (``optimize_many`` hands it on)."""
+    try:
+        return (Search(graph, options).run() if store is None else
+                cached_search(graph, store, None, options, key=key))
+    except Exception as exc:  # noqa: BLE001 - handed to finish (raise or return)
+        return exc
+
+
 def _until(options: SearchOptions, end_at: float | None) -> SearchOptions:
     """``options`` with a time limit that ends by ``end_at`` (a ``time.time()``; None:
     as they are): what is left of it where that is less (at least 0.05 s)."""
@@ -231,13 +241,7 @@ def optimize_many(programs: Iterable, jobs: int | None = None, executor: str = "
         _ray_map(firsts, payload, jobs, address, land)
     elif jobs == 1 or len(firsts) <= 1:
         for i in firsts:
-            try:
-                now = _until(options, end_at)
-                res = (Search(programs[i], now).run() if store is None else
-                       cached_search(programs[i], store, None, now, key=keys[i]))
-            except Exception as exc:  # noqa: BLE001 - handed to finish (raise or return)
-                res = exc
-            land(i, res)
+            land(i, _inline(programs[i], _until(options, end_at), store, keys[i]))
     else:
         _process_map(sorted(firsts, key=lambda i: -_work(programs[i])), payload, jobs, land)
     return results
