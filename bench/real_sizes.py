@@ -181,7 +181,9 @@ def run(hidden: int, heads: int, kv_heads: int, intermediate: int, seq: int, dty
             "time_limit_used_s": [g.get("time_limit_s") for g in s["graphs"]],
             "ops": s["ops"], "compute_ops": s["compute_ops"],
             "optimized_ops": s["optimized_compute_ops"], "partitions": s["optimized_partitions"],
-            "before_us": s["predicted_us"][0], "after_us": s["predicted_us"][1],
+            "before_us": (s["predicted_us"] or [None])[0],  # None: no graph was priced
+            "after_us": (s["predicted_us"] or [None, None])[1],
+            "graph_outcomes": [f"{g['outcome']}: {g['reason']}" for g in s["graphs"]],
             "max_error": err, "finite": bool(torch.isfinite(got).all()),
             "peak_bytes": peak_bytes(), "estimate_bytes": est.most,
             "worker_peak_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
@@ -201,8 +203,10 @@ def show(r: dict) -> str:
                 if r["time_limit_s"] == "auto" else ""),
              f"compile call: {r['compile_seconds']:.1f} s; coverage {r['optimized_ops']} / "
              f"{r['compute_ops']} compute ops / {r['ops']} ops in {r['partitions']} optimized "
-             f"partition(s); predicted {r['before_us']:.1f} -> {r['after_us']:.1f} us; max "
-             f"error vs eager {r['max_error']:.2e} (finite: {r['finite']})",
+             f"partition(s); "
+             + (f"predicted {r['before_us']:.1f} -> {r['after_us']:.1f} us" if r["before_us"]
+                is not None else "no graph priced (" + "; ".join(r["graph_outcomes"]) + ")")
+             + f"; max error vs eager {r['max_error']:.2e} (finite: {r['finite']})",
              f"peak memory: measured {r['peak_bytes'] / gb:.2f} GB (VmHWM), estimated "
              f"{r['estimate_bytes'] / gb:.2f} GB ({r['estimate_what']})"
              + (f"; all processes together {r['tree_peak_bytes'] / gb:.2f} GB (sampled every "
