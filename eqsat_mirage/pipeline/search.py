@@ -567,14 +567,16 @@ def reverifier(graph, options: SearchOptions):
         if isinstance(program, MuGraph):
             roof = roofline_us(graph, GPUProfile.load(options.target).for_launch(
                 options.launch))
-        stated = (res.cost_us, res.baseline_cost_us, res.roofline_us)
-        if not all(a is None and i == 2 or a is not None and b is not None and  # (an entry
-                   math.isclose(a, b, rel_tol=1e-9)  # may state no roofline: given below)
-                   for i, (a, b) in enumerate(zip(stated, (cost, baseline, roof)))):
+        pairs = [(res.cost_us, cost), (res.baseline_cost_us, baseline)]
+        if res.roofline_us is not None:  # (an entry may state none: given below)
+            pairs.append((res.roofline_us, roof))
+        if not all(a is not None and b is not None and math.isclose(a, b, rel_tol=1e-9)
+                   for a, b in pairs):
             return VerifyResult(False, 1.0, reason=(
-                f"its figures are not its program's (cost {stated[0]!r} us, baseline "
-                f"{stated[1]!r} us and roofline {stated[2]!r} us stated; {cost!r}, "
-                f"{baseline!r} and {roof!r} re-priced)"), max_bound=options.max_bound)
+                f"its figures are not its program's (cost {res.cost_us!r} us, baseline "
+                f"{res.baseline_cost_us!r} us and roofline {res.roofline_us!r} us stated; "
+                f"{cost!r}, {baseline!r} and {roof!r} re-priced)"),
+                max_bound=options.max_bound)
         verdict = None
         for seed in THOROUGH_SEEDS:
             verdict = verify(graph, program, trials=max(options.trials, THOROUGH_TRIALS),

@@ -189,6 +189,8 @@ def headroom_slack(program) -> float:
     return _headroom(longest) / max(HEADROOM, float(longest)) ** 2
 
 
+# draws judged only where the first program computes every value finite, for finiteness
+_ALL_FINITE = ("apart", "zeros")
 _DRAWN = {"signed": "N(0, s^2)", "folded": "|N(0, s^2)|", "constant": "every input = s",
           "exponent": "N(0, 1) * 2^k, k across the inputs' exponent range, draw s",
           "apart": "each float input N(0, 1) * its own 2^k ({}; one draw for every seed), "
@@ -435,7 +437,7 @@ class _Judge:
         """Both programs in their own dtypes on draw (``kind``, ``s``), compared where the
         first program is finite."""
         draws = self.draws
-        if kind in ("apart", "zeros") and not draws.all_finite(kind, s):
+        if kind in _ALL_FINITE and not draws.all_finite(kind, s):
             return None  # an overflow on the way: the first program's value hangs on it
         if kind in _RANGE_KINDS:
             xa = self._range_outputs(kind, s)
@@ -449,9 +451,8 @@ class _Judge:
         # a peak draw (one value per input, at the largest the first program allows) asks
         # for finiteness only: its equal inputs make differences of inputs exactly 0, a
         # cancellation no real input has (lerp's H + a (N - H) against (1 - a) H + a N)
-        rule = "finite-only" if kind in ("peak", "apart", "zeros", *_PAIRS) or \
-            self.constant_finite and \
-            kind in _CONSTANT else "a-finite"
+        rule = "finite-only" if kind in ("peak", *_ALL_FINITE, *_PAIRS) or \
+            self.constant_finite and kind in _CONSTANT else "a-finite"
         rule = "finite-only" if finite_only else rule
         # across the exponent range the error counts relative to the output, not to the
         # inputs (a normalization's output is O(1) whatever its input's magnitude), and
