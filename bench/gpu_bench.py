@@ -27,14 +27,13 @@ import eqsat_mirage as em  # noqa: E402
 from bench.programs import cases, program  # noqa: E402
 from bench.results_md import replace_section  # noqa: E402
 from eqsat_mirage.cost.gpucost import mugraph_cost  # noqa: E402
-from eqsat_mirage.ir.node import Op
+from eqsat_mirage.ir.node import ITEMSIZE, Op
 from eqsat_mirage.semantics.torch_reference import torch_reference
 
 SECTION = "## GPU timings"
 NO_GPU = "bench --gpu needs a CUDA GPU (none found)"
 COLUMNS = ("case", "eager us", "compile us", "sdpa us", "ours us", "predicted us",
            "vs eager", "vs compile", "DRAM frac")
-_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 
 def make_inputs(graph, device: str = "cuda", seed: int = 0) -> dict:
@@ -69,8 +68,8 @@ def time_us(fn: Callable[[], object], reps: int = 100, warmup: int = 10) -> floa
 
 def roofline(graph, prof) -> tuple[float, float, bool]:
     """(bytes moved: inputs once + outputs once, matmul FLOPs, memory-bound?) of ``graph``."""
-    moved = sum(math.prod(n.shape) * _BYTES[n.dtype] for n in graph.inputs.values())
-    moved += sum(math.prod(n.shape) * _BYTES[n.dtype]
+    moved = sum(math.prod(n.shape) * ITEMSIZE[n.dtype] for n in graph.inputs.values())
+    moved += sum(math.prod(n.shape) * ITEMSIZE[n.dtype]
                  for n in {id(n): n for n in graph.outputs.values()}.values())
     flops = 0.0
     for n in graph.nodes():

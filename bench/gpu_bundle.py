@@ -126,14 +126,39 @@ def layer_scales(graph) -> dict[str, float]:
             for n, node in graph.inputs.items()}
 
 
-def export_layers(folder: Path, seqs, target: str, tune: dict | None = None
-                  ) -> tuple[list[dict], list[dict]]:
+# A quantized weight of std 0.02 over a 4096-wide row: its largest |w| is about 0.08, so a
+# per-row scale of about 0.08 / 127 (int8) or 0.08 / 448 (float8 e4m3, whose values then
+# have a std of 0.02 / scale, about 112, and stop at 448).
+QUANT_DRAWS = {
+    "int8": {"_qdata": {"range": [-127, 127]}, "_zero_point": {"range": [0, 0]},
+             "_scale": {"uniform": [4e-4, 8e-4]}},
+    "float8_e4m3fn": {"_qdata": {"scale": 112.0, "clamp": 448.0},
+                      "_scale": {"uniform": [1.4e-4, 2.2e-4]}},
+}
+
+
+def quant_draws(entry: dict) -> None:
+    """Give a quantized layer's weight inputs (torchao's ``..._qdata``, ``..._zero_point``,
+    ``..._scale``) the draws of ``QUANT_DRAWS`` in ``entry``'s input specs, in place: integer
+    values over their range, float8 values clamped to what the format holds, scales
+    positive and as large as a real weight's."""
+    kind = next((s["dtype"] for n, s in entry["inputs"].items() if n.endswith("_qdata")),
+                None)
+    for name, spec in entry["inputs"].items():
+        for tail, draw in QUANT_DRAWS.get(kind, {}).items():
+            if name.endswith(tail):
+                spec.update(draw)
+
+
+def export_layers(folder: Path, seqs, target: str, tune: dict | None = None,
+                  quant: str | None = None) -> tuple[list[dict], list[dict]]:
     """Each optimized partition of one LLaMA-7B-size LlamaDecoderLayer (bench/real_sizes.py,
     float16, batch 1) at each sequence length in ``seqs``, compiled here through
     ``em.backend`` with its defaults, as one case: ours is the stitched Triton module, the
     reference the partition's ops one torch call each. With ``tune`` (``top`` and
     ``time_limit_s``), each partition's pieces' candidates too (``gpu_tuning``): (cases,
-    tuning groups)."""
+    tuning groups). ``quant``: the linear weights quantized (``real_sizes.layer``), the
+    cases' ids and labels naming it."""
     if not seqs:
         return [], []
     import tempfile
@@ -145,19 +170,21 @@ def export_layers(folder: Path, seqs, target: str, tune: dict | None = None
     prof = GPUProfile.load(target)
     entries, groups = [], []
     for seq in seqs:
-        fn, args = layer(**SEVEN_B, seq=seq, dtype="float16")
+        fn, args = layer(**SEVEN_B, seq=seq, dtype="float16", quant=quant)
+        tag = f"{quant}_" if quant else ""
         torch._dynamo.reset()
         with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
             be = em.backend(target=target, warmup=0, cache=str(Path(tmp) / "c.sqlite"))
             torch.compile(fn, backend=be)(*args)
         for i, e in enumerate(x for x in be.report if x.status == "optimized"):
             scales = layer_scales(e.graph)
-            entry = export_case(folder, f"llama7b_s{seq}_{i}", f"7B layer s={seq} "
-                                f"{e.name}", e.graph, e.result, prof, sdpa=False)
+            entry = export_case(folder, f"llama7b_{tag}s{seq}_{i}", f"7B layer {tag}"
+                                f"s={seq} {e.name}", e.graph, e.result, prof, sdpa=False)
             for n, spec in entry["inputs"].items():
                 spec["scale"] = scales[n]
+            quant_draws(entry)
             entries.append(entry)
-            print(f"  7B layer s={seq} {e.name}: {len(e.result.program.kernels)} kernels, "
+            print(f"  7B layer {tag}s={seq} {e.name}: {len(e.result.program.kernels)} kernels, "
                   f"{e.result.cost_us:.1f} us predicted ({e.seconds:.0f} s)", flush=True)
             if tune:
                 groups += tuning_groups(folder, entry, e.graph, e.result, target, tune,
@@ -204,12 +231,14 @@ def plan_device_time(manifest: dict, budget_s: float, reps: int, sets: int) -> d
 def export(folder: Path, selected, target: str, time_limit_s: float,
            decode: bool = True, dtypes: tuple[str, ...] = ("float16",),
            layer_seqs=(), top: int = gpu_tuning.TOP, budget_s: float = 420.0,
-           tune_reps: int = 100, sets: int = 4) -> dict:
+           tune_reps: int = 100, sets: int = 4, quant_layers=()) -> dict:
     """Optimize and write every selected (name, batch) case in each of ``dtypes`` (cases
     in a dtype other than float16 get it in their id and label), and the 7B-size layer at
     each of ``layer_seqs`` (``export_layers``); with ``top`` > 0, each case's pieces' top
     verified candidates as tuning groups, their replays capped so that the runner's
-    estimated time stays under ``budget_s`` (``plan_device_time``); returns the manifest."""
+    estimated time stays under ``budget_s`` (``plan_device_time``); ``quant_layers``:
+    (quantization, sequence length) pairs of the 7B-size layer with quantized weights, as
+    cases without tuning groups; returns the manifest."""
     folder.mkdir(parents=True, exist_ok=True)
     prof = GPUProfile.load(target)
     tune = {"top": top, "time_limit_s": time_limit_s} if top > 0 else None
@@ -239,6 +268,8 @@ def export(folder: Path, selected, target: str, time_limit_s: float,
         commit = ""
     layer_cases, layer_groups = export_layers(folder, layer_seqs, target, tune)
     entries, groups = entries + layer_cases, groups + layer_groups
+    for quant, seq in quant_layers:
+        entries += export_layers(folder, [seq], target, None, quant)[0]
     families = [export_family(folder, target, time_limit_s)] if decode else []
     manifest = {"made": {"commit": commit, "target": target, "version": em.__version__},
                 "cases": entries, "families": families, "tuning": groups}
@@ -323,6 +354,15 @@ def family_lines(results: dict) -> list[str]:
             f"SDPA {f.get('sdpa_us', nan):.1f} us" for f in results.get("families", [])]
 
 
+def quant_layer(text: str) -> tuple[str, int]:
+    """``--quant-layer``'s QUANT:SEQ as (quantization, sequence length)."""
+    quant, _, seq = text.partition(":")
+    if quant not in ("int8", "fp8", "int4g128") or not seq.isdigit():
+        raise argparse.ArgumentTypeError(f"--quant-layer {text!r}: QUANT:SEQ, QUANT one of "
+                                         "int8, fp8, int4g128")
+    return quant, int(seq)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``export`` or ``ingest`` (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -340,6 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--layer-seq", type=int, action="append", default=[],
                     help="also a LLaMA-7B-size layer at this sequence length (repeatable; "
                          "minutes each here, defaults of em.backend)")
+    ex.add_argument("--quant-layer", action="append", default=[], metavar="QUANT:SEQ",
+                    help="also the 7B-size layer with quantized weights (int8, fp8, int4g128) "
+                         "at this sequence length, without tuning groups (repeatable)")
     ex.add_argument("--top", type=int, default=gpu_tuning.TOP,
                     help="verified candidates per piece the runner times (0: none)")
     ex.add_argument("--budget-s", type=float, default=420.0,
@@ -366,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
                     and (not args.batch or b in args.batch)]
         manifest = export(args.folder, selected, args.target, args.time_limit,
                           not args.no_decode, tuple(args.dtype or ("float16",)),
-                          args.layer_seq, args.top, args.budget_s, args.tune_reps, args.sets)
+                          args.layer_seq, args.top, args.budget_s, args.tune_reps, args.sets,
+                          [quant_layer(q) for q in args.quant_layer])
         print(f"wrote {len(manifest['cases'])} cases and {len(manifest['tuning'])} tuning "
               f"groups to {args.folder}")
         return 0

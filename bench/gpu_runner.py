@@ -68,13 +68,27 @@ def load(path: Path, name: str):
 
 
 def draw(case: dict, device: str, seed: int) -> dict:
-    """One input set: N(0, 1) times each input's scale, in its dtype, on ``device``."""
+    """One input set, in each input's dtype, on ``device``: N(0, 1) times its scale (clamped
+    to +-``clamp`` where given), or integers over ``range`` [lo, hi], or uniform over
+    ``uniform`` [lo, hi]."""
     import torch
 
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    return {name: (torch.randn(spec["shape"], generator=gen, dtype=torch.float64)
-                   * spec["scale"]).to(device=device, dtype=getattr(torch, spec["dtype"]))
-            for name, spec in case["inputs"].items()}
+
+    def one(spec):
+        if "range" in spec:
+            lo, hi = spec["range"]
+            x = torch.randint(lo, hi + 1, spec["shape"], generator=gen, dtype=torch.int64)
+        elif "uniform" in spec:
+            lo, hi = spec["uniform"]
+            x = torch.rand(spec["shape"], generator=gen, dtype=torch.float64) * (hi - lo) + lo
+        else:
+            x = torch.randn(spec["shape"], generator=gen, dtype=torch.float64) * spec["scale"]
+            if "clamp" in spec:
+                x = x.clamp(-spec["clamp"], spec["clamp"])
+        return x.to(device=device, dtype=getattr(torch, spec["dtype"]))
+
+    return {name: one(spec) for name, spec in case["inputs"].items()}
 
 
 class _Poisoned:
@@ -87,7 +101,8 @@ class _Poisoned:
         return getattr(self._torch, name)
 
     def empty(self, *args, **kwargs):
-        return self._torch.empty(*args, **kwargs).fill_(float("nan"))
+        out = self._torch.empty(*args, **kwargs)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
 
 
 @contextlib.contextmanager
@@ -99,7 +114,8 @@ def poisoned(module):
     new_empty = torch.Tensor.new_empty
 
     def poisoned_new_empty(self, *args, **kwargs):
-        return new_empty(self, *args, **kwargs).fill_(float("nan"))
+        out = new_empty(self, *args, **kwargs)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
 
     module.torch, torch.Tensor.new_empty = _Poisoned(torch), poisoned_new_empty
     try:
@@ -399,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tune-reps", type=int, default=0,
                     help="replays per tuning program (default: the manifest's, budgeted)")
     ap.add_argument("--no-tune", action="store_true", help="skip the tuning groups")
+    ap.add_argument("--tune-only", action="store_true",
+                    help="only the tuning groups (no cases, no decode family)")
     ap.add_argument("--stub-times", action="store_true",
                     help="on a CPU, made-up times for the tuning programs (tests of ingest)")
     args = ap.parse_args(argv)
@@ -428,13 +446,13 @@ def main(argv: list[str] | None = None) -> int:
             return False
         return True
 
-    for case in filter(wanted, manifest["cases"]):
+    for case in filter(wanted, [] if args.tune_only else manifest["cases"]):
         row = guarded(run_case, case["case"], args.bundle, case, args.device, args)
         out["cases"].append(row)
         print(json.dumps(row), flush=True)
         args.out.write_text(json.dumps(out, indent=1))  # partial results survive a time-out
     out["families"] = []
-    for fam in filter(wanted, manifest.get("families", [])):
+    for fam in filter(wanted, [] if args.tune_only else manifest.get("families", [])):
         row = guarded(run_family, fam["case"], args.bundle, fam, args.device, args)
         out["families"].append(row)
         print(json.dumps(row), flush=True)

@@ -204,3 +204,51 @@ def test_the_device_time_estimate_caps_replays_then_candidates():
     reps, top, est = gpu_tuning.fit_budget(tiny, 60.0, 200, 4)
     assert reps == gpu_tuning.MIN_REPS and top < 8 and est <= 60.0
     assert all(len(g["candidates"]) == top for g in tiny)
+
+
+def test_quantized_weights_are_drawn_as_stored_and_checked(tmp_path):
+    """A torchao-style int8 weight (``..._qdata``, ``..._zero_point``, ``..._scale``) gets
+    the draws of ``quant_draws``: integers over [-127, 127], zero points 0 and positive
+    scales; the runner checks the dequantizing program against float64 on them."""
+    from bench.gpu_bundle import quant_draws
+    from bench.gpu_runner import draw
+
+    g = em.Graph("w8")
+    x = g.input("X", (4, 64), dtype="float16")
+    q = g.input("w_qdata", (32, 64), dtype="int8")
+    z = g.input("w_zero_point", (32, 1), dtype="int8")
+    s = g.input("w_scale", (32, 1), dtype="float32")
+    w = ((q.astype("float32") - z.astype("float32")) * s).astype("float16")
+    g.output(x @ w.T, "Y")
+    res = em.optimize(g, cache=False)
+    entry = export_case(tmp_path, "w8", "w8 b=1", g, res, GPUProfile.load("h100"), scale=1.0)
+    quant_draws(entry)
+    spec = entry["inputs"]
+    assert spec["w_qdata"]["range"] == [-127, 127] and spec["w_zero_point"]["range"] == [0, 0]
+    lo, hi = spec["w_scale"]["uniform"]
+    assert 0 < lo < hi
+    drawn = draw(entry, "cpu", 0)
+    assert str(drawn["w_qdata"].dtype) == "torch.int8" and drawn["w_qdata"].abs().max() <= 127
+    assert drawn["w_qdata"].unique().numel() > 100 and not drawn["w_zero_point"].any()
+    assert ((drawn["w_scale"] >= lo) & (drawn["w_scale"] <= hi)).all()
+    (tmp_path / "manifest.json").write_text(json.dumps({"made": {"target": "h100"},
+                                                        "cases": [entry]}))
+    rc, results, log = run_runner(tmp_path)
+    assert rc == 0, log
+    row = results["cases"][0]
+    assert row["ok"] and row["nonfinite"] == 0 and 0 < row["rel_err"] < 2e-3
+
+
+def test_float8_weights_are_drawn_within_what_the_format_holds():
+    """Float8 e4m3 values beyond 448 would cast to NaN: the draw clamps them first."""
+    from bench.gpu_bundle import quant_draws
+    from bench.gpu_runner import draw
+
+    entry = {"inputs": {"w_qdata": {"shape": [256, 256], "dtype": "float8_e4m3fn",
+                                    "scale": 0.02},
+                        "w_scale": {"shape": [256, 1], "dtype": "float32", "scale": 0.02}}}
+    quant_draws(entry)
+    drawn = draw(entry, "cpu", 1)
+    q = drawn["w_qdata"].float()
+    assert q.isfinite().all() and q.abs().max() == 448 and q.std() > 50
+    assert (drawn["w_scale"] > 0).all()
