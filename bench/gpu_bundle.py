@@ -186,6 +186,10 @@ def export_layers(folder: Path, seqs, target: str, tune: dict | None = None,
             entries.append(entry)
             print(f"  7B layer {tag}s={seq} {e.name}: {len(e.result.program.kernels)} kernels, "
                   f"{e.result.cost_us:.1f} us predicted ({e.seconds:.0f} s)", flush=True)
+            for piece in e.result.stats.get("pieces", []):
+                if piece["status"] != "optimized":
+                    print(f"    piece {piece['index']} ({len(piece['ops'])} ops) "
+                          f"{piece['status']}: {piece['reason']}", flush=True)
             if tune:
                 groups += tuning_groups(folder, entry, e.graph, e.result, target, tune,
                                         scales.__getitem__)

@@ -252,3 +252,30 @@ def test_float8_weights_are_drawn_within_what_the_format_holds():
     q = drawn["w_qdata"].float()
     assert q.isfinite().all() and q.abs().max() == 448 and q.std() > 50
     assert (drawn["w_scale"] > 0).all()
+
+
+def test_a_candidate_finite_where_eager_overflows_is_held_to_float64():
+    """H200, session 45: a tuning candidate of the unsafe qknorm computed finite values
+    (2.1e-3 from float64) where eager float16 overflowed at every output (its relative error
+    over no finite output: 0); it is accepted, garbage in its place is not, and one more
+    non-finite output than eager always fails."""
+    from bench.gpu_runner import accurate
+
+    assert accurate(2.1e-3, 0, 0.0, 32768)
+    assert not accurate(0.5, 0, 0.0, 32768)
+    assert not accurate(2.1e-3, 0, 0.0, 0)  # eager finite everywhere: the usual bound
+    assert accurate(1.4e-3, 0, 1e-3, 0) and not accurate(2.1e-3, 1, 0.0, 0)
+
+
+def test_the_gemv_probe_checks_every_schedule_on_cpu(tmp_path):
+    """``bench/gemv_probe.py --small`` under the interpreter: every schedule (rows, chunk,
+    split with atomics, stages) computes ``x @ W.T`` within 1e-3 of float32."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = tmp_path / "g.json"
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "gemv_probe.py"), "--device",
+                        "cpu", "--small", "--out", str(out)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) >= 40 and all(r["ok"] and r["rel_err"] < 1e-3 for r in rows)
+    assert {r["schedule"]["split"] for r in rows} == {1, 4, 8}
