@@ -70,7 +70,13 @@ from .plans import FusionPlan, Pricing, Region
 from .regions import RegionSpace, search
 from .schedule import Schedule, check_schedule, classify, running_exps
 from .space import OpSpace
-from .strategy import Strategy, candidate_schedules, kern_choice, prefer_pow2_chunks
+from .strategy import (
+    Strategy,
+    candidate_schedules,
+    kern_choice,
+    prefer_long_chunks,
+    prefer_pow2_chunks,
+)
 
 # Mirage's ranges and block counts, and up to 512 schedules priced per final region
 # (candidate_schedules lists small grids first; grids that fill the SMs and split reductions
@@ -288,7 +294,7 @@ class Planner(OpSpace):
             why_out = [self._left_out(ix, s, origin, online) for s in scheds]
             left_out = {w: why_out.count(w) for w in ("Kern", "Online") if w in why_out}
             scheds = [s for s, why in zip(scheds, why_out) if not why]
-        scheds = prefer_pow2_chunks(ix, scheds)
+        scheds = prefer_pow2_chunks(ix, prefer_long_chunks(ix, scheds))
         if self.shared is not None:
             self.shared[listed] = (tuple(scheds), dict(left_out))
         return ix, scheds, key, left_out

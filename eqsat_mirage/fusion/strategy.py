@@ -14,7 +14,9 @@ schedules of a fragment (``schedule.py``) in a deterministic order, bounded by
 - loop: each reduced index whose single-pass lowering is legal (longest first), with each range
   of ``loop_ranges`` that divides it, preferring ranges that keep a matmul's
   contraction tile >= ``min_tile`` (the smallest dividing range otherwise);
-  ``prefer_pow2_chunks`` then drops, among the schedules a caller may use, the loops over
+  ``prefer_long_chunks`` drops the loops over a streamed weight's contraction (a matmul
+  at decode's batch of 1-16 rows) in chunks under 512 bytes a row where a longer one is
+  there; ``prefer_pow2_chunks`` then drops, among the schedules a caller may use, the loops over
   a matmul contraction whose chunk Triton pads when another loop over it has a chunk that
   is a power of two (on an H100 a chunk of 172, held as 256, ran 2.2x slower than 256);
   no loop only when no index can be looped, or when the only ones that can are carried by
@@ -45,6 +47,7 @@ from itertools import combinations, product
 
 from ..cost.tiles import pow2_ceil
 from ..frontend.graph import Graph
+from ..ir.node import ITEMSIZE, Op, numel
 from .indexing import Indexing, ScheduleError, index_fragment
 from .schedule import Schedule, check_schedule, classify
 
@@ -146,6 +149,51 @@ def prefer_pow2_chunks(ix: Indexing, scheds: list[Schedule]) -> list[Schedule]:
 
     aligned = {s.loop for s in scheds if padded(s) is False}
     return [s for s in scheds if not (padded(s) and s.loop in aligned)]
+
+
+# a matmul whose other operand has at most this many rows streams its weight (decode's
+# x @ W.T at batch 1): its time is the weight's bytes over the rate its loads reach
+STREAMING_ROWS = 16
+# the shortest K chunk of a streamed weight, in bytes a row: on an H200 (2026-12-04,
+# bench/gemv_probe.py) one matrix-vector kernel read a 90 MB float16 weight at 3.1 TB/s in
+# chunks of 512-1024 values and at 2.5 TB/s or more in every chunk of 256 or more with 3
+# stages; the 7B layer's plans, in chunks of 64 (128 B), read theirs at 2.0 TB/s
+LONG_CHUNK_BYTES = 512
+
+
+def streamed(ix: Indexing) -> dict[str, int]:
+    """Contraction index -> the streamed operand's bytes per element, for each matmul of
+    the fragment whose other operand has at most ``STREAMING_ROWS`` rows (batch included)."""
+    out: dict[str, int] = {}
+    for n in ix.nodes:
+        if n.op is not Op.MATMUL:
+            continue
+        a, b = n.srcs
+        k = ix.of(a)[-1]
+        if k is None or not a.shape or a.shape[-1] < 2:
+            continue
+        size = a.shape[-1]
+        weight = b if numel(a.shape) // size <= STREAMING_ROWS else \
+            a if numel(b.shape) // size <= STREAMING_ROWS else None
+        if weight is not None:
+            out[k] = min(out.get(k, 8), ITEMSIZE.get(weight.dtype, 2))
+    return out
+
+
+def prefer_long_chunks(ix: Indexing, scheds: list[Schedule]) -> list[Schedule]:
+    """``scheds`` less the loops over a streamed weight's contraction (``streamed``) in
+    chunks shorter than ``LONG_CHUNK_BYTES``, where another of ``scheds`` loops over the same
+    index in chunks at least that long; the order is kept. Applied as ``prefer_pow2_chunks``
+    is, to the schedules a caller may use."""
+    rows = streamed(ix)
+
+    def short(s: Schedule) -> bool | None:  # None: not a loop over a streamed contraction
+        if s.loop is None or s.forloop < 2 or s.loop not in rows:
+            return None
+        return loop_chunk(ix, s) * rows[s.loop] < LONG_CHUNK_BYTES
+
+    long_enough = {s.loop for s in scheds if short(s) is False}
+    return [s for s in scheds if not (short(s) and s.loop in long_enough)]
 
 
 def _grids(ix: Indexing, indices: list[str], strategy: Strategy,

@@ -1,0 +1,61 @@
+"""A streamed weight is read in long chunks of its contraction (issue 50).
+
+On an H200 (2026-12-04, bench/gemv_probe.py) one matrix-vector kernel read a 90 MB float16
+weight at 3.1 TB/s in chunks of 512-1024 values, while the 7B layer's plans at sequence 1,
+in chunks of 64, read theirs at 2.0 TB/s; the model priced both the same. Of the schedules
+a caller may use, the planner drops loops over a streamed weight's contraction in chunks
+under 512 bytes a row where a longer loop over it is there (``prefer_long_chunks``).
+"""
+
+from __future__ import annotations
+
+import eqsat_mirage as em
+from eqsat_mirage.fusion.schedule import index_fragment
+from eqsat_mirage.fusion.strategy import (
+    Strategy,
+    candidate_schedules,
+    loop_chunk,
+    prefer_long_chunks,
+    streamed,
+)
+from eqsat_mirage.mugraph.kernels import CustomKernel
+
+
+def projection(rows: int, k: int = 4096, n: int = 1024, dtype: str = "float16") -> em.Graph:
+    g = em.Graph("proj")
+    x = g.input("x", (1, rows, k), dtype="float16")
+    w = g.input("w", (n, k), dtype=dtype)
+    g.output(x @ w.astype("float16").T if dtype != "float16" else x @ w.T, "y")
+    return g
+
+
+def test_short_chunks_are_dropped_only_for_a_streamed_weight_beside_a_longer_loop():
+    ix = index_fragment(projection(1))
+    (k,) = streamed(ix)
+    scheds = candidate_schedules(ix, Strategy())
+    assert {loop_chunk(ix, s) for s in scheds if s.loop == k} == {1024, 256, 64}
+    kept = prefer_long_chunks(ix, scheds)
+    assert {loop_chunk(ix, s) for s in kept if s.loop == k} == {1024, 256}
+    assert [s for s in scheds if s.loop != k] == [s for s in kept if s.loop != k]
+    only64 = [s for s in scheds if s.loop != k or s.forloop == 64]  # nothing longer allowed
+    assert prefer_long_chunks(ix, only64) == only64
+    # 128 rows: a matmul of tiles, not a weight stream; its K chunks are the tensor cores'
+    wide = index_fragment(projection(128))
+    assert streamed(wide) == {}
+    assert prefer_long_chunks(wide, candidate_schedules(wide, Strategy())) == \
+        candidate_schedules(wide, Strategy())
+
+
+def test_int8_weights_count_their_own_bytes():
+    ix = index_fragment(projection(1, dtype="int8"))
+    assert set(streamed(ix).values()) <= {1, 2}
+    kept = prefer_long_chunks(ix, candidate_schedules(ix, Strategy()))
+    k = next(iter(streamed(ix)))
+    assert min(loop_chunk(ix, s) for s in kept if s.loop == k) * streamed(ix)[k] >= 512
+
+
+def test_a_decode_projection_is_planned_in_long_chunks():
+    res = em.optimize(projection(1), target="h200", cache=False, time_limit_s=300)
+    assert res.verified is not None and res.verified.equivalent
+    (kern,) = [x for x in res.program.kernels if isinstance(x, CustomKernel)]
+    assert kern.forloop in (4, 16)  # chunks of 1024 or 256, not 64
