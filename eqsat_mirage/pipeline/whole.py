@@ -55,11 +55,6 @@ from .search import search
 
 SHARE_END = 0.85  # piece searches end by this fraction of the time limit; the rest: stitch
 END_TO_END_MIN_S = 0.5  # the end-to-end check runs at least this long past the piece searches
-# the culprit search after a refused end-to-end check (``isolate``) runs at least this long,
-# past the time limit if need be: its replays of one counterexample's draw take about a
-# second at 7B size, and without it the 7B int8 layer at sequence 128, refused 15 s past its
-# limit, went wholly eager (0 of 55 ops; session 45)
-ISOLATE_MIN_S = 60.0
 # why the optimized pieces stand when the end-to-end check did not run or was cut short
 OWN_CHECKS = ("the optimized pieces stand on their own verification (finite-field trials, "
               "float64 and native-dtype checks, per piece)")
@@ -314,11 +309,8 @@ def isolate(graph, pieces: list[Piece], texts: list[str], programs: list, did: l
     one the time limit cuts short with nothing found: every counterexample found so far is
     fixed, and the pieces left optimized stand on their own verification, as when the first
     end-to-end check is cut short. None when every piece would go back, or the time runs
-    out before the last counterexample is fixed: the input is returned. The search has at
-    least ``ISOLATE_MIN_S`` from its start, however little of ``deadline`` is left."""
+    out before the last counterexample is fixed: the input is returned."""
     from ..mugraph.program import from_graph
-
-    deadline = Deadline(max(deadline.remaining(), ISOLATE_MIN_S))
 
     check = getattr(cex, "check", ())  # the check that found it (none: no replay)
     order = list(dict.fromkeys(t for t, d in zip(texts, did) if d))
