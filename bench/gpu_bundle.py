@@ -358,12 +358,16 @@ def family_lines(results: dict) -> list[str]:
             f"SDPA {f.get('sdpa_us', nan):.1f} us" for f in results.get("families", [])]
 
 
+# torchao's weight-only layers (``hf_models.quantized``) whose inputs ``quant_draws`` knows
+QUANT_LAYERS = ("int8", "fp8", "int4g128")
+
+
 def quant_layer(text: str) -> tuple[str, int]:
     """``--quant-layer``'s QUANT:SEQ as (quantization, sequence length)."""
     quant, _, seq = text.partition(":")
-    if quant not in ("int8", "fp8", "int4g128") or not seq.isdigit():
+    if quant not in QUANT_LAYERS or not seq.isdigit():
         raise argparse.ArgumentTypeError(f"--quant-layer {text!r}: QUANT:SEQ, QUANT one of "
-                                         "int8, fp8, int4g128")
+                                         + ", ".join(QUANT_LAYERS))
     return quant, int(seq)
 
 
@@ -385,8 +389,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also a LLaMA-7B-size layer at this sequence length (repeatable; "
                          "minutes each here, defaults of em.backend)")
     ex.add_argument("--quant-layer", action="append", default=[], metavar="QUANT:SEQ",
-                    help="also the 7B-size layer with quantized weights (int8, fp8, int4g128) "
-                         "at this sequence length, without tuning groups (repeatable)")
+                    help="also the 7B-size layer with quantized weights (QUANT one of "
+                         f"{', '.join(QUANT_LAYERS)}) at this sequence length, without tuning "
+                         "groups (repeatable)")
     ex.add_argument("--top", type=int, default=gpu_tuning.TOP,
                     help="verified candidates per piece the runner times (0: none)")
     ex.add_argument("--budget-s", type=float, default=420.0,

@@ -102,8 +102,12 @@ class _Poisoned:
         return getattr(self._torch, name)
 
     def empty(self, *args, **kwargs):
-        out = self._torch.empty(*args, **kwargs)
-        return out.fill_(float("nan")) if out.is_floating_point() else out
+        return _nan_filled(self._torch.empty(*args, **kwargs))
+
+
+def _nan_filled(t):
+    """``t`` filled with NaN where it holds floats (integer buffers as they are)."""
+    return t.fill_(float("nan")) if t.is_floating_point() else t
 
 
 @contextlib.contextmanager
@@ -115,8 +119,7 @@ def poisoned(module):
     new_empty = torch.Tensor.new_empty
 
     def poisoned_new_empty(self, *args, **kwargs):
-        out = new_empty(self, *args, **kwargs)
-        return out.fill_(float("nan")) if out.is_floating_point() else out
+        return _nan_filled(new_empty(self, *args, **kwargs))
 
     module.torch, torch.Tensor.new_empty = _Poisoned(torch), poisoned_new_empty
     try:

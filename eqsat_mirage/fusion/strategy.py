@@ -147,8 +147,15 @@ def prefer_pow2_chunks(ix: Indexing, scheds: list[Schedule]) -> list[Schedule]:
         chunk = loop_chunk(ix, s)
         return pow2_ceil(chunk) != chunk  # held padded to a power of two
 
-    aligned = {s.loop for s in scheds if padded(s) is False}
-    return [s for s in scheds if not (padded(s) and s.loop in aligned)]
+    return _beside_better(scheds, padded)
+
+
+def _beside_better(scheds: list[Schedule], worse) -> list[Schedule]:
+    """``scheds`` less those ``worse`` says True of whose loop index another schedule of
+    ``scheds`` loops over with ``worse`` False (None: not a loop ``worse`` judges); the
+    order is kept."""
+    better = {s.loop for s in scheds if worse(s) is False}
+    return [s for s in scheds if not (worse(s) and s.loop in better)]
 
 
 # a matmul whose other operand has at most this many rows streams its weight (decode's
@@ -166,17 +173,14 @@ def streamed(ix: Indexing) -> dict[str, int]:
     the fragment whose other operand has at most ``STREAMING_ROWS`` rows (batch included)."""
     out: dict[str, int] = {}
     for n in ix.nodes:
-        if n.op is not Op.MATMUL:
-            continue
+        if n.op is not Op.MATMUL or ix.of(n.srcs[0])[-1] is None:
+            continue  # (None: a contraction of 1)
         a, b = n.srcs
-        k = ix.of(a)[-1]
-        if k is None or not a.shape or a.shape[-1] < 2:
-            continue
-        size = a.shape[-1]
+        k, size = ix.of(a)[-1], a.shape[-1]
         weight = b if numel(a.shape) // size <= STREAMING_ROWS else \
             a if numel(b.shape) // size <= STREAMING_ROWS else None
         if weight is not None:
-            out[k] = min(out.get(k, 8), ITEMSIZE.get(weight.dtype, 2))
+            out[k] = min(out.get(k, ITEMSIZE[weight.dtype]), ITEMSIZE[weight.dtype])
     return out
 
 
@@ -192,8 +196,7 @@ def prefer_long_chunks(ix: Indexing, scheds: list[Schedule]) -> list[Schedule]:
             return None
         return loop_chunk(ix, s) * rows[s.loop] < LONG_CHUNK_BYTES
 
-    long_enough = {s.loop for s in scheds if short(s) is False}
-    return [s for s in scheds if not (short(s) and s.loop in long_enough)]
+    return _beside_better(scheds, short)
 
 
 def _grids(ix: Indexing, indices: list[str], strategy: Strategy,
