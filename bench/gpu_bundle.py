@@ -39,6 +39,7 @@ from bench.results_md import replace_section  # noqa: E402
 from eqsat_mirage.codegen.source import triton_source  # noqa: E402
 from eqsat_mirage.cost.profile import GPUProfile  # noqa: E402
 from eqsat_mirage.mugraph.program import from_graph  # noqa: E402
+from eqsat_mirage.runtime.timing import RecordedTimer  # noqa: E402
 
 RUNNER = Path(__file__).resolve().parent / "gpu_runner.py"
 
@@ -151,14 +152,14 @@ def quant_draws(entry: dict) -> None:
 
 
 def export_layers(folder: Path, seqs, target: str, tune: dict | None = None,
-                  quant: str | None = None) -> tuple[list[dict], list[dict]]:
+                  quant: str | None = None, timer=None) -> tuple[list[dict], list[dict]]:
     """Each optimized partition of one LLaMA-7B-size LlamaDecoderLayer (bench/real_sizes.py,
     float16, batch 1) at each sequence length in ``seqs``, compiled here through
     ``em.backend`` with its defaults, as one case: ours is the stitched Triton module, the
     reference the partition's ops one torch call each. With ``tune`` (``top`` and
     ``time_limit_s``), each partition's pieces' candidates too (``gpu_tuning``): (cases,
     tuning groups). ``quant``: the linear weights quantized (``real_sizes.layer``), the
-    cases' ids and labels naming it."""
+    cases' ids and labels naming it. ``timer``: what tunes each piece (``export``)."""
     if not seqs:
         return [], []
     import tempfile
@@ -174,7 +175,8 @@ def export_layers(folder: Path, seqs, target: str, tune: dict | None = None,
         tag = f"{quant}_" if quant else ""
         torch._dynamo.reset()
         with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
-            be = em.backend(target=target, warmup=0, cache=str(Path(tmp) / "c.sqlite"))
+            be = em.backend(target=target, warmup=0, cache=str(Path(tmp) / "c.sqlite"),
+                            **({"timer": timer} if timer is not None else {}))
             torch.compile(fn, backend=be)(*args)
         for i, e in enumerate(x for x in be.report if x.status == "optimized"):
             scales = layer_scales(e.graph)
@@ -194,6 +196,15 @@ def export_layers(folder: Path, seqs, target: str, tune: dict | None = None,
                 groups += tuning_groups(folder, entry, e.graph, e.result, target, tune,
                                         scales.__getitem__)
     return entries, groups
+
+
+def tuned_note(res) -> str:
+    """", tuned: <chosen> of N measured" when the search tuned (by ``--measured`` times)."""
+    tuned = res.stats.get("tuned")
+    if not tuned:
+        return ""
+    return (f", tuned: {tuned['chosen']} of {len(tuned['times_us'])} measured"
+            + (f" ({len(tuned['errors'])} not measured)" if tuned["errors"] else ""))
 
 
 def tuning_groups(folder: Path, entry: dict, graph, res, target: str, tune: dict,
@@ -235,14 +246,16 @@ def plan_device_time(manifest: dict, budget_s: float, reps: int, sets: int) -> d
 def export(folder: Path, selected, target: str, time_limit_s: float,
            decode: bool = True, dtypes: tuple[str, ...] = ("float16",),
            layer_seqs=(), top: int = gpu_tuning.TOP, budget_s: float = 420.0,
-           tune_reps: int = 100, sets: int = 4, quant_layers=()) -> dict:
+           tune_reps: int = 100, sets: int = 4, quant_layers=(), timer=None) -> dict:
     """Optimize and write every selected (name, batch) case in each of ``dtypes`` (cases
     in a dtype other than float16 get it in their id and label), and the 7B-size layer at
     each of ``layer_seqs`` (``export_layers``); with ``top`` > 0, each case's pieces' top
     verified candidates as tuning groups, their replays capped so that the runner's
     estimated time stays under ``budget_s`` (``plan_device_time``); ``quant_layers``:
     (quantization, sequence length) pairs of the 7B-size layer with quantized weights, as
-    cases without tuning groups; returns the manifest."""
+    cases without tuning groups; ``timer`` (a ``RecordedTimer``: ``--measured``) tunes every
+    search by times measured on a GPU before; returns the manifest."""
+    more = {"timer": timer} if timer is not None else {}
     folder.mkdir(parents=True, exist_ok=True)
     prof = GPUProfile.load(target)
     tune = {"top": top, "time_limit_s": time_limit_s} if top > 0 else None
@@ -252,7 +265,7 @@ def export(folder: Path, selected, target: str, time_limit_s: float,
         for name, batch in selected:
             with programs.dtype(dt):
                 graph = program(name, batch)
-            res = em.optimize(graph, target=target, time_limit_s=time_limit_s)
+            res = em.optimize(graph, target=target, time_limit_s=time_limit_s, **more)
             label = f"{name} b={batch}" + (f" {dt}" if tag else "")
             if res.verified is None or not res.verified.equivalent:
                 print(f"  {label}: no verified program ({res.stats.get('note', '')}); "
@@ -261,7 +274,7 @@ def export(folder: Path, selected, target: str, time_limit_s: float,
             entries.append(export_case(folder, f"{name}_b{batch}{tag}", label, graph, res,
                                        prof, scale, name != "causal"))
             print(f"  {label}: {len(res.program.kernels)} kernels, "
-                  f"{res.cost_us:.2f} us predicted", flush=True)
+                  f"{res.cost_us:.2f} us predicted" + tuned_note(res), flush=True)
             if tune:
                 groups += tuning_groups(folder, entries[-1], graph, res, target, tune,
                                         lambda _, s=scale: s)
@@ -270,10 +283,10 @@ def export(folder: Path, selected, target: str, time_limit_s: float,
                                 text=True, cwd=Path(__file__).parent).stdout.strip()
     except OSError:
         commit = ""
-    layer_cases, layer_groups = export_layers(folder, layer_seqs, target, tune)
+    layer_cases, layer_groups = export_layers(folder, layer_seqs, target, tune, timer=timer)
     entries, groups = entries + layer_cases, groups + layer_groups
     for quant, seq in quant_layers:
-        entries += export_layers(folder, [seq], target, None, quant)[0]
+        entries += export_layers(folder, [seq], target, None, quant, timer)[0]
     families = [export_family(folder, target, time_limit_s)] if decode else []
     manifest = {"made": {"commit": commit, "target": target, "version": em.__version__},
                 "cases": entries, "families": families, "tuning": groups}
@@ -399,6 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--tune-reps", type=int, default=100,
                     help="CUDA-graph replays per candidate, at most (capped to the budget)")
     ex.add_argument("--sets", type=int, default=4, help="input sets the runner draws")
+    ex.add_argument("--measured", type=Path,
+                    help="times measured on a GPU before (ingest --measured): each piece's "
+                         "plan is the fastest measured of its verified plans and eager form")
     ing = sub.add_parser("ingest")
     ing.add_argument("folder", type=Path)
     ing.add_argument("results", type=Path)
@@ -411,6 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     ing.add_argument("--records", type=Path,
                      help="write every measured tuning candidate (MuGraph, measured and "
                           "predicted time) as JSON here (bench/gpu_<gpu>_<date>_tuning.json)")
+    ing.add_argument("--measured", type=Path,
+                     help="write the tuning groups' measured times, keyed by plan, for "
+                          "export --measured (bench/gpu_<gpu>_<date>_measured.json)")
     args = ap.parse_args(argv)
     if args.cmd == "export":
         every = list(cases()) + [(n, b) for n in SAFE for b in BATCHES]
@@ -419,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
         manifest = export(args.folder, selected, args.target, args.time_limit,
                           not args.no_decode, tuple(args.dtype or ("float16",)),
                           args.layer_seq, args.top, args.budget_s, args.tune_reps, args.sets,
-                          [quant_layer(q) for q in args.quant_layer])
+                          [quant_layer(q) for q in args.quant_layer],
+                          RecordedTimer.load(args.measured) if args.measured else None)
         print(f"wrote {len(manifest['cases'])} cases and {len(manifest['tuning'])} tuning "
               f"groups to {args.folder}")
         return 0
@@ -449,6 +469,10 @@ def ingest(args) -> int:
                                                        if fams else "\n"))
     if args.write and tuned:
         replace_section(args.write, gpu_tuning.SECTION, gpu_tuning.tuned_section(tuned, device))
+    if args.measured:
+        timer = gpu_tuning.recorded_timer(manifest, results)
+        args.measured.write_text(timer.to_json(), encoding="utf-8")
+        print(f"measured: {len(timer.times_us)} plans' times written to {args.measured}")
     if args.records:
         n = gpu_tuning.write_records(args.records, manifest, results)
         print(f"records: {n} measured programs written to {args.records}")

@@ -441,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     args.manifest_tune = manifest.get("tune") or {}
     out = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
            "torch": torch.__version__, "triton": triton.__version__,
+           "cuda": getattr(torch.version, "cuda", None),
            "manifest": manifest.get("made"), "cases": [], "skipped": []}
     if args.device == "cuda":
         out["ceilings"] = guarded(ceilings, "ceilings")

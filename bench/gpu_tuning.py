@@ -14,8 +14,10 @@ The runner (``gpu_runner.py``, section "tuning") checks each candidate's first l
 float64 beside the eager module, times every candidate and the eager form as CUDA-graph
 replays (median), and writes one row per group. ``tuned_rows`` / ``tuned_section`` read the
 rows back as the "## Tuned choices" table (the model's choice beside the measured fastest),
-``measured_programs`` as ``cost.calibrate.Measured`` programs (so a fit uses them), and
-``write_records`` as a JSON file of every measured program with its MuGraph.
+``measured_programs`` as ``cost.calibrate.Measured`` programs (so a fit uses them),
+``write_records`` as a JSON file of every measured program with its MuGraph, and
+``recorded_timer`` as the measured times a later export tunes with (``--measured``: the
+search here chooses each piece's plan by the GPU's times, as ``tune="auto"`` does on a GPU).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from eqsat_mirage.ir.errors import MirageError
 from eqsat_mirage.mugraph.program import MuGraph, from_graph
 from eqsat_mirage.pipeline.options import split_options
 from eqsat_mirage.pipeline.search import Search
+from eqsat_mirage.runtime.timing import RecordedTimer, plan_key
 
 TOP = 8  # candidates per group
 SECTION = "## Tuned choices"
@@ -232,6 +235,20 @@ def measured_programs(manifest: dict, results: dict) -> list:
 
     return [Measured(m["case"], MuGraph.from_json(json.dumps(m["mugraph"])), m["measured_us"])
             for m in measured(manifest, results)]
+
+
+def recorded_timer(manifest: dict, results: dict) -> RecordedTimer:
+    """Every correct, timed program of the tuning groups (``measured``) as a
+    ``RecordedTimer``: its ``plan_key`` -> its measured median, on the device and versions
+    the runner names (the first measurement of a plan timed twice). Written by ``ingest
+    --measured``, read by ``export --measured`` so that the search here chooses each piece's
+    plan by the GPU's times."""
+    device = (f"{results['device']}|torch {results.get('torch')}|triton "
+              f"{results.get('triton')}|cuda {results.get('cuda') or 'unknown'}")
+    times: dict[str, float] = {}
+    for m in measured(manifest, results):
+        times.setdefault(plan_key(m["mugraph"]), float(m["measured_us"]))
+    return RecordedTimer(device, times)
 
 
 def write_records(path: Path, manifest: dict, results: dict) -> int:

@@ -279,3 +279,45 @@ def test_the_gemv_probe_checks_every_schedule_on_cpu(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) >= 40 and all(r["ok"] and r["rel_err"] < 1e-3 for r in rows)
     assert {r["schedule"]["split"] for r in rows} == {1, 4, 8}
+
+
+def test_measured_times_choose_each_pieces_plan_here(tmp_path, monkeypatch):
+    """``ingest --measured`` keys the groups' times by plan; a search here tuned with them
+    (``RecordedTimer``, as ``export --measured`` runs it) takes, piece by piece, the plan
+    the runner measured fastest, eager included, and its report says so."""
+    from bench.gpu_bundle import main
+    from eqsat_mirage.runtime.timing import RecordedTimer, plan_key
+
+    monkeypatch.setenv("EQSAT_MIRAGE_COMPILE_CHECK", "0")
+    folder, manifest = tuning_bundle(tmp_path)
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = folder / "out.json"
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_runner.py"), str(folder),
+                        "--out", str(out), "--device", "cpu", "--sets", "1", "--stub-times"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    path = tmp_path / "measured.json"
+    assert main(["ingest", str(folder), str(out), "--measured", str(path)]) == 0
+    timer = RecordedTimer.load(path)
+    results = json.loads(out.read_text())
+    assert timer.device.startswith("cpu|torch ")
+    from bench.gpu_tuning import measured
+    assert set(timer.times_us) == {plan_key(m["mugraph"]) for m in measured(manifest, results)}
+    res = em.optimize(small(), cache=False, piece_ops=3, jobs=1, timer=timer,
+                      time_limit_s=600)
+    groups = {g["piece"]: g for g in manifest["tuning"]}
+    rows = {r["id"]: r for r in results["tuning"]}
+    chosen = 0
+    for entry, (_, optimized) in zip(res.stats["pieces"], res.pieces):
+        group = groups[entry["index"]]
+        tuned = rows[group["id"]]["tuned"]
+        assert entry["tuned"]["chosen"] != "eager" or tuned == "eager"
+        if tuned == "eager":
+            assert not optimized and "eager form measured fastest" in entry["reason"]
+            continue
+        want = next(c["mugraph"] for c in group["candidates"] if c["name"] == tuned)
+        times = entry["tuned"]["times_us"]
+        assert optimized and times[entry["tuned"]["chosen"]] == min(times.values()) \
+            == timer.times_us[plan_key(want)]  # the runner's fastest, found here by its key
+        chosen += 1
+    assert chosen + sum(rows[g["id"]]["tuned"] == "eager" for g in groups.values()) == len(groups)

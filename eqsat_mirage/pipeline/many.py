@@ -99,22 +99,24 @@ class OptimizeManyError(MirageError):
 
 def _run(payload: bytes) -> bytes:
     """Worker: optimize one program; ``payload`` is ``dumps((graph, options, cache, key,
-    end_at))`` (``cache`` a path or False, ``key`` the parent's cache key, ``end_at``: a
-    ``time.time()`` past which it does not search, or None); the result, dumped."""
-    graph, options, cache, key, end_at = loads(payload)
+    end_at, timer))`` (``cache`` a path or False, ``key`` the parent's cache key, ``end_at``:
+    a ``time.time()`` past which it does not search, or None; ``timer``: the parent's, or
+    None for this process's default); the result, dumped."""
+    graph, options, cache, key, end_at, timer = loads(payload)
     options = _until(options, end_at)
     with working():  # the other workers' verifications see this one busy (``runner``)
         if cache is False:
-            return dumps(Search(graph, options).run())
-        return dumps(cached_search(graph, ResultCache(cache), None, options, key=key))
+            return dumps(Search(graph, options, timer=timer).run())
+        return dumps(cached_search(graph, ResultCache(cache), None, options, key=key,
+                                   timer=timer))
 
 
-def _inline(graph, options: SearchOptions, store, key: str):
+def _inline(graph, options: SearchOptions, store, key: str, timer=None):
     """One program searched in this process (through ``store`` unless it is None); the
     result, or the exception it raised (``optimize_many`` hands it on)."""
     try:
-        return (Search(graph, options).run() if store is None else
-                cached_search(graph, store, None, options, key=key))
+        return (Search(graph, options, timer=timer).run() if store is None else
+                cached_search(graph, store, None, options, key=key, timer=timer))
     except Exception as exc:  # noqa: BLE001 - handed to finish (raise or return)
         return exc
 
@@ -152,7 +154,7 @@ def _how(res, dup_of: int | None) -> str:
 def optimize_many(programs: Iterable, jobs: int | None = None, executor: str = "process",
                   errors: str = "raise", progress: Callable[[str], None] | None = None,
                   address: str | None = None, end_at: float | None = None,
-                  **optimize_kwargs) -> list:
+                  timer=None, **optimize_kwargs) -> list:
     """Optimize every program of ``programs``; the ``OptimizeResult``s in input order.
 
     ``jobs`` is the number of parallel workers (default: the CPU count);
@@ -164,7 +166,8 @@ def optimize_many(programs: Iterable, jobs: int | None = None, executor: str = "
     (the default) gives each program its own automatic limit. ``end_at``: a wall-clock
     time (``time.time()``) by which every search ends: a program a worker starts late gets
     what is left of it, where that is less than its time limit (a whole program's pieces
-    share its deadline so, ``whole._search_pieces``).
+    share its deadline so, ``whole._search_pieces``). ``timer``: what tunes every search
+    (``em.optimize``'s ``timer``, sent to the workers; None: each process's default).
     """
     programs = list(programs)
     if executor not in EXECUTORS:
@@ -176,7 +179,7 @@ def optimize_many(programs: Iterable, jobs: int | None = None, executor: str = "
     if jobs < 1:
         raise MirageError(f"optimize_many: jobs must be at least 1, got {jobs}")
     # checked once, here; tune decided here too, so the parent's keys name the device
-    options, _ = resolve_tuning(SearchOptions(**_options(optimize_kwargs)).resolved())
+    options, _ = resolve_tuning(SearchOptions(**_options(optimize_kwargs)).resolved(), timer)
     store = open_cache(optimize_kwargs.get("cache", True))
     n = len(programs)
     results: list = [None] * n
@@ -219,7 +222,7 @@ def optimize_many(programs: Iterable, jobs: int | None = None, executor: str = "
     worker_cache = False if store is None or executor == "ray" else str(store.path)
 
     def payload(i: int) -> bytes:
-        return dumps((programs[i], options, worker_cache, keys[i], end_at))
+        return dumps((programs[i], options, worker_cache, keys[i], end_at, timer))
 
     def land(i: int, res) -> None:
         if isinstance(res, BaseException):
@@ -241,7 +244,7 @@ def optimize_many(programs: Iterable, jobs: int | None = None, executor: str = "
         _ray_map(firsts, payload, jobs, address, land)
     elif jobs == 1 or len(firsts) <= 1:
         for i in firsts:
-            land(i, _inline(programs[i], _until(options, end_at), store, keys[i]))
+            land(i, _inline(programs[i], _until(options, end_at), store, keys[i], timer))
     else:
         _process_map(sorted(firsts, key=lambda i: -_work(programs[i])), payload, jobs, land)
     return results

@@ -10,10 +10,16 @@ and times the rest with the timer (``runtime.timing``: CUDA-graph replays, the m
 one set of inputs drawn for the program. The fastest wins; so a tuned piece is never
 slower than its eager form on that device. ``TuningRecord`` (``res.passes.tuning``, and
 ``res.stats["tuned"]``) keeps every candidate's measured time.
+
+With a ``RecordedTimer`` (times measured on a GPU machine before, keyed by plan) nothing is
+launched: ``recorded_tuning`` looks each plan up and the fastest measured wins, which is how
+a plan is chosen by measurement where the search and the GPU are on different machines
+(``bench/gpu_bundle.py export --measured``, docs/gpu.md).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -21,7 +27,15 @@ from collections.abc import Sequence
 
 from ..codegen.source import compile_mugraph
 from ..ir.errors import MirageError, unexpected
-from ..runtime.timing import CudaEventTimer, Timer, device_available, fastest, time_candidates
+from ..runtime.timing import (
+    CudaEventTimer,
+    RecordedTimer,
+    Timer,
+    device_available,
+    fastest,
+    plan_key,
+    time_candidates,
+)
 from ..semantics.torch_reference import checked_against
 from .records import TuningRecord
 
@@ -67,6 +81,8 @@ def tune(graph, candidates: Sequence[tuple[str, object]], eager, timer: Timer,
     """Time each of ``candidates`` ((name, verified MuGraph), cheapest by the model first)
     and ``eager`` (the program one kernel per op) with ``timer``; the record names the
     fastest (``chosen``: a candidate's name or ``EAGER``)."""
+    if isinstance(timer, RecordedTimer):
+        return recorded_tuning(candidates, eager, timer, progress)
     t0 = time.perf_counter()
     inputs = tuning_inputs(graph)
     launches, errors = {}, []
@@ -93,3 +109,28 @@ def tune(graph, candidates: Sequence[tuple[str, object]], eager, timer: Timer,
             f"{n} {us:.2f} us" for n, us in times.items()) + f"; {chosen} chosen")
     return TuningRecord(timer.device, times, chosen, time.perf_counter() - t0, errors,
                         {t.name: t.mode for t in timings})
+
+
+def recorded_tuning(candidates: Sequence[tuple[str, object]], eager, timer: RecordedTimer,
+                    progress=None) -> TuningRecord:
+    """``tune`` with times measured before (a ``RecordedTimer``): each candidate and the
+    eager form looked up by its ``plan_key``; the fastest of those measured wins (the
+    earlier on a tie), and one not measured is left out with why. When none was measured
+    the model's pick (the first candidate) stands, and the record says so."""
+    t0 = time.perf_counter()
+    times, errors = {}, []
+    for name, mg in [*candidates, (EAGER, eager)]:
+        us = timer.recorded(plan_key(json.loads(mg.to_json())))
+        if us is None:
+            errors.append(f"{name}: not measured on {timer.device.split('|')[0]}")
+        else:
+            times[name] = us
+    order = list(times)
+    chosen = min(order, key=lambda n: (times[n], order.index(n))) if times else (
+        candidates[0][0] if candidates else EAGER)
+    if progress:
+        progress("tuning by times measured on " + timer.device.split("|")[0] + ": " + (
+            ", ".join(f"{n} {us:.2f} us" for n, us in times.items()) or "none of the plans")
+            + f"; {chosen} chosen")
+    return TuningRecord(timer.device, times, chosen, time.perf_counter() - t0, errors,
+                        {n: "recorded" for n in times})

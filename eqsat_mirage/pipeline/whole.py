@@ -76,6 +76,9 @@ def changed(res) -> bool:
         return False
     if res.stats.get("level") == "mugraph" and not res.stats.get("regions"):
         return False
+    tuned = res.stats.get("tuned")
+    if tuned and tuned["chosen"] != "eager" and tuned["chosen"] in tuned["times_us"]:
+        return True  # measured faster than the eager form on the device, whatever the model
     # "verified and cheaper" by more than MIN_GAIN: both, or unchanged
     return res.cost_us < res.baseline_cost_us * (1.0 - MIN_GAIN)
 
@@ -97,6 +100,13 @@ def unchanged_reason(res) -> str:
     st = res.stats
     if st.get("note"):
         return str(st["note"])
+    tuned = st.get("tuned")
+    if tuned and tuned["chosen"] == "eager" and "eager" in tuned["times_us"]:
+        times = tuned["times_us"]
+        best = min((us for n, us in times.items() if n != "eager"), default=None)
+        return (f"the eager form measured fastest on {tuned['device'].split('|')[0]} "
+                f"({times['eager']:.2f} us" + (f" against {best:.2f} us" if best else "")
+                + ")")
     rejected = [p for p in st.get("plans", []) if p.get("verified") is False]
     if rejected:
         return f"{len(rejected)} cheaper candidate(s) rejected by the verifier"
@@ -158,7 +168,7 @@ def _search_pieces(distinct: list[Piece], options: SearchOptions, jobs: int | st
                        "most")
         return optimize_many([p.graph for p in distinct], jobs=jobs, errors="return",
                              progress=progress, cache=cache, end_at=time.time() + left,
-                             **opts.key_data())
+                             timer=timer, **opts.key_data())
     out = []
     weights = [max(1.0, search_weight(p.graph.nodes())) for p in distinct]
     for i, p in enumerate(distinct):
@@ -399,14 +409,14 @@ def _entry(piece: Piece, res, first: int, did: bool, share_s: float | None = Non
                  not isinstance(res, BaseException) and bool(res.stats.get("time_limited"))))}
     if isinstance(res, BaseException):
         return {**entry, "cost_before_us": None, "cost_after_us": None, "bound": None,
-                "seconds": 0.0, "cache": "off"}
+                "seconds": 0.0, "cache": "off", "tuned": None}
     return {**entry, "cost_before_us": res.baseline_cost_us,
             "cost_after_us": res.cost_us if did else res.baseline_cost_us,
             "bound": res.verified.false_positive_bound if did else 0.0,
             "kernels": res.stats.get("kernels"), "seconds": res.stats.get("seconds", 0.0),
             "phase_seconds": dict(res.stats.get("phase_seconds", {})),
             "compile_seconds": (res.stats.get("compiled") or {}).get("seconds", 0.0),
-            "cache": res.stats.get("cache", "off")}
+            "cache": res.stats.get("cache", "off"), "tuned": res.stats.get("tuned")}
 
 
 def _verdict(entries: list[dict], results: list, max_bound: float, failed: str | None,

@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import statistics
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from ..ir.errors import MirageError
 
 WARMUP = 5  # launches before timing (Triton compiles and autotunes on the first)
 REPEATS = 50  # timed replays per candidate
@@ -154,3 +157,56 @@ def fastest(timings: Sequence[Timing]) -> str:
     """The name of the smallest median; on a tie, the earlier in ``timings``."""
     best = min(range(len(timings)), key=lambda i: (timings[i].median_us, i))
     return timings[best].name
+
+
+def plan_key(plan: Mapping) -> str:
+    """The key a measured time is kept under: a digest of a MuGraph's plain data (its
+    ``to_json``, read back) without its name, so the same plan searched as a piece of a
+    whole program or on its own, under any name, has one key."""
+    data = {k: v for k, v in plan.items() if k != "name"}
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class RecordedTimer:
+    """Times measured on a device before, looked up instead of launched: ``device`` is the
+    device and versions they were measured on (``device_identity`` there), ``times_us``
+    maps a plan's ``plan_key`` to its measured median. The search tunes with it as with
+    the device's own timer (the fastest measured plan wins; a plan not measured is left
+    out, and when none is, the model decides), so plans measured on a GPU machine without
+    the search's dependencies choose a program here. ``load`` reads the JSON file that
+    ``bench/gpu_bundle.py ingest --measured`` writes; nothing in it is executed."""
+
+    device: str
+    times_us: Mapping[str, float]
+
+    def __call__(self, name: str, launch: Callable[[], object]) -> Sequence[float]:
+        """Never launched: the tuning pass reads ``recorded`` instead."""
+        raise TypeError("a RecordedTimer times nothing: the tuning pass reads recorded()")
+
+    def recorded(self, key: str) -> float | None:
+        """The measured median of the plan whose ``plan_key`` is ``key``, or None."""
+        return self.times_us.get(key)
+
+    def to_json(self) -> str:
+        """The file ``load`` reads."""
+        return json.dumps({"device": self.device, "times_us": dict(self.times_us)},
+                          indent=1, sort_keys=True)
+
+    @classmethod
+    def load(cls, path) -> RecordedTimer:
+        """The timer of a file ``to_json`` wrote; a MirageError naming the file when it is
+        not such a file (plain JSON: a device string and key -> positive microseconds)."""
+        try:
+            data = json.loads(open(path, encoding="utf-8").read())
+            device, times = data["device"], data["times_us"]
+            ok = isinstance(device, str) and isinstance(times, dict) and all(
+                isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
+                and 0 < v < float("inf") for k, v in times.items())
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            raise MirageError(f"{path}: not a file of measured times ({exc})") from None
+        if not ok:
+            raise MirageError(f"{path}: not a file of measured times (a device string and "
+                             "plan key -> positive microseconds)")
+        return cls(device, {k: float(v) for k, v in times.items()})

@@ -1,0 +1,89 @@
+"""Tuning by times measured before (``runtime.timing.RecordedTimer``): plans are looked up by
+their ``plan_key``, the fastest measured wins, eager included, nothing is launched, and a
+plan nobody measured leaves the model's pick standing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import eqsat_mirage as em
+from eqsat_mirage.mugraph.program import MuGraph, from_graph
+from eqsat_mirage.pipeline.options import split_options
+from eqsat_mirage.pipeline.search import Search
+from eqsat_mirage.runtime.timing import RecordedTimer, plan_key
+from tests.pipeline.test_tuning import LIMIT, FakeTimer, attention
+
+
+class Keeping(Search):
+    """A search that keeps its verified plans (the model's order) and takes the model's
+    pick, as ``bench/gpu_tuning.KeepingSearch`` does for the GPU bundle."""
+
+    def tune_verified(self, verified, eager):
+        """The verified plans kept; the first chosen."""
+        self.kept = [plan.mugraph for plan, _, _ in verified]
+        return verified[0][:2]
+
+
+def key(mg: MuGraph) -> str:
+    return plan_key(json.loads(mg.to_json()))
+
+
+@pytest.fixture(scope="module")
+def plans() -> list[MuGraph]:
+    """The verified plans a tuning search of the small attention times, in the model's order."""
+    options = split_options({"time_limit_s": LIMIT, "tune": "device", "cache": False})[0]
+    search = Keeping(attention(), options, None, FakeTimer({}))
+    search.run()
+    assert len(search.kept) >= 2
+    return search.kept
+
+
+def test_the_fastest_measured_plan_is_chosen_and_nothing_is_launched(plans):
+    times = {key(mg): 10.0 + i for i, mg in enumerate(plans)}
+    times[key(plans[-1])] = 1.0  # the model's last verified plan measured fastest
+    times[key(from_graph(attention()))] = 50.0  # the eager form
+    timer = RecordedTimer("NVIDIA H200|torch 2.11|triton 3.6|cuda 13.0", times)
+    res = em.optimize(attention(), cache=False, timer=timer, time_limit_s=LIMIT)
+    tuned = res.stats["tuned"]
+    assert key(res.program) == key(plans[-1]) and tuned["times_us"][tuned["chosen"]] == 1.0
+    assert set(tuned["modes"].values()) == {"recorded"} and tuned["errors"] == []
+    assert res.verified.equivalent and tuned["device"].startswith("NVIDIA H200")
+
+
+def test_eager_measured_fastest_is_kept(plans):
+    times = {key(mg): 10.0 for mg in plans}
+    times[key(from_graph(attention()))] = 2.0
+    res = em.optimize(attention(), cache=False, time_limit_s=LIMIT,
+                      timer=RecordedTimer("gpu", times))
+    assert res.stats["tuned"]["chosen"] == "eager" and res.stats["custom_kernels"] == 0
+
+
+def test_plans_nobody_measured_leave_the_models_pick(plans):
+    res = em.optimize(attention(), cache=False, time_limit_s=LIMIT,
+                      timer=RecordedTimer("gpu", {"0" * 64: 1.0}))
+    model = em.optimize(attention(), cache=False, time_limit_s=LIMIT, tune="model")
+    assert key(res.program) == key(model.program) == key(plans[0])
+    assert res.stats["tuned"]["times_us"] == {}
+    assert all("not measured on gpu" in e for e in res.stats["tuned"]["errors"])
+
+
+def test_a_plans_key_ignores_its_name(plans):
+    renamed = MuGraph.from_json(plans[0].to_json())
+    renamed.name = "another_name"
+    assert key(renamed) == key(plans[0]) and key(plans[0]) != key(plans[1])
+
+
+def test_a_measured_file_round_trips_and_bad_files_are_refused(tmp_path):
+    timer = RecordedTimer("NVIDIA H200|torch 2.11", {"ab" * 32: 12.5})
+    path = tmp_path / "m.json"
+    path.write_text(timer.to_json())
+    assert RecordedTimer.load(path) == timer
+    for text in ("[1, 2]", '{"device": "x", "times_us": {"k": -1}}', "{", "[" * 100000,
+                 '{"device": 3, "times_us": {}}'):
+        path.write_text(text)
+        with pytest.raises(em.MirageError, match="not a file of measured times"):
+            RecordedTimer.load(path)
+    with pytest.raises(em.MirageError, match="not a file of measured times"):
+        RecordedTimer.load(tmp_path / "missing.json")
