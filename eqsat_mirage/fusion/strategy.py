@@ -75,9 +75,11 @@ def _divisors(n: int) -> list[int]:
 
 
 def block_counts(ix: Indexing, idx: str, strategy: Strategy) -> list[int]:
-    """Block counts (>= 2) for grid index ``idx``: divisors keeping matmul tiles >= min_tile."""
+    """Block counts (>= 2) for grid index ``idx``: divisors keeping matmul tiles >= min_tile
+    (``GEMV_ROWS`` for a weight's rows that only matrix-vector products read)."""
     size = ix.sizes[idx]
-    floor = strategy.min_tile if idx in ix.matmul else 1
+    floor = (min(strategy.min_tile, GEMV_ROWS) if idx in gemv_rows(ix) else
+             strategy.min_tile if idx in ix.matmul else 1)
     return [b for b in _divisors(ix.unit(idx))  # (what divides a reshape's major dim too)
             if 2 <= b <= strategy.max_blocks and size // b >= floor]
 
@@ -166,6 +168,10 @@ STREAMING_ROWS = 16
 # chunks of 512-1024 values and at 2.5 TB/s or more in every chunk of 256 or more with 3
 # stages; the 7B layer's plans, in chunks of 64 (128 B), read theirs at 2.0 TB/s
 LONG_CHUNK_BYTES = 512
+# the fewest weight rows a block of a matrix-vector product takes (``gemv_rows``): on an H200
+# the probe's fastest kernels for the 7B layer's down projection (4096 rows) took 8 rows a
+# block (512 blocks, 3.1 TB/s); 16-row blocks make 256, under two waves of 132 SMs
+GEMV_ROWS = 8
 
 
 def streamed(ix: Indexing) -> dict[str, int]:
@@ -182,6 +188,26 @@ def streamed(ix: Indexing) -> dict[str, int]:
         if weight is not None:
             out[k] = min(out.get(k, ITEMSIZE[weight.dtype]), ITEMSIZE[weight.dtype])
     return out
+
+
+def gemv_rows(ix: Indexing) -> frozenset[str]:
+    """The indices that are a matmul operand's dim only as the rows of a weight multiplied
+    by one vector (decode's ``x @ W.T`` at batch 1: the other operand has one row, so a
+    block's tile product is a broadcast product summed over K, never a ``tl.dot``, and its
+    rows need not fill the tensor core's 16)."""
+    gemv, other = set(), set()
+    for n in ix.nodes:
+        if n.op is not Op.MATMUL or ix.of(n.srcs[0])[-1] is None:
+            continue
+        (a, b), dims = n.srcs, set()
+        for s in (a, b):
+            dims.update(i for i in ix.of(s)[-2:] if i is not None)
+        rows = (ix.of(b)[-1] if numel(a.shape) == a.shape[-1] else  # one row times W
+                ix.of(a)[-2] if numel(b.shape) == b.shape[-2] else None)  # W times a column
+        if rows is not None:
+            gemv.add(rows)
+        other.update(dims - {rows})
+    return frozenset(gemv - other - {None})
 
 
 def prefer_long_chunks(ix: Indexing, scheds: list[Schedule]) -> list[Schedule]:

@@ -12,8 +12,11 @@ from __future__ import annotations
 import eqsat_mirage as em
 from eqsat_mirage.fusion.schedule import index_fragment
 from eqsat_mirage.fusion.strategy import (
+    GEMV_ROWS,
     Strategy,
+    block_counts,
     candidate_schedules,
+    gemv_rows,
     loop_chunk,
     prefer_long_chunks,
     streamed,
@@ -59,3 +62,45 @@ def test_a_decode_projection_is_planned_in_long_chunks():
     assert res.verified is not None and res.verified.equivalent
     (kern,) = [x for x in res.program.kernels if isinstance(x, CustomKernel)]
     assert kern.forloop in (4, 16)  # chunks of 1024 or 256, not 64
+
+
+def test_a_matrix_vector_product_may_take_8_weight_rows_a_block():
+    """At one row (decode's batch of 1) a block's tile product is a broadcast product, not a
+    tl.dot, so the weight's rows may come 8 to a block (``gemv_rows``): twice the blocks
+    of the 16-row floor (the probe's fastest down projection on an H200); at two rows the
+    floor stays."""
+    one, two = index_fragment(projection(1)), index_fragment(projection(2))
+    (n,) = gemv_rows(one)
+    assert GEMV_ROWS == 8 and max(block_counts(one, n, Strategy())) == 1024 // 8
+    assert gemv_rows(two) == frozenset()
+    assert all(two.sizes[i] // b >= 16 for i in two.sizes if i in two.matmul
+               for b in block_counts(two, i, Strategy()))
+
+
+def test_an_8_row_block_plan_runs_and_matches_torch():
+    import torch
+
+    from eqsat_mirage.codegen.source import compile_mugraph
+    from eqsat_mirage.pipeline.options import split_options
+    from eqsat_mirage.pipeline.search import Search
+    from tests.pipeline.test_tuning import FakeTimer
+
+    class Keeping(Search):
+        def tune_verified(self, verified, eager):
+            self.kept = [plan.mugraph for plan, _, _ in verified]
+            return verified[0][:2]
+
+    g = projection(1, k=512, n=256)
+    options = split_options({"target": "h200", "time_limit_s": 300, "tune": "device",
+                             "tune_candidates": 12})[0]
+    search = Keeping(g, options, None, FakeTimer({}))
+    search.run()
+    eight = [mg for mg in search.kept if "in  w: f16[8, " in str(mg)]  # 8 rows of w a block
+    assert eight, [str(mg) for mg in search.kept]
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 1, 512, generator=gen).half()
+    w = torch.randn(256, 512, generator=gen).half()
+    got = compile_mugraph(eight[0])(x, w)
+    got = got["y"] if isinstance(got, dict) else got
+    want = (x.float() @ w.float().T)
+    assert torch.allclose(got.float(), want, rtol=1e-2, atol=1e-2)
