@@ -417,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--max-autotune", action="store_true")
     ap.add_argument("--only", action="append", help="run the cases whose id starts so")
+    ap.add_argument("--skip", action="append", default=[],
+                    help="leave out the cases and groups whose id starts so (repeatable)")
     ap.add_argument("--ours-only", action="store_true",
                     help="time only the bundle's own modules (a schedule sweep)")
     ap.add_argument("--budget-s", type=float, default=0.0,
@@ -449,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out["ceilings"]), flush=True)
     def wanted(item: dict) -> bool:  # selected by --only, and started within --budget-s
         if args.only and not any(item["id"].startswith(o) for o in args.only):
+            return False
+        if any(item["id"].startswith(o) for o in args.skip):
             return False
         if args.budget_s and time.perf_counter() - began > args.budget_s:
             out["skipped"].append(item.get("id", item["case"]) if "piece" in item

@@ -87,3 +87,17 @@ def test_a_measured_file_round_trips_and_bad_files_are_refused(tmp_path):
             RecordedTimer.load(path)
     with pytest.raises(em.MirageError, match="not a file of measured times"):
         RecordedTimer.load(tmp_path / "missing.json")
+
+
+def test_a_worker_process_tunes_with_the_timer_it_is_sent(plans):
+    """``optimize_many`` sends its timer in each worker's payload (``many._run``), so the
+    pieces of a whole program searched in worker processes are tuned as inline ones are."""
+    from eqsat_mirage.pipeline.many import _run, dumps, loads
+    from eqsat_mirage.pipeline.search import resolve_tuning
+
+    times = {key(mg): 10.0 for mg in plans}
+    times[key(plans[-1])] = 1.0
+    timer = RecordedTimer("gpu", times)
+    options = resolve_tuning(split_options({"time_limit_s": LIMIT})[0].resolved(), timer)[0]
+    res = loads(_run(dumps((attention(), options, False, "k", None, timer))))
+    assert key(res.program) == key(plans[-1]) and res.stats["tuned"]["device"] == "gpu"
