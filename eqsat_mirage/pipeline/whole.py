@@ -291,9 +291,11 @@ def _check_whole(graph, parts: tuple, mugraph, seed, deadline: Deadline) -> tupl
         ran = FloatCheck(None, False, False, 0.0, f"not run ({exc}); {OWN_CHECKS}",
                          over_budget=True)
     if ran.counterexample is not None:  # one piece's optimized form may be the cause:
-        kept = isolate(graph, pieces, texts, programs, did, seed, deadline, ran.counterexample)
+        why: list[str] = []
+        kept = isolate(graph, pieces, texts, programs, did, seed, deadline, ran.counterexample,
+                       why)
         if kept is None:  # never a silent wrong answer: the input
-            failed = f"failed ({ran.counterexample})"
+            failed = f"failed ({ran.counterexample}); culprit search: {'; '.join(why)}"
         else:  # the culprit pieces stay as they were, the rest optimized
             first_why = f"failed with it optimized ({ran.counterexample})"
             programs, did, mugraph, ran = kept
@@ -307,7 +309,7 @@ def _check_whole(graph, parts: tuple, mugraph, seed, deadline: Deadline) -> tupl
 
 
 def isolate(graph, pieces: list[Piece], texts: list[str], programs: list, did: list,
-            seed, deadline: Deadline, cex=None):
+            seed, deadline: Deadline, cex=None, why: list[str] | None = None):
     """After the end-to-end check refused the stitched program (``cex``, its
     counterexample): culprit pieces put back as they were (a distinct piece with all its
     occurrences). Each round finds the fewest put-backs that make the counterexample's own
@@ -319,8 +321,19 @@ def isolate(graph, pieces: list[Piece], texts: list[str], programs: list, did: l
     one the time limit cuts short with nothing found: every counterexample found so far is
     fixed, and the pieces left optimized stand on their own verification, as when the first
     end-to-end check is cut short. None when every piece would go back, or the time runs
-    out before the last counterexample is fixed: the input is returned."""
+    out before the last counterexample is fixed: the input is returned, and ``why`` (a
+    list) gets which of these it was (the time, a draw no set of put-backs fixes, or every
+    piece back) with the replays run."""
     from ..mugraph.program import from_graph
+
+    why = [] if why is None else why
+    t0, replays, cut = time.perf_counter(), [0], [False]
+
+    def give_up(reason: str) -> None:
+        if cut[0] or deadline.remaining() < END_TO_END_MIN_S:
+            reason = "the time limit ran out before a set of pieces to put back was found"
+        why.append(f"{reason} ({replays[0]} replays of the failing draw, "
+                   f"{time.perf_counter() - t0:.1f} s)")
 
     check = getattr(cex, "check", ())  # the check that found it (none: no replay)
     order = list(dict.fromkeys(t for t, d in zip(texts, did) if d))
@@ -337,6 +350,8 @@ def isolate(graph, pieces: list[Piece], texts: list[str], programs: list, did: l
         if not check:
             return True
         ran, _ = run(out, check)
+        replays[0] += 1
+        cut[0] = cut[0] or ran.cut_short
         return ran.counterexample is None and not ran.cut_short
 
     out: set[str] = set()
@@ -348,6 +363,7 @@ def isolate(graph, pieces: list[Piece], texts: list[str], programs: list, did: l
                 prefix = next((rest[:i] for i in range(2, len(rest) + 1)
                                if fixes(out | set(rest[:i]))), None)
                 if prefix is None:
+                    give_up("no set of pieces put back fixes the failing draw")
                     return None
                 add = set(prefix)
                 for t in prefix[:-1]:
@@ -355,6 +371,7 @@ def isolate(graph, pieces: list[Piece], texts: list[str], programs: list, did: l
                         add.discard(t)
             out |= add
             if len(out) == len(order):  # nothing would stay optimized: the input
+                give_up("every optimized piece would go back")
                 return None
             ran, (progs, keep, mugraph) = run(out)
             if ran.counterexample is None:  # passed, or cut short with nothing found
@@ -364,8 +381,10 @@ def isolate(graph, pieces: list[Piece], texts: list[str], programs: list, did: l
                                      f"{OWN_CHECKS}")
                 return progs, keep, mugraph, ran
             check = getattr(ran.counterexample, "check", ())
-    except BudgetError:
+    except BudgetError as exc:
+        give_up(f"a replay did not fit the memory budget ({exc})")
         return None
+    give_up("the time limit ran out")
     return None
 
 

@@ -164,8 +164,10 @@ def test_a_piece_the_end_to_end_check_refuses_is_put_back_alone():
     assert did == [False] + [True] * (len(pieces) - 1) and passed.passed
     assert progs[0] is not programs[0] and progs[1:] == programs[1:]
     # a single optimized piece is not put back alone: the input is returned, as before
+    why = []
     assert whole.isolate(g, pieces, texts, programs, [True] + [False] * (len(pieces) - 1), 0,
-                         Deadline(60)) is None
+                         Deadline(60), why=why) is None
+    assert len(why) == 1 and why[0].startswith("every optimized piece would go back")
 
 
 def test_two_pieces_the_end_to_end_check_refuses_are_both_put_back():
@@ -289,5 +291,16 @@ def test_a_whole_check_cut_short_after_the_put_back_keeps_the_other_pieces(monke
     progs, did, _, ran = kept
     assert [i for i, d in enumerate(did) if not d] == [a]
     assert ran.cut_short and not ran.passed and "own verification" in ran.message
+    why = []
     assert whole.isolate(g, pieces, texts, programs, [True] * len(pieces), 0, Deadline(0.1),
-                         first) is None  # no time to find the culprit: the input
+                         first, why) is None  # no time to find the culprit: the input
+    assert len(why) == 1 and why[0].startswith("the time limit ran out") and "0 replays" in why[0]
+
+    def never(graph, pcs, txts, progs, mugraph, seed, seconds, only=None):  # nothing fixes it
+        return SimpleNamespace(counterexample=first, cut_short=False, passed=False)
+
+    monkeypatch.setattr(whole, "end_to_end", never)
+    why = []
+    assert whole.isolate(g, pieces, texts, programs, [True] * len(pieces), 0, Deadline(60),
+                         first, why) is None
+    assert len(why) == 1 and why[0].startswith("no set of pieces put back fixes")
