@@ -189,6 +189,10 @@ def export_layers(folder: Path, seqs, target: str, tune: dict | None = None,
             print(f"  7B layer {tag}s={seq} {e.name}: {len(e.result.program.kernels)} kernels, "
                   f"{e.result.cost_us:.1f} us predicted ({e.seconds:.0f} s)", flush=True)
             for piece in e.result.stats.get("pieces", []):
+                if piece.get("tuned") and piece["same_as"] is None:
+                    tuned = piece["tuned"]
+                    print(f"    piece {piece['index']} tuned: {tuned['chosen']} of "
+                          f"{len(tuned['times_us'])} measured", flush=True)
                 if piece["status"] != "optimized":
                     print(f"    piece {piece['index']} ({len(piece['ops'])} ops) "
                           f"{piece['status']}: {piece['reason']}", flush=True)

@@ -2,11 +2,13 @@
 for the one-torch-call-per-op reference. Imports nothing of eqsat_mirage: it runs on the
 GPU machine beside ``gpu_runner.py`` (docs/gpu.md), from the bundle folder:
 
-    python3 gpu_profile.py . --only llama7b_s128 [--runs 10] [--top 15]
+    python3 gpu_profile.py . --only llama7b_s128 [--runs 10] [--top 15] [--compile]
 
 Each module is run three times to warm up (Triton compiles on the first call), then
 ``--runs`` times under the profiler; the table gives each device kernel's name, its calls
 per run and its mean microseconds per run, largest first, and the sum over all kernels.
+``--compile`` profiles torch.compile of the reference too (its default mode, as the runner
+times it): which kernels the contestant we are held to launches.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--compile", action="store_true",
+                    help="profile torch.compile of the reference too")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(args.bundle.resolve()))
     from gpu_runner import draw, load
@@ -65,9 +69,15 @@ def main(argv: list[str] | None = None) -> int:
         if not any(case["id"].startswith(p) for p in args.only):
             continue
         inputs = draw(case, "cuda", 0)
-        for side in ("ours", "ref"):
-            mod = load(args.bundle / case[side], f"{case['id']}_{side}")
-            times = kernel_times(mod.run, inputs, args.runs)
+        for side in ("ours", "ref") + (("compile",) if args.compile else ()):
+            mod = load(args.bundle / case["ref" if side == "compile" else side],
+                       f"{case['id']}_{side}")
+            fn = mod.run
+            if side == "compile":
+                import torch
+
+                fn = torch.compile(mod.run)
+            times = kernel_times(fn, inputs, args.runs)
             found[f"{case['id']} {side}"] = times
             print("\n".join(table(f"{case['case']} {side}", times, args.top)), flush=True)
     if args.out:
