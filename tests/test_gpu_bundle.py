@@ -279,6 +279,13 @@ def test_the_gemv_probe_checks_every_schedule_on_cpu(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) >= 40 and all(r["ok"] and r["rel_err"] < 1e-3 for r in rows)
     assert {r["schedule"]["split"] for r in rows} == {1, 4, 8}
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "gemv_probe.py"), "--device",
+                        "cpu", "--small", "--int8", "--out", str(out)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    result = json.loads(out.read_text())  # int8 codes, a scale per row applied after the sum
+    assert result["weights"] == "int8" and len(result["rows"]) >= 40
+    assert all(r["ok"] and r["rel_err"] < 1e-3 for r in result["rows"])
 
 
 def test_measured_times_choose_each_pieces_plan_here(tmp_path, monkeypatch):
