@@ -329,8 +329,8 @@ def isolate(graph, pieces: list[Piece], texts: list[str], programs: list, did: l
     why = [] if why is None else why
     t0, replays, cut = time.perf_counter(), [0], [False]
 
-    def give_up(reason: str) -> None:
-        if cut[0] or deadline.remaining() < END_TO_END_MIN_S:
+    def give_up(reason: str, time_may_explain: bool = True) -> None:
+        if time_may_explain and (cut[0] or deadline.remaining() < END_TO_END_MIN_S):
             reason = "the time limit ran out before a set of pieces to put back was found"
         why.append(f"{reason} ({replays[0]} replays of the failing draw, "
                    f"{time.perf_counter() - t0:.1f} s)")
@@ -371,7 +371,7 @@ def isolate(graph, pieces: list[Piece], texts: list[str], programs: list, did: l
                         add.discard(t)
             out |= add
             if len(out) == len(order):  # nothing would stay optimized: the input
-                give_up("every optimized piece would go back")
+                give_up("every optimized piece would go back", False)
                 return None
             ran, (progs, keep, mugraph) = run(out)
             if ran.counterexample is None:  # passed, or cut short with nothing found
@@ -382,7 +382,7 @@ def isolate(graph, pieces: list[Piece], texts: list[str], programs: list, did: l
                 return progs, keep, mugraph, ran
             check = getattr(ran.counterexample, "check", ())
     except BudgetError as exc:
-        give_up(f"a replay did not fit the memory budget ({exc})")
+        give_up(f"a replay did not fit the memory budget ({exc})", False)
         return None
     give_up("the time limit ran out")
     return None
