@@ -121,6 +121,19 @@ def _inline(graph, options: SearchOptions, store, key: str, timer=None):
         return exc
 
 
+def _sendable(timer, jobs: int, executor: str) -> None:
+    """A MirageError when ``timer`` must go to worker processes and cannot be pickled (a
+    timer holding a lock or an open file, say), instead of a traceback from the pool."""
+    if timer is None or (jobs == 1 and executor != "ray"):
+        return
+    try:
+        dumps(timer)
+    except Exception as exc:  # noqa: BLE001 - whatever pickling raises, named here
+        raise MirageError(f"optimize_many: the timer {type(timer).__name__} cannot be sent "
+                          f"to worker processes ({type(exc).__name__}: {exc}); use jobs=1 "
+                          "or a timer of plain data") from None
+
+
 def _until(options: SearchOptions, end_at: float | None) -> SearchOptions:
     """``options`` with a time limit that ends by ``end_at`` (a ``time.time()``; None:
     as they are): what is left of it where that is less (at least 0.05 s)."""
@@ -180,6 +193,7 @@ def optimize_many(programs: Iterable, jobs: int | None = None, executor: str = "
         raise MirageError(f"optimize_many: jobs must be at least 1, got {jobs}")
     # checked once, here; tune decided here too, so the parent's keys name the device
     options, _ = resolve_tuning(SearchOptions(**_options(optimize_kwargs)).resolved(), timer)
+    _sendable(timer, jobs, executor)
     store = open_cache(optimize_kwargs.get("cache", True))
     n = len(programs)
     results: list = [None] * n

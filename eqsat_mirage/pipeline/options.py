@@ -233,7 +233,7 @@ class SearchOptions:
                 raise MirageError("optimize: tune='device' needs a CUDA device or a timer "
                                   "(tune='auto' lets the cost model decide without one)")
             return self.replace(tune="model")
-        return self.replace(tune=f"device:{timer.device}")
+        return self.replace(tune=f"device:{getattr(timer, 'key', timer.device)}")
 
     def key_data(self) -> dict:
         """The options as the results cache keys them: name -> value (``make_key`` takes
@@ -267,8 +267,9 @@ class EntryOptions:
         "processes when the pieces are large (whole.auto_jobs), else 1")
     timer: object = option(
         None, "what times candidates when tuning (runtime.timing.Timer: timer(name, "
-        "launch) -> microseconds per call, and its device); None: CUDA events on the "
-        "CUDA device when there is one")
+        "launch) -> microseconds per call, and its device; or a RecordedTimer of times "
+        "measured on a GPU before, looked up by plan); None: CUDA events on the CUDA "
+        "device when there is one")
 
     def __post_init__(self) -> None:
         for name in ("piece_ops", "jobs"):

@@ -76,8 +76,10 @@ def changed(res) -> bool:
         return False
     if res.stats.get("level") == "mugraph" and not res.stats.get("regions"):
         return False
-    tuned = res.stats.get("tuned")
-    if tuned and tuned["chosen"] != "eager" and tuned["chosen"] in tuned["times_us"]:
+    times = (res.stats.get("tuned") or {}).get("times_us", {})
+    chosen = (res.stats.get("tuned") or {}).get("chosen")
+    if chosen in times and chosen != "eager" and "eager" in times and \
+            times[chosen] < times["eager"]:
         return True  # measured faster than the eager form on the device, whatever the model
     # "verified and cheaper" by more than MIN_GAIN: both, or unchanged
     return res.cost_us < res.baseline_cost_us * (1.0 - MIN_GAIN)

@@ -9,7 +9,8 @@ reference callable that the search side builds from the input program. ``graphs.
 ``GraphRunner``, CUDA-graph capture once per input signature and replay. ``timing.py``:
 the device timer of the search's tuning pass (``CudaEventTimer``: CUDA-graph replays timed
 by CUDA events; ``time_candidates``, ``fastest``; any object with the ``Timer`` shape
-stands in for it in tests).
+stands in for it in tests; ``RecordedTimer`` and ``plan_key``: times measured on a GPU
+before, looked up by plan where the search runs on another machine).
 
 This stage needs only torch, triton and NumPy (and the standard library); of the package
 it imports ``ir.errors`` alone, so ``import eqsat_mirage.runtime`` loads neither egglog,

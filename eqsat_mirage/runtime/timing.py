@@ -23,11 +23,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import statistics
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from ..ir.errors import MirageError
@@ -161,8 +163,10 @@ def fastest(timings: Sequence[Timing]) -> str:
 
 def plan_key(plan: Mapping) -> str:
     """The key a measured time is kept under: a digest of a MuGraph's plain data (its
-    ``to_json``, read back) without its name, so the same plan searched as a piece of a
-    whole program or on its own, under any name, has one key."""
+    ``to_json``, read back) without its top-level name. The kernels' ``source`` fields
+    still name the program the plan was searched for, so a plan matches where the same
+    program (a piece of a whole program included) is searched again, as the GPU bundle's
+    round trip does (docs/gpu.md, section 5)."""
     data = {k: v for k, v in plan.items() if k != "name"}
     text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
@@ -179,11 +183,19 @@ class RecordedTimer:
     ``bench/gpu_bundle.py ingest --measured`` writes; nothing in it is executed."""
 
     device: str
-    times_us: Mapping[str, float]
+    times_us: Mapping[str, float] = field(hash=False)
+
+    @property
+    def key(self) -> str:
+        """What the results cache keys a plan tuned with these times by: the device and a
+        digest of the times, so plans chosen by two files, or by the device itself, are
+        cached apart (``SearchOptions.tuned_on``)."""
+        text = json.dumps(dict(self.times_us), sort_keys=True)
+        return f"{self.device}|recorded {hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
     def __call__(self, name: str, launch: Callable[[], object]) -> Sequence[float]:
         """Never launched: the tuning pass reads ``recorded`` instead."""
-        raise TypeError("a RecordedTimer times nothing: the tuning pass reads recorded()")
+        raise MirageError("a RecordedTimer times nothing: the tuning pass reads recorded()")
 
     def recorded(self, key: str) -> float | None:
         """The measured median of the plan whose ``plan_key`` is ``key``, or None."""
@@ -199,14 +211,16 @@ class RecordedTimer:
         """The timer of a file ``to_json`` wrote; a MirageError naming the file when it is
         not such a file (plain JSON: a device string and key -> positive microseconds)."""
         try:
-            data = json.loads(open(path, encoding="utf-8").read())
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
             device, times = data["device"], data["times_us"]
             ok = isinstance(device, str) and isinstance(times, dict) and all(
                 isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
-                and 0 < v < float("inf") for k, v in times.items())
-        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+                for k, v in times.items())
+            times = {k: float(v) for k, v in times.items()} if ok else {}
+        except (OSError, ValueError, KeyError, TypeError, RecursionError,
+                OverflowError) as exc:
             raise MirageError(f"{path}: not a file of measured times ({exc})") from None
-        if not ok:
+        if not ok or not all(0 < v < math.inf for v in times.values()):
             raise MirageError(f"{path}: not a file of measured times (a device string and "
                              "plan key -> positive microseconds)")
-        return cls(device, {k: float(v) for k, v in times.items()})
+        return cls(device, times)

@@ -81,6 +81,7 @@ def test_a_measured_file_round_trips_and_bad_files_are_refused(tmp_path):
     path.write_text(timer.to_json())
     assert RecordedTimer.load(path) == timer
     for text in ("[1, 2]", '{"device": "x", "times_us": {"k": -1}}', "{", "[" * 100000,
+                 '{"device": "x", "times_us": {"k": 1' + "0" * 400 + "}}",
                  '{"device": 3, "times_us": {}}'):
         path.write_text(text)
         with pytest.raises(em.MirageError, match="not a file of measured times"):
@@ -89,15 +90,53 @@ def test_a_measured_file_round_trips_and_bad_files_are_refused(tmp_path):
         RecordedTimer.load(tmp_path / "missing.json")
 
 
-def test_a_worker_process_tunes_with_the_timer_it_is_sent(plans):
-    """``optimize_many`` sends its timer in each worker's payload (``many._run``), so the
-    pieces of a whole program searched in worker processes are tuned as inline ones are."""
-    from eqsat_mirage.pipeline.many import _run, dumps, loads
-    from eqsat_mirage.pipeline.search import resolve_tuning
-
+def test_worker_processes_tune_with_the_timer_they_are_sent(plans):
+    """``optimize_many`` sends its timer to each worker process, so the pieces of a whole
+    program searched in worker processes are tuned as inline ones are."""
     times = {key(mg): 10.0 for mg in plans}
     times[key(plans[-1])] = 1.0
     timer = RecordedTimer("gpu", times)
-    options = resolve_tuning(split_options({"time_limit_s": LIMIT})[0].resolved(), timer)[0]
-    res = loads(_run(dumps((attention(), options, False, "k", None, timer))))
-    assert key(res.program) == key(plans[-1]) and res.stats["tuned"]["device"] == "gpu"
+    other = attention()
+    other.name = "other"  # a second program, so two workers start
+    first, second = em.optimize_many([attention(), other], jobs=2, cache=False, timer=timer,
+                                     time_limit_s=LIMIT)
+    assert key(first.program) == key(plans[-1]) and first.stats["tuned"]["device"] == "gpu"
+    assert second.stats["tuned"]["device"] == "gpu"  # its plans' sources name "other"
+    class Local(FakeTimer):  # a class local to a function: not picklable
+        pass
+
+    with pytest.raises(em.MirageError, match="cannot be sent to worker processes"):
+        em.optimize_many([attention(), other], jobs=2, cache=False, timer=Local({}),
+                         time_limit_s=LIMIT)
+
+
+def test_two_measured_files_are_cached_apart(tmp_path, plans):
+    """The results cache keys a plan tuned by recorded times by their digest, not the
+    device's name alone: a second file's times are not served the first file's plan."""
+    cache = str(tmp_path / "c.sqlite")
+    fast_last = {key(mg): 10.0 for mg in plans} | {key(plans[-1]): 1.0}
+    fast_first = {key(mg): 10.0 for mg in plans} | {key(plans[0]): 1.0}
+    a = em.optimize(attention(), cache=cache, time_limit_s=LIMIT,
+                    timer=RecordedTimer("gpu", fast_last))
+    b = em.optimize(attention(), cache=cache, time_limit_s=LIMIT,
+                    timer=RecordedTimer("gpu", fast_first))
+    assert b.stats["cache"] == "miss" and key(a.program) != key(b.program)
+
+
+def test_a_piece_stands_on_its_measurement_only_against_a_measured_eager_form():
+    """``whole.changed``: a piece the model prices above its input stays optimized only
+    when its plan was measured faster than its eager form; with no eager time (its key not
+    in the file) the model's rule decides."""
+    from types import SimpleNamespace
+
+    from eqsat_mirage.pipeline.whole import changed
+
+    def piece(times: dict) -> SimpleNamespace:
+        return SimpleNamespace(verified=SimpleNamespace(equivalent=True), cost_us=10.0,
+                               baseline_cost_us=5.0, stats={
+                                   "level": "mugraph", "regions": ["r"],
+                                   "tuned": {"chosen": "#1", "times_us": times}})
+
+    assert changed(piece({"#1": 1.0, "eager": 2.0}))
+    assert not changed(piece({"#1": 1.0}))
+    assert not changed(piece({"#1": 3.0, "eager": 2.0}))
