@@ -324,7 +324,10 @@ def test_measured_times_choose_each_pieces_plan_here(tmp_path, monkeypatch):
             continue
         want = next(c["mugraph"] for c in group["candidates"] if c["name"] == tuned)
         times = entry["tuned"]["times_us"]
-        assert optimized and times[entry["tuned"]["chosen"]] == min(times.values()) \
-            == timer.times_us[plan_key(want)]  # the runner's fastest, found here by its key
+        best = times[entry["tuned"]["chosen"]]
+        assert best == min(times.values()) == timer.times_us[plan_key(want)]  # the runner's
+        # fastest, found here by its key; it stands when measured faster than eager (a tie
+        # leaves the model's rule to decide)
+        assert optimized or best == times["eager"]
         chosen += 1
     assert chosen + sum(rows[g["id"]]["tuned"] == "eager" for g in groups.values()) == len(groups)
