@@ -176,7 +176,7 @@ def export_layers(folder: Path, seqs, target: str, tune: dict | None = None,
         torch._dynamo.reset()
         with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
             be = em.backend(target=target, warmup=0, cache=str(Path(tmp) / "c.sqlite"),
-                            **({"timer": timer} if timer is not None else {}))
+                            timer=timer)
             torch.compile(fn, backend=be)(*args)
         for i, e in enumerate(x for x in be.report if x.status == "optimized"):
             scales = layer_scales(e.graph)
@@ -259,7 +259,6 @@ def export(folder: Path, selected, target: str, time_limit_s: float,
     (quantization, sequence length) pairs of the 7B-size layer with quantized weights, as
     cases without tuning groups; ``timer`` (a ``RecordedTimer``: ``--measured``) tunes every
     search by times measured on a GPU before; returns the manifest."""
-    more = {"timer": timer} if timer is not None else {}
     folder.mkdir(parents=True, exist_ok=True)
     prof = GPUProfile.load(target)
     tune = {"top": top, "time_limit_s": time_limit_s} if top > 0 else None
@@ -269,7 +268,7 @@ def export(folder: Path, selected, target: str, time_limit_s: float,
         for name, batch in selected:
             with programs.dtype(dt):
                 graph = program(name, batch)
-            res = em.optimize(graph, target=target, time_limit_s=time_limit_s, **more)
+            res = em.optimize(graph, target=target, time_limit_s=time_limit_s, timer=timer)
             label = f"{name} b={batch}" + (f" {dt}" if tag else "")
             if res.verified is None or not res.verified.equivalent:
                 print(f"  {label}: no verified program ({res.stats.get('note', '')}); "

@@ -69,14 +69,13 @@ def main(argv: list[str] | None = None) -> int:
         if not any(case["id"].startswith(p) for p in args.only):
             continue
         inputs = draw(case, "cuda", 0)
-        for side in ("ours", "ref") + (("compile",) if args.compile else ()):
-            mod = load(args.bundle / case["ref" if side == "compile" else side],
-                       f"{case['id']}_{side}")
-            fn = mod.run
-            if side == "compile":
-                import torch
+        runs = {side: load(args.bundle / case[side], f"{case['id']}_{side}").run
+                for side in ("ours", "ref")}
+        if args.compile:
+            import torch
 
-                fn = torch.compile(mod.run)
+            runs["compile"] = torch.compile(runs["ref"])
+        for side, fn in runs.items():
             times = kernel_times(fn, inputs, args.runs)
             found[f"{case['id']} {side}"] = times
             print("\n".join(table(f"{case['case']} {side}", times, args.top)), flush=True)

@@ -33,7 +33,7 @@ from eqsat_mirage.ir.errors import MirageError
 from eqsat_mirage.mugraph.program import MuGraph, from_graph
 from eqsat_mirage.pipeline.options import split_options
 from eqsat_mirage.pipeline.search import Search
-from eqsat_mirage.runtime.timing import RecordedTimer, plan_key
+from eqsat_mirage.runtime.timing import RecordedTimer, identity, plan_key
 
 TOP = 8  # candidates per group
 SECTION = "## Tuned choices"
@@ -243,8 +243,8 @@ def recorded_timer(manifest: dict, results: dict) -> RecordedTimer:
     the runner names (the first measurement of a plan timed twice). Written by ``ingest
     --measured``, read by ``export --measured`` so that the search here chooses each piece's
     plan by the GPU's times."""
-    device = (f"{results['device']}|torch {results.get('torch')}|triton "
-              f"{results.get('triton')}|cuda {results.get('cuda') or 'unknown'}")
+    device = identity(results["device"], results.get("torch"), results.get("triton"),
+                      results.get("cuda") or "unknown")
     times: dict[str, float] = {}
     for m in measured(manifest, results):
         times.setdefault(plan_key(m["mugraph"]), float(m["measured_us"]))

@@ -31,6 +31,7 @@ from ..runtime.timing import (
     CudaEventTimer,
     RecordedTimer,
     Timer,
+    Timing,
     device_available,
     fastest,
     plan_key,
@@ -118,19 +119,18 @@ def recorded_tuning(candidates: Sequence[tuple[str, object]], eager, timer: Reco
     earlier on a tie), and one not measured is left out with why. When none was measured
     the model's pick (the first candidate) stands, and the record says so."""
     t0 = time.perf_counter()
-    times, errors = {}, []
+    timings, errors = [], []
     for name, mg in [*candidates, (EAGER, eager)]:
         us = timer.recorded(plan_key(json.loads(mg.to_json())))
         if us is None:
             errors.append(f"{name}: not measured on {timer.device.split('|')[0]}")
         else:
-            times[name] = us
-    order = list(times)
-    chosen = min(order, key=lambda n: (times[n], order.index(n))) if times else (
-        candidates[0][0] if candidates else EAGER)
+            timings.append(Timing(name, us, (us,), "recorded"))
+    times = {t.name: t.median_us for t in timings}
+    chosen = fastest(timings) if timings else (candidates[0][0] if candidates else EAGER)
     if progress:
         progress("tuning by times measured on " + timer.device.split("|")[0] + ": " + (
             ", ".join(f"{n} {us:.2f} us" for n, us in times.items()) or "none of the plans")
             + f"; {chosen} chosen")
     return TuningRecord(timer.device, times, chosen, time.perf_counter() - t0, errors,
-                        {n: "recorded" for n in times})
+                        {t.name: t.mode for t in timings})

@@ -76,8 +76,8 @@ def changed(res) -> bool:
         return False
     if res.stats.get("level") == "mugraph" and not res.stats.get("regions"):
         return False
-    times = (res.stats.get("tuned") or {}).get("times_us", {})
-    chosen = (res.stats.get("tuned") or {}).get("chosen")
+    tuned = res.stats.get("tuned") or {}
+    times, chosen = tuned.get("times_us", {}), tuned.get("chosen")
     if chosen in times and chosen != "eager" and "eager" in times and \
             times[chosen] < times["eager"]:
         return True  # measured faster than the eager form on the device, whatever the model

@@ -73,8 +73,14 @@ def device_identity() -> str:
     import triton
 
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    driver = getattr(torch.version, "cuda", None) or "none"
-    return f"{name}|torch {torch.__version__}|triton {triton.__version__}|cuda {driver}"
+    return identity(name, torch.__version__, triton.__version__,
+                    getattr(torch.version, "cuda", None) or "none")
+
+
+def identity(name: str, torch_version, triton_version, cuda) -> str:
+    """``device_identity``'s text for a device and versions named elsewhere (a GPU
+    runner's results, say)."""
+    return f"{name}|torch {torch_version}|triton {triton_version}|cuda {cuda}"
 
 
 class CudaEventTimer:

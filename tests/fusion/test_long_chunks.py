@@ -80,23 +80,14 @@ def test_a_matrix_vector_product_may_take_8_weight_rows_a_block():
 def test_an_8_row_block_plan_runs_and_matches_torch():
     import torch
 
+    from bench.gpu_tuning import KeepingSearch
     from eqsat_mirage.codegen.source import compile_mugraph
-    from eqsat_mirage.pipeline.options import split_options
-    from eqsat_mirage.pipeline.search import Search
-    from tests.pipeline.test_tuning import FakeTimer
 
-    class Keeping(Search):
-        def tune_verified(self, verified, eager):
-            self.kept = [plan.mugraph for plan, _, _ in verified]
-            return verified[0][:2]
-
-    g = projection(1, k=512, n=256)
-    options = split_options({"target": "h200", "time_limit_s": 300, "tune": "device",
-                             "tune_candidates": 12})[0]
-    search = Keeping(g, options, None, FakeTimer({}))
+    search = KeepingSearch(projection(1, k=512, n=256), "h200", 300, top=12)
     search.run()
-    eight = [mg for mg in search.kept if "in  w: f16[8, " in str(mg)]  # 8 rows of w a block
-    assert eight, [str(mg) for mg in search.kept]
+    kept = [plan.mugraph for _, plan in search.kept]
+    eight = [mg for mg in kept if "in  w: f16[8, " in str(mg)]  # 8 rows of w a block
+    assert eight, [str(mg) for mg in kept]
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(1, 1, 512, generator=gen).half()
     w = torch.randn(256, 512, generator=gen).half()

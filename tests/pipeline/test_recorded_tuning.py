@@ -9,21 +9,10 @@ import json
 import pytest
 
 import eqsat_mirage as em
+from bench.gpu_tuning import KeepingSearch
 from eqsat_mirage.mugraph.program import MuGraph, from_graph
-from eqsat_mirage.pipeline.options import split_options
-from eqsat_mirage.pipeline.search import Search
 from eqsat_mirage.runtime.timing import RecordedTimer, plan_key
 from tests.pipeline.test_tuning import LIMIT, FakeTimer, attention
-
-
-class Keeping(Search):
-    """A search that keeps its verified plans (the model's order) and takes the model's
-    pick, as ``bench/gpu_tuning.KeepingSearch`` does for the GPU bundle."""
-
-    def tune_verified(self, verified, eager):
-        """The verified plans kept; the first chosen."""
-        self.kept = [plan.mugraph for plan, _, _ in verified]
-        return verified[0][:2]
 
 
 def key(mg: MuGraph) -> str:
@@ -32,12 +21,12 @@ def key(mg: MuGraph) -> str:
 
 @pytest.fixture(scope="module")
 def plans() -> list[MuGraph]:
-    """The verified plans a tuning search of the small attention times, in the model's order."""
-    options = split_options({"time_limit_s": LIMIT, "tune": "device", "cache": False})[0]
-    search = Keeping(attention(), options, None, FakeTimer({}))
+    """The verified plans a tuning search of the small attention times, in the model's order
+    (what the GPU bundle's tuning groups hold)."""
+    search = KeepingSearch(attention(), "h100", LIMIT)
     search.run()
     assert len(search.kept) >= 2
-    return search.kept
+    return [plan.mugraph for _, plan in search.kept]
 
 
 def test_the_fastest_measured_plan_is_chosen_and_nothing_is_launched(plans):
