@@ -13,6 +13,11 @@ and writes each variant's MuGraph under its label, with the price it had, so tha
 it is now (the H100 variants' prices equal those its calibration file recorded; the H200
 ones are matched by them, see ``schedule_sweep``).
 
+The tuning groups timed by ``gpu_runner.py`` (each piece's best verified plans and its eager
+form, timed in one run) are sweeps too: their programs and times were committed together
+(``gpu_bundle.py ingest --records``, ``TUNING``), and ``measured_sweeps`` reads each group as
+the sweep ``"<gpu> <run> <case> piece <p>"``.
+
     python bench/sweep_programs.py --fit
 
 fits each device's figures (``calibrate.RANK_KEYS``) to the fitting half of its sweeps
@@ -42,8 +47,12 @@ OUT = ROOT / "tests" / "cost" / "data" / "sweep_programs.json"
 SWEEPS = {"bench/gpu_h200_2026-11-26_sweep.json": "h200",
           "bench/gpu_h100_2026-11-27_matmul_sweep.json": "h100"}
 LIMIT = 24
-FITS = ROOT / "extract" / "fits"  # ranking fits, not read by GPUProfile.load (not enabled)
-RECORDED = "extract/h200_measured.toml"  # the H200 calibration: each variant's price
+FITS = ROOT / "extract" / "fits"  # ranking fits (``--enable`` copies one to ENABLED)
+RECORDED = "bench/h200_measured_2026-11-26.toml"  # the sweep run's calibration: each price
+ENABLED = ROOT / "extract"  # where GPUProfile.load reads <gpu>_measured.toml
+# the tuning groups' records (every timed program with its MuGraph): file -> the run's tag
+TUNING = {"bench/gpu_h200_2026-12-04_s45_tuning.json": "s45",
+          "bench/gpu_h200_2026-12-04_s46_tuning.json": "s46"}
 
 
 def schedule_sweep(prof: GPUProfile) -> dict[str, dict]:
@@ -101,9 +110,10 @@ def matmul_sweep(prof: GPUProfile) -> dict[str, dict]:
     return out
 
 
-def measured_sweeps(path: Path = OUT) -> dict[str, dict[str, list]]:
+def measured_sweeps(path: Path = OUT, tuning: bool = True) -> dict[str, dict[str, list]]:
     """device -> sweep ("h100 down_s128") -> its correct, timed variants as ``Measured``
-    programs (the MuGraphs of ``path``, the times of the committed results)."""
+    programs (the MuGraphs of ``path``, the times of the committed results), and with
+    ``tuning`` the tuning groups' sweeps (``tuning_sweeps``)."""
     from eqsat_mirage.cost.calibrate import Measured
     from eqsat_mirage.mugraph.program import MuGraph
 
@@ -116,6 +126,28 @@ def measured_sweeps(path: Path = OUT) -> dict[str, dict[str, list]]:
             if r.get("ok") and "ours_us" in r:
                 device.setdefault(f"{sweep['target']} {label.split(' #')[0]}", []).append(
                     Measured(label, MuGraph.from_json(json.dumps(v["mugraph"])), r["ours_us"]))
+    if tuning:
+        for device, sweeps in tuning_sweeps().items():
+            out.setdefault(device, {}).update(sweeps)
+    return out
+
+
+def tuning_sweeps(files: dict[str, str] = TUNING) -> dict[str, dict[str, list]]:
+    """device -> sweep -> ``Measured`` programs of the tuning groups' records ``files``
+    (file -> the run's tag): one sweep per group, ``"<gpu> <tag> <case> piece <p>"``, its
+    candidates and its eager form (the records hold only correct, timed programs)."""
+    from eqsat_mirage.cost.calibrate import Measured
+    from eqsat_mirage.mugraph.program import MuGraph
+
+    out: dict[str, dict[str, list]] = {}
+    for path, tag in files.items():
+        records = json.loads((ROOT / path).read_text(encoding="utf-8"))
+        device = out.setdefault(records["target"], {})
+        for p in records["programs"]:
+            group = p["case"].rsplit(" ", 1)[0]  # "<case> piece <p>" of "<case> piece <p> #i"
+            device.setdefault(f"{records['target']} {tag} {group}", []).append(
+                Measured(p["case"], MuGraph.from_json(json.dumps(p["mugraph"])),
+                         p["measured_us"]))
     return out
 
 
@@ -138,13 +170,44 @@ def fit(device: str, folder: Path = FITS) -> Path:
                         f"{', '.join(sorted(out))})")
 
 
+def enable(device: str, folder: Path = ENABLED) -> Path:
+    """Make ``device``'s ranking fit (``FITS``) the figures ``GPUProfile.load(device)`` reads:
+    copied to ``folder/<device>_measured.toml`` with ``launch_overhead_us`` (the fit prices
+    CUDA-graph replays only) set to its ``graph_launch_us`` plus the measured plain-launch gap
+    per kernel of the cases ``RECORDED`` holds (``calibrate.plain_gap_per_kernel``)."""
+    import tomllib
+
+    from eqsat_mirage.cost.calibrate import plain_gap_per_kernel
+
+    text = (FITS / f"{device}_measured.toml").read_text(encoding="utf-8")
+    figures = tomllib.loads(text)["calibration"]
+    cases = tomllib.loads((ROOT / RECORDED).read_text(encoding="utf-8"))["cases"]
+    slope = plain_gap_per_kernel([(c["kernels"], c["measured_plain_us"] - c["measured_graph_us"])
+                                  for c in cases.values() if "measured_plain_us" in c])
+    if slope is None or "launch_overhead_us" in figures:
+        raise SystemExit(f"{device}: no plain-launch gap to add, or the fit already has one")
+    line = (f"# per kernel launched from Python: the fitted replay cost plus the measured gap "
+            f"per extra kernel ({slope:.3f} us, {RECORDED})\n"
+            f"launch_overhead_us = {figures['graph_launch_us'] + slope:.6g}\n")
+    head, sep, rest = text.partition("\n[cases.")
+    out = folder / f"{device}_measured.toml"
+    out.write_text(f"{head.rstrip()}\n{line}\n{sep.lstrip()}{rest}" if sep else
+                   f"{text.rstrip()}\n{line}", encoding="utf-8")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Write every committed sweep's variants, or (``--fit``) the ranking fits."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--fit", action="store_true",
                     help=f"fit each device's figures to half of its sweeps into {FITS}")
+    ap.add_argument("--enable", metavar="GPU",
+                    help=f"make GPU's ranking fit in {FITS} the figures its target loads")
     args = ap.parse_args(argv)
+    if args.enable:
+        print(f"wrote {enable(args.enable)}", flush=True)
+        return 0
     if args.fit:
         for device in sorted(set(SWEEPS.values())):
             print(f"wrote {fit(device)}", flush=True)

@@ -24,14 +24,22 @@ per contiguous run were modelled (``block_l2_bandwidth_GBps``, ``iteration_laten
 ``unaligned_load_exponent``, ``run_overhead_bytes``): 0.29 / 38%, 0.77 / 21%, 0.60 / 81%;
 before ``block_dram_bandwidth_GBps``: 0.29 / 38%, 0.55 / 25%, 0.23 / 73%. The H200 fit's
 sweeps (rmsnorm b=8, gqa) stream far slower per block than gatedmlp b=1 does, which it
-prices at about 1.8x its times), so the
-fits are not enabled (not in extract/ as ``<gpu>_measured.toml``). This test asserts what
+prices at about 1.8x its times). This test asserts what
 holds: the committed programs are the measured ones (their datasheet prices equal the
 prices recorded when they were measured), the figures each sweep reaches (a regression
 floor: a model change that ranks worse fails here), and that the fit predicts the fitting
 half's times better than the datasheet does (what its least squares minimizes). The table
-also shows the profile each target loads today (h200: ``extract/h200_measured.toml``,
-fitted on all four H200 sweeps, so not held out there). Raise the floors as the model
+also shows the profile each target loads today.
+
+The H200 fit is enabled (``extract/h200_measured.toml``, ``bench/sweep_programs.py --enable
+h200``): the tuning groups measured later (44 groups of each piece's best plans and its eager
+form, sessions 45 and 46, none seen by the fit) are the held-out test of what matters for a
+choice, the measured time of the plan the model picks over the fastest's
+(``test_the_default_h200_figures_pick_among_the_tuned_plans``: geomean 1.065 with the fit,
+1.159 with the datasheet, 1.177 with the calibration it replaced, now
+``bench/h200_measured_2026-11-26.toml``). Within those groups the mean rank correlation is
+0.63 and the median error 32%, short of the issue's 0.8 and 25%. The H100 fit is not
+enabled (three sweeps of one op; 31 tests pin the datasheet's picks). Raise the floors as the model
 improves.
 """
 
@@ -50,7 +58,7 @@ from eqsat_mirage.cost.profile import GPUProfile
 ROOT = Path(__file__).resolve().parents[2]
 FITS = ROOT / "extract" / "fits"
 RECORDED = {"h100": ROOT / "bench" / "h100_measured_2026-11-27.toml",
-            "h200": ROOT / "extract" / "h200_measured.toml"}
+            "h200": ROOT / "bench" / "h200_measured_2026-11-26.toml"}
 # (rank correlation at least, median error at most) per sweep with the fit, as reached on
 # 2026-12-03 (with block_l2_bandwidth_GBps, iteration_latency_us, unaligned_load_exponent,
 # run_overhead_bytes and the L2 bandwidth fitted) less a margin of 0.05: regression floors
@@ -65,7 +73,14 @@ def sweeps():
     from bench.sweep_programs import measured_sweeps
 
     return {dev: {k: v for k, v in s.items() if len(v) >= 3}
-            for dev, s in measured_sweeps().items()}
+            for dev, s in measured_sweeps(tuning=False).items()}
+
+
+@pytest.fixture(scope="module")
+def groups():
+    from bench.sweep_programs import tuning_sweeps
+
+    return {k: v for k, v in tuning_sweeps()["h200"].items() if len(v) >= 3}
 
 
 def fitted(device: str) -> GPUProfile:
@@ -117,3 +132,59 @@ def test_the_model_ranks_the_measured_schedules(sweeps):
     for name, (rho, err) in FLOORS.items():
         assert reached[name].rank_correlation >= rho, (name, reached[name])
         assert reached[name].median_error <= err, (name, reached[name])
+
+
+def recorded(device: str) -> GPUProfile:
+    """``device``'s datasheet profile with the calibration its sweeps were run with (the
+    H200's default until 2026-12-04)."""
+    figures = tomllib.loads(RECORDED[device].read_text())["calibration"]
+    return replace(GPUProfile.load(device, measured=False), **figures)
+
+
+def picked(programs, prof: GPUProfile) -> float:
+    """The measured time of the program ``prof`` prices cheapest, over the fastest's."""
+    priced = [mugraph_cost(p.mugraph, prof.for_launch("graph")).total_us for p in programs]
+    times = [p.graph_us for p in programs]
+    return times[priced.index(min(priced))] / min(times)
+
+
+# What the default H200 figures reach over the tuning groups (geomean of the pick's measured
+# time over the fastest's; picks within 5% of the fastest; mean rank correlation), as reached
+# on 2026-12-04 (1.065, 32 of 44, 0.63) less a margin: regression floors
+GROUP_FLOORS = {"regret": 1.08, "within_5pct": 30, "rank_correlation": 0.58}
+
+
+def test_the_default_h200_figures_pick_among_the_tuned_plans(groups):
+    """The tuning groups (each piece's best verified plans and its eager form, timed in one
+    run on an H200: 44 groups, 352 programs, sessions 45 and 46) were measured after the
+    ranking fit was made, so every group is held out from it. The fit, enabled as the H200's
+    default (``extract/h200_measured.toml``), picks within each group a plan measured closer
+    to the fastest than the datasheet figures and the calibration it replaced do."""
+    import numpy as np
+
+    profiles = {"datasheet": GPUProfile.load("h200", measured=False),
+                "replaced": recorded("h200"), "default": GPUProfile.load("h200")}
+    assert profiles["default"].graph_launch_us == fitted("h200").graph_launch_us  # enabled
+    rows, summary = [], {}
+    for label, prof in profiles.items():
+        regrets = [picked(programs, prof) for programs in groups.values()]
+        ranks = [rank_sweep(name, programs, prof) for name, programs in groups.items()]
+        summary[label] = {"regret": float(np.exp(np.mean(np.log(regrets)))),
+                          "within_5pct": sum(r <= 1.05 for r in regrets),
+                          "rank_correlation": float(np.nanmean([r.rank_correlation
+                                                                for r in ranks])),
+                          "median_error": float(np.median([r.median_error for r in ranks]))}
+        rows.append(f"| {label} | {summary[label]['regret']:.3f} | "
+                    f"{summary[label]['within_5pct']} of {len(groups)} | "
+                    f"{summary[label]['rank_correlation']:.2f} | "
+                    f"{summary[label]['median_error']:.0%} |")
+    print("\n| H200 figures | pick / fastest (geomean) | picks within 5% | mean rank "
+          "correlation | median abs(predicted/measured - 1) |\n|---|---|---|---|---|\n"
+          + "\n".join(rows))
+    assert len(groups) == 44 and sum(len(v) for v in groups.values()) == 352
+    now = summary["default"]
+    assert now["regret"] <= GROUP_FLOORS["regret"]
+    assert now["within_5pct"] >= GROUP_FLOORS["within_5pct"]
+    assert now["rank_correlation"] >= GROUP_FLOORS["rank_correlation"]
+    for other in ("datasheet", "replaced"):
+        assert now["regret"] < summary[other]["regret"] - 0.05, other
