@@ -22,9 +22,7 @@ Predefined kernel (a library kernel, assumed to fill the GPU: no wave model)::
 
     time = launch + max((reads + write) / (BW x f_bw), compute)
 
-each distinct operand read once, the output written once; a reshape or a transpose is a
-free view (the launcher's ``permute``: torch's matmul and the Triton kernels read it by its
-strides; the H200 profiles of the 7B layer show no copy for its transposed weights).
+each distinct operand read once, the output written once; a reshape is a free view.
 
 Custom kernel (B = prod(grid) blocks, F = forloop range, tiles as Triton holds them: every
 dim padded to a power of two; a matmul's M and N padded to >= 16 with masks, its K not
@@ -251,11 +249,10 @@ def op_cost(node: Node, prof: GPUProfile, name: str = "", kind: str = "predefine
     """One kernel-level op run as its own library kernel: launch + max(memory, compute).
 
     The only price of a lone op: extraction (``per_op.node_cost_us``), the fusion
-    planner and the one-kernel-per-op baseline all read it. Inputs, constants, reshapes
-    and transposes (views) are free; every distinct non-constant operand is read once
-    from DRAM.
+    planner and the one-kernel-per-op baseline all read it. Inputs, constants and
+    reshapes are free; every distinct non-constant operand is read once from DRAM.
     """
-    if node.op in (Op.INPUT, Op.CONST, Op.RESHAPE, Op.TRANSPOSE):
+    if node.op in (Op.INPUT, Op.CONST, Op.RESHAPE):
         return KernelCost(name, kind, 0.0)
     reads = {id(s): s for s in node.srcs if s.op is not Op.CONST}.values()
     moved = sum(tensor_bytes(s.shape, s.dtype) for s in reads) + tensor_bytes(node.shape,
