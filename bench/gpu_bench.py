@@ -190,7 +190,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                         help="replace FILE's GPU timings section with the table")
     parser.add_argument("--calibration", type=Path, default=None, metavar="FILE",
                         help="fit the cost model to the measured times and write FILE "
-                             "(extract/<gpu>_measured.toml, read by the cost model)")
+                             "(copied to extract/<gpu>_measured.toml, the cost model reads it; "
+                             "the H200's there is the ranking fit: see docs/gpu.md)")
     return parser
 
 

@@ -4,7 +4,7 @@
     # on the GPU machine (torch and triton only; see docs/gpu.md):
     python3 gpu_bundle/gpu_runner.py gpu_bundle --out $OUT/gpu.json
     python bench/gpu_bundle.py ingest gpu_bundle gpu.json --write bench/RESULTS.md \\
-        --calibration extract/h100_measured.toml
+        --calibration bench/h100_measured_<date>.toml
 
 ``export`` optimizes every selected benchmark case here (and, unless ``--no-decode``,
 the decode family: GQA over a KV cache growing 4096..4159, one Triton module per padded
@@ -354,7 +354,8 @@ def fit_calibration(bundles: list[tuple[dict, dict]], target: str, device: str, 
 
 def calibration(manifest: dict, results: dict, prof, device: str, path: Path):
     """Fit the cost model to the measured CUDA-graph and plain times
-    (``cost.calibrate``) and write ``path`` (``extract/<gpu>_measured.toml``)."""
+    (``cost.calibrate``) and write ``path`` (kept in bench/: the H200's default figures,
+    ``extract/h200_measured.toml``, are the ranking fit, ``sweep_programs.py --enable``)."""
     from eqsat_mirage.cost.calibrate import Sample, fit, write_measured
     from eqsat_mirage.cost.gpucost import mugraph_cost
 

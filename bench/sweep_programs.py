@@ -20,14 +20,20 @@ the sweep ``"<gpu> <run> <case> piece <p>"``.
 
     python bench/sweep_programs.py --fit
 
-fits each device's figures (``calibrate.RANK_KEYS``) to the fitting half of its sweeps
-(``calibrate.held_out``) and writes ``extract/fits/<gpu>_measured.toml``.
+fits each device's figures (``calibrate.RANK_KEYS``) to the fitting half of its schedule
+sweeps (``calibrate.held_out``; not the tuning groups, which test the fit) and writes
+``extract/fits/<gpu>_measured.toml``;
+
+    python bench/sweep_programs.py --enable h200
+
+makes that fit the figures ``GPUProfile.load("h200")`` reads (``extract/h200_measured.toml``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -110,7 +116,7 @@ def matmul_sweep(prof: GPUProfile) -> dict[str, dict]:
     return out
 
 
-def measured_sweeps(path: Path = OUT, tuning: bool = True) -> dict[str, dict[str, list]]:
+def measured_sweeps(path: Path = OUT, tuning: bool = False) -> dict[str, dict[str, list]]:
     """device -> sweep ("h100 down_s128") -> its correct, timed variants as ``Measured``
     programs (the MuGraphs of ``path``, the times of the committed results), and with
     ``tuning`` the tuning groups' sweeps (``tuning_sweeps``)."""
@@ -144,7 +150,10 @@ def tuning_sweeps(files: dict[str, str] = TUNING) -> dict[str, dict[str, list]]:
         records = json.loads((ROOT / path).read_text(encoding="utf-8"))
         device = out.setdefault(records["target"], {})
         for p in records["programs"]:
-            group = p["case"].rsplit(" ", 1)[0]  # "<case> piece <p>" of "<case> piece <p> #i"
+            label = re.fullmatch(r"(.+ piece \d+) (#\d+|eager)", p["case"])
+            if label is None:
+                raise ValueError(f"{path}: {p['case']!r} is not '<case> piece <p> #<i>|eager'")
+            group = label.group(1)
             device.setdefault(f"{records['target']} {tag} {group}", []).append(
                 Measured(p["case"], MuGraph.from_json(json.dumps(p["mugraph"])),
                          p["measured_us"]))
@@ -154,7 +163,7 @@ def tuning_sweeps(files: dict[str, str] = TUNING) -> dict[str, dict[str, list]]:
 def fit(device: str, folder: Path = FITS) -> Path:
     """Fit ``calibrate.RANK_KEYS`` of ``device``'s datasheet profile to the fitting half of
     its sweeps (``calibrate.held_out`` keeps the other half out) and write the figures as
-    ``folder/<device>_measured.toml`` (copy it to extract/ to make it the default)."""
+    ``folder/<device>_measured.toml`` (``enable`` makes it the default)."""
     from eqsat_mirage.cost.calibrate import RANK_KEYS, fit_figures, held_out, write_fitted
 
     sweeps = {k: v for k, v in measured_sweeps()[device].items() if len(v) >= 3}

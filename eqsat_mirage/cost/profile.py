@@ -150,6 +150,13 @@ class GPUProfile:
                    description=str(data.get("description", "")), path=str(path),
                    sources=sources, calibrated=tuple(calib))
 
+    def datasheet(self) -> GPUProfile:
+        """This profile without the measured calibration beside its file (``load``'s
+        ``measured=False``), in the same launch mode; itself when none was applied."""
+        if not self.path or not any(s.startswith("measured (") for s in self.sources.values()):
+            return self
+        return GPUProfile.load(self.path, measured=False).for_launch(self.launch_mode)
+
     def for_launch(self, mode: str) -> GPUProfile:
         """This profile priced for launch ``mode``: "plain" (a launch from Python,
         ``launch_overhead_us``) or "graph" (replayed from a CUDA graph, ``graph_launch_us``,

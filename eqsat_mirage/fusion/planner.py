@@ -66,7 +66,7 @@ from ..mugraph.program import MuGraph, from_graph
 from .alternatives import variants
 from .indexing import Indexing, ScheduleError, UnionFind, index_fragment
 from .lower import add_kernel
-from .plans import FusionPlan, Pricing, Region
+from .plans import FusionPlan, Pricing, Region, plan_key
 from .regions import RegionSpace, search
 from .schedule import Schedule, check_schedule, classify, running_exps
 from .space import OpSpace
@@ -596,6 +596,8 @@ def _why_none(ix: Indexing, scheds: list[Schedule], infeasible: str) -> str:
     return head + (f"; {loops[0]}" if loops else "")
 
 
+DATASHEET = "datasheet pick"  # an alternative: the plan the profile's datasheet figures choose
+
 def plan(graph: Graph, profile: GPUProfile | str | Path = "h100",
          strategy: Strategy | None = None, max_evaluations: int = 400,
          search_candidates: int = 24, cuts: frozenset | None = None,
@@ -621,7 +623,10 @@ def plan(graph: Graph, profile: GPUProfile | str | Path = "h100",
     ``alternatives``: with N > 0 the plan carries up to N other plans of ``graph``
     (``FusionPlan.alternatives``, each labelled, distinct, cheapest by the model first): other
     schedules of its regions, its matmuls as library kernels, the next-best partitions
-    (``alternatives.variants``); the plan itself is the same as without them.
+    (``alternatives.variants``); besides them, where ``profile`` holds figures measured on a
+    GPU, the plan its datasheet figures choose, where it differs (``DATASHEET``, priced with
+    ``profile``: ``forms.KernelPlanner.plan_all`` verifies it second, so the tuner times the
+    two models' picks where they disagree); the plan itself is the same as without them.
     Returns a ``FusionPlan`` whose ``mugraph`` computes the same outputs as
     ``graph`` (same input and output names) and whose ``regions`` say why each
     group of ops was or was not fused. The plan is not verified here.
@@ -643,4 +648,13 @@ def plan(graph: Graph, profile: GPUProfile | str | Path = "h100",
                        time.perf_counter() - start, planner.ops, label=what)
             for what, amg, arep, acost in variants(planner, found, regions, why_not,
                                                    max_evaluations, alternatives)]
+        sheet = prof.datasheet()
+        if sheet is not prof:
+            other = plan(graph, sheet, strategy, max_evaluations, search_candidates, cuts,
+                         None, deadline, permit, refused)
+            keys = {plan_key(p.mugraph) for p in (found, *found.alternatives)}
+            if plan_key(other.mugraph) not in keys:
+                hedge = replace(other, cost_us=mugraph_cost(other.mugraph, prof).total_us,
+                                baseline_us=base, label=DATASHEET)
+                found.alternatives = sorted([*found.alternatives, hedge], key=lambda p: p.cost_us)
     return found

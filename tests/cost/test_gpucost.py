@@ -367,3 +367,18 @@ def test_gqa_plan_splits_the_keys_with_a_finer_reduce_kernel(batch, want):
     floor = 2 * prof.launch_overhead_us + work.us(prof)
     assert floor == pytest.approx({1: 7.18, 8: 15.44}[batch], abs=0.01)
     assert roofline_us(g) < floor <= cost.total_us
+
+
+def test_datasheet_is_the_profile_without_its_measured_calibration():
+    """``GPUProfile.datasheet()``: the H200's default holds fitted figures
+    (``extract/h200_measured.toml``), its datasheet does not; a profile without a measured
+    calibration (h100) is its own datasheet; the launch mode is kept."""
+    h200 = GPUProfile.load("h200")
+    sheet = h200.datasheet()
+    assert sheet == GPUProfile.load("h200", measured=False) and sheet != h200
+    assert not any(s.startswith("measured (") for s in sheet.sources.values())
+    graph = h200.for_launch("graph")
+    assert graph.datasheet().launch_mode == "graph"
+    assert graph.datasheet().graph_launch_us == sheet.graph_launch_us
+    h100 = GPUProfile.load("h100")
+    assert h100.datasheet() is h100

@@ -157,14 +157,19 @@ GROUP_FLOORS = {"regret": 1.08, "within_5pct": 30, "rank_correlation": 0.58}
 def test_the_default_h200_figures_pick_among_the_tuned_plans(groups):
     """The tuning groups (each piece's best verified plans and its eager form, timed in one
     run on an H200: 44 groups, 352 programs, sessions 45 and 46) were measured after the
-    ranking fit was made, so every group is held out from it. The fit, enabled as the H200's
-    default (``extract/h200_measured.toml``), picks within each group a plan measured closer
-    to the fastest than the datasheet figures and the calibration it replaced do."""
+    ranking fit was made, so every group is held out from it. They are 26 pieces: 18 were
+    timed in both runs (101 programs twice), so the geomean weighs those twice; each run
+    alone: session 46, 1.054 against the datasheet's 1.149; session 45, 1.082 against 1.175.
+    The fit, enabled as the H200's default (``extract/h200_measured.toml``), picks within
+    each group a plan measured closer to the fastest than the datasheet figures and the
+    calibration it replaced do."""
     import numpy as np
 
     profiles = {"datasheet": GPUProfile.load("h200", measured=False),
                 "replaced": recorded("h200"), "default": GPUProfile.load("h200")}
-    assert profiles["default"].graph_launch_us == fitted("h200").graph_launch_us  # enabled
+    fit = fitted("h200")  # enabled: the default holds every figure of the ranking fit
+    assert all(getattr(profiles["default"], k) == getattr(fit, k)
+               for k in tomllib.loads((FITS / "h200_measured.toml").read_text())["calibration"])
     rows, summary = [], {}
     for label, prof in profiles.items():
         regrets = [picked(programs, prof) for programs in groups.values()]

@@ -12,9 +12,10 @@ import pytest
 
 import eqsat_mirage as em
 from bench.programs import program
+from eqsat_mirage.cost.gpucost import mugraph_cost
 from eqsat_mirage.cost.profile import GPUProfile
 from eqsat_mirage.fusion.forms import Form, KernelPlanner
-from eqsat_mirage.fusion.planner import DEFAULT_STRATEGY, plan
+from eqsat_mirage.fusion.planner import DATASHEET, DEFAULT_STRATEGY, plan
 from eqsat_mirage.fusion.plans import plan_key
 from eqsat_mirage.ir.limits import Deadline
 from eqsat_mirage.ir.node import Op
@@ -185,6 +186,27 @@ def test_plan_all_names_and_dedups_alternatives():
     assert len({plan_key(x[3].mugraph) for x in plans}) == len(plans)
 
 
+def test_the_datasheet_pick_is_verified_second_where_measured_figures_disagree():
+    """The H200's default figures are fitted to measured schedules and price the 7B MLP's
+    streamed plan at s=1 well above its library matmuls; the datasheet figures choose it.
+    Asked for alternatives, each form carries the datasheet's pick besides them, and
+    ``plan_all`` puts it right after the cheapest plan, so a tuner that times the first few
+    verified plans times both models' picks. Without a measured calibration (h100) there is
+    none."""
+    record = SimpleNamespace(skipped=0, errors=[])
+    forms = [Form("greedy-dag", mlp_block(1), None)]
+    plans, _ = KernelPlanner(None, "h200", DEFAULT_STRATEGY).plan_all(
+        forms, Deadline(None), record, alternatives=N)
+    names = [x[2] for x in plans]
+    assert names[:2] == ["greedy-dag", f"greedy-dag / {DATASHEET}"], names
+    assert plans[1][0] > max(x[0] for x in plans[2:])  # priced dearest, verified second
+    assert not any(k.kind == "predefined" and k.node.op is Op.MATMUL
+                   for k in plans[1][3].mugraph.kernels)
+    sheet, _ = KernelPlanner(None, "h100", DEFAULT_STRATEGY).plan_all(
+        forms, Deadline(None), record, alternatives=N)
+    assert not any(DATASHEET in x[2] for x in sheet)
+
+
 @pytest.fixture(scope="module")
 def tuned():
     """A small RMSNorm + Linear optimized with a fake timer (every plan 5 us)."""
@@ -237,9 +259,11 @@ def test_library_matmuls_where_the_model_prices_them_cheaper(seq, measured):
     """At s=128 the 7B MLP's projections are library matmuls with the norm and SiLU x up
     fused around them; at s=1 the datasheet figures price the weight-streaming custom kernel
     cheaper and keep the library form as an alternative for the tuner (planning only: no
-    search). The fitted H200 figures (the default) price the two within 1% at s=1, as the
-    H200 measured them (the MLP piece: 100.6 us as library matmuls, 98.2 us streamed), and
-    choose the library form there; either way the cheaper form is chosen and the other kept."""
+    search). The fitted H200 figures (the default) choose the library form at s=1 too: they
+    price the datasheet's streamed plan at 2.6x it, a known error of the fit on streaming
+    kernels (the H200 measured the gated MLP benchmark at b=1 28.9 us streamed against 34.6
+    as library matmuls; bench/RESULTS.md, "The cost model against the GPU"), so the
+    datasheet's plan joins the alternatives (``DATASHEET``) and the tuner times both."""
     p = plan(mlp_block(seq), GPUProfile.load("h200", measured=measured), DEFAULT_STRATEGY,
              alternatives=N)
     library = [k for k in p.mugraph.kernels
@@ -251,6 +275,11 @@ def test_library_matmuls_where_the_model_prices_them_cheaper(seq, measured):
         assert not library
         variants = [a for a in p.alternatives if a.label == "library matmul"]
         assert variants and all(a.cost_us >= p.cost_us for a in variants)
-    if seq == 1 and measured:  # the streamed plans stay, for the tuner
-        assert any(not a.label.startswith("library") for a in p.alternatives)
-        assert min(a.cost_us for a in p.alternatives) <= p.cost_us * 1.01
+    hedge = [a for a in p.alternatives if a.label == DATASHEET]
+    assert len(hedge) <= int(measured)  # the datasheet's pick, where it differs
+    if measured and seq == 1:  # streamed: no library matmul; priced with the fitted figures
+        assert hedge
+        assert not any(k.kind == "predefined" and k.node.op is Op.MATMUL
+                       for k in hedge[0].mugraph.kernels)
+        assert hedge[0].cost_us == pytest.approx(
+            mugraph_cost(hedge[0].mugraph, GPUProfile.load("h200")).total_us)
