@@ -47,22 +47,41 @@ def texts():
     return st.one_of(st.sampled_from(TEXTS), st.text(max_size=12))
 
 
-def check_source(src: str, hostile) -> None:
-    """``src`` parses, its identifiers are ASCII, and each hostile text that is not an
-    identifier occurs only inside string literals (not in a comment or a docstring)."""
+def _literal_spans(src: str) -> list[tuple[int, int]]:
+    """Where ``src``'s string literals lie (offsets), docstrings not included."""
     tree = ast.parse(src)
-    for node in ast.walk(tree):
-        names = [getattr(node, a, None) for a in ("id", "name", "arg", "attr")]
-        assert all(n is None or n.isascii() for n in names if isinstance(n, str)), names
     starts = [0]
     for line in src.splitlines(keepends=True):
         starts.append(starts[-1] + len(line))
     docs = {id(f.body[0].value) for f in ast.walk(tree)
             if isinstance(f, (ast.FunctionDef, ast.Module)) and f.body
             and isinstance(f.body[0], ast.Expr) and isinstance(f.body[0].value, ast.Constant)}
-    spans = [(starts[n.lineno - 1] + n.col_offset, starts[n.end_lineno - 1] + n.end_col_offset)
-             for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
-             and id(n) not in docs]  # string literals, docstrings not included
+    return [(starts[n.lineno - 1] + n.col_offset, starts[n.end_lineno - 1] + n.end_col_offset)
+            for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docs]
+
+
+def _in_code(src: str, text: str, spans: list[tuple[int, int]]) -> list[int]:
+    """The offsets where ``text`` occurs in ``src`` outside its string literals."""
+    found, at = [], src.find(text)
+    while at >= 0:
+        if not any(a <= at and at + len(text) <= b for a, b in spans):
+            found.append(at)
+        at = src.find(text, at + 1)
+    return found
+
+
+def check_source(src: str, hostile, reference: str | None = None) -> None:
+    """``src`` parses, its identifiers are ASCII, and each hostile text that is not an
+    identifier occurs only inside string literals (not in a comment or a docstring).
+    ``reference``: the same program's source with benign names, whose code may hold a
+    hostile text by itself ('torch.' in ``torch.float32``): ``src``'s code may hold it as
+    often, no more."""
+    tree = ast.parse(src)
+    for node in ast.walk(tree):
+        names = [getattr(node, a, None) for a in ("id", "name", "arg", "attr")]
+        assert all(n is None or n.isascii() for n in names if isinstance(n, str)), names
+    spans = _literal_spans(src)
     comments = [t.string for t in tokenize.generate_tokens(io.StringIO(src).readline)
                 if t.type == tokenize.COMMENT]
     for text in hostile:
@@ -73,15 +92,12 @@ def check_source(src: str, hostile) -> None:
         if text.isascii() and all(ch.isalnum() or ch == "_" for ch in text):
             continue  # word characters alone ('00A'): shown in comments as <00A>, inert
         assert not any(text in c for c in comments), text[:40]
-        at = src.find(text)
-        while at >= 0:
-            glued = (_word(text[0]) and at > 0 and _word(src[at - 1])) or \
-                (_word(text[-1]) and _word(src[at + len(text):at + len(text) + 1]))
-            # glued to a word character it is part of another token ('ch.' in the code's
-            # own "torch.float32"), not the text emitted as code
-            assert glued or any(a <= at and at + len(text) <= b for a, b in spans), \
-                (text[:40], src[max(0, at - 40):at + 40])
-            at = src.find(text, at + 1)
+        code = [at for at in _in_code(src, text, spans)  # glued to a word character: part
+                if not ((_word(text[0]) and at > 0 and _word(src[at - 1]))  # of another token
+                        or (_word(text[-1]) and _word(src[at + len(text):at + len(text) + 1])))]
+        allowed = 0 if reference is None else len(_in_code(reference, text,
+                                                           _literal_spans(reference)))
+        assert len(code) <= allowed, (text[:40], [src[max(0, at - 40):at + 40] for at in code])
     assert MARK not in os.environ
 
 
@@ -105,10 +121,11 @@ def test_optimized_program_source_and_compile(name, x, w, out):
     if x == w or out in (x, w):
         return
     res = em.optimize(small_graph(name, x, w, out), level="kernel", cache=False)
+    benign = em.optimize(small_graph("g", x, w, out), level="kernel", cache=False)
     src = res.triton_source()
-    check_source(src, [name, x, w, out])
+    check_source(src, [name, x, w, out], benign.triton_source())
     fn = res.compile()
-    check_source(fn.source, [name, x, w, out])
+    check_source(fn.source, [name, x, w, out], benign.compile(check=False).source)
     a, b = torch.randn(4, 8), torch.randn(8, 8)
     want = torch.exp(a @ b) * 2.0
     for got in (fn(a, b), fn(**{x: a, w: b}), fn({x: a, w: b})):
@@ -124,16 +141,20 @@ def test_optimized_program_source_and_compile(name, x, w, out):
 def test_custom_kernel_source_and_compile(name, names):
     """A hand-built custom kernel (a tiled matmul) whose every name is hostile."""
     a_name, b_name, kname, acc, tensor, out = names
-    mg = em.MuGraph(name)
-    mg.input(a_name, (32, 48), "float32")
-    mg.input(b_name, (48, 24), "float32")
-    k = mg.custom_kernel(grid=(2, 2), forloop=3, name=kname)
-    a = k.input(a_name, imap={0: 0}, fmap=1)
-    b = k.input(b_name, imap={1: 1}, fmap=0)
-    k.output(k.accumulate(a @ b, acc), tensor, omap={0: 0, 1: 1})
-    mg.output(tensor, out)
-    fn = compile_mugraph(mg)
-    check_source(fn.source, [name, *names])
+
+    def built(title: str):
+        mg = em.MuGraph(title)
+        mg.input(a_name, (32, 48), "float32")
+        mg.input(b_name, (48, 24), "float32")
+        k = mg.custom_kernel(grid=(2, 2), forloop=3, name=kname)
+        a = k.input(a_name, imap={0: 0}, fmap=1)
+        b = k.input(b_name, imap={1: 1}, fmap=0)
+        k.output(k.accumulate(a @ b, acc), tensor, omap={0: 0, 1: 1})
+        mg.output(tensor, out)
+        return compile_mugraph(mg)
+
+    fn = built(name)
+    check_source(fn.source, [name, *names], built("g").source)
     x, y = torch.randn(32, 48), torch.randn(48, 24)
     np.testing.assert_allclose(fn(x, y)[out].numpy(), (x @ y).numpy(), rtol=1e-4, atol=1e-4)
     assert MARK not in os.environ
