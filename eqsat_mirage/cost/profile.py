@@ -101,6 +101,7 @@ class GPUProfile:
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     calibrated: tuple[str, ...] = ()
     launch_mode: str = "plain"
+    measured: str = field(default="", compare=False)  # the measured calibration applied
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -121,7 +122,7 @@ class GPUProfile:
         if not isinstance(figs, dict) or not isinstance(calib, dict):
             raise MirageError(f"{path}: a hardware profile needs a [figures] table (and "
                               "optionally a [calibration] table)")
-        sources = _sources(text)
+        sources, applied = _sources(text), ""
         measured_file = path.with_name(f"{path.stem}{MEASURED_SUFFIX}.toml")
         if measured and measured_file.is_file():  # fitted on a real GPU: overrides the rest
             mtext, mdata = _read(measured_file)
@@ -130,6 +131,7 @@ class GPUProfile:
                 raise MirageError(f"{measured_file}: [calibration] must be a table of figures")
             _check_keys(measured_file, fitted)
             calib = {**calib, **fitted}
+            applied = str(measured_file)
             sources.update({k: f"measured ({measured_file.name}): {v}"
                             for k, v in _sources(mtext, "calibration").items() if k in fitted})
         keys = cls.keys()
@@ -148,12 +150,12 @@ class GPUProfile:
             values[f.name] = int(v) if f.type == "int" else float(v)
         return cls(**values, name=str(data.get("name", path.stem)),
                    description=str(data.get("description", "")), path=str(path),
-                   sources=sources, calibrated=tuple(calib))
+                   sources=sources, calibrated=tuple(calib), measured=applied)
 
     def datasheet(self) -> GPUProfile:
         """This profile without the measured calibration beside its file (``load``'s
         ``measured=False``), in the same launch mode; itself when none was applied."""
-        if not self.path or not any(s.startswith("measured (") for s in self.sources.values()):
+        if not self.measured:
             return self
         return GPUProfile.load(self.path, measured=False).for_launch(self.launch_mode)
 

@@ -139,7 +139,7 @@ class KernelPlanner:
                     seen.add(key)
                     plans.append((q.cost_us, i, how, q))
         plans.sort(key=lambda x: (x[0], x[1]))
-        hedge = next((j for j, x in enumerate(plans) if x[2].endswith(f" / {DATASHEET}")), 0)
+        hedge = next((j for j, x in enumerate(plans) if x[3].label == DATASHEET), 0)
         if hedge > 1:  # the datasheet's pick, however the measured figures price it: second
             plans.insert(1, plans.pop(hedge))
         return plans, allowed

@@ -47,9 +47,9 @@ def texts():
     return st.one_of(st.sampled_from(TEXTS), st.text(max_size=12))
 
 
-def _literal_spans(src: str) -> list[tuple[int, int]]:
-    """Where ``src``'s string literals lie (offsets), docstrings not included."""
-    tree = ast.parse(src)
+def _literal_spans(src: str, tree: ast.AST) -> list[tuple[int, int]]:
+    """Where ``src``'s string literals lie (offsets; ``tree``: ``src`` parsed), docstrings
+    not included."""
     starts = [0]
     for line in src.splitlines(keepends=True):
         starts.append(starts[-1] + len(line))
@@ -81,7 +81,7 @@ def check_source(src: str, hostile, reference: str | None = None) -> None:
     for node in ast.walk(tree):
         names = [getattr(node, a, None) for a in ("id", "name", "arg", "attr")]
         assert all(n is None or n.isascii() for n in names if isinstance(n, str)), names
-    spans = _literal_spans(src)
+    spans = _literal_spans(src, tree)
     comments = [t.string for t in tokenize.generate_tokens(io.StringIO(src).readline)
                 if t.type == tokenize.COMMENT]
     for text in hostile:
@@ -92,18 +92,11 @@ def check_source(src: str, hostile, reference: str | None = None) -> None:
         if text.isascii() and all(ch.isalnum() or ch == "_" for ch in text):
             continue  # word characters alone ('00A'): shown in comments as <00A>, inert
         assert not any(text in c for c in comments), text[:40]
-        code = [at for at in _in_code(src, text, spans)  # glued to a word character: part
-                if not ((_word(text[0]) and at > 0 and _word(src[at - 1]))  # of another token
-                        or (_word(text[-1]) and _word(src[at + len(text):at + len(text) + 1])))]
-        allowed = 0 if reference is None else len(_in_code(reference, text,
-                                                           _literal_spans(reference)))
+        code = _in_code(src, text, spans)
+        allowed = 0 if reference is None else len(_in_code(
+            reference, text, _literal_spans(reference, ast.parse(reference))))
         assert len(code) <= allowed, (text[:40], [src[max(0, at - 40):at + 40] for at in code])
     assert MARK not in os.environ
-
-
-def _word(ch: str) -> bool:
-    """Whether ``ch`` (one character, or none) continues an identifier."""
-    return len(ch) == 1 and (ch.isalnum() or ch == "_")
 
 
 def small_graph(name: str, x: str, w: str, out: str) -> em.Graph:

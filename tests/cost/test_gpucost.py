@@ -377,6 +377,7 @@ def test_datasheet_is_the_profile_without_its_measured_calibration():
     sheet = h200.datasheet()
     assert sheet == GPUProfile.load("h200", measured=False) and sheet != h200
     assert not any(s.startswith("measured (") for s in sheet.sources.values())
+    assert h200.measured.endswith("h200_measured.toml") and sheet.measured == ""
     graph = h200.for_launch("graph")
     assert graph.datasheet().launch_mode == "graph"
     assert graph.datasheet().graph_launch_us == sheet.graph_launch_us

@@ -83,10 +83,15 @@ def groups():
     return {k: v for k, v in tuning_sweeps()["h200"].items() if len(v) >= 3}
 
 
+def with_figures(device: str, path: Path) -> GPUProfile:
+    """``device``'s datasheet profile with the ``[calibration]`` figures of ``path``."""
+    figures = tomllib.loads(path.read_text())["calibration"]
+    return replace(GPUProfile.load(device, measured=False), **figures)
+
+
 def fitted(device: str) -> GPUProfile:
     """``device``'s datasheet profile with the ranking fit's figures."""
-    figures = tomllib.loads((FITS / f"{device}_measured.toml").read_text())["calibration"]
-    return replace(GPUProfile.load(device, measured=False), **figures)
+    return with_figures(device, FITS / f"{device}_measured.toml")
 
 
 def test_the_committed_programs_are_the_measured_ones(sweeps):
@@ -137,8 +142,7 @@ def test_the_model_ranks_the_measured_schedules(sweeps):
 def recorded(device: str) -> GPUProfile:
     """``device``'s datasheet profile with the calibration its sweeps were run with (the
     H200's default until 2026-12-04)."""
-    figures = tomllib.loads(RECORDED[device].read_text())["calibration"]
-    return replace(GPUProfile.load(device, measured=False), **figures)
+    return with_figures(device, RECORDED[device])
 
 
 def picked(programs, prof: GPUProfile) -> float:
